@@ -1,6 +1,13 @@
 #!/usr/bin/env bash
-# Set up (idempotent) and run the whole test suite. Extra arguments go to pytest.
+# Set up (idempotent), start the local one-node SLURM cluster for tests/slurm, run the whole test suite, stop
+# the cluster. Extra arguments go to pytest. Where the cluster cannot be started (no root, no apt), the SLURM
+# tests skip with the reason shown in pytest's summary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
-exec .venv/bin/python -m pytest -q "$@"
+if launch/local_slurm/up.sh; then
+    trap 'launch/local_slurm/down.sh >/dev/null 2>&1 || true' EXIT
+else
+    echo "test: the local SLURM cluster could not start; tests/slurm will skip" >&2
+fi
+.venv/bin/python -m pytest -q "$@"

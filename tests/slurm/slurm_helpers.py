@@ -1,0 +1,157 @@
+"""Helpers for tests against the real local SLURM cluster: run client commands, submit, read sacct, wait.
+
+Kept out of conftest.py so test modules can import them by a unique name (several conftest modules may
+exist in one pytest session). Waiting always goes through sacct, the accounting view that submitit and
+the slurm launcher rely on, and every wait is bounded.
+"""
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+import pytest
+
+logger = logging.getLogger(__name__)
+
+# sacct states after which a job (or array task) never runs again on its own.
+TERMINAL_STATES = frozenset(
+    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
+     "BOOT_FAIL", "DEADLINE"}
+)
+COMMAND_TIMEOUT_S = 20.0
+
+
+@dataclass(frozen=True)
+class JobRow:
+    """One sacct line: a job, an array task (`12_3`) or, with duplicates, one earlier run of a requeued job."""
+
+    job_id: str
+    state: str
+    exit_code: str
+    start: str
+    end: str
+
+
+class SlurmCommandError(RuntimeError):
+    """A slurm client command failed; carries its stderr so the test failure says why."""
+
+
+def run_slurm_command(args: list[str], timeout: float = COMMAND_TIMEOUT_S) -> str:
+    """Run a slurm client command and return stdout; raise SlurmCommandError with stderr on failure."""
+    try:
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise SlurmCommandError(f"{' '.join(args)} timed out after {timeout:.0f} s") from exc
+    if proc.returncode != 0:
+        raise SlurmCommandError(
+            f"{' '.join(args)} exited {proc.returncode}: {proc.stderr.strip() or proc.stdout.strip()}"
+        )
+    return proc.stdout
+
+
+def parse_sacct(text: str) -> list[JobRow]:
+    """Parse `sacct -n -P -o JobID,State,ExitCode,Start,End` output; `CANCELLED by 0` becomes CANCELLED."""
+    rows = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        job_id, state, exit_code, start, end = line.split("|")
+        rows.append(JobRow(job_id, state.split()[0] if state else "", exit_code, start, end))
+    return rows
+
+
+@dataclass
+class LocalSlurm:
+    """Handle on the running test cluster: its facts plus submit / query / wait helpers for tests."""
+
+    node: str
+    cpus: int
+    max_array_size: int
+    submitted: list[int] = field(default_factory=list)
+
+    def sbatch(self, *options: str, wrap: str, workdir: Path) -> int:
+        """Submit `wrap` as a batch job (output in workdir) and return its job id."""
+        out = run_slurm_command(
+            ["sbatch", "--parsable", f"--chdir={workdir}", f"--output={workdir}/slurm-%A_%a.out",
+             *options, "--wrap", wrap]
+        )
+        job_id = int(out.strip().split(";")[0])
+        self.submitted.append(job_id)
+        return job_id
+
+    def sacct(self, job_ids: Iterable[int], duplicates: bool = False) -> list[JobRow]:
+        """Allocation rows of the given jobs (one batched sacct call); with duplicates, requeued runs too."""
+        ids = ",".join(str(j) for j in job_ids)
+        args = ["sacct", "-n", "-P", "-X", "-j", ids, "-o", "JobID,State,ExitCode,Start,End"]
+        if duplicates:
+            args.append("-D")
+        return parse_sacct(run_slurm_command(args))
+
+    def wait_for(
+        self,
+        job_ids: Iterable[int],
+        done: Callable[[list[JobRow]], bool],
+        timeout: float,
+        what: str,
+        duplicates: bool = False,
+        interval: float = 0.5,
+    ) -> list[JobRow]:
+        """Poll sacct until `done(rows)`; fail the test with the last rows seen after `timeout` seconds."""
+        ids = list(job_ids)
+        deadline = time.monotonic() + timeout
+        rows: list[JobRow] = []
+        while True:
+            rows = self.sacct(ids, duplicates=duplicates)
+            if done(rows):
+                return rows
+            if time.monotonic() > deadline:
+                pytest.fail(f"jobs {ids}: not {what} within {timeout:.0f} s; sacct shows {rows}")
+            time.sleep(interval)
+
+    def wait_terminal(self, job_ids: Iterable[int], expected_tasks: int, timeout: float) -> list[JobRow]:
+        """Wait until `expected_tasks` rows exist and all are in a terminal state."""
+        return self.wait_for(
+            job_ids,
+            lambda rows: len(rows) == expected_tasks and all(r.state in TERMINAL_STATES for r in rows),
+            timeout,
+            what=f"finished ({expected_tasks} tasks)",
+        )
+
+    def cancel_leftovers(self) -> None:
+        """Cancel every job this session submitted that is still queued or running, so no test leaks load."""
+        if not self.submitted:
+            return
+        try:
+            live = {r.job_id.split("_")[0] for r in self.sacct(self.submitted) if r.state not in TERMINAL_STATES}
+            if live:
+                run_slurm_command(["scancel", *sorted(live)])
+        except SlurmCommandError as exc:
+            logger.warning("could not cancel leftover test jobs: %s", exc)
+
+
+def _config_value(config_text: str, key: str) -> str:
+    match = re.search(rf"^{key}\s*=\s*(\S+)", config_text, re.MULTILINE)
+    if match is None:
+        raise SlurmCommandError(f"`scontrol show config` has no {key}")
+    return match.group(1)
+
+
+def probe_cluster() -> LocalSlurm:
+    """Check that the cluster answers (sinfo, sacct) with a usable node; raise SlurmCommandError why not."""
+    for tool in ("sinfo", "sacct", "sbatch", "scontrol", "scancel"):
+        if shutil.which(tool) is None:
+            raise SlurmCommandError(f"`{tool}` is not installed")
+    nodes = run_slurm_command(["sinfo", "-h", "-N", "-o", "%N|%T|%c"]).split()
+    usable = [n.split("|") for n in nodes if n.split("|")[1] in {"idle", "mixed", "allocated"}]
+    if not usable:
+        raise SlurmCommandError(f"no node is idle/mixed/allocated (sinfo: {nodes or 'no nodes'})")
+    run_slurm_command(["sacct", "-n", "-X", "-S", "now"])  # fails without slurmdbd accounting
+    config = run_slurm_command(["scontrol", "show", "config"])
+    node, _state, cpus = usable[0]
+    return LocalSlurm(node=node, cpus=int(cpus), max_array_size=int(_config_value(config, "MaxArraySize")))
