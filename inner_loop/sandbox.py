@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,6 +125,47 @@ def _warn_fallback_once(reason: str) -> None:
                    "; ".join(NOT_ISOLATED_WITHOUT_BWRAP))
 
 
+class _Launcher:
+    """Starts every worker process from one thread that lives as long as this process.
+
+    Why: bwrap's --die-with-parent is PR_SET_PDEATHSIG, which the kernel fires when the *thread* that
+    forked bwrap exits, not the process. Workers started from run_many's short-lived pool threads were
+    SIGKILLed as soon as that batch's threads ended, so the next batch wrote to a dying worker and got
+    no answer ("crashed"). A thread that never exits keeps the guard for a dead trainer only.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._owner_pid = -1
+        self._requests: queue.Queue = queue.Queue()
+
+    def popen(self, args: list[str], **kwargs) -> subprocess.Popen:
+        done: Future = Future()
+        with self._lock:
+            # a forked copy of the trainer has no launcher thread: give it its own
+            if self._thread is None or not self._thread.is_alive() or self._owner_pid != os.getpid():
+                self._requests = queue.Queue()
+                self._thread = threading.Thread(target=self._serve, args=(self._requests,),
+                                                name="sandbox-launcher", daemon=True)
+                self._thread.start()
+                self._owner_pid = os.getpid()
+            self._requests.put((args, kwargs, done))
+        return done.result()
+
+    @staticmethod
+    def _serve(requests: queue.Queue) -> None:
+        while True:
+            args, kwargs, done = requests.get()
+            try:
+                done.set_result(subprocess.Popen(args, **kwargs))
+            except BaseException as exc:  # handed to the caller, who turns it into a crashed outcome
+                done.set_exception(exc)
+
+
+_launcher = _Launcher()
+
+
 class _Worker:
     """One warm zygote process; runs one program at a time. Restarted if it ever dies."""
 
@@ -153,7 +194,7 @@ class _Worker:
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
         if not self._isolated:
             env["HOME"] = self._host_root or "/"
-        self._proc = subprocess.Popen(
+        self._proc = _launcher.popen(
             prefix + ["-I", "-c", _ZYGOTE_SOURCE, json.dumps(zygote_cfg)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             env=env, cwd=cwd, start_new_session=True, **run_as_kwargs(cfg.sandbox_uid))
