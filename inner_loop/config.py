@@ -1,0 +1,256 @@
+"""Typed, validated inner-loop configuration (the `model`, `divergence` and `train` nodes; `task` stays a mapping).
+
+A population member runs unattended on some cluster node, so every mistake a user can make in these nodes must
+fail here, before any model is loaded, with a message naming the key and the fix. The task node is validated
+by the task package itself (``inner_loop.tasks``).
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar, get_type_hints
+
+T = TypeVar("T")
+
+MODEL_KINDS = ("tiny", "smollm2_135m", "qwen3_1_7b", "hub")
+DIVERGENCES = ("none", "kl", "prob_l2", "neural_mirror")
+FORMS = ("sampled", "sampled_is", "full")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+AGGREGATIONS = ("dr_grpo", "grpo", "bnpo")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _plain(value: Any) -> Any:
+    """OmegaConf containers and nested mappings as plain dicts / lists."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) or type(value).__name__ == "ListConfig":
+        return [_plain(v) for v in value]
+    return value
+
+
+def _coerce(node: str, key: str, value: Any, hint: Any) -> Any:
+    text = str(hint)
+    where = f"{node}.{key}"
+    if value is None:
+        if "None" in text:
+            return None
+        raise ValueError(f"{where} must not be null")
+    if text.startswith("dict"):
+        if not isinstance(value, dict) or not all(isinstance(v, (int, float)) for v in value.values()):
+            raise ValueError(f"{where} must be a mapping of names to numbers, got {value!r}")
+        return {str(k): float(v) for k, v in value.items()}
+    if text.startswith("list"):
+        if not isinstance(value, list):
+            raise ValueError(f"{where} must be a list, got {value!r}")
+        return list(value)
+    if "bool" in text:
+        if not isinstance(value, bool):
+            raise ValueError(f"{where} must be true or false, got {value!r}")
+        return value
+    if "int" in text and "float" not in text:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{where} must be an integer, got {value!r}")
+        return value
+    if "float" in text:
+        if isinstance(value, str):  # YAML 1.1 reads "1e-3" (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{where} must be a number, got {value!r}")
+        return float(value)
+    if "str" in text:
+        if not isinstance(value, (str, Path)):
+            raise ValueError(f"{where} must be a string, got {value!r}")
+        return str(value)
+    return value
+
+
+def _from_mapping(cls: type[T], node: str, data: Mapping[str, Any] | None) -> T:
+    """Build dataclass ``cls`` from a mapping, rejecting unknown keys and wrong types with the key's name."""
+    data = _plain(data or {})
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(f"unknown key(s) {[node + '.' + k for k in unknown]}; known keys are {sorted(names)}")
+    hints = get_type_hints(cls)
+    return cls(**{k: _coerce(node, k, v, hints[k]) for k, v in data.items()})  # type: ignore[call-arg]
+
+
+def _one_of(key: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{key}={value!r} is not one of {list(allowed)}")
+
+
+@dataclass
+class ModelConfig:
+    """Which policy to train; `tiny` is built in code, the others load weights from a path, hub id or GGUF."""
+
+    name: str = "tiny"
+    name_or_path: str | None = None
+    gguf_file: str | None = None
+    dtype: str = "float32"
+    chat_template: bool = False
+    seed: int = 0
+    # tiny architecture (ignored for loaded models)
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    intermediate_size: int = 128
+    max_position_embeddings: int = 256
+    # supervised format warm-up of the tiny model on task demonstrations (0 steps = none)
+    warmup_steps: int = 0
+    warmup_lr: float = 3e-3
+    warmup_batch_size: int = 64
+    # LoRA (r = 0: full fine-tuning)
+    lora_r: int = 0
+    lora_alpha: int = 64
+    lora_dropout: float = 0.0
+    lora_target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+
+    def validate(self) -> None:
+        if self.name not in MODEL_KINDS and not self.name_or_path:
+            raise ValueError(
+                f"model.name={self.name!r} is not one of {list(MODEL_KINDS)}; for any other model set "
+                "model.name=hub and model.name_or_path=<hub id or local directory>"
+            )
+        if self.name == "hub" and not self.name_or_path:
+            raise ValueError("model.name=hub needs model.name_or_path (a hub id or a local model directory)")
+        _one_of("model.dtype", self.dtype, DTYPES)
+        for key in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "max_position_embeddings"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"model.{key} must be >= 1, got {getattr(self, key)}")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"model.hidden_size ({self.hidden_size}) must be divisible by model.num_heads")
+        if self.warmup_steps < 0 or self.lora_r < 0:
+            raise ValueError("model.warmup_steps and model.lora_r must be >= 0")
+
+
+@dataclass
+class DivergenceConfig:
+    """The regularizer toward the reference policy: which divergence, in which form, with which weight."""
+
+    name: str = "neural_mirror"
+    form: str = "sampled"
+    estimator: str = "k3"
+    coef: float = 1e-4
+    init: str | None = None
+    param_transform: str = "abs"
+    chunk_size: int | None = None
+
+    def validate(self) -> None:
+        _one_of("divergence.name", self.name, DIVERGENCES)
+        _one_of("divergence.form", self.form, FORMS)
+        _one_of("divergence.estimator", self.estimator, KL_ESTIMATORS)
+        if not self.coef >= 0.0:
+            raise ValueError(f"divergence.coef must be >= 0, got {self.coef}")
+        if self.init is not None and self.name != "neural_mirror":
+            raise ValueError("divergence.init only applies to divergence=neural_mirror; remove it or switch")
+        if self.init is not None and not Path(self.init).is_file():
+            raise ValueError(f"divergence.init={self.init!r}: no such file (export one with meta.export)")
+        if self.chunk_size is not None and self.chunk_size < 1:
+            raise ValueError(f"divergence.chunk_size must be >= 1 or null, got {self.chunk_size}")
+
+
+@dataclass
+class TrainConfig:
+    """GRPO host settings, checkpointing and validation; defaults sized for the tiny model on 2 CPU cores."""
+
+    steps: int = 30
+    learning_rate: float = 1e-4
+    lr_scheduler: str = "constant"
+    lr_warmup_steps: int = 0
+    weight_decay: float = 0.0
+    batch_size: int = 32
+    group_size: int = 8
+    num_iterations: int = 1
+    max_completion_length: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    policy_loss: str = "clip"
+    epsilon_low: float = 0.2
+    epsilon_high: float = 0.2
+    #: Host-specific sizes for later policy terms (e.g. {delta: 0.15}); reach the term as PolicyParams.extra.
+    policy_extra: dict[str, float] = field(default_factory=dict)
+    aggregation: str = "dr_grpo"
+    scale_rewards: bool = False
+    grad_clip: float = 1.0
+    save_every: int = 10
+    num_threads: int = 1
+    val_size: int | None = 128
+    val_batch_size: int = 64
+    val_max_new_tokens: int | None = None
+    pass_k: list[int] = field(default_factory=list)
+    pass_k_samples: int = 0
+    logging_steps: int = 1
+
+    def validate(self) -> None:
+        from inner_loop.policy_registry import POLICY_TERMS, validate_policy_extra
+
+        if self.steps < 1:
+            raise ValueError(f"train.steps must be >= 1, got {self.steps}")
+        if self.group_size < 2:
+            raise ValueError(f"train.group_size must be >= 2 (advantages are group-relative), got {self.group_size}")
+        if self.batch_size < 1 or self.batch_size % self.group_size:
+            raise ValueError(
+                f"train.batch_size ({self.batch_size}) must be a positive multiple of train.group_size "
+                f"({self.group_size}): every prompt is sampled group_size times in one batch"
+            )
+        _one_of("train.policy_loss", self.policy_loss, tuple(POLICY_TERMS))
+        validate_policy_extra(self.policy_loss, self.policy_extra)
+        _one_of("train.aggregation", self.aggregation, AGGREGATIONS)
+        for key in ("learning_rate", "temperature", "top_p", "epsilon_low", "epsilon_high", "grad_clip"):
+            if not getattr(self, key) > 0:
+                raise ValueError(f"train.{key} must be > 0, got {getattr(self, key)}")
+        for key in ("num_iterations", "max_completion_length", "save_every", "num_threads",
+                    "val_batch_size", "logging_steps"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"train.{key} must be >= 1, got {getattr(self, key)}")
+        if self.val_size is not None and self.val_size < 1:
+            raise ValueError(f"train.val_size must be >= 1 or null (all), got {self.val_size}")
+        if any(k < 1 for k in self.pass_k) or (self.pass_k and self.pass_k_samples < max(self.pass_k)):
+            raise ValueError("train.pass_k needs values >= 1 and train.pass_k_samples >= max(train.pass_k)")
+
+
+@dataclass
+class InnerConfig:
+    """One training run: task mapping (validated by the task package), model, divergence, train, seed."""
+
+    task: dict[str, Any]
+    model: ModelConfig
+    divergence: DivergenceConfig
+    train: TrainConfig
+    seed: int = 0
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], seed: int | None = None) -> "InnerConfig":
+        """Parse and validate the resolved inner config; raises ValueError naming the offending key."""
+        data = _plain(data)
+        missing = [k for k in ("task", "model", "divergence", "train") if k not in data]
+        if missing:
+            raise ValueError(f"inner config is missing node(s) {missing} (see conf/inner.yaml)")
+        task = data["task"]
+        if not isinstance(task, dict) or not task.get("name"):
+            raise ValueError("task.name is required (e.g. task=arith)")
+        cfg = cls(
+            task=task,
+            model=_from_mapping(ModelConfig, "model", data["model"]),
+            divergence=_from_mapping(DivergenceConfig, "divergence", data["divergence"]),
+            train=_from_mapping(TrainConfig, "train", data["train"]),
+            seed=int(data.get("seed", 0) if seed is None else seed),
+            options=dict(data.get("options") or {}),
+        )
+        cfg.model.validate()
+        cfg.divergence.validate()
+        cfg.train.validate()
+        return cfg
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

@@ -1,0 +1,107 @@
+"""Validation: greedy pass@1 (the ES fitness), mean response length in tokens, optional unbiased pass@k.
+
+Prompts go through the same `format_prompt` as training and completions through the task's own `solved`, so the
+fitness and the training reward agree by construction.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from inner_loop.models import format_prompt
+from inner_loop.tasks.base import Problem, Task
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class EvalResult:
+    """Outcome of one validation pass."""
+
+    pass_at_1: float
+    size: int
+    mean_response_tokens: float
+    pass_at_k: dict[int, float] = field(default_factory=dict)
+    completions: list[str] = field(default_factory=list)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased estimator 1 - C(n-c, k) / C(n, k) of P(at least one of k samples is correct), c of n correct."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    # Product form avoids huge binomials: C(n-c,k)/C(n,k) = prod_{i=n-c+1}^{n} (1 - k/i).
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def _response_lengths(generated: torch.Tensor, eos_id: int | None, pad_id: int | None) -> list[int]:
+    """Tokens up to and including the first <eos> (or all generated tokens if none), padding excluded."""
+    lengths = []
+    for row in generated.tolist():
+        length = 0
+        for token in row:
+            if token == eos_id:
+                length += 1
+                break
+            if token == pad_id and pad_id != eos_id:
+                break
+            length += 1
+        lengths.append(length)
+    return lengths
+
+
+@torch.no_grad()
+def generate(model, tokenizer, prompts: Sequence[str], max_new_tokens: int, batch_size: int, chat_template: bool,
+             do_sample: bool = False, temperature: float = 1.0, top_p: float = 1.0) -> tuple[list[str], list[int]]:
+    """Completions (decoded, special tokens dropped) and their token lengths, in batches, left padding."""
+    was_training = model.training
+    model.eval()
+    tokenizer.padding_side = "left"
+    texts, lengths = [], []
+    try:
+        for start in range(0, len(prompts), batch_size):
+            chunk = [format_prompt(tokenizer, p, chat_template) for p in prompts[start : start + batch_size]]
+            enc = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+            kwargs = {"do_sample": True, "temperature": temperature, "top_p": top_p} if do_sample else {
+                "do_sample": False}
+            out = model.generate(**enc, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+                                 eos_token_id=tokenizer.eos_token_id, **kwargs)
+            generated = out[:, enc["input_ids"].shape[1]:]
+            texts.extend(tokenizer.batch_decode(generated, skip_special_tokens=True))
+            lengths.extend(_response_lengths(generated, tokenizer.eos_token_id, tokenizer.pad_token_id))
+    finally:
+        model.train(was_training)
+    return texts, lengths
+
+
+def evaluate(model, tokenizer, task: Task, problems: Sequence[Problem], max_new_tokens: int, batch_size: int = 64,
+             chat_template: bool = False, pass_k: Sequence[int] = (), pass_k_samples: int = 0,
+             temperature: float = 1.0, top_p: float = 1.0) -> EvalResult:
+    """Greedy pass@1 over ``problems`` (one sample each); pass@k from ``pass_k_samples`` sampled completions."""
+    if not problems:
+        raise ValueError(f"task {task.name!r}: the validation split is empty; raise its validation size")
+    prompts = [p.prompt for p in problems]
+    texts, lengths = generate(model, tokenizer, prompts, max_new_tokens, batch_size, chat_template)
+    solved = task.solved_many(problems, texts)
+    result = EvalResult(
+        pass_at_1=sum(solved) / len(problems),
+        size=len(problems),
+        mean_response_tokens=sum(lengths) / len(lengths),
+        completions=texts,
+    )
+    if pass_k:
+        repeated = [p for p in problems for _ in range(pass_k_samples)]
+        samples, _ = generate(model, tokenizer, [p.prompt for p in repeated], max_new_tokens, batch_size,
+                              chat_template, do_sample=True, temperature=temperature, top_p=top_p)
+        ok = task.solved_many(repeated, samples)
+        correct = [sum(ok[i * pass_k_samples : (i + 1) * pass_k_samples]) for i in range(len(problems))]
+        for k in pass_k:
+            result.pass_at_k[k] = sum(pass_at_k(pass_k_samples, c, k) for c in correct) / len(problems)
+    logger.info("validation: pass@1 %.4f on %d problems, mean response %.1f tokens", result.pass_at_1,
+                result.size, result.mean_response_tokens)
+    return result

@@ -1,0 +1,219 @@
+"""`train_member(spec) -> ResultRecord`: one NM-GRPO training run + validation, idempotent and resumable.
+
+This is the function the ES orchestrator runs for every population member, possibly several times for the
+same member (requeue after preemption, retries, orchestrator resume). So: a final result.json is returned as
+is, a partial run continues from its newest TRL checkpoint in the work dir, and every way of failing ends in
+a written record with a status and a reason - never a NaN fitness.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from inner_loop.config import InnerConfig
+from inner_loop.evaluate import EvalResult, evaluate
+from inner_loop.models import format_prompt, load_policy, resolve_model_dir
+from inner_loop.policy_terms import PolicyParams
+from inner_loop.regularizers import Regularizer, build_regularizer
+from inner_loop.tasks import build_task, check_disjoint
+from inner_loop.tasks.base import Problem, Task
+from inner_loop.trainer import MirrorGRPOTrainer, NonFiniteLossError
+from inner_loop.warmup import warmed_model_dir
+from results.records import MemberSpec, ResultRecord, read_result, write_result
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_DIR = "checkpoints"
+#: TRL log keys averaged over the run into the result's diagnostics.
+_DIAGNOSTIC_KEYS = {
+    "reward": "reward_mean",
+    "frac_reward_zero_std": "zero_variance_group_frac",
+    "completions/clipped_ratio": "clipped_completion_ratio",
+    "regularizer/value": "regularizer_value",
+    "regularizer/share": "regularizer_share",
+}
+
+
+@dataclass
+class PreparedRun:
+    """Everything validated and loaded before training starts."""
+
+    cfg: InnerConfig
+    task: Task
+    train: list[Problem]
+    validation: list[Problem]
+    regularizer: Regularizer
+
+
+def _as_spec(spec: MemberSpec | Mapping[str, Any]) -> MemberSpec:
+    if isinstance(spec, MemberSpec):
+        return spec
+    if isinstance(spec, Mapping):
+        return MemberSpec.from_dict(spec)
+    raise TypeError(f"train_member expects a MemberSpec or its dict, got {type(spec).__name__}")
+
+
+def prepare(inner: Mapping[str, Any], seed: int, params: list[float] | None = None) -> PreparedRun:
+    """Validate the config, build the regularizer (reads any init file) and load the task's splits; every user
+    mistake raises ValueError here, before anything is written."""
+    cfg = InnerConfig.from_dict(inner, seed=seed)
+    regularizer = build_regularizer(cfg.divergence, params if cfg.divergence.name == "neural_mirror" else None)
+    task = build_task(cfg.task)
+    if not task.trainable:
+        raise ValueError(f"task {task.name!r} is evaluation-only; train on another task (e.g. mbpp)")
+    train = task.load("train")
+    validation = task.load("validation")
+    check_disjoint(task.name, {"train": train, "validation": validation})
+    if cfg.train.val_size is not None:
+        validation = validation[: cfg.train.val_size]
+    if not train or not validation:
+        raise ValueError(f"task {task.name!r}: empty train ({len(train)}) or validation ({len(validation)}) split")
+    return PreparedRun(cfg, task, train, validation, regularizer)
+
+
+def _build_trainer(run: PreparedRun, work_dir: Path, seed: int) -> MirrorGRPOTrainer:
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    cfg, tcfg = run.cfg, run.cfg.train
+    base = resolve_model_dir(cfg.model)
+    if cfg.model.warmup_steps:
+        base = warmed_model_dir(cfg.model, base, run.task, cfg.task)
+    model, tokenizer = load_policy(cfg.model, base)
+    prompts = [format_prompt(tokenizer, p.prompt, cfg.model.chat_template) for p in run.train]
+    dataset = Dataset.from_dict({"prompt": prompts, "problem_index": list(range(len(run.train)))})
+    task, problems = run.task, run.train
+
+    def reward(prompts: list[str], completions: list[str], problem_index: list[int], **_: Any) -> list[float]:
+        return task.score_many([problems[i] for i in problem_index], completions)
+
+    reward.__name__ = f"{task.name}_reward"
+    args = GRPOConfig(
+        output_dir=str(work_dir / CHECKPOINT_DIR),
+        max_steps=tcfg.steps,
+        per_device_train_batch_size=tcfg.batch_size,
+        gradient_accumulation_steps=1,
+        num_generations=tcfg.group_size,
+        num_iterations=tcfg.num_iterations,
+        learning_rate=tcfg.learning_rate,
+        lr_scheduler_type=tcfg.lr_scheduler,
+        warmup_steps=tcfg.lr_warmup_steps,
+        weight_decay=tcfg.weight_decay,
+        max_grad_norm=tcfg.grad_clip,
+        max_completion_length=tcfg.max_completion_length,
+        temperature=tcfg.temperature,
+        top_p=tcfg.top_p,
+        beta=0.0,
+        loss_type=tcfg.aggregation,
+        scale_rewards="group" if tcfg.scale_rewards else "none",
+        epsilon=tcfg.epsilon_low,
+        epsilon_high=tcfg.epsilon_high,
+        save_strategy="steps",
+        save_steps=tcfg.save_every,
+        logging_steps=tcfg.logging_steps,
+        report_to=[],
+        seed=seed,
+        data_seed=seed,
+        use_cpu=not torch.cuda.is_available(),
+        bf16=cfg.model.dtype == "bfloat16" and torch.cuda.is_available(),
+        disable_tqdm=True,
+        log_completions=False,
+    )
+    return MirrorGRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        regularizer=run.regularizer,
+        policy_term=tcfg.policy_loss,
+        policy_params=PolicyParams(tcfg.epsilon_low, tcfg.epsilon_high, dict(tcfg.policy_extra)),
+    )
+
+
+def last_checkpoint(work_dir: str | Path) -> str | None:
+    """The newest complete TRL checkpoint of this member, if any."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    folder = Path(work_dir) / CHECKPOINT_DIR
+    return get_last_checkpoint(str(folder)) if folder.is_dir() else None
+
+
+def diagnostics_from_history(history: list[dict[str, Any]]) -> dict[str, float]:
+    """Mean over the logged steps of each diagnostic (finite values only)."""
+    out: dict[str, float] = {}
+    for key, name in _DIAGNOSTIC_KEYS.items():
+        values = [float(h[key]) for h in history if isinstance(h.get(key), (int, float)) and math.isfinite(h[key])]
+        if values:
+            out[name] = sum(values) / len(values)
+    return out
+
+
+def _evaluate(trainer: MirrorGRPOTrainer, run: PreparedRun) -> EvalResult:
+    tcfg = run.cfg.train
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    return evaluate(model, trainer.processing_class, run.task, run.validation,
+                    max_new_tokens=tcfg.val_max_new_tokens or tcfg.max_completion_length,
+                    batch_size=tcfg.val_batch_size, chat_template=run.cfg.model.chat_template,
+                    pass_k=tcfg.pass_k, pass_k_samples=tcfg.pass_k_samples,
+                    temperature=tcfg.temperature, top_p=tcfg.top_p)
+
+
+def train_member(spec: MemberSpec | Mapping[str, Any]) -> ResultRecord:
+    """Train and validate one member; returns (and writes to ``<work_dir>/result.json``) its ResultRecord.
+
+    Config and data mistakes raise ValueError before any training. Training failures (non-finite loss, crashes)
+    are returned as status `failed` with the reason.
+    """
+    spec = _as_spec(spec)
+    work_dir = Path(spec.work_dir)
+    existing = read_result(work_dir)
+    if existing is not None:
+        logger.info("member %s: final result already present, returning it", work_dir)
+        return existing
+    started = time.monotonic()
+    run = prepare(spec.inner, spec.seed, spec.params)
+    torch.set_num_threads(run.cfg.train.num_threads)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    trainer = _build_trainer(run, work_dir, spec.seed)
+    resume = last_checkpoint(work_dir)
+    if resume:
+        logger.info("member %s: resuming from %s", work_dir, resume)
+    try:
+        trainer.train(resume_from_checkpoint=resume)
+        evaluation = _evaluate(trainer, run)
+    except NonFiniteLossError as exc:
+        record = ResultRecord(status="failed", error=str(exc), steps_done=trainer.state.global_step,
+                              wall_time_s=time.monotonic() - started,
+                              diagnostics=diagnostics_from_history(trainer.state.log_history))
+        write_result(work_dir, record)
+        return record
+    except Exception as exc:  # a crash is a member outcome, not an orchestrator crash
+        logger.error("member %s failed:\n%s", work_dir, traceback.format_exc())
+        record = ResultRecord(status="failed", error=f"{type(exc).__name__}: {exc}",
+                              steps_done=trainer.state.global_step, wall_time_s=time.monotonic() - started)
+        write_result(work_dir, record)
+        return record
+    wall = time.monotonic() - started
+    diagnostics = diagnostics_from_history(trainer.state.log_history)
+    diagnostics.update({"wall_time_s": wall, "steps_done": float(trainer.state.global_step)})
+    diagnostics.update({f"pass_at_{k}": v for k, v in evaluation.pass_at_k.items()})
+    record = ResultRecord(
+        status="ok",
+        fitness=evaluation.pass_at_1,
+        val_size=evaluation.size,
+        mean_response_tokens=evaluation.mean_response_tokens,
+        diagnostics=diagnostics,
+        wall_time_s=wall,
+        steps_done=trainer.state.global_step,
+    )
+    write_result(work_dir, record)
+    logger.info("member %s: fitness %.4f after %d steps in %.1fs", work_dir, record.fitness, record.steps_done, wall)
+    return record

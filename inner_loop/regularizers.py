@@ -1,0 +1,123 @@
+"""The divergence term toward the reference policy, built from the config through the mirror_maps library.
+
+One object answers "what is D_t for this batch" for every divergence and form, so the trainer's loss code has
+no per-divergence branches and a run's log can say exactly which form it used.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from inner_loop.config import DivergenceConfig
+from mirror_maps import (
+    KL,
+    VECTOR_LENGTH,
+    NeuralMirrorMap,
+    Potential,
+    ProbL2,
+    full_divergence,
+    kl_estimator,
+    load_init,
+    sampled_divergence,
+)
+
+logger = logging.getLogger(__name__)
+
+#: Seed of the neural mirror map when neither ES parameters nor an init file are given (the authors' seed).
+DEFAULT_MAP_SEED = 42
+
+
+@dataclass
+class Regularizer:
+    """D_t per completion token. ``potential`` is None for `none`; `kl` in the sampled form uses ``estimator``."""
+
+    name: str
+    form: str
+    coef: float
+    potential: Potential | None = None
+    estimator: str = "k3"
+    chunk_size: int | None = None
+
+    @property
+    def active(self) -> bool:
+        """Whether a reference forward is needed at all."""
+        return self.potential is not None
+
+    @property
+    def needs_full_logits(self) -> bool:
+        return self.active and self.form == "full"
+
+    def describe(self) -> str:
+        if not self.active:
+            return "none"
+        detail = f"/{self.estimator}" if self.name == "kl" and self.form == "sampled" else ""
+        return f"{self.name}[{self.form}{detail}] x {self.coef:g}"
+
+    def per_token(
+        self,
+        logps: torch.Tensor,
+        ref_logps: torch.Tensor,
+        logits: torch.Tensor | None = None,
+        ref_logits: torch.Tensor | None = None,
+    ) -> torch.Tensor | None:
+        """(B, T) divergence; None when inactive. The full form needs (B, T, V) logits of both policies."""
+        if not self.active:
+            return None
+        if self.form == "full":
+            if logits is None or ref_logits is None:
+                raise ValueError("the full form needs the policy's and the reference's logits")
+            return full_divergence(self.potential, logits, ref_logits, chunk_size=self.chunk_size)
+        if self.name == "kl" and self.form == "sampled":
+            # The standard per-token KL estimators (TRL/verl use k3); sampled_is of the KL potential equals k3 too.
+            return kl_estimator(logps, ref_logps, self.estimator)
+        return sampled_divergence(self.potential, logps, ref_logps, form=self.form)
+
+
+def load_init_map(path: str | Path) -> NeuralMirrorMap:
+    """The map stored in an init file written by ``mirror_maps.save_init`` (shape checked on load), with the
+    parameter transform it was saved with: the file, not the current config, says how its numbers are read."""
+    try:
+        mirror_map, _metadata = load_init(path)
+    except (OSError, RuntimeError, ValueError, KeyError) as exc:
+        raise ValueError(
+            f"divergence.init={str(path)!r} is not a valid mirror-map init file ({exc}); a neural mirror map needs "
+            f"a [{VECTOR_LENGTH}] vector written by mirror_maps.save_init or meta.export"
+        ) from exc
+    return mirror_map
+
+
+def build_potential(cfg: DivergenceConfig, params: Sequence[float] | None = None) -> Potential | None:
+    """The potential named by ``cfg``; for neural_mirror: ES ``params`` > ``cfg.init`` file > seeded random init."""
+    if cfg.name == "none":
+        return None
+    if cfg.name == "kl":
+        return KL()
+    if cfg.name == "prob_l2":
+        return ProbL2()
+    if cfg.name == "neural_mirror":
+        if params is not None and len(params) > 0:
+            vector = torch.tensor([float(x) for x in params], dtype=torch.float32)
+            if vector.numel() != VECTOR_LENGTH:
+                raise ValueError(f"member params have {vector.numel()} numbers; a neural mirror map needs {VECTOR_LENGTH}")
+            return NeuralMirrorMap.from_vector(vector, param_transform=cfg.param_transform)
+        if cfg.init is not None:
+            return load_init_map(cfg.init)
+        logger.info("neural mirror map: no params or init file given; random init with seed %d", DEFAULT_MAP_SEED)
+        return NeuralMirrorMap.random_init(DEFAULT_MAP_SEED, param_transform=cfg.param_transform)
+    raise ValueError(f"divergence.name={cfg.name!r} is not one of ['none', 'kl', 'prob_l2', 'neural_mirror']")
+
+
+def build_regularizer(cfg: DivergenceConfig, params: Sequence[float] | None = None) -> Regularizer:
+    """A ready Regularizer for a validated divergence config (and optional ES parameters)."""
+    return Regularizer(
+        name=cfg.name,
+        form=cfg.form,
+        coef=cfg.coef,
+        potential=build_potential(cfg, params),
+        estimator=cfg.estimator,
+        chunk_size=cfg.chunk_size,
+    )

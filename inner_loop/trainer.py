@@ -1,0 +1,132 @@
+"""GBMPO on top of TRL: GRPOTrainer with our loss (policy term + coef * Bregman regularizer, our aggregation).
+
+Everything else - generation, reward plumbing, advantages, checkpointing, logging - is TRL's. TRL's own KL is
+switched off (beta = 0); the reference policy is the frozen initial model (a copy taken before training, or
+with LoRA the base with the adapter disabled) and its log-probs / logits are computed here under no_grad.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import torch
+from trl import GRPOTrainer
+from trl.trainer.utils import add_fused_lm_head
+
+from inner_loop.losses import compose_loss
+from inner_loop.policy_terms import PolicyInputs, PolicyParams
+from inner_loop.regularizers import Regularizer
+
+logger = logging.getLogger(__name__)
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss became NaN/inf; the run must end as `failed` instead of training on garbage."""
+
+
+def _is_peft(model: Any) -> bool:
+    return hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
+
+
+class MirrorGRPOTrainer(GRPOTrainer):
+    """GRPOTrainer whose `_compute_loss` is GBMPO's: aggregate(policy_term + coef * D) with D from a Regularizer."""
+
+    def __init__(
+        self,
+        *args: Any,
+        regularizer: Regularizer,
+        policy_term: str = "clip",
+        policy_params: PolicyParams | None = None,
+        **kwargs: Any,
+    ) -> None:
+        model = kwargs.get("model", args[0] if args else None)
+        grpo_args = kwargs.get("args")
+        if grpo_args is not None and grpo_args.beta != 0.0:
+            raise ValueError("MirrorGRPOTrainer adds its own regularizer; set beta=0 (TRL's KL would be added twice)")
+        if isinstance(model, str):
+            raise ValueError("MirrorGRPOTrainer needs a loaded model (so the reference copy is the initial weights)")
+        self.regularizer = regularizer
+        self.policy_term = policy_term
+        # Frozen reference: taken now, before any checkpoint is loaded into the policy on resume.
+        self._frozen_ref = None
+        if regularizer.active and not _is_peft(model):
+            self._frozen_ref = copy.deepcopy(model).eval()
+            self._frozen_ref.requires_grad_(False)
+        super().__init__(*args, **kwargs)
+        self.policy_params = policy_params or PolicyParams(self.epsilon_low, self.epsilon_high)
+        if self._frozen_ref is not None:
+            add_fused_lm_head(self._frozen_ref, temperature=self.temperature)
+            self._frozen_ref.to(self.accelerator.device)
+        logger.info("GBMPO loss: %s + %s, aggregation %s", policy_term, regularizer.describe(), self.loss_type)
+
+    @contextmanager
+    def _reference(self, model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+        """The module that computes the reference policy: the frozen copy, or the policy with LoRA disabled."""
+        if self._frozen_ref is not None:
+            yield self._frozen_ref
+            return
+        unwrapped = self.accelerator.unwrap_model(model)
+        with unwrapped.disable_adapter():
+            yield model
+
+    def _completion_logits(self, model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                           n_completion: int) -> torch.Tensor:
+        """(B, T, V) temperature-scaled logits predicting each completion token (full form only)."""
+        with self.accelerator.autocast():  # same precision as TRL's own log-prob forward
+            out = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=n_completion + 1)
+        return out.logits[:, :-1, :].float() / self.temperature
+
+    def _compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
+        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
+        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+        n_completion = completion_ids.size(1)
+        mask = completion_mask.float()
+        reg = self.regularizer
+
+        logits = ref_logits = ref_logps = None
+        if reg.needs_full_logits:
+            logits = self._completion_logits(model, input_ids, attention_mask, n_completion)
+            logps = torch.log_softmax(logits, dim=-1).gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
+            with torch.no_grad(), self._reference(model) as ref:
+                ref_logits = self._completion_logits(ref, input_ids, attention_mask, n_completion)
+        else:
+            logps, _, _ = self._get_per_token_logps_and_entropies(model, input_ids, attention_mask, n_completion)
+            if reg.active:
+                with torch.no_grad(), self._reference(model) as ref:
+                    ref_logps, _, _ = self._get_per_token_logps_and_entropies(
+                        ref, input_ids, attention_mask, n_completion
+                    )
+        if ref_logps is None and ref_logits is not None:
+            ref_logps = torch.log_softmax(ref_logits, dim=-1).gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
+
+        old = inputs.get("old_per_token_logps")
+        policy_inputs = PolicyInputs(
+            logps=logps,
+            old_logps=logps.detach() if old is None else old,
+            advantages=inputs["advantages"],
+            mask=mask,
+        )
+        divergence = reg.per_token(logps, ref_logps, logits, ref_logits) if reg.active else None
+        parts = compose_loss(policy_inputs, self.policy_params, self.policy_term, divergence, reg.coef,
+                             self.loss_type, self.max_completion_length)
+        if not torch.isfinite(parts.loss):
+            raise NonFiniteLossError(
+                f"non-finite loss at step {self.state.global_step} (policy {parts.policy_loss}, "
+                f"regularizer {parts.regularizer_value}); lower the learning rate or divergence.coef"
+            )
+        mode = "train" if self.model.training else "eval"
+        metrics = self._metrics[mode]
+        metrics["policy_loss"].append(parts.policy_loss)
+        if reg.active:
+            metrics["regularizer/value"].append(parts.regularizer_value)
+            metrics["regularizer/share"].append(parts.regularizer_share)
+        for key, value in parts.metrics.items():
+            metrics[key].append(value)
+        # Set by Trainer's loop; outside it (direct calls) no accumulation is in progress.
+        accumulation = getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
+        scale = accumulation if mode == "train" else 1.0
+        return parts.loss / scale

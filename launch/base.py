@@ -1,0 +1,74 @@
+"""The launcher interface: turn member specs into jobs, and tell whether a job can still produce a result.
+
+A launcher knows nothing about evolution strategies or LLMs. The runner (launch/runner.py) reads outcomes
+from the members' result files and asks the launcher only three things: submit these specs as one array, is
+this job (possibly submitted by a previous orchestrator process) still alive, and why did a dead job leave no
+result. A new backend (SLURM) is one subclass plus a conf/launcher/<name>.yaml naming it in ``cls``.
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from results.records import MemberSpec
+
+
+@dataclass
+class JobRef:
+    """What is persisted in jobs.json for one member so that a restarted orchestrator can re-attach."""
+
+    job_id: str
+    folder: str
+    attempt: int = 0
+    submissions: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "JobRef":
+        return cls(
+            job_id=str(data["job_id"]),
+            folder=str(data["folder"]),
+            attempt=int(data.get("attempt", 0)),
+            submissions=int(data.get("submissions", 1)),
+        )
+
+
+class Launcher(abc.ABC):
+    """Submits member arrays; subclasses wrap one submitit executor type (or anything else)."""
+
+    #: seconds between polls of result files; debug runs members in-process and needs no sleep
+    poll_interval_s: float = 0.5
+
+    def __init__(self, **options: Any) -> None:
+        self.options = dict(options)
+
+    @abc.abstractmethod
+    def submit(
+        self, entrypoint: str, specs: Sequence[MemberSpec], folder: Path, timeout_s: float
+    ) -> list[JobRef]:
+        """Submit ``specs`` as ONE array job; returns one JobRef per spec, in order."""
+
+    @abc.abstractmethod
+    def is_alive(self, ref: JobRef) -> bool:
+        """True while the job is queued or running; False once it ended or cannot be found."""
+
+    def alive(self, refs: Sequence[JobRef]) -> set[str]:
+        """Job ids among ``refs`` still queued or running; a cluster backend answers with one batched query."""
+        return {ref.job_id for ref in refs if self.is_alive(ref)}
+
+    def failure_reason(self, ref: JobRef) -> str:
+        """Why a job that ended produced no result file (the backend's exception text where available)."""
+        return "job ended without writing a result"
+
+    def cancel(self, refs: Sequence[JobRef]) -> None:
+        """Best-effort cancellation (abort, or a member past its wall limit)."""
+
+    def progress(self) -> None:
+        """Called once per poll round; in-process launchers run pending members here."""
+
+    def close(self) -> None:
+        """Release resources at the end of a run."""

@@ -1,0 +1,46 @@
+"""Build a launcher from its config node (conf/launcher/<name>.yaml).
+
+The node names its class in ``cls`` ("module:Class"), so a new backend is a module plus a YAML file; the
+orchestrator never changes. Every other key is passed to the class as an option.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any, Mapping
+
+from launch.base import Launcher
+from launch.runner import RunnerPolicy
+
+RESERVED_KEYS = ("name", "cls")
+
+
+def launcher_class(cfg: Mapping[str, Any]) -> type[Launcher]:
+    """Resolve ``cfg['cls']``; ValueError naming the key and the fix otherwise."""
+    target = cfg.get("cls")
+    if not isinstance(target, str) or ":" not in target:
+        raise ValueError(
+            f"launcher.cls must be 'module:Class' (got {target!r}); pick a launcher with launcher=local|debug"
+        )
+    module_name, _, attr = target.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"launcher.cls {target!r} cannot be imported ({exc})") from exc
+    if not (isinstance(cls, type) and issubclass(cls, Launcher)):
+        raise ValueError(f"launcher.cls {target!r} is not a launch.base.Launcher subclass")
+    return cls
+
+
+def build_launcher(cfg: Mapping[str, Any]) -> Launcher:
+    cls = launcher_class(cfg)
+    options = {k: v for k, v in cfg.items() if k not in RESERVED_KEYS}
+    return cls(**options)
+
+
+def runner_policy(retries: int, timeout_s: float, launcher_cfg: Mapping[str, Any]) -> RunnerPolicy:
+    return RunnerPolicy(
+        retries=int(retries),
+        timeout_s=float(timeout_s),
+        kill_grace_s=float(launcher_cfg.get("kill_grace_s", 30.0)),
+        max_lost_resubmits=int(launcher_cfg.get("max_lost_resubmits", 3)),
+    )

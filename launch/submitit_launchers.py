@@ -1,0 +1,184 @@
+"""submitit-backed launchers: ``local`` (one process per member) and ``debug`` (in-process, for tests).
+
+Each generation is submitted as one ``map_array`` call. Outcomes are never classified from submitit's job
+``state`` (local jobs say FINISHED after failing): the runner reads result files, and these classes only say
+whether a job is still alive and, for a dead job without a result, what ``exception()`` reports.
+A SLURM launcher subclasses SubmititLauncher with its own ``_make_executor`` and ``is_alive`` (sacct).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+from launch.base import JobRef, Launcher
+from launch.member import run_member
+from results.records import MemberSpec
+
+logger = logging.getLogger(__name__)
+
+
+class SubmititLauncher(Launcher):
+    """Common submission path; subclasses build the executor and answer liveness."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self._jobs: dict[str, Any] = {}
+
+    def _make_executor(self, folder: Path, timeout_s: float) -> Any:
+        raise NotImplementedError
+
+    def submit(
+        self, entrypoint: str, specs: Sequence[MemberSpec], folder: Path, timeout_s: float
+    ) -> list[JobRef]:
+        if not specs:
+            return []
+        folder.mkdir(parents=True, exist_ok=True)
+        executor = self._make_executor(folder, timeout_s)
+        spec_dicts = [s.to_dict() for s in specs]
+        jobs = executor.map_array(run_member, [entrypoint] * len(specs), spec_dicts, [timeout_s] * len(specs))
+        refs = []
+        for spec, job in zip(specs, jobs):
+            self._jobs[str(job.job_id)] = job
+            refs.append(JobRef(job_id=str(job.job_id), folder=str(folder), attempt=spec.attempt))
+        return refs
+
+    def failure_reason(self, ref: JobRef) -> str:
+        job = self._job(ref)
+        if job is None:
+            return "job ended without writing a result"
+        try:
+            exc = job.exception()
+        except Exception as err:  # UncompletedJobError and friends carry the job's stderr tail
+            return f"job ended without writing a result: {str(err)[-2000:]}"
+        if exc is None:
+            return "job ended without writing a result (submitit reports success)"
+        return f"job ended without writing a result: {str(exc)[-2000:]}"
+
+    def cancel(self, refs: Sequence[JobRef]) -> None:
+        for ref in refs:
+            job = self._job(ref)
+            if job is None:
+                continue
+            try:
+                job.cancel(check=False)
+            except Exception as exc:
+                logger.warning("could not cancel job %s: %s", ref.job_id, exc)
+
+    def _job(self, ref: JobRef) -> Any | None:
+        return self._jobs.get(ref.job_id)
+
+
+class LocalLauncher(SubmititLauncher):
+    """Each member runs in its own process on this machine (submitit.LocalExecutor).
+
+    Jobs survive the orchestrator: a restarted orchestrator finds them by the controller's process id.
+    The executor's own wall limit is set a grace period past inner.timeout_s, so a member that hangs in C
+    code (where the in-process alarm cannot fire) is still killed.
+    """
+
+    poll_interval_s = 0.2
+
+    def _make_executor(self, folder: Path, timeout_s: float) -> Any:
+        import submitit
+
+        grace = float(self.options.get("kill_grace_s", 30.0))
+        executor = submitit.LocalExecutor(folder=folder)
+        executor.update_parameters(
+            timeout_min=(timeout_s + grace) / 60.0,
+            signal_delay_s=max(1, int(grace // 2)),
+        )
+        return executor
+
+    def is_alive(self, ref: JobRef) -> bool:
+        job = self._job(ref)
+        if job is not None and getattr(job, "_process", None) is not None:
+            return job._process.poll() is None
+        return _controller_running(ref.job_id)
+
+    def failure_reason(self, ref: JobRef) -> str:
+        if self._job(ref) is None:
+            import submitit
+
+            self._jobs[ref.job_id] = submitit.local.local.LocalJob(folder=ref.folder, job_id=ref.job_id)
+        return super().failure_reason(ref)
+
+    def cancel(self, refs: Sequence[JobRef]) -> None:
+        super().cancel([r for r in refs if self._job(r) is not None])
+        for ref in refs:  # jobs of a previous orchestrator process: signal the controller directly
+            if self._job(ref) is None and _controller_running(ref.job_id):
+                try:
+                    os.kill(int(ref.job_id), 15)
+                except (OSError, ValueError):
+                    pass
+
+
+def _controller_running(job_id: str) -> bool:
+    """Is ``job_id`` (a local controller pid) a live, non-zombie submitit controller?"""
+    try:
+        pid = int(job_id)
+    except ValueError:
+        return False
+    proc = Path(f"/proc/{pid}")
+    if proc.exists():
+        try:
+            stat = (proc / "stat").read_text()
+            state = stat.rsplit(")", 1)[1].split()[0]
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
+        except (OSError, IndexError):
+            return False
+        return state not in ("Z", "X") and b"submitit.local._local" in cmdline
+    try:  # no /proc (macOS): best effort
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
+
+
+class DebugLauncher(SubmititLauncher):
+    """Members run one after another inside the orchestrator (submitit.DebugExecutor): fast tests, pdb-able.
+
+    Nothing survives the orchestrator process, so after a restart every unfinished member is resubmitted.
+    """
+
+    poll_interval_s = 0.0
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self._pending: list[str] = []
+
+    def _make_executor(self, folder: Path, timeout_s: float) -> Any:
+        import submitit
+
+        return submitit.DebugExecutor(folder=folder)
+
+    def submit(
+        self, entrypoint: str, specs: Sequence[MemberSpec], folder: Path, timeout_s: float
+    ) -> list[JobRef]:
+        refs = super().submit(entrypoint, specs, folder, timeout_s)
+        ids = [f"debug-{id(self._jobs[r.job_id])}" for r in refs]
+        for ref, new_id in zip(refs, ids):  # DebugJob ids are only unique within this process; say so
+            self._jobs[new_id] = self._jobs.pop(ref.job_id)
+            ref.job_id = new_id
+            self._pending.append(new_id)
+        return refs
+
+    def progress(self) -> None:
+        """Run the next pending member; ``exception()`` executes it without DebugJob's pdb hook."""
+        while self._pending:
+            job = self._jobs.get(self._pending.pop(0))
+            if job is None or job.cancelled:
+                continue
+            job.exception()
+            return
+
+    def is_alive(self, ref: JobRef) -> bool:
+        job = self._job(ref)
+        return job is not None and not job.cancelled and ref.job_id in self._pending
+
+    def failure_reason(self, ref: JobRef) -> str:
+        job = self._job(ref)
+        if job is None:
+            return "job was lost with the orchestrator process (debug launcher)"
+        return super().failure_reason(ref)

@@ -1,0 +1,235 @@
+"""The generation state machine of NM-GRPO-ES.
+
+Per generation: ask -> write population.pt -> submit (jobs.json right after) -> collect outcomes (retries,
+fitness_on_failure, abort past max_failed_fraction) -> tell -> tables -> state file with checksum.
+Each step's output is a file, and each step first looks for its file, so the orchestrator can be killed at
+any instant and resumed: the newest valid state says which generations are done; a written population is
+re-used (never re-asked); finished members are read, live jobs re-attached, and only lost ones resubmitted.
+Tables are written before the state, so a crash in between only repeats idempotent table upserts.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+
+from launch.base import Launcher
+from launch.factory import runner_policy
+from launch.runner import ArrayProgress, MemberArrayRunner
+from meta.config import SearchConfig
+from meta.init import initial_center
+from meta.searchers import Searcher, build_searcher
+from meta.seeding import derive_seed
+from results.records import MemberSpec, ResultRecord
+from results.store import RunStore
+
+logger = logging.getLogger(__name__)
+
+STATE_FORMAT = 1
+
+
+@dataclass
+class RunSummary:
+    generations_done: int
+    best: dict[str, Any] | None
+    center: torch.Tensor
+
+
+class Orchestrator:
+    """Runs generations [next unfinished, cfg.generations) of one run directory."""
+
+    def __init__(self, cfg: SearchConfig, store: RunStore, launcher: Launcher, run_id: str) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.launcher = launcher
+        self.run_id = run_id
+        self.policy = runner_policy(cfg.retries, cfg.inner_timeout_s, cfg.launcher)
+        self.searcher: Searcher = build_searcher(cfg.es, initial_center(cfg.init, cfg.seed), cfg.population, cfg.seed)
+        self.best: dict[str, Any] | None = None
+        self.next_generation = 0
+        self._durations: list[float] = []
+        self._restore()
+
+    def _restore(self) -> None:
+        latest = self.store.latest_state()
+        if latest is None:
+            return
+        generation, state = latest
+        self.searcher.load_state_dict(state["searcher"])
+        self.best = state.get("best")
+        self.next_generation = generation + 1
+        logger.info("resuming after generation %d (state %s)", generation, self.store.state_path(generation))
+
+    # ------------------------------------------------------------------ run
+    def run(self) -> RunSummary:
+        for generation in range(self.next_generation, self.cfg.generations):
+            self.run_generation(generation)
+        return RunSummary(self.next_generation, self.best, self.searcher.center)
+
+    def run_generation(self, generation: int) -> None:
+        started = time.monotonic()
+        values = self._population(generation)
+        specs = self._specs(generation, values)
+        runner = MemberArrayRunner(
+            launcher=self.launcher,
+            entrypoint=self.cfg.inner_entrypoint,
+            specs=specs,
+            jobs=self.store.read_jobs(generation),
+            save_jobs=lambda jobs: self.store.write_jobs(generation, jobs),
+            launcher_folder=self.store.launcher_dir(generation),
+            policy=self.policy,
+            on_final=self._log_member,
+            should_abort=lambda final: self._abort_message(generation, final),
+        )
+        records = runner.run()
+        ok = torch.tensor([records[i].ok for i in range(len(specs))], dtype=torch.bool)
+        fitness = torch.tensor(
+            [records[i].fitness if records[i].ok else self.cfg.fitness_on_failure for i in range(len(specs))],
+            dtype=torch.float64,
+        )
+        self.searcher.tell(generation, values, fitness, ok)
+        gen_best = self._update_best(generation, specs, records)
+        self._write_tables(generation, records, fitness, ok, time.monotonic() - started)
+        self.store.write_state(
+            generation,
+            {
+                "format": STATE_FORMAT,
+                "generation": generation,
+                "run_id": self.run_id,
+                "es": self.cfg.es.get("name"),
+                "searcher": self.searcher.state_dict(),
+                "center": self.searcher.center,
+                "best": self.best,
+                "mean_fitness": float(fitness.mean()),
+            },
+        )
+        self.next_generation = generation + 1
+        self._log_generation(generation, fitness, ok, gen_best, time.monotonic() - started)
+
+    # -------------------------------------------------------------- pieces
+    def _population(self, generation: int) -> torch.Tensor:
+        values = self.store.read_population(generation)
+        if values is not None:
+            logger.info("generation %d: re-using the population written before the restart", generation)
+            return values.to(torch.float64)
+        values = self.searcher.ask(generation)
+        self.store.write_population(generation, values)
+        return values
+
+    def _specs(self, generation: int, values: torch.Tensor) -> list[MemberSpec]:
+        inner = self.cfg.member_inner()
+        specs = []
+        for index in range(values.shape[0]):
+            # Common random numbers: all members of a generation train with the same seed, so fitness
+            # differences come from the mirror maps rather than from sampling noise.
+            keys = ("member", generation) if self.cfg.common_random_numbers else ("member", generation, index)
+            specs.append(
+                MemberSpec(
+                    run_id=self.run_id,
+                    generation=generation,
+                    index=index,
+                    seed=derive_seed(self.cfg.seed, *keys) % (2**31),
+                    params=values[index].tolist(),
+                    work_dir=str(self.store.member_dir(generation, index)),
+                    inner=inner,
+                )
+            )
+        return specs
+
+    def _abort_message(self, generation: int, final: Mapping[int, ResultRecord]) -> str | None:
+        failed = [i for i, r in final.items() if not r.ok]
+        if len(failed) <= self.cfg.max_failed_fraction * self.cfg.population:
+            return None
+        last = final[failed[-1]]
+        return (
+            f"generation {generation}: {len(failed)} of {self.cfg.population} members failed, more than "
+            f"max_failed_fraction={self.cfg.max_failed_fraction}; last failure (member {failed[-1]}, "
+            f"{last.status}): {last.error.strip()[-500:]}\nFix the cause, then resume with "
+            f"`python -m meta.run run_dir={self.store.root}` (raising retries= or max_failed_fraction= is allowed)"
+        )
+
+    def _update_best(self, generation: int, specs: list[MemberSpec], records: Mapping[int, ResultRecord]) -> dict | None:
+        ok_members = [i for i in range(len(specs)) if records[i].ok]
+        if not ok_members:
+            return None
+        index = max(ok_members, key=lambda i: (records[i].fitness, -i))
+        gen_best = {
+            "run_id": self.run_id,
+            "generation": generation,
+            "index": index,
+            "fitness": records[index].fitness,
+            "params": list(specs[index].params),
+        }
+        if self.best is None or gen_best["fitness"] > self.best["fitness"]:
+            self.best = gen_best
+            self.store.write_best(gen_best)
+        return gen_best
+
+    def _write_tables(
+        self, generation: int, records: Mapping[int, ResultRecord], fitness: torch.Tensor, ok: torch.Tensor, wall: float
+    ) -> None:
+        rows = []
+        for index, record in records.items():
+            row = {
+                "generation": generation,
+                "index": index,
+                "status": record.status,
+                "fitness": record.fitness,
+                "fitness_used": float(fitness[index]),
+                "val_size": record.val_size,
+                "mean_response_tokens": record.mean_response_tokens,
+                "wall_time_s": record.wall_time_s,
+                "steps_done": record.steps_done,
+                "error": record.error[-500:],
+            }
+            row.update({f"diag_{k}": v for k, v in record.diagnostics.items()})
+            rows.append(row)
+        self.store.upsert_members(rows)
+        ok_fitness = fitness[ok]
+        self.store.upsert_generation(
+            {
+                "generation": generation,
+                "done": int(ok.sum()),
+                "failed": int((~ok).sum()),
+                "best_fitness": float(ok_fitness.max()) if len(ok_fitness) else float("nan"),
+                "mean_fitness": float(fitness.mean()),
+                "center_norm": float(self.searcher.center.norm()),
+                "wall_time_s": wall,
+            }
+        )
+
+    # ------------------------------------------------------------- progress
+    def _log_member(self, spec: MemberSpec, record: ResultRecord, progress: ArrayProgress) -> None:
+        if record.ok:
+            detail = f"fitness {record.fitness:.4f}"
+        else:
+            lines = record.error.strip().splitlines()
+            detail = lines[-1][:160] if lines else ""
+        logger.info(
+            "gen %d member %03d %s %s (%.1f s) | done %d/%d, failed %d, in flight %d",
+            spec.generation, spec.index, record.status, detail, record.wall_time_s,
+            progress.done, progress.total, progress.failed, progress.in_flight,
+        )
+
+    def _log_generation(
+        self, generation: int, fitness: torch.Tensor, ok: torch.Tensor, gen_best: dict | None, wall: float
+    ) -> None:
+        self._durations.append(wall)
+        remaining = self.cfg.generations - generation - 1
+        eta = remaining * sum(self._durations) / len(self._durations)
+        best = f"{gen_best['fitness']:.4f} (member {gen_best['index']:03d})" if gen_best else "n/a"
+        logger.info(
+            "generation %d/%d: done %d, failed %d | best %s, mean %.4f | %.1f s, ETA %s",
+            generation + 1, self.cfg.generations, int(ok.sum()), int((~ok).sum()), best, float(fitness.mean()),
+            wall, _format_duration(eta),
+        )
+
+
+def _format_duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"

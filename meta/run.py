@@ -1,0 +1,194 @@
+"""``python -m meta.run [key=value ...]``: start or resume an NM-GRPO-ES search.
+
+Hydra composes conf/config.yaml with the command-line overrides (no chdir, no Hydra output dirs: everything
+goes to ``run_dir``). With ``run_dir=`` pointing at an existing run, the overrides the run was started with
+are replayed under the new ones, and the result must not change the search (see meta/resume.py).
+Exit status: 0 done, 1 aborted (too many failed members), 2 bad config, 3 run dir locked.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import os
+import platform
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any, Sequence
+
+import yaml
+
+from meta.config import ConfigError, SearchConfig, build_search_config, config_hash
+from meta.resume import format_differences, split_differences
+from results.store import RunStore
+
+logger = logging.getLogger("meta.run")
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+USAGE = """usage: python -m meta.run [key=value ...]
+
+Start an ES search over neural-mirror-map inits, or resume one with run_dir=<existing run>.
+Common keys: population, generations, seed, run_dir, es=pgpe|snes|cem|cmaes|openai_es_elite,
+launcher=local|debug, init=uniform|gaussian|<file>, inner.entrypoint, inner.timeout_s, retries,
+fitness_on_failure, max_failed_fraction, task=..., model=..., train.steps=...
+See conf/config.yaml for every key and its default."""
+
+
+def compose(overrides: Sequence[str]) -> dict[str, Any]:
+    """Compose conf/config.yaml with ``overrides`` into a resolved plain dict; ConfigError for bad overrides."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None, job_name="meta_run"):
+            cfg = hydra_compose(config_name="config", overrides=list(overrides))
+        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+    except (HydraException, OmegaConfBaseException, ValueError) as exc:
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(
+            f"{message}\n(check the key against conf/config.yaml; a new key needs a leading '+', "
+            "a config group is chosen with group=name)"
+        ) from None
+
+
+def _override_key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def merge_overrides(old: Sequence[str], new: Sequence[str]) -> list[str]:
+    """Old overrides with those re-set in ``new`` replaced (later wins), run_dir dropped."""
+    merged: dict[str, str] = {}
+    for override in [*old, *new]:
+        key = _override_key(override)
+        if key == "run_dir":
+            continue
+        merged.pop(key, None)
+        merged[key] = override
+    return list(merged.values())
+
+
+def prepare(argv: Sequence[str]) -> tuple[SearchConfig, dict[str, Any], RunStore, dict[str, Any], bool]:
+    """Resolve, validate and (for a resume) compare the config. Writes nothing."""
+    overrides = [a for a in argv if a.strip()]
+    bad = [a for a in overrides if "=" not in a]
+    if bad:
+        raise ConfigError(f"argument {bad[0]!r} is not key=value\n{USAGE}")
+    fresh = compose(overrides)
+    run_dir = fresh.get("run_dir") or f"outputs/meta_{_dt.datetime.now().strftime('%Y-%m-%d_%H-%M-%S')}"
+    store = RunStore(run_dir)
+    resuming = store.exists()
+    manifest: dict[str, Any] = {}
+    if resuming:
+        manifest = store.read_manifest()
+        combined = merge_overrides(manifest.get("overrides", []), overrides)
+        raw = compose(combined)
+        stored = yaml.safe_load(store.read_config_text()) or {}
+        refused, allowed = split_differences(stored, raw)
+        if refused:
+            raise ConfigError(
+                f"run_dir={run_dir} was started with a different search; these changes are refused on resume:\n"
+                f"{format_differences(refused)}\nDrop them to resume, or start a new run with another run_dir"
+            )
+        if allowed:
+            logger.info("resuming with changed settings:\n%s", format_differences(allowed))
+        manifest["overrides"] = combined
+    else:
+        raw = fresh
+        manifest = {"overrides": merge_overrides([], overrides)}
+    raw["run_dir"] = str(run_dir)
+    cfg = build_search_config(raw)
+    return cfg, raw, store, manifest, resuming
+
+
+def _git_commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=CONF_DIR.parent, capture_output=True, text=True, timeout=10, check=False
+        )
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def write_run_files(store: RunStore, raw: dict[str, Any], manifest: dict[str, Any], resuming: bool) -> dict[str, Any]:
+    import torch
+
+    store.write_config(yaml.safe_dump(raw, sort_keys=True))
+    if not resuming:
+        manifest.update(
+            {
+                "run_id": uuid.uuid4().hex[:12],
+                "created": _dt.datetime.now().isoformat(timespec="seconds"),
+                "seed": raw["seed"],
+            }
+        )
+    manifest.update(
+        {
+            "config_hash": config_hash(raw),
+            "code_version": _git_commit(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "host": platform.node(),
+        }
+    )
+    store.write_manifest(manifest)
+    return manifest
+
+
+def run(argv: Sequence[str]) -> int:
+    from launch.factory import build_launcher
+    from launch.runner import AbortRun
+    from meta.lock import RunLock, RunLockedError
+    from meta.orchestrator import Orchestrator
+
+    cfg, raw, store, manifest, resuming = prepare(argv)
+    logging.getLogger().setLevel(cfg.log_level)
+    lock = RunLock(store.lock_path)
+    try:
+        lock.acquire()
+    except RunLockedError as exc:
+        logger.error("%s", exc)
+        return 3
+    try:
+        manifest = write_run_files(store, raw, manifest, resuming)
+        launcher = build_launcher(cfg.launcher)
+        logger.info("%s run %s in %s", "resuming" if resuming else "starting", manifest["run_id"], store.root)
+        try:
+            summary = Orchestrator(cfg, store, launcher, manifest["run_id"]).run()
+        except AbortRun as exc:
+            logger.error("aborted: %s", exc)
+            return 1
+        finally:
+            launcher.close()
+        best = summary.best
+        logger.info(
+            "search finished after %d generation(s); best fitness %s; export with "
+            "`python -m meta.export run_dir=%s which=best_member out=best_mirror.pt`",
+            summary.generations_done, f"{best['fitness']:.4f}" if best else "n/a", store.root,
+        )
+        return 0
+    finally:
+        lock.release()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help") for a in argv):
+        sys.stdout.write(USAGE + "\n")
+        return 0
+    logging.basicConfig(level=os.environ.get("MIRROR_ES_LOG_LEVEL", "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # evotorch warns at import that logging is already configured (by the line above): noise, not news.
+    logging.getLogger("evotorch").addFilter(lambda record: "already configured" not in record.getMessage())
+    try:
+        return run(argv)
+    except ConfigError as exc:
+        sys.stderr.write(f"config error: {exc}\n")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

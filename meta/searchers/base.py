@@ -1,0 +1,101 @@
+"""One small ask/tell interface over every search algorithm, with explicit, serialisable state.
+
+Contract: ``ask(generation)`` is a pure function of the state and (run seed, generation), so a population
+asked again after a crash is identical; ``tell`` receives finite fitness only (failures already mapped to
+``fitness_on_failure``) plus an ``ok`` mask for rules that treat failed members specially. Fitness is
+MAXIMISED. ``state_dict`` holds only tensors and plain Python values (loadable with weights_only=True).
+"""
+from __future__ import annotations
+
+import abc
+import inspect
+from typing import Any, ClassVar, Mapping
+
+import torch
+
+DTYPE = torch.float64
+
+
+class Searcher(abc.ABC):
+    name: ClassVar[str] = ""
+    #: antithetic (mirrored) sampling needs an even population
+    needs_even_population: ClassVar[bool] = False
+
+    def __init__(self, center_init: torch.Tensor, popsize: int, seed: int) -> None:
+        if center_init.ndim != 1:
+            raise ValueError(f"centre init must be a vector, got shape {tuple(center_init.shape)}")
+        self.dim = int(center_init.shape[0])
+        self.popsize = int(popsize)
+        self.seed = int(seed)
+        check_population(self.name, self.popsize, self.needs_even_population)
+
+    @abc.abstractmethod
+    def ask(self, generation: int) -> torch.Tensor:
+        """The population of ``generation`` as a (popsize, dim) float64 tensor."""
+
+    @abc.abstractmethod
+    def tell(self, generation: int, values: torch.Tensor, fitness: torch.Tensor, ok: torch.Tensor) -> None:
+        """Update from finite fitnesses (higher is better) of the asked ``values``."""
+
+    @property
+    @abc.abstractmethod
+    def center(self) -> torch.Tensor:
+        """The current centre (mean) of the search distribution."""
+
+    @abc.abstractmethod
+    def state_dict(self) -> dict[str, Any]: ...
+
+    @abc.abstractmethod
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+    def _check_tell(self, values: torch.Tensor, fitness: torch.Tensor) -> None:
+        if values.shape != (self.popsize, self.dim) or fitness.shape != (self.popsize,):
+            raise ValueError(
+                f"{self.name}.tell: expected values {(self.popsize, self.dim)} and fitness ({self.popsize},), "
+                f"got {tuple(values.shape)} and {tuple(fitness.shape)}"
+            )
+        if not torch.isfinite(fitness).all():
+            raise ValueError(f"{self.name}.tell: non-finite fitness would corrupt the search: {fitness.tolist()}")
+
+
+def check_population(name: str, popsize: int, needs_even: bool) -> None:
+    if popsize < 2:
+        raise ValueError(f"population must be at least 2 (got {popsize})")
+    if needs_even and popsize % 2:
+        raise ValueError(
+            f"population={popsize} is odd but es={name} samples antithetic pairs; set an even population "
+            f"(e.g. population={popsize + 1})"
+        )
+
+
+def _registry() -> dict[str, type[Searcher]]:
+    from meta.searchers.cem import CEMSearcher
+    from meta.searchers.cmaes import CMAESSearcher
+    from meta.searchers.openai_es import OpenAIESEliteSearcher
+    from meta.searchers.pgpe import PGPESearcher
+    from meta.searchers.snes import SNESSearcher
+
+    classes = (PGPESearcher, SNESSearcher, CEMSearcher, CMAESSearcher, OpenAIESEliteSearcher)
+    return {cls.name: cls for cls in classes}
+
+
+def searcher_class(name: str) -> type[Searcher]:
+    registry = _registry()
+    if name not in registry:
+        raise ValueError(f"es.name={name!r} is unknown; choose one of {sorted(registry)} (e.g. es=pgpe)")
+    return registry[name]
+
+
+def build_searcher(
+    es_cfg: Mapping[str, Any], center_init: torch.Tensor, popsize: int, seed: int
+) -> Searcher:
+    """Instantiate ``es_cfg['name']`` with the remaining keys as hyperparameters; unknown keys are errors."""
+    cfg = dict(es_cfg)
+    cls = searcher_class(str(cfg.pop("name", "")))
+    allowed = [
+        p.name for p in inspect.signature(cls.__init__).parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY
+    ]
+    unknown = sorted(set(cfg) - set(allowed))
+    if unknown:
+        raise ValueError(f"es.{unknown[0]} is not a setting of es={cls.name}; known settings: {sorted(allowed)}")
+    return cls(center_init.to(DTYPE), popsize, seed, **cfg)

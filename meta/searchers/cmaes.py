@@ -1,0 +1,111 @@
+"""CMA-ES through the ``cma`` package's ask/tell.
+
+cma's objects are not safely serialisable without pickle, so the state stored is what is needed to rebuild
+one: the centre init, and every told generation's fitness. Rebuilding replays ask (numpy RNG seeded from
+(seed, generation), exactly as the first time) and tell, so a resumed search is bit-identical to an
+uninterrupted one; a digest of each replayed population guards against a changed cma version.
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from meta.searchers.base import DTYPE, Searcher
+from meta.seeding import derive_seed, seeded_global_numpy
+
+
+def _digest(values: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(values, dtype=np.float64).tobytes()).hexdigest()
+
+
+class CMAESSearcher(Searcher):
+    name = "cmaes"
+
+    def __init__(
+        self,
+        center_init: torch.Tensor,
+        popsize: int,
+        seed: int,
+        *,
+        sigma_init: float = 0.01,
+        diagonal: bool = False,
+    ) -> None:
+        super().__init__(center_init, popsize, seed)
+        self.center_init = center_init.to(DTYPE).clone()
+        self.sigma_init = float(sigma_init)
+        self.diagonal = bool(diagonal)
+        self.history: list[torch.Tensor] = []
+        self.digests: list[str] = []
+        self._es = self._fresh()
+        self._asked: tuple[int, np.ndarray] | None = None
+
+    def _fresh(self) -> Any:
+        import cma
+
+        options = {
+            "popsize": self.popsize,
+            "seed": derive_seed(self.seed, "cma-init") % (2**31 - 1) + 1,
+            "verbose": -9,
+            "verb_disp": 0,
+            "verb_log": 0,
+            "CMA_diagonal": self.diagonal,
+        }
+        with seeded_global_numpy(self.seed, "cma-init"):
+            return cma.CMAEvolutionStrategy(self.center_init.numpy().copy(), self.sigma_init, options)
+
+    def _ask_np(self, generation: int) -> np.ndarray:
+        if self._asked is not None and self._asked[0] == generation:
+            return self._asked[1]
+        if self._es.countiter != generation:
+            raise RuntimeError(f"cmaes: asked generation {generation} but the state is at {self._es.countiter}")
+        with seeded_global_numpy(self.seed, "ask", generation):
+            values = np.array(self._es.ask(), dtype=np.float64)
+        self._asked = (generation, values)
+        return values
+
+    def _tell_np(self, generation: int, values: np.ndarray, fitness: np.ndarray) -> None:
+        with seeded_global_numpy(self.seed, "tell", generation):
+            self._es.tell(list(values), list(-fitness))  # cma minimises
+        self._asked = None
+
+    def ask(self, generation: int) -> torch.Tensor:
+        return torch.as_tensor(self._ask_np(generation).copy(), dtype=DTYPE)
+
+    def tell(self, generation: int, values: torch.Tensor, fitness: torch.Tensor, ok: torch.Tensor) -> None:
+        self._check_tell(values, fitness)
+        asked = self._ask_np(generation)
+        if not np.array_equal(asked, values.numpy()):
+            raise ValueError("cmaes.tell: the told population is not the one asked for this generation")
+        self._tell_np(generation, asked, fitness.to(DTYPE).numpy())
+        self.history.append(fitness.to(DTYPE).clone())
+        self.digests.append(_digest(asked))
+
+    @property
+    def center(self) -> torch.Tensor:
+        return torch.as_tensor(np.array(self._es.mean, dtype=np.float64), dtype=DTYPE)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "center_init": self.center_init.clone(),
+            "fitness_history": [f.clone() for f in self.history],
+            "population_digests": list(self.digests),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.center_init = state["center_init"].to(DTYPE).clone()
+        self._es = self._fresh()
+        self._asked = None
+        self.history, self.digests = [], []
+        for generation, (fitness, digest) in enumerate(zip(state["fitness_history"], state["population_digests"])):
+            values = self._ask_np(generation)
+            if _digest(values) != digest:
+                raise ValueError(
+                    f"cmaes: replaying generation {generation} gave a different population than the original "
+                    "run (was the cma package upgraded?); resume with the cma version the run started with"
+                )
+            self._tell_np(generation, values, fitness.to(DTYPE).numpy())
+            self.history.append(fitness.to(DTYPE).clone())
+            self.digests.append(digest)

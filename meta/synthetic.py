@@ -1,0 +1,67 @@
+"""A synthetic objective over the 380-vector that stands in for NM-GRPO training in tests and benchmarks.
+
+Used through ``inner.entrypoint=meta.synthetic:member``; its behaviour is steered by ``inner.options``:
+  target (0.02), width (0.01): fitness = exp(-mean((x - target)^2) / (2 width^2)), in (0, 1], max at x = target,
+      so 0 (the default fitness_on_failure) is the worst value, as for pass@1;
+  sleep_s: sleep before answering (benchmark members);
+  fail / nan_fitness / hang: lists of member indices (or "generation:index") that raise, return NaN, or sleep forever;
+  fail_attempts: those injected failures only happen on attempts below this number (tests retries);
+  count_calls: append a line to <work_dir>/calls.log per call (tests that no member runs twice).
+Deliberately free of torch so that hundreds of member processes start quickly.
+"""
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from results.records import MemberSpec
+
+
+def objective(params: Sequence[float], target: float = 0.02, width: float = 0.01) -> float:
+    """The known optimum is the constant vector ``target``; higher is better."""
+    if not params:
+        raise ValueError("synthetic objective needs a non-empty parameter vector")
+    mse = sum((float(x) - target) ** 2 for x in params) / len(params)
+    return math.exp(-mse / (2.0 * width * width))
+
+
+def _selected(spec: MemberSpec, entries: Sequence[Any] | None) -> bool:
+    for entry in entries or ():
+        if isinstance(entry, str) and ":" in entry:
+            gen, _, idx = entry.partition(":")
+            if int(gen) == spec.generation and int(idx) == spec.index:
+                return True
+        elif int(entry) == spec.index:
+            return True
+    return False
+
+
+def member(spec: MemberSpec | Mapping[str, Any]) -> dict[str, Any]:
+    """The ``inner.entrypoint`` for synthetic runs: returns a result record as a dict."""
+    if not isinstance(spec, MemberSpec):
+        spec = MemberSpec.from_dict(spec)
+    options = dict(spec.inner.get("options") or {})
+    start = time.monotonic()
+    if options.get("count_calls"):
+        with open(Path(spec.work_dir) / "calls.log", "a") as handle:
+            handle.write(f"attempt {spec.attempt}\n")
+    if options.get("sleep_s"):
+        time.sleep(float(options["sleep_s"]))
+    injected = spec.attempt < int(options.get("fail_attempts", 1 << 30))
+    if injected and _selected(spec, options.get("fail")):
+        raise RuntimeError(f"injected failure for member {spec.generation}:{spec.index}")
+    if injected and _selected(spec, options.get("hang")):
+        while True:
+            time.sleep(0.05)
+    fitness = objective(spec.params, float(options.get("target", 0.02)), float(options.get("width", 0.01)))
+    if injected and _selected(spec, options.get("nan_fitness")):
+        fitness = float("nan")
+    return {
+        "status": "ok",
+        "fitness": fitness,
+        "val_size": 1,
+        "wall_time_s": time.monotonic() - start,
+        "steps_done": 1,
+    }

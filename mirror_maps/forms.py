@@ -1,0 +1,126 @@
+"""Per-token divergences a GRPO loss can add: sampled-token Bregman forms, full-vocabulary form, KL estimators.
+
+All functions return one value per position ([B, T]); the caller masks and aggregates.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from mirror_maps.numerics import PROB_FLOOR, phi2
+from mirror_maps.potentials import Potential
+
+logger = logging.getLogger(__name__)
+
+SAMPLED_FORMS = ("sampled", "sampled_is")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+FULL_FORM_CHUNK_BYTES = 256 * 2**20
+"""Default working-set budget per chunk of positions in `full_divergence`."""
+_WORK_TENSORS_PER_ENTRY = 64
+"""Rough count of float temporaries per vocabulary entry while one chunk is evaluated (neuron blocks)."""
+
+
+def _check_same_shape(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor) -> None:
+    if a.shape != b.shape:
+        raise ValueError(f"{name_a} has shape {list(a.shape)} but {name_b} has shape {list(b.shape)}; they must match")
+
+
+def sampled_divergence(
+    potential: Potential, logp: torch.Tensor, ref_logp: torch.Tensor, form: str = "sampled"
+) -> torch.Tensor:
+    """Bregman divergence of the sampled token's probabilities, per token.
+
+    form="sampled": d(p_t, q_t) with p = exp(logp), q = exp(ref_logp) clamped at 1e-10 -- what the
+    authors' code computes. form="sampled_is": d(p_t, q_t) / p_t, the single-sample estimate of the full
+    form sum_v d(pi_v, ref_v) for tokens drawn from pi. The weight 1/p_t is detached: the sampling
+    distribution is not differentiated, so E_y[grad d(p_y, q_y) / p_y] = sum_v d_p(pi_v, ref_v) grad pi_v,
+    the gradient of the full form. Differentiating through 1/p_t would add -E[d grad p / p^2], a bias.
+    """
+    if form not in SAMPLED_FORMS:
+        raise ValueError(f"form={form!r} is unknown; use one of {SAMPLED_FORMS} (or full_divergence for 'full')")
+    _check_same_shape("logp", logp, "ref_logp", ref_logp)
+    p = torch.exp(logp).clamp_min(PROB_FLOOR)
+    q = torch.exp(ref_logp).clamp_min(PROB_FLOOR)
+    divergence = potential.bregman(p, q)
+    if form == "sampled_is":
+        divergence = divergence / p.detach()
+    return divergence
+
+
+def _auto_chunk_size(vocab_size: int, element_size: int) -> int:
+    per_position = vocab_size * element_size * _WORK_TENSORS_PER_ENTRY
+    return max(1, FULL_FORM_CHUNK_BYTES // per_position)
+
+
+def _chunk_divergence(potential: Potential, logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tensor:
+    logp = torch.log_softmax(logits, dim=-1)
+    logq = torch.log_softmax(ref_logits, dim=-1)
+    return potential.bregman_from_logprobs(logp, logq).sum(dim=-1)
+
+
+def full_divergence(
+    potential: Potential, logits: torch.Tensor, ref_logits: torch.Tensor, chunk_size: int | None = None
+) -> torch.Tensor:
+    """sum over the vocabulary of d(softmax(logits), softmax(ref_logits)) at every position -> [B, T].
+
+    Positions are processed `chunk_size` at a time (default: sized from a 256 MiB working budget), so peak
+    memory is the two logit tensors plus one chunk's work, never [B, T, V, 126]. Under autograd each chunk
+    is checkpointed (recomputed in backward) so the saved state stays one chunk too. The log-probabilities
+    come from log_softmax in the logits' dtype; no 1e-10 clamp is applied here.
+    """
+    _check_same_shape("logits", logits, "ref_logits", ref_logits)
+    if logits.dim() < 2:
+        raise ValueError(f"logits must have shape [..., V] with at least one position dim, got {list(logits.shape)}")
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive integer or None, got {chunk_size}")
+    lead_shape = logits.shape[:-1]
+    vocab = logits.shape[-1]
+    flat = logits.reshape(-1, vocab)
+    flat_ref = ref_logits.reshape(-1, vocab)
+    if chunk_size is None:
+        chunk_size = _auto_chunk_size(vocab, flat.element_size())
+    differentiable = torch.is_grad_enabled() and (flat.requires_grad or flat_ref.requires_grad)
+    logger.debug("full_divergence: %d positions, vocabulary %d, chunk_size %d, checkpointed=%s",
+                 flat.shape[0], vocab, chunk_size, differentiable)
+    pieces = []
+    for start in range(0, flat.shape[0], chunk_size):
+        chunk = flat[start : start + chunk_size]
+        chunk_ref = flat_ref[start : start + chunk_size]
+        if differentiable:
+            pieces.append(checkpoint(_chunk_divergence, potential, chunk, chunk_ref, use_reentrant=False))
+        else:
+            pieces.append(_chunk_divergence(potential, chunk, chunk_ref))
+    return torch.cat(pieces).reshape(lead_shape)
+
+
+def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """k1 = -log r = logp - ref_logp with r = pi_ref / pi (unbiased, high variance, can be negative)."""
+    _check_same_shape("logp", logp, "ref_logp", ref_logp)
+    return logp - ref_logp
+
+
+def kl_k2(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """k2 = (log r)^2 / 2 (biased, low variance, >= 0)."""
+    _check_same_shape("logp", logp, "ref_logp", ref_logp)
+    log_r = ref_logp - logp
+    return 0.5 * log_r * log_r
+
+
+def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """k3 = r - 1 - log r (unbiased, >= 0), computed as (log r)^2 phi2(log r) so it does not cancel near r = 1."""
+    _check_same_shape("logp", logp, "ref_logp", ref_logp)
+    log_r = ref_logp - logp
+    return log_r * log_r * phi2(log_r)
+
+
+_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+
+
+def kl_estimator(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
+    """Sampled-token KL(pi || pi_ref) estimate per token, by name: "k1", "k2" or "k3" (SPEC §1)."""
+    if estimator not in _ESTIMATORS:
+        raise ValueError(f"estimator={estimator!r} is unknown; use one of {KL_ESTIMATORS}")
+    return _ESTIMATORS[estimator](logp, ref_logp)

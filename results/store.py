@@ -1,0 +1,248 @@
+"""The run store: the one module that knows where things live inside a run directory.
+
+Layout (see docs/DESIGN.md):
+
+    run_dir/config.yaml, manifest.json
+    run_dir/state/gen_0007.pt (+ .sha256)     searcher state after generation 7's tell
+    run_dir/gen_0008/population.pt (+ .sha256) asked population, written before any submission
+    run_dir/gen_0008/jobs.json                member -> job map, written right after each submission
+    run_dir/gen_0008/member_017/              result.json, started.json, logs, inner checkpoints
+    run_dir/gen_0008/submitit/                launcher logs
+    run_dir/tables/members.parquet, generations.parquet
+    run_dir/LOCK
+
+Everything is written atomically; state and population files carry a checksum so that a torn or corrupted
+file is detected and skipped instead of silently trusted. torch and pandas are imported lazily so that code
+running inside light member processes can import this package without paying for them.
+"""
+from __future__ import annotations
+
+import io
+import json
+import logging
+import re
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from results.atomic import (
+    CorruptFileError,
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_text,
+    read_with_checksum,
+    write_with_checksum,
+)
+
+logger = logging.getLogger(__name__)
+
+_STATE_RE = re.compile(r"^gen_(\d{4,})\.pt$")
+MEMBER_KEYS = ("generation", "index")
+
+
+class RunStore:
+    """Paths and typed reads/writes of one run directory."""
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.root = Path(run_dir)
+
+    # ----------------------------------------------------------------- paths
+    @property
+    def config_path(self) -> Path:
+        return self.root / "config.yaml"
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.root / "manifest.json"
+
+    @property
+    def lock_path(self) -> Path:
+        return self.root / "LOCK"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / "state"
+
+    @property
+    def tables_dir(self) -> Path:
+        return self.root / "tables"
+
+    @property
+    def members_table_path(self) -> Path:
+        return self.tables_dir / "members.parquet"
+
+    @property
+    def generations_table_path(self) -> Path:
+        return self.tables_dir / "generations.parquet"
+
+    @property
+    def best_dir(self) -> Path:
+        return self.tables_dir / "best"
+
+    def state_path(self, generation: int) -> Path:
+        return self.state_dir / f"gen_{generation:04d}.pt"
+
+    def generation_dir(self, generation: int) -> Path:
+        return self.root / f"gen_{generation:04d}"
+
+    def population_path(self, generation: int) -> Path:
+        return self.generation_dir(generation) / "population.pt"
+
+    def jobs_path(self, generation: int) -> Path:
+        return self.generation_dir(generation) / "jobs.json"
+
+    def member_dir(self, generation: int, index: int) -> Path:
+        return self.generation_dir(generation) / f"member_{index:03d}"
+
+    def launcher_dir(self, generation: int) -> Path:
+        return self.generation_dir(generation) / "submitit"
+
+    def exists(self) -> bool:
+        """True when a run was started here (its resolved config was written)."""
+        return self.config_path.is_file()
+
+    # ---------------------------------------------------------- config/meta
+    def write_config(self, yaml_text: str) -> None:
+        atomic_write_text(self.config_path, yaml_text)
+
+    def read_config_text(self) -> str:
+        return self.config_path.read_text()
+
+    def write_manifest(self, manifest: Mapping[str, Any]) -> None:
+        atomic_write_json(self.manifest_path, dict(manifest))
+
+    def read_manifest(self) -> dict[str, Any]:
+        try:
+            return json.loads(self.manifest_path.read_text())
+        except FileNotFoundError:
+            return {}
+        except json.JSONDecodeError as exc:
+            raise CorruptFileError(f"{self.manifest_path}: not valid JSON ({exc})") from exc
+
+    # ----------------------------------------------------------------- state
+    def write_state(self, generation: int, state: Mapping[str, Any]) -> Path:
+        """Persist the searcher state after ``generation``'s tell (torch.save of plain data, checksummed)."""
+        return write_with_checksum(self.state_path(generation), _torch_bytes(dict(state)))
+
+    def state_generations(self) -> list[int]:
+        if not self.state_dir.is_dir():
+            return []
+        found = (_STATE_RE.match(p.name) for p in self.state_dir.iterdir())
+        return sorted(int(m.group(1)) for m in found if m)
+
+    def read_state(self, generation: int) -> dict[str, Any]:
+        return _torch_load(read_with_checksum(self.state_path(generation)), self.state_path(generation))
+
+    def latest_state(self) -> tuple[int, dict[str, Any]] | None:
+        """The newest state that passes its checksum; corrupt newer ones are skipped with a warning."""
+        for generation in reversed(self.state_generations()):
+            try:
+                return generation, self.read_state(generation)
+            except CorruptFileError as exc:
+                logger.warning("skipping corrupt state file (falling back to the previous generation): %s", exc)
+        return None
+
+    # ------------------------------------------------------------ population
+    def write_population(self, generation: int, values: Any) -> Path:
+        """``values``: a (population, dim) float64 tensor, written before any member of it is submitted."""
+        payload = {"generation": int(generation), "values": values}
+        return write_with_checksum(self.population_path(generation), _torch_bytes(payload))
+
+    def read_population(self, generation: int) -> Any | None:
+        """The asked population of ``generation``, or None if it was never written or is corrupt."""
+        path = self.population_path(generation)
+        if not path.exists():
+            return None
+        try:
+            payload = _torch_load(read_with_checksum(path), path)
+        except CorruptFileError as exc:
+            logger.warning("population file is corrupt and will be asked again: %s", exc)
+            return None
+        if payload.get("generation") != generation:
+            logger.warning("population file %s names generation %s; asking again", path, payload.get("generation"))
+            return None
+        return payload["values"]
+
+    # ------------------------------------------------------------------ jobs
+    def write_jobs(self, generation: int, jobs: Mapping[int, Mapping[str, Any]]) -> None:
+        atomic_write_json(self.jobs_path(generation), {"members": {str(k): dict(v) for k, v in jobs.items()}})
+
+    def read_jobs(self, generation: int) -> dict[int, dict[str, Any]]:
+        path = self.jobs_path(generation)
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            return {}
+        except json.JSONDecodeError:
+            logger.warning("%s is unreadable; in-flight jobs of that generation cannot be re-attached", path)
+            return {}
+        return {int(k): dict(v) for k, v in data.get("members", {}).items()}
+
+    # ---------------------------------------------------------------- tables
+    def upsert_members(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Insert or replace member rows keyed by (generation, index); re-running a generation is idempotent."""
+        _upsert_parquet(self.members_table_path, list(rows), MEMBER_KEYS)
+
+    def upsert_generation(self, row: Mapping[str, Any]) -> None:
+        _upsert_parquet(self.generations_table_path, [dict(row)], ("generation",))
+
+    def read_members(self) -> Any:
+        return _read_parquet(self.members_table_path)
+
+    def read_generations(self) -> Any:
+        return _read_parquet(self.generations_table_path)
+
+    def write_best(self, record: Mapping[str, Any]) -> None:
+        """The best member seen so far (params included), for export without loading the tables."""
+        atomic_write_json(self.best_dir / "best_member.json", dict(record))
+
+    def read_best(self) -> dict[str, Any] | None:
+        try:
+            return json.loads((self.best_dir / "best_member.json").read_text())
+        except FileNotFoundError:
+            return None
+
+
+def _torch_bytes(obj: Any) -> bytes:
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def _torch_load(data: bytes, path: Path) -> dict[str, Any]:
+    import torch
+
+    try:
+        obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises several types for malformed archives
+        raise CorruptFileError(f"{path}: cannot be loaded ({exc})") from exc
+    if not isinstance(obj, dict):
+        raise CorruptFileError(f"{path}: expected a dict, found {type(obj).__name__}")
+    return obj
+
+
+def _read_parquet(path: Path) -> Any:
+    import pandas as pd
+
+    if not path.exists():
+        return pd.DataFrame()
+    return pd.read_parquet(path)
+
+
+def _upsert_parquet(path: Path, rows: list[dict[str, Any]], keys: tuple[str, ...]) -> None:
+    import pandas as pd
+
+    if not rows:
+        return
+    new = pd.DataFrame(rows)
+    old = _read_parquet(path)
+    if len(old):
+        merged = pd.concat([old, new], ignore_index=True)
+        merged = merged.drop_duplicates(subset=list(keys), keep="last")
+    else:
+        merged = new
+    merged = merged.sort_values(list(keys)).reset_index(drop=True)
+    buffer = io.BytesIO()
+    merged.to_parquet(buffer, index=False)
+    atomic_write_bytes(path, buffer.getvalue())

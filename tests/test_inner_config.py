@@ -1,0 +1,138 @@
+"""Every bad inner-config input fails before training with a message naming the key; pass@k is unbiased."""
+from __future__ import annotations
+
+import copy
+import math
+from itertools import combinations
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from inner_loop.config import InnerConfig
+from inner_loop.evaluate import pass_at_k
+from inner_loop.member import prepare, train_member
+from mirror_maps import NeuralMirrorMap, save_init
+
+CONF = Path(__file__).resolve().parent.parent / "conf"
+
+
+def _inner(divergence: str = "neural_mirror") -> dict:
+    load = lambda group, name: yaml.safe_load((CONF / group / f"{name}.yaml").read_text())  # noqa: E731
+    return {"task": load("task", "arith"), "model": load("model", "tiny"),
+            "divergence": load("divergence", divergence), "train": load("train", "default")}
+
+
+def _with(node: str, key: str, value, divergence: str = "neural_mirror") -> dict:
+    inner = _inner(divergence)
+    inner[node][key] = value
+    return inner
+
+
+def test_shipped_configs_parse():
+    for name in ("none", "kl", "prob_l2", "neural_mirror"):
+        cfg = InnerConfig.from_dict(_inner(name))
+        assert cfg.divergence.name == name
+    cfg = InnerConfig.from_dict(_inner())
+    assert cfg.train.batch_size % cfg.train.group_size == 0 and cfg.train.aggregation == "dr_grpo"
+
+
+@pytest.mark.parametrize(
+    "node,key,value,message",
+    [
+        ("model", "name", "gpt5", "model.name"),
+        ("divergence", "name", "wasserstein", "divergence.name"),
+        ("divergence", "form", "dense", "divergence.form"),
+        ("divergence", "estimator", "k4", "divergence.estimator"),
+        ("divergence", "coef", -0.1, "divergence.coef"),
+        ("train", "group_size", 1, "train.group_size"),
+        ("train", "batch_size", 30, "train.batch_size"),
+        ("train", "policy_loss", "ppo2", "train.policy_loss"),
+        ("train", "aggregation", "sum", "train.aggregation"),
+        ("train", "steps", 0, "train.steps"),
+        ("train", "learning_rate", "fast", "train.learning_rate"),
+        ("train", "stepz", 3, "train.stepz"),
+        ("divergence", "init", "/nonexistent/map.pt", "divergence.init"),
+    ],
+)
+def test_bad_config_values_name_the_key(node, key, value, message):
+    with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+        InnerConfig.from_dict(_with(node, key, value))
+
+
+def test_missing_node_and_task_errors():
+    inner = _inner()
+    del inner["train"]
+    with pytest.raises(ValueError, match="train"):
+        InnerConfig.from_dict(inner)
+    with pytest.raises(ValueError, match="unknown task"):
+        prepare(_with("task", "name", "chess"), seed=0)
+
+
+def test_missing_data_file_fails_in_prepare(tmp_path):
+    inner = _inner()
+    inner["task"] = {"name": "gsm8k", "train_file": str(tmp_path / "absent.jsonl")}
+    with pytest.raises(ValueError, match="absent.jsonl"):
+        prepare(inner, seed=0)
+
+
+def test_init_file_of_wrong_shape_is_rejected_before_training(tmp_path):
+    bad = tmp_path / "bad.pt"
+    save_init(tmp_path / "good.pt", NeuralMirrorMap.random_init(1))
+    content = torch.load(tmp_path / "good.pt", weights_only=True)
+    content["vector"] = torch.zeros(12)
+    torch.save(content, bad)
+    spec = {"run_id": "r", "generation": 0, "index": 0, "seed": 0, "params": [], "work_dir": str(tmp_path / "m"),
+            "inner": _with("divergence", "init", str(bad))}
+    with pytest.raises(ValueError, match="380"):
+        train_member(spec)
+    assert not (tmp_path / "m").exists()
+
+
+def test_good_init_file_is_accepted(tmp_path):
+    path = tmp_path / "map.pt"
+    save_init(path, NeuralMirrorMap.random_init(3))
+    from inner_loop.regularizers import build_regularizer
+
+    cfg = InnerConfig.from_dict(_with("divergence", "init", str(path)))
+    reg = build_regularizer(cfg.divergence)
+    torch.testing.assert_close(reg.potential.to_vector().float(), NeuralMirrorMap.random_init(3).to_vector().float())
+
+
+def _pass_at_k_by_enumeration(n: int, c: int, k: int) -> float:
+    outcomes = [1] * c + [0] * (n - c)
+    subsets = list(combinations(range(n), k))
+    return sum(any(outcomes[i] for i in s) for s in subsets) / len(subsets)
+
+
+@pytest.mark.parametrize("n,c,k", [(5, 0, 1), (5, 2, 1), (5, 2, 2), (6, 3, 4), (4, 4, 2), (10, 1, 3)])
+def test_pass_at_k_is_the_unbiased_estimator(n, c, k):
+    assert pass_at_k(n, c, k) == pytest.approx(_pass_at_k_by_enumeration(n, c, k))
+    assert pass_at_k(n, c, k) == pytest.approx(1 - math.comb(n - c, k) / math.comb(n, k))
+
+
+def test_pass_at_k_rejects_impossible_counts():
+    with pytest.raises(ValueError):
+        pass_at_k(3, 4, 1)
+    with pytest.raises(ValueError):
+        pass_at_k(3, 1, 5)
+
+
+def test_config_is_not_mutated():
+    inner = _inner()
+    before = copy.deepcopy(inner)
+    InnerConfig.from_dict(inner)
+    assert inner == before
+
+
+def test_cli_exits_2_on_a_config_error_and_writes_nothing(tmp_path):
+    import subprocess
+    import sys
+
+    work = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "inner_loop.run", "train.batch_size=30", f"work_dir={work}"],
+                          cwd=CONF.parent, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert "train.batch_size" in proc.stderr
+    assert not work.exists()

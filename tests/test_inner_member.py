@@ -1,0 +1,130 @@
+"""train_member end to end on a small tiny model: result record, idempotence, failure status, resume after kill."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from inner_loop.member import last_checkpoint, train_member
+from results.records import read_result
+
+ROOT = Path(__file__).resolve().parent.parent
+CONF = ROOT / "conf"
+SMALL_MODEL = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64, "warmup_steps": 200,
+               "warmup_batch_size": 32}
+
+
+def _inner(divergence: str = "prob_l2", **train) -> dict:
+    load = lambda group, name: yaml.safe_load((CONF / group / f"{name}.yaml").read_text())  # noqa: E731
+    inner = {"task": load("task", "arith"), "model": load("model", "tiny"),
+             "divergence": load("divergence", divergence), "train": load("train", "default")}
+    inner["model"].update(SMALL_MODEL)
+    inner["train"].update({"steps": 4, "batch_size": 16, "group_size": 4, "save_every": 2, "val_size": 32,
+                           "max_completion_length": 6})
+    inner["train"].update(train)
+    return inner
+
+
+def _spec(work_dir: Path, inner: dict, seed: int = 0) -> dict:
+    return {"run_id": "t", "generation": 0, "index": 0, "seed": seed, "params": [], "work_dir": str(work_dir),
+            "inner": inner}
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    path = tmp_path_factory.mktemp("mirror-es-cache")
+    old = os.environ.get("MIRROR_ES_CACHE")
+    os.environ["MIRROR_ES_CACHE"] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop("MIRROR_ES_CACHE", None)
+    else:
+        os.environ["MIRROR_ES_CACHE"] = old
+
+
+def test_member_writes_a_complete_record_and_is_idempotent(cache, tmp_path):
+    record = train_member(_spec(tmp_path / "m", _inner()))
+    assert record.status == "ok", record.error
+    assert record.steps_done == 4 and record.val_size == 32
+    assert 0.0 <= record.fitness <= 1.0 and record.mean_response_tokens > 0
+    for key in ("reward_mean", "zero_variance_group_frac", "clipped_completion_ratio", "regularizer_value",
+                "regularizer_share", "wall_time_s", "steps_done"):
+        assert key in record.diagnostics and math.isfinite(record.diagnostics[key])
+    assert read_result(tmp_path / "m") == record
+    stamp = (tmp_path / "m" / "result.json").stat().st_mtime_ns
+    again = train_member(_spec(tmp_path / "m", _inner()))
+    assert again == record and (tmp_path / "m" / "result.json").stat().st_mtime_ns == stamp
+
+
+def test_non_finite_loss_ends_as_failed_with_the_reason(cache, tmp_path, monkeypatch):
+    import inner_loop.member as member
+    from inner_loop.regularizers import Regularizer, build_regularizer
+
+    class Overflowing(Regularizer):
+        """A divergence that overflows, as a badly scaled mirror map can."""
+
+        def per_token(self, logps, ref_logps, logits=None, ref_logits=None):
+            return super().per_token(logps, ref_logps, logits, ref_logits) * float("inf")
+
+    def build(cfg, params=None):
+        reg = build_regularizer(cfg, params)
+        return Overflowing(reg.name, reg.form, reg.coef, reg.potential)
+
+    monkeypatch.setattr(member, "build_regularizer", build)
+    record = train_member(_spec(tmp_path / "m", _inner(steps=3)))
+    assert record.status == "failed" and "non-finite loss" in record.error
+    assert record.fitness == 0.0 and json.loads((tmp_path / "m" / "result.json").read_text())["status"] == "failed"
+
+
+_CHILD = """
+import json, sys
+from inner_loop.member import train_member
+train_member(json.loads(sys.argv[1]))
+"""
+
+
+@pytest.mark.slow
+def test_killed_member_resumes_from_its_checkpoint_and_matches(cache, tmp_path):
+    inner = _inner(steps=24, save_every=4)
+    reference = train_member(_spec(tmp_path / "straight", inner))
+    assert reference.status == "ok", reference.error
+
+    work = tmp_path / "killed"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, json.dumps(_spec(work, inner))], cwd=ROOT, env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and child.poll() is None:
+        if (work / "checkpoints" / "checkpoint-4" / "trainer_state.json").is_file():
+            time.sleep(0.2)  # let the checkpoint's last files land; a partial newer one is what a kill leaves
+            child.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    child.wait(60)
+    assert read_result(work) is None, "the child finished before it could be killed; the test proved nothing"
+    partial = last_checkpoint(work)
+    assert partial is not None and int(partial.rsplit("-", 1)[1]) < 24
+
+    resumed = train_member(_spec(work, inner))
+    assert resumed.status == "ok", resumed.error
+    assert resumed.steps_done == 24
+    assert abs(resumed.fitness - reference.fitness) <= 0.07
+    assert resumed.diagnostics["reward_mean"] == pytest.approx(reference.diagnostics["reward_mean"], abs=0.1)
+    # The trained weights match the uninterrupted run's, and training did move them.
+    from safetensors.torch import load_file
+
+    final = {name: load_file(str(tmp_path / name / "checkpoints" / "checkpoint-24" / "model.safetensors"))
+             for name in ("straight", "killed")}
+    first = load_file(str(tmp_path / "straight" / "checkpoints" / "checkpoint-4" / "model.safetensors"))
+    moved = max((final["straight"][k] - first[k]).abs().max().item() for k in first)
+    gap = max((final["straight"][k] - final["killed"][k]).abs().max().item() for k in first)
+    assert moved > 0
+    assert gap <= 1e-3 * max(moved, 1e-6) + 1e-6, f"resumed weights differ by {gap} (training moved them {moved})"

@@ -1,0 +1,79 @@
+"""SIGKILL the orchestrator (a real subprocess, local launcher) at random points; the resumed run must end
+in exactly the state of an uninterrupted run, and no member may run twice."""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from meta.run import main
+from results.store import RunStore
+
+ROOT = Path(__file__).resolve().parent.parent
+ARGS = ["inner.entrypoint=meta.synthetic:member", "population=4", "generations=3", "es=cmaes",
+        "+inner.options={count_calls:true,sleep_s:0.3}"]
+
+
+def _start(run_dir: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "meta.run", f"run_dir={run_dir}", "launcher=local", *ARGS],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=False,
+    )
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_points_then_resume_matches_an_uninterrupted_run(tmp_path):
+    reference = tmp_path / "reference"
+    assert main([f"run_dir={reference}", "launcher=debug", *ARGS]) == 0
+
+    run_dir = tmp_path / "killed"
+    store = RunStore(run_dir)
+    rng = random.Random(20261122)
+    # Kill while members of gen 0 are in flight, right after a generation's tell, and around the last ask.
+    triggers = [(store.jobs_path(0), 1.0), (store.state_path(0), 0.3), (store.population_path(2), 0.5)]
+    kills = 0
+    for trigger, spread in triggers:
+        proc = _start(run_dir)
+        _wait_for(trigger, proc)
+        time.sleep(rng.uniform(0.0, spread))
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            kills += 1
+        proc.wait()
+    assert kills >= 2, "the orchestrator finished before it could be killed; the test did not test anything"
+
+    final = _start(run_dir)
+    _, err = final.communicate(timeout=300)
+    assert final.returncode == 0, err.decode()[-3000:]
+
+    ref_store = RunStore(reference)
+    assert store.state_generations() == ref_store.state_generations() == [0, 1, 2]
+    for generation in range(3):
+        got, want = store.read_state(generation), ref_store.read_state(generation)
+        assert torch.equal(got["center"], want["center"])
+        for key in ("fitness_history", "population_digests"):
+            assert got["searcher"][key].__len__() == want["searcher"][key].__len__()
+        assert got["searcher"]["population_digests"] == want["searcher"]["population_digests"]
+        assert got["mean_fitness"] == want["mean_fitness"]
+        assert {k: v for k, v in got["best"].items() if k != "run_id"} == {
+            k: v for k, v in want["best"].items() if k != "run_id"
+        }
+        for index in range(4):
+            calls = (store.member_dir(generation, index) / "calls.log").read_text().splitlines()
+            assert calls == ["attempt 0"], f"member {generation}:{index} ran {len(calls)} times"
+    got_members = store.read_members().sort_values(["generation", "index"])
+    want_members = ref_store.read_members().sort_values(["generation", "index"])
+    assert got_members["fitness"].tolist() == want_members["fitness"].tolist()
