@@ -26,6 +26,7 @@ from inner_loop.tasks import build_task, check_disjoint
 from inner_loop.tasks.base import Problem, Task
 from inner_loop.trainer import MirrorGRPOTrainer, NonFiniteLossError
 from inner_loop.warmup import warmed_model_dir
+from results.provenance import build_run_manifest, write_run_manifest
 from results.records import MemberSpec, ResultRecord, read_result, write_result
 
 logger = logging.getLogger(__name__)
@@ -182,6 +183,9 @@ def train_member(spec: MemberSpec | Mapping[str, Any]) -> ResultRecord:
     run = prepare(spec.inner, spec.seed, spec.params)
     torch.set_num_threads(run.cfg.train.num_threads)
     work_dir.mkdir(parents=True, exist_ok=True)
+    write_run_manifest(work_dir, build_run_manifest(run_id=spec.run_id, seed=spec.seed, inner=spec.inner,
+                                                    splits={"train": run.train, "validation": run.validation},
+                                                    params=spec.params))
     trainer = _build_trainer(run, work_dir, spec.seed)
     resume = last_checkpoint(work_dir)
     if resume:
@@ -217,3 +221,15 @@ def train_member(spec: MemberSpec | Mapping[str, Any]) -> ResultRecord:
     write_result(work_dir, record)
     logger.info("member %s: fitness %.4f after %d steps in %.1fs", work_dir, record.fitness, record.steps_done, wall)
     return record
+
+
+def validate_inner(inner: Mapping[str, Any]) -> None:
+    """Check a member's inner config and data up front (ValueError naming the key), training nothing.
+
+    Attached to `train_member` as `.validate`, so the orchestrator rejects a bad task/model/divergence/train
+    config before it submits a single job, without knowing anything about LLMs.
+    """
+    prepare(inner, seed=0, params=None)
+
+
+train_member.validate = validate_inner  # type: ignore[attr-defined]

@@ -130,9 +130,17 @@ def _check_components(cfg: SearchConfig) -> None:
     except (ValueError, TypeError) as exc:
         raise ConfigError(str(exc)) from None
     try:
-        load_entrypoint(cfg.inner_entrypoint)
+        entrypoint = load_entrypoint(cfg.inner_entrypoint)
     except ValueError as exc:
         raise ConfigError(f"{exc}; set inner.entrypoint=package.module:function") from None
+    # An entry point may carry its own up-front check of the inner config (`fn.validate(inner)`), so that
+    # a bad task/model/divergence/train setting fails here instead of in every submitted member.
+    validate = getattr(entrypoint, "validate", None)
+    if callable(validate):
+        try:
+            validate(cfg.member_inner())
+        except (ValueError, FileNotFoundError) as exc:
+            raise ConfigError(str(exc)) from None
     try:
         launcher_class(cfg.launcher)
     except ValueError as exc:

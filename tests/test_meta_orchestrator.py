@@ -84,6 +84,27 @@ def test_bad_configs_exit_2_before_anything_is_written(tmp_path, capsys, overrid
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("train.group_size=1", "train.group_size must be >= 2"),
+        ("divergence.coef=-1", "divergence.coef"),
+        ("divergence.init=/no/such/init.pt", "/no/such/init.pt"),
+        ("train.policy_loss=dppo_tv", None),
+    ],
+)
+def test_bad_inner_configs_are_refused_before_any_member_is_submitted(tmp_path, capsys, override, fragment):
+    """The default entry point validates task/model/divergence/train up front (exit 2, nothing written)."""
+    if fragment is None:  # a valid inner override passes validation (the run itself is not started here)
+        from meta.run import prepare
+
+        prepare([f"run_dir={tmp_path / 'run'}", override])
+        return
+    assert main([f"run_dir={tmp_path / 'run'}", override]) == 2
+    assert fragment in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
 def test_resume_refuses_search_changes_and_accepts_safe_ones(tmp_path, capsys):
     assert _run(tmp_path, "generations=1") == 0
     assert main([f"run_dir={tmp_path}", "population=6", "es=snes"]) == 2
