@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from inner_loop.member import train_member
@@ -43,6 +45,8 @@ def main(cfg: DictConfig) -> None:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
     print(json.dumps(record.to_dict(), indent=2))
+    if HydraConfig.get().mode == RunMode.MULTIRUN:
+        return  # sys.exit here would end the sweep after its first job; result.json records the outcome
     sys.exit(0 if record.ok else 1)
 
 

@@ -1,0 +1,95 @@
+"""PNG plots of an ES run, drawn with matplotlib's Agg canvas (no display, no pyplot global state).
+
+Each plot is rendered to memory and written atomically, so a report re-run while someone views the file never
+leaves a half-written image.
+"""
+from __future__ import annotations
+
+import io
+import logging
+from pathlib import Path
+
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from results.atomic import atomic_write_bytes
+
+logger = logging.getLogger(__name__)
+
+SIZE_IN = (6.4, 4.0)
+DPI = 100
+
+
+def _new_figure() -> tuple[Figure, object]:
+    fig = Figure(figsize=SIZE_IN, dpi=DPI)
+    FigureCanvasAgg(fig)
+    return fig, fig.add_subplot(1, 1, 1)
+
+
+def _save(fig: Figure, path: str | Path) -> Path:
+    for ax in fig.axes:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # generations are whole numbers
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=DPI)
+    return atomic_write_bytes(path, buffer.getvalue())
+
+
+def _no_data(ax: object, what: str) -> None:
+    ax.text(0.5, 0.5, f"no {what} yet", ha="center", va="center", transform=ax.transAxes)  # type: ignore[attr-defined]
+
+
+def plot_fitness(generations: pd.DataFrame, members: pd.DataFrame, path: str | Path) -> Path:
+    """Members' fitness as dots, the population mean with a +-1 std band, and the best member per generation."""
+    fig, ax = _new_figure()
+    ok = members[members["status"] == "ok"] if len(members) else members
+    has = generations.dropna(subset=["mean_fitness"]) if len(generations) else generations
+    if len(ok):
+        ax.scatter(ok["generation"], ok["fitness"].astype(float), s=10, alpha=0.35, color="tab:gray", label="members")
+    if len(has):
+        std = has["std_fitness"].fillna(0.0)
+        ax.fill_between(has["generation"], has["mean_fitness"] - std, has["mean_fitness"] + std, alpha=0.25,
+                        color="tab:blue", label="mean ± std")
+        ax.plot(has["generation"], has["mean_fitness"], marker="o", color="tab:blue", label="mean")
+        ax.plot(has["generation"], has["max_fitness"], marker="^", color="tab:green", label="max")
+        ax.legend(loc="best", fontsize=8)
+    else:
+        _no_data(ax, "finished members")
+    ax.set_xlabel("generation")
+    ax.set_ylabel("fitness (validation pass@1)")
+    ax.set_title("Fitness per generation")
+    return _save(fig, path)
+
+
+def plot_response_length(generations: pd.DataFrame, path: str | Path) -> Path:
+    """Mean response length (tokens) of the finished members per generation."""
+    fig, ax = _new_figure()
+    has = generations.dropna(subset=["mean_response_tokens"]) if len(generations) else generations
+    if len(has):
+        ax.plot(has["generation"], has["mean_response_tokens"], marker="o", color="tab:orange")
+    else:
+        _no_data(ax, "response lengths")
+    ax.set_xlabel("generation")
+    ax.set_ylabel("mean response length (tokens)")
+    ax.set_title("Response length per generation")
+    return _save(fig, path)
+
+
+def plot_failures(generations: pd.DataFrame, path: str | Path) -> Path:
+    """Failed, unreadable and still-pending members per generation, stacked."""
+    fig, ax = _new_figure()
+    if len(generations):
+        bottom = pd.Series(0, index=generations.index, dtype=float)
+        for column, color in (("failed", "tab:red"), ("unreadable", "tab:purple"), ("pending", "tab:gray")):
+            values = generations[column].astype(float)
+            ax.bar(generations["generation"], values, bottom=bottom, color=color, label=column)
+            bottom = bottom + values
+        ax.legend(loc="best", fontsize=8)
+    else:
+        _no_data(ax, "generations")
+    ax.set_xlabel("generation")
+    ax.set_ylabel("members")
+    ax.set_title("Failures per generation")
+    return _save(fig, path)

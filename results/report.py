@@ -1,0 +1,117 @@
+"""``python -m results.report RUN_DIR [--out DIR] [--top K]``: tables and plots of an ES search, live or finished.
+
+Prints the generations table and the top members, then writes CSV tables (with provenance columns: run id,
+config hash, code version, seed, data hashes) and three PNG plots to ``--out`` (default ``RUN_DIR/report``).
+Works while the search is running and on a partly corrupt run dir; everything it could not read is listed.
+Exit status: 0 written, 2 RUN_DIR is not a run dir.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import pandas as pd
+
+from results.atomic import atomic_write_text
+from results.plots import plot_failures, plot_fitness, plot_response_length
+from results.run_snapshot import RunSnapshot, load_run, top_members
+
+logger = logging.getLogger(__name__)
+
+PROVENANCE_COLUMNS = ["run_id", "config_hash", "code_version", "seed", "data_hashes"]
+
+
+@dataclass
+class Report:
+    snapshot: RunSnapshot
+    generations: pd.DataFrame
+    top: pd.DataFrame
+    provenance: dict[str, str]
+    files: list[Path]
+
+
+def provenance_of(snapshot: RunSnapshot) -> dict[str, str]:
+    """The provenance fields every table carries; ``unknown`` where the run dir does not say."""
+    manifest = snapshot.manifest
+    return {
+        "run_id": str(manifest.get("run_id", "unknown")),
+        "config_hash": str(manifest.get("config_hash", "unknown")),
+        "code_version": str(manifest.get("code_version", "unknown")),
+        "seed": str(manifest.get("seed", "unknown")),
+        "data_hashes": ";".join(snapshot.data_hashes) or "unknown",
+    }
+
+
+def _with_provenance(table: pd.DataFrame, provenance: dict[str, str]) -> pd.DataFrame:
+    out = table.copy()
+    for column in PROVENANCE_COLUMNS:
+        out[column] = provenance[column]
+    return out
+
+
+def build_report(run_dir: str | Path, out_dir: str | Path | None = None, top_k: int = 10) -> Report:
+    """Read ``run_dir`` and write the tables and plots; ValueError if it is not a run dir."""
+    snapshot = load_run(run_dir)
+    out = Path(out_dir) if out_dir is not None else snapshot.root / "report"
+    provenance = provenance_of(snapshot)
+    top = top_members(snapshot.members, top_k)
+    files = [
+        atomic_write_text(out / "generations.csv",
+                          _with_provenance(snapshot.generations, provenance).to_csv(index=False)),
+        atomic_write_text(out / "members.csv", _with_provenance(snapshot.members, provenance).to_csv(index=False)),
+        atomic_write_text(out / "top_members.csv", _with_provenance(top, provenance).to_csv(index=False)),
+        atomic_write_text(out / "skipped.txt", "".join(f"{line}\n" for line in snapshot.skipped)),
+        plot_fitness(snapshot.generations, snapshot.members, out / "fitness.png"),
+        plot_response_length(snapshot.generations, out / "response_length.png"),
+        plot_failures(snapshot.generations, out / "failures.png"),
+    ]
+    return Report(snapshot, snapshot.generations, top, provenance, files)
+
+
+def format_report(report: Report) -> str:
+    """Human-readable text: provenance, generations table, top members, skipped files."""
+    p = report.provenance
+    gens = report.generations
+    lines = [
+        f"run {report.snapshot.root}  (run_id {p['run_id']}, seed {p['seed']})",
+        f"config hash {p['config_hash']}  code {p['code_version']}  data {p['data_hashes']}",
+        "",
+        "generations:",
+        gens.to_string(index=False, float_format=lambda x: f"{x:.4g}") if len(gens) else "  (none yet)",
+        "",
+        f"top {len(report.top)} members:",
+        report.top.to_string(index=False, float_format=lambda x: f"{x:.4g}") if len(report.top) else "  (none yet)",
+    ]
+    if report.snapshot.skipped:
+        lines += ["", f"skipped ({len(report.snapshot.skipped)}):"] + [f"  {s}" for s in report.snapshot.skipped]
+    lines += ["", "wrote:"] + [f"  {f}" for f in report.files]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m results.report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("run_dir", help="the run_dir of python -m meta.run (may still be running)")
+    parser.add_argument("--out", default=None, help="output folder (default: RUN_DIR/report)")
+    parser.add_argument("--top", type=int, default=10, help="how many top members to list (default 10)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=os.environ.get("MIRROR_ES_LOG_LEVEL", "WARNING"),
+                        format="%(levelname)s %(name)s: %(message)s")
+    if args.top < 1:
+        sys.stderr.write(f"error: --top must be >= 1, got {args.top}\n")
+        return 2
+    try:
+        report = build_report(args.run_dir, args.out, args.top)
+    except ValueError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 2
+    sys.stdout.write(format_report(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""results.report on synthetic ES run dirs: right numbers, live runs, corrupt files, real PNGs, CLI."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from PIL import Image
+
+from results.provenance import write_run_manifest
+from results.records import ResultRecord, write_result
+from results.report import build_report, main
+from results.run_snapshot import load_run
+from results.store import RunStore
+
+DIM = 380
+# generation -> per-member (status, fitness, response tokens); None = no result.json yet
+PLAN = {
+    0: [("ok", 0.1, 10.0), ("ok", 0.2, 20.0), ("ok", 0.3, 30.0), ("ok", 0.6, 40.0)],
+    1: [("ok", 0.5, 10.0), ("ok", 0.7, 10.0), ("failed", 0.0, 0.0), ("ok", 0.9, 40.0)],
+    2: [("ok", 0.8, 12.0), ("failed", 0.0, 0.0), None, None],
+}
+FINISHED = (0, 1)  # generations the orchestrator completed (tables + state)
+
+
+def _population(generation: int) -> torch.Tensor:
+    # member i is the constant vector (generation + i) / 100 -> per-coordinate std = std([0, .01, .02, .03])
+    return torch.stack([torch.full((DIM,), (generation + i) / 100, dtype=torch.float64) for i in range(4)])
+
+
+def write_synthetic_run(root) -> RunStore:
+    store = RunStore(root)
+    store.write_config("seed: 7\n")
+    store.write_manifest({"run_id": "abc123", "config_hash": "cfg0123456789abc", "code_version": "deadbeef",
+                          "seed": 7, "overrides": []})
+    for generation, members in PLAN.items():
+        store.write_population(generation, _population(generation))
+        rows = []
+        for index, outcome in enumerate(members):
+            member_dir = store.member_dir(generation, index)
+            if outcome is None:
+                if index == 2:
+                    member_dir.mkdir(parents=True)  # started, no result yet
+                continue
+            status, fitness, tokens = outcome
+            record = ResultRecord(status=status, fitness=fitness, mean_response_tokens=tokens, wall_time_s=1.0,
+                                  steps_done=3, error="boom" if status == "failed" else "")
+            write_result(member_dir, record)
+            rows.append({"generation": generation, "index": index, "status": status, "fitness": fitness,
+                         "fitness_used": fitness, "mean_response_tokens": tokens, "wall_time_s": 1.0,
+                         "steps_done": 3, "error": record.error})
+        if generation in FINISHED:
+            store.upsert_members(rows)
+            store.upsert_generation({"generation": generation, "done": 3, "failed": 1, "wall_time_s": 42.0 + generation})
+            store.write_state(generation, {"generation": generation, "center": torch.zeros(DIM)})
+    write_run_manifest(store.member_dir(0, 0), {"kind": "es_member", "data_hashes": {"train": "aa", "validation": "bb"}})
+    return store
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    write_synthetic_run(tmp_path / "run")
+    return tmp_path / "run"
+
+
+def test_generation_table_values_from_a_run_in_progress(run_dir):
+    snap = load_run(run_dir)
+    gens = snap.generations.set_index("generation")
+    assert list(gens.index) == [0, 1, 2]
+    assert gens.loc[0, "mean_fitness"] == pytest.approx(0.3)
+    assert gens.loc[0, "median_fitness"] == pytest.approx(0.25)
+    assert gens.loc[0, "max_fitness"] == pytest.approx(0.6)
+    assert gens.loc[0, "std_fitness"] == pytest.approx(np.std([0.1, 0.2, 0.3, 0.6], ddof=1))
+    assert gens.loc[0, "mean_response_tokens"] == pytest.approx(25.0)
+    # failures are counted, not averaged in as zeros
+    assert (gens.loc[1, "ok"], gens.loc[1, "failed"]) == (3, 1)
+    assert gens.loc[1, "mean_fitness"] == pytest.approx(0.7)
+    assert gens.loc[1, "mean_response_tokens"] == pytest.approx(20.0)
+    assert gens.loc[0, "search_spread"] == pytest.approx(np.std([0, 0.01, 0.02, 0.03], ddof=1))
+    assert gens.loc[0, "wall_time_s"] == pytest.approx(42.0)
+    assert list(gens["state"]) == ["done", "done", "in progress"]
+    # the live generation: one ok, one failed, one started without result, one never started
+    assert (gens.loc[2, "ok"], gens.loc[2, "failed"], gens.loc[2, "pending"], gens.loc[2, "members"]) == (1, 1, 2, 4)
+    assert gens.loc[2, "max_fitness"] == pytest.approx(0.8)
+    assert gens.loc[2, "wall_time_s"] >= 0  # elapsed since the population was written
+    assert snap.skipped == []
+    assert snap.data_hashes == ["train:aa,validation:bb"]
+
+
+def test_report_writes_tables_with_provenance_and_lists_top_members(run_dir, tmp_path, capsys):
+    assert main([str(run_dir), "--out", str(tmp_path / "out"), "--top", "3"]) == 0
+    text = capsys.readouterr().out
+    assert "generations:" in text and "in progress" in text and "cfg0123456789abc" in text
+    top = pd.read_csv(tmp_path / "out" / "top_members.csv")
+    assert top[["generation", "index"]].values.tolist() == [[1, 3], [2, 0], [1, 1]]
+    assert top["fitness"].tolist() == pytest.approx([0.9, 0.8, 0.7])
+    gens = pd.read_csv(tmp_path / "out" / "generations.csv")
+    for column, value in (("run_id", "abc123"), ("config_hash", "cfg0123456789abc"), ("code_version", "deadbeef"),
+                          ("seed", 7), ("data_hashes", "train:aa,validation:bb")):
+        assert (gens[column] == value).all(), column
+    members = pd.read_csv(tmp_path / "out" / "members.csv")
+    assert len(members) == 12
+    assert members.set_index(["generation", "index"]).loc[(2, 3), "status"] == "pending"
+
+
+def _assert_real_png(path) -> None:
+    with Image.open(path) as image:
+        assert image.format == "PNG"
+        assert image.size == (640, 400)
+        pixels = np.asarray(image.convert("RGB"), dtype=np.int16)
+    # not blank: many pixels differ from the background, and more than two colours are drawn
+    background = pixels[0, 0]
+    assert (np.abs(pixels - background).sum(axis=2) > 30).mean() > 0.02
+    assert len(np.unique(pixels.reshape(-1, 3), axis=0)) > 20
+
+
+def test_plots_are_real_non_blank_images(run_dir, tmp_path):
+    report = build_report(run_dir, tmp_path / "out")
+    pngs = [p for p in report.files if p.suffix == ".png"]
+    assert sorted(p.name for p in pngs) == ["failures.png", "fitness.png", "response_length.png"]
+    for png in pngs:
+        _assert_real_png(png)
+
+
+def test_corrupt_files_are_skipped_and_named(run_dir, tmp_path, capsys):
+    store = RunStore(run_dir)
+    store.members_table_path.write_bytes(b"PAR1 this is not parquet")
+    (store.member_dir(2, 1) / "result.json").write_text("{ not json")
+    state = store.state_path(1)
+    state.write_bytes(state.read_bytes()[:-5] + b"xxxxx")
+    store.manifest_path.write_text("{")
+
+    assert main([str(run_dir), "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    snap = load_run(run_dir)
+    text = "\n".join(snap.skipped)
+    assert "members.parquet" in text and "rebuilt from result.json" in text
+    assert "member_001/result.json" in text
+    assert "gen_0001.pt" in text
+    assert "manifest.json" in text
+    assert "skipped (4)" in out
+    gens = snap.generations.set_index("generation")
+    # members come back from result.json; the corrupt state makes generation 1 not done
+    assert gens.loc[0, "mean_fitness"] == pytest.approx(0.3)
+    assert gens.loc[1, "state"] != "done" and gens.loc[1, "failed"] == 1
+    assert (gens.loc[2, "unreadable"], gens.loc[2, "failed"]) == (1, 0)
+    assert (tmp_path / "out" / "skipped.txt").read_text().count("\n") == 4
+
+
+def test_not_a_run_dir_is_a_clear_error(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert main([str(tmp_path / "empty")]) == 2
+    assert "not an ES run directory" in capsys.readouterr().err
+    assert not (tmp_path / "empty" / "report").exists()
+
+
+def test_report_agrees_with_the_orchestrators_own_tables(tmp_path):
+    from meta.run import main as meta_main
+
+    run = tmp_path / "es"
+    assert meta_main(["inner.entrypoint=meta.synthetic:member", "launcher=debug", "population=4", "generations=2",
+                      f"run_dir={run}", "+inner.options.fail=['1:2']", "max_failed_fraction=0.5", "retries=0"]) == 0
+    report = build_report(run)
+    ours = report.generations.set_index("generation")
+    theirs = RunStore(run).read_generations().set_index("generation")
+    assert list(ours.index) == [0, 1] and (ours["state"] == "done").all()
+    assert ours["max_fitness"].tolist() == pytest.approx(theirs["best_fitness"].tolist())
+    assert ours["failed"].tolist() == theirs["failed"].tolist() == [0, 1]
+    assert report.provenance["config_hash"] == json.loads((run / "manifest.json").read_text())["config_hash"]
+    for png in (p for p in report.files if p.suffix == ".png"):
+        _assert_real_png(png)
