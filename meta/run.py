@@ -11,7 +11,6 @@ import datetime as _dt
 import logging
 import os
 import platform
-import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -21,6 +20,7 @@ import yaml
 
 from meta.config import ConfigError, SearchConfig, build_search_config, config_hash
 from meta.resume import format_differences, split_differences
+from results.provenance import code_version
 from results.store import RunStore
 
 logger = logging.getLogger("meta.run")
@@ -104,16 +104,6 @@ def prepare(argv: Sequence[str]) -> tuple[SearchConfig, dict[str, Any], RunStore
     return cfg, raw, store, manifest, resuming
 
 
-def _git_commit() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=CONF_DIR.parent, capture_output=True, text=True, timeout=10, check=False
-        )
-        return out.stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 def write_run_files(store: RunStore, raw: dict[str, Any], manifest: dict[str, Any], resuming: bool) -> dict[str, Any]:
     import torch
 
@@ -129,7 +119,7 @@ def write_run_files(store: RunStore, raw: dict[str, Any], manifest: dict[str, An
     manifest.update(
         {
             "config_hash": config_hash(raw),
-            "code_version": _git_commit(),
+            "code_version": code_version(CONF_DIR.parent),
             "python": platform.python_version(),
             "torch": torch.__version__,
             "host": platform.node(),
