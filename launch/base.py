@@ -46,6 +46,10 @@ class Launcher(abc.ABC):
     def __init__(self, **options: Any) -> None:
         self.options = dict(options)
 
+    @classmethod
+    def validate_options(cls, options: Mapping[str, Any]) -> None:
+        """Reject bad launcher settings (ValueError naming the key) before the run writes or submits anything."""
+
     @abc.abstractmethod
     def submit(
         self, entrypoint: str, specs: Sequence[MemberSpec], folder: Path, timeout_s: float
@@ -59,6 +63,11 @@ class Launcher(abc.ABC):
     def alive(self, refs: Sequence[JobRef]) -> set[str]:
         """Job ids among ``refs`` still queued or running; a cluster backend answers with one batched query."""
         return {ref.job_id for ref in refs if self.is_alive(ref)}
+
+    def ended_status(self, ref: JobRef) -> tuple[str, str] | None:
+        """(status, reason) when the backend knows how a job without a result ended (scancel, time limit, out of
+        memory); None means it was lost (node failure, vanished process) and the member is resubmitted."""
+        return None
 
     def failure_reason(self, ref: JobRef) -> str:
         """Why a job that ended produced no result file (the backend's exception text where available)."""

@@ -87,8 +87,16 @@ def wall_limit(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-def run_member(entrypoint: str, spec: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
-    """Run one member to a final ResultRecord (as a dict), written to ``<work_dir>/result.json``."""
+def run_member(
+    entrypoint: str,
+    spec: Mapping[str, Any],
+    timeout_s: float,
+    out_of_time: tuple[type[BaseException], ...] = (),
+) -> dict[str, Any]:
+    """Run one member to a final ResultRecord (as a dict), written to ``<work_dir>/result.json``.
+
+    ``out_of_time``: extra exception types that mean "ran out of wall time" (status ``timeout``), e.g. the
+    one submitit raises in a SLURM job that used up its requeues."""
     member = MemberSpec.from_dict(spec)
     work_dir = Path(member.work_dir)
     with member_lock(work_dir):
@@ -97,7 +105,7 @@ def run_member(entrypoint: str, spec: Mapping[str, Any], timeout_s: float) -> di
             return finished.to_dict()
         _write_started(work_dir, member.attempt)
         start = time.monotonic()
-        record = _call(entrypoint, member, timeout_s)
+        record = _call(entrypoint, member, timeout_s, out_of_time)
         if record.wall_time_s <= 0:
             record.wall_time_s = time.monotonic() - start
         write_result(work_dir, record)
@@ -113,13 +121,15 @@ def _write_started(work_dir: Path, attempt: int) -> None:
     os.replace(tmp, work_dir / STARTED_FILE)
 
 
-def _call(entrypoint: str, member: MemberSpec, timeout_s: float) -> ResultRecord:
+def _call(
+    entrypoint: str, member: MemberSpec, timeout_s: float, out_of_time: tuple[type[BaseException], ...] = ()
+) -> ResultRecord:
     try:
         with wall_limit(timeout_s):
             fn = load_entrypoint(entrypoint)
             raw = fn(member)
             return ResultRecord.coerce(raw)
-    except MemberTimeout as exc:
+    except (MemberTimeout, *out_of_time) as exc:
         return ResultRecord(status="timeout", error=str(exc))
     except Exception:  # any member failure becomes a record; the orchestrator decides about retries
         tail = traceback.format_exc()[-ERROR_TAIL_CHARS:]

@@ -160,6 +160,15 @@ class MemberArrayRunner:
         self._settle(spec, record)
 
     def _job_ended_without_result(self, spec: MemberSpec, ref: JobRef) -> None:
+        # A cluster backend may know HOW the job ended (scancel, time limit, out of memory): that is the
+        # member's outcome, not a lost job to resubmit. Local and debug backends answer None.
+        ended = self.launcher.ended_status(ref)
+        if ended is not None:
+            status, reason = ended
+            record = ResultRecord(status=status, error=reason)
+            write_result(spec.work_dir, record)
+            self._settle(spec, record)
+            return
         if ref.submissions <= self.policy.max_lost_resubmits:
             logger.warning(
                 "gen %d member %03d: job %s ended without a result; resubmitting (%d/%d)",
@@ -174,8 +183,9 @@ class MemberArrayRunner:
 
     # -------------------------------------------------------------- outcomes
     def _settle(self, spec: MemberSpec, record: ResultRecord) -> None:
-        """A final record, or archive this attempt and queue the next one."""
-        if not record.ok and spec.attempt < self.policy.retries:
+        """A final record, or archive this attempt and queue the next one (a member someone cancelled on
+        purpose, e.g. with scancel, is not retried)."""
+        if not record.ok and record.status != "cancelled" and spec.attempt < self.policy.retries:
             work_dir = Path(spec.work_dir)
             os.replace(work_dir / RESULT_FILE, work_dir / ARCHIVE_PATTERN.format(spec.attempt))
             logger.warning(

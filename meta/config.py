@@ -116,7 +116,7 @@ def build_search_config(raw: Mapping[str, Any]) -> SearchConfig:
 
 def _check_components(cfg: SearchConfig) -> None:
     """Import and try-build the pieces the run will need (searcher, init, entry point, launcher)."""
-    from launch.factory import launcher_class
+    from launch.factory import RESERVED_KEYS, launcher_class
     from launch.member import load_entrypoint
     from meta.init import initial_center
     from meta.searchers import build_searcher
@@ -142,6 +142,8 @@ def _check_components(cfg: SearchConfig) -> None:
         except (ValueError, FileNotFoundError) as exc:
             raise ConfigError(str(exc)) from None
     try:
-        launcher_class(cfg.launcher)
+        launcher_class(cfg.launcher).validate_options(
+            {k: v for k, v in cfg.launcher.items() if k not in RESERVED_KEYS}
+        )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None

@@ -6,16 +6,22 @@ Used through ``inner.entrypoint=meta.synthetic:member``; its behaviour is steere
   sleep_s: sleep before answering (benchmark members);
   fail / nan_fitness / hang: lists of member indices (or "generation:index") that raise, return NaN, or sleep forever;
   fail_attempts: those injected failures only happen on attempts below this number (tests retries);
-  count_calls: append a line to <work_dir>/calls.log per call (tests that no member runs twice).
+  count_calls: append a line to <work_dir>/calls.log per call (tests that no member runs twice);
+  steps, step_s: "train" for `steps` steps of `step_s` seconds, checkpointing the step counter in
+      <work_dir>/synthetic_ckpt.json after each step and resuming from it (tests requeue and preemption);
+  env_log: write the SLURM_*/SBATCH_* variables the member sees to <work_dir>/env.json.
 Deliberately free of torch so that hundreds of member processes start quickly.
 """
 from __future__ import annotations
 
+import json
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from results.atomic import atomic_write_json
 from results.records import MemberSpec
 
 
@@ -47,8 +53,12 @@ def member(spec: MemberSpec | Mapping[str, Any]) -> dict[str, Any]:
     if options.get("count_calls"):
         with open(Path(spec.work_dir) / "calls.log", "a") as handle:
             handle.write(f"attempt {spec.attempt}\n")
+    if options.get("env_log"):
+        seen = {k: v for k, v in os.environ.items() if k.startswith(("SLURM_", "SBATCH_"))}
+        atomic_write_json(Path(spec.work_dir) / "env.json", seen)
     if options.get("sleep_s"):
         time.sleep(float(options["sleep_s"]))
+    steps_done = _train_steps(Path(spec.work_dir), int(options.get("steps", 0)), float(options.get("step_s", 0.0)))
     injected = spec.attempt < int(options.get("fail_attempts", 1 << 30))
     if injected and _selected(spec, options.get("fail")):
         raise RuntimeError(f"injected failure for member {spec.generation}:{spec.index}")
@@ -63,5 +73,24 @@ def member(spec: MemberSpec | Mapping[str, Any]) -> dict[str, Any]:
         "fitness": fitness,
         "val_size": 1,
         "wall_time_s": time.monotonic() - start,
-        "steps_done": 1,
+        "steps_done": steps_done or 1,
     }
+
+
+CHECKPOINT_FILE = "synthetic_ckpt.json"
+
+
+def _train_steps(work_dir: Path, steps: int, step_s: float) -> int:
+    """Fake training with a resumable step counter: a restarted member continues where it stopped, and
+    each start is recorded (step at start) so a test can see that the counter continued."""
+    if steps <= 0:
+        return 0
+    path = work_dir / CHECKPOINT_FILE
+    state = json.loads(path.read_text()) if path.exists() else {"step": 0, "starts": []}
+    state["starts"].append(state["step"])
+    atomic_write_json(path, state)
+    while state["step"] < steps:
+        time.sleep(step_s)
+        state["step"] += 1
+        atomic_write_json(path, state)
+    return state["step"]

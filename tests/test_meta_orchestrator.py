@@ -76,10 +76,12 @@ def test_too_many_failures_abort_with_a_clear_message(tmp_path, caplog):
         ("init=/no/such/file.pt", "init='/no/such/file.pt'"),
         ("max_failed_fraction=2", "max_failed_fraction"),
         ("+es.learning_rat=1", "es.learning_rat"),
+        ("launcher=slurm +launcher.cpus_per_tsk=2", "launcher.cpus_per_tsk"),
+        ("launcher=slurm launcher.mem_gb=-1", "launcher.mem_gb"),
     ],
 )
 def test_bad_configs_exit_2_before_anything_is_written(tmp_path, capsys, override, fragment):
-    assert _run(tmp_path / "run", override) == 2
+    assert _run(tmp_path / "run", *override.split()) == 2
     assert fragment in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
 

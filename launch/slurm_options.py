@@ -1,0 +1,118 @@
+"""The ``launcher=slurm`` settings (conf/launcher/slurm.yaml), validated before any job is submitted.
+
+Kept apart from the launcher so that a config mistake is reported with the key and the fix without touching
+the cluster, and so that the mapping to submitit's sbatch parameters is one readable function.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+
+@dataclass
+class SlurmOptions:
+    """One member = one array task with these resources; see conf/launcher/slurm.yaml for the meaning."""
+
+    partition: str | None = None
+    time_min: int | None = None
+    cpus_per_task: int = 1
+    mem_gb: float | None = None
+    gpus_per_node: int = 0
+    array_parallelism: int = 256
+    max_array_size: int | None = None
+    requeues: int = 3
+    signal_delay_s: int = 120
+    job_name: str = "mirror-es"
+    sbatch_extra: dict[str, Any] = field(default_factory=dict)
+    setup: list[str] = field(default_factory=list)
+    poll_interval_s: float = 2.0
+    query_interval_s: float = 30.0
+    sacct_grace_s: float = 60.0
+    kill_grace_s: float = 30.0
+    max_lost_resubmits: int = 3
+    command_timeout_s: float = 60.0
+    python: str | None = None
+    use_srun: bool = True
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> "SlurmOptions":
+        """Build from the launcher config node; ValueError naming the key and the fix on a bad value."""
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise ValueError(
+                f"launcher.{unknown[0]} is not a slurm launcher setting; valid keys: {', '.join(sorted(known))} "
+                "(extra sbatch options go under launcher.sbatch_extra)"
+            )
+        opts = cls(**dict(options))
+        opts._validate()
+        return opts
+
+    def _validate(self) -> None:
+        def bad(key: str, value: Any, want: str) -> ValueError:
+            return ValueError(f"launcher.{key}={value!r} is invalid: {want}")
+
+        positive_ints = ("cpus_per_task", "array_parallelism")
+        for key in positive_ints:
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise bad(key, value, "use a positive integer")
+        for key in ("gpus_per_node", "requeues", "max_lost_resubmits", "signal_delay_s"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise bad(key, value, "use an integer >= 0")
+        for key in ("time_min", "max_array_size"):
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise bad(key, value, "use a positive integer, or null for the default")
+        if self.mem_gb is not None and (not isinstance(self.mem_gb, (int, float)) or self.mem_gb <= 0):
+            raise bad("mem_gb", self.mem_gb, "use a positive number of GB, or null for the cluster's default")
+        for key in ("poll_interval_s", "query_interval_s", "sacct_grace_s", "kill_grace_s", "command_timeout_s"):
+            value = getattr(self, key)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+                raise bad(key, value, "use a positive number of seconds")
+        if self.query_interval_s < self.poll_interval_s:
+            raise bad("query_interval_s", self.query_interval_s,
+                      f"scheduler queries cannot be more frequent than polls (poll_interval_s={self.poll_interval_s})")
+        if not isinstance(self.sbatch_extra, Mapping):
+            raise bad("sbatch_extra", self.sbatch_extra, "use a mapping of sbatch option -> value, e.g. {qos: high}")
+        if not isinstance(self.setup, (list, tuple)) or not all(isinstance(line, str) for line in self.setup):
+            raise bad("setup", self.setup, "use a list of shell lines, e.g. ['module load cuda']")
+        if not isinstance(self.job_name, str) or not self.job_name.strip():
+            raise bad("job_name", self.job_name, "use a non-empty string")
+        if self.time_min is not None and self.signal_delay_s >= self.time_min * 60:
+            raise bad("signal_delay_s", self.signal_delay_s,
+                      f"the requeue signal must come before the time limit (time_min={self.time_min} min)")
+
+    def time_limit_min(self, timeout_s: float) -> int:
+        """SLURM --time per run: time_min, or inner.timeout_s plus the kill grace, rounded up to minutes."""
+        if self.time_min is not None:
+            return self.time_min
+        return max(1, math.ceil((float(timeout_s) + self.kill_grace_s) / 60.0))
+
+    def sbatch_parameters(self, timeout_s: float) -> dict[str, Any]:
+        """submitit SlurmExecutor.update_parameters(...) keywords for one generation's arrays."""
+        time_min = self.time_limit_min(timeout_s)
+        params: dict[str, Any] = {
+            "job_name": self.job_name,
+            "time": time_min,
+            "cpus_per_task": self.cpus_per_task,
+            "array_parallelism": self.array_parallelism,
+            # a derived (possibly short) limit: signal at most half-way, so the member still gets to work
+            "signal_delay_s": self.signal_delay_s if self.time_min else min(self.signal_delay_s, time_min * 30),
+            "use_srun": self.use_srun,
+            "stderr_to_stdout": False,
+        }
+        if self.partition:
+            params["partition"] = self.partition
+        if self.mem_gb is not None:
+            params["mem"] = f"{int(self.mem_gb * 1024)}M"
+        if self.gpus_per_node:
+            params["gpus_per_node"] = self.gpus_per_node
+        if self.setup:
+            params["setup"] = list(self.setup)
+        if self.sbatch_extra:
+            params["additional_parameters"] = dict(self.sbatch_extra)
+        return params

@@ -1,0 +1,70 @@
+"""SIGKILL the orchestrator (python -m meta.run launcher=slurm) mid-generation, resume with run_dir=: it
+re-attaches to the queued/running array tasks by job id, reads finished results, and submits nothing again
+(checked in sacct: the generation's tasks are exactly the first array's)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from results.store import RunStore
+from slurm_helpers import LocalSlurm, run_slurm_command
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+POPULATION = 6
+
+
+def _meta_run(run_dir: Path, job_name: str) -> subprocess.Popen:
+    args = [
+        f"run_dir={run_dir}", "launcher=slurm", "inner.entrypoint=meta.synthetic:member",
+        f"population={POPULATION}", "generations=1", "es=cmaes", "+inner.options={count_calls:true,sleep_s:5}",
+        "launcher.array_parallelism=3", "launcher.poll_interval_s=0.5", "launcher.query_interval_s=2",
+        f"launcher.job_name={job_name}",
+    ]
+    return subprocess.Popen([sys.executable, "-m", "meta.run", *args], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def test_sigkill_mid_generation_then_resume_reattaches_and_resubmits_nothing(
+    slurm_cluster: LocalSlurm, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    store = RunStore(run_dir)
+    job_name = f"mirror-es-resume-{os.getpid()}"
+    first = _meta_run(run_dir, job_name)
+    # Kill once some members finished while others are still queued or running (array_parallelism=3).
+    deadline = time.monotonic() + 120
+    while sum((store.member_dir(0, i) / "result.json").exists() for i in range(POPULATION)) < 1:
+        assert first.poll() is None, first.stderr.read().decode()[-3000:]
+        assert time.monotonic() < deadline, "no member finished within 120 s"
+        time.sleep(0.2)
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait()
+    jobs_before = store.read_jobs(0)
+    assert len(jobs_before) == POPULATION
+    slurm_cluster.submitted.extend({int(j["job_id"].split("_")[0]) for j in jobs_before.values()})
+    unfinished = [i for i in range(POPULATION) if not (store.member_dir(0, i) / "result.json").exists()]
+    assert unfinished, "every member finished before the kill; the test did not test re-attaching"
+
+    resumed = _meta_run(run_dir, job_name)
+    _, err = resumed.communicate(timeout=180)
+    assert resumed.returncode == 0, err.decode()[-3000:]
+
+    assert store.state_generations() == [0]
+    assert {i: j["job_id"] for i, j in store.read_jobs(0).items()} == {
+        i: j["job_id"] for i, j in jobs_before.items()
+    }
+    for i in range(POPULATION):
+        calls = (store.member_dir(0, i) / "calls.log").read_text().splitlines()
+        assert calls == ["attempt 0"], f"member {i} ran {len(calls)} times"
+    rows = run_slurm_command(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "--name", job_name, "-S", "now-1hour"])
+    tasks = [line.split("|") for line in rows.split()]
+    assert sorted(t[0] for t in tasks) == sorted(j["job_id"] for j in jobs_before.values()), tasks
+    assert "re-attached" in err.decode()
