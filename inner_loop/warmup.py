@@ -4,6 +4,10 @@ A randomly initialised model never produces a correct answer, so RL would see ze
 of supervised training on the task's demonstrations (prompt -> answer <eos>) gives a policy that is sometimes
 right; RL then has something to improve. The warmed model is a directory in the cache keyed by the model,
 task and warm-up settings, shared by every population member and built once even when members race.
+
+The learning rate stays constant and the warm-up stops mid-learning on purpose. A warm-up annealed to lr 0 ends in
+a sharp minimum where any further noisy update - supervised or RL - first lowers greedy pass@1 (measured on arith:
+0.44 -> 0.33 after 50 supervised steps at lr 1e-4), so RL could not show progress within a short run.
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ from inner_loop.tasks.base import Problem, Task
 logger = logging.getLogger(__name__)
 
 #: Part of the cache key: bump when the warm-up procedure changes so stale warmed models are not reused.
-WARMUP_VERSION = 2
+WARMUP_VERSION = 3
 
 
 def demonstration_pairs(task: Task, problems: list[Problem]) -> list[tuple[str, str]]:
@@ -52,12 +56,10 @@ def _batch(tokenizer, pairs: list[tuple[str, str]]) -> tuple[torch.Tensor, torch
 
 def supervised_warmup(model, tokenizer, pairs: list[tuple[str, str]], steps: int, lr: float, batch_size: int,
                       seed: int) -> float:
-    """Train ``model`` in place on ``pairs`` for ``steps`` AdamW steps (linearly decayed lr); returns the last loss."""
+    """Train ``model`` in place on ``pairs`` for ``steps`` AdamW steps at constant lr; returns the last loss."""
     rng = random.Random(seed)
     torch.manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    # Linear decay to zero: the model ends converged rather than mid-oscillation, for the same step budget.
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 - step / max(steps, 1))
     model.train()
     loss_value = float("nan")
     for _ in range(steps):
@@ -67,7 +69,6 @@ def supervised_warmup(model, tokenizer, pairs: list[tuple[str, str]], steps: int
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        schedule.step()
         loss_value = float(loss.detach())
     model.eval()
     return loss_value

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from inner_loop.tasks import build_task, prompt_hash
-from inner_loop.tasks.arith import MAX_PROMPT_CHARS
+from inner_loop.tasks.arith import MAX_PROMPT_CHARS, ArithConfig, ArithTask
 
 
 def _all_splits(cfg: dict) -> dict:
@@ -83,3 +83,15 @@ def test_demonstration_scores_full_reward() -> None:
 def test_bad_config_names_the_key(override: dict, key: str) -> None:
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):
         build_task({"name": "arith", **override})
+
+
+def test_prompt_template_format_specs_zero_pad_operands():
+    # The default template pads operands to two digits so the tiny model sees the digits at fixed positions.
+    task = ArithTask(ArithConfig(operators=["+"], prompt_template="{a:02d}{op}{b:02d}=", train_size=50,
+                                 validation_size=20, test_size=20))
+    for problem in task.load("train"):
+        a, b = problem.meta["a"], problem.meta["b"]
+        assert problem.prompt == f"{a:02d}+{b:02d}=" and len(problem.prompt) == 6
+        assert int(problem.answer) == a + b
+    with pytest.raises(ValueError, match="task.prompt_template"):
+        ArithTask(ArithConfig(prompt_template="{a:02d}{op}="))

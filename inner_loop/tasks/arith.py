@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import string
 from dataclasses import dataclass, field
 
 from inner_loop.tasks.base import Problem, SplitTask
@@ -73,9 +74,11 @@ class ArithTask(SplitTask):
                 f"task 'arith': task.prompt_template={c.prompt_template!r} is not a valid template with the "
                 f"fields {{a}}, {{op}}, {{b}} ({exc!r})"
             ) from exc
-        for needed in ("{a}", "{op}", "{b}"):
-            if needed not in c.prompt_template:
-                raise ValueError(f"task 'arith': task.prompt_template must contain {needed}")
+        # Fields may carry a format spec ("{a:02d}" zero-pads operands to a fixed width, which lines digits up).
+        fields = {name for _, name, _, _ in string.Formatter().parse(c.prompt_template) if name is not None}
+        for needed in ("a", "op", "b"):
+            if needed not in fields:
+                raise ValueError(f"task 'arith': task.prompt_template must contain {{{needed}}}")
         if len(longest) > MAX_PROMPT_CHARS:
             raise ValueError(
                 f"task 'arith': prompts can reach {len(longest)} characters ({longest!r}); keep them <= "
