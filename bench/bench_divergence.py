@@ -9,6 +9,7 @@
 
     python bench/bench_divergence.py                      # everything at the issue's sizes
     python bench/bench_divergence.py --timed-positions 64  # run (b) on the first 64 positions only
+    python bench/bench_divergence.py --skip full --no-compile --threads 1  # (a) only, one intra-op thread
 """
 
 from __future__ import annotations
@@ -123,7 +124,7 @@ def bench_sampled(device: str, repeats: int, compile_too: bool) -> None:
     print(f"(a) neural-mirror sampled form, forward+backward, [64, 1024] tokens, float32, {device}, "
           f"median of {repeats} interleaved runs")
     print(f"    looping reference : {slow * 1e3:9.1f} ms  {tokens / slow / 1e6:8.3f} Mtok/s")
-    labels = {"library": "vectorised library", "compiled": "+ torch.compile   "}
+    labels = {"library": "library (fused)   ", "compiled": "+ torch.compile   "}
     for name in [n for n in ("library", "compiled") if n in seconds]:
         extra = f"   (one-off compile {compile_seconds:.0f} s)" if name == "compiled" else ""
         print(f"    {labels[name]}: {seconds[name] * 1e3:9.1f} ms  {tokens / seconds[name] / 1e6:8.3f} Mtok/s"
@@ -220,6 +221,9 @@ def main() -> None:
     parser.add_argument("--timed-positions", type=int, default=None, help="time (b) on this many positions")
     parser.add_argument("--skip", choices=["sampled", "full"], default=None)
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile variant of (a)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op threads (default: torch's); 1 shows timings free of the stalls a "
+                             "2-thread op suffers when another process holds the second core")
     parser.add_argument("--worker", choices=["kl", "neural_mirror"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     positions = args.batch * args.length
@@ -227,6 +231,8 @@ def main() -> None:
     if args.worker:
         print(json.dumps(full_form_memory_worker(args.worker, args.device, args.batch, args.length, timed)))
         return
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, device {args.device}")
     if args.skip != "sampled":
         bench_sampled(args.device, args.repeats, compile_too=not args.no_compile)

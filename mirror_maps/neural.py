@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mirror_maps.fused import fused_bregman
 from mirror_maps.neurons import NUM_NEURONS, activations, neuron_bregman
 from mirror_maps.numerics import PROB_FLOOR, generalized_kl, generalized_kl_from_logs
 from mirror_maps.potentials import Potential
@@ -139,7 +140,12 @@ class NeuralMirrorMap(nn.Module, Potential):
         return linear + neuron_bregman(y, zeros, v, w, b) + 0.5 * a * y * y + c * (y_log * torch.log(y_log) - y_log)
 
     def bregman(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """Elementwise d(p, q). With the map held fixed (its vector needs no gradient, the GRPO case) this
+        runs mirror_maps.fused: value and analytic gradients in one cache-sized pass, no autograd graph.
+        Differentiating with respect to the vector takes the autograd path through mirror_maps.neurons."""
         v, w, b, a, c = self.parameters_for(self._dtype_for(p))
+        if not (torch.is_grad_enabled() and self.raw.requires_grad):
+            return fused_bregman(p, q, v, w, b, a, c)
         delta = p - q
         return neuron_bregman(p, q, v, w, b) + 0.5 * a * delta * delta + c * generalized_kl(p, q)
 
