@@ -40,6 +40,8 @@ _DIAGNOSTIC_KEYS = {
     "regularizer/value": "regularizer_value",
     "regularizer/share": "regularizer_share",
 }
+#: Policy-term metrics (clipping, trust-region masks, mean ratio) are kept under their own names.
+_POLICY_METRIC_PREFIXES = ("clip_ratio/", "trust_region/")
 
 
 @dataclass
@@ -139,18 +141,45 @@ def _build_trainer(run: PreparedRun, work_dir: Path, seed: int) -> MirrorGRPOTra
     )
 
 
-def last_checkpoint(work_dir: str | Path) -> str | None:
-    """The newest complete TRL checkpoint of this member, if any."""
-    from transformers.trainer_utils import get_last_checkpoint
+def _checkpoint_complete(folder: Path) -> bool:
+    """True when a checkpoint holds weights, optimizer state and a parseable trainer_state.json for its step.
 
+    The Trainer writes a checkpoint's files one after another into its final folder, so a kill mid-save leaves
+    a folder that looks like the newest checkpoint but cannot be resumed from.
+    """
+    import json
+
+    step = folder.name.rpartition("-")[2]
+    weights = any((folder / name).is_file() for name in ("model.safetensors", "adapter_model.safetensors",
+                                                          "pytorch_model.bin", "adapter_model.bin"))
+    if not (weights and (folder / "optimizer.pt").is_file() and step.isdigit()):
+        return False
+    try:
+        state = json.loads((folder / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return int(state.get("global_step", -1)) == int(step)
+
+
+def last_checkpoint(work_dir: str | Path) -> str | None:
+    """The newest complete TRL checkpoint of this member, if any; incomplete ones (killed mid-save) are skipped."""
     folder = Path(work_dir) / CHECKPOINT_DIR
-    return get_last_checkpoint(str(folder)) if folder.is_dir() else None
+    if not folder.is_dir():
+        return None
+    candidates = [p for p in folder.glob("checkpoint-*") if p.is_dir() and p.name.rpartition("-")[2].isdigit()]
+    for candidate in sorted(candidates, key=lambda p: int(p.name.rpartition("-")[2]), reverse=True):
+        if _checkpoint_complete(candidate):
+            return str(candidate)
+        logger.warning("member %s: skipping incomplete checkpoint %s (killed while saving?)", work_dir,
+                       candidate.name)
+    return None
 
 
 def diagnostics_from_history(history: list[dict[str, Any]]) -> dict[str, float]:
     """Mean over the logged steps of each diagnostic (finite values only)."""
     out: dict[str, float] = {}
-    for key, name in _DIAGNOSTIC_KEYS.items():
+    policy_keys = sorted({k for h in history for k in h if k.startswith(_POLICY_METRIC_PREFIXES)})
+    for key, name in [*_DIAGNOSTIC_KEYS.items(), *((k, k) for k in policy_keys)]:
         values = [float(h[key]) for h in history if isinstance(h.get(key), (int, float)) and math.isfinite(h[key])]
         if values:
             out[name] = sum(values) / len(values)

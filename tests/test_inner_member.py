@@ -128,3 +128,25 @@ def test_killed_member_resumes_from_its_checkpoint_and_matches(cache, tmp_path):
     gap = max((final["straight"][k] - final["killed"][k]).abs().max().item() for k in first)
     assert moved > 0
     assert gap <= 1e-3 * max(moved, 1e-6) + 1e-6, f"resumed weights differ by {gap} (training moved them {moved})"
+
+
+def test_resume_skips_a_checkpoint_killed_mid_save(tmp_path):
+    """A kill while the Trainer writes checkpoint-N leaves a folder without trainer_state.json: resume from N-1."""
+    import json
+
+    from inner_loop.member import CHECKPOINT_DIR, last_checkpoint
+
+    root = tmp_path / CHECKPOINT_DIR
+    for step, complete in ((4, True), (8, False)):
+        folder = root / f"checkpoint-{step}"
+        folder.mkdir(parents=True)
+        (folder / "model.safetensors").write_bytes(b"w")
+        (folder / "optimizer.pt").write_bytes(b"o")
+        if complete:
+            (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    assert last_checkpoint(tmp_path) == str(root / "checkpoint-4")
+    (root / "checkpoint-8" / "trainer_state.json").write_text('{"global_st')
+    assert last_checkpoint(tmp_path) == str(root / "checkpoint-4")
+    (root / "checkpoint-8" / "trainer_state.json").write_text(json.dumps({"global_step": 8}))
+    assert last_checkpoint(tmp_path) == str(root / "checkpoint-8")
+    assert last_checkpoint(tmp_path / "nothing") is None

@@ -40,7 +40,7 @@ def test_answers_are_correct_and_prompts_short() -> None:
     assert any(int(p.answer) < 0 for p in problems)
     for p in problems:
         a, op, b = p.meta["a"], p.meta["op"], p.meta["b"]
-        assert p.prompt == f"{a}{op}{b}="
+        assert p.prompt == f"{a:02d}{op}{b:02d}="  # the default, zero-padded template
         assert int(p.answer) == {"+": a + b, "-": a - b, "*": a * b}[op]
         assert len(p.prompt) <= MAX_PROMPT_CHARS
         assert a < 1000 and b < 1000

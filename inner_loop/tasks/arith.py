@@ -36,9 +36,9 @@ class ArithConfig:
     seed: int = 0
     min_digits: int = 1
     max_digits: int = 2
-    operators: list[str] = field(default_factory=lambda: ["+", "-"])
+    operators: list[str] = field(default_factory=lambda: ["+"])
     allow_negative: bool = False
-    prompt_template: str = "{a}{op}{b}="
+    prompt_template: str = "{a:02d}{op}{b:02d}="
 
 
 def _hash_unit(prompt: str) -> float:
