@@ -27,6 +27,7 @@ from inner_loop.tasks.base import Problem, Task
 from inner_loop.trainer import MirrorGRPOTrainer, NonFiniteLossError
 from inner_loop.warmup import warmed_model_dir
 from results.provenance import build_run_manifest, write_run_manifest
+from mirror_maps import VECTOR_LENGTH
 from results.records import MemberSpec, ResultRecord, read_result, write_result
 
 logger = logging.getLogger(__name__)
@@ -258,7 +259,10 @@ def validate_inner(inner: Mapping[str, Any]) -> None:
     Attached to `train_member` as `.validate`, so the orchestrator rejects a bad task/model/divergence/train
     config before it submits a single job, without knowing anything about LLMs.
     """
-    prepare(inner, seed=0, params=None)
+    divergence = inner.get("divergence") or {}
+    # With an init file, validate that file; otherwise stand-in numbers (members bring their own vector).
+    params = None if divergence.get("init") else [0.0] * VECTOR_LENGTH
+    prepare(inner, seed=0, params=params)
 
 
 train_member.validate = validate_inner  # type: ignore[attr-defined]

@@ -31,3 +31,11 @@ def test_experiment_presets_select_the_authors_setting_and_validate(experiment, 
 def test_command_line_overrides_win_over_a_preset():
     raw = compose(["experiment=gsm8k_qwen3", "train.steps=7", "divergence=prob_l2"])
     assert raw["train"]["steps"] == 7 and raw["divergence"]["name"] == "prob_l2"
+
+
+def test_the_embedded_default_search_uses_the_tiny_arith_preset_and_presets_set_their_own_coefficient():
+    default = compose([])
+    assert (default["task"]["name"], default["model"]["name"], default["divergence"]["name"]) == (
+        "arith", "tiny", "neural_mirror")
+    assert default["divergence"]["coef"] == 0.03
+    assert compose(["experiment=mbpp_qwen3"])["divergence"]["coef"] == 1.0e-4
