@@ -64,6 +64,13 @@ class Launcher(abc.ABC):
         """Job ids among ``refs`` still queued or running; a cluster backend answers with one batched query."""
         return {ref.job_id for ref in refs if self.is_alive(ref)}
 
+    def waiting(self, refs: Sequence[JobRef]) -> dict[str, str]:
+        """Job ids among ``refs`` that sit in a scheduler queue without running, each with the scheduler's
+        reason (e.g. a down node); the runner gives up on one that waits longer than its max_pending_s.
+        Answered from what the last liveness check learned (no extra query); backends without a queue
+        never wait."""
+        return {}
+
     def ended_status(self, ref: JobRef) -> tuple[str, str] | None:
         """(status, reason) when the backend knows how a job without a result ended (scancel, time limit, out of
         memory); None means it was lost (node failure, vanished process) and the member is resubmitted."""

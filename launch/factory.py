@@ -43,4 +43,9 @@ def runner_policy(retries: int, timeout_s: float, launcher_cfg: Mapping[str, Any
         timeout_s=float(timeout_s),
         kill_grace_s=float(launcher_cfg.get("kill_grace_s", 30.0)),
         max_lost_resubmits=int(launcher_cfg.get("max_lost_resubmits", 3)),
+        max_pending_s=_optional_float(launcher_cfg.get("max_pending_s")),
     )
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)

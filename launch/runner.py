@@ -35,6 +35,9 @@ class RunnerPolicy:
     kill_grace_s: float = 30.0
     max_lost_resubmits: int = 3
     result_scan_interval_s: float = 2.0
+    #: give up on a job that waits this long in the scheduler's queue without running (a node down for
+    #: good); None: no limit (backends without a queue)
+    max_pending_s: float | None = None
 
 
 @dataclass
@@ -84,6 +87,7 @@ class MemberArrayRunner:
         self.final: dict[int, ResultRecord] = {}
         self.in_flight: dict[int, JobRef] = {}
         self.queue: list[tuple[MemberSpec, int]] = []  # (spec with attempt, submissions so far)
+        self.waiting_since: dict[int, tuple[str, float]] = {}  # index -> (job id, monotonic time first seen queued)
 
     # ------------------------------------------------------------------ main
     def run(self) -> dict[int, ResultRecord]:
@@ -100,6 +104,7 @@ class MemberArrayRunner:
                 last_scan = time.monotonic()
             for index, ref in list(self.in_flight.items()):
                 self._poll(index, ref, ref.job_id in alive, scan)
+            self._enforce_queue_limit()
             self._check_abort()
             self._submit_queue()
             if self.in_flight and self.launcher.poll_interval_s > 0:
@@ -158,6 +163,39 @@ class MemberArrayRunner:
         record = ResultRecord(status="timeout", error=f"killed after {limit:g} s (inner.timeout_s + kill_grace_s)")
         write_result(spec.work_dir, record)
         self._settle(spec, record)
+
+    def _enforce_queue_limit(self) -> None:
+        """Bound the wait for a job that never (re)starts, e.g. requeued after its node went down for good:
+        past max_pending_s of continuous queueing it is cancelled and the member ends in ``timeout`` (then
+        retried as configured). The clock is this process's: a restarted orchestrator starts it afresh."""
+        if self.policy.max_pending_s is None or not self.in_flight:
+            return
+        waiting = self.launcher.waiting(list(self.in_flight.values()))
+        now = time.monotonic()
+        for index, ref in list(self.in_flight.items()):
+            if ref.job_id not in waiting:
+                self.waiting_since.pop(index, None)
+                continue
+            job_id, since = self.waiting_since.get(index, (None, now))
+            if job_id != ref.job_id:
+                self.waiting_since[index] = (ref.job_id, now)
+                continue
+            if now - since <= self.policy.max_pending_s:
+                continue
+            spec = self.specs[index]
+            logger.warning("gen %d member %03d: job %s queued for %.0f s without running (%s); cancelling it",
+                           spec.generation, spec.index, ref.job_id, now - since, waiting[ref.job_id])
+            self.launcher.cancel([ref])
+            del self.in_flight[index]
+            del self.waiting_since[index]
+            record = ResultRecord(status="timeout", error=(
+                f"job {ref.job_id} waited in the scheduler queue for more than max_pending_s="
+                f"{self.policy.max_pending_s:g} s without running (scheduler reason: {waiting[ref.job_id]}); "
+                "cancelled. A node down or drained for good keeps jobs queued: check `sinfo -R`, or raise "
+                "launcher.max_pending_s on a busy cluster"
+            ))
+            write_result(spec.work_dir, record)
+            self._settle(spec, record)
 
     def _job_ended_without_result(self, spec: MemberSpec, ref: JobRef) -> None:
         # A cluster backend may know HOW the job ended (scancel, time limit, out of memory): that is the

@@ -13,6 +13,8 @@ and how a dead job without a result ended. Here:
   timeout, out of memory or a crash -> failed); node failures and unknown jobs are "lost" (None), which the
   runner resubmits. Jobs cancelled by the orchestrator itself (abort) are remembered in the launcher
   folder, so a resumed run resubmits them instead of recording them as cancelled.
+- waiting: tasks sacct sees queued, e.g. requeued after their node went down; the runner cancels one
+  queued longer than ``max_pending_s`` (a node down for good must not block the generation forever).
 Re-attach needs no extra state: job ids in jobs.json are SLURM ids that sacct answers for.
 """
 from __future__ import annotations
@@ -32,6 +34,11 @@ from results.records import MemberSpec
 logger = logging.getLogger(__name__)
 
 CANCELLED_FILE = "cancelled_by_orchestrator.json"
+#: sacct states of a job that waits in the queue (REQUEUED: between a requeue and pending again)
+QUEUED_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
+#: ends that SLURM may undo by requeueing the job under the same id (JobRequeue=1): a job whose node went
+#: down shows NODE_FAIL in sacct for a few seconds while squeue already lists it pending again
+REQUEUABLE_ENDS = frozenset({"NODE_FAIL", "PREEMPTED"})
 STDERR_TAIL_CHARS = 2000
 
 
@@ -147,18 +154,28 @@ class SlurmLauncher(SubmititLauncher):
         return state
 
     def _known_terminal(self, job_id: str) -> bool:
+        """Final for good: such a job is never asked about again (a requeueable end is asked again)."""
         state = self._state(job_id)
-        return state is not None and state.terminal
+        return state is not None and state.terminal and state.state not in REQUEUABLE_ENDS
 
     def _alive_from_cache(self, job_id: str) -> bool:
         state = self._state(job_id)
+        if state is not None and state.state in REQUEUABLE_ENDS:
+            # requeued by SLURM (same id, resumes from its checkpoint) unless squeue no longer lists it
+            return self._in_squeue(job_id, self._queried_at.get(base_job_id(job_id), float("-inf")))
         if state is not None:
             return not state.terminal
         submitted = self._submitted_at.get(job_id)
         now = time.monotonic()
         if submitted is not None and now - submitted < self.config.sacct_grace_s:
             return True  # accounting lags behind sbatch
-        if self._squeue_at < (submitted or float("-inf")) or now - self._squeue_at >= self.config.query_interval_s:
+        return self._in_squeue(job_id, submitted or float("-inf"))
+
+    def _in_squeue(self, job_id: str, fresh_after: float) -> bool:
+        """Whether squeue lists the job; its answer is reused unless older than ``fresh_after`` or than
+        query_interval_s (one squeue call serves a whole poll round)."""
+        now = time.monotonic()
+        if self._squeue_at < fresh_after or now - self._squeue_at >= self.config.query_interval_s:
             try:
                 self._squeue = self.queries.squeue_ids()
                 self._squeue_at = now
@@ -166,6 +183,18 @@ class SlurmLauncher(SubmititLauncher):
                 logger.warning("squeue failed (%s); treating job %s as alive for now", exc, job_id)
                 return True
         return job_id in self._squeue
+
+    def waiting(self, refs: Sequence[JobRef]) -> dict[str, str]:
+        """Tasks that sacct last saw queued (a new job, or one requeued after its node failed), with sacct's
+        pending reason; tasks held back only by this array's own ``%array_parallelism`` throttle are not
+        waiting for the cluster and are left out."""
+        queued: dict[str, str] = {}
+        for ref in refs:
+            state = self._state(ref.job_id)
+            if state is None or state.state not in QUEUED_STATES or state.reason == "JobArrayTaskLimit":
+                continue
+            queued[ref.job_id] = f"{state.state}, {state.reason or 'no reason given'}"
+        return queued
 
     # ------------------------------------------------------------ endings
     def ended_status(self, ref: JobRef) -> tuple[str, str] | None:

@@ -32,6 +32,7 @@ class SlurmOptions:
     sacct_grace_s: float = 60.0
     kill_grace_s: float = 30.0
     max_lost_resubmits: int = 3
+    max_pending_s: float = 21600.0
     command_timeout_s: float = 60.0
     python: str | None = None
     use_srun: bool = True
@@ -69,7 +70,8 @@ class SlurmOptions:
                 raise bad(key, value, "use a positive integer, or null for the default")
         if self.mem_gb is not None and (not isinstance(self.mem_gb, (int, float)) or self.mem_gb <= 0):
             raise bad("mem_gb", self.mem_gb, "use a positive number of GB, or null for the cluster's default")
-        for key in ("poll_interval_s", "query_interval_s", "sacct_grace_s", "kill_grace_s", "command_timeout_s"):
+        for key in ("poll_interval_s", "query_interval_s", "sacct_grace_s", "kill_grace_s", "command_timeout_s",
+                    "max_pending_s"):
             value = getattr(self, key)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
                 raise bad(key, value, "use a positive number of seconds")

@@ -37,6 +37,7 @@ class TaskState:
     job_id: str
     state: str
     exit_code: str
+    reason: str = ""  # why a pending job waits (e.g. ReqNodeNotAvail, JobArrayTaskLimit); "None" otherwise
 
     @property
     def terminal(self) -> bool:
@@ -64,7 +65,7 @@ def expand_job_ids(raw: str) -> list[str]:
 
 
 def parse_sacct(text: str) -> dict[str, TaskState]:
-    """Parse ``sacct -X -n -P -o JobID,State,ExitCode``; ``CANCELLED by 0`` becomes CANCELLED."""
+    """Parse ``sacct -X -n -P -o JobID,State,ExitCode[,Reason]``; ``CANCELLED by 0`` becomes CANCELLED."""
     states: dict[str, TaskState] = {}
     for line in text.splitlines():
         if not line.strip():
@@ -73,10 +74,11 @@ def parse_sacct(text: str) -> dict[str, TaskState]:
         if len(fields) < 3:
             raise SlurmQueryError(f"unexpected sacct line {line!r} (wanted JobID|State|ExitCode)")
         raw_id, state, exit_code = fields[0].strip(), fields[1].strip(), fields[2].strip()
+        reason = fields[3].strip() if len(fields) > 3 else ""
         if not raw_id or "." in raw_id:  # job steps (123.batch) are not jobs
             continue
         for job_id in expand_job_ids(raw_id):
-            states[job_id] = TaskState(job_id, state.split()[0] if state else "UNKNOWN", exit_code)
+            states[job_id] = TaskState(job_id, state.split()[0] if state else "UNKNOWN", exit_code, reason)
     return states
 
 
@@ -108,7 +110,8 @@ class SlurmQueries:
         ids = sorted({base_job_id(j) for j in job_ids}, key=int)
         if not ids:
             return {}
-        return parse_sacct(self.run(["sacct", "-X", "-n", "-P", "-o", "JobID,State,ExitCode", "-j", ",".join(ids)]))
+        fields = "JobID,State,ExitCode,Reason"
+        return parse_sacct(self.run(["sacct", "-X", "-n", "-P", "-o", fields, "-j", ",".join(ids)]))
 
     def squeue_ids(self) -> set[str]:
         """Ids of this user's queued or running jobs and array tasks (one call; squeue errors on unknown
