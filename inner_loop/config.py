@@ -189,6 +189,7 @@ class TrainConfig:
     pass_k: list[int] = field(default_factory=list)
     pass_k_samples: int = 0
     logging_steps: int = 1
+    full_form_rows: int | None = None
 
     def validate(self) -> None:
         from inner_loop.policy_registry import POLICY_TERMS, validate_policy_extra
@@ -212,6 +213,8 @@ class TrainConfig:
                     "val_batch_size", "logging_steps"):
             if getattr(self, key) < 1:
                 raise ValueError(f"train.{key} must be >= 1, got {getattr(self, key)}")
+        if self.full_form_rows is not None and self.full_form_rows < 1:
+            raise ValueError(f"train.full_form_rows must be >= 1 or null (sized from memory), got {self.full_form_rows}")
         if self.val_size is not None and self.val_size < 1:
             raise ValueError(f"train.val_size must be >= 1 or null (all), got {self.val_size}")
         if any(k < 1 for k in self.pass_k) or (self.pass_k and self.pass_k_samples < max(self.pass_k)):

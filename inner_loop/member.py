@@ -139,6 +139,7 @@ def _build_trainer(run: PreparedRun, work_dir: Path, seed: int) -> MirrorGRPOTra
         regularizer=run.regularizer,
         policy_term=tcfg.policy_loss,
         policy_params=PolicyParams(tcfg.epsilon_low, tcfg.epsilon_high, dict(tcfg.policy_extra)),
+        full_form_rows=tcfg.full_form_rows,
     )
 
 

@@ -57,6 +57,10 @@ class Regularizer:
         detail = f"/{self.estimator}" if self.name == "kl" and self.form == "sampled" else ""
         return f"{self.name}[{self.form}{detail}] x {self.coef:g}"
 
+    def full_per_token(self, logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tensor:
+        """(B, T) full-vocabulary divergence from (B, T, V) logits of the policy and the reference."""
+        return full_divergence(self.potential, logits, ref_logits, chunk_size=self.chunk_size)
+
     def per_token(
         self,
         logps: torch.Tensor,
@@ -70,7 +74,7 @@ class Regularizer:
         if self.form == "full":
             if logits is None or ref_logits is None:
                 raise ValueError("the full form needs the policy's and the reference's logits")
-            return full_divergence(self.potential, logits, ref_logits, chunk_size=self.chunk_size)
+            return self.full_per_token(logits, ref_logits)
         if self.name == "kl" and self.form == "sampled":
             # The standard per-token KL estimators (TRL/verl use k3); sampled_is of the KL potential equals k3 too.
             return kl_estimator(logps, ref_logps, self.estimator)

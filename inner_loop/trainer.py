@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 import torch
+import torch.utils.checkpoint
 from trl import GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head
 
@@ -20,6 +21,9 @@ from inner_loop.policy_terms import PolicyInputs, PolicyParams
 from inner_loop.regularizers import Regularizer
 
 logger = logging.getLogger(__name__)
+
+#: Memory for one chunk of the full form's policy + reference logits when train.full_form_rows is null.
+FULL_FORM_BUDGET_BYTES = 512 * 2**20
 
 
 class NonFiniteLossError(RuntimeError):
@@ -39,6 +43,7 @@ class MirrorGRPOTrainer(GRPOTrainer):
         regularizer: Regularizer,
         policy_term: str = "clip",
         policy_params: PolicyParams | None = None,
+        full_form_rows: int | None = None,
         **kwargs: Any,
     ) -> None:
         model = kwargs.get("model", args[0] if args else None)
@@ -47,8 +52,11 @@ class MirrorGRPOTrainer(GRPOTrainer):
             raise ValueError("MirrorGRPOTrainer adds its own regularizer; set beta=0 (TRL's KL would be added twice)")
         if isinstance(model, str):
             raise ValueError("MirrorGRPOTrainer needs a loaded model (so the reference copy is the initial weights)")
+        if full_form_rows is not None and full_form_rows < 1:
+            raise ValueError(f"train.full_form_rows must be >= 1 or null (sized from memory), got {full_form_rows}")
         self.regularizer = regularizer
         self.policy_term = policy_term
+        self.full_form_rows = full_form_rows
         # Frozen reference: taken now, before any checkpoint is loaded into the policy on resume.
         self._frozen_ref = None
         if regularizer.active and not _is_peft(model):
@@ -78,6 +86,41 @@ class MirrorGRPOTrainer(GRPOTrainer):
             out = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=n_completion + 1)
         return out.logits[:, :-1, :].float() / self.temperature
 
+    def _full_form_rows(self, n_completion: int) -> int:
+        """Batch rows per chunk of the full form: policy + reference logits of one chunk fit the memory budget."""
+        if self.full_form_rows is not None:
+            return self.full_form_rows
+        vocab = self.accelerator.unwrap_model(self.model).config.get_text_config().vocab_size
+        per_row = 2 * n_completion * vocab * 4  # two float32 logit tensors
+        return max(1, FULL_FORM_BUDGET_BYTES // max(per_row, 1))
+
+    def _full_form(self, model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   completion_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sampled-token log-probs and the full-vocabulary divergence, (B, T) each, a chunk of rows at a time.
+
+        Each chunk's forward (policy and reference) is recomputed during backward instead of being kept, so peak
+        memory is about two chunks of (rows, T, V) logits, not the whole batch's; the price is one more forward.
+        """
+        n_completion = completion_ids.size(1)
+
+        def chunk(ids: torch.Tensor, mask: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            logits = self._completion_logits(model, ids, mask, n_completion)
+            logps = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+            with torch.no_grad(), self._reference(model) as ref:
+                ref_logits = self._completion_logits(ref, ids, mask, n_completion)
+            return logps, self.regularizer.full_per_token(logits, ref_logits)
+
+        rows = self._full_form_rows(n_completion)
+        parts = []
+        for start in range(0, input_ids.size(0), rows):
+            piece = slice(start, start + rows)
+            args = (input_ids[piece], attention_mask[piece], completion_ids[piece])
+            if torch.is_grad_enabled():
+                parts.append(torch.utils.checkpoint.checkpoint(chunk, *args, use_reentrant=False))
+            else:
+                parts.append(chunk(*args))
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
     def _compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
         prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
@@ -87,12 +130,10 @@ class MirrorGRPOTrainer(GRPOTrainer):
         mask = completion_mask.float()
         reg = self.regularizer
 
-        logits = ref_logits = ref_logps = None
+        ref_logps = None
+        divergence: torch.Tensor | None = None
         if reg.needs_full_logits:
-            logits = self._completion_logits(model, input_ids, attention_mask, n_completion)
-            logps = torch.log_softmax(logits, dim=-1).gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
-            with torch.no_grad(), self._reference(model) as ref:
-                ref_logits = self._completion_logits(ref, input_ids, attention_mask, n_completion)
+            logps, divergence = self._full_form(model, input_ids, attention_mask, completion_ids)
         else:
             logps, _, _ = self._get_per_token_logps_and_entropies(model, input_ids, attention_mask, n_completion)
             if reg.active:
@@ -100,8 +141,6 @@ class MirrorGRPOTrainer(GRPOTrainer):
                     ref_logps, _, _ = self._get_per_token_logps_and_entropies(
                         ref, input_ids, attention_mask, n_completion
                     )
-        if ref_logps is None and ref_logits is not None:
-            ref_logps = torch.log_softmax(ref_logits, dim=-1).gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
 
         old = inputs.get("old_per_token_logps")
         policy_inputs = PolicyInputs(
@@ -110,7 +149,8 @@ class MirrorGRPOTrainer(GRPOTrainer):
             advantages=inputs["advantages"],
             mask=mask,
         )
-        divergence = reg.per_token(logps, ref_logps, logits, ref_logits) if reg.active else None
+        if divergence is None and reg.active:
+            divergence = reg.per_token(logps, ref_logps)
         parts = compose_loss(policy_inputs, self.policy_params, self.policy_term, divergence, reg.coef,
                              self.loss_type, self.max_completion_length)
         if not torch.isfinite(parts.loss):

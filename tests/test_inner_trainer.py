@@ -18,7 +18,8 @@ def tiny_dir(tmp_path_factory):
     return str(tiny_model_dir(ModelConfig(**SMALL), root=tmp_path_factory.mktemp("cache")))
 
 
-def _trainer(tiny_dir, tmp_path, divergence: DivergenceConfig, lora_r: int = 0, aggregation: str = "bnpo"):
+def _trainer(tiny_dir, tmp_path, divergence: DivergenceConfig, lora_r: int = 0, aggregation: str = "bnpo",
+             full_form_rows: int | None = None):
     from datasets import Dataset
     from trl import GRPOConfig
 
@@ -29,7 +30,7 @@ def _trainer(tiny_dir, tmp_path, divergence: DivergenceConfig, lora_r: int = 0, 
     data = Dataset.from_dict({"prompt": ["1+1=", "2+2=", "3+3=", "4+4="]})
     trainer = MirrorGRPOTrainer(model=model, reward_funcs=lambda completions, **_: [0.0] * len(completions),
                                 args=args, train_dataset=data, processing_class=tok,
-                                regularizer=build_regularizer(divergence))
+                                regularizer=build_regularizer(divergence), full_form_rows=full_form_rows)
     trainer.model.train()
     return trainer
 
@@ -80,6 +81,24 @@ def test_loss_uses_the_frozen_initial_model_as_reference(tiny_dir, tmp_path, for
     assert d.sum() > 0
     assert trainer._metrics["train"]["regularizer/value"][-1] == pytest.approx(aggregate(d, mask, "bnpo", 3).item(),
                                                                                rel=1e-4)
+
+
+def test_full_form_in_recomputed_row_chunks_matches_one_chunk(tiny_dir, tmp_path):
+    """Chunking the full form's forward over batch rows (recomputed in backward) changes neither loss nor grads."""
+    results = []
+    for rows in (None, 1):
+        torch.manual_seed(0)
+        trainer = _trainer(tiny_dir, tmp_path / str(rows), DivergenceConfig(name="neural_mirror", form="full",
+                                                                            coef=50.0), full_form_rows=rows)
+        _perturb(trainer.model)
+        loss = trainer._compute_loss(trainer.model, _batch(trainer.processing_class))
+        loss.backward()
+        grads = torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None])
+        results.append((loss.detach(), grads, trainer._metrics["train"]["regularizer/value"][-1]))
+    (loss_one, grads_one, reg_one), (loss_rows, grads_rows, reg_rows) = results
+    assert reg_one > 0 and reg_rows == pytest.approx(reg_one, rel=1e-5)
+    assert torch.allclose(loss_rows, loss_one, rtol=1e-5, atol=1e-7)
+    assert grads_one.abs().sum() > 0 and torch.allclose(grads_rows, grads_one, rtol=1e-4, atol=1e-7)
 
 
 def test_lora_reference_is_the_base_with_the_adapter_disabled(tiny_dir, tmp_path):
