@@ -14,7 +14,7 @@ from inner_loop.tasks.base import Problem, SplitTask
 from inner_loop.tasks.data_files import load_hub_rows, read_local_rows, require_fields
 from inner_loop.tasks.numbers import last_number, parse_number
 from inner_loop.tasks.splits import carve_splits
-from inner_loop.tasks.task_config import format_prompt, require_existing_file, require_non_negative
+from inner_loop.tasks.task_config import format_prompt, require_split_data
 
 GOLD_MARKER = "####"
 
@@ -55,12 +55,7 @@ class GSM8KTask(SplitTask):
         super().__init__()
         self.config = config
         c = config
-        require_non_negative(self.name, train_size=c.train_size, validation_size=c.validation_size,
-                             test_size=c.test_size)
-        require_existing_file(self.name, "train_file", c.train_file)
-        require_existing_file(self.name, "test_file", c.test_file)
-        if c.test_file is not None and c.train_file is None:
-            raise ValueError("task 'gsm8k': task.test_file is set but task.train_file is not; set both or neither")
+        require_split_data(self.name, c)
         format_prompt(c.prompt_template, self.name, question="?")
 
     def _rows(self, split: str) -> tuple[list[dict[str, Any]], str] | None:

@@ -16,7 +16,7 @@ from inner_loop.tasks.base import Problem, SplitTask
 from inner_loop.tasks.code_extract import extract_code
 from inner_loop.tasks.data_files import load_hub_rows, read_local_rows, require_fields
 from inner_loop.tasks.splits import carve_splits
-from inner_loop.tasks.task_config import format_prompt, require_existing_file, require_non_negative
+from inner_loop.tasks.task_config import format_prompt, require_split_data
 
 
 @dataclass
@@ -52,12 +52,7 @@ class MBPPTask(SplitTask):
         super().__init__()
         self.config = config
         c = config
-        require_non_negative(self.name, train_size=c.train_size, validation_size=c.validation_size,
-                             test_size=c.test_size)
-        require_existing_file(self.name, "train_file", c.train_file)
-        require_existing_file(self.name, "test_file", c.test_file)
-        if c.test_file is not None and c.train_file is None:
-            raise ValueError("task 'mbpp': task.test_file is set but task.train_file is not; set both or neither")
+        require_split_data(self.name, c)
         if not c.train_splits:
             raise ValueError("task 'mbpp': task.train_splits must name at least one hub split (e.g. [train])")
         if "test" in c.train_splits:

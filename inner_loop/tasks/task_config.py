@@ -83,6 +83,16 @@ def require_existing_file(task: str, key: str, path: str | None) -> None:
         raise ValueError(f"task {task!r}: task.{key}={path!r} does not exist; fix the path or set it to null")
 
 
+def require_split_data(task: str, config: Any) -> None:
+    """Checks shared by the hub-or-local-file tasks (gsm8k, mbpp): sizes, files that exist, files set in pairs."""
+    require_non_negative(task, train_size=config.train_size, validation_size=config.validation_size,
+                         test_size=config.test_size)
+    require_existing_file(task, "train_file", config.train_file)
+    require_existing_file(task, "test_file", config.test_file)
+    if config.test_file is not None and config.train_file is None:
+        raise ValueError(f"task {task!r}: task.test_file is set but task.train_file is not; set both or neither")
+
+
 def format_prompt(template: str, task_name: str, **fields: Any) -> str:
     """Fill a prompt template, turning a wrong placeholder into a config error."""
     try:
