@@ -118,5 +118,8 @@ def test_time_limit_requeues_as_configured_then_ends_in_timeout(runs: dict) -> N
     assert records[0].status == "timeout", (records[0].status, records[0].error)
     assert "timed-out too many times" in records[0].error
     starts = _checkpoint(runs["root"] / "tl" / "member_000")["starts"]
-    assert len(starts) == 2 and starts[1] > 0, starts  # requeues=1: one requeue, resumed, then out of time
+    # requeues=1: one requeue, then out of time. Where the second start resumes from is not asserted here:
+    # SLURM may send the --signal warning up to 60 s early (its event resolution), i.e. right at the start of a
+    # 1-minute job, before any step; resuming from the checkpoint is asserted by the requeue and preemption tests.
+    assert len(starts) == 2 and starts[1] >= starts[0], starts
     assert jobs[0]["submissions"] == 1
