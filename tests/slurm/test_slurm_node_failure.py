@@ -115,9 +115,9 @@ def test_node_out_of_service_for_good_ends_the_member_after_max_pending_s(
     _wait(lambda: _checkpoint(work_dir)["step"] >= 2, 60, "member at step 2")
     job_id = saved[0]["job_id"]
     slurm_cluster.submitted.append(int(job_id.split("_")[0]))
+    began = time.monotonic()  # the job cannot be pending before the node goes down
     _set_node(node, "down")  # kills and requeues the job ...
     _set_node(node, "drain")  # ... and keeps the node from taking it back
-    began = time.monotonic()
     thread.join(timeout=90)
     assert not thread.is_alive(), "the runner kept waiting for a job that can never start"
     waited = time.monotonic() - began
