@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import logging
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -26,6 +27,14 @@ def _new_figure() -> tuple[Figure, object]:
     fig = Figure(figsize=SIZE_IN, dpi=DPI)
     FigureCanvasAgg(fig)
     return fig, fig.add_subplot(1, 1, 1)
+
+
+def _finish_per_generation(fig: Figure, ax: Any, ylabel: str, title: str, path: str | Path) -> Path:
+    """Every plot of a run has generations on x: label the axes, title it, save it."""
+    ax.set_xlabel("generation")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    return _save(fig, path)
 
 
 def _save(fig: Figure, path: str | Path) -> Path:
@@ -57,10 +66,7 @@ def plot_fitness(generations: pd.DataFrame, members: pd.DataFrame, path: str | P
         ax.legend(loc="best", fontsize=8)
     else:
         _no_data(ax, "finished members")
-    ax.set_xlabel("generation")
-    ax.set_ylabel("fitness (validation pass@1)")
-    ax.set_title("Fitness per generation")
-    return _save(fig, path)
+    return _finish_per_generation(fig, ax, "fitness (validation pass@1)", "Fitness per generation", path)
 
 
 def plot_response_length(generations: pd.DataFrame, path: str | Path) -> Path:
@@ -71,10 +77,7 @@ def plot_response_length(generations: pd.DataFrame, path: str | Path) -> Path:
         ax.plot(has["generation"], has["mean_response_tokens"], marker="o", color="tab:orange")
     else:
         _no_data(ax, "response lengths")
-    ax.set_xlabel("generation")
-    ax.set_ylabel("mean response length (tokens)")
-    ax.set_title("Response length per generation")
-    return _save(fig, path)
+    return _finish_per_generation(fig, ax, "mean response length (tokens)", "Response length per generation", path)
 
 
 def plot_failures(generations: pd.DataFrame, path: str | Path) -> Path:
@@ -89,7 +92,4 @@ def plot_failures(generations: pd.DataFrame, path: str | Path) -> Path:
         ax.legend(loc="best", fontsize=8)
     else:
         _no_data(ax, "generations")
-    ax.set_xlabel("generation")
-    ax.set_ylabel("members")
-    ax.set_title("Failures per generation")
-    return _save(fig, path)
+    return _finish_per_generation(fig, ax, "members", "Failures per generation", path)
