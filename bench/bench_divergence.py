@@ -20,11 +20,14 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import torch
 
-from mirror_maps import KL, NeuralMirrorMap, full_divergence, sampled_divergence
-from mirror_maps.neurons import LOG_OFFSET, NEURONS_PER_BLOCK
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout that is not pip-installed
+
+from mirror_maps import KL, NeuralMirrorMap, full_divergence, sampled_divergence  # noqa: E402
+from mirror_maps.neurons import LOG_OFFSET, NEURONS_PER_BLOCK  # noqa: E402
 
 VOCAB = 151_936
 
