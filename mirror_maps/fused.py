@@ -31,9 +31,15 @@ from mirror_maps.neurons import BLOCK_BREGMAN, LOG_OFFSET, NEURONS_PER_BLOCK, NU
 from mirror_maps.numerics import PROB_FLOOR, generalized_kl, phi2
 
 CHUNK_TOKENS = 1536
-"""Tokens per chunk. [21, 1536] temporaries (126 KiB in float32) stay in a core's L2, and at 32,256 elements
-every elementwise op stays below torch's intra-op parallel grain (32,768): on a CPU shared with other
-processes, a 2-thread op waits for a descheduled thread, which made small ops 10-50x slower in tests."""
+"""Tokens per chunk on the CPU. [21, 1536] temporaries (126 KiB in float32) stay in a core's L2, and at
+32,256 elements every elementwise op stays below torch's intra-op parallel grain (32,768): on a CPU shared
+with other processes, a 2-thread op waits for a descheduled thread, which made small ops 10-50x slower in
+tests."""
+CUDA_CHUNK_TOKENS = 262144
+"""Tokens per chunk on a CUDA device. Each chunk launches a hundred or more small kernels from Python, and
+on a GPU that launch cost, not the arithmetic, sets the time: fwd+bwd of 262,144 tokens on an H100 took
+267 ms with chunks of 1,536, 56 ms with 8,192, 11 ms with 65,536 and 5.9 ms with 262,144 (one chunk),
+for a working set of 327 MiB (bench/sweep_chunks_cuda.py, docs/benchmarks.md)."""
 
 _EXP_SERIES_BOUND = 0.5
 """An exp neuron is series-only if |w_j| max|p - q| stays below this (the series then converges fast)."""
@@ -310,9 +316,17 @@ def _range_of(p: torch.Tensor, q: torch.Tensor) -> tuple[float, float, float]:
     return low, high, float((p - q).abs().max())
 
 
+def chunk_tokens_for(device: torch.device) -> int:
+    """Tokens per chunk on `device`: cache-sized on the CPU, launch-amortising on CUDA (see the constants).
+
+    Other device types keep the CPU value, since no measurement backs another choice for them.
+    """
+    return CUDA_CHUNK_TOKENS if device.type == "cuda" else CHUNK_TOKENS
+
+
 def neuron_sum_with_grads(p, q, v, w, b, grads: bool, chunk_tokens: int | None = None):
     """sum_j v_j D_j(p, q) for flat p, q [N], and (if `grads`) its partial derivatives, each [N]."""
-    chunk_tokens = chunk_tokens or CHUNK_TOKENS
+    chunk_tokens = chunk_tokens or chunk_tokens_for(p.device)
     value = torch.empty_like(p)
     d_p = torch.empty_like(p) if grads else None
     d_q = torch.empty_like(p) if grads else None

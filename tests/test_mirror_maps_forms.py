@@ -95,6 +95,16 @@ def test_full_form_fast_path_matches_exact_elementwise_sum(regime):
     torch.testing.assert_close(fast_grad, exact_grad, rtol=1e-9, atol=1e-15)
 
 
+def test_default_chunk_comes_from_the_device_budget():
+    """CPU: 6 positions of a 151,936 vocabulary in float32, as before; CUDA: more, from its larger budget."""
+    from mirror_maps.forms import _WORK_TENSORS_PER_ENTRY, FULL_FORM_CUDA_CHUNK_BYTES, _auto_chunk_size
+
+    assert _auto_chunk_size(151_936, 4, torch.device("cpu")) == 6
+    cuda_chunk = _auto_chunk_size(151_936, 4, torch.device("cuda"))
+    assert cuda_chunk > 6 and cuda_chunk * 151_936 * 4 * _WORK_TENSORS_PER_ENTRY <= FULL_FORM_CUDA_CHUNK_BYTES
+    assert _auto_chunk_size(10**9, 8, torch.device("cuda")) == 1
+
+
 @pytest.mark.parametrize("chunk_size", [1, 4, 100])
 def test_chunking_changes_neither_value_nor_gradient(chunk_size):
     mirror_map = NeuralMirrorMap.random_init(9, scale=0.3, dtype=torch.float64)

@@ -129,6 +129,12 @@ def test_chunking_does_not_change_the_result(monkeypatch):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-12)
 
 
+def test_chunk_size_depends_only_on_the_device_type():
+    """The CPU keeps its cache-sized chunk; CUDA gets the launch-amortising one (no GPU needed to check)."""
+    assert fused.chunk_tokens_for(torch.device("cpu")) == fused.CHUNK_TOKENS == 1536
+    assert fused.chunk_tokens_for(torch.device("cuda", 0)) == fused.CUDA_CHUNK_TOKENS
+
+
 def test_broadcast_inputs_get_reduced_gradients():
     mirror_map = _maps()["signed_none"].double()
     p = torch.linspace(0.1, 0.9, 5, dtype=torch.float64).requires_grad_(True)
