@@ -1,23 +1,36 @@
-"""Scale benchmark of launcher=slurm on the local cluster: one generation of light synthetic members
-(sleep S seconds, no torch) through SlurmLauncher + MemberArrayRunner, against the same number of bare
-`sbatch --array` tasks running `sleep S`, waited for with squeue, side by side in one run.
+"""Scale benchmark of launcher=slurm on the local cluster: one generation of light synthetic members (sleep S
+seconds, no torch), side by side in one run with the same number of bare ``sbatch --array`` tasks waited for
+with ``squeue``. Sides (``--sides``, run in this order):
 
-Reports per-generation wall, overhead (wall minus the slowest member), the ratio of the two walls, and
-the number of scheduler queries (sacct + squeue) each side made, counted by PATH shims around the SLURM
-client commands, so submitit's own calls are counted too.
+- ``bare-sleep``: each task is ``sleep S`` (no Python at all: the floor);
+- ``bare-member``: each task runs the same member work in plain Python (bench/bare_member.py:
+  ``run_member`` on the same spec, the same result.json), with no submitit, no pickles, no srun;
+- ``launcher``: SlurmLauncher + MemberArrayRunner with the shipped defaults (``launcher.use_srun=false``);
+- ``launcher-srun``: the same with ``launcher.use_srun=true`` (each member a job step under srun).
+
+Per side: wall, the slowest member's own time, overhead (wall minus the ideal ``waves x S``, where waves =
+population / advertised CPUs rounded up), scheduler queries (sacct + squeue) counted by PATH shims around the
+SLURM clients (submitit's own calls included) and per 10 s, and the CPU seconds the whole machine spent per
+member (from /proc/stat, so slurmd/slurmstepd and the members' interpreters count) and the CPU seconds of the
+orchestrating process itself (this process with its SLURM client calls). Ratios of every side's wall
+to both bare walls close the table.
 
     .venv/bin/python bench/bench_slurm_scale.py --population 180 --sleep 10
 """
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import math
 import os
+import resource
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,9 +38,25 @@ sys.path.insert(0, str(ROOT))
 
 from launch.runner import MemberArrayRunner, RunnerPolicy  # noqa: E402
 from launch.slurm import SlurmLauncher  # noqa: E402
-from results.records import MemberSpec  # noqa: E402
+from results.records import MemberSpec, read_result  # noqa: E402
 
-COUNTED = ("sacct", "squeue", "sbatch", "scancel", "scontrol")
+COUNTED = ("sacct", "squeue", "sbatch", "scancel", "scontrol", "srun")
+SIDES = ("bare-sleep", "bare-member", "launcher", "launcher-srun")
+ENTRYPOINT = "meta.synthetic:member"
+
+
+@dataclass
+class SideResult:
+    name: str
+    wall_s: float
+    slowest_s: float
+    calls: dict[str, int]
+    cpu_s: float  # the whole machine's busy CPU seconds during the side
+    own_cpu_s: float  # this process and its children (the orchestrator, sbatch/sacct/squeue calls)
+
+    @property
+    def queries(self) -> int:
+        return self.calls["sacct"] + self.calls["squeue"]
 
 
 def real_commands() -> dict[str, str]:
@@ -53,21 +82,51 @@ def count_calls(log: Path) -> dict[str, int]:
     return {name: names.count(name) for name in COUNTED}
 
 
-def max_array_size() -> int:
+def busy_cpu_s() -> float:
+    """CPU seconds the whole machine has spent busy since boot (all processes, all cores)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_s() -> float:
+    """CPU seconds of this process and its waited-for children (the SLURM client calls)."""
+    return sum(ru.ru_utime + ru.ru_stime for ru in (resource.getrusage(resource.RUSAGE_SELF),
+                                                     resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
+def cluster_setting(key: str) -> str:
     out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, check=True).stdout
-    return int(next(line.split("=")[1] for line in out.splitlines() if line.startswith("MaxArraySize")))
+    return next(line.split("=", 1)[1].strip() for line in out.splitlines() if line.split("=")[0].strip() == key)
 
 
-def run_bare(population: int, sleep_s: float, work: Path, poll_s: float) -> float:
-    """sbatch --array chunks of `sleep S`, then squeue until none of them is queued or running."""
-    chunk = max_array_size()
+def make_specs(population: int, sleep_s: float, work: Path) -> list[MemberSpec]:
+    return [
+        MemberSpec(run_id="bench", generation=0, index=i, seed=0, params=[0.02] * 4,
+                   work_dir=str(work / f"member_{i:03d}"), inner={"options": {"sleep_s": sleep_s}})
+        for i in range(population)
+    ]
+
+
+def slowest_member(specs: list[MemberSpec]) -> float:
+    records = [read_result(spec.work_dir) for spec in specs]
+    bad = [spec.index for spec, record in zip(specs, records) if record is None or not record.ok]
+    if bad:
+        raise SystemExit(f"members {bad[:5]} did not finish ok")
+    return max(record.wall_time_s for record in records if record is not None)
+
+
+def run_bare(command: str, population: int, work: Path, poll_s: float) -> float:
+    """sbatch --array chunks of at most MaxArraySize tasks running ``command`` (``{offset}`` = the chunk's
+    first index), then squeue every ``poll_s`` until none of them is queued or running."""
+    chunk = int(cluster_setting("MaxArraySize"))
     start = time.monotonic()
     ids = []
     for first in range(0, population, chunk):
         n = min(chunk, population - first)
         out = subprocess.run(
             ["sbatch", "--parsable", f"--array=0-{n - 1}", "--cpus-per-task=1", "--job-name=bench-bare",
-             f"--output={work}/bare-%A_%a.out", "--wrap", f"sleep {sleep_s}"],
+             f"--output={work}/bare-%A_%a.out", "--wrap", command.format(offset=first)],
             capture_output=True, text=True, check=True,
         ).stdout
         ids.append(out.strip().split(";")[0])
@@ -76,58 +135,80 @@ def run_bare(population: int, sleep_s: float, work: Path, poll_s: float) -> floa
     return time.monotonic() - start
 
 
-def run_launcher(population: int, sleep_s: float, work: Path) -> tuple[float, float]:
-    """One generation through the real launcher with its default polling; returns (wall, slowest member)."""
-    specs = [
-        MemberSpec(run_id="bench", generation=0, index=i, seed=0, params=[0.02] * 4,
-                   work_dir=str(work / f"member_{i:03d}"), inner={"options": {"sleep_s": sleep_s}})
-        for i in range(population)
-    ]
-    launcher = SlurmLauncher(job_name="bench-launcher")
-    runner = MemberArrayRunner(launcher, "meta.synthetic:member", specs, {}, lambda jobs: None, work / "submitit",
+def run_side(name: str, population: int, sleep_s: float, work: Path, bare_poll_s: float) -> tuple[float, float]:
+    """Run one side; returns (wall, slowest member's own time)."""
+    work.mkdir(parents=True)
+    if name == "bare-sleep":
+        return run_bare(f"sleep {sleep_s}", population, work, bare_poll_s), sleep_s
+    specs = make_specs(population, sleep_s, work)
+    if name == "bare-member":
+        specs_file = work / "specs.json"
+        specs_file.write_text(json.dumps([spec.to_dict() for spec in specs]))
+        command = f"exec {sys.executable} {ROOT / 'bench' / 'bare_member.py'} {specs_file} {{offset}}"
+        wall = run_bare(command, population, work, bare_poll_s)
+        return wall, slowest_member(specs)
+    launcher = SlurmLauncher(job_name=f"bench-{name}", use_srun=name == "launcher-srun")
+    runner = MemberArrayRunner(launcher, ENTRYPOINT, specs, {}, lambda jobs: None, work / "submitit",
                                RunnerPolicy(retries=0, timeout_s=600))
     start = time.monotonic()
-    records = runner.run()
+    runner.run()
     wall = time.monotonic() - start
-    bad = [i for i, r in records.items() if not r.ok]
-    if bad:
-        raise SystemExit(f"members {bad[:5]} failed: {records[bad[0]].error[-500:]}")
-    return wall, max(r.wall_time_s for r in records.values())
+    return wall, slowest_member(specs)
+
+
+def print_table(results: list[SideResult], population: int, sleep_s: float, cpus: int) -> None:
+    waves = math.ceil(population / cpus)
+    ideal = waves * sleep_s
+    logging.info("population %d x sleep %g s on a cluster advertising %d CPUs (%d real cores, MaxArraySize %s): "
+                 "%d wave(s), ideal wall %g s", population, sleep_s, cpus, os.cpu_count(),
+                 cluster_setting("MaxArraySize"), waves, ideal)
+    header = (f"{'side':14s}{'wall s':>8s}{'slowest':>9s}{'overhead':>10s}{'/wave':>7s}{'sacct':>7s}"
+              f"{'squeue':>7s}{'sbatch':>7s}{'srun':>6s}{'q/10s':>7s}{'cpu/member':>12s}{'orchestrator cpu':>18s}")
+    lines = [header]
+    for r in results:
+        overhead = r.wall_s - ideal
+        lines.append(f"{r.name:14s}{r.wall_s:8.1f}{r.slowest_s:9.1f}{overhead:10.1f}{overhead / waves:7.2f}"
+                     f"{r.calls['sacct']:7d}{r.calls['squeue']:7d}{r.calls['sbatch']:7d}{r.calls['srun']:6d}"
+                     f"{10 * r.queries / r.wall_s:7.2f}{r.cpu_s / population:12.3f}{r.own_cpu_s:18.1f}")
+    by_name = {r.name: r for r in results}
+    for base in ("bare-sleep", "bare-member"):
+        if base in by_name:
+            ratios = "  ".join(f"{r.name} {r.wall_s / by_name[base].wall_s:.3f}" for r in results if r.name != base)
+            lines.append(f"wall ratio to {base}: {ratios}")
+    logging.info("\n%s", "\n".join(lines))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--population", type=int, default=180)
     parser.add_argument("--sleep", type=float, default=10.0)
-    parser.add_argument("--bare-poll", type=float, default=1.0, help="squeue interval of the bare baseline (s)")
+    parser.add_argument("--bare-poll", type=float, default=1.0, help="squeue interval of the bare baselines (s)")
+    parser.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated subset of {','.join(SIDES)}")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.WARNING)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    for noisy in ("launch", "submitit"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    sides = [s.strip() for s in args.sides.split(",") if s.strip()]
+    unknown = sorted(set(sides) - set(SIDES))
+    if unknown:
+        raise SystemExit(f"--sides: unknown side(s) {unknown}; choose from {', '.join(SIDES)}")
 
+    reals = real_commands()
+    cpus = int(subprocess.run(["sinfo", "-h", "-o", "%c"], capture_output=True, text=True, check=True).stdout.split()[0])
+    results = []
     with tempfile.TemporaryDirectory(prefix="bench_slurm_") as tmp:
         tmp_path = Path(tmp)
         shims = tmp_path / "shims"
-        reals = real_commands()
         os.environ["PATH"] = f"{shims}:{os.environ['PATH']}"
-        cpus = subprocess.run(["sinfo", "-h", "-o", "%c"], capture_output=True, text=True).stdout.split()[0]
-
-        install_shims(shims, tmp_path / "bare.log", reals)
-        bare_wall = run_bare(args.population, args.sleep, tmp_path, args.bare_poll)
-        bare_calls = count_calls(tmp_path / "bare.log")
-
-        install_shims(shims, tmp_path / "launcher.log", reals)
-        wall, slowest = run_launcher(args.population, args.sleep, tmp_path / "run")
-        calls = count_calls(tmp_path / "launcher.log")
-
-    queries = calls["sacct"] + calls["squeue"]
-    bare_queries = bare_calls["sacct"] + bare_calls["squeue"]
-    print(f"population {args.population} x sleep {args.sleep:g} s on a cluster advertising {cpus} CPUs "
-          f"(MaxArraySize {max_array_size()})")
-    print(f"{'':28s}{'wall s':>9s}{'overhead s':>12s}{'sacct':>7s}{'squeue':>7s}{'sbatch':>7s}{'queries/10s':>13s}")
-    print(f"{'bare sbatch --array + squeue':28s}{bare_wall:9.1f}{bare_wall - args.sleep:12.1f}"
-          f"{bare_calls['sacct']:7d}{bare_calls['squeue']:7d}{bare_calls['sbatch']:7d}{10 * bare_queries / bare_wall:13.2f}")
-    print(f"{'launcher=slurm (runner)':28s}{wall:9.1f}{wall - slowest:12.1f}"
-          f"{calls['sacct']:7d}{calls['squeue']:7d}{calls['sbatch']:7d}{10 * queries / wall:13.2f}")
-    print(f"ratio launcher/bare wall: {wall / bare_wall:.3f}  (slowest member {slowest:.1f} s)")
+        for name in sides:
+            log = tmp_path / f"{name}.calls"
+            install_shims(shims, log, reals)
+            cpu_before, own_before = busy_cpu_s(), own_cpu_s()
+            wall, slowest = run_side(name, args.population, args.sleep, tmp_path / name, args.bare_poll)
+            results.append(SideResult(name, wall, slowest, count_calls(log), busy_cpu_s() - cpu_before,
+                                      own_cpu_s() - own_before))
+            logging.info("%s: %.1f s", name, wall)
+    print_table(results, args.population, args.sleep, cpus)
 
 
 if __name__ == "__main__":

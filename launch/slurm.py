@@ -65,15 +65,20 @@ class SlurmLauncher(SubmititLauncher):
 
     # ------------------------------------------------------------ submit
     def _make_executor(self, folder: Path, timeout_s: float) -> Any:
+        import shlex
+        import sys
+
         import submitit
+        from submitit.slurm.slurm import SlurmJobEnvironment
 
         try:
             executor = submitit.SlurmExecutor(
-                folder=folder, max_num_timeout=self.config.requeues, python=self.config.python
+                folder=folder, max_num_timeout=self.config.requeues,
+                python=self.config.python_command(shlex.quote(sys.executable)),
             )
         except RuntimeError as exc:  # no srun on PATH
             raise SlurmQueryError(f"launcher=slurm needs the SLURM client tools here: {exc}") from exc
-        executor.update_parameters(**self.config.sbatch_parameters(timeout_s))
+        executor.update_parameters(**self.config.sbatch_parameters(timeout_s, SlurmJobEnvironment.USR_SIG))
         return executor
 
     def max_array_size(self) -> int:

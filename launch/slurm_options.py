@@ -35,7 +35,7 @@ class SlurmOptions:
     max_pending_s: float = 21600.0
     command_timeout_s: float = 60.0
     python: str | None = None
-    use_srun: bool = True
+    use_srun: bool = False
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> "SlurmOptions":
@@ -94,16 +94,31 @@ class SlurmOptions:
             return self.time_min
         return max(1, math.ceil((float(timeout_s) + self.kill_grace_s) / 60.0))
 
-    def sbatch_parameters(self, timeout_s: float) -> dict[str, Any]:
-        """submitit SlurmExecutor.update_parameters(...) keywords for one generation's arrays."""
+    def signal_delay(self, timeout_s: float) -> int:
+        """Seconds before the time limit at which the requeue signal comes; for a derived (possibly short)
+        limit at most half-way, so the member still gets to work."""
         time_min = self.time_limit_min(timeout_s)
+        return self.signal_delay_s if self.time_min else min(self.signal_delay_s, time_min * 30)
+
+    def python_command(self, default_python: str) -> str:
+        """The command that starts the member's Python. Without srun the member runs in the batch shell's
+        place (``exec``): the batch step is the only one, and SLURM's ``B:`` signal must reach Python itself,
+        not a bash that would only pass it on after its child exits."""
+        python = self.python or default_python
+        return python if self.use_srun else f"exec {python}"
+
+    def sbatch_parameters(self, timeout_s: float, signal_name: str = "USR2") -> dict[str, Any]:
+        """submitit SlurmExecutor.update_parameters(...) keywords for one generation's arrays.
+
+        ``signal_name``: the signal submitit's job environment requeues on (submitit's USR_SIG)."""
+        time_min = self.time_limit_min(timeout_s)
+        delay = self.signal_delay(timeout_s)
         params: dict[str, Any] = {
             "job_name": self.job_name,
             "time": time_min,
             "cpus_per_task": self.cpus_per_task,
             "array_parallelism": self.array_parallelism,
-            # a derived (possibly short) limit: signal at most half-way, so the member still gets to work
-            "signal_delay_s": self.signal_delay_s if self.time_min else min(self.signal_delay_s, time_min * 30),
+            "signal_delay_s": delay,
             "use_srun": self.use_srun,
             "stderr_to_stdout": False,
         }
@@ -115,6 +130,11 @@ class SlurmOptions:
             params["gpus_per_node"] = self.gpus_per_node
         if self.setup:
             params["setup"] = list(self.setup)
-        if self.sbatch_extra:
-            params["additional_parameters"] = dict(self.sbatch_extra)
+        extra = dict(self.sbatch_extra)
+        if not self.use_srun:
+            # submitit writes --signal=USR2@delay, which SLURM sends to job steps only; without srun there is
+            # no step, so the signal goes to the batch shell (B:), which is the member's Python (exec).
+            extra.setdefault("signal", f"B:{signal_name}@{delay}")
+        if extra:
+            params["additional_parameters"] = extra
         return params

@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 if launch/local_slurm/up.sh; then
     trap 'launch/local_slurm/down.sh >/dev/null 2>&1 || true' EXIT
+    export MIRROR_ES_REQUIRE_SLURM=1   # the cluster is up: a SLURM test that cannot reach it fails, never skips
 else
     echo "test: the local SLURM cluster could not start; tests/slurm will skip" >&2
 fi

@@ -135,6 +135,26 @@ class LocalSlurm:
             logger.warning("could not cancel leftover test jobs: %s", exc)
 
 
+def wait_until_queue_empty(timeout: float, interval: float = 5.0) -> None:
+    """Wait for jobs already in the queue (a benchmark, an interrupted run's leftovers) to end.
+
+    The tests size their waits for a node of their own; started next to someone else's array they would
+    time out with a confusing PENDING. Raise SlurmCommandError naming the jobs after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        queued = run_slurm_command(["squeue", "-h", "-o", "%i %j %T"]).splitlines()
+        if not queued:
+            return
+        if time.monotonic() > deadline:
+            raise SlurmCommandError(
+                f"the cluster is busy with {len(queued)} job(s) not started by these tests after waiting "
+                f"{timeout:.0f} s (first: {queued[:3]}); cancel them with scancel or wait"
+            )
+        logger.warning("waiting for %d queued job(s) of others to end before the SLURM tests: %s",
+                       len(queued), queued[:3])
+        time.sleep(interval)
+
+
 def _config_value(config_text: str, key: str) -> str:
     match = re.search(rf"^{key}\s*=\s*(\S+)", config_text, re.MULTILINE)
     if match is None:

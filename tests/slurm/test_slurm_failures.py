@@ -2,7 +2,8 @@
 an exception (retried as configured), scancel (cancelled, not retried), a hard requeue by SLURM (kill and
 restart: resumes from its checkpoint; one member, one job id), a preemption notice (the USR2 signal submitit
 listens for: the member checkpoints, requeues itself and finishes), and the real time limit (requeued as
-configured, resuming each time, then status timeout).
+configured, resuming each time, then status timeout). The notice and the time limit are run in both ways a
+member can be started: Python in place of the batch shell (the default, signal ``B:USR2``) and under srun.
 
 The three generations are started together by a module fixture, so the slow parts (SLURM's 1-minute time
 limit checked every 30 s, ~25 s before a requeued job may restart) overlap instead of adding up.
@@ -25,6 +26,8 @@ LONG = {"steps": 600, "step_s": 0.5}
 # time_min=1: slurmctld checks limits every 30 s and may signal up to 60 s early, so each run gets its
 # requeue signal within its first 30 s.
 TIME_LIMITED = {**FAST, "time_min": 1, "signal_delay_s": 30}
+# name suffix -> launcher.use_srun: the default (Python is the batch shell) and members as srun job steps
+SRUN_MODES = {"": False, "_srun": True}
 
 
 def _checkpoint(work_dir: Path) -> dict:
@@ -54,23 +57,30 @@ def runs(slurm_cluster: LocalSlurm, tmp_path_factory: pytest.TempPathFactory) ->
     started = {
         "classes": Background(SlurmLauncher(**FAST, job_name="mirror-es-classes"), classes,
                               root / "classes" / "launcher", retries=1),
-        "time_limit": Background(SlurmLauncher(**TIME_LIMITED, requeues=1, job_name="mirror-es-tl"),
-                                 specs(root / "tl", 1, LONG), root / "tl" / "launcher"),
-        "notice": Background(SlurmLauncher(**FAST, time_min=15, job_name="mirror-es-notice"),
-                             specs(root / "notice", 1, {"steps": 12, "step_s": 1.0}), root / "notice" / "launcher"),
     }
+    for mode, use_srun in SRUN_MODES.items():
+        started[f"time_limit{mode}"] = Background(
+            SlurmLauncher(**TIME_LIMITED, requeues=1, use_srun=use_srun, job_name=f"mirror-es-tl{mode}"),
+            specs(root / f"tl{mode}", 1, LONG), root / f"tl{mode}" / "launcher")
+        started[f"notice{mode}"] = Background(
+            SlurmLauncher(**FAST, time_min=15, use_srun=use_srun, job_name=f"mirror-es-notice{mode}"),
+            specs(root / f"notice{mode}", 1, {"steps": 12, "step_s": 1.0}), root / f"notice{mode}" / "launcher")
     # The interventions, as soon as each member is in the right state (tests below only wait and check):
-    _wait(lambda: len(started["classes"].jobs) == 4 and len(started["notice"].jobs) == 1, 30, "submitted")
-    acted = {"requeued": started["classes"].jobs[3]["job_id"], "cancelled": started["classes"].jobs[2]["job_id"],
-             "signalled": started["notice"].jobs[0]["job_id"]}
+    _wait(lambda: len(started["classes"].jobs) == 4 and all(len(started[f"notice{m}"].jobs) == 1 for m in SRUN_MODES),
+          30, "submitted")
+    acted = {"requeued": started["classes"].jobs[3]["job_id"], "cancelled": started["classes"].jobs[2]["job_id"]}
+    acted |= {f"signalled{m}": started[f"notice{m}"].jobs[0]["job_id"] for m in SRUN_MODES}
     # Preemption: SLURM kills and requeues the running member (same job id); it must resume, not restart.
     _wait(lambda: _checkpoint(root / "classes" / "member_003")["step"] >= 3, 60, "member 3 at step 3")
     run_slurm_command(["scontrol", "requeue", acted["requeued"]])
     _wait(lambda: (root / "classes" / "member_002" / "started.json").exists(), 60, "member 2 running")
     run_slurm_command(["scancel", acted["cancelled"]])
-    # A preemption notice: the USR2 signal that SLURM sends before preemption or the time limit.
-    _wait(lambda: _checkpoint(root / "notice" / "member_000")["step"] >= 3, 60, "the notice member at step 3")
-    run_slurm_command(["scancel", "--signal=USR2", acted["signalled"]])
+    # A preemption notice: the USR2 signal that SLURM sends before preemption or the time limit, delivered
+    # where the member's own --signal spec sends it: to the batch shell (B:) without srun, else to the steps.
+    for mode, use_srun in SRUN_MODES.items():
+        _wait(lambda: _checkpoint(root / f"notice{mode}" / "member_000")["step"] >= 3, 60, f"notice{mode} at step 3")
+        to_batch = [] if use_srun else ["--batch"]
+        run_slurm_command(["scancel", "--signal=USR2", *to_batch, acted[f"signalled{mode}"]])
     yield {"root": root, "acted": acted, **started}
     for background in started.values():
         slurm_cluster.submitted.extend(int(j["job_id"].split("_")[0]) for j in background.jobs.values())
@@ -101,10 +111,11 @@ def test_exception_scancel_and_preemption_end_in_the_right_status(runs: dict, sl
     )
 
 
-def test_preemption_notice_requeues_and_the_member_resumes_from_its_checkpoint(runs: dict) -> None:
-    background: Background = runs["notice"]
-    work_dir = runs["root"] / "notice" / "member_000"
-    job_id = runs["acted"]["signalled"]
+@pytest.mark.parametrize("mode", list(SRUN_MODES))
+def test_preemption_notice_requeues_and_the_member_resumes_from_its_checkpoint(runs: dict, mode: str) -> None:
+    background: Background = runs[f"notice{mode}"]
+    work_dir = runs["root"] / f"notice{mode}" / "member_000"
+    job_id = runs["acted"][f"signalled{mode}"]
     records, jobs = background.join(timeout=120)
     assert records[0].status == "ok", records[0].error
     assert records[0].steps_done == 12
@@ -113,11 +124,12 @@ def test_preemption_notice_requeues_and_the_member_resumes_from_its_checkpoint(r
     assert jobs[0]["job_id"] == job_id and jobs[0]["submissions"] == 1
 
 
-def test_time_limit_requeues_as_configured_then_ends_in_timeout(runs: dict) -> None:
-    records, jobs = runs["time_limit"].join(timeout=150)
+@pytest.mark.parametrize("mode", list(SRUN_MODES))
+def test_time_limit_requeues_as_configured_then_ends_in_timeout(runs: dict, mode: str) -> None:
+    records, jobs = runs[f"time_limit{mode}"].join(timeout=150)
     assert records[0].status == "timeout", (records[0].status, records[0].error)
     assert "timed-out too many times" in records[0].error
-    starts = _checkpoint(runs["root"] / "tl" / "member_000")["starts"]
+    starts = _checkpoint(runs["root"] / f"tl{mode}" / "member_000")["starts"]
     # requeues=1: one requeue, then out of time. Where the second start resumes from is not asserted here:
     # SLURM may send the --signal warning up to 60 s early (its event resolution), i.e. right at the start of a
     # 1-minute job, before any step; resuming from the checkpoint is asserted by the requeue and preemption tests.

@@ -45,8 +45,21 @@ def test_shipped_config_builds_the_launcher_with_its_documented_resources() -> N
     assert isinstance(launcher, SlurmLauncher)
     params = launcher.config.sbatch_parameters(timeout_s=3600)
     assert params["time"] == 61  # inner.timeout_s + kill_grace_s, rounded up to minutes
-    assert params["mem"] == "2048M" and params["additional_parameters"] == {"qos": "high"}
+    assert params["mem"] == "2048M" and params["additional_parameters"] == {"qos": "high", "signal": "B:USR2@120"}
     assert params["signal_delay_s"] == 120 and params["cpus_per_task"] == 1
+
+
+def test_without_srun_the_requeue_signal_goes_to_the_batch_shell_that_python_replaces() -> None:
+    """Without a job step, SLURM's plain --signal reaches nothing: it must be B: and Python must BE the shell."""
+    no_srun = SlurmOptions.from_options({"time_min": 30})
+    params = no_srun.sbatch_parameters(timeout_s=600, signal_name="USR2")
+    assert params["use_srun"] is False and params["additional_parameters"] == {"signal": "B:USR2@120"}
+    assert no_srun.python_command("/venv/bin/python") == "exec /venv/bin/python"
+    srun = SlurmOptions.from_options({"time_min": 30, "use_srun": True})
+    assert "additional_parameters" not in srun.sbatch_parameters(timeout_s=600)
+    assert srun.python_command("/venv/bin/python") == "/venv/bin/python"
+    own_signal = SlurmOptions.from_options({"sbatch_extra": {"signal": "B:USR1@300"}})
+    assert own_signal.sbatch_parameters(timeout_s=600)["additional_parameters"] == {"signal": "B:USR1@300"}
 
 
 def test_generation_split_into_arrays_runs_end_to_end_with_few_queries(
