@@ -1,6 +1,7 @@
 """Scale benchmark of launcher=slurm on the local cluster: one generation of light synthetic members (sleep S
 seconds, no torch), side by side in one run with the same number of bare ``sbatch --array`` tasks waited for
-with ``squeue``. Sides (``--sides``, run in this order):
+with ``squeue``, asking for the same resources (the launcher's time limit and CPUs per task). Sides
+(``--sides``, run in this order):
 
 - ``bare-sleep``: each task is ``sleep S`` (no Python at all: the floor);
 - ``bare-member``: each task runs the same member work in plain Python (bench/bare_member.py:
@@ -43,6 +44,7 @@ from results.records import MemberSpec, read_result  # noqa: E402
 COUNTED = ("sacct", "squeue", "sbatch", "scancel", "scontrol", "srun")
 SIDES = ("bare-sleep", "bare-member", "launcher", "launcher-srun")
 ENTRYPOINT = "meta.synthetic:member"
+MEMBER_TIMEOUT_S = 600.0  # inner.timeout_s of every side's members; the launcher derives --time from it
 
 
 @dataclass
@@ -116,6 +118,14 @@ def slowest_member(specs: list[MemberSpec]) -> float:
     return max(record.wall_time_s for record in records if record is not None)
 
 
+def bare_resources() -> list[str]:
+    """The launcher's own resource request (time limit, CPUs per task) as sbatch options, so that both sides
+    ask SLURM for the same thing: on this cluster a time-limited array's next wave starts up to one
+    ``sched_interval`` later than an unlimited one's, which is SLURM's cost, not the launcher's."""
+    params = SlurmLauncher().config.sbatch_parameters(MEMBER_TIMEOUT_S)
+    return [f"--time={params['time']}", f"--cpus-per-task={params['cpus_per_task']}"]
+
+
 def run_bare(command: str, population: int, work: Path, poll_s: float) -> float:
     """sbatch --array chunks of at most MaxArraySize tasks running ``command`` (``{offset}`` = the chunk's
     first index), then squeue every ``poll_s`` until none of them is queued or running."""
@@ -125,7 +135,7 @@ def run_bare(command: str, population: int, work: Path, poll_s: float) -> float:
     for first in range(0, population, chunk):
         n = min(chunk, population - first)
         out = subprocess.run(
-            ["sbatch", "--parsable", f"--array=0-{n - 1}", "--cpus-per-task=1", "--job-name=bench-bare",
+            ["sbatch", "--parsable", f"--array=0-{n - 1}", *bare_resources(), "--job-name=bench-bare",
              f"--output={work}/bare-%A_%a.out", "--wrap", command.format(offset=first)],
             capture_output=True, text=True, check=True,
         ).stdout
@@ -149,7 +159,7 @@ def run_side(name: str, population: int, sleep_s: float, work: Path, bare_poll_s
         return wall, slowest_member(specs)
     launcher = SlurmLauncher(job_name=f"bench-{name}", use_srun=name == "launcher-srun")
     runner = MemberArrayRunner(launcher, ENTRYPOINT, specs, {}, lambda jobs: None, work / "submitit",
-                               RunnerPolicy(retries=0, timeout_s=600))
+                               RunnerPolicy(retries=0, timeout_s=MEMBER_TIMEOUT_S))
     start = time.monotonic()
     runner.run()
     wall = time.monotonic() - start

@@ -5,6 +5,7 @@ node, and its outcome read back by an orchestrator that may have restarted in be
 """
 from __future__ import annotations
 
+import copy
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -32,7 +33,12 @@ class MemberSpec:
     attempt: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """A plain, independent copy. Not ``asdict``: its per-element deep copy of the 380 params costs
+        ~2 ms per spec, a visible part of submitting a population of 180."""
+        data = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        data["params"] = list(self.params)
+        data["inner"] = copy.deepcopy(self.inner)
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "MemberSpec":

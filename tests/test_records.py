@@ -66,6 +66,17 @@ def test_member_spec_requires_the_contract_keys():
         MemberSpec.from_dict({"run_id": "r", "generation": 0, "index": 0, "seed": 0, "work_dir": "/w"})
 
 
+def test_member_spec_dict_is_an_independent_copy():
+    """A submitted spec dict must not change when the orchestrator later edits its spec (retries, attempts)."""
+    spec = MemberSpec(run_id="r", generation=0, index=0, seed=0, params=[0.5] * 380, work_dir="/w",
+                      inner={"options": {"lr": [1e-5]}})
+    data = spec.to_dict()
+    spec.params[0] = 9.0
+    spec.inner["options"]["lr"].append(2e-5)
+    assert data["params"][0] == 0.5 and data["inner"] == {"options": {"lr": [1e-5]}}
+    assert sorted(data) == sorted(MemberSpec.__dataclass_fields__)
+
+
 def test_checksummed_file_detects_corruption_and_missing_sidecar(tmp_path):
     path = write_with_checksum(tmp_path / "state.pt", b"payload")
     assert read_with_checksum(path) == b"payload"
