@@ -9,14 +9,15 @@ with ``squeue``, asking for the same resources (the launcher's time limit and CP
 - ``launcher``: SlurmLauncher + MemberArrayRunner with the shipped defaults (``launcher.use_srun=false``);
 - ``launcher-srun``: the same with ``launcher.use_srun=true`` (each member a job step under srun).
 
-Per side: wall, the slowest member's own time, overhead (wall minus the ideal ``waves x S``, where waves =
-population / advertised CPUs rounded up), scheduler queries (sacct + squeue) counted by PATH shims around the
+Per side: wall, the slowest member's own time, wall minus it (``-slowest``: the per-generation overhead with
+several waves' queueing in it), overhead (wall minus the ideal ``waves x S``, where waves = population /
+advertised CPUs rounded up), scheduler queries (sacct + squeue) counted by PATH shims around the
 SLURM clients (submitit's own calls included) and per 10 s, and the CPU seconds the whole machine spent per
 member (from /proc/stat, so slurmd/slurmstepd and the members' interpreters count) and the CPU seconds of the
 orchestrating process itself (this process with its SLURM client calls). Ratios of every side's wall
 to both bare walls close the table.
 
-    .venv/bin/python bench/bench_slurm_scale.py --population 180 --sleep 10
+    .venv/bin/python bench/bench_slurm_scale.py --population 180 --sleep 10 [--repeats 3]
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ import math
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -172,12 +174,13 @@ def print_table(results: list[SideResult], population: int, sleep_s: float, cpus
     logging.info("population %d x sleep %g s on a cluster advertising %d CPUs (%d real cores, MaxArraySize %s): "
                  "%d wave(s), ideal wall %g s", population, sleep_s, cpus, os.cpu_count(),
                  cluster_setting("MaxArraySize"), waves, ideal)
-    header = (f"{'side':14s}{'wall s':>8s}{'slowest':>9s}{'overhead':>10s}{'/wave':>7s}{'sacct':>7s}"
+    header = (f"{'side':14s}{'wall s':>8s}{'slowest':>9s}{'-slowest':>9s}{'overhead':>10s}{'/wave':>7s}{'sacct':>7s}"
               f"{'squeue':>7s}{'sbatch':>7s}{'srun':>6s}{'q/10s':>7s}{'cpu/member':>12s}{'orchestrator cpu':>18s}")
     lines = [header]
     for r in results:
         overhead = r.wall_s - ideal
-        lines.append(f"{r.name:14s}{r.wall_s:8.1f}{r.slowest_s:9.1f}{overhead:10.1f}{overhead / waves:7.2f}"
+        lines.append(f"{r.name:14s}{r.wall_s:8.1f}{r.slowest_s:9.1f}{r.wall_s - r.slowest_s:9.1f}"
+                     f"{overhead:10.1f}{overhead / waves:7.2f}"
                      f"{r.calls['sacct']:7d}{r.calls['squeue']:7d}{r.calls['sbatch']:7d}{r.calls['srun']:6d}"
                      f"{10 * r.queries / r.wall_s:7.2f}{r.cpu_s / population:12.3f}{r.own_cpu_s:18.1f}")
     by_name = {r.name: r for r in results}
@@ -188,12 +191,33 @@ def print_table(results: list[SideResult], population: int, sleep_s: float, cpus
     logging.info("\n%s", "\n".join(lines))
 
 
+def print_medians(rounds: list[list[SideResult]]) -> None:
+    """Median wall per side and median of each round's wall ratios: one round on 2 shared cores varies by
+    several percent, more than the differences this benchmark is after."""
+    lines = [f"over {len(rounds)} rounds (median; min-max):"]
+    names = [r.name for r in rounds[0]]
+    for i, name in enumerate(names):
+        walls = [rnd[i].wall_s for rnd in rounds]
+        lines.append(f"  {name:14s} wall {statistics.median(walls):7.1f} s ({min(walls):.1f}-{max(walls):.1f})")
+    for base in ("bare-sleep", "bare-member"):
+        if base not in names:
+            continue
+        b = names.index(base)
+        for i, name in enumerate(names):
+            if i != b:
+                ratios = [rnd[i].wall_s / rnd[b].wall_s for rnd in rounds]
+                lines.append(f"  {name} / {base}: {statistics.median(ratios):.3f} "
+                             f"({min(ratios):.3f}-{max(ratios):.3f})")
+    logging.info("\n%s", "\n".join(lines))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--population", type=int, default=180)
     parser.add_argument("--sleep", type=float, default=10.0)
     parser.add_argument("--bare-poll", type=float, default=1.0, help="squeue interval of the bare baselines (s)")
     parser.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated subset of {','.join(SIDES)}")
+    parser.add_argument("--repeats", type=int, default=1, help="rounds of all sides (order rotated each round)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     for noisy in ("launch", "submitit"):
@@ -202,24 +226,33 @@ def main() -> None:
     unknown = sorted(set(sides) - set(SIDES))
     if unknown:
         raise SystemExit(f"--sides: unknown side(s) {unknown}; choose from {', '.join(SIDES)}")
+    if args.repeats < 1:
+        raise SystemExit(f"--repeats must be >= 1, got {args.repeats}")
 
     reals = real_commands()
     cpus = int(subprocess.run(["sinfo", "-h", "-o", "%c"], capture_output=True, text=True, check=True).stdout.split()[0])
-    results = []
+    rounds: list[list[SideResult]] = []
     with tempfile.TemporaryDirectory(prefix="bench_slurm_") as tmp:
         tmp_path = Path(tmp)
         shims = tmp_path / "shims"
         os.environ["PATH"] = f"{shims}:{os.environ['PATH']}"
-        for name in sides:
-            log = tmp_path / f"{name}.calls"
-            install_shims(shims, log, reals)
-            cpu_before, own_before = busy_cpu_s(), own_cpu_s()
-            wall, slowest = run_side(name, args.population, args.sleep, tmp_path / name, args.bare_poll)
-            results.append(SideResult(name, wall, slowest, count_calls(log), busy_cpu_s() - cpu_before,
-                                      own_cpu_s() - own_before))
-            logging.info("%s: %.1f s", name, wall)
-    print_table(results, args.population, args.sleep, cpus)
-
+        for repeat in range(args.repeats):
+            # rotate the order each round, so no side always runs first on a freshly idle cluster
+            order = sides[repeat % len(sides):] + sides[:repeat % len(sides)]
+            results = {}
+            for name in order:
+                log = tmp_path / f"{name}-{repeat}.calls"
+                install_shims(shims, log, reals)
+                cpu_before, own_before = busy_cpu_s(), own_cpu_s()
+                wall, slowest = run_side(name, args.population, args.sleep, tmp_path / f"{name}-{repeat}",
+                                         args.bare_poll)
+                results[name] = SideResult(name, wall, slowest, count_calls(log), busy_cpu_s() - cpu_before,
+                                           own_cpu_s() - own_before)
+                logging.info("round %d, %s: %.1f s", repeat + 1, name, wall)
+            rounds.append([results[name] for name in sides])
+            print_table(rounds[-1], args.population, args.sleep, cpus)
+    if len(rounds) > 1:
+        print_medians(rounds)
 
 if __name__ == "__main__":
     main()
