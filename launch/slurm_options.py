@@ -84,6 +84,14 @@ class SlurmOptions:
             raise bad("setup", self.setup, "use a list of shell lines, e.g. ['module load cuda']")
         if not isinstance(self.job_name, str) or not self.job_name.strip():
             raise bad("job_name", self.job_name, "use a non-empty string")
+        if self.python is not None and (not isinstance(self.python, str) or not self.python.strip()):
+            raise bad("python", self.python, "use a command that starts python, or null for this interpreter")
+        if self.python is not None and not self.use_srun and (
+            "=" in self.python.split()[0] or any(op in self.python for op in ("&&", "||", ";", "|"))
+        ):
+            raise bad("python", self.python,
+                      "with use_srun=false it is exec'ed in place of the batch shell, so it must be one command "
+                      "(put environment and module lines in launcher.setup)")
         if self.time_min is not None and self.signal_delay_s >= self.time_min * 60:
             raise bad("signal_delay_s", self.signal_delay_s,
                       f"the requeue signal must come before the time limit (time_min={self.time_min} min)")

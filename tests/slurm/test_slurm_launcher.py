@@ -60,6 +60,13 @@ def test_without_srun_the_requeue_signal_goes_to_the_batch_shell_that_python_rep
     assert srun.python_command("/venv/bin/python") == "/venv/bin/python"
     own_signal = SlurmOptions.from_options({"sbatch_extra": {"signal": "B:USR1@300"}})
     assert own_signal.sbatch_parameters(timeout_s=600)["additional_parameters"] == {"signal": "B:USR1@300"}
+    # exec'ed in place of the shell, so a compound command is refused up front, naming the key and the fix
+    with pytest.raises(ValueError, match="launcher.python=.*launcher.setup"):
+        SlurmOptions.from_options({"python": "module load py && python"})
+    with pytest.raises(ValueError, match="launcher.python"):
+        SlurmOptions.from_options({"python": "OMP_NUM_THREADS=1 python"})
+    assert SlurmOptions.from_options({"python": "apptainer exec img.sif python"}).python_command("x") == \
+        "exec apptainer exec img.sif python"
 
 
 def test_generation_split_into_arrays_runs_end_to_end_with_few_queries(
