@@ -1,6 +1,6 @@
 """`python -m inner_loop.run [overrides]`: one GBMPO / NM-GRPO training run from conf/inner.yaml.
 
-    python -m inner_loop.run divergence=neural_mirror divergence.init=best_mirror.pt
+    python -m inner_loop.run divergence=neural_mirror divergence.init=best_mirror.safetensors
     python -m inner_loop.run divergence=kl train.steps=100 work_dir=outputs/kl_seed1 seed=1
 
 Re-running with the same work_dir returns the finished result or resumes the partial run. A configuration

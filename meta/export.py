@@ -18,11 +18,11 @@ from results.store import RunStore
 logger = logging.getLogger("meta.export")
 
 WHICH = ("center", "best_member")
-USAGE = "usage: python -m meta.export run_dir=<run dir> [which=center|best_member] [out=best_mirror.pt]"
+USAGE = "usage: python -m meta.export run_dir=<run dir> [which=center|best_member] [out=best_mirror.safetensors]"
 
 
 def parse_args(argv: Sequence[str]) -> dict[str, str]:
-    args = {"which": "best_member", "out": "best_mirror.pt"}
+    args = {"which": "best_member", "out": "best_mirror.safetensors"}
     for item in argv:
         key, sep, value = item.partition("=")
         if not sep or key not in ("run_dir", "which", "out"):

@@ -157,7 +157,7 @@ def run(argv: Sequence[str]) -> int:
         best = summary.best
         logger.info(
             "search finished after %d generation(s); best fitness %s; export with "
-            "`python -m meta.export run_dir=%s which=best_member out=best_mirror.pt`",
+            "`python -m meta.export run_dir=%s which=best_member out=best_mirror.safetensors`",
             summary.generations_done, f"{best['fitness']:.4f}" if best else "n/a", store.root,
         )
         return 0

@@ -7,8 +7,10 @@ from itertools import combinations
 from pathlib import Path
 
 import pytest
+import safetensors.torch
 import torch
 import yaml
+from safetensors import safe_open
 
 from inner_loop.config import InnerConfig
 from inner_loop.evaluate import pass_at_k
@@ -80,9 +82,9 @@ def test_missing_data_file_fails_in_prepare(tmp_path):
 def test_init_file_of_wrong_shape_is_rejected_before_training(tmp_path):
     bad = tmp_path / "bad.pt"
     save_init(tmp_path / "good.pt", NeuralMirrorMap.random_init(1))
-    content = torch.load(tmp_path / "good.pt", weights_only=True)
-    content["vector"] = torch.zeros(12)
-    torch.save(content, bad)
+    with safe_open(str(tmp_path / "good.pt"), framework="pt") as handle:
+        header = handle.metadata()
+    bad.write_bytes(safetensors.torch.save({"vector": torch.zeros(12, dtype=torch.float64)}, header))
     spec = {"run_id": "r", "generation": 0, "index": 0, "seed": 0, "params": [], "work_dir": str(tmp_path / "m"),
             "inner": _with("divergence", "init", str(bad))}
     with pytest.raises(ValueError, match="380"):
