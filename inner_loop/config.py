@@ -102,9 +102,13 @@ class ModelConfig:
     num_heads: int = 4
     intermediate_size: int = 128
     max_position_embeddings: int = 256
-    # supervised format warm-up of the tiny model on task demonstrations (0 steps = none)
-    warmup_steps: int = 0
-    warmup_lr: float = 3e-3
+    # supervised format warm-up of the tiny model on task demonstrations, run until greedy pass@1 on a probe held
+    # out of the training split enters warmup_band (checked every warmup_check_every steps); 0 max steps = none
+    warmup_max_steps: int = 0
+    warmup_band: list[float] = field(default_factory=lambda: [0.45, 0.55])
+    warmup_check_every: int = 25
+    warmup_probe_size: int = 400
+    warmup_lr: float = 1e-3
     warmup_batch_size: int = 64
     # LoRA (r = 0: full fine-tuning)
     lora_r: int = 0
@@ -128,8 +132,22 @@ class ModelConfig:
                 raise ValueError(f"model.{key} must be >= 1, got {getattr(self, key)}")
         if self.hidden_size % self.num_heads:
             raise ValueError(f"model.hidden_size ({self.hidden_size}) must be divisible by model.num_heads")
-        if self.warmup_steps < 0 or self.lora_r < 0:
-            raise ValueError("model.warmup_steps and model.lora_r must be >= 0")
+        if self.warmup_max_steps < 0 or self.lora_r < 0:
+            raise ValueError("model.warmup_max_steps and model.lora_r must be >= 0")
+        if self.warmup_max_steps:
+            self._validate_warmup()
+
+    def _validate_warmup(self) -> None:
+        band = self.warmup_band
+        if not (len(band) == 2 and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in band)
+                and 0.0 <= band[0] <= band[1] <= 1.0):
+            raise ValueError(f"model.warmup_band={band!r} must be [low, high] with 0 <= low <= high <= 1 "
+                             "(greedy pass@1 on the warm-up probe at which the warm-up stops)")
+        for key in ("warmup_check_every", "warmup_probe_size", "warmup_batch_size"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"model.{key} must be >= 1, got {getattr(self, key)}")
+        if self.warmup_lr <= 0:
+            raise ValueError(f"model.warmup_lr must be > 0, got {self.warmup_lr}")
 
 
 @dataclass

@@ -81,8 +81,10 @@ def generate(model, tokenizer, prompts: Sequence[str], max_new_tokens: int, batc
 
 def evaluate(model, tokenizer, task: Task, problems: Sequence[Problem], max_new_tokens: int, batch_size: int = 64,
              chat_template: bool = False, pass_k: Sequence[int] = (), pass_k_samples: int = 0,
-             temperature: float = 1.0, top_p: float = 1.0) -> EvalResult:
-    """Greedy pass@1 over ``problems`` (one sample each); pass@k from ``pass_k_samples`` sampled completions."""
+             temperature: float = 1.0, top_p: float = 1.0, log: bool = True) -> EvalResult:
+    """Greedy pass@1 over ``problems`` (one sample each); pass@k from ``pass_k_samples`` sampled completions.
+
+    ``log=False`` keeps frequent internal checks (the warm-up's probe) out of the log."""
     if not problems:
         raise ValueError(f"task {task.name!r}: the validation split is empty; raise its validation size")
     prompts = [p.prompt for p in problems]
@@ -102,6 +104,7 @@ def evaluate(model, tokenizer, task: Task, problems: Sequence[Problem], max_new_
         correct = [sum(ok[i * pass_k_samples : (i + 1) * pass_k_samples]) for i in range(len(problems))]
         for k in pass_k:
             result.pass_at_k[k] = sum(pass_at_k(pass_k_samples, c, k) for c in correct) / len(problems)
-    logger.info("validation: pass@1 %.4f on %d problems, mean response %.1f tokens", result.pass_at_1,
-                result.size, result.mean_response_tokens)
+    if log:
+        logger.info("validation: pass@1 %.4f on %d problems, mean response %.1f tokens", result.pass_at_1,
+                    result.size, result.mean_response_tokens)
     return result

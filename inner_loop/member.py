@@ -88,8 +88,9 @@ def _build_trainer(run: PreparedRun, work_dir: Path, seed: int) -> MirrorGRPOTra
 
     cfg, tcfg = run.cfg, run.cfg.train
     base = resolve_model_dir(cfg.model)
-    if cfg.model.warmup_steps:
-        base = warmed_model_dir(cfg.model, base, run.task, cfg.task)
+    if cfg.model.warmup_max_steps:
+        base = warmed_model_dir(cfg.model, base, run.task, cfg.task,
+                                probe_max_new_tokens=tcfg.val_max_new_tokens or tcfg.max_completion_length)
     model, tokenizer = load_policy(cfg.model, base)
     prompts = [format_prompt(tokenizer, p.prompt, cfg.model.chat_template) for p in run.train]
     dataset = Dataset.from_dict({"prompt": prompts, "problem_index": list(range(len(run.train)))})

@@ -29,6 +29,8 @@ SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
 TINY_CHARS = tuple(chr(c) for c in range(32, 127)) + ("\n", "\t")
 QWEN3_1_7B = "Qwen/Qwen3-1.7B"
 _TINY_ARCH_KEYS = ("hidden_size", "num_layers", "num_heads", "intermediate_size", "max_position_embeddings", "seed")
+#: Part of the tiny model's cache key: bump when the way it is built changes (2: CPU-independent float64 init).
+TINY_BUILD_VERSION = 2
 
 
 def cache_root() -> Path:
@@ -117,20 +119,36 @@ def build_tiny_model(cfg: ModelConfig, vocab_size: int, tokenizer) -> torch.nn.M
         tie_word_embeddings=True,
     )
     generator_state = torch.random.get_rng_state()
-    torch.manual_seed(cfg.seed)
     try:
         model = LlamaForCausalLM(config)
     finally:
         torch.random.set_rng_state(generator_state)
+    _initialise_independent_of_cpu(model, config.initializer_range, tokenizer.pad_token_id, cfg.seed)
     model.generation_config = GenerationConfig(
         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id
     )
     return model
 
 
+def _initialise_independent_of_cpu(model: torch.nn.Module, std: float, pad_id: int, seed: int) -> None:
+    """Re-draw every weight matrix from N(0, std^2) in float64 and round to the model's dtype.
+
+    torch's float32 ``normal_`` uses a vectorised kernel on AVX2/AVX-512 CPUs and a scalar one otherwise, so
+    the same seed gave different tiny models on different machines; float64 draws take one code path everywhere.
+    Norm weights keep their init (ones); the padding row of the embedding is zero, as in transformers' own init.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _name, param in model.named_parameters():
+            if param.dim() >= 2:
+                draw = torch.randn(param.shape, generator=generator, dtype=torch.float64) * std
+                param.copy_(draw.to(param.dtype))
+        model.get_input_embeddings().weight[pad_id].zero_()
+
+
 def tiny_model_dir(cfg: ModelConfig, root: Path | None = None) -> Path:
     """The cached directory of the (un-warmed) tiny model for this architecture and seed, built on first use."""
-    arch = {k: getattr(cfg, k) for k in _TINY_ARCH_KEYS}
+    arch = {k: getattr(cfg, k) for k in _TINY_ARCH_KEYS} | {"build_version": TINY_BUILD_VERSION}
     final = (root or cache_root()) / "models" / f"tiny-{config_digest(arch)}"
 
     def build(tmp: Path) -> None:

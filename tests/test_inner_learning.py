@@ -16,7 +16,7 @@ import yaml
 from inner_loop.evaluate import evaluate
 from inner_loop.member import prepare, train_member
 from inner_loop.models import load_policy, resolve_model_dir
-from inner_loop.warmup import warmed_model_dir
+from inner_loop.warmup import read_warmup_outcome, warmed_model_dir
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 #: Measured gains are +0.145..0.17 on 200 validation problems; +0.08 leaves room for platform float noise while
@@ -42,7 +42,12 @@ def step0_pass_at_1(tmp_path_factory) -> float:
     torch.set_num_threads(1)
     try:
         run = prepare(_default_inner("kl"), seed=0)
-        warmed = warmed_model_dir(run.cfg.model, resolve_model_dir(run.cfg.model), run.task, run.cfg.task)
+        tcfg = run.cfg.train
+        warmed = warmed_model_dir(run.cfg.model, resolve_model_dir(run.cfg.model), run.task, run.cfg.task,
+                                  probe_max_new_tokens=tcfg.val_max_new_tokens or tcfg.max_completion_length)
+        outcome = read_warmup_outcome(warmed)
+        low, high = run.cfg.model.warmup_band
+        assert outcome is not None and low <= outcome.probe_pass_at_1 <= high, outcome
         model, tokenizer = load_policy(run.cfg.model, warmed)
         result = evaluate(model, tokenizer, run.task, run.validation,
                           max_new_tokens=run.cfg.train.max_completion_length)
