@@ -102,7 +102,18 @@ class SandboxConfig:
         return self.sandbox_uid if drops_privileges() else os.geteuid()
 
     def worker_count(self) -> int:
-        return self.workers or max(4, 2 * (os.cpu_count() or 1))
+        """Two workers per CPU this process may run on: the SLURM allocation or cgroup, not the whole node (a
+        1-CPU member on a 128-core node would otherwise run 256 programs on one core, and its wall-clock
+        limits would turn load into failed tests and a lower fitness)."""
+        return self.workers or max(4, 2 * usable_cpus())
+
+
+def usable_cpus() -> int:
+    """CPUs this process may be scheduled on (its affinity mask), falling back to os.cpu_count()."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def _validate_item(program: object, tests: object, timeout_s: object) -> None:

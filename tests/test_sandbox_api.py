@@ -108,3 +108,18 @@ def test_isolated_pool_is_used_here():
     pool = SandboxPool(SandboxConfig(require_isolation=True, workers=1))
     assert pool.isolated
     pool.close()
+
+
+def test_worker_count_follows_the_cpus_this_process_may_use_not_the_node(monkeypatch):
+    """Under SLURM a member gets a few CPUs of a big node; the sandbox sizes its pool from the affinity mask."""
+    import os
+
+    from inner_loop.sandbox import SandboxConfig
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 128)  # a big node
+    before = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {sorted(before)[0]})
+        assert SandboxConfig().worker_count() == 4  # max(4, 2 x 1 CPU)
+    finally:
+        os.sched_setaffinity(0, before)
