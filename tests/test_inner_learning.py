@@ -19,8 +19,8 @@ from inner_loop.models import load_policy, resolve_model_dir
 from inner_loop.warmup import read_warmup_outcome, warmed_model_dir
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
-#: Measured gains are +0.145..0.17 on 200 validation problems; +0.08 leaves room for platform float noise while
-#: still failing when RL does nothing (or drifts down, as it did before these defaults).
+#: Measured gains from the band-warmed model: +0.10..+0.225 for kl and neural_mirror under default, avx2 and avx512
+#: kernels (docs/benchmarks.md); +0.08 still fails when RL does nothing (or drifts down).
 MIN_GAIN = 0.08
 #: Trust-region hosts: how far below step-0 a run may end and still count as "did not break training".
 NO_COLLAPSE_MARGIN = 0.05
