@@ -14,7 +14,7 @@ import yaml
 import inner_loop.warmup as warmup
 from inner_loop.config import InnerConfig, ModelConfig
 from inner_loop.evaluate import EvalResult
-from inner_loop.models import build_tiny_tokenizer, load_policy, tiny_model_dir
+from inner_loop.models import load_policy, tiny_model_dir
 from inner_loop.tasks import build_task
 from inner_loop.warmup import (WarmupTargetError, read_warmup_outcome, split_probe, warm_up_to_band,
                                warmed_model_dir, warmup_key)
