@@ -23,9 +23,10 @@ apt_install() {
 }
 apt_install bubblewrap
 
-if [ ! -x "$VENV/bin/python" ]; then
+# A venv whose creation was interrupted has a python but no pip: build it again rather than fail later.
+if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
     echo "setup: creating $VENV" >&2
-    "$PY" -m venv "$VENV"
+    "$PY" -m venv --clear "$VENV"
 fi
 STAMP="$VENV/.mirror-es-stamp"
 WANT=$(sha256sum pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
