@@ -118,3 +118,49 @@ def test_initial_centres():
     assert torch.equal(initial_center("uniform", 0), uniform)
     with pytest.raises(ValueError, match="init='nope'"):
         initial_center("nope", 0)
+
+
+def _cmaes_state_after(generations: int, cfg: dict) -> dict:
+    half, _ = _run(cfg, generations)
+    buffer = io.BytesIO()
+    torch.save(half.state_dict(), buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
+
+
+def _perturb_cma_ask(monkeypatch, relative: float) -> None:
+    """cma's ask as another CPU's numpy/BLAS kernels would answer it: the same draw, different last bits."""
+    import cma
+    import numpy as np
+
+    original = cma.CMAEvolutionStrategy.ask
+
+    def ask(self, *args, **kwargs):
+        draws = original(self, *args, **kwargs)
+        rng = np.random.default_rng(len(draws))
+        return [x * (1.0 + relative * rng.standard_normal(x.shape)) for x in draws]
+
+    monkeypatch.setattr(cma.CMAEvolutionStrategy, "ask", ask)
+
+
+def test_cmaes_resumes_on_a_cpu_whose_kernels_round_differently(monkeypatch):
+    """A search started on one kind of node resumes on another: the replay's last-bit differences are absorbed
+    (the stored populations are told), and the resumed search continues exactly as the uninterrupted one."""
+    cfg = {"name": "cmaes", "diagonal": False}
+    reference, ref_history = _run(cfg, 5)
+    state = _cmaes_state_after(3, cfg)
+    restored = build_searcher(cfg, initial_center("uniform", 0), POP, 0)
+    with monkeypatch.context() as patch:
+        _perturb_cma_ask(patch, 1e-15)
+        restored.load_state_dict(state)
+    resumed, resumed_history = _run(cfg, 5, start=restored, until=3)
+    assert all(torch.equal(a, b) for a, b in zip(ref_history[3:], resumed_history))
+    assert torch.equal(resumed.center, reference.center)
+
+
+def test_cmaes_refuses_a_replay_that_is_another_algorithm(monkeypatch):
+    state = _cmaes_state_after(2, {"name": "cmaes", "diagonal": False})
+    restored = build_searcher({"name": "cmaes", "diagonal": False}, initial_center("uniform", 0), POP, 0)
+    _perturb_cma_ask(monkeypatch, 1e-3)
+    with pytest.raises(ValueError, match="cma package's algorithm changed"):
+        restored.load_state_dict(state)

@@ -1,13 +1,21 @@
 """CMA-ES through the ``cma`` package's ask/tell.
 
 cma's objects are not safely serialisable without pickle, so the state stored is what is needed to rebuild
-one: the centre init, and every told generation's fitness. Rebuilding replays ask (numpy RNG seeded from
-(seed, generation), exactly as the first time) and tell, so a resumed search is bit-identical to an
-uninterrupted one; a digest of each replayed population guards against a changed cma version.
+one: the centre init, and every told generation's population and fitness. Rebuilding replays ask (numpy RNG
+seeded from (seed, generation), exactly as the first time) to advance cma's internal state, then tells the
+STORED population, so on the same machine a resumed search is bit-identical to an uninterrupted one.
+
+Why the stored population and a tolerance, not a digest of the replay: cma's ask and tell run through
+numpy/BLAS kernels that differ between CPUs (AVX2 vs AVX-512, Intel vs AMD), so a search started on one node
+and resumed on another replays populations that differ in the last bits. Telling those would silently change
+the search, and refusing them (a digest) would strand a multi-day search on one kind of node. A replayed
+population further from the stored one than ``REPLAY_RTOL`` is a different algorithm (a changed cma version),
+and is refused.
 """
 from __future__ import annotations
 
 import hashlib
+import logging
 from typing import Any, Mapping
 
 import numpy as np
@@ -16,9 +24,22 @@ import torch
 from meta.searchers.base import DTYPE, Searcher
 from meta.seeding import derive_seed, seeded_global_numpy
 
+logger = logging.getLogger(__name__)
+
+
+#: relative distance (Frobenius) between a replayed and a stored population still taken as the same draw:
+#: kernel rounding gives ~1e-15 per generation, a changed algorithm gives O(1)
+REPLAY_RTOL = 1e-6
+
 
 def _digest(values: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(values, dtype=np.float64).tobytes()).hexdigest()
+
+
+def _relative_distance(replayed: np.ndarray, stored: np.ndarray) -> float:
+    if replayed.shape != stored.shape:
+        return float("inf")
+    return float(np.linalg.norm(replayed - stored) / max(np.linalg.norm(stored), 1e-300))
 
 
 class CMAESSearcher(Searcher):
@@ -38,6 +59,7 @@ class CMAESSearcher(Searcher):
         self.sigma_init = float(sigma_init)
         self.diagonal = bool(diagonal)
         self.history: list[torch.Tensor] = []
+        self.populations: list[torch.Tensor] = []
         self.digests: list[str] = []
         self._es = self._fresh()
         self._asked: tuple[int, np.ndarray] | None = None
@@ -81,6 +103,7 @@ class CMAESSearcher(Searcher):
             raise ValueError("cmaes.tell: the told population is not the one asked for this generation")
         self._tell_np(generation, asked, fitness.to(DTYPE).numpy())
         self.history.append(fitness.to(DTYPE).clone())
+        self.populations.append(torch.as_tensor(asked.copy(), dtype=DTYPE))
         self.digests.append(_digest(asked))
 
     @property
@@ -91,6 +114,7 @@ class CMAESSearcher(Searcher):
         return {
             "center_init": self.center_init.clone(),
             "fitness_history": [f.clone() for f in self.history],
+            "populations": [p.clone() for p in self.populations],
             "population_digests": list(self.digests),
         }
 
@@ -98,14 +122,34 @@ class CMAESSearcher(Searcher):
         self.center_init = state["center_init"].to(DTYPE).clone()
         self._es = self._fresh()
         self._asked = None
-        self.history, self.digests = [], []
-        for generation, (fitness, digest) in enumerate(zip(state["fitness_history"], state["population_digests"])):
-            values = self._ask_np(generation)
-            if _digest(values) != digest:
-                raise ValueError(
-                    f"cmaes: replaying generation {generation} gave a different population than the original "
-                    "run (was the cma package upgraded?); resume with the cma version the run started with"
-                )
+        self.history, self.populations, self.digests = [], [], []
+        # States written before populations were stored can only be checked bit for bit.
+        stored = state.get("populations") or [None] * len(state["fitness_history"])
+        for generation, (fitness, population, digest) in enumerate(
+            zip(state["fitness_history"], stored, state["population_digests"])
+        ):
+            replayed = self._ask_np(generation)
+            if population is None:
+                if _digest(replayed) != digest:
+                    raise ValueError(
+                        f"cmaes: replaying generation {generation} gave a different population than the original "
+                        "run (another cma version, or another CPU's numeric kernels); this state file predates "
+                        "stored populations, so resume with the cma version and kind of machine it started on"
+                    )
+                values = replayed
+            else:
+                values = population.to(DTYPE).numpy()
+                distance = _relative_distance(replayed, values)
+                if distance > REPLAY_RTOL:
+                    raise ValueError(
+                        f"cmaes: replaying generation {generation} gave a population {distance:.2e} (relative) away "
+                        f"from the stored one (tolerance {REPLAY_RTOL:g}): the cma package's algorithm changed; "
+                        "resume with the cma version the run started with"
+                    )
+                if distance > 0:
+                    logger.info("cmaes: generation %d replayed %.1e (relative) from the stored population "
+                                "(another CPU's kernels); continuing from the stored one", generation, distance)
             self._tell_np(generation, values, fitness.to(DTYPE).numpy())
             self.history.append(fitness.to(DTYPE).clone())
+            self.populations.append(torch.as_tensor(values.copy(), dtype=DTYPE))
             self.digests.append(digest)
