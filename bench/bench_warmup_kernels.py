@@ -1,7 +1,8 @@
 """The embedded default under each of torch's CPU kernel sets: warm-up steps, probe and step-0 validation pass@1,
-and validation pass@1 after the default 60-step RL run (kl and neural_mirror), side by side.
+validation pass@1 after the default 60-step RL run (kl and neural_mirror), and optionally after the trust-region
+hosts' two-pass runs and the embedded search itself (`python -m meta.run`, per generation), side by side.
 
-    .venv/bin/python bench/bench_warmup_kernels.py [--capabilities default avx2 avx512]
+    .venv/bin/python bench/bench_warmup_kernels.py [--capabilities default avx2 avx512] [--hosts] [--search]
 
 Each capability runs in its own process (ATEN_CPU_CAPABILITY is read once, at torch import) with an empty cache.
 """
@@ -28,12 +29,38 @@ def _inner(divergence: str) -> dict:
             "train": load("train", "default")}
 
 
-def measure() -> dict:
+TRUST_REGION_HOSTS = ("kl3_clip", "dppo_tv", "dppo_kl", "spo", "drpo")
+
+
+def _train(inner: dict) -> float:
+    from inner_loop.member import train_member
+
+    with tempfile.TemporaryDirectory() as work:
+        record = train_member({"run_id": "bench", "generation": 0, "index": 0, "seed": 0, "params": [],
+                               "work_dir": work, "inner": inner})
+    if not record.ok:
+        raise RuntimeError(f"bench member failed: {record.error}")
+    return record.fitness
+
+
+def _search() -> list[dict]:
+    """The embedded default search (scripts/main.sh without set-up), in a throw-away run dir: per generation."""
+    import pandas as pd
+
+    with tempfile.TemporaryDirectory() as run_dir:
+        subprocess.run([sys.executable, "-m", "meta.run", f"run_dir={run_dir}/run"], cwd=ROOT, check=True,
+                       capture_output=True, text=True)
+        table = pd.read_parquet(Path(run_dir) / "run" / "tables" / "generations.parquet")
+    return [{"generation": int(r.generation), "mean": float(r.mean_fitness), "best": float(r.best_fitness)}
+            for r in table.itertuples()]
+
+
+def measure(hosts: bool, search: bool) -> dict:
     """One capability, in this process: warm-up outcome, step-0 validation, RL results."""
     import torch
 
     from inner_loop.evaluate import evaluate
-    from inner_loop.member import prepare, train_member
+    from inner_loop.member import prepare
     from inner_loop.models import load_policy, resolve_model_dir
     from inner_loop.warmup import read_warmup_outcome, warmed_model_dir
 
@@ -48,33 +75,53 @@ def measure() -> dict:
            "probe": outcome.probe_pass_at_1,
            "step0": evaluate(model, tokenizer, run.task, run.validation, max_new_tokens=tokens, log=False).pass_at_1}
     for divergence in ("kl", "neural_mirror"):
-        with tempfile.TemporaryDirectory() as work:
-            record = train_member({"run_id": "bench", "generation": 0, "index": 0, "seed": 0, "params": [],
-                                   "work_dir": work, "inner": _inner(divergence)})
-        row[divergence] = record.fitness
+        row[divergence] = _train(_inner(divergence))
+    if hosts:  # as tests/test_inner_learning.py runs them: prob_l2, two optimiser passes per rollout
+        for host in TRUST_REGION_HOSTS:
+            inner = _inner("prob_l2")
+            inner["train"].update(policy_loss=host, num_iterations=2)
+            row[host] = _train(inner)
+    if search:
+        row["search"] = _search()
     return row
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--capabilities", nargs="+", default=["default", "avx2", "avx512"])
+    parser.add_argument("--capabilities", nargs="+", default=None,
+                        help="ATEN_CPU_CAPABILITY values (default: every one this CPU offers)")
+    parser.add_argument("--hosts", action="store_true", help="also the five trust-region hosts (two passes)")
+    parser.add_argument("--search", action="store_true", help="also the embedded search, python -m meta.run")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        sys.stdout.write("RESULT " + json.dumps(measure()) + "\n")
+        sys.stdout.write("RESULT " + json.dumps(measure(args.hosts, args.search)) + "\n")
         return
+    flags = [flag for flag, on in (("--hosts", args.hosts), ("--search", args.search)) if on]
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    from inner_loop.warmup import cpu_capabilities
+
     rows = []
-    for capability in args.capabilities:
+    for capability in args.capabilities or cpu_capabilities():
         with tempfile.TemporaryDirectory() as cache:
             env = {**os.environ, "ATEN_CPU_CAPABILITY": capability, "MIRROR_ES_CACHE": cache}
-            done = subprocess.run([sys.executable, __file__, "--child"], env=env, cwd=ROOT, capture_output=True,
+            done = subprocess.run([sys.executable, __file__, "--child", *flags], env=env, cwd=ROOT, capture_output=True,
                                   text=True, check=True)
         rows.append(json.loads(next(l for l in done.stdout.splitlines() if l.startswith("RESULT "))[7:]))
     logger.info("| kernels | warm-up steps | probe | step-0 val | kl after RL | neural_mirror after RL |")
     for r in rows:
         logger.info("| %s | %d | %.4f | %.3f | %.3f (%+.3f) | %.3f (%+.3f) |", r["kernels"], r["warmup_steps"], r["probe"],
                     r["step0"], r["kl"], r["kl"] - r["step0"], r["neural_mirror"], r["neural_mirror"] - r["step0"])
+    if args.hosts:
+        logger.info("| kernels | step-0 val | %s (prob_l2, 2 passes, after RL) |", " | ".join(TRUST_REGION_HOSTS))
+        for r in rows:
+            cells = " | ".join(f"{r[h]:.3f} ({r[h] - r['step0']:+.3f})" for h in TRUST_REGION_HOSTS)
+            logger.info("| %s | %.3f | %s |", r["kernels"], r["step0"], cells)
+    if args.search:
+        logger.info("| kernels | step-0 val | embedded search: per generation mean / best fitness |")
+        for r in rows:
+            gens = ", ".join(f"gen {g['generation']}: {g['mean']:.3f} / {g['best']:.3f}" for g in r["search"])
+            logger.info("| %s | %.3f | %s |", r["kernels"], r["step0"], gens)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,19 @@ WARMUP_VERSION = 4
 WARMUP_RECORD = "warmup.json"
 
 
+def cpu_capabilities() -> list[str]:
+    """The ``ATEN_CPU_CAPABILITY`` values this CPU can run, lowest first, for comparing verdicts across kernel sets.
+
+    Asked of the CPU, not of the kernels in use (those follow the variable): a value above what the CPU offers
+    is not refused by torch, it kills the process with SIGILL at the first vectorised kernel."""
+    supported = ["default"]
+    if torch.cpu._is_avx2_supported():
+        supported.append("avx2")
+    if torch.cpu._is_avx512_supported():
+        supported.append("avx512")
+    return supported
+
+
 class WarmupTargetError(ValueError):
     """The warm-up hit its step cap without its probe pass@1 entering the configured band."""
 
