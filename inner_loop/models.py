@@ -6,7 +6,6 @@ and renamed into place: concurrent builders race harmlessly (the loser discards 
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
@@ -20,6 +19,7 @@ from typing import Callable
 import torch
 
 from inner_loop.config import ModelConfig
+from launch.file_lock import FileLock
 
 logger = logging.getLogger(__name__)
 
@@ -46,22 +46,26 @@ def config_digest(payload: object) -> str:
 def build_once(final_dir: Path, build: Callable[[Path], None]) -> Path:
     """Create ``final_dir`` by ``build(tmp_dir)`` then an atomic rename; safe when processes race.
 
-    A file lock beside the directory makes concurrent members wait for one builder instead of all spending the
-    same minute of CPU (where locks do not work, e.g. some network file systems, the rename still keeps the
-    result whole: the loser discards its copy). A complete directory is recognised by its ``.complete``
-    marker, written last inside the temp dir, so a crashed builder never leaves a half-built model.
+    A lock file beside the directory (``launch.file_lock``: with or without flock, across hosts) makes
+    concurrent members wait for one builder instead of all spending the same minute of CPU (where even the lock
+    file cannot be created, the rename still keeps the result whole: the loser discards its copy). A complete
+    directory is recognised by its ``.complete`` marker, written last inside the temp dir, so a crashed builder
+    never leaves a half-built model.
     """
     if (final_dir / ".complete").is_file():
         return final_dir
     final_dir.parent.mkdir(parents=True, exist_ok=True)
-    with open(final_dir.parent / f".{final_dir.name}.lock", "a+") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        except OSError:
-            logger.warning("could not lock %s; building without a lock", final_dir)
+    lock = FileLock(final_dir.parent / f".{final_dir.name}.lock", owner="model builder")
+    try:
+        lock.acquire()
+    except OSError as exc:
+        logger.warning("could not lock %s (%s); building without a lock", final_dir, exc)
+    try:
         if (final_dir / ".complete").is_file():
             return final_dir
         _build_and_rename(final_dir, build)
+    finally:
+        lock.release()
     return final_dir
 
 
