@@ -10,7 +10,7 @@ from __future__ import annotations
 import abc
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from results.records import MemberSpec
 
@@ -37,6 +37,11 @@ class JobRef:
         )
 
 
+class SubmissionError(RuntimeError):
+    """The backend could not submit (after its own retries). Jobs of earlier chunks were already handed
+    to the runner, so the run can stop cleanly and a resume re-attaches to them."""
+
+
 class Launcher(abc.ABC):
     """Submits member arrays; subclasses wrap one submitit executor type (or anything else)."""
 
@@ -56,6 +61,22 @@ class Launcher(abc.ABC):
     ) -> list[JobRef]:
         """Submit ``specs`` as ONE array job; returns one JobRef per spec, in order."""
 
+    def submit_chunks(
+        self, entrypoint: str, specs: Sequence[MemberSpec], folder: Path, timeout_s: float,
+        submissions: Sequence[int] | None = None,
+    ) -> Iterator[list[JobRef]]:
+        """Submit ``specs`` and yield the JobRefs of each submitted chunk (in the order of ``specs``) as soon
+        as that chunk is in the queue, so the caller records job ids before the next chunk can fail.
+        ``submissions``: how often each spec's attempt was submitted before (a backend may persist it to
+        recover a chunk whose ids were never recorded). A backend that submits everything at once yields once."""
+        yield self.submit(entrypoint, specs, folder, timeout_s)
+
+    def recover(self, queued: Sequence[tuple[MemberSpec, int]], folder: Path) -> dict[int, JobRef]:
+        """Jobs that an earlier process submitted for ``queued`` (spec, submissions recorded so far) but never
+        recorded (it died between submitting and writing jobs.json), by member index, to re-attach to instead
+        of submitting twice. Backends whose jobs die with the orchestrator find none."""
+        return {}
+
     @abc.abstractmethod
     def is_alive(self, ref: JobRef) -> bool:
         """True while the job is queued or running; False once it ended or cannot be found."""
@@ -65,8 +86,10 @@ class Launcher(abc.ABC):
         return {ref.job_id for ref in refs if self.is_alive(ref)}
 
     def waiting(self, refs: Sequence[JobRef]) -> dict[str, str]:
-        """Job ids among ``refs`` that sit in a scheduler queue without running, each with the scheduler's
-        reason (e.g. a down node); the runner gives up on one that waits longer than its max_pending_s.
+        """Job ids among ``refs`` that sit in a scheduler queue for a reason that means they may never start
+        (a node down for good, a partition down, a constraint no node has), each with the scheduler's
+        reason; the runner gives up on one that waits like that longer than its max_pending_s. Jobs merely
+        waiting their turn (priority, resources, QOS limits) are left out: they are never given up on.
         Answered from what the last liveness check learned (no extra query); backends without a queue
         never wait."""
         return {}

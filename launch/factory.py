@@ -44,8 +44,47 @@ def runner_policy(retries: int, timeout_s: float, launcher_cfg: Mapping[str, Any
         kill_grace_s=float(launcher_cfg.get("kill_grace_s", 30.0)),
         max_lost_resubmits=int(launcher_cfg.get("max_lost_resubmits", 3)),
         max_pending_s=_optional_float(launcher_cfg.get("max_pending_s")),
+        result_grace_s=_result_grace_s(launcher_cfg.get("result_grace_s", 0.0)),
     )
+
+
+def _result_grace_s(value: Any) -> float:
+    """launcher.result_grace_s: seconds >= 0; ValueError naming the key otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ValueError(
+            f"launcher.result_grace_s={value!r} is invalid: use seconds >= 0 (0 on a local filesystem, "
+            "~60-90 on NFS, where a file written on another node can stay invisible for up to ~60 s)"
+        )
+    return float(value)
 
 
 def _optional_float(value: Any) -> float | None:
     return None if value is None else float(value)
+
+
+def job_namespace(cfg: Mapping[str, Any]) -> str:
+    """Where this launcher's job ids mean something: the SLURM cluster's ClusterName (one ``scontrol show
+    config`` call), or this host's name for launchers whose job ids are local process ids.
+
+    A run records it, and a resume elsewhere is refused: a local pid looked up in sacct (or a SLURM id looked
+    up on another cluster) would be someone else's job. ValueError when the cluster cannot be asked."""
+    import platform
+    import re
+
+    cls = launcher_class(cfg)
+    from launch.slurm import SlurmLauncher
+
+    if not issubclass(cls, SlurmLauncher):
+        return platform.node()
+    from launch.slurm_queries import SlurmQueries, SlurmQueryError
+
+    try:
+        text = SlurmQueries(float(cfg.get("command_timeout_s", 60.0))).run(["scontrol", "show", "config"])
+    except SlurmQueryError as exc:
+        raise ValueError(
+            f"launcher=slurm: cannot ask the cluster its name ({exc}); is this a SLURM login node?"
+        ) from None
+    match = re.search(r"^ClusterName\s*=\s*(\S+)", text, re.MULTILINE)
+    if match is None:
+        raise ValueError("launcher=slurm: `scontrol show config` reports no ClusterName")
+    return match.group(1)

@@ -5,25 +5,40 @@ process or by an orchestrator that was killed: a member with a final result.json
 that is still alive is waited for, and only a job that ended without a result is resubmitted.
 Retries archive the previous attempt's record as ``result.attempt<k>.json``; the number of archived records
 IS the attempt counter, so the count survives restarts without any extra state.
+
+A result.json is never overwritten from here. On a shared filesystem a file another node just created can
+look absent for a while (NFS negative-lookup cache, up to ~60 s), so a job that ended without a visible result
+is looked at again after ``result_grace_s`` (re-listing its directory first) before it counts as lost or
+failed, and every record the orchestrator writes itself (timeout, failed, cancelled) is created only if no
+result.json exists at that instant (hard link of a finished temp file, which the file server refuses when the
+name exists); otherwise the member's own record is read and used.
+The hard time limit counts running time only, from the member's ledger (launch/member.py), and is never
+applied to a job the scheduler reports as queued (e.g. requeued and waiting for a node).
 """
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import logging
 import os
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from launch.base import JobRef, Launcher
-from launch.member import STARTED_FILE
-from results.records import RESULT_FILE, MemberSpec, ResultRecord, read_result, write_result
+from launch.member import RunLedger, read_ledger
+from results.records import RESULT_FILE, MemberSpec, ResultRecord, read_result
 
 logger = logging.getLogger(__name__)
 
 ARCHIVE_PATTERN = "result.attempt{}.json"
+#: reading an existing result.json that the file server says is there (our create was refused) is retried
+#: this many times, this far apart, before it counts as unreadable
+EXISTING_READ_TRIES = 10
+EXISTING_READ_PAUSE_S = 0.5
 
 
 @dataclass
@@ -38,6 +53,10 @@ class RunnerPolicy:
     #: give up on a job that waits this long in the scheduler's queue without running (a node down for
     #: good); None: no limit (backends without a queue)
     max_pending_s: float | None = None
+    #: a job that ended without a visible result.json is looked at again this long after (re-listing its
+    #: directory) before it counts as lost or failed: a shared filesystem may hide a file another node just
+    #: wrote (NFS: up to ~60 s); 0 on a local filesystem
+    result_grace_s: float = 0.0
 
 
 @dataclass
@@ -88,6 +107,8 @@ class MemberArrayRunner:
         self.in_flight: dict[int, JobRef] = {}
         self.queue: list[tuple[MemberSpec, int]] = []  # (spec with attempt, submissions so far)
         self.waiting_since: dict[int, tuple[str, float]] = {}  # index -> (job id, monotonic time first seen queued)
+        self.ended_at: dict[int, float] = {}  # index -> monotonic time its job was first seen ended, no result
+        self.queued_seen: dict[int, tuple[str, float]] = {}  # index -> (job id, wall time last seen queued)
 
     # ------------------------------------------------------------------ main
     def run(self) -> dict[int, ResultRecord]:
@@ -100,15 +121,20 @@ class MemberArrayRunner:
             self.launcher.progress()
             alive = self.launcher.alive(list(self.in_flight.values()))
             scan = time.monotonic() - last_scan >= self.policy.result_scan_interval_s
+            queued: Mapping[str, str] = {}
             if scan:
                 last_scan = time.monotonic()
+                queued = self.launcher.waiting([ref for ref in self.in_flight.values() if ref.job_id in alive])
             for index, ref in list(self.in_flight.items()):
-                self._poll(index, ref, ref.job_id in alive, scan)
+                self._poll(index, ref, ref.job_id in alive, scan, ref.job_id in queued)
             self._enforce_queue_limit()
             self._check_abort()
             self._submit_queue()
-            if self.in_flight and self.launcher.poll_interval_s > 0:
-                time.sleep(self.launcher.poll_interval_s)
+            pause = self.launcher.poll_interval_s
+            if self.in_flight and len(self.ended_at) == len(self.in_flight):
+                pause = max(pause, min(0.5, self.policy.result_scan_interval_s))  # all in their result grace
+            if self.in_flight and pause > 0:
+                time.sleep(pause)
         return dict(sorted(self.final.items()))
 
     # ------------------------------------------------------------- restarts
@@ -126,48 +152,101 @@ class MemberArrayRunner:
         if ref is not None and ref.attempt == spec.attempt:
             if self.launcher.is_alive(ref):
                 logger.info("gen %d member %03d: re-attached to job %s", spec.generation, spec.index, ref.job_id)
-                self.in_flight[spec.index] = ref
-            else:
-                self._job_ended_without_result(spec, ref)
+            # An ended job is polled like any other: its result may not be visible yet (see result_grace_s).
+            self.in_flight[spec.index] = ref
             return
         self.queue.append((spec, 0))
 
     # --------------------------------------------------------------- polling
-    def _poll(self, index: int, ref: JobRef, alive: bool, scan: bool) -> None:
+    def _poll(self, index: int, ref: JobRef, alive: bool, scan: bool, queued: bool = False) -> None:
         """A dead job's result is read at once; live jobs' result files are only scanned every few seconds
         (a member can finish before its process exits), which keeps polling cheap for large arrays."""
         if alive and not scan:
             return
+        if not alive and index in self.ended_at and not scan:
+            return  # in its result grace period: re-read at the scan rate
         spec = self.specs[index]
         record = read_result(spec.work_dir)
         if record is None and alive:
-            self._enforce_wall_limit(spec, ref)
+            self.ended_at.pop(index, None)  # a job SLURM requeued after a node failure is alive again
+            self._enforce_wall_limit(spec, ref, queued)
             return
+        if record is None:
+            record = self._recheck_ended(spec, ref)
+            if record is None and index in self.ended_at:
+                return
+        self.ended_at.pop(index, None)
         del self.in_flight[index]
         if record is None:
             self._job_ended_without_result(spec, ref)
             return
         self._settle(spec, record)
 
-    def _enforce_wall_limit(self, spec: MemberSpec, ref: JobRef) -> None:
-        """Hard limit for members whose in-process alarm could not fire (hung in C code)."""
-        started = _read_started(Path(spec.work_dir))
-        if started is None or started.get("attempt") != spec.attempt:
+    def _recheck_ended(self, spec: MemberSpec, ref: JobRef) -> ResultRecord | None:
+        """The job ended and no result is visible: after ``result_grace_s`` (counted from when this process
+        first saw it ended) re-list the member directory and read again. Returns the record if it showed up;
+        None with the member still in ``ended_at`` while the grace runs, None and out of it once it is over."""
+        now = time.monotonic()
+        first = self.ended_at.setdefault(spec.index, now)
+        if now - first < self.policy.result_grace_s:
+            if first == now:
+                logger.info("gen %d member %03d: job %s ended with no result visible yet; looking again in %g s",
+                            spec.generation, spec.index, ref.job_id, self.policy.result_grace_s)
+            return None
+        del self.ended_at[spec.index]
+        record = _fresh_read(Path(spec.work_dir))
+        if record is not None and self.policy.result_grace_s > 0:
+            logger.info("gen %d member %03d: result.json of job %s became visible within the grace period",
+                        spec.generation, spec.index, ref.job_id)
+        return record
+
+    def _enforce_wall_limit(self, spec: MemberSpec, ref: JobRef, queued: bool) -> None:
+        """Hard limit for members whose in-process alarm could not fire (hung in C code): running time of
+        this attempt over all its runs, from the member's ledger. A job the launcher reports queued
+        (``queued``: its ``waiting`` answer, e.g. requeued and waiting for a node) is never cancelled for
+        time, and time queued is not charged to the others either (see _running_time)."""
+        ledger = read_ledger(spec.work_dir)
+        if ledger is None or ledger.attempt != spec.attempt:
+            return  # not started yet
+        now = time.time()
+        if queued:
+            self.queued_seen[spec.index] = (ref.job_id, now)
             return
+        used = self._running_time(spec.index, ref, ledger, now)
         limit = self.policy.timeout_s + self.policy.kill_grace_s
-        if time.time() - float(started.get("time", time.time())) <= limit:
+        if used <= limit:
             return
-        logger.warning("gen %d member %03d: past the wall limit, cancelling job %s", spec.generation, spec.index, ref.job_id)
+        logger.warning("gen %d member %03d: %.0f s of running time is past the limit of %g s; cancelling job %s",
+                       spec.generation, spec.index, used, limit, ref.job_id)
         self.launcher.cancel([ref])
         del self.in_flight[spec.index]
-        record = ResultRecord(status="timeout", error=f"killed after {limit:g} s (inner.timeout_s + kill_grace_s)")
-        write_result(spec.work_dir, record)
-        self._settle(spec, record)
+        self.queued_seen.pop(spec.index, None)
+        record = ResultRecord(status="timeout", error=(
+            f"killed after {used:.0f} s of running time over all runs of this attempt (limit {limit:g} s = "
+            "inner.timeout_s + kill_grace_s; time queued does not count)"
+        ))
+        self._conclude(spec, record)
+
+    def _running_time(self, index: int, ref: JobRef, ledger: RunLedger, now: float) -> float:
+        """Running time of the attempt now: the ledger's, counted on from its last refresh while its run is
+        running (RunLedger.used_at), so time queued after a run died is not charged even where the launcher
+        does not report the queue (``waiting`` names only jobs that may never start; priority and resource
+        waits are not reported). If this process saw the job queued after the ledger's run started, that run
+        is over: its recorded time plus the time since the job was last seen queued is an upper bound until
+        the new run writes. A member hung in C code keeps refreshing from its keeper thread (the GIL is
+        released in most blocking calls) and is cancelled here; one frozen with the GIL held is left to the
+        scheduler's own per-run time limit."""
+        job_id, queued_at = self.queued_seen.get(index, (None, None))
+        if job_id == ref.job_id and queued_at is not None and ledger.started_at <= queued_at:
+            return ledger.used_s + (now - queued_at)
+        return ledger.used_at(now)
 
     def _enforce_queue_limit(self) -> None:
-        """Bound the wait for a job that never (re)starts, e.g. requeued after its node went down for good:
-        past max_pending_s of continuous queueing it is cancelled and the member ends in ``timeout`` (then
-        retried as configured). The clock is this process's: a restarted orchestrator starts it afresh."""
+        """Bound the wait for a job that may never (re)start: the launcher's ``waiting`` names only jobs pending
+        for such a reason (a partition or node down for good, bad constraints, an invalid account), never jobs
+        waiting their turn (priority, resources, QOS limits), which may wait as long as the queue takes. Past
+        max_pending_s of continuously such a reason the job is cancelled and the member ends in ``timeout``
+        (then retried as configured). The clock is this process's: a restarted orchestrator starts it afresh."""
         if self.policy.max_pending_s is None or not self.in_flight:
             return
         waiting = self.launcher.waiting(list(self.in_flight.values()))
@@ -183,19 +262,19 @@ class MemberArrayRunner:
             if now - since <= self.policy.max_pending_s:
                 continue
             spec = self.specs[index]
-            logger.warning("gen %d member %03d: job %s queued for %.0f s without running (%s); cancelling it",
+            logger.warning("gen %d member %03d: job %s pending for %.0f s for a reason that means it may never "
+                           "start (%s); cancelling it",
                            spec.generation, spec.index, ref.job_id, now - since, waiting[ref.job_id])
             self.launcher.cancel([ref])
             del self.in_flight[index]
             del self.waiting_since[index]
             record = ResultRecord(status="timeout", error=(
                 f"job {ref.job_id} waited in the scheduler queue for more than max_pending_s="
-                f"{self.policy.max_pending_s:g} s without running (scheduler reason: {waiting[ref.job_id]}); "
-                "cancelled. A node down or drained for good keeps jobs queued: check `sinfo -R`, or raise "
-                "launcher.max_pending_s on a busy cluster"
+                f"{self.policy.max_pending_s:g} s for a reason that means it may never start (scheduler reason: "
+                f"{waiting[ref.job_id]}); cancelled. Check `sinfo -R` (nodes down or drained), `scontrol show "
+                "partition` and the job's constraints, account and QOS"
             ))
-            write_result(spec.work_dir, record)
-            self._settle(spec, record)
+            self._conclude(spec, record)
 
     def _job_ended_without_result(self, spec: MemberSpec, ref: JobRef) -> None:
         # A cluster backend may know HOW the job ended (scancel, time limit, out of memory): that is the
@@ -203,9 +282,7 @@ class MemberArrayRunner:
         ended = self.launcher.ended_status(ref)
         if ended is not None:
             status, reason = ended
-            record = ResultRecord(status=status, error=reason)
-            write_result(spec.work_dir, record)
-            self._settle(spec, record)
+            self._conclude(spec, ResultRecord(status=status, error=reason))
             return
         if ref.submissions <= self.policy.max_lost_resubmits:
             logger.warning(
@@ -215,11 +292,21 @@ class MemberArrayRunner:
             self.queue.append((spec, ref.submissions))
             return
         reason = self.launcher.failure_reason(ref)
-        record = ResultRecord(status="failed", error=f"{reason} (after {ref.submissions} submissions)")
-        write_result(spec.work_dir, record)
-        self._settle(spec, record)
+        self._conclude(spec, ResultRecord(status="failed", error=f"{reason} (after {ref.submissions} submissions)"))
 
     # -------------------------------------------------------------- outcomes
+    def _conclude(self, spec: MemberSpec, record: ResultRecord) -> None:
+        """Record an outcome the orchestrator decided (timeout, failed, cancelled) and settle the member, unless
+        a result.json is already there: then the member's own record wins and is what gets settled."""
+        if not write_result_if_absent(spec.work_dir, record):
+            existing = _read_existing(Path(spec.work_dir))
+            logger.warning(
+                "gen %d member %03d: result.json already exists (status %s); keeping it instead of writing %s",
+                spec.generation, spec.index, existing.status, record.status,
+            )
+            record = existing
+        self._settle(spec, record)
+
     def _settle(self, spec: MemberSpec, record: ResultRecord) -> None:
         """A final record, or archive this attempt and queue the next one (a member someone cancelled on
         purpose, e.g. with scancel, is not retried)."""
@@ -251,24 +338,137 @@ class MemberArrayRunner:
             raise AbortRun(message)
 
     def _submit_queue(self) -> None:
+        """Submit the queued members so that no submission is ever lost: members an earlier process
+        submitted but never recorded (it died mid-submission) are re-attached first (launcher.recover), and
+        jobs.json is saved after EACH chunk the launcher queues, so a later chunk's failure loses no job id.
+        A submission the launcher gives up on ends the run with AbortRun (a message, exit status, no
+        traceback); a resume re-attaches to what was queued and submits the rest."""
         if not self.queue:
             return
+        from launch.base import SubmissionError  # local: this method is the only user
+
         batch, self.queue = self.queue, []
+        try:
+            recovered = self.launcher.recover(batch, self.folder)
+        except SubmissionError as exc:
+            self.queue = batch
+            raise AbortRun(f"{exc}; nothing new was submitted. Resume the run once the scheduler answers") from exc
+        if recovered:
+            for spec, _ in batch:
+                if spec.index in recovered:
+                    self.in_flight[spec.index] = recovered[spec.index]
+                    self.jobs[spec.index] = recovered[spec.index].to_dict()
+            self.save_jobs(self.jobs)
+            batch = [(spec, n) for spec, n in batch if spec.index not in recovered]
+        if not batch:
+            return
         specs = [spec for spec, _ in batch]
-        refs = self.launcher.submit(self.entrypoint, specs, self.folder, self.policy.timeout_s)
-        for (spec, submissions), ref in zip(batch, refs):
-            ref.submissions = submissions + 1
-            self.in_flight[spec.index] = ref
-            self.jobs[spec.index] = ref.to_dict()
-        self.save_jobs(self.jobs)
-        logger.info("submitted %d member(s) as one array to %s", len(refs), self.folder)
+        done = 0
+        try:
+            for refs in self.launcher.submit_chunks(
+                self.entrypoint, specs, self.folder, self.policy.timeout_s, [n for _, n in batch]
+            ):
+                for (spec, submissions), ref in zip(batch[done:done + len(refs)], refs):
+                    ref.submissions = submissions + 1
+                    self.in_flight[spec.index] = ref
+                    self.jobs[spec.index] = ref.to_dict()
+                done += len(refs)
+                self.save_jobs(self.jobs)
+        except SubmissionError as exc:
+            self.queue = batch[done:]
+            raise AbortRun(
+                f"{exc}. The {done} member(s) of this generation submitted before it are recorded in jobs.json and "
+                f"stay queued; fix the cause and resume the run (python -m meta.run run_dir=<this run>): it "
+                f"re-attaches to them and submits the remaining {len(batch) - done}"
+            ) from exc
+        logger.info("submitted %d member(s) to %s", done, self.folder)
 
 
-def _read_started(work_dir: Path) -> dict | None:
+def write_result_if_absent(work_dir: str | Path, record: ResultRecord) -> bool:
+    """Create ``<work_dir>/result.json`` holding ``record`` only if no result.json exists; True if it did.
+
+    The record is written and fsynced under a temp name, then hard-linked to result.json: link() fails if the
+    name exists, and the check is the file server's, not a client cache's, so a member's result that this
+    host cannot see yet is still never replaced. Where hard links are not supported an O_EXCL create is the
+    fallback (equally exclusive; a reader may briefly see a partial file, which read_result treats as absent).
+    """
+    work_dir = Path(work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    path = work_dir / RESULT_FILE
+    data = (json.dumps(record.to_dict(), indent=2, sort_keys=True, allow_nan=False) + "\n").encode("utf-8")
+    fd, tmp = tempfile.mkstemp(prefix=f".{RESULT_FILE}.", suffix=".orchestrator.tmp", dir=work_dir)
     try:
-        return json.loads((work_dir / STARTED_FILE).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EMLINK):
+                raise
+            return _create_exclusive(path, data)
+    finally:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+    _fsync_directory(work_dir)
+    return True
+
+
+def _create_exclusive(path: Path, data: bytes) -> bool:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    _fsync_directory(path.parent)
+    return True
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make the new directory entry durable (best effort: some filesystems refuse fsync on a directory)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _fresh_read(work_dir: Path) -> ResultRecord | None:
+    """Read result.json after listing its directory: a fresh directory read replaces a stale "no such file"
+    that an NFS client may have cached for it."""
+    try:
+        os.listdir(work_dir)
+    except OSError:
         return None
+    return read_result(work_dir)
+
+
+def _read_existing(work_dir: Path) -> ResultRecord:
+    """The record in a result.json the file server says exists: retried briefly while this host cannot see
+    it yet; a file that still does not parse is kept on disk and reported as a failure."""
+    for attempt in range(EXISTING_READ_TRIES):
+        record = _fresh_read(work_dir)
+        if record is not None:
+            return record
+        if attempt + 1 < EXISTING_READ_TRIES:
+            time.sleep(EXISTING_READ_PAUSE_S)
+    return ResultRecord(status="failed", error=(
+        f"{work_dir / RESULT_FILE} exists but could not be read as a result record after "
+        f"{EXISTING_READ_TRIES} tries; it was left in place: inspect it, and delete it to run the member again"
+    ))
 
 
 def _first_line(text: str) -> str:

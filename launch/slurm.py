@@ -13,20 +13,25 @@ and how a dead job without a result ended. Here:
   timeout, out of memory or a crash -> failed); node failures and unknown jobs are "lost" (None), which the
   runner resubmits. Jobs cancelled by the orchestrator itself (abort) are remembered in the launcher
   folder, so a resumed run resubmits them instead of recording them as cancelled.
-- waiting: tasks sacct sees queued, e.g. requeued after their node went down; the runner cancels one
-  queued longer than ``max_pending_s`` (a node down for good must not block the generation forever).
+- waiting: tasks sacct sees queued for a reason that means they may never start (partition down, a node
+  down for good after a requeue, bad constraints); the runner cancels one pending like that longer than
+  ``max_pending_s``. Tasks waiting their turn (priority, resources, QOS limits) are never given up on.
+- recover: each chunk is named and marked before its sbatch (launch/slurm_chunks.py), so a resume after a
+  failed or interrupted submission re-attaches to what was queued instead of submitting it twice.
 Re-attach needs no extra state: job ids in jobs.json are SLURM ids that sacct answers for.
 """
 from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
-from launch.base import JobRef
+from launch.base import JobRef, SubmissionError
+from launch.slurm_chunks import ChunkMarker, chunk_job_name, next_chunk_number, read_markers, write_marker
 from launch.slurm_options import SlurmOptions
-from launch.slurm_queries import SlurmQueries, SlurmQueryError, TaskState, base_job_id
+from launch.slurm_queries import SlurmQueries, SlurmQueryError, TaskState, base_job_id, pending_may_never_start
 from launch.submitit_launchers import SubmititLauncher
 from results.atomic import atomic_write_json
 from results.records import MemberSpec
@@ -45,6 +50,9 @@ STDERR_TAIL_CHARS = 2000
 class SlurmLauncher(SubmititLauncher):
     """Members as SLURM array tasks; see the module docstring for the polling and failure rules."""
 
+    #: the queue summary (how many tasks wait, and why) is logged at most this often, or on a new reason
+    queue_log_interval_s: float = 300.0
+
     @classmethod
     def validate_options(cls, options: Mapping[str, Any]) -> None:
         SlurmOptions.from_options(options)
@@ -58,10 +66,12 @@ class SlurmLauncher(SubmititLauncher):
         self._queried_at: dict[str, float] = {}  # base job id -> monotonic time of its last sacct answer
         self._last_query = float("-inf")
         self._submitted_at: dict[str, float] = {}
-        self._squeue: set[str] = set()
+        self._squeue: dict[str, str] = {}  # job id -> pending reason, from the last squeue call
         self._squeue_at = float("-inf")
         self._max_array_size: int | None = self.config.max_array_size
         self._time_min: int | None = None
+        self._queue_logged_at = float("-inf")
+        self._reasons_logged: set[tuple[str, bool]] = set()
 
     # ------------------------------------------------------------ submit
     def _make_executor(self, folder: Path, timeout_s: float) -> Any:
@@ -90,35 +100,156 @@ class SlurmLauncher(SubmititLauncher):
     def submit(
         self, entrypoint: str, specs: Sequence[MemberSpec], folder: Path, timeout_s: float
     ) -> list[JobRef]:
-        """One sbatch array per chunk of <= MaxArraySize specs; JobRefs in the order of ``specs``."""
+        """All chunks at once (see submit_chunks); JobRefs in the order of ``specs``."""
+        return [ref for part in self.submit_chunks(entrypoint, specs, folder, timeout_s) for ref in part]
+
+    def submit_chunks(
+        self, entrypoint: str, specs: Sequence[MemberSpec], folder: Path, timeout_s: float,
+        submissions: Sequence[int] | None = None,
+    ) -> Iterator[list[JobRef]]:
+        """One sbatch array per chunk of <= MaxArraySize specs, each named and marked (launch/slurm_chunks.py)
+        before its sbatch; yields each chunk's JobRefs as soon as it is queued, so they are recorded before
+        the next chunk is tried. SubmissionError once a chunk's sbatch failed submit_attempts times."""
         if not specs:
-            return []
-        import submitit
-
-        from launch.slurm_member import CheckpointableMember
-
+            return
+        runs = {(s.run_id, s.generation) for s in specs}
+        if len(runs) != 1:
+            raise ValueError(f"one submission must hold one generation of one run; got {sorted(runs)}")
+        run_id, generation = runs.pop()
+        counts = list(submissions) if submissions is not None else [0] * len(specs)
+        if len(counts) != len(specs):
+            raise ValueError(f"{len(counts)} submission counts for {len(specs)} specs")
         folder.mkdir(parents=True, exist_ok=True)
         executor = self._make_executor(folder, timeout_s)
         self._time_min = self.config.time_limit_min(timeout_s)
-        chunk = self.max_array_size()
-        refs: list[JobRef] = []
-        for start in range(0, len(specs), chunk):
-            part = specs[start:start + chunk]
-            # A job submitted from inside a SLURM job inherits its SLURM_*/SBATCH_* variables, and sbatch
-            # reads SBATCH_* as options: members must not get the orchestrator's allocation settings.
-            with submitit.helpers.clean_env():
-                jobs = executor.map_array(
-                    CheckpointableMember(), [entrypoint] * len(part), [s.to_dict() for s in part],
-                    [timeout_s] * len(part),
-                )
+        size = self.max_array_size()
+        chunk = next_chunk_number(folder)
+        for start in range(0, len(specs), size):
+            part = specs[start:start + size]
+            marker = ChunkMarker(
+                chunk=chunk, name=chunk_job_name(self.config.job_name, run_id, generation, chunk),
+                members=[(s.index, s.attempt, n + 1) for s, n in zip(part, counts[start:start + size])],
+            )
+            chunk += 1
+            write_marker(folder, marker)  # before sbatch: a crash after it is found by name on resume
+            jobs = self._sbatch_chunk(executor, marker, entrypoint, part, timeout_s)
+            marker.job_id = base_job_id(str(jobs[0].job_id))
+            write_marker(folder, marker)
             now = time.monotonic()
+            refs = []
             for spec, job in zip(part, jobs):
                 job_id = str(job.job_id)
                 self._jobs[job_id] = job
                 self._submitted_at[job_id] = now
                 self._queried_at.setdefault(base_job_id(job_id), now)  # known alive: no query needed yet
                 refs.append(JobRef(job_id=job_id, folder=str(folder), attempt=spec.attempt))
-            logger.info("submitted %d member(s) as SLURM array %s", len(part), base_job_id(refs[-1].job_id))
+            logger.info("submitted %d member(s) as SLURM array %s (%s)", len(part), marker.job_id, marker.name)
+            yield refs
+
+    def _sbatch_chunk(
+        self, executor: Any, marker: ChunkMarker, entrypoint: str, part: Sequence[MemberSpec], timeout_s: float
+    ) -> list[Any]:
+        """sbatch one chunk, retried with exponential backoff. A failed sbatch may still have queued the array
+        (e.g. the controller answered too late): such tasks have no pickled call and would only fail, so they
+        are found by name and cancelled before the next try."""
+        import submitit
+        from submitit.core.utils import FailedJobError, FailedSubmissionError
+
+        from launch.slurm_member import CheckpointableMember
+
+        attempts = self.config.submit_attempts
+        for attempt in range(1, attempts + 1):
+            executor.update_parameters(job_name=marker.name)
+            try:
+                # A job submitted from inside a SLURM job inherits its SLURM_*/SBATCH_* variables, and sbatch
+                # reads SBATCH_* as options: members must not get the orchestrator's allocation settings.
+                with submitit.helpers.clean_env():
+                    return executor.map_array(
+                        CheckpointableMember(), [entrypoint] * len(part), [s.to_dict() for s in part],
+                        [timeout_s] * len(part),
+                    )
+            except (FailedJobError, FailedSubmissionError, OSError) as exc:
+                error = " ".join(str(exc).split())[-500:] or type(exc).__name__
+            self._cancel_orphans(marker.name)
+            if attempt == attempts:
+                raise SubmissionError(
+                    f"sbatch of array {marker.name} ({len(part)} member(s)) failed {attempts} time(s) "
+                    f"(launcher.submit_attempts={attempts}); last error: {error}"
+                )
+            delay = self.config.submit_backoff_s * 2 ** (attempt - 1)
+            logger.warning("sbatch of array %s failed (try %d/%d): %s; retrying in %g s",
+                           marker.name, attempt, attempts, error, delay)
+            time.sleep(delay)
+        raise AssertionError("unreachable")
+
+    def _cancel_orphans(self, name: str) -> None:
+        try:
+            orphans = self.queries.squeue_by_name([name]).get(name, set())
+            if orphans:
+                logger.warning("sbatch reported a failure but array %s is queued (%d task(s)); cancelling it",
+                               name, len(orphans))
+                self.queries.scancel({base_job_id(j) for j in orphans})
+        except SlurmQueryError as exc:
+            logger.warning("could not check for a half-submitted array %s: %s", name, exc)
+
+    # ------------------------------------------------------------ recover
+    def recover(self, queued: Sequence[tuple[MemberSpec, int]], folder: Path) -> dict[int, JobRef]:
+        """Re-attach members whose chunk was submitted by an earlier process that died (or whose sbatch
+        failed later on) before recording it in jobs.json: the marker maps array task -> member; a marker
+        without a job id is looked up by name with ONE squeue call for all of them."""
+        markers = read_markers(folder)
+        if not markers or not queued:
+            return {}
+        found: dict[int, tuple[ChunkMarker, int, int]] = {}  # member index -> (marker, task, submission)
+        for spec, recorded in queued:
+            best: tuple[ChunkMarker, int, int] | None = None
+            for marker in markers:
+                for task, (index, attempt, submission) in enumerate(marker.members):
+                    if index == spec.index and attempt == spec.attempt and submission > recorded:
+                        if best is None or submission >= best[2]:
+                            best = (marker, task, submission)
+            if best is not None:
+                found[spec.index] = best
+        if not found:
+            return {}
+        unnamed = {m.name: m for m, _, _ in found.values() if m.job_id is None}
+        live: dict[str, set[str]] = {}
+        if unnamed:
+            try:
+                live = self.queries.squeue_by_name(unnamed)
+            except SlurmQueryError as exc:  # submitting blind could run members twice
+                raise SubmissionError(f"could not look for arrays submitted before the restart ({exc})") from exc
+        refs: dict[int, JobRef] = {}
+        orphans: set[str] = set()
+        for index, (marker, task, submission) in sorted(found.items()):
+            job_id = f"{marker.job_id}_{task}" if marker.job_id is not None else None
+            if job_id is None:
+                tasks = live.get(marker.name, set())
+                bases = {base_job_id(t) for t in tasks}
+                if len(bases) != 1:
+                    continue  # never queued (or already gone): submit it
+                job_id = f"{bases.pop()}_{task}"
+                if not _has_pickle(folder, job_id):  # killed between sbatch and submitit's pickle move
+                    if job_id in tasks:
+                        orphans.add(job_id)
+                    continue
+            refs[index] = JobRef(job_id=job_id, folder=str(folder), attempt=marker.members[task][1],
+                                 submissions=submission)
+        for marker in unnamed.values():
+            ids = {base_job_id(r.job_id) for i, r in refs.items() if found[i][0] is marker}
+            if len(ids) == 1:
+                marker.job_id = ids.pop()
+                write_marker(folder, marker)
+        if orphans:
+            logger.warning("cancelling %d queued task(s) that were submitted without their call (%s)",
+                           len(orphans), ", ".join(sorted(orphans)[:5]))
+            try:
+                self.queries.scancel(orphans)
+            except SlurmQueryError as exc:
+                logger.warning("could not cancel %s: %s", sorted(orphans), exc)
+        if refs:
+            logger.info("found %d member(s) submitted before the restart but not recorded; re-attaching",
+                        len(refs))
         return refs
 
     # ------------------------------------------------------------ liveness
@@ -179,27 +310,68 @@ class SlurmLauncher(SubmititLauncher):
     def _in_squeue(self, job_id: str, fresh_after: float) -> bool:
         """Whether squeue lists the job; its answer is reused unless older than ``fresh_after`` or than
         query_interval_s (one squeue call serves a whole poll round)."""
-        now = time.monotonic()
-        if self._squeue_at < fresh_after or now - self._squeue_at >= self.config.query_interval_s:
-            try:
-                self._squeue = self.queries.squeue_ids()
-                self._squeue_at = now
-            except SlurmQueryError as exc:
-                logger.warning("squeue failed (%s); treating job %s as alive for now", exc, job_id)
-                return True
+        if not self._refresh_squeue(self.config.query_interval_s, fresh_after):
+            logger.warning("treating job %s as alive for now", job_id)
+            return True
         return job_id in self._squeue
 
+    def _refresh_squeue(self, max_age_s: float, fresh_after: float = float("-inf")) -> bool:
+        """Ask squeue again when its last answer is older than ``max_age_s`` or than ``fresh_after``;
+        False when squeue failed (the last answer, if any, is kept)."""
+        now = time.monotonic()
+        if self._squeue_at >= fresh_after and now - self._squeue_at < max_age_s:
+            return True
+        try:
+            self._squeue = self.queries.squeue_jobs()
+        except SlurmQueryError as exc:
+            logger.warning("squeue failed (%s)", exc)
+            return False
+        self._squeue_at = now
+        return True
+
+    def _reason_interval_s(self) -> float:
+        """How old the pending reasons may be: a quarter of max_pending_s (so a job that may never start is
+        cancelled within 1.25 x max_pending_s), but fresh enough for the queue summary, and never more often
+        than query_interval_s: a queue of 180 capped members costs one squeue per 5 min with the defaults."""
+        return max(self.config.query_interval_s, min(self.config.max_pending_s / 4, self.queue_log_interval_s))
+
     def waiting(self, refs: Sequence[JobRef]) -> dict[str, str]:
-        """Tasks that sacct last saw queued (a new job, or one requeued after its node failed), with sacct's
-        pending reason; tasks held back only by this array's own ``%array_parallelism`` throttle are not
-        waiting for the cluster and are left out."""
-        queued: dict[str, str] = {}
-        for ref in refs:
-            state = self._state(ref.job_id)
-            if state is None or state.state not in QUEUED_STATES or state.reason == "JobArrayTaskLimit":
-                continue
-            queued[ref.job_id] = f"{state.state}, {state.reason or 'no reason given'}"
-        return queued
+        """Tasks that sacct last saw queued for a reason (squeue's, the controller's current one) that means
+        they may never start (see pending_may_never_start in launch/slurm_queries.py); a job held after a requeue
+        (REQUEUE_HOLD) never starts by itself either. Tasks waiting their turn (Priority, Resources, QOS
+        limits, this array's own %array_parallelism throttle) are left out. Logs, at most every
+        ``queue_log_interval_s`` or when a new reason appears, how many tasks wait and why."""
+        stuck: dict[str, str] = {}
+        reasons: Counter[tuple[str, bool]] = Counter()
+        queued = [(ref, state) for ref in refs
+                  if (state := self._state(ref.job_id)) is not None and state.state in QUEUED_STATES]
+        if queued:  # the reason comes from squeue (sacct's is stale for pending tasks), refreshed sparingly
+            self._refresh_squeue(self._reason_interval_s())
+        for ref, state in queued:
+            reason = self._squeue.get(ref.job_id) or state.reason or "None"
+            never = state.state == "REQUEUE_HOLD" or pending_may_never_start(reason)
+            reasons[(reason, never)] += 1
+            if never:
+                stuck[ref.job_id] = f"{state.state}, {reason}"
+        self._log_queue(reasons)
+        return stuck
+
+    def _log_queue(self, reasons: Counter[tuple[str, bool]]) -> None:
+        now = time.monotonic()
+        new_reason = not set(reasons) <= self._reasons_logged
+        if not reasons or (not new_reason and now - self._queue_logged_at < self.queue_log_interval_s):
+            return
+        self._queue_logged_at = now
+        self._reasons_logged |= set(reasons)
+        turn = ", ".join(f"{n} {r}" for (r, never), n in reasons.most_common() if not never)
+        never = ", ".join(f"{n} {r}" for (r, never), n in reasons.most_common() if never)
+        parts = [f"{sum(reasons.values())} member task(s) queued"]
+        if turn:
+            parts.append(f"waiting their turn: {turn}")
+        if never:
+            parts.append(f"may never start (cancelled after launcher.max_pending_s={self.config.max_pending_s:g} s): "
+                         f"{never}")
+        (logger.warning if never else logger.info)("; ".join(parts))
 
     # ------------------------------------------------------------ endings
     def ended_status(self, ref: JobRef) -> tuple[str, str] | None:
@@ -268,3 +440,10 @@ def _read_cancelled(folder: Path) -> set[str]:
         return set(json.loads((folder / CANCELLED_FILE).read_text()))
     except (FileNotFoundError, json.JSONDecodeError):
         return set()
+
+
+def _has_pickle(folder: Path, job_id: str) -> bool:
+    """Whether submitit placed the task's pickled call (done right after sbatch returned)."""
+    from submitit.core.utils import JobPaths
+
+    return JobPaths(folder, job_id=job_id).submitted_pickle.exists()

@@ -2,8 +2,11 @@
 
 On the time-limit signal (or a preemption signal) submitit calls ``checkpoint``, which resubmits this same
 call unchanged; the requeued job (same job id) calls ``run_member`` again with the same work dir, and the
-inner entry point resumes from the checkpoint it keeps there. After ``max_num_timeout`` requeues submitit
-raises UncompletedJobError inside the member, which run_member records as status ``timeout``.
+inner entry point resumes from the checkpoint it keeps there. Each run adds its running time to the member's
+ledger (submitit's handler ends a run with SystemExit, which run_member lets through after closing the ledger),
+and a requeued run's alarm gets only what is left of ``inner.timeout_s``; time queued between runs never counts.
+After ``max_num_timeout`` requeues submitit raises UncompletedJobError inside the member, which run_member
+records as status ``timeout``.
 Light on purpose (no torch): it is imported by every array task.
 """
 from __future__ import annotations

@@ -10,6 +10,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+#: launcher.job_name is a prefix: each array is named ``<job_name>.<run id>.g<generation>.c<chunk>``, and
+#: accounting (slurmdbd) keeps 255 characters of a job name, so the prefix leaves room for the rest.
+JOB_NAME_PREFIX_MAX = 160
+
 
 @dataclass
 class SlurmOptions:
@@ -33,7 +37,10 @@ class SlurmOptions:
     kill_grace_s: float = 30.0
     max_lost_resubmits: int = 3
     max_pending_s: float = 21600.0
+    result_grace_s: float = 90.0
     command_timeout_s: float = 60.0
+    submit_attempts: int = 4
+    submit_backoff_s: float = 10.0
     python: str | None = None
     use_srun: bool = False
 
@@ -75,6 +82,10 @@ class SlurmOptions:
             value = getattr(self, key)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
                 raise bad(key, value, "use a positive number of seconds")
+        if (isinstance(self.result_grace_s, bool) or not isinstance(self.result_grace_s, (int, float))
+                or not self.result_grace_s >= 0):
+            raise bad("result_grace_s", self.result_grace_s,
+                      "use seconds >= 0 (~60-90 on NFS, where another node's new file can stay invisible ~60 s)")
         if self.query_interval_s < self.poll_interval_s:
             raise bad("query_interval_s", self.query_interval_s,
                       f"scheduler queries cannot be more frequent than polls (poll_interval_s={self.poll_interval_s})")
@@ -84,6 +95,16 @@ class SlurmOptions:
             raise bad("setup", self.setup, "use a list of shell lines, e.g. ['module load cuda']")
         if not isinstance(self.job_name, str) or not self.job_name.strip():
             raise bad("job_name", self.job_name, "use a non-empty string")
+        if len(self.job_name) > JOB_NAME_PREFIX_MAX or any(c == "," or c.isspace() for c in self.job_name):
+            raise bad("job_name", self.job_name,
+                      f"use at most {JOB_NAME_PREFIX_MAX} characters without commas or spaces (it prefixes each "
+                      "array's name, which carries the run, generation and chunk and is searched with squeue -n)")
+        if not isinstance(self.submit_attempts, int) or isinstance(self.submit_attempts, bool) \
+                or self.submit_attempts < 1:
+            raise bad("submit_attempts", self.submit_attempts, "use a positive integer (1: no retry)")
+        if not isinstance(self.submit_backoff_s, (int, float)) or isinstance(self.submit_backoff_s, bool) \
+                or self.submit_backoff_s < 0:
+            raise bad("submit_backoff_s", self.submit_backoff_s, "use a number of seconds >= 0")
         if self.python is not None and (not isinstance(self.python, str) or not self.python.strip()):
             raise bad("python", self.python, "use a command that starts python, or null for this interpreter")
         if self.python is not None and not self.use_srun and (

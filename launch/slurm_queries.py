@@ -23,6 +23,53 @@ TERMINAL_STATES = frozenset(
      "BOOT_FAIL", "DEADLINE", "REVOKED"}
 )
 
+# Pending reasons (sacct Reason / squeue %r), split into the two kinds launcher.max_pending_s cares about.
+# This is the ONE place they are listed. "Waiting its turn" never counts against max_pending_s: the job
+# starts once others end (a user capped at 32 GPUs has most of 180 members pending with a QOS limit, for
+# hours, and that is normal). "May never start" does: no amount of waiting fixes it; someone must change the
+# job, the partition, the node or the account.
+WAITING_TURN_REASONS = frozenset({
+    "None", "", "Priority", "Resources", "Dependency", "BeginTime", "JobArrayTaskLimit", "Licenses",
+    "Reservation", "QOSJobLimit", "QOSResourceLimit", "QOSUsageThreshold", "AssocJobLimit",
+    "AssocResourceLimit", "AccountingPolicy", "Prolog", "Cleaning", "BurstBufferResources",
+    "BurstBufferStageIn", "FedJobLock", "PowerUpNode",
+})
+NEVER_STARTS_REASONS = frozenset({
+    "BadConstraints", "Constraints", "PartitionDown", "PartitionInactive", "PartitionTimeLimit",
+    "PartitionNodeLimit", "PartitionConfig", "ReqNodeNotAvail", "NodeDown", "InvalidAccount", "InvalidQOS",
+    "QOSNotAllowed", "AccountNotAllowed", "QOSTimeLimit", "AssocTimeLimit", "DependencyNeverSatisfied",
+    "JobHeldAdmin", "JobHeldUser", "JobHoldMaxRequeue", "launch failed requeued held", "ReservationDeleted",
+    "InvalidReservation",
+})
+# SLURM has about a hundred QOS/association limit reasons (QOSGrpGRES, AssocGrpGRES, QOSMaxJobsPerUserLimit,
+# AssocMaxCpuPerAccount, ...). Limits on a JOB itself (``...PerJob...``, and the ``Min`` ones) cannot be met
+# by waiting: the job is too big or too small for its QOS, so it may never start. Aggregate limits (per user,
+# account, group) free up as the user's other jobs end: waiting its turn.
+_PER_JOB_LIMIT = re.compile(r"^(QOS|Assoc)(Max\w*PerJob\w*|Min\w*)$")
+_AGGREGATE_LIMIT = re.compile(r"^(QOS|Assoc)(Grp|Max)\w*$")
+
+
+def pending_may_never_start(reason: str) -> bool:
+    """Whether a pending job's reason means it may never start (counted against launcher.max_pending_s).
+
+    An UNKNOWN reason counts as "may never start": every reason SLURM uses for waiting one's turn (priority,
+    resources, begin time, dependencies, every aggregate QOS/association limit) is covered above, so what is
+    left is rare, and counting it keeps the promise that every member ends within a bounded time (the
+    default limit is hours, and the cancel message names the reason so a misclassification is visible)."""
+    text = reason.strip()
+    head = text.split(",", 1)[0].strip()  # squeue shows e.g. "ReqNodeNotAvail, UnavailableNodes:n1"
+    for candidate in (text, head):
+        if candidate in NEVER_STARTS_REASONS:
+            return True
+        if candidate in WAITING_TURN_REASONS:
+            return False
+    if _PER_JOB_LIMIT.match(head):
+        return True
+    if _AGGREGATE_LIMIT.match(head):
+        return False
+    return True
+
+
 _RANGE_ROW = re.compile(r"^(?P<base>\d+)_\[(?P<ranges>[0-9,\-]+)(?:%\d+)?\]$")
 
 
@@ -113,14 +160,36 @@ class SlurmQueries:
         fields = "JobID,State,ExitCode,Reason"
         return parse_sacct(self.run(["sacct", "-X", "-n", "-P", "-o", fields, "-j", ",".join(ids)]))
 
-    def squeue_ids(self) -> set[str]:
-        """Ids of this user's queued or running jobs and array tasks (one call; squeue errors on unknown
-        ids, so it is asked for the user's whole queue instead of a list of ids)."""
-        out = self.run(["squeue", "-h", "-r", "-u", getpass.getuser(), "-o", "%i"])
-        ids: set[str] = set()
-        for line in out.split():
-            ids.update(expand_job_ids(line.strip()))
-        return ids
+    def squeue_jobs(self) -> dict[str, str]:
+        """This user's queued or running jobs and array tasks, each with the controller's CURRENT pending
+        reason ("None" when running). One call; squeue errors on unknown ids, so it is asked for the user's
+        whole queue instead of a list of ids. The reason must come from here: sacct keeps the reason of the
+        last accounting update, which for a pending array task stays "None" while the controller says
+        QOSMaxJobsPerUserLimit, PartitionDown, ... (seen on the local cluster, SLURM 22.05)."""
+        out = self.run(["squeue", "-h", "-r", "-u", getpass.getuser(), "-o", "%i|%r"])
+        jobs: dict[str, str] = {}
+        for line in out.splitlines():
+            raw_id, _, reason = line.strip().partition("|")
+            if raw_id:
+                for job_id in expand_job_ids(raw_id):
+                    jobs[job_id] = reason.strip()
+        return jobs
+
+    def squeue_by_name(self, names: Iterable[str]) -> dict[str, set[str]]:
+        """This user's queued or running array tasks whose job name is one of ``names``, by name (ONE
+        squeue call). It finds jobs whose ids were never recorded (a crash between sbatch and the record);
+        squeue is used rather than sacct because accounting lags seconds behind sbatch, and a job that
+        already ended is not worth re-attaching to (its member is settled from its result file)."""
+        wanted = sorted(set(names))
+        if not wanted:
+            return {}
+        out = self.run(["squeue", "-h", "-r", "-u", getpass.getuser(), "-n", ",".join(wanted), "-o", "%i|%j"])
+        found: dict[str, set[str]] = {}
+        for line in out.splitlines():
+            raw_id, sep, name = line.strip().partition("|")
+            if sep and name in wanted:
+                found.setdefault(name, set()).update(expand_job_ids(raw_id))
+        return found
 
     def scancel(self, job_ids: Iterable[str]) -> None:
         ids = sorted(set(job_ids))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from launch.base import JobRef, Launcher
 from launch.member import run_member
@@ -80,6 +80,26 @@ class LocalLauncher(SubmititLauncher):
 
     poll_interval_s = 0.2
 
+    @classmethod
+    def validate_options(cls, options: Mapping[str, Any]) -> None:
+        gpus = options.get("gpus_per_node")
+        if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0):
+            raise ValueError(
+                f"launcher.gpus_per_node={gpus!r} is invalid: use null (members see this process's GPUs) "
+                "or an integer >= 0"
+            )
+        visible = options.get("visible_gpus") or []
+        if not isinstance(visible, (list, tuple)) or not all(
+            isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in visible
+        ):
+            raise ValueError(f"launcher.visible_gpus={visible!r} is invalid: use a list of GPU indices, e.g. [0, 1]")
+        if gpus and visible and gpus > len(visible):
+            raise ValueError(
+                f"launcher.gpus_per_node={gpus} is more than the {len(visible)} GPU(s) in launcher.visible_gpus"
+            )
+        if gpus is None:
+            _parent_gpu_indices()
+
     def _make_executor(self, folder: Path, timeout_s: float) -> Any:
         import submitit
 
@@ -88,8 +108,19 @@ class LocalLauncher(SubmititLauncher):
         executor.update_parameters(
             timeout_min=(timeout_s + grace) / 60.0,
             signal_delay_s=max(1, int(grace // 2)),
+            **self._gpu_parameters(),
         )
         return executor
+
+    def _gpu_parameters(self) -> dict[str, Any]:
+        """LocalExecutor always sets the member's CUDA_VISIBLE_DEVICES to the first gpus_per_node of visible_gpus
+        (default 0: every GPU hidden). With gpus_per_node null both are set to what this process sees, so the
+        member gets the same devices in the same order."""
+        gpus = self.options.get("gpus_per_node")
+        if gpus is not None:
+            return {"gpus_per_node": int(gpus), "visible_gpus": tuple(self.options.get("visible_gpus") or ())}
+        indices = _parent_gpu_indices()
+        return {"gpus_per_node": len(indices), "visible_gpus": indices}
 
     def is_alive(self, ref: JobRef) -> bool:
         job = self._job(ref)
@@ -112,6 +143,24 @@ class LocalLauncher(SubmititLauncher):
                     os.kill(int(ref.job_id), 15)
                 except (OSError, ValueError):
                     pass
+
+
+def _parent_gpu_indices() -> tuple[int, ...]:
+    """The GPUs this process sees, as the indices submitit's LocalExecutor takes: CUDA_VISIBLE_DEVICES as set
+    here, or, when it is unset, every device torch can see (a CPU build sees none, and neither would a member).
+    ValueError for GPUs named by UUID (GPU-..., MIG-...), which LocalExecutor cannot pass on."""
+    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        import torch
+
+        return tuple(range(torch.cuda.device_count()))
+    parts = [part.strip() for part in value.split(",") if part.strip()]
+    if not all(part.isdigit() for part in parts):
+        raise ValueError(
+            f"CUDA_VISIBLE_DEVICES={value!r} names GPUs by UUID, which launcher=local cannot pass on to its members; "
+            "set launcher.gpus_per_node=N and launcher.visible_gpus=[indices] (or CUDA_VISIBLE_DEVICES to indices)"
+        )
+    return tuple(int(part) for part in parts)
 
 
 def _controller_running(job_id: str) -> bool:

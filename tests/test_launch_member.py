@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from launch.member import load_entrypoint, run_member
+from launch.member import load_entrypoint, read_ledger, run_member
 from results.records import read_result
 
 ENTRY = "meta.synthetic:member"
@@ -71,3 +71,93 @@ def test_bad_entrypoints_are_named():
                           ("meta.synthetic:nope", "no attribute")]:
         with pytest.raises(ValueError, match=fragment):
             load_entrypoint(bad)
+
+
+def requeue_entry(spec):
+    """An entry point for the ledger tests: sleeps, then ends like a run that submitit requeues (SystemExit
+    from its signal handler) when ``requeue`` is set, else returns an ok record."""
+    options = spec.inner.get("options", {})
+    time.sleep(float(options.get("sleep_s", 0.0)))
+    if options.get("requeue"):
+        raise SystemExit(-1)
+    return {"status": "ok", "fitness": 0.5, "val_size": 1, "steps_done": 1}
+
+
+def _write_ledger(work_dir, attempt, used_s):
+    from pathlib import Path
+
+    Path(work_dir).mkdir(parents=True, exist_ok=True)
+    now = time.time()
+    (Path(work_dir) / "started.json").write_text(json.dumps({
+        "attempt": attempt, "started_at": now - 60, "used_before_s": 0.0, "used_s": used_s, "updated_at": now - 50,
+        "running": False,
+    }))
+
+
+def test_the_alarm_gets_the_remaining_running_time_budget_on_resume(tmp_path):
+    spec = _spec(tmp_path, hang=[0])
+    _write_ledger(spec["work_dir"], attempt=0, used_s=2.7)  # earlier runs of this attempt used 2.7 of 3 s
+    start = time.monotonic()
+    record = run_member(ENTRY, spec, timeout_s=3.0)
+    took = time.monotonic() - start
+    assert record["status"] == "timeout" and "earlier runs" in record["error"], record
+    assert took < 1.5, took
+    ledger = read_ledger(spec["work_dir"])
+    assert ledger.running is False and ledger.used_before_s == pytest.approx(2.7)
+    assert ledger.used_s == pytest.approx(2.7 + took, abs=0.2)
+
+
+def test_a_used_up_budget_ends_the_run_at_once_and_a_new_attempt_starts_from_zero(tmp_path):
+    spent = _spec(tmp_path, index=0)
+    _write_ledger(spent["work_dir"], attempt=0, used_s=5.0)
+    record = run_member(ENTRY, spent, timeout_s=4.0)
+    assert record["status"] == "timeout" and "used up" in record["error"] and _calls(spent) == 0
+    retry = _spec(tmp_path, index=1, attempt=1)
+    _write_ledger(retry["work_dir"], attempt=0, used_s=5.0)  # the previous attempt's ledger
+    assert run_member(ENTRY, retry, timeout_s=4.0)["status"] == "ok"
+    assert read_ledger(retry["work_dir"]).used_before_s == 0.0
+
+
+def test_running_time_adds_up_over_requeued_runs_and_is_refreshed_while_running(tmp_path):
+    spec = _spec(tmp_path, sleep_s=0.6, requeue=True)
+    entry = f"{__name__}:requeue_entry"
+    seen = []
+    reader = threading.Thread(target=lambda: [seen.append(read_ledger(spec["work_dir"])) or time.sleep(0.05)
+                                              for _ in range(10)])
+    reader.start()
+    with pytest.raises(SystemExit):  # the first run is requeued: its time is recorded on the way out
+        run_member(entry, spec, timeout_s=60, ledger_interval_s=0.1)
+    reader.join()
+    first = read_ledger(spec["work_dir"])
+    assert first.running is False and first.used_s == pytest.approx(0.6, abs=0.2)
+    refreshed = [s.used_s for s in seen if s is not None and s.running]
+    assert len(set(refreshed)) >= 2 and refreshed == sorted(refreshed)  # refreshed every interval
+    spec["inner"]["options"]["requeue"] = False  # the requeued run finishes
+    assert run_member(entry, spec, timeout_s=60, ledger_interval_s=0.1)["status"] == "ok"
+    total = read_ledger(spec["work_dir"])
+    assert total.used_before_s == pytest.approx(first.used_s)
+    assert total.used_s == pytest.approx(first.used_s + 0.6, abs=0.2) and total.running is False
+
+
+def test_an_unreadable_ledger_counts_as_absent(tmp_path):
+    (tmp_path / "started.json").write_text('{"attempt": 0, "used_s": "lots"')
+    assert read_ledger(tmp_path) is None
+    (tmp_path / "started.json").write_text(json.dumps({"attempt": 0, "used_s": "lots"}))
+    assert read_ledger(tmp_path) is None
+
+
+def guarded_entry(spec):
+    """An entry point that, like inner_loop.member.train_member, turns every Exception of its training into a
+    `failed` record of its own."""
+    try:
+        while True:
+            time.sleep(0.05)
+    except Exception as exc:  # noqa: BLE001 - the point of the test
+        return {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}
+
+
+def test_the_wall_limit_is_a_timeout_even_through_an_entry_point_that_catches_every_exception(tmp_path):
+    """The alarm must not be swallowed by the entry point's own error handling (train_member records any
+    Exception as `failed`): a member out of time is `timeout`, which retries and reports treat differently."""
+    record = run_member(f"{__name__}:guarded_entry", _spec(tmp_path), timeout_s=0.3)
+    assert record["status"] == "timeout", record

@@ -15,7 +15,6 @@ from launch.slurm_queries import base_job_id, expand_job_ids, parse_sacct
 from slurm_helpers import LocalSlurm, run_slurm_command
 from slurm_launch_helpers import FAST, run_generation, specs
 
-CONF = Path(__file__).resolve().parents[2] / "conf" / "launcher" / "slurm.yaml"
 
 
 def test_sacct_rows_expand_to_one_state_per_task() -> None:
@@ -39,9 +38,11 @@ def test_bad_launcher_settings_name_the_key() -> None:
 
 
 def test_shipped_config_builds_the_launcher_with_its_documented_resources() -> None:
-    import yaml
+    from meta.run import compose
 
-    launcher = build_launcher(yaml.safe_load(CONF.read_text()) | {"mem_gb": 2, "sbatch_extra": {"qos": "high"}})
+    # composed as meta.run does: the launcher reads the preset's resources (here the embedded tiny_arith's)
+    shipped = compose(["launcher=slurm"])["launcher"]
+    launcher = build_launcher(shipped | {"mem_gb": 2, "sbatch_extra": {"qos": "high"}})
     assert isinstance(launcher, SlurmLauncher)
     params = launcher.config.sbatch_parameters(timeout_s=3600)
     assert params["time"] == 61  # inner.timeout_s + kill_grace_s, rounded up to minutes
@@ -132,4 +133,4 @@ def test_members_get_a_clean_environment_when_the_orchestrator_runs_in_a_slurm_j
     assert seen["SLURM_JOB_ID"] == job_id
     # The controller's record (accounting may briefly show a placeholder name right after the job ends).
     shown = run_slurm_command(["scontrol", "show", "job", "-o", job_id])
-    assert " JobName=mirror-es-clean-env " in shown, shown
+    assert " JobName=mirror-es-clean-env.slurm-test.g0000.c000 " in shown, shown  # <job_name>.<run>.g<gen>.c<chunk>

@@ -64,7 +64,8 @@ def test_sigkill_mid_generation_then_resume_reattaches_and_resubmits_nothing(
     for i in range(POPULATION):
         calls = (store.member_dir(0, i) / "calls.log").read_text().splitlines()
         assert calls == ["attempt 0"], f"member {i} ran {len(calls)} times"
-    rows = run_slurm_command(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "--name", job_name, "-S", "now-1hour"])
+    array_name = f"{job_name}.{store.read_manifest()['run_id']}.g0000.c000"  # <job_name>.<run>.g<gen>.c<chunk>
+    rows = run_slurm_command(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "--name", array_name, "-S", "now-1hour"])
     tasks = [line.split("|") for line in rows.split()]
     assert sorted(t[0] for t in tasks) == sorted(j["job_id"] for j in jobs_before.values()), tasks
     assert "re-attached" in err.decode()
