@@ -20,6 +20,8 @@ FORMS = ("sampled", "sampled_is", "full")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 AGGREGATIONS = ("dr_grpo", "grpo", "bnpo")
 DTYPES = ("float32", "bfloat16", "float16")
+#: train.keep_checkpoints: what of a member's checkpoints survives once its result.json is final.
+KEEP_CHECKPOINTS = ("none", "last", "all")
 
 
 def _plain(value: Any) -> Any:
@@ -200,6 +202,10 @@ class TrainConfig:
     scale_rewards: bool = False
     grad_clip: float = 1.0
     save_every: int = 10
+    #: none: checkpoints only serve resuming an unfinished member; last: keep the newest; all: keep every one.
+    keep_checkpoints: str = "none"
+    #: the Trainer's rotation while training (null: no rotation); not applied with keep_checkpoints=all.
+    save_total_limit: int | None = 1
     num_threads: int = 1
     val_size: int | None = 128
     val_batch_size: int = 64
@@ -224,6 +230,15 @@ class TrainConfig:
         _one_of("train.policy_loss", self.policy_loss, tuple(POLICY_TERMS))
         validate_policy_extra(self.policy_loss, self.policy_extra)
         _one_of("train.aggregation", self.aggregation, AGGREGATIONS)
+        if self.keep_checkpoints not in KEEP_CHECKPOINTS:
+            raise ValueError(
+                f"train.keep_checkpoints={self.keep_checkpoints!r} is not one of {list(KEEP_CHECKPOINTS)} "
+                "(none: delete a member's checkpoints once its result is written; last: keep the newest; all: keep "
+                "every one)"
+            )
+        if self.save_total_limit is not None and self.save_total_limit < 1:
+            raise ValueError(f"train.save_total_limit must be >= 1 or null (no rotation), got {self.save_total_limit}"
+                             "; 1 is enough to resume after preemption")
         for key in ("learning_rate", "temperature", "top_p", "epsilon_low", "epsilon_high", "grad_clip"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"train.{key} must be > 0, got {getattr(self, key)}")

@@ -3,12 +3,15 @@
 This is the function the ES orchestrator runs for every population member, possibly several times for the
 same member (requeue after preemption, retries, orchestrator resume). So: a final result.json is returned as
 is, a partial run continues from its newest TRL checkpoint in the work dir, and every way of failing ends in
-a written record with a status and a reason - never a NaN fitness.
+a written record with a status and a reason - never a NaN fitness. Once the result is final, the member's
+checkpoints follow ``train.keep_checkpoints`` (inner_loop/checkpoints.py) and the record carries its peak disk use.
 """
 from __future__ import annotations
 
 import logging
 import math
+import os
+import shutil
 import time
 import traceback
 from dataclasses import dataclass
@@ -17,6 +20,8 @@ from typing import Any, Mapping
 
 import torch
 
+from inner_loop.checkpoints import (CHECKPOINT_DIR, TRASH_DIR, DiskUsageCallback, apply_checkpoint_policy,
+                                   dir_bytes, last_checkpoint, trainer_save_total_limit)
 from inner_loop.config import InnerConfig
 from inner_loop.evaluate import EvalResult, evaluate
 from inner_loop.models import format_prompt, load_policy, resolve_model_dir
@@ -32,7 +37,8 @@ from results.records import MemberSpec, ResultRecord, read_result, write_result
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINT_DIR = "checkpoints"
+#: Where a single run (python -m inner_loop.run) leaves its trained model, whatever train.keep_checkpoints says.
+FINAL_MODEL_DIR = "final"
 #: TRL log keys averaged over the run into the result's diagnostics.
 _DIAGNOSTIC_KEYS = {
     "reward": "reward_mean",
@@ -122,6 +128,7 @@ def _build_trainer(run: PreparedRun, work_dir: Path, seed: int) -> MirrorGRPOTra
         epsilon_high=tcfg.epsilon_high,
         save_strategy="steps",
         save_steps=tcfg.save_every,
+        save_total_limit=trainer_save_total_limit(tcfg.keep_checkpoints, tcfg.save_total_limit),
         logging_steps=tcfg.logging_steps,
         report_to=[],
         seed=seed,
@@ -141,41 +148,8 @@ def _build_trainer(run: PreparedRun, work_dir: Path, seed: int) -> MirrorGRPOTra
         policy_term=tcfg.policy_loss,
         policy_params=PolicyParams(tcfg.epsilon_low, tcfg.epsilon_high, dict(tcfg.policy_extra)),
         full_form_rows=tcfg.full_form_rows,
+        callbacks=[DiskUsageCallback(str(work_dir))],
     )
-
-
-def _checkpoint_complete(folder: Path) -> bool:
-    """True when a checkpoint holds weights, optimizer state and a parseable trainer_state.json for its step.
-
-    The Trainer writes a checkpoint's files one after another into its final folder, so a kill mid-save leaves
-    a folder that looks like the newest checkpoint but cannot be resumed from.
-    """
-    import json
-
-    step = folder.name.rpartition("-")[2]
-    weights = any((folder / name).is_file() for name in ("model.safetensors", "adapter_model.safetensors",
-                                                          "pytorch_model.bin", "adapter_model.bin"))
-    if not (weights and (folder / "optimizer.pt").is_file() and step.isdigit()):
-        return False
-    try:
-        state = json.loads((folder / "trainer_state.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return int(state.get("global_step", -1)) == int(step)
-
-
-def last_checkpoint(work_dir: str | Path) -> str | None:
-    """The newest complete TRL checkpoint of this member, if any; incomplete ones (killed mid-save) are skipped."""
-    folder = Path(work_dir) / CHECKPOINT_DIR
-    if not folder.is_dir():
-        return None
-    candidates = [p for p in folder.glob("checkpoint-*") if p.is_dir() and p.name.rpartition("-")[2].isdigit()]
-    for candidate in sorted(candidates, key=lambda p: int(p.name.rpartition("-")[2]), reverse=True):
-        if _checkpoint_complete(candidate):
-            return str(candidate)
-        logger.warning("member %s: skipping incomplete checkpoint %s (killed while saving?)", work_dir,
-                       candidate.name)
-    return None
 
 
 def diagnostics_from_history(history: list[dict[str, Any]]) -> dict[str, float]:
@@ -199,17 +173,76 @@ def _evaluate(trainer: MirrorGRPOTrainer, run: PreparedRun) -> EvalResult:
                     temperature=tcfg.temperature, top_p=tcfg.top_p)
 
 
-def train_member(spec: MemberSpec | Mapping[str, Any]) -> ResultRecord:
+def _save_final_model(trainer: MirrorGRPOTrainer, work_dir: Path) -> Path:
+    """Write the trained model (the LoRA adapter when model.lora_r > 0) and tokenizer to ``<work_dir>/final/``.
+
+    Written beside it and renamed into place, so ``final/`` is either absent or whole; it is written before
+    result.json, so an ok result of a single run implies its final model is there.
+    """
+    final, tmp = work_dir / FINAL_MODEL_DIR, work_dir / f".{FINAL_MODEL_DIR}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    trainer.save_model(str(tmp))
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    return final
+
+
+def _peak_disk(trainer: MirrorGRPOTrainer, work_dir: Path) -> int | None:
+    """Peak bytes of the work dir: the max over checkpoint saves (the callback) and the dir as it is now; None
+    if the filesystem would not say (a diagnostic must never turn a finished member into a failed one)."""
+    tracker = next((c for c in trainer.callback_handler.callbacks if isinstance(c, DiskUsageCallback)), None)
+    try:
+        return tracker.measure() if tracker is not None else dir_bytes(work_dir)
+    except OSError as exc:
+        logger.warning("member %s: could not measure its disk use: %s", work_dir, exc)
+        return None
+
+
+def _apply_policy(work_dir: Path, keep: str) -> None:
+    """Delete what ``keep`` does not keep, after the result is final. A filesystem error here (an NFS server
+    refusing to drop a busy file) is logged, never raised: raising would turn a finished member into a failed
+    one; whatever is left goes on the next call."""
+    try:
+        apply_checkpoint_policy(work_dir, keep)
+    except OSError as exc:
+        logger.warning("member %s: could not delete its checkpoints (keep_checkpoints=%s): %s; the next call "
+                       "retries", work_dir, keep, exc)
+
+
+def _clean_up_after_final(spec: MemberSpec, work_dir: Path) -> None:
+    """Apply train.keep_checkpoints to a member whose result.json was already final when we were called: what a
+    crash between writing the result and deleting the checkpoints (or a failed member's kept ones) leaves."""
+    if not any((work_dir / name).exists() for name in (CHECKPOINT_DIR, TRASH_DIR)):
+        return
+    try:
+        keep = InnerConfig.from_dict(spec.inner, seed=spec.seed).train.keep_checkpoints
+    except ValueError as exc:
+        logger.warning("member %s: leaving its checkpoints, its config no longer parses (%s)", work_dir, exc)
+        return
+    _apply_policy(work_dir, keep)
+
+
+def train_member(spec: MemberSpec | Mapping[str, Any], save_final: bool = False) -> ResultRecord:
     """Train and validate one member; returns (and writes to ``<work_dir>/result.json``) its ResultRecord.
 
     Config and data mistakes raise ValueError before any training. Training failures (non-finite loss, crashes)
-    are returned as status `failed` with the reason.
+    are returned as status `failed` with the reason. ``save_final``: also keep the trained model in
+    ``<work_dir>/final/`` (single runs want it; an ES member's outcome is its record).
+
+    Checkpoints follow ``train.keep_checkpoints``, applied only AFTER result.json is durably written (a crash in
+    between loses nothing: the next call finds the final result and finishes the cleanup). A failed member
+    keeps its checkpoints: the orchestrator may retry it, and the retry resumes from them.
     """
     spec = _as_spec(spec)
     work_dir = Path(spec.work_dir)
     existing = read_result(work_dir)
     if existing is not None:
         logger.info("member %s: final result already present, returning it", work_dir)
+        _clean_up_after_final(spec, work_dir)
+        if save_final and existing.ok and not (work_dir / FINAL_MODEL_DIR).is_dir():
+            logger.warning("member %s: finished without a %s/ model (trained by an ES run or an older version)",
+                           work_dir, FINAL_MODEL_DIR)
         return existing
     started = time.monotonic()
     run = prepare(spec.inner, spec.seed, spec.params)
@@ -225,16 +258,20 @@ def train_member(spec: MemberSpec | Mapping[str, Any]) -> ResultRecord:
     try:
         trainer.train(resume_from_checkpoint=resume)
         evaluation = _evaluate(trainer, run)
+        if save_final:
+            _save_final_model(trainer, work_dir)
     except NonFiniteLossError as exc:
         record = ResultRecord(status="failed", error=str(exc), steps_done=trainer.state.global_step,
                               wall_time_s=time.monotonic() - started,
-                              diagnostics=diagnostics_from_history(trainer.state.log_history))
+                              diagnostics=diagnostics_from_history(trainer.state.log_history),
+                              disk_peak_bytes=_peak_disk(trainer, work_dir))
         write_result(work_dir, record)
         return record
     except Exception as exc:  # a crash is a member outcome, not an orchestrator crash
         logger.error("member %s failed:\n%s", work_dir, traceback.format_exc())
         record = ResultRecord(status="failed", error=f"{type(exc).__name__}: {exc}",
-                              steps_done=trainer.state.global_step, wall_time_s=time.monotonic() - started)
+                              steps_done=trainer.state.global_step, wall_time_s=time.monotonic() - started,
+                              disk_peak_bytes=_peak_disk(trainer, work_dir))
         write_result(work_dir, record)
         return record
     wall = time.monotonic() - started
@@ -249,9 +286,12 @@ def train_member(spec: MemberSpec | Mapping[str, Any]) -> ResultRecord:
         diagnostics=diagnostics,
         wall_time_s=wall,
         steps_done=trainer.state.global_step,
+        disk_peak_bytes=_peak_disk(trainer, work_dir),
     )
     write_result(work_dir, record)
-    logger.info("member %s: fitness %.4f after %d steps in %.1fs", work_dir, record.fitness, record.steps_done, wall)
+    _apply_policy(work_dir, run.cfg.train.keep_checkpoints)
+    logger.info("member %s: fitness %.4f after %d steps in %.1fs, peak disk %s bytes", work_dir, record.fitness,
+                record.steps_done, wall, record.disk_peak_bytes)
     return record
 
 

@@ -5,6 +5,11 @@
 
 Re-running with the same work_dir returns the finished result or resumes the partial run. A configuration
 mistake exits with status 2 and a one-line message naming the key, before anything is trained or written.
+
+The trained model (the LoRA adapter when model.lora_r > 0) and tokenizer are kept in ``<work_dir>/final/``
+whatever ``train.keep_checkpoints`` says; the checkpoints themselves follow it like an ES member's (default
+``none``: deleted once result.json is written; ``train.keep_checkpoints=last`` keeps the newest, with the
+optimizer state, to train on from it).
 """
 from __future__ import annotations
 
@@ -39,7 +44,7 @@ def spec_from_config(cfg: DictConfig) -> MemberSpec:
 def main(cfg: DictConfig) -> None:
     try:
         # Config and data errors raise ValueError inside train_member before any training step.
-        record = train_member(spec_from_config(cfg))
+        record = train_member(spec_from_config(cfg), save_final=True)
     except ValueError as exc:
         logger.error("configuration error: %s", exc)
         print(f"error: {exc}", file=sys.stderr)

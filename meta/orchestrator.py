@@ -183,6 +183,7 @@ class Orchestrator:
                 "mean_response_tokens": record.mean_response_tokens,
                 "wall_time_s": record.wall_time_s,
                 "steps_done": record.steps_done,
+                "disk_peak_bytes": record.disk_peak_bytes,
                 "error": record.error[-500:],
             }
             row.update({f"diag_{k}": v for k, v in record.diagnostics.items()})

@@ -93,3 +93,37 @@ def plot_failures(generations: pd.DataFrame, path: str | Path) -> Path:
     else:
         _no_data(ax, "generations")
     return _finish_per_generation(fig, ax, "members", "Failures per generation", path)
+
+
+def _byte_unit(largest: float) -> tuple[float, str]:
+    """The binary unit that shows ``largest`` as a number below 1024."""
+    scale, unit = 1.0, "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if largest < 1024 * scale or unit == "PiB":
+            break
+        scale *= 1024
+    return scale, unit
+
+
+def plot_disk(generations: pd.DataFrame, path: str | Path) -> Path:
+    """Peak disk per member (max and mean) per generation, and the generation's sum (bars, right axis): what a
+    generation may need at once when its members run side by side."""
+    fig, ax = _new_figure()
+    has = generations.dropna(subset=["disk_peak_max"]) if len(generations) else generations
+    if len(has):
+        scale, unit = _byte_unit(float(has["disk_peak_max"].max()))
+        ax.plot(has["generation"], has["disk_peak_max"] / scale, marker="^", color="tab:red", label="member max")
+        ax.plot(has["generation"], has["disk_peak_mean"] / scale, marker="o", color="tab:blue", label="member mean")
+        ax.set_ylim(bottom=0)
+        ax.legend(loc="upper left", fontsize=8)
+        ylabel = f"peak per member ({unit})"
+        total = ax.twinx()
+        sum_scale, sum_unit = _byte_unit(float(has["disk_peak_sum"].max()))
+        total.bar(has["generation"], has["disk_peak_sum"] / sum_scale, alpha=0.2, color="tab:gray")
+        total.set_ylabel(f"generation sum, bars ({sum_unit})")
+        ax.set_zorder(total.get_zorder() + 1)  # the lines in front of the bars
+        ax.patch.set_visible(False)
+    else:
+        _no_data(ax, "disk measurements")
+        ylabel = "peak per member"
+    return _finish_per_generation(fig, ax, ylabel, "Disk per generation (member work dirs)", path)

@@ -62,10 +62,17 @@ class ResultRecord:
     wall_time_s: float = 0.0
     steps_done: int = 0
     error: str = ""
+    #: Peak bytes of the member's work dir (checkpoints included); None: not measured (older records, records
+    #: written by the launcher for a member that never reported, synthetic objectives).
+    disk_peak_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise ValueError(f"result status {self.status!r} is not one of {STATUSES}")
+        peak = self.disk_peak_bytes
+        # A diagnostic like the others: a value that is not a byte count is dropped, never a reason to lose a result.
+        valid = isinstance(peak, (int, float)) and not isinstance(peak, bool) and math.isfinite(peak) and peak >= 0
+        self.disk_peak_bytes = int(peak) if valid else None
         if not isinstance(self.fitness, (int, float)) or not math.isfinite(float(self.fitness)):
             # A non-finite fitness must never reach a searcher: it becomes a failure with the reason kept.
             self.error = (self.error + "; " if self.error else "") + f"non-finite fitness {self.fitness!r}"

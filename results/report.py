@@ -1,7 +1,8 @@
 """``python -m results.report RUN_DIR [--out DIR] [--top K]``: tables and plots of an ES search, live or finished.
 
-Prints the generations table and the top members, then writes CSV tables (with provenance columns: run id,
-config hash, code version, seed, data hashes) and three PNG plots to ``--out`` (default ``RUN_DIR/report``).
+Prints the generations table, disk use per generation and the top members, then writes CSV tables (with
+provenance columns: run id, config hash, code version, seed, data hashes) and four PNG plots to ``--out``
+(default ``RUN_DIR/report``).
 Works while the search is running and on a partly corrupt run dir; everything it could not read is listed.
 Exit status: 0 written, 2 RUN_DIR is not a run dir.
 """
@@ -18,12 +19,15 @@ from typing import Sequence
 import pandas as pd
 
 from results.atomic import atomic_write_text
-from results.plots import plot_failures, plot_fitness, plot_response_length
+from results.plots import plot_disk, plot_failures, plot_fitness, plot_response_length
 from results.run_snapshot import RunSnapshot, load_run, top_members
 
 logger = logging.getLogger(__name__)
 
 PROVENANCE_COLUMNS = ["run_id", "config_hash", "code_version", "seed", "data_hashes"]
+#: Generation columns in bytes; the CSV keeps the numbers, the text shows them in their own section with units.
+DISK_COLUMNS = ["disk_peak_max", "disk_peak_mean", "disk_peak_sum"]
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 
 @dataclass
@@ -69,14 +73,43 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None, top_k: 
         plot_fitness(snapshot.generations, snapshot.members, out / "fitness.png"),
         plot_response_length(snapshot.generations, out / "response_length.png"),
         plot_failures(snapshot.generations, out / "failures.png"),
+        plot_disk(snapshot.generations, out / "disk.png"),
     ]
     return Report(snapshot, snapshot.generations, top, provenance, files)
 
 
+def format_bytes(count: float | None) -> str:
+    """``1536`` -> ``1.5 KiB`` (binary units); ``n/a`` for an unknown (None / NaN) size."""
+    if count is None or pd.isna(count):
+        return "n/a"
+    value, unit = float(count), _UNITS[0]
+    for unit in _UNITS:
+        if abs(value) < 1024 or unit == _UNITS[-1]:
+            break
+        value /= 1024
+    return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+
+
+def format_disk(generations: pd.DataFrame, members: pd.DataFrame) -> list[str]:
+    """One line per generation: peak disk per member (max / mean) and the sum over the generation."""
+    lines = []
+    for row in generations.to_dict("records"):
+        group = members[members["generation"] == row["generation"]] if len(members) else members
+        measured = int(group["disk_peak_bytes"].notna().sum()) if len(group) else 0
+        lines.append(f"  gen {int(row['generation'])}: per member max {format_bytes(row['disk_peak_max'])}, "
+                     f"mean {format_bytes(row['disk_peak_mean'])}; generation sum "
+                     f"{format_bytes(row['disk_peak_sum'])} ({measured}/{len(group)} members measured)")
+    return lines or ["  (none yet)"]
+
+
 def format_report(report: Report) -> str:
-    """Human-readable text: provenance, generations table, top members, skipped files."""
+    """Human-readable text: provenance, generations table, disk per generation, top members, skipped files."""
     p = report.provenance
-    gens = report.generations
+    gens = report.generations.drop(columns=[c for c in DISK_COLUMNS if c in report.generations.columns])
+    top = report.top.copy()
+    if "disk_peak_bytes" in top.columns:
+        top = top.assign(disk_peak_bytes=top["disk_peak_bytes"].map(format_bytes)).rename(
+            columns={"disk_peak_bytes": "disk_peak"})
     lines = [
         f"run {report.snapshot.root}  (run_id {p['run_id']}, seed {p['seed']})",
         f"config hash {p['config_hash']}  code {p['code_version']}  data {p['data_hashes']}",
@@ -84,8 +117,11 @@ def format_report(report: Report) -> str:
         "generations:",
         gens.to_string(index=False, float_format=lambda x: f"{x:.4g}") if len(gens) else "  (none yet)",
         "",
-        f"top {len(report.top)} members:",
-        report.top.to_string(index=False, float_format=lambda x: f"{x:.4g}") if len(report.top) else "  (none yet)",
+        "disk (peak size of a member's work dir, checkpoints included):",
+        *format_disk(report.generations, report.snapshot.members),
+        "",
+        f"top {len(top)} members:",
+        top.to_string(index=False, float_format=lambda x: f"{x:.4g}") if len(top) else "  (none yet)",
     ]
     if report.snapshot.skipped:
         lines += ["", f"skipped ({len(report.snapshot.skipped)}):"] + [f"  {s}" for s in report.snapshot.skipped]

@@ -30,7 +30,7 @@ UNREADABLE = "unreadable"
 _GEN_RE = re.compile(r"^gen_(\d{4,})$")
 _MEMBER_RE = re.compile(r"^member_(\d{3,})$")
 MEMBER_COLUMNS = ["generation", "index", "status", "fitness", "mean_response_tokens", "wall_time_s", "steps_done",
-                  "error", "source"]
+                  "disk_peak_bytes", "error", "source"]
 
 
 @dataclass
@@ -87,8 +87,22 @@ def _member_row_from_dir(generation: int, index: int, member_dir: Path, skipped:
     row.update(status=record.status, fitness=record.fitness if record.ok else float("nan"),
                mean_response_tokens=record.mean_response_tokens if record.ok else float("nan"),
                wall_time_s=record.wall_time_s, steps_done=record.steps_done, error=record.error[-500:],
-               source="result.json")
+               disk_peak_bytes=_bytes_or_nan(record.disk_peak_bytes), source="result.json")
     return row
+
+
+def _bytes_or_nan(value: int | None) -> float:
+    return float("nan") if value is None else float(value)
+
+
+def _disk_from_result(member_dir: Path) -> float:
+    """A member's peak disk use from its result.json, for table rows that lack it (the orchestrator's table may
+    not carry the column); NaN when unknown. Unreadable files are already reported by the row's own source."""
+    try:
+        record = ResultRecord.from_dict(json.loads((member_dir / RESULT_FILE).read_text()))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError, ValueError, TypeError):
+        return float("nan")
+    return _bytes_or_nan(record.disk_peak_bytes)
 
 
 def _population_info(store: RunStore, generation: int, skipped: list[str]) -> tuple[int | None, float]:
@@ -154,6 +168,9 @@ def load_run(run_dir: str | Path) -> RunSnapshot:
             if member_dir is not None:
                 data_hashes.update(_member_data_hashes(member_dir))
             if (generation, index) in rows:
+                row = rows[(generation, index)]
+                if member_dir is not None and pd.isna(row.get("disk_peak_bytes", float("nan"))):
+                    row["disk_peak_bytes"] = _disk_from_result(member_dir)
                 continue
             if member_dir is None:
                 rows[(generation, index)] = {"generation": generation, "index": index, "status": PENDING,
@@ -182,7 +199,7 @@ def _member_data_hashes(member_dir: Path) -> set[str]:
 
 def generation_table(members: pd.DataFrame, gen_table: pd.DataFrame, populations: dict[int, tuple[int | None, float]],
                      states: set[int], store: RunStore) -> pd.DataFrame:
-    """Per generation: state, member counts, fitness statistics over ok members, search spread, wall time.
+    """Per generation: state, member counts, fitness statistics over ok members, search spread, wall time, disk.
 
     Fitness statistics use only members that finished ok (failures are counted, not averaged as zeros), so the
     numbers are validation pass@1 of the population; ``fitness_used`` in the members table is what the searcher saw.
@@ -199,6 +216,9 @@ def generation_table(members: pd.DataFrame, gen_table: pd.DataFrame, populations
         group = members[members["generation"] == generation] if len(members) else members
         ok = group[group["status"] == "ok"]
         fitness = ok["fitness"].astype(float)
+        # Every member that measured its disk counts (a failed one used disk too); members run side by side, so
+        # the sum of their peaks is what a generation may need at once.
+        disk = group["disk_peak_bytes"].astype(float).dropna() if len(group) else pd.Series(dtype=float)
         failed = int(group["status"].isin(["failed", "timeout", "cancelled"]).sum())
         pending = int((group["status"] == PENDING).sum())
         wall = recorded_wall.get(generation, float("nan"))
@@ -219,18 +239,21 @@ def generation_table(members: pd.DataFrame, gen_table: pd.DataFrame, populations
             "search_spread": populations.get(generation, (None, float("nan")))[1],
             "mean_response_tokens": ok["mean_response_tokens"].astype(float).mean() if len(ok) else float("nan"),
             "wall_time_s": wall,
+            "disk_peak_max": disk.max() if len(disk) else float("nan"),
+            "disk_peak_mean": disk.mean() if len(disk) else float("nan"),
+            "disk_peak_sum": disk.sum() if len(disk) else float("nan"),
         })
     return pd.DataFrame(rows, columns=GENERATION_COLUMNS)
 
 
 GENERATION_COLUMNS = ["generation", "state", "members", "ok", "failed", "unreadable", "pending", "mean_fitness",
                       "median_fitness", "max_fitness", "std_fitness", "search_spread", "mean_response_tokens",
-                      "wall_time_s"]
+                      "wall_time_s", "disk_peak_max", "disk_peak_mean", "disk_peak_sum"]
 
 
 def top_members(members: pd.DataFrame, k: int = 10) -> pd.DataFrame:
     """The ``k`` best members that finished ok, best first (ties: earlier generation, lower index)."""
     ok = members[members["status"] == "ok"]
-    columns = ["generation", "index", "fitness", "mean_response_tokens", "wall_time_s", "steps_done"]
+    columns = ["generation", "index", "fitness", "mean_response_tokens", "wall_time_s", "steps_done", "disk_peak_bytes"]
     ranked = ok.sort_values(["fitness", "generation", "index"], ascending=[False, True, True])
     return ranked[columns].head(k).reset_index(drop=True)

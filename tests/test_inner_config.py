@@ -63,6 +63,32 @@ def test_bad_config_values_name_the_key(node, key, value, message):
         InnerConfig.from_dict(_with(node, key, value))
 
 
+@pytest.mark.parametrize("value", ["newest", "None", 1, True])
+def test_keep_checkpoints_names_the_key_and_the_allowed_values(value):
+    with pytest.raises(ValueError, match=r"train\.keep_checkpoints") as error:
+        InnerConfig.from_dict(_with("train", "keep_checkpoints", value))
+    if isinstance(value, str):
+        assert "['none', 'last', 'all']" in str(error.value)
+
+
+@pytest.mark.parametrize("value, ok", [(0, False), (-1, False), ("two", False), (1, True), (2, True), (None, True)])
+def test_save_total_limit_is_a_positive_count_or_null(value, ok):
+    inner = _with("train", "save_total_limit", value)
+    if ok:
+        assert InnerConfig.from_dict(inner).train.save_total_limit == value
+    else:
+        with pytest.raises(ValueError, match=r"train\.save_total_limit"):
+            InnerConfig.from_dict(inner)
+
+
+def test_checkpoint_policy_defaults_and_trainer_rotation():
+    from inner_loop.checkpoints import trainer_save_total_limit
+
+    train = InnerConfig.from_dict(_inner()).train
+    assert (train.keep_checkpoints, train.save_total_limit) == ("none", 1)
+    assert [trainer_save_total_limit(k, 1) for k in ("none", "last", "all")] == [1, 1, None]
+
+
 def test_missing_node_and_task_errors():
     inner = _inner()
     del inner["train"]

@@ -96,8 +96,12 @@ train_member(json.loads(sys.argv[1]))
 
 @pytest.mark.slow
 def test_killed_member_resumes_from_its_checkpoint_and_matches(cache, tmp_path):
-    inner = _inner(steps=24, save_every=4)
-    reference = train_member(_spec(tmp_path / "straight", inner))
+    """The killed member trains with the default rotation (save_total_limit 1) and keeps its last checkpoint;
+    the uninterrupted reference keeps all of them (its checkpoint-4 shows that training moved the weights)."""
+    inner = _inner(steps=24, save_every=4, keep_checkpoints="last")
+    assert inner["train"]["save_total_limit"] == 1
+    reference = train_member(_spec(tmp_path / "straight", {**inner, "train": {**inner["train"],
+                                                                            "keep_checkpoints": "all"}}))
     assert reference.status == "ok", reference.error
 
     work = tmp_path / "killed"
@@ -115,10 +119,13 @@ def test_killed_member_resumes_from_its_checkpoint_and_matches(cache, tmp_path):
     assert read_result(work) is None, "the child finished before it could be killed; the test proved nothing"
     partial = last_checkpoint(work)
     assert partial is not None and int(partial.rsplit("-", 1)[1]) < 24
+    # Rotation kept at most the newest complete checkpoint plus one being written when the kill came.
+    assert len(list((work / "checkpoints").glob("checkpoint-*"))) <= 2
 
     resumed = train_member(_spec(work, inner))
     assert resumed.status == "ok", resumed.error
     assert resumed.steps_done == 24
+    assert sorted(p.name for p in (work / "checkpoints").glob("checkpoint-*")) == ["checkpoint-24"]
     assert abs(resumed.fitness - reference.fitness) <= 0.07
     assert resumed.diagnostics["reward_mean"] == pytest.approx(reference.diagnostics["reward_mean"], abs=0.1)
     # The trained weights match the uninterrupted run's, and training did move them.

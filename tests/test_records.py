@@ -93,3 +93,21 @@ def test_atomic_write_leaves_no_temp_files_and_refuses_nan(tmp_path):
     with pytest.raises(ValueError):
         atomic_write_json(tmp_path / "b.json", {"x": float("nan")})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json"]
+
+
+def test_disk_peak_round_trips_and_older_records_still_load(tmp_path):
+    record = ResultRecord(status="ok", fitness=0.5, disk_peak_bytes=3 * 2**30)
+    write_result(tmp_path, record)
+    assert json.loads((tmp_path / "result.json").read_text())["disk_peak_bytes"] == 3 * 2**30
+    assert read_result(tmp_path) == record
+    older = {"status": "ok", "fitness": 0.5, "val_size": 4, "diagnostics": {}, "wall_time_s": 1.0, "steps_done": 2,
+             "error": ""}  # a result.json written before the field existed
+    (tmp_path / "result.json").write_text(json.dumps(older))
+    loaded = read_result(tmp_path)
+    assert loaded is not None and loaded.fitness == 0.5 and loaded.disk_peak_bytes is None
+
+
+@pytest.mark.parametrize("bad", [-1, float("nan"), "big", True])
+def test_a_bad_disk_peak_is_dropped_not_a_lost_result(bad):
+    record = ResultRecord(status="ok", fitness=0.5, disk_peak_bytes=bad)
+    assert record.ok and record.disk_peak_bytes is None

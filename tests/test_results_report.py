@@ -116,10 +116,23 @@ def _assert_real_png(path) -> None:
     assert len(np.unique(pixels.reshape(-1, 3), axis=0)) > 20
 
 
+def _set_disk(run_dir, generation: int, peaks: list) -> None:
+    """Rewrite the members' result.json with these peaks (None: an older record without the field)."""
+    for index, peak in enumerate(peaks):
+        path = RunStore(run_dir).member_dir(generation, index) / "result.json"
+        data = json.loads(path.read_text())
+        data.pop("disk_peak_bytes", None)
+        if peak is not None:
+            data["disk_peak_bytes"] = peak
+        path.write_text(json.dumps(data))
+
+
 def test_plots_are_real_non_blank_images(run_dir, tmp_path):
+    _set_disk(run_dir, 0, [2**30, 2**31, 3 * 2**30, 2**30])
+    _set_disk(run_dir, 1, [2**31, 2**31, 2**29, 2**31])
     report = build_report(run_dir, tmp_path / "out")
     pngs = [p for p in report.files if p.suffix == ".png"]
-    assert sorted(p.name for p in pngs) == ["failures.png", "fitness.png", "response_length.png"]
+    assert sorted(p.name for p in pngs) == ["disk.png", "failures.png", "fitness.png", "response_length.png"]
     for png in pngs:
         _assert_real_png(png)
 
@@ -171,3 +184,28 @@ def test_report_agrees_with_the_orchestrators_own_tables(tmp_path):
     assert report.provenance["config_hash"] == json.loads((run / "manifest.json").read_text())["config_hash"]
     for png in (p for p in report.files if p.suffix == ".png"):
         _assert_real_png(png)
+
+
+def test_disk_per_generation_from_result_files(run_dir, tmp_path, capsys):
+    """Peak disk per member comes from result.json (the orchestrator's table need not carry it); a generation
+    shows max / mean over the members that measured it and their sum; older records without it count as unknown."""
+    gib = 2**30
+    _set_disk(run_dir, 0, [1 * gib, 2 * gib, 3 * gib, None])  # member 3: an older result.json
+    assert main([str(run_dir), "--out", str(tmp_path / "out")]) == 0
+    text = capsys.readouterr().out
+    gens = pd.read_csv(tmp_path / "out" / "generations.csv").set_index("generation")
+    assert gens.loc[0, "disk_peak_max"] == 3 * gib
+    assert gens.loc[0, "disk_peak_mean"] == pytest.approx(2 * gib)
+    assert gens.loc[0, "disk_peak_sum"] == 6 * gib
+    assert pd.isna(gens.loc[1, "disk_peak_max"])  # nothing measured there
+    members = pd.read_csv(tmp_path / "out" / "members.csv").set_index(["generation", "index"])
+    assert members.loc[(0, 2), "disk_peak_bytes"] == 3 * gib and pd.isna(members.loc[(0, 3), "disk_peak_bytes"])
+    assert "gen 0: per member max 3.0 GiB, mean 2.0 GiB; generation sum 6.0 GiB (3/4 members measured)" in text
+    assert "gen 1: per member max n/a" in text
+
+
+def test_format_bytes_picks_readable_units():
+    from results.report import format_bytes
+
+    assert [format_bytes(v) for v in (0, 1023, 1536, 5 * 2**20, 2.4e12, None, float("nan"))] == [
+        "0 B", "1023 B", "1.5 KiB", "5.0 MiB", "2.2 TiB", "n/a", "n/a"]
