@@ -8,13 +8,18 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from pathlib import Path
+from typing import Any, Mapping, MutableMapping, Sequence
 
 INNER_NODES = ("task", "model", "divergence", "train")
 # Keys that change what the search computes; a resume refuses to change them.
 SEARCH_KEYS = ("population", "seed", "es", "init", "fitness_on_failure", "common_random_numbers", "inner.entrypoint",
                "inner.options", *INNER_NODES)
+# Keys inside SEARCH_KEYS that say what a member keeps on disk, not what it computes: a resume may change them
+# (e.g. keep checkpoints from now on), and runs started before they existed resume.
+HOUSEKEEPING_KEYS = ("train.keep_checkpoints", "train.save_total_limit")
 
 
 class ConfigError(ValueError):
@@ -39,6 +44,8 @@ class SearchConfig:
     retries: int = 1
     common_random_numbers: bool = True
     log_level: str = "INFO"
+    dry_run: bool = False
+    resources: dict[str, Any] = field(default_factory=dict)
 
     def member_inner(self) -> dict[str, Any]:
         """The ``inner`` dict of every member spec: resolved task/model/divergence/train plus options."""
@@ -48,6 +55,13 @@ class SearchConfig:
 def config_hash(raw: Mapping[str, Any]) -> str:
     """Hash of the keys that define the search (provenance for exported inits)."""
     picked = _str_keys({key: _get_dotted(raw, key) for key in SEARCH_KEYS})
+    for key in HOUSEKEEPING_KEYS:
+        *parents, leaf = key.split(".")
+        node = picked
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(leaf, None)
     return hashlib.sha256(json.dumps(picked, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -84,6 +98,101 @@ def _float(raw: Mapping[str, Any], key: str, low: float = -math.inf, high: float
     return float(value)
 
 
+def _bool(raw: Mapping[str, Any], key: str) -> bool:
+    value = _get_dotted(raw, key)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise ConfigError(f"{key}={value!r} must be true or false")
+    return value
+
+
+# ------------------------------------------------------------------ time budget and resources
+def derive_inner_timeout(raw: MutableMapping[str, Any]) -> None:
+    """Fill ``inner.timeout_s: null`` from the preset's time per member (member_time_min x 60 x
+    timeout_factor), in place, so that the stored config says the number the members ran under."""
+    inner = raw.get("inner")
+    if not isinstance(inner, MutableMapping) or inner.get("timeout_s") is not None:
+        return
+    minutes = _float(raw, "resources.member_time_min", 1e-3)
+    factor = _float(raw, "resources.timeout_factor", 1.0)
+    inner["timeout_s"] = float(math.ceil(minutes * 60.0 * factor))
+
+
+def _check_resources(raw: Mapping[str, Any], cfg: SearchConfig) -> None:
+    """Cross-node checks a single node cannot make: a member needs the CPUs its threads use, and a SLURM
+    member must be able to finish within its requeues. Launchers without these keys (local, debug) skip them."""
+    launcher = cfg.launcher
+    threads = _get_dotted(raw, "train.num_threads")
+    cpus = launcher.get("cpus_per_task")
+    if isinstance(cpus, int) and isinstance(threads, int) and not isinstance(cpus, bool) and cpus < threads:
+        raise ConfigError(
+            f"launcher.cpus_per_task={cpus} is smaller than train.num_threads={threads}: the member's torch threads "
+            f"would share {cpus} core(s). Set launcher.cpus_per_task={threads} (or resources.cpus), or lower "
+            "train.num_threads"
+        )
+    time_min, requeues = launcher.get("time_min"), launcher.get("requeues")
+    if isinstance(time_min, int) and isinstance(requeues, int) and time_min > 0 and requeues >= 0:
+        reachable_s = (requeues + 1) * time_min * 60
+        if reachable_s < cfg.inner_timeout_s:
+            need = math.ceil(cfg.inner_timeout_s / (time_min * 60)) - 1
+            raise ConfigError(
+                f"a member could never finish: (launcher.requeues={requeues} + 1) x launcher.time_min={time_min} min "
+                f"= {reachable_s / 3600:.2f} h of running time is less than inner.timeout_s={cfg.inner_timeout_s:g} s "
+                f"({cfg.inner_timeout_s / 3600:.2f} h). Raise launcher.requeues to {need} or launcher.time_min to "
+                f"{math.ceil(cfg.inner_timeout_s / 60 / (requeues + 1))}, or set launcher.time_min=null (one run of "
+                "inner.timeout_s + kill_grace_s)"
+            )
+
+
+# ------------------------------------------------------------------ absolute paths
+# Keys holding a filesystem path. A run records them absolute (resolved against the directory the user ran
+# in), so that a resume from another directory, and every member on every node, reads the same files.
+PATH_KEYS = ("run_dir", "init", "task.train_file", "task.test_file", "task.problems_file", "divergence.init",
+             "model.gguf_file", "model.name_or_path")
+# Values of these keys that are names, not paths.
+_NOT_PATHS = {"init": ("uniform", "gaussian")}
+
+
+def absolute_path(value: str, cwd: str | Path) -> str:
+    """``value`` (``~`` expanded) made absolute against ``cwd``, normalised but with symlinks kept."""
+    return os.path.normpath(os.path.join(str(cwd), os.path.expanduser(value)))
+
+
+def _absolute_value(key: str, value: Any, cwd: str | Path) -> Any:
+    if not isinstance(value, str) or not value or value in _NOT_PATHS.get(key, ()):
+        return value
+    if key == "model.name_or_path":  # a hub id ("Qwen/Qwen3-1.7B") is not a path: only local ones change
+        local = value.startswith((".", "~", os.sep)) or os.path.exists(os.path.join(str(cwd), value))
+        if not local:
+            return value
+    return absolute_path(value, cwd)
+
+
+def absolute_paths(raw: MutableMapping[str, Any], cwd: str | Path) -> None:
+    """Make every PATH_KEYS value of the resolved config absolute (in place)."""
+    for key in PATH_KEYS:
+        *parents, leaf = key.split(".")
+        node: Any = raw
+        for part in parents:
+            node = node.get(part) if isinstance(node, MutableMapping) else None
+        if isinstance(node, MutableMapping) and leaf in node:
+            node[leaf] = _absolute_value(key, node[leaf], cwd)
+
+
+def absolute_overrides(overrides: Sequence[str], cwd: str | Path) -> list[str]:
+    """Command-line overrides with path values made absolute: they are recorded and replayed on resume,
+    possibly from another directory, where a relative path would name another file."""
+    result = []
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        bare = key.lstrip("+~")
+        if sep and bare in PATH_KEYS:
+            override = f"{key}={_absolute_value(bare, value, cwd)}"
+        result.append(override)
+    return result
+
+
 def build_search_config(raw: Mapping[str, Any]) -> SearchConfig:
     """Validate the resolved config (a plain dict) into a SearchConfig; ConfigError on the first problem."""
     for node in ("es", "launcher", "inner", *INNER_NODES):
@@ -107,9 +216,12 @@ def build_search_config(raw: Mapping[str, Any]) -> SearchConfig:
         retries=_int(raw, "retries", 0),
         common_random_numbers=bool(raw.get("common_random_numbers", True)),
         log_level=str(raw.get("log_level", "INFO")).upper(),
+        dry_run=_bool(raw, "dry_run"),
+        resources=dict(raw.get("resources") or {}),
     )
     if cfg.log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(f"log_level={cfg.log_level!r} must be one of DEBUG, INFO, WARNING, ERROR")
+    _check_resources(raw, cfg)
     _check_components(cfg)
     return cfg
 

@@ -3,13 +3,14 @@
 Changes to anything that defines the search (population, es, seed, init, the inner config...) would make the
 resumed run a different experiment than its first generations, so they are refused with a list of the
 differences. Launcher limits, logging, retries, the failure threshold, the wall limit and the number of
-generations may change.
+generations may change. The launcher kind and the cluster may not: a run's job ids mean something only to the
+scheduler that issued them.
 """
 from __future__ import annotations
 
 from typing import Any, Mapping
 
-from meta.config import SEARCH_KEYS
+from meta.config import HOUSEKEEPING_KEYS, SEARCH_KEYS, ConfigError
 
 IGNORED_KEYS = ("run_dir",)
 
@@ -28,6 +29,8 @@ def config_differences(old: Mapping[str, Any], new: Mapping[str, Any], prefix: s
 
 
 def is_search_key(dotted: str) -> bool:
+    if dotted in HOUSEKEEPING_KEYS:
+        return False
     return any(dotted == key or dotted.startswith(key + ".") for key in SEARCH_KEYS)
 
 
@@ -45,3 +48,33 @@ def split_differences(
 
 def format_differences(diffs: list[tuple[str, Any, Any]]) -> str:
     return "\n".join(f"  {key}: {old!r} -> {new!r}" for key, old, new in diffs)
+
+
+def check_job_namespace(raw: Mapping[str, Any], manifest: Mapping[str, Any]) -> dict[str, str]:
+    """The launcher kind and cluster this run's job ids belong to; ConfigError when a resume changes either.
+
+    Job ids in jobs.json mean something only to the scheduler that issued them: a local pid looked up in sacct,
+    or a SLURM id on another cluster, is someone else's job. Asks the cluster once (SLURM) before anything is
+    written or submitted."""
+    from launch.factory import job_namespace
+
+    kind = str(raw["launcher"].get("name"))
+    old_kind = manifest.get("launcher")
+    if old_kind is not None and old_kind != kind:
+        raise ConfigError(
+            f"run_dir={raw['run_dir']} was started with launcher={old_kind} and cannot be resumed with "
+            f"launcher={kind}: its jobs.json holds {old_kind} job ids. Resume with launcher={old_kind}, or start a "
+            "new run_dir"
+        )
+    try:
+        cluster = job_namespace(raw["launcher"])
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    old_cluster = manifest.get("cluster")
+    if old_cluster is not None and old_cluster != cluster:
+        where = "SLURM cluster" if kind == "slurm" else "host"
+        raise ConfigError(
+            f"run_dir={raw['run_dir']} was started on {where} {old_cluster!r} and this is {where} {cluster!r}: its "
+            f"{kind} job ids would name other jobs here. Resume it on {old_cluster!r}, or start a new run_dir"
+        )
+    return {"launcher": kind, "cluster": cluster}

@@ -3,6 +3,10 @@
 Hydra composes conf/config.yaml with the command-line overrides (no chdir, no Hydra output dirs: everything
 goes to ``run_dir``). With ``run_dir=`` pointing at an existing run, the overrides the run was started with
 are replayed under the new ones, and the result must not change the search (see meta/resume.py).
+Every path a run records is absolute (resolved against the directory the command ran in), and the run
+records its launcher kind and cluster (SLURM ClusterName, or this host for local jobs): a resume from another
+directory reads the same files, and a resume with another launcher or on another cluster is refused.
+``dry_run=true`` validates, prints the plan (meta/plan.py) and writes and submits nothing.
 Exit status: 0 done, 1 aborted (too many failed members), 2 bad config, 3 run dir locked.
 """
 from __future__ import annotations
@@ -18,8 +22,17 @@ from typing import Any, Sequence
 
 import yaml
 
-from meta.config import ConfigError, SearchConfig, build_search_config, config_hash
-from meta.resume import format_differences, split_differences
+from meta.config import (
+    ConfigError,
+    SearchConfig,
+    absolute_overrides,
+    absolute_path,
+    absolute_paths,
+    build_search_config,
+    config_hash,
+    derive_inner_timeout,
+)
+from meta.resume import check_job_namespace, format_differences, split_differences
 from results.provenance import code_version
 from results.store import RunStore
 
@@ -30,13 +43,15 @@ USAGE = """usage: python -m meta.run [key=value ...]
 
 Start an ES search over neural-mirror-map inits, or resume one with run_dir=<existing run>.
 Common keys: population, generations, seed, run_dir, es=pgpe|snes|cem|cmaes|openai_es_elite,
-launcher=local|debug, init=uniform|gaussian|<file>, inner.entrypoint, inner.timeout_s, retries,
-fitness_on_failure, max_failed_fraction, task=..., model=..., train.steps=...
+launcher=local|debug|slurm, experiment=tiny_arith|mbpp_qwen3|gsm8k_qwen3, init=uniform|gaussian|<file>,
+inner.entrypoint, inner.timeout_s, resources.*, retries, fitness_on_failure, max_failed_fraction, task=...,
+model=..., train.steps=..., dry_run=true (print the plan, submit and write nothing)
 See conf/config.yaml for every key and its default."""
 
 
 def compose(overrides: Sequence[str]) -> dict[str, Any]:
-    """Compose conf/config.yaml with ``overrides`` into a resolved plain dict; ConfigError for bad overrides."""
+    """Compose conf/config.yaml with ``overrides`` into a resolved plain dict, with inner.timeout_s derived from
+    the preset's time per member when null; ConfigError for bad overrides."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
@@ -46,13 +61,15 @@ def compose(overrides: Sequence[str]) -> dict[str, Any]:
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None, job_name="meta_run"):
             cfg = hydra_compose(config_name="config", overrides=list(overrides))
-        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+        raw: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(
             f"{message}\n(check the key against conf/config.yaml; a new key needs a leading '+', "
             "a config group is chosen with group=name)"
         ) from None
+    derive_inner_timeout(raw)
+    return raw
 
 
 def _override_key(override: str) -> str:
@@ -77,8 +94,12 @@ def prepare(argv: Sequence[str]) -> tuple[SearchConfig, dict[str, Any], RunStore
     bad = [a for a in overrides if "=" not in a]
     if bad:
         raise ConfigError(f"argument {bad[0]!r} is not key=value\n{USAGE}")
+    cwd = Path.cwd()
+    overrides = absolute_overrides(overrides, cwd)
     fresh = compose(overrides)
-    run_dir = fresh.get("run_dir") or f"outputs/meta_{_dt.datetime.now().strftime('%Y-%m-%d_%H-%M-%S')}"
+    run_dir = absolute_path(
+        fresh.get("run_dir") or f"outputs/meta_{_dt.datetime.now().strftime('%Y-%m-%d_%H-%M-%S')}", cwd
+    )
     store = RunStore(run_dir)
     resuming = store.exists()
     manifest: dict[str, Any] = {}
@@ -86,6 +107,7 @@ def prepare(argv: Sequence[str]) -> tuple[SearchConfig, dict[str, Any], RunStore
         manifest = store.read_manifest()
         combined = merge_overrides(manifest.get("overrides", []), overrides)
         raw = compose(combined)
+        absolute_paths(raw, cwd)
         stored = yaml.safe_load(store.read_config_text()) or {}
         refused, allowed = split_differences(stored, raw)
         if refused:
@@ -98,8 +120,9 @@ def prepare(argv: Sequence[str]) -> tuple[SearchConfig, dict[str, Any], RunStore
         manifest["overrides"] = combined
     else:
         raw = fresh
+        absolute_paths(raw, cwd)
         manifest = {"overrides": merge_overrides([], overrides)}
-    raw["run_dir"] = str(run_dir)
+    raw["run_dir"] = run_dir
     cfg = build_search_config(raw)
     return cfg, raw, store, manifest, resuming
 
@@ -137,6 +160,14 @@ def run(argv: Sequence[str]) -> int:
 
     cfg, raw, store, manifest, resuming = prepare(argv)
     logging.getLogger().setLevel(cfg.log_level)
+    if cfg.dry_run:
+        from meta.plan import build_plan
+
+        # The plan IS this command's output (for pipes and files), hence stdout rather than the log.
+        sys.stdout.write(build_plan(cfg, raw, store, resuming, manifest.get("run_id")) + "\n")
+        sys.stdout.flush()
+        return 0
+    manifest.update(check_job_namespace(raw, manifest))
     lock = RunLock(store.lock_path)
     try:
         lock.acquire()

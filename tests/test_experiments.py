@@ -1,12 +1,14 @@
 """The paper-setting presets in conf/experiment/ compose and pass the inner loop's up-front validation."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
+import yaml
 
 from inner_loop.member import validate_inner
-from meta.config import build_search_config
+from meta.config import ConfigError, build_search_config
 from meta.run import compose
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -39,3 +41,67 @@ def test_the_embedded_default_search_uses_the_tiny_arith_preset_and_presets_set_
         "arith", "tiny", "neural_mirror")
     assert default["divergence"]["coef"] == 0.03
     assert compose(["experiment=mbpp_qwen3"])["divergence"]["coef"] == 1.0e-4
+
+
+# ----------------------------------------------------------------- resources and time per member (issue 13)
+PRESETS = ("tiny_arith", "mbpp_qwen3", "gsm8k_qwen3")
+CONF = Path(__file__).resolve().parent.parent / "conf"
+
+
+@pytest.mark.parametrize("experiment", ["mbpp_qwen3", "gsm8k_qwen3"])
+def test_gpu_presets_ask_slurm_for_one_gpu_their_threads_memory_and_time(experiment):
+    raw = compose([f"experiment={experiment}", "launcher=slurm"])
+    launcher, threads = raw["launcher"], raw["train"]["num_threads"]
+    assert (launcher["gpus_per_node"], launcher["cpus_per_task"], launcher["mem_gb"]) == (1, threads, 32)
+    assert threads == 4
+    member_s = raw["resources"]["member_time_min"] * 60
+    assert raw["inner"]["timeout_s"] == member_s * raw["resources"]["timeout_factor"] > member_s >= 2 * 3600
+    from launch.slurm_options import SlurmOptions
+
+    options = {k: v for k, v in launcher.items() if k not in ("name", "cls")}
+    params = SlurmOptions.from_options(options).sbatch_parameters(raw["inner"]["timeout_s"])
+    assert params["gpus_per_node"] == 1 and params["cpus_per_task"] == 4 and params["mem"] == "32768M"
+    assert params["time"] == math.ceil((raw["inner"]["timeout_s"] + launcher["kill_grace_s"]) / 60)
+
+
+@pytest.mark.parametrize("experiment", PRESETS)
+def test_every_preset_states_its_time_per_member_and_says_how_it_was_reached(experiment):
+    text = (CONF / "experiment" / f"{experiment}.yaml").read_text()
+    preset = yaml.safe_load(text)
+    assert preset["resources"]["member_time_min"] > 0 and "member_time_min" in text
+    assert "measured" in text or "estimate" in text  # the comment says where the figure comes from
+
+
+def test_the_embedded_default_asks_for_no_gpu_and_derives_its_timeout():
+    raw = compose([])
+    assert raw["resources"]["gpus"] == 0 and raw["launcher"]["name"] == "local"
+    assert raw["launcher"]["gpus_per_node"] is None  # local: members see this process's GPUs
+    assert raw["inner"]["timeout_s"] == 2 * 60 * 5.0
+    assert compose(["launcher=slurm"])["launcher"]["gpus_per_node"] == 0
+
+
+def test_command_line_launcher_resources_win_over_the_preset():
+    raw = compose(["experiment=mbpp_qwen3", "launcher=slurm", "launcher.gpus_per_node=2", "launcher.mem_gb=80"])
+    assert (raw["launcher"]["gpus_per_node"], raw["launcher"]["mem_gb"]) == (2, 80)
+    assert compose(["experiment=mbpp_qwen3", "launcher=slurm", "resources.gpus=4"])["launcher"]["gpus_per_node"] == 4
+    assert compose(["experiment=mbpp_qwen3", "inner.timeout_s=100"])["inner"]["timeout_s"] == 100
+
+
+def _synthetic(raw):
+    return {**raw, "inner": {**raw["inner"], "entrypoint": "meta.synthetic:member"}}
+
+
+def test_slurm_cpus_below_the_member_threads_are_rejected_naming_both_keys():
+    raw = compose(["experiment=mbpp_qwen3", "launcher=slurm", "launcher.cpus_per_task=1"])
+    with pytest.raises(ConfigError, match=r"launcher.cpus_per_task=1 is smaller than train.num_threads=4"):
+        build_search_config(_synthetic(raw))
+
+
+def test_a_member_that_could_never_finish_within_its_requeues_is_rejected():
+    # 9 h of running time; 4 runs of 2 h cannot cover it, 5 runs can.
+    raw = compose(["experiment=mbpp_qwen3", "launcher=slurm", "launcher.time_min=120", "launcher.requeues=3"])
+    assert raw["inner"]["timeout_s"] == 9 * 3600
+    with pytest.raises(ConfigError, match=r"launcher.requeues=3 \+ 1\) x launcher.time_min=120.*inner.timeout_s"):
+        build_search_config(_synthetic(raw))
+    ok = compose(["experiment=mbpp_qwen3", "launcher=slurm", "launcher.time_min=120", "launcher.requeues=4"])
+    assert build_search_config(_synthetic(ok)).inner_timeout_s == 9 * 3600

@@ -4,8 +4,10 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 import torch
 
+from meta.config import config_hash
 from meta.export import main as export_main
 from meta.lock import RunLock
 from meta.run import main
@@ -112,8 +114,11 @@ def test_resume_refuses_search_changes_and_accepts_safe_ones(tmp_path, capsys):
     assert main([f"run_dir={tmp_path}", "population=6", "es=snes"]) == 2
     err = capsys.readouterr().err
     assert "population: 4 -> 6" in err and "es.name: 'pgpe' -> 'snes'" in err
-    # Only run_dir plus safe changes: the stored overrides are replayed, the run continues.
-    assert main([f"run_dir={tmp_path}", "generations=3", "retries=2"]) == 0
+    # Only run_dir plus safe changes: the stored overrides are replayed, the run continues. What members keep on
+    # disk is housekeeping, not the search: it may change, and it leaves the config hash alone.
+    before = config_hash(yaml.safe_load((tmp_path / "config.yaml").read_text()))
+    assert main([f"run_dir={tmp_path}", "generations=3", "retries=2", "train.keep_checkpoints=last"]) == 0
+    assert config_hash(yaml.safe_load((tmp_path / "config.yaml").read_text())) == before
     assert RunStore(tmp_path).state_generations() == [0, 1, 2]
     assert _run(tmp_path / "ref") == 0
     _assert_same_states(_states(tmp_path), _states(tmp_path / "ref"))

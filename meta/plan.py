@@ -1,0 +1,283 @@
+"""The dry-run plan (``python -m meta.run ... dry_run=true``): what a search would submit and cost, before it does.
+
+A population of 180 multi-hour GPU runs is a large request on a shared cluster; the plan shows it from the
+validated config alone, without a scheduler call or a file written: the job arrays per generation, the sbatch
+script of one member (rendered by submitit's own sbatch writer), resources per member and in total, GPU-hours
+from the preset's time per member (retries' worst case separately), and checkpoint disk and file counts from the
+model's trainable parameter count and the checkpoint policy. Numbers that rest on an assumption say so.
+"""
+from __future__ import annotations
+
+import math
+import shlex
+import sys
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from meta.config import SearchConfig
+from results.store import RunStore
+
+#: SLURM's default MaxArraySize; a dry run asks no scheduler, so without launcher.max_array_size it assumes this
+DEFAULT_MAX_ARRAY_SIZE = 1001
+#: bytes per parameter of a saved checkpoint: the weights plus Adam's two moments, all in the parameter dtype
+#: (torch's Adam keeps its state in the parameter's dtype; PEFT keeps LoRA adapters in float32)
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+#: files in one TRL/transformers checkpoint directory: weights (model.safetensors, config.json,
+#: generation_config.json, or for LoRA adapter_model.safetensors, adapter_config.json, README.md), trainer state
+#: (optimizer.pt, scheduler.pt, rng_state.pth, trainer_state.json, training_args.bin) and the tokenizer
+#: (tokenizer.json, tokenizer_config.json, + chat_template.jinja for chat models). Measured: 10 for the tiny model.
+TRAINER_FILES = 5
+WEIGHT_FILES = 3
+#: files of a member besides its checkpoints: result.json, started.json, its log, and submitit's submitted
+#: pickle, result pickle, stdout and stderr
+MEMBER_FILES = 7
+#: the tiny model's vocabulary: 4 special tokens + 95 printable ASCII characters + newline + tab
+TINY_VOCAB = 101
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The numbers that fix a decoder's parameter count (Llama/Qwen3 layout)."""
+
+    layers: int
+    hidden: int
+    intermediate: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied: bool
+
+    def projections(self) -> dict[str, tuple[int, int]]:
+        """(in, out) features of each linear layer of one block, by the module names LoRA targets."""
+        q, kv = self.q_heads * self.head_dim, self.kv_heads * self.head_dim
+        return {
+            "q_proj": (self.hidden, q), "k_proj": (self.hidden, kv), "v_proj": (self.hidden, kv),
+            "o_proj": (q, self.hidden), "gate_proj": (self.hidden, self.intermediate),
+            "up_proj": (self.hidden, self.intermediate), "down_proj": (self.intermediate, self.hidden),
+        }
+
+    def parameters(self) -> int:
+        """All parameters: blocks (projections + two norms), embeddings (x2 if untied), final norm."""
+        block = sum(i * o for i, o in self.projections().values()) + 2 * self.hidden
+        return self.layers * block + self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
+
+    def lora_parameters(self, rank: int, targets: list[str]) -> int:
+        """LoRA adds A (r x in) and B (out x r) to every targeted projection of every block."""
+        shapes = self.projections()
+        unknown = [t for t in targets if t not in shapes]
+        if unknown:
+            raise ValueError(f"model.lora_target_modules {unknown} are not projections of this model")
+        return self.layers * sum(rank * (shapes[t][0] + shapes[t][1]) for t in targets)
+
+
+# Published configs (config.json on the hub) of the models the presets name.
+KNOWN_SHAPES = {
+    "qwen3_1_7b": ModelShape(layers=28, hidden=2048, intermediate=6144, q_heads=16, kv_heads=8, head_dim=128,
+                             vocab=151936, tied=True),
+    "smollm2_135m": ModelShape(layers=30, hidden=576, intermediate=1536, q_heads=9, kv_heads=3, head_dim=64,
+                               vocab=49152, tied=True),
+}
+
+
+def model_shape(model: Mapping[str, Any]) -> ModelShape | None:
+    """The shape of ``model`` (the config node), or None for a hub model whose shape is not known here."""
+    name = str(model.get("name"))
+    if name == "tiny":
+        hidden, heads = int(model["hidden_size"]), int(model["num_heads"])
+        return ModelShape(layers=int(model["num_layers"]), hidden=hidden, intermediate=int(model["intermediate_size"]),
+                          q_heads=heads, kv_heads=heads, head_dim=hidden // heads, vocab=TINY_VOCAB, tied=True)
+    return KNOWN_SHAPES.get(name)
+
+
+@dataclass
+class DiskPlan:
+    """Checkpoint disk of one member under the checkpoint policy."""
+
+    trainable: int
+    bytes_per_checkpoint: int
+    files_per_checkpoint: int
+    policy: str
+    written: int  # checkpoints a member writes over its run
+    steady: int   # at most this many exist at once, except for a moment while the next one is written
+    kept: int     # left behind once the member finished
+
+
+def disk_plan(raw: Mapping[str, Any]) -> DiskPlan | None:
+    """From the model's shape, LoRA rank, dtype, train.steps/save_every and train.keep_checkpoints."""
+    model, train = raw["model"], raw["train"]
+    shape = model_shape(model)
+    if shape is None:
+        return None
+    rank = int(model.get("lora_r") or 0)
+    if rank:
+        trainable, param_bytes = shape.lora_parameters(rank, list(model.get("lora_target_modules") or [])), 4
+    else:
+        trainable, param_bytes = shape.parameters(), DTYPE_BYTES.get(str(model.get("dtype")), 4)
+    files = WEIGHT_FILES + TRAINER_FILES + 2 + (1 if model.get("chat_template") else 0)
+    save_every = int(train.get("save_every") or 0)
+    written = int(train["steps"]) // save_every if save_every > 0 else 0
+    # Without the key (before train.keep_checkpoints existed) nothing deletes checkpoints: that is "all".
+    policy = str(train.get("keep_checkpoints") or "all")
+    steady = min(written, 1) if policy in ("none", "last") else written
+    kept = {"none": 0, "last": min(written, 1)}.get(policy, written)
+    return DiskPlan(trainable, trainable * param_bytes * 3, files, policy, written, steady, kept)
+
+
+def _gb(n_bytes: float) -> str:
+    return f"{n_bytes / 1e9:,.2f} GB" if n_bytes < 1e12 else f"{n_bytes / 1e12:,.2f} TB"
+
+
+def _concurrent(cfg: SearchConfig) -> int:
+    """Members of one generation running at once: an array's %parallelism, all (local) or one (debug)."""
+    name = cfg.launcher.get("name")
+    if name == "debug":
+        return 1
+    if name == "slurm":
+        return min(cfg.population, int(cfg.launcher.get("array_parallelism") or cfg.population))
+    return cfg.population
+
+
+def _arrays(cfg: SearchConfig) -> tuple[list[int], str]:
+    """Sizes of the arrays one generation is split into, and where the split size came from."""
+    chunk = cfg.launcher.get("max_array_size")
+    source = "launcher.max_array_size"
+    if chunk is None:
+        chunk = DEFAULT_MAX_ARRAY_SIZE
+        source = (f"the cluster's MaxArraySize is not asked in a dry run: assumed {chunk} (SLURM's default; "
+                  "set launcher.max_array_size to your cluster's value)")
+    sizes = [min(chunk, cfg.population - start) for start in range(0, cfg.population, chunk)]
+    return sizes, source
+
+
+def _slurm_options(cfg: SearchConfig) -> Any:
+    from launch.factory import RESERVED_KEYS
+    from launch.slurm_options import SlurmOptions
+
+    return SlurmOptions.from_options({k: v for k, v in cfg.launcher.items() if k not in RESERVED_KEYS})
+
+
+def sbatch_script(cfg: SearchConfig, store: RunStore, generation: int, array_size: int, run_id: str) -> str:
+    """The sbatch script of one array, as submitit writes it (its own writer; nothing is submitted)."""
+    from submitit.slurm.slurm import SlurmJobEnvironment, _make_sbatch_string
+
+    from launch.slurm_chunks import chunk_job_name
+
+    options = _slurm_options(cfg)
+    params = options.sbatch_parameters(cfg.inner_timeout_s, SlurmJobEnvironment.USR_SIG)
+    params["job_name"] = chunk_job_name(options.job_name, run_id, generation, 0)
+    folder = store.launcher_dir(generation)
+    python = options.python_command(shlex.quote(sys.executable))
+    command = f"{python} -u -m submitit.core._submit {shlex.quote(str(folder))}"
+    return _make_sbatch_string(command=command, folder=folder, map_count=array_size, **params)
+
+
+def _first_generation(store: RunStore, resuming: bool) -> int:
+    if not resuming:
+        return 0
+    done = store.state_generations()
+    return max(done) + 1 if done else 0
+
+
+def build_plan(
+    cfg: SearchConfig, raw: Mapping[str, Any], store: RunStore, resuming: bool, run_id: str | None = None
+) -> str:
+    """The plan as text: nothing here writes a file or calls a scheduler. ``run_id``: the run's id when
+    resuming (a new run gets its id when it starts; the plan shows RUNID in its place)."""
+    first = _first_generation(store, resuming)
+    generations = max(0, cfg.generations - first)
+    launcher = cfg.launcher.get("name")
+    threads = int(raw["train"].get("num_threads") or 1)
+    member_min = float(cfg.resources.get("member_time_min") or cfg.inner_timeout_s / 60.0)
+    lines = [
+        f"DRY RUN: nothing is submitted or written. run_dir={cfg.run_dir}" + (" (resume)" if resuming else ""),
+        f"search: population {cfg.population} x generations {first}..{cfg.generations - 1} ({generations} to run), "
+        f"es={cfg.es.get('name')}, retries={cfg.retries}; task={raw['task'].get('name')} "
+        f"model={raw['model'].get('name')} train.steps={raw['train'].get('steps')}",
+        f"time per member: {member_min:g} min expected (resources.member_time_min); inner.timeout_s="
+        f"{cfg.inner_timeout_s:g} s ({cfg.inner_timeout_s / 3600:.2f} h) of running time, summed over requeues",
+    ]
+    concurrent = _concurrent(cfg)
+    if launcher == "slurm":
+        gpus = int(cfg.launcher.get("gpus_per_node") or 0)
+        cpus = int(cfg.launcher.get("cpus_per_task") or 1)
+        mem = cfg.launcher.get("mem_gb")
+        sizes, source = _arrays(cfg)
+        parallel = int(cfg.launcher.get("array_parallelism"))
+        arrays = ", ".join(f"{n} tasks (--array=0-{n - 1}%{min(n, parallel)})" for n in sizes)
+        options = _slurm_options(cfg)
+        time_min = options.time_limit_min(cfg.inner_timeout_s)
+        lines += [
+            "",
+            f"arrays per generation: {len(sizes)}: {arrays}; split size from {source}",
+            f"arrays in total: {len(sizes) * generations} over {generations} generation(s); at most "
+            f"{concurrent} members of a generation run at once",
+            f"one SLURM run: --time={time_min} min, requeued up to launcher.requeues={options.requeues} times "
+            f"(the requeue signal {options.signal_delay(cfg.inner_timeout_s)} s before the limit)",
+            "",
+            "sbatch script of the first array (as submitit writes it; arrays are named "
+            f"{options.job_name}.<run id>.g<generation>.c<chunk>):",
+            sbatch_script(cfg, store, first, sizes[0], run_id or "RUNID") if sizes else "(no members)",
+        ]
+        mem_text = f"{mem:g} GB" if mem is not None else "the cluster's default (launcher.mem_gb=null)"
+    else:
+        local_gpus = cfg.launcher.get("gpus_per_node")
+        gpus = int(cfg.resources.get("gpus") or 0)
+        cpus = threads
+        mem = cfg.resources.get("mem_gb")
+        mem_text = f"{mem:g} GB (resources.mem_gb; not enforced on this machine)" if mem is not None else "not limited"
+        how = "one after another in this process" if launcher == "debug" else f"{concurrent} processes at once"
+        gpu_view = ("this process's GPUs (CUDA_VISIBLE_DEVICES passed through)" if local_gpus is None
+                    else f"launcher.gpus_per_node={local_gpus}")
+        lines += ["", f"launcher={launcher}: each member on this machine, {how}; members see {gpu_view}"]
+    lines += [
+        "",
+        f"per member: {gpus} GPU, {cpus} CPU (train.num_threads={threads}), memory {mem_text}",
+        f"at once: {concurrent * gpus} GPUs, {concurrent * cpus} CPUs"
+        + (f", {concurrent * mem:g} GB memory" if mem is not None else ""),
+    ]
+    member_h = member_min / 60.0
+    gpu_h = cfg.population * generations * member_h * gpus
+    worst_h = cfg.population * generations * (cfg.retries + 1) * (cfg.inner_timeout_s / 3600.0) * gpus
+    lines += [
+        f"GPU-hours, whole search: {cfg.population} members x {generations} generations x {member_h:.2f} h x "
+        f"{gpus} GPU = {gpu_h:,.1f} GPU-h",
+        f"GPU-hours, worst case with retries: every member failing at inner.timeout_s and retried "
+        f"retries={cfg.retries} time(s) = {worst_h:,.1f} GPU-h",
+        f"CPU-hours, whole search: {cfg.population * generations * member_h * cpus:,.1f} CPU-h",
+    ]
+    lines += ["", *_disk_lines(raw, cfg, concurrent, generations)]
+    return "\n".join(lines)
+
+
+def _disk_lines(raw: Mapping[str, Any], cfg: SearchConfig, concurrent: int, generations: int) -> list[str]:
+    disk = disk_plan(raw)
+    if disk is None:
+        return [f"disk: unknown for model={raw['model'].get('name')} (no parameter count known for it here)"]
+    model = raw["model"]
+    what = (f"LoRA r={model.get('lora_r')} on {', '.join(model.get('lora_target_modules') or [])}"
+            if model.get("lora_r") else f"all weights ({model.get('dtype')})")
+    ckpt = disk.bytes_per_checkpoint
+    pop = cfg.population
+    policy_text = {
+        "none": "none: a member deletes its checkpoints once result.json is written",
+        "last": "last: a member keeps its newest checkpoint",
+    }.get(disk.policy, "all: every checkpoint is kept" + (
+        "" if "keep_checkpoints" in raw["train"] else " (train.keep_checkpoints not set: nothing deletes them)"))
+    peak_members = concurrent if disk.policy == "none" else pop
+    peak_ckpts = peak_members * disk.steady
+    member_files = disk.kept * disk.files_per_checkpoint + MEMBER_FILES
+    return [
+        f"checkpoint: {disk.trainable:,} trainable parameters ({what}) x 3 (weights + Adam's two moments) = "
+        f"{_gb(ckpt)} and {disk.files_per_checkpoint} files per checkpoint",
+        f"checkpoint policy train.keep_checkpoints={policy_text}; {disk.written} written per member "
+        f"(train.steps={raw['train'].get('steps')} / save_every={raw['train'].get('save_every')})",
+        f"disk per member: peak {_gb(disk.steady * ckpt)} ({disk.steady} checkpoint(s); one more for a moment while "
+        f"the next is written), left after it finished {_gb(disk.kept * ckpt)}",
+        f"disk per generation: peak {_gb(peak_ckpts * ckpt)} ({peak_ckpts} checkpoints, "
+        f"{peak_ckpts * disk.files_per_checkpoint:,} files), left after it finished {_gb(pop * disk.kept * ckpt)}",
+        f"files per generation once finished: {pop * member_files:,} ({disk.kept} checkpoint(s) x "
+        f"{disk.files_per_checkpoint} + {MEMBER_FILES} other files per member)",
+        f"whole search, left on disk: {_gb(generations * pop * disk.kept * ckpt)} and "
+        f"{generations * pop * member_files:,} files",
+    ]

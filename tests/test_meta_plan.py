@@ -1,0 +1,115 @@
+"""The dry-run plan (`python -m meta.run ... dry_run=true`): validates, prints arrays, the sbatch script, resources,
+GPU-hours and disk, and neither writes a run dir nor calls the scheduler."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from meta.plan import KNOWN_SHAPES, disk_plan, model_shape
+from meta.run import compose, main
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+MBPP_LOCAL = [f"task.train_file={FIXTURES / 'mbpp_train.jsonl'}", f"task.test_file={FIXTURES / 'mbpp_test.jsonl'}",
+              "task.validation_size=2"]
+SCHEDULER_COMMANDS = ("sbatch", "sacct", "squeue", "scontrol", "scancel", "srun", "sacctmgr", "sinfo")
+
+
+def _failing_scheduler(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """An environment whose SLURM commands record that they were called, then fail."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "scheduler_calls.log"
+    bin_dir.mkdir()
+    for name in SCHEDULER_COMMANDS:
+        shim = bin_dir / name
+        shim.write_text(f"#!/bin/sh\necho {name} \"$@\" >> {calls}\necho 'no scheduler in a dry run' >&2\nexit 1\n")
+        shim.chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}, calls
+
+
+def test_mbpp_dry_run_at_population_180_prints_the_plan_and_touches_nothing(tmp_path):
+    env, calls = _failing_scheduler(tmp_path)
+    run_dir = tmp_path / "would_be_run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "meta.run", "experiment=mbpp_qwen3", "launcher=slurm", "population=180",
+         "generations=15", "dry_run=true", f"run_dir={run_dir}", *MBPP_LOCAL],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert not calls.exists(), f"the dry run called the scheduler: {calls.read_text()}"
+    assert not run_dir.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["bin"]
+    assert "per member: 1 GPU, 4 CPU" in out and "memory 32 GB" in out
+    assert "#SBATCH --gpus-per-node=1" in out and "#SBATCH --cpus-per-task=4" in out
+    assert "#SBATCH --array=0-179%180" in out and "#SBATCH --mem=32768M" in out
+    assert "#SBATCH --job-name=mirror-es.RUNID.g0000.c000" in out and "#SBATCH --time=541" in out
+    assert "assumed 1001 (SLURM's default; set launcher.max_array_size" in out
+    # 180 members x 15 generations x 6 h x 1 GPU
+    assert "= 16,200.0 GPU-h" in out
+    # worst case: every member runs its 9 h budget twice (retries=1)
+    assert "retried retries=1 time(s) = 48,600.0 GPU-h" in out
+    assert "69,730,304 trainable parameters" in out and "= 0.84 GB and 11 files per checkpoint" in out
+    assert "16 written per member" in out
+    assert "disk per generation: peak 150.62 GB (180 checkpoints" in out
+
+
+def test_dry_run_splits_at_the_configured_array_size_and_shows_local_gpu_pass_through(tmp_path, capsys):
+    synth = ["inner.entrypoint=meta.synthetic:member", "dry_run=true", "population=130"]
+    assert main([f"run_dir={tmp_path / 'a'}", "launcher=slurm", "launcher.max_array_size=50",
+                 "launcher.array_parallelism=20", *synth]) == 0
+    out = capsys.readouterr().out
+    assert ("arrays per generation: 3: 50 tasks (--array=0-49%20), 50 tasks (--array=0-49%20), "
+            "30 tasks (--array=0-29%20); split size from launcher.max_array_size") in out
+    assert "at most 20 members of a generation run at once" in out
+    assert main([f"run_dir={tmp_path / 'b'}", *synth]) == 0
+    out = capsys.readouterr().out
+    assert "launcher=local: each member on this machine, 130 processes at once" in out
+    assert "CUDA_VISIBLE_DEVICES passed through" in out and "#SBATCH" not in out
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_a_bad_config_still_fails_in_a_dry_run(tmp_path, capsys):
+    assert main([f"run_dir={tmp_path / 'r'}", "dry_run=true", "launcher=slurm", "launcher.cpus_per_task=0"]) == 2
+    assert "launcher.cpus_per_task" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+def test_qwen3_lora_and_full_parameter_counts_follow_from_the_published_shape():
+    shape = KNOWN_SHAPES["qwen3_1_7b"]
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    # per layer: r x (in + out) summed: q 64x4096, k 64x3072, v 64x3072, o 64x4096, gate/up/down 64x8192 each
+    assert shape.lora_parameters(64, targets) == 28 * 64 * (4096 + 3072 + 3072 + 4096 + 3 * 8192) == 69_730_304
+    assert 1.6e9 < shape.parameters() < 1.8e9  # "Qwen3-1.7B"
+    with pytest.raises(ValueError, match="lm_head"):
+        shape.lora_parameters(8, ["lm_head"])
+
+
+def test_tiny_model_count_matches_its_measured_checkpoint():
+    # The tiny preset's model.safetensors measured 356,880 bytes: 88,704 float32 weights + a 2,064-byte header.
+    shape = model_shape(compose([])["model"])
+    assert shape is not None and shape.parameters() == 88_704
+
+
+@pytest.mark.parametrize("policy,steady,kept", [("none", 1, 0), ("last", 1, 1), ("all", 16, 16)])
+def test_disk_plan_follows_the_checkpoint_policy(policy, steady, kept):
+    raw = compose(["experiment=mbpp_qwen3"])
+    raw["train"]["keep_checkpoints"] = policy
+    disk = disk_plan(raw)
+    assert disk is not None and (disk.written, disk.steady, disk.kept) == (16, steady, kept)
+    assert disk.bytes_per_checkpoint == 69_730_304 * 4 * 3
+    assert disk_plan({**raw, "model": {**raw["model"], "name": "hub"}}) is None
+
+
+def test_a_dry_run_of_a_resume_plans_the_remaining_generations_and_changes_nothing(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    synth = ["inner.entrypoint=meta.synthetic:member", "population=4"]
+    assert main([f"run_dir={run_dir}", "launcher=debug", "generations=1", *synth]) == 0
+    before = {p: p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+    capsys.readouterr()
+    assert main([f"run_dir={run_dir}", "generations=3", "dry_run=true"]) == 0
+    out = capsys.readouterr().out
+    assert f"run_dir={run_dir} (resume)" in out and "generations 1..2 (2 to run)" in out
+    assert {p: p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()} == before
