@@ -116,10 +116,12 @@ def disk_plan(raw: Mapping[str, Any]) -> DiskPlan | None:
         trainable, param_bytes = shape.parameters(), DTYPE_BYTES.get(str(model.get("dtype")), 4)
     files = WEIGHT_FILES + TRAINER_FILES + 2 + (1 if model.get("chat_template") else 0)
     save_every = int(train.get("save_every") or 0)
-    written = int(train["steps"]) // save_every if save_every > 0 else 0
+    # every save_every steps, and once more at the last step when it is not a multiple (the Trainer's final save)
+    written = math.ceil(int(train["steps"]) / save_every) if save_every > 0 else 0
     # Without the key (before train.keep_checkpoints existed) nothing deletes checkpoints: that is "all".
     policy = str(train.get("keep_checkpoints") or "all")
-    steady = min(written, 1) if policy in ("none", "last") else written
+    limit = train.get("save_total_limit")  # the Trainer's rotation while training; not applied with "all"
+    steady = written if policy == "all" or limit is None else min(written, int(limit))
     kept = {"none": 0, "last": min(written, 1)}.get(policy, written)
     return DiskPlan(trainable, trainable * param_bytes * 3, files, policy, written, steady, kept)
 

@@ -113,3 +113,15 @@ def test_a_dry_run_of_a_resume_plans_the_remaining_generations_and_changes_nothi
     out = capsys.readouterr().out
     assert f"run_dir={run_dir} (resume)" in out and "generations 1..2 (2 to run)" in out
     assert {p: p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()} == before
+
+
+@pytest.mark.parametrize("steps,save_every,limit,written,steady", [
+    (10, 4, 1, 3, 1),      # saves at 4, 8 and the final step 10; rotation keeps 1
+    (1600, 100, 2, 16, 2),  # save_total_limit=2 keeps a spare while training
+    (1600, 100, None, 16, 16),  # no rotation: every checkpoint stays until the member finishes
+])
+def test_disk_plan_counts_the_final_save_and_the_trainers_rotation(steps, save_every, limit, written, steady):
+    raw = compose(["experiment=mbpp_qwen3"])
+    raw["train"].update(steps=steps, save_every=save_every, save_total_limit=limit, keep_checkpoints="none")
+    disk = disk_plan(raw)
+    assert disk is not None and (disk.written, disk.steady, disk.kept) == (written, steady, 0)
