@@ -23,12 +23,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from meta.synthetic import member as synthetic_member  # noqa: E402
+from results.layout import LAUNCHER_DIR, member_dir_name  # noqa: E402
 
 
 def member_specs(folder: Path, population: int, sleep_s: float) -> list[dict]:
     return [
         {"run_id": "bench", "generation": 0, "index": i, "seed": 0, "params": [0.005] * 380,
-         "work_dir": str(folder / f"member_{i:03d}"), "inner": {"options": {"sleep_s": sleep_s}}}
+         "work_dir": str(folder / member_dir_name(i)), "inner": {"options": {"sleep_s": sleep_s}}}
         for i in range(population)
     ]
 
@@ -38,7 +39,7 @@ def run_baseline(folder: Path, population: int, sleep_s: float) -> tuple[float, 
 
     specs = member_specs(folder, population, sleep_s)
     start = time.monotonic()
-    executor = submitit.LocalExecutor(folder=folder / "submitit")
+    executor = submitit.LocalExecutor(folder=folder / LAUNCHER_DIR)
     executor.update_parameters(timeout_min=30)
     jobs = executor.map_array(synthetic_member, specs)
     results = [job.result() for job in jobs]

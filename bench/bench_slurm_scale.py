@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 from launch.runner import MemberArrayRunner, RunnerPolicy  # noqa: E402
 from launch.slurm import SlurmLauncher  # noqa: E402
+from results.layout import LAUNCHER_DIR, member_dir_name  # noqa: E402
 from results.records import MemberSpec, read_result  # noqa: E402
 
 COUNTED = ("sacct", "squeue", "sbatch", "scancel", "scontrol", "srun")
@@ -107,7 +108,7 @@ def cluster_setting(key: str) -> str:
 def make_specs(population: int, sleep_s: float, work: Path) -> list[MemberSpec]:
     return [
         MemberSpec(run_id="bench", generation=0, index=i, seed=0, params=[0.02] * 4,
-                   work_dir=str(work / f"member_{i:03d}"), inner={"options": {"sleep_s": sleep_s}})
+                   work_dir=str(work / member_dir_name(i)), inner={"options": {"sleep_s": sleep_s}})
         for i in range(population)
     ]
 
@@ -160,7 +161,7 @@ def run_side(name: str, population: int, sleep_s: float, work: Path, bare_poll_s
         wall = run_bare(command, population, work, bare_poll_s)
         return wall, slowest_member(specs)
     launcher = SlurmLauncher(job_name=f"bench-{name}", use_srun=name == "launcher-srun")
-    runner = MemberArrayRunner(launcher, ENTRYPOINT, specs, {}, lambda jobs: None, work / "submitit",
+    runner = MemberArrayRunner(launcher, ENTRYPOINT, specs, {}, lambda jobs: None, work / LAUNCHER_DIR,
                                RunnerPolicy(retries=0, timeout_s=MEMBER_TIMEOUT_S))
     start = time.monotonic()
     runner.run()

@@ -47,10 +47,12 @@ def _search() -> list[dict]:
     """The embedded default search (scripts/main.sh without set-up), in a throw-away run dir: per generation."""
     import pandas as pd
 
+    from results.store import RunStore
+
     with tempfile.TemporaryDirectory() as run_dir:
         subprocess.run([sys.executable, "-m", "meta.run", f"run_dir={run_dir}/run"], cwd=ROOT, check=True,
                        capture_output=True, text=True)
-        table = pd.read_parquet(Path(run_dir) / "run" / "tables" / "generations.parquet")
+        table = pd.read_parquet(RunStore(Path(run_dir) / "run").generations_table_path)
     return [{"generation": int(r.generation), "mean": float(r.mean_fitness), "best": float(r.best_fitness)}
             for r in table.itertuples()]
 

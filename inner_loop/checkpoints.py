@@ -18,14 +18,11 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
 from inner_loop.config import KEEP_CHECKPOINTS
+# the Trainer's output_dir in a member's work dir, and where a checkpoint goes while it is deleted (re-exported)
+from results.layout import CHECKPOINT_DIR
+from results.layout import CHECKPOINT_TRASH_DIR as TRASH_DIR
 
 logger = logging.getLogger(__name__)
-
-#: The Trainer's output_dir inside a member's work dir.
-CHECKPOINT_DIR = "checkpoints"
-#: Where a checkpoint folder goes while it is being deleted, so a crash mid-delete never leaves a half-deleted
-#: folder under a name that looks resumable; the next cleanup finishes the job.
-TRASH_DIR = ".checkpoints.deleting"
 
 
 def _step(folder: Path) -> int | None:

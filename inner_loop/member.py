@@ -33,12 +33,11 @@ from inner_loop.trainer import MirrorGRPOTrainer, NonFiniteLossError
 from inner_loop.warmup import warmed_model_dir
 from results.provenance import build_run_manifest, write_run_manifest
 from mirror_maps import VECTOR_LENGTH
+from results.layout import FINAL_MODEL_DIR  # a single run's trained model, whatever keep_checkpoints says
 from results.records import MemberSpec, ResultRecord, read_result, write_result
 
 logger = logging.getLogger(__name__)
 
-#: Where a single run (python -m inner_loop.run) leaves its trained model, whatever train.keep_checkpoints says.
-FINAL_MODEL_DIR = "final"
 #: TRL log keys averaged over the run into the result's diagnostics.
 _DIAGNOSTIC_KEYS = {
     "reward": "reward_mean",

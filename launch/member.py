@@ -31,18 +31,17 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 from launch.file_lock import FileLock
+from results.layout import MEMBER_LOCK_FILE as LOCK_FILE  # re-exported under its old name
+from results.layout import STARTED_FILE
 from results.records import MemberSpec, ResultRecord, read_result, write_result
 
 logger = logging.getLogger(__name__)
 
-#: the running-time ledger, also the orchestrator's "this attempt has started" marker
-STARTED_FILE = "started.json"
 #: seconds between ledger refreshes while a member runs (a run killed hard loses at most this much)
 LEDGER_INTERVAL_S = 20.0
 #: a running ledger is trusted to go on counting this long past one refresh interval since its last write;
 #: beyond that its run died or froze without writing, and the gap may be time spent queued
 LEDGER_SLACK_S = 10.0
-LOCK_FILE = ".member.lock"
 ERROR_TAIL_CHARS = 4000
 
 

@@ -30,11 +30,11 @@ from typing import Callable, Mapping, Sequence
 
 from launch.base import JobRef, Launcher
 from launch.member import RunLedger, read_ledger
-from results.records import RESULT_FILE, MemberSpec, ResultRecord, read_result
+from results.layout import RESULT_FILE, archived_result_name
+from results.records import MemberSpec, ResultRecord, read_result
 
 logger = logging.getLogger(__name__)
 
-ARCHIVE_PATTERN = "result.attempt{}.json"
 #: reading an existing result.json that the file server says is there (our create was refused) is retried
 #: this many times, this far apart, before it counts as unreadable
 EXISTING_READ_TRIES = 10
@@ -74,7 +74,7 @@ class AbortRun(RuntimeError):
 def archived_attempts(work_dir: Path) -> int:
     """How many earlier attempts of this member were archived (= the current attempt number)."""
     count = 0
-    while (work_dir / ARCHIVE_PATTERN.format(count)).exists():
+    while (work_dir / archived_result_name(count)).exists():
         count += 1
     return count
 
@@ -312,7 +312,7 @@ class MemberArrayRunner:
         purpose, e.g. with scancel, is not retried)."""
         if not record.ok and record.status != "cancelled" and spec.attempt < self.policy.retries:
             work_dir = Path(spec.work_dir)
-            os.replace(work_dir / RESULT_FILE, work_dir / ARCHIVE_PATTERN.format(spec.attempt))
+            os.replace(work_dir / RESULT_FILE, work_dir / archived_result_name(spec.attempt))
             logger.warning(
                 "gen %d member %03d: attempt %d %s (%s); retrying",
                 spec.generation, spec.index, spec.attempt, record.status, _first_line(record.error),

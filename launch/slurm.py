@@ -34,11 +34,11 @@ from launch.slurm_options import SlurmOptions
 from launch.slurm_queries import SlurmQueries, SlurmQueryError, TaskState, base_job_id, pending_may_never_start
 from launch.submitit_launchers import SubmititLauncher
 from results.atomic import atomic_write_json
+from results.layout import CANCELLED_FILE
 from results.records import MemberSpec
 
 logger = logging.getLogger(__name__)
 
-CANCELLED_FILE = "cancelled_by_orchestrator.json"
 #: sacct states of a job that waits in the queue (REQUEUED: between a requeue and pending again)
 QUEUED_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
 #: ends that SLURM may undo by requeueing the job under the same id (JobRequeue=1): a job whose node went

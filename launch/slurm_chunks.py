@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from results.atomic import CorruptFileError, atomic_write_json
+from results.layout import SUBMISSIONS_DIR as MARKER_DIR  # re-exported under its old name
+from results.layout import chunk_marker_name, parse_chunk_marker_name
 
-MARKER_DIR = "submissions"
-_MARKER_FILE = re.compile(r"^chunk_(\d+)\.json$")
 _NAME = re.compile(r"^(?P<prefix>.+)\.(?P<run>[A-Za-z0-9_-]+)\.g(?P<generation>\d+)\.c(?P<chunk>\d+)$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
@@ -69,7 +69,7 @@ class ChunkMarker:
 
 
 def marker_path(folder: Path, chunk: int) -> Path:
-    return folder / MARKER_DIR / f"chunk_{chunk:03d}.json"
+    return folder / MARKER_DIR / chunk_marker_name(chunk)
 
 
 def write_marker(folder: Path, marker: ChunkMarker) -> None:
@@ -84,7 +84,7 @@ def read_markers(folder: Path) -> list[ChunkMarker]:
         return []
     markers = []
     for path in directory.iterdir():
-        if _MARKER_FILE.match(path.name) is None:
+        if parse_chunk_marker_name(path.name) is None:
             continue
         try:
             data = json.loads(path.read_text())
@@ -101,7 +101,7 @@ def next_chunk_number(folder: Path) -> int:
     directory = folder / MARKER_DIR
     if not directory.is_dir():
         return 0
-    numbers = [int(m.group(1)) for m in map(_MARKER_FILE.match, (p.name for p in directory.iterdir())) if m]
+    numbers = [n for n in map(parse_chunk_marker_name, (p.name for p in directory.iterdir())) if n is not None]
     return max(numbers, default=-1) + 1
 
 

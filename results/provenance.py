@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from results.atomic import CorruptFileError, atomic_write_json, sha256_file
+from results.layout import RUN_MANIFEST_FILE  # re-exported: importers use results.provenance.RUN_MANIFEST_FILE
 
 logger = logging.getLogger(__name__)
 
-RUN_MANIFEST_FILE = "manifest.json"
 MANIFEST_FORMAT = 1
 #: ``kind`` of a manifest written for ``python -m inner_loop.run`` (spec.run_id == "single").
 SINGLE_RUN = "single_run"
@@ -63,14 +63,19 @@ def code_version(repo_dir: str | Path | None = None) -> str:
     return f"{commit}-dirty" if status.stdout.strip() else commit
 
 
+def prompt_hash(prompt: str) -> str:
+    """Hash of a prompt after whitespace normalisation. The split-disjointness check (inner_loop.tasks) and the
+    data hashes of a manifest both use it, so "same data" means the same thing in both; it lives here because
+    results/ must not import inner_loop."""
+    return hashlib.sha256(" ".join(prompt.split()).encode("utf-8")).hexdigest()
+
+
 def split_hash(prompts: Iterable[str]) -> str:
     """Hash (16 hex digits) of one data split: its prompts' whitespace-normalised hashes, in split order.
 
     Uses the same per-prompt hash as the split-disjointness check, so "same data" means the same thing in both.
     Order is kept because it decides which prompts a short run trains on.
     """
-    from inner_loop.tasks.base import prompt_hash  # light module; imported lazily to keep results/ standalone
-
     digest = hashlib.sha256()
     count = 0
     for prompt in prompts:

@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from results.atomic import atomic_write_json
+from results.layout import RESULT_FILE, SPEC_FILE  # re-exported: importers use results.records.RESULT_FILE
 
 STATUSES = ("ok", "failed", "timeout", "cancelled")
-RESULT_FILE = "result.json"
-SPEC_FILE = "spec.json"
 
 
 @dataclass

@@ -19,6 +19,7 @@ from typing import Sequence
 import pandas as pd
 
 from results.atomic import atomic_write_text
+from results.layout import REPORT_DIR
 from results.plots import plot_disk, plot_failures, plot_fitness, plot_response_length
 from results.run_snapshot import RunSnapshot, load_run, top_members
 
@@ -61,7 +62,7 @@ def _with_provenance(table: pd.DataFrame, provenance: dict[str, str]) -> pd.Data
 def build_report(run_dir: str | Path, out_dir: str | Path | None = None, top_k: int = 10) -> Report:
     """Read ``run_dir`` and write the tables and plots; ValueError if it is not a run dir."""
     snapshot = load_run(run_dir)
-    out = Path(out_dir) if out_dir is not None else snapshot.root / "report"
+    out = Path(out_dir) if out_dir is not None else snapshot.root / REPORT_DIR
     provenance = provenance_of(snapshot)
     top = top_members(snapshot.members, top_k)
     files = [

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,16 +18,15 @@ from typing import Any
 import pandas as pd
 
 from results.atomic import CorruptFileError
+from results.layout import RESULT_FILE, parse_generation_dir_name, parse_member_dir_name
 from results.provenance import read_run_manifest
-from results.records import RESULT_FILE, ResultRecord
+from results.records import ResultRecord
 from results.store import RunStore
 
 logger = logging.getLogger(__name__)
 
 PENDING = "pending"
 UNREADABLE = "unreadable"
-_GEN_RE = re.compile(r"^gen_(\d{4,})$")
-_MEMBER_RE = re.compile(r"^member_(\d{3,})$")
 MEMBER_COLUMNS = ["generation", "index", "status", "fitness", "mean_response_tokens", "wall_time_s", "steps_done",
                   "disk_peak_bytes", "error", "source"]
 
@@ -48,18 +46,18 @@ def _generation_dirs(store: RunStore) -> dict[int, Path]:
         return {}
     found = {}
     for path in store.root.iterdir():
-        match = _GEN_RE.match(path.name)
-        if match and path.is_dir():
-            found[int(match.group(1))] = path
+        generation = parse_generation_dir_name(path.name)
+        if generation is not None and path.is_dir():
+            found[generation] = path
     return found
 
 
 def _member_dirs(gen_dir: Path) -> dict[int, Path]:
     found = {}
     for path in gen_dir.iterdir():
-        match = _MEMBER_RE.match(path.name)
-        if match and path.is_dir():
-            found[int(match.group(1))] = path
+        index = parse_member_dir_name(path.name)
+        if index is not None and path.is_dir():
+            found[index] = path
     return found
 
 
@@ -82,12 +80,12 @@ def _member_row_from_dir(generation: int, index: int, member_dir: Path, skipped:
         record = ResultRecord.from_dict(json.loads(path.read_text()))
     except (json.JSONDecodeError, UnicodeDecodeError, ValueError, TypeError) as exc:
         skipped.append(f"{path}: unreadable ({exc}); member counted as {UNREADABLE}")
-        row.update(status=UNREADABLE, source="result.json")
+        row.update(status=UNREADABLE, source=RESULT_FILE)
         return row
     row.update(status=record.status, fitness=record.fitness if record.ok else float("nan"),
                mean_response_tokens=record.mean_response_tokens if record.ok else float("nan"),
                wall_time_s=record.wall_time_s, steps_done=record.steps_done, error=record.error[-500:],
-               disk_peak_bytes=_bytes_or_nan(record.disk_peak_bytes), source="result.json")
+               disk_peak_bytes=_bytes_or_nan(record.disk_peak_bytes), source=RESULT_FILE)
     return row
 
 

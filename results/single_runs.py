@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from results.atomic import CorruptFileError
-from results.provenance import ES_MEMBER, RUN_MANIFEST_FILE, read_run_manifest
-from results.records import RESULT_FILE, ResultRecord
+from results.layout import (CHECKPOINT_DIR, CONFIG_FILE, GENERATION_DIR_PREFIX, LAUNCHER_DIR, RESULT_FILE,
+                            RUN_MANIFEST_FILE)
+from results.provenance import ES_MEMBER, read_run_manifest
+from results.records import ResultRecord
 
 logger = logging.getLogger(__name__)
 
@@ -23,7 +25,7 @@ logger = logging.getLogger(__name__)
 MISSING = "missing"  # manifest without result.json: still running, or killed before writing a result
 UNREADABLE = "unreadable"  # result.json or manifest.json cannot be parsed
 NO_MANIFEST = "no_manifest"  # result.json without provenance: method and task unknown
-_SKIP_DIRS = {"checkpoints", ".git", "__pycache__", ".hydra", "submitit"}
+_SKIP_DIRS = {CHECKPOINT_DIR, ".git", "__pycache__", ".hydra", LAUNCHER_DIR}
 
 
 @dataclass
@@ -52,7 +54,8 @@ class Scan:
 
 
 def _is_es_run_root(path: Path) -> bool:
-    return (path / "config.yaml").is_file() and any(p.name.startswith("gen_") for p in path.iterdir() if p.is_dir())
+    return (path / CONFIG_FILE).is_file() and any(
+        p.name.startswith(GENERATION_DIR_PREFIX) for p in path.iterdir() if p.is_dir())
 
 
 def find_run_dirs(roots: Iterable[str | Path]) -> Scan:

@@ -1,15 +1,7 @@
-"""The run store: the one module that knows where things live inside a run directory.
+"""The run store: paths and typed, atomic reads/writes of everything inside one run directory.
 
-Layout (see docs/DESIGN.md):
-
-    run_dir/config.yaml, manifest.json
-    run_dir/state/gen_0007.pt (+ .sha256)     searcher state after generation 7's tell
-    run_dir/gen_0008/population.pt (+ .sha256) asked population, written before any submission
-    run_dir/gen_0008/jobs.json                member -> job map, written right after each submission
-    run_dir/gen_0008/member_017/              result.json, started.json, logs, inner checkpoints
-    run_dir/gen_0008/submitit/                launcher logs
-    run_dir/tables/members.parquet, generations.parquet
-    run_dir/LOCK
+The layout itself (every file and directory name, and the tree they form) is spelled in results/layout.py;
+this module joins those names into the paths of one run dir and reads and writes what lies there.
 
 Everything is written atomically; state and population files carry a checksum so that a torn or corrupted
 file is detected and skipped instead of silently trusted. torch and pandas are imported lazily so that code
@@ -20,7 +12,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import re
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -32,10 +23,27 @@ from results.atomic import (
     read_with_checksum,
     write_with_checksum,
 )
+from results.layout import (
+    BEST_DIR,
+    BEST_MEMBER_FILE,
+    CONFIG_FILE,
+    GENERATIONS_TABLE_FILE,
+    JOBS_FILE,
+    LAUNCHER_DIR,
+    MEMBERS_TABLE_FILE,
+    POPULATION_FILE,
+    RUN_LOCK_FILE,
+    SEARCH_MANIFEST_FILE,
+    STATE_DIR,
+    TABLES_DIR,
+    generation_dir_name,
+    member_dir_name,
+    parse_state_file_name,
+    state_file_name,
+)
 
 logger = logging.getLogger(__name__)
 
-_STATE_RE = re.compile(r"^gen_(\d{4,})\.pt$")
 MEMBER_KEYS = ("generation", "index")
 
 
@@ -48,53 +56,57 @@ class RunStore:
     # ----------------------------------------------------------------- paths
     @property
     def config_path(self) -> Path:
-        return self.root / "config.yaml"
+        return self.root / CONFIG_FILE
 
     @property
     def manifest_path(self) -> Path:
-        return self.root / "manifest.json"
+        return self.root / SEARCH_MANIFEST_FILE
 
     @property
     def lock_path(self) -> Path:
-        return self.root / "LOCK"
+        return self.root / RUN_LOCK_FILE
 
     @property
     def state_dir(self) -> Path:
-        return self.root / "state"
+        return self.root / STATE_DIR
 
     @property
     def tables_dir(self) -> Path:
-        return self.root / "tables"
+        return self.root / TABLES_DIR
 
     @property
     def members_table_path(self) -> Path:
-        return self.tables_dir / "members.parquet"
+        return self.tables_dir / MEMBERS_TABLE_FILE
 
     @property
     def generations_table_path(self) -> Path:
-        return self.tables_dir / "generations.parquet"
+        return self.tables_dir / GENERATIONS_TABLE_FILE
 
     @property
     def best_dir(self) -> Path:
-        return self.tables_dir / "best"
+        return self.tables_dir / BEST_DIR
+
+    @property
+    def best_member_path(self) -> Path:
+        return self.best_dir / BEST_MEMBER_FILE
 
     def state_path(self, generation: int) -> Path:
-        return self.state_dir / f"gen_{generation:04d}.pt"
+        return self.state_dir / state_file_name(generation)
 
     def generation_dir(self, generation: int) -> Path:
-        return self.root / f"gen_{generation:04d}"
+        return self.root / generation_dir_name(generation)
 
     def population_path(self, generation: int) -> Path:
-        return self.generation_dir(generation) / "population.pt"
+        return self.generation_dir(generation) / POPULATION_FILE
 
     def jobs_path(self, generation: int) -> Path:
-        return self.generation_dir(generation) / "jobs.json"
+        return self.generation_dir(generation) / JOBS_FILE
 
     def member_dir(self, generation: int, index: int) -> Path:
-        return self.generation_dir(generation) / f"member_{index:03d}"
+        return self.generation_dir(generation) / member_dir_name(index)
 
     def launcher_dir(self, generation: int) -> Path:
-        return self.generation_dir(generation) / "submitit"
+        return self.generation_dir(generation) / LAUNCHER_DIR
 
     def exists(self) -> bool:
         """True when a run was started here (its resolved config was written)."""
@@ -126,8 +138,8 @@ class RunStore:
     def state_generations(self) -> list[int]:
         if not self.state_dir.is_dir():
             return []
-        found = (_STATE_RE.match(p.name) for p in self.state_dir.iterdir())
-        return sorted(int(m.group(1)) for m in found if m)
+        found = (parse_state_file_name(p.name) for p in self.state_dir.iterdir())
+        return sorted(g for g in found if g is not None)
 
     def read_state(self, generation: int) -> dict[str, Any]:
         return _torch_load(read_with_checksum(self.state_path(generation)), self.state_path(generation))
@@ -193,11 +205,11 @@ class RunStore:
 
     def write_best(self, record: Mapping[str, Any]) -> None:
         """The best member seen so far (params included), for export without loading the tables."""
-        atomic_write_json(self.best_dir / "best_member.json", dict(record))
+        atomic_write_json(self.best_member_path, dict(record))
 
     def read_best(self) -> dict[str, Any] | None:
         try:
-            return json.loads((self.best_dir / "best_member.json").read_text())
+            return json.loads(self.best_member_path.read_text())
         except FileNotFoundError:
             return None
 

@@ -175,7 +175,7 @@ def test_hydra_multirun_of_inner_loop_runs_every_job_and_compares(tmp_path, monk
     import inner_loop.run as inner_run
     from results.records import MemberSpec
 
-    def fake_train(spec: MemberSpec) -> ResultRecord:
+    def fake_train(spec: MemberSpec, save_final: bool = False) -> ResultRecord:
         write_run_manifest(spec.work_dir, build_run_manifest(run_id=spec.run_id, seed=spec.seed, inner=spec.inner,
                                                              splits=SPLITS))
         ok = not (spec.inner["divergence"]["name"] == "prob_l2" and spec.seed == 1)

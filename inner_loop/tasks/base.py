@@ -7,9 +7,10 @@ training reward and the validation pass@1 agree by construction.
 from __future__ import annotations
 
 import abc
-import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Sequence
+
+from results.provenance import prompt_hash  # defined in results/ (which must not import inner_loop); re-exported
 
 SPLITS = ("train", "validation", "test")
 
@@ -55,11 +56,6 @@ class Task(abc.ABC):
 
     def solved_many(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[bool]:
         return [s >= 1.0 for s in self.score_many(problems, completions)]
-
-
-def prompt_hash(prompt: str) -> str:
-    """Hash of a prompt after whitespace normalisation, used to prove splits are disjoint."""
-    return hashlib.sha256(" ".join(prompt.split()).encode("utf-8")).hexdigest()
 
 
 class SplitOverlapError(ValueError):

@@ -1,0 +1,160 @@
+"""The on-disk layout of an ES run directory and of a member's work directory: the one module that spells it.
+
+Every file and directory name inside a run dir or a member dir is defined here and nowhere else, so that the
+orchestrator, the launchers, the member processes and the report can never disagree about where a thing
+lives (tests/test_results_layout.py fails on a layout name spelled anywhere else). ``RunStore``
+(results/store.py) turns these names into paths and typed reads/writes; light modules that only know a member's
+work dir (launch.member, inner_loop.member) use the names directly. Standard library only: every member
+process imports it.
+
+    run_dir/                                  (see docs/DESIGN.md)
+      config.yaml                             CONFIG_FILE: the resolved config
+      manifest.json                           SEARCH_MANIFEST_FILE: code version, data hashes, seeds, launcher
+      LOCK                                    RUN_LOCK_FILE: one orchestrator per run dir
+      state/gen_0007.pt (+ .sha256)           STATE_DIR / state_file_name(7): searcher state after that tell
+      gen_0008/                               generation_dir_name(8)
+        population.pt (+ .sha256)             POPULATION_FILE: asked population, written before any submission
+        jobs.json                             JOBS_FILE: member -> job map, written right after each submission
+        member_017/                           member_dir_name(17): the member's work dir, below
+        submitit/                             LAUNCHER_DIR: submitit's logs and pickles
+          cancelled_by_orchestrator.json      CANCELLED_FILE: job ids the orchestrator itself cancelled
+          submissions/chunk_000.json          SUBMISSIONS_DIR / chunk_marker_name(0): one marker per sbatch chunk
+      tables/                                 TABLES_DIR
+        members.parquet, generations.parquet  MEMBERS_TABLE_FILE, GENERATIONS_TABLE_FILE
+        best/best_member.json                 BEST_DIR / BEST_MEMBER_FILE
+      report/                                 REPORT_DIR: where ``python -m results.report`` writes by default
+
+    member_dir/  (also a single run's work dir, ``python -m inner_loop.run work_dir=...``)
+      spec.json                               SPEC_FILE: the member spec
+      manifest.json                           RUN_MANIFEST_FILE: provenance of this training run
+      started.json                            STARTED_FILE: the running-time ledger (launch.member)
+      .member.lock                            MEMBER_LOCK_FILE: one job per member at a time
+      result.json                             RESULT_FILE: the final record
+      result.attempt0.json, ...               archived_result_name(k): records of earlier (retried) attempts
+      checkpoints/                            CHECKPOINT_DIR: the Trainer's output_dir (resumable checkpoints)
+      .checkpoints.deleting/                  CHECKPOINT_TRASH_DIR: checkpoints being deleted
+      final/                                  FINAL_MODEL_DIR: a single run's trained model
+
+The ``.sha256`` sidecars are named by results/atomic.py (CHECKSUM_SUFFIX), which writes and verifies them.
+Numbered names are padded (``gen_0008``, ``member_017``) but wider numbers are valid (``gen_12345``), and the
+parse functions accept them: always build and read numbered names through the functions below.
+"""
+from __future__ import annotations
+
+import operator
+import re
+
+# ------------------------------------------------------------------ run dir
+CONFIG_FILE = "config.yaml"
+#: the search's manifest at the run dir's root (same file name as a training run's RUN_MANIFEST_FILE)
+SEARCH_MANIFEST_FILE = "manifest.json"
+RUN_LOCK_FILE = "LOCK"
+STATE_DIR = "state"
+TABLES_DIR = "tables"
+MEMBERS_TABLE_FILE = "members.parquet"
+GENERATIONS_TABLE_FILE = "generations.parquet"
+BEST_DIR = "best"  # inside TABLES_DIR
+BEST_MEMBER_FILE = "best_member.json"
+REPORT_DIR = "report"
+
+# -------------------------------------------------------- generation dir
+GENERATION_DIR_PREFIX = "gen_"
+POPULATION_FILE = "population.pt"
+JOBS_FILE = "jobs.json"
+MEMBER_DIR_PREFIX = "member_"
+#: the launcher's folder (submitit's logs, pickles and our markers)
+LAUNCHER_DIR = "submitit"
+
+# ---------------------------------------------------------- launcher dir
+CANCELLED_FILE = "cancelled_by_orchestrator.json"
+#: one marker file per submitted sbatch array chunk (launch/slurm_chunks.py)
+SUBMISSIONS_DIR = "submissions"
+
+# ------------------------------------------------------------ member dir
+RESULT_FILE = "result.json"
+SPEC_FILE = "spec.json"
+#: the running-time ledger, also the orchestrator's "this attempt has started" marker
+STARTED_FILE = "started.json"
+MEMBER_LOCK_FILE = ".member.lock"
+#: a training run's provenance (results/provenance.py), in a member dir or a single run's work dir
+RUN_MANIFEST_FILE = "manifest.json"
+#: the Trainer's output_dir
+CHECKPOINT_DIR = "checkpoints"
+#: where a checkpoint folder goes while it is deleted, so a crash mid-delete never leaves a half-deleted folder
+#: under a name that looks resumable; the next cleanup finishes the job (inner_loop/checkpoints.py)
+CHECKPOINT_TRASH_DIR = ".checkpoints.deleting"
+#: where a single run leaves its trained model, whatever train.keep_checkpoints says
+FINAL_MODEL_DIR = "final"
+
+_GENERATION_WIDTH = 4
+_MEMBER_WIDTH = 3
+_CHUNK_WIDTH = 3
+_STATE_SUFFIX = ".pt"
+_GENERATION_RE = re.compile(rf"^{GENERATION_DIR_PREFIX}(\d{{{_GENERATION_WIDTH},}})$")
+_STATE_RE = re.compile(rf"^{GENERATION_DIR_PREFIX}(\d{{{_GENERATION_WIDTH},}}){re.escape(_STATE_SUFFIX)}$")
+_MEMBER_RE = re.compile(rf"^{MEMBER_DIR_PREFIX}(\d{{{_MEMBER_WIDTH},}})$")
+_ARCHIVED_RESULT = "result.attempt{}.json"
+_CHUNK_MARKER_RE = re.compile(r"^chunk_(\d+)\.json$")
+
+
+def _number(value: int, what: str) -> int:
+    """Numbered names exist only for non-negative integers (numpy's included): a negative one would not parse
+    back, and a float would be formatted as something no parser reads."""
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{what} must be a non-negative integer, got {value!r}") from None
+    if number < 0:
+        raise ValueError(f"{what} must be a non-negative integer, got {value!r}")
+    return number
+
+
+def _parsed(pattern: re.Pattern[str], name: str) -> int | None:
+    match = pattern.match(name)
+    return int(match.group(1)) if match else None
+
+
+def generation_dir_name(generation: int) -> str:
+    """``gen_0008``: the directory of one generation inside the run dir."""
+    return f"{GENERATION_DIR_PREFIX}{_number(generation, 'generation'):0{_GENERATION_WIDTH}d}"
+
+
+def parse_generation_dir_name(name: str) -> int | None:
+    """The generation a directory name stands for, or None when it is not a generation dir's name."""
+    return _parsed(_GENERATION_RE, name)
+
+
+def state_file_name(generation: int) -> str:
+    """``gen_0007.pt``: the searcher state after that generation's tell, inside STATE_DIR."""
+    return generation_dir_name(generation) + _STATE_SUFFIX
+
+
+def parse_state_file_name(name: str) -> int | None:
+    """The generation a state file's name stands for, or None for any other file (its checksum sidecar included)."""
+    return _parsed(_STATE_RE, name)
+
+
+def member_dir_name(index: int) -> str:
+    """``member_017``: the work dir of one member inside its generation dir."""
+    return f"{MEMBER_DIR_PREFIX}{_number(index, 'member index'):0{_MEMBER_WIDTH}d}"
+
+
+def parse_member_dir_name(name: str) -> int | None:
+    """The member index a directory name stands for, or None when it is not a member dir's name."""
+    return _parsed(_MEMBER_RE, name)
+
+
+def archived_result_name(attempt: int) -> str:
+    """``result.attempt<k>.json``: attempt k's record, moved aside when the member is retried. Their count IS the
+    member's attempt counter (launch/runner.py), so it survives orchestrator restarts without extra state."""
+    return _ARCHIVED_RESULT.format(_number(attempt, "attempt"))
+
+
+def chunk_marker_name(chunk: int) -> str:
+    """``chunk_000.json``: the marker of one submitted sbatch array chunk, inside SUBMISSIONS_DIR."""
+    return f"chunk_{_number(chunk, 'chunk'):0{_CHUNK_WIDTH}d}.json"
+
+
+def parse_chunk_marker_name(name: str) -> int | None:
+    """The chunk number a marker file's name stands for, or None for any other file."""
+    return _parsed(_CHUNK_MARKER_RE, name)
