@@ -18,11 +18,8 @@ applied to a job the scheduler reports as queued (e.g. requeued and waiting for 
 from __future__ import annotations
 
 import dataclasses
-import errno
-import json
 import logging
 import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +28,7 @@ from typing import Callable, Mapping, Sequence
 from launch.base import JobRef, Launcher
 from launch.member import RunLedger, read_ledger
 from results.layout import RESULT_FILE, archived_result_name
-from results.records import MemberSpec, ResultRecord, read_result
+from results.records import MemberSpec, ResultRecord, read_result, write_result_if_absent
 
 logger = logging.getLogger(__name__)
 
@@ -382,68 +379,6 @@ class MemberArrayRunner:
                 f"re-attaches to them and submits the remaining {len(batch) - done}"
             ) from exc
         logger.info("submitted %d member(s) to %s", done, self.folder)
-
-
-def write_result_if_absent(work_dir: str | Path, record: ResultRecord) -> bool:
-    """Create ``<work_dir>/result.json`` holding ``record`` only if no result.json exists; True if it did.
-
-    The record is written and fsynced under a temp name, then hard-linked to result.json: link() fails if the
-    name exists, and the check is the file server's, not a client cache's, so a member's result that this
-    host cannot see yet is still never replaced. Where hard links are not supported an O_EXCL create is the
-    fallback (equally exclusive; a reader may briefly see a partial file, which read_result treats as absent).
-    """
-    work_dir = Path(work_dir)
-    work_dir.mkdir(parents=True, exist_ok=True)
-    path = work_dir / RESULT_FILE
-    data = (json.dumps(record.to_dict(), indent=2, sort_keys=True, allow_nan=False) + "\n").encode("utf-8")
-    fd, tmp = tempfile.mkstemp(prefix=f".{RESULT_FILE}.", suffix=".orchestrator.tmp", dir=work_dir)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            return False
-        except OSError as exc:
-            if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EMLINK):
-                raise
-            return _create_exclusive(path, data)
-    finally:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-    _fsync_directory(work_dir)
-    return True
-
-
-def _create_exclusive(path: Path, data: bytes) -> bool:
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        return False
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    _fsync_directory(path.parent)
-    return True
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make the new directory entry durable (best effort: some filesystems refuse fsync on a directory)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _fresh_read(work_dir: Path) -> ResultRecord | None:

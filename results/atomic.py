@@ -5,6 +5,7 @@ new one, never half of one, and so that a corrupted file is detected on read ins
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -53,13 +54,66 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     return path
 
 
+#: link() errors that mean "this filesystem has no hard links": fall back to an O_EXCL create
+_NO_HARD_LINKS = (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EMLINK)
+
+
+def atomic_create_bytes(path: str | os.PathLike, data: bytes) -> bool:
+    """Create ``path`` holding ``data`` only if nothing exists there; True if this call created it.
+
+    The data is written and fsynced under a temp name, then hard-linked to ``path``: link() fails if the name
+    exists, and that check is the file server's, not a client cache's, so a file another host just wrote and
+    this host cannot see yet is still never replaced. Where hard links are not supported an O_EXCL create is
+    the fallback (equally exclusive; a reader may briefly see a partial file there)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".create.tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            if exc.errno not in _NO_HARD_LINKS:
+                raise
+            return _create_exclusive(path, data)
+    finally:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+    _fsync_dir(path.parent)
+    return True
+
+
+def _create_exclusive(path: Path, data: bytes) -> bool:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    _fsync_dir(path.parent)
+    return True
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
+def json_bytes(obj: Any) -> bytes:
     """JSON with allow_nan=False: a NaN in a record is a bug, not something to persist."""
-    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n")
+    return (json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n").encode("utf-8")
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
+    return atomic_write_bytes(path, json_bytes(obj))
 
 
 def sha256_bytes(data: bytes) -> str:

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from results.atomic import atomic_write_json
+from results.atomic import atomic_create_bytes, atomic_write_json, json_bytes
 from results.layout import RESULT_FILE, SPEC_FILE  # re-exported: importers use results.records.RESULT_FILE
 
 STATUSES = ("ok", "failed", "timeout", "cancelled")
@@ -111,6 +111,13 @@ class ResultRecord:
 def write_result(work_dir: str | Path, record: ResultRecord) -> Path:
     """Atomically write ``<work_dir>/result.json``."""
     return atomic_write_json(Path(work_dir) / RESULT_FILE, record.to_dict())
+
+
+def write_result_if_absent(work_dir: str | Path, record: ResultRecord) -> bool:
+    """Create ``<work_dir>/result.json`` only where none exists (True if created): how the orchestrator records
+    an outcome it decided (timeout, failed), so that a member's own result, possibly not yet visible on this
+    host, is never replaced."""
+    return atomic_create_bytes(Path(work_dir) / RESULT_FILE, json_bytes(record.to_dict()))
 
 
 def read_result(work_dir: str | Path) -> ResultRecord | None:

@@ -19,10 +19,11 @@ import yaml
 import launch.runner as runner_module
 from launch.base import JobRef, Launcher
 from launch.factory import build_launcher, runner_policy
-from launch.runner import MemberArrayRunner, RunnerPolicy, write_result_if_absent
+from launch.runner import MemberArrayRunner, RunnerPolicy
 from launch.slurm_options import SlurmOptions
 from launch.submitit_launchers import DebugLauncher
-from results.records import RESULT_FILE, MemberSpec, ResultRecord, read_result, write_result
+import results.atomic as atomic_module
+from results.records import RESULT_FILE, MemberSpec, ResultRecord, read_result, write_result, write_result_if_absent
 
 ENTRY = "meta.synthetic:member"
 CONF = Path(__file__).resolve().parents[1] / "conf" / "launcher"
@@ -195,7 +196,7 @@ def test_write_result_if_absent_falls_back_to_an_exclusive_create_without_hard_l
     def no_links(src, dst):
         raise OSError(errno.EPERM, "hard links not supported")
 
-    monkeypatch.setattr(runner_module.os, "link", no_links)
+    monkeypatch.setattr(atomic_module.os, "link", no_links)
     assert write_result_if_absent(tmp_path, ResultRecord(status="cancelled")) is True
     assert read_result(tmp_path).status == "cancelled"
     assert write_result_if_absent(tmp_path, ResultRecord(status="failed")) is False
