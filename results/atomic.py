@@ -33,16 +33,21 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def _write_synced(fd: int, data: bytes) -> None:
+    """Write ``data`` to the open descriptor ``fd`` (closed afterwards) and fsync it."""
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """Write ``data`` to ``path`` via temp file + fsync + os.replace (readers never see a partial file)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
+        _write_synced(fd, data)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -69,10 +74,7 @@ def atomic_create_bytes(path: str | os.PathLike, data: bytes) -> bool:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".create.tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
+        _write_synced(fd, data)
         try:
             os.link(tmp, path)
         except FileExistsError:
@@ -95,10 +97,7 @@ def _create_exclusive(path: Path, data: bytes) -> bool:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:
         return False
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
+    _write_synced(fd, data)
     _fsync_dir(path.parent)
     return True
 
