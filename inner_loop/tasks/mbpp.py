@@ -5,13 +5,15 @@ Both hub configs are read: ``full`` rows have ``text``, ``code``, ``test_list``,
 prompt shows the task text and the first test (the usual MBPP prompt, which also fixes the function name).
 
 Reward: the fraction of the task's asserts that pass when the completion's code runs in the sandbox
-(inner_loop.sandbox, ``task.timeout_s`` per program); solved = every assert passes.
+(inner_loop.sandbox, ``task.timeout_s`` per program) and the asserts are evaluated by the trusted grader
+(inner_loop.grading); solved = every assert passes.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from inner_loop.grading import Job
 from inner_loop.tasks.base import Problem, SplitTask
 from inner_loop.tasks.code_extract import extract_code
 from inner_loop.tasks.data_files import load_hub_rows, read_local_rows, require_fields
@@ -37,8 +39,9 @@ class MBPPConfig:
     timeout_s: float = 5.0
 
 
-def score_programs(items: Sequence[tuple[str, list[str]]], timeout_s: float) -> list[float]:
-    """Fraction of asserts passed per (program, tests) pair, run concurrently in the sandbox."""
+def score_programs(items: Sequence[Job | tuple[str, list[str]]], timeout_s: float) -> list[float]:
+    """Fraction of asserts passed per job: programs run concurrently in the sandbox, the asserts in the
+    trusted grader (inner_loop.grading), so a program cannot forge its own score."""
     from inner_loop import sandbox
 
     outcomes = sandbox.run_many(list(items), timeout_s=timeout_s)
@@ -113,7 +116,9 @@ class MBPPTask(SplitTask):
         return self.score_many([problem], [completion])[0]
 
     def score_many(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[float]:
-        items = [(self.program(p, c), list(p.tests)) for p, c in zip(problems, completions, strict=True)]
+        # the setup code (the dataset's imports) runs in the program AND, trusted, in the grader beside the tests
+        items = [Job(self.program(p, c), tuple(p.tests), setup=p.meta.get("setup", ""))
+                 for p, c in zip(problems, completions, strict=True)]
         return score_programs(items, self.config.timeout_s)
 
     def demonstration(self, problem: Problem) -> str:
