@@ -211,7 +211,7 @@ class Grader:
         messages = []
         for index, snippet in enumerate(self.job.tests):
             try:
-                _, calls, _ = prepare(snippet, index, self.trusted)
+                _, calls, _, _ = prepare(snippet, index, self.trusted)
             except (SyntaxError, ValueError, RecursionError):
                 continue  # run() reports it
             for name, args, kwargs in calls:
@@ -232,13 +232,20 @@ class Grader:
                 results.append(False)  # as if the run had stopped here: nothing left to answer it
                 continue
             try:
-                code, _, proxied = prepare(snippet, index, self.trusted)
+                code, _, proxied, stdlib = prepare(snippet, index, self.trusted)
             except (SyntaxError, ValueError, RecursionError) as exc:
                 logger.warning("test %d cannot be parsed (%s); it fails", index, exc)
                 results.append(False)
                 continue
             for name in proxied:  # names only ever called: a call proxy each (never trusted names)
                 self.namespace[name] = self.session.proxy(name)
+            try:
+                for name in stdlib:  # the grader's own module (through the job's guarded __import__)
+                    self.namespace.setdefault(name, self.namespace["__builtins__"]["__import__"](name))
+            except ImportError as exc:
+                self.notes.append(f"[grader] test {index} failed: {exc}")
+                results.append(False)
+                continue
             results.append(_run_one(code, self.namespace, index, self.notes))
         return results
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import builtins
 import functools
+import sys
 from collections.abc import Iterable
 
 GET = "__grading_get__"
@@ -20,6 +21,9 @@ FN = "__grading_fn__"
 
 
 _BUILTIN_NAMES = frozenset(vars(builtins))
+#: A test that names a standard-library module it never imports (MBPP's `math.isclose(...)` relies on the
+#: program's `import math`) gets the GRADER's own module: never the program's, which the program could swap.
+_STDLIB_NAMES = frozenset(sys.stdlib_module_names)
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
 
@@ -51,7 +55,7 @@ def program_names(tree: ast.AST, trusted: Iterable[str]) -> set[str]:
     trusted namespace (setup, entry-point proxies) nor the builtins define. A builtin name is never
     routed to the program, so a program cannot swap ``abs`` or ``sorted`` for the tests."""
     loads, bound, _ = _scan(tree)
-    return loads - bound - set(trusted) - _BUILTIN_NAMES
+    return loads - bound - set(trusted) - _BUILTIN_NAMES - _STDLIB_NAMES
 
 
 class _RouteToProgram(ast.NodeTransformer):
@@ -91,7 +95,8 @@ def _literal_args(call: ast.Call) -> tuple | None:
 @functools.lru_cache(maxsize=4096)  # a GRPO group grades many completions against the same tests
 def prepare(snippet: str, index: int, trusted: frozenset[str]) -> tuple:
     """(code object of the rewritten snippet, its literal calls into the program in source order as
-    (name, args, kwargs items), names to bind to call proxies instead of rewriting). Raises SyntaxError
+    (name, args, kwargs items), names to bind to call proxies instead of rewriting, standard-library module
+    names the snippet uses without importing them). Raises SyntaxError
     for a broken dataset test.
 
     Why the literal calls: MBPP asserts are ``assert f(<literals>) == <expected>``; those calls can go to
@@ -101,7 +106,9 @@ def prepare(snippet: str, index: int, trusted: frozenset[str]) -> tuple:
     loads, bound, calls = _scan(tree)
     if {GET, FN} & (loads | bound):
         raise SyntaxError(f"test {index} uses a reserved grading name")
-    remote = loads - bound - trusted - _BUILTIN_NAMES
+    free = loads - bound - trusted - _BUILTIN_NAMES
+    stdlib = frozenset(free & _STDLIB_NAMES)
+    remote = free - stdlib
     remote_calls = [c for c in calls if c.func.id in remote]
     ahead = []
     for call in sorted(remote_calls, key=lambda c: (c.lineno, c.col_offset)):
@@ -111,9 +118,9 @@ def prepare(snippet: str, index: int, trusted: frozenset[str]) -> tuple:
     called = {c.func.id for c in remote_calls}
     if called == remote and _name_loads(tree, remote) == len(remote_calls):
         # every use is a call (the MBPP form): the grader binds these names to call proxies, no rewrite
-        return compile(tree, f"<test {index}>", "exec"), tuple(ahead), frozenset(called)
+        return compile(tree, f"<test {index}>", "exec"), tuple(ahead), frozenset(called), stdlib
     code = compile(_RouteToProgram(remote).visit(tree), f"<test {index}>", "exec")
-    return code, tuple(ahead), frozenset()
+    return code, tuple(ahead), frozenset(), stdlib
 
 
 def _name_loads(tree: ast.AST, names: set[str]) -> int:

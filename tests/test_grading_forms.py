@@ -137,6 +137,12 @@ FORMS = {  # name: (correct program, wrong program, tests, setup, entry points)
                       "def poly(xs, x):\n    return sum(c * x ** i for i, c in enumerate(xs))\n"
                       "def zero(xs):\n    '''stub'''\n", ("zero",)),
     "module_value": ("TABLE = {'a': 1}\n", "TABLE = {'a': 2}\n", ["assert TABLE['a'] == 1"], "", ()),
+    # MBPP style: the test names `math` and relies on the program's `import math` (no setup code); the grader
+    # uses its own math, so the wrong program cannot help itself by shipping a forgiving `math` either
+    "stdlib_from_the_program": ("import math\ndef area(r):\n    return math.pi * r * r\n",
+                                "class math:\n    isclose = staticmethod(lambda *a, **k: True)\ndef area(r):\n"
+                                "    return 3\n",
+                                ["assert math.isclose(area(2), 12.566370614359172, rel_tol=1e-9)"], "", ()),
 }
 
 
