@@ -306,4 +306,15 @@ def validate_inner(inner: Mapping[str, Any]) -> None:
     prepare(inner, seed=0, params=params)
 
 
+def finalize_member(spec: MemberSpec | Mapping[str, Any]) -> None:
+    """Apply train.keep_checkpoints to a member the search has settled for good (its last attempt failed or
+    timed out: train_member keeps a failed member's checkpoints for a retry, and a settled member is never
+    called again, so without this they would stay). Nothing happens before a final result.json exists."""
+    spec = _as_spec(spec)
+    work_dir = Path(spec.work_dir)
+    if read_result(work_dir) is not None:
+        _clean_up_after_final(spec, work_dir)
+
+
 train_member.validate = validate_inner  # type: ignore[attr-defined]
+train_member.finalize = finalize_member  # type: ignore[attr-defined]

@@ -85,6 +85,7 @@ class Orchestrator:
             should_abort=lambda final: self._abort_message(generation, final),
         )
         records = runner.run()
+        self._finalize_members(specs)
         ok = torch.tensor([records[i].ok for i in range(len(specs))], dtype=torch.bool)
         fitness = torch.tensor(
             [records[i].fitness if records[i].ok else self.cfg.fitness_on_failure for i in range(len(specs))],
@@ -110,6 +111,21 @@ class Orchestrator:
         self._log_generation(generation, fitness, ok, gen_best, time.monotonic() - started)
 
     # -------------------------------------------------------------- pieces
+    def _finalize_members(self, specs: list[MemberSpec]) -> None:
+        """Every member of the generation is settled for good: call the entry point's ``finalize(spec)`` where
+        it has one (train_member's deletes the checkpoints a failed member kept for a retry that will not
+        come). A failure here is logged: the search's results do not depend on it."""
+        from launch.member import load_entrypoint
+
+        finalize = getattr(load_entrypoint(self.cfg.inner_entrypoint), "finalize", None)
+        if not callable(finalize):
+            return
+        for spec in specs:
+            try:
+                finalize(spec)
+            except Exception as exc:  # housekeeping must never stop a search
+                logger.warning("gen %d member %03d: finalize failed: %s", spec.generation, spec.index, exc)
+
     def _population(self, generation: int) -> torch.Tensor:
         values = self.store.read_population(generation)
         if values is not None:

@@ -80,6 +80,16 @@ def member(spec: MemberSpec | Mapping[str, Any]) -> dict[str, Any]:
 CHECKPOINT_FILE = "synthetic_ckpt.json"
 
 
+def finalize(spec: MemberSpec | Mapping[str, Any]) -> None:
+    """``member.finalize``: a settled member's step-counter checkpoint goes, as train_member's checkpoints do."""
+    if not isinstance(spec, MemberSpec):
+        spec = MemberSpec.from_dict(spec)
+    (Path(spec.work_dir) / CHECKPOINT_FILE).unlink(missing_ok=True)
+
+
+member.finalize = finalize  # type: ignore[attr-defined]
+
+
 def _train_steps(work_dir: Path, steps: int, step_s: float) -> int:
     """Fake training with a resumable step counter: a restarted member continues where it stopped, and
     each start is recorded (step at start) so a test can see that the counter continued."""

@@ -168,9 +168,25 @@ def test_failed_member_keeps_its_checkpoint_for_a_retry(tmp_path, monkeypatch):
     record = train_member(_spec(work, _inner(steps=2)))
     assert record.status == "failed" and "evaluation crashed" in record.error
     assert _checkpoints(work) == ["checkpoint-2"] and record.disk_peak_bytes and record.disk_peak_bytes > 0
-    # The orchestrator settles it as final and later calls again: the kept checkpoint goes.
+    # A later call (a duplicate job) finds the final result and removes the kept checkpoint ...
     assert train_member(_spec(work, _inner(steps=2))) == record
     assert _checkpoints(work) == []
+
+
+def test_a_member_settled_as_failed_loses_its_checkpoint_when_the_search_finalizes_it(tmp_path, monkeypatch):
+    """... but a settled member is never called again: the orchestrator calls the entry point's ``finalize``."""
+    import inner_loop.member as member
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("evaluation crashed")
+
+    monkeypatch.setattr(member, "_evaluate", boom)
+    work = tmp_path / "m"
+    spec = _spec(work, _inner(steps=2))
+    member.finalize_member(spec)  # nothing final yet: nothing happens
+    assert train_member(spec).status == "failed" and _checkpoints(work) == ["checkpoint-2"]
+    train_member.finalize(spec)
+    assert _checkpoints(work) == [] and read_result(work).status == "failed"
 
 
 def test_a_delete_that_fails_never_turns_a_finished_member_into_a_failure(tmp_path, monkeypatch):

@@ -172,3 +172,12 @@ def test_a_stale_lock_left_by_a_dead_orchestrator_is_detected_and_taken_over(tmp
     with RunLock(lock_path):
         assert json.loads(lock_path.read_text())["pid"] != dead.pid
     assert "stale lock from a dead orchestrator" in caplog.text
+
+
+def test_members_settled_for_good_are_finalized_by_the_entry_point(tmp_path):
+    """A member whose last attempt failed keeps what it saved for a retry; once the generation is settled the
+    orchestrator calls the entry point's finalize (train_member deletes its checkpoints there)."""
+    assert _run(tmp_path, "generations=1", "retries=0", "+inner.options={steps:2,fail:[1]}") == 0
+    store = RunStore(tmp_path)
+    assert json.loads((store.member_dir(0, 1) / "result.json").read_text())["status"] == "failed"
+    assert not any((store.member_dir(0, i) / "synthetic_ckpt.json").exists() for i in range(4))
