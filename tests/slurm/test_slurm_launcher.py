@@ -87,7 +87,8 @@ def test_generation_split_into_arrays_runs_end_to_end_with_few_queries(
     assert all(r.state == "COMPLETED" for r in rows), rows  # member exceptions are results, not job failures
     # Politeness: results came from files; sacct was asked only every query_interval_s at most.
     assert launcher.queries.calls["sacct"] <= 6, launcher.queries.calls
-    assert launcher.queries.calls["squeue"] == 0
+    # squeue only for pending reasons, at most once per 5 min while a task is queued (a busy cluster queues some)
+    assert launcher.queries.calls["squeue"] <= 1, launcher.queries.calls
 
 
 def test_generation_larger_than_the_clusters_max_array_size_is_split(
