@@ -75,7 +75,7 @@ def measure(hosts: bool, search: bool) -> dict:
     outcome = read_warmup_outcome(warmed)
     row = {"kernels": torch.backends.cpu.get_cpu_capability(), "warmup_steps": outcome.steps,
            "probe": outcome.probe_pass_at_1,
-           "step0": evaluate(model, tokenizer, run.task, run.validation, max_new_tokens=tokens, log=False).pass_at_1}
+           "step0": evaluate(model, tokenizer, run.task, run.scored, max_new_tokens=tokens, log=False).pass_at_1}
     for divergence in ("kl", "neural_mirror"):
         row[divergence] = _train(_inner(divergence))
     if hosts:  # as tests/test_inner_learning.py runs them: prob_l2, two optimiser passes per rollout

@@ -22,6 +22,9 @@ AGGREGATIONS = ("dr_grpo", "grpo", "bnpo")
 DTYPES = ("float32", "bfloat16", "float16")
 #: train.keep_checkpoints: what of a member's checkpoints survives once its result.json is final.
 KEEP_CHECKPOINTS = ("none", "last", "all")
+#: eval_split: the split a run is scored on. ES members never set it (validation); `test` is for a single run's
+#: final numbers, never for selecting anything.
+EVAL_SPLITS = ("validation", "test")
 
 
 def _plain(value: Any) -> Any:
@@ -40,6 +43,10 @@ def _coerce(node: str, key: str, value: Any, hint: Any) -> Any:
         if "None" in text:
             return None
         raise ValueError(f"{where} must not be null")
+    if text.startswith("dict") and text.endswith("Any]"):  # a free-form mapping (e.g. train.trl), kept intact
+        if not isinstance(value, dict):
+            raise ValueError(f"{where} must be a mapping, got {value!r}")
+        return dict(value)
     if text.startswith("dict"):
         if not isinstance(value, dict) or not all(isinstance(v, (int, float)) for v in value.values()):
             raise ValueError(f"{where} must be a mapping of names to numbers, got {value!r}")
@@ -97,6 +104,9 @@ class ModelConfig:
     gguf_file: str | None = None
     dtype: str = "float32"
     chat_template: bool = False
+    #: extra variables for the chat template (e.g. {enable_thinking: false} for Qwen3, whose template otherwise
+    #: opens a <think> block that a short completion never closes); used by training and evaluation alike.
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
     # tiny architecture (ignored for loaded models)
     hidden_size: int = 64
@@ -129,6 +139,11 @@ class ModelConfig:
         if self.name == "hub" and not self.name_or_path:
             raise ValueError("model.name=hub needs model.name_or_path (a hub id or a local model directory)")
         _one_of("model.dtype", self.dtype, DTYPES)
+        if self.chat_template_kwargs and not self.chat_template:
+            raise ValueError(
+                f"model.chat_template_kwargs={self.chat_template_kwargs!r} has no effect with model.chat_template=false;"
+                " set model.chat_template=true or drop the kwargs"
+            )
         for key in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "max_position_embeddings"):
             if getattr(self, key) < 1:
                 raise ValueError(f"model.{key} must be >= 1, got {getattr(self, key)}")
@@ -163,11 +178,23 @@ class DivergenceConfig:
     init: str | None = None
     param_transform: str = "abs"
     chunk_size: int | None = None
+    #: a member whose mean per-step regularizer gradient share (||grad coef*D|| / ||grad policy||) ends below this
+    #: is logged with a warning: its regularizer barely moved the policy, so ES would rank noise. null: no check.
+    grad_share_floor: float | None = 0.01
 
     def validate(self) -> None:
         _one_of("divergence.name", self.name, DIVERGENCES)
         _one_of("divergence.form", self.form, FORMS)
         _one_of("divergence.estimator", self.estimator, KL_ESTIMATORS)
+        if self.name == "kl" and self.form == "sampled" and self.estimator == "k1":
+            raise ValueError(
+                "divergence.estimator=k1 with divergence.form=sampled has zero expected gradient: as a per-token loss "
+                "on tokens sampled from the policy, E[grad log pi(y)] = 0, so the regularizer would silently do "
+                "nothing. Use divergence.estimator=k2 (gradient of KL(pi || ref)), k3 (gradient of KL(ref || pi)) "
+                "or divergence.form=full (exact KL(pi || ref) over the vocabulary)"
+            )
+        if self.grad_share_floor is not None and not self.grad_share_floor >= 0.0:
+            raise ValueError(f"divergence.grad_share_floor must be >= 0 or null (no check), got {self.grad_share_floor}")
         if not self.coef >= 0.0:
             raise ValueError(f"divergence.coef must be >= 0, got {self.coef}")
         if self.init is not None and self.name != "neural_mirror":
@@ -214,6 +241,9 @@ class TrainConfig:
     pass_k_samples: int = 0
     logging_steps: int = 1
     full_form_rows: int | None = None
+    #: Any other field of TRL's GRPOConfig (vLLM, gradient accumulation, report_to, ...), passed through after the
+    #: checks in inner_loop/grpo_args.py; fields set from the keys above are refused there.
+    trl: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
         from inner_loop.policy_registry import POLICY_TERMS, validate_policy_extra
@@ -252,6 +282,9 @@ class TrainConfig:
             raise ValueError(f"train.val_size must be >= 1 or null (all), got {self.val_size}")
         if any(k < 1 for k in self.pass_k) or (self.pass_k and self.pass_k_samples < max(self.pass_k)):
             raise ValueError("train.pass_k needs values >= 1 and train.pass_k_samples >= max(train.pass_k)")
+        from inner_loop.grpo_args import check_trl_overrides
+
+        self.trl = check_trl_overrides(self.trl, batch_size=self.batch_size)
 
 
 @dataclass
@@ -264,6 +297,7 @@ class InnerConfig:
     train: TrainConfig
     seed: int = 0
     options: dict[str, Any] = field(default_factory=dict)
+    eval_split: str = "validation"
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], seed: int | None = None) -> "InnerConfig":
@@ -282,7 +316,9 @@ class InnerConfig:
             train=_from_mapping(TrainConfig, "train", data["train"]),
             seed=int(data.get("seed", 0) if seed is None else seed),
             options=dict(data.get("options") or {}),
+            eval_split=str(data.get("eval_split") or "validation"),
         )
+        _one_of("eval_split", cfg.eval_split, EVAL_SPLITS)
         cfg.model.validate()
         cfg.divergence.validate()
         cfg.train.validate()

@@ -8,11 +8,11 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
-from inner_loop.models import format_prompt
+from inner_loop.models import eos_token_ids, format_prompt
 from inner_loop.tasks.base import Problem, Task
 
 logger = logging.getLogger(__name__)
@@ -39,41 +39,52 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
 
 
-def _response_lengths(generated: torch.Tensor, eos_id: int | None, pad_id: int | None) -> list[int]:
-    """Tokens up to and including the first <eos> (or all generated tokens if none), padding excluded."""
+def _response_lengths(generated: torch.Tensor, eos_ids: Sequence[int], pad_id: int | None) -> list[int]:
+    """Tokens up to and including the first of any eos id (or all generated tokens if none), padding excluded."""
+    stop = set(eos_ids)
     lengths = []
     for row in generated.tolist():
         length = 0
         for token in row:
-            if token == eos_id:
+            if token in stop:
                 length += 1
                 break
-            if token == pad_id and pad_id != eos_id:
+            if token == pad_id and pad_id not in stop:
                 break
             length += 1
         lengths.append(length)
     return lengths
 
 
+def encode_prompts(tokenizer, texts: Sequence[str]) -> dict[str, torch.Tensor]:
+    """Left-padded prompt ids, tokenized the way TRL's GRPOTrainer tokenizes plain-string prompts
+    (`processing_class(text=prompts)`, i.e. with the tokenizer's special tokens), so evaluation feeds the model
+    the ids training did."""
+    tokenizer.padding_side = "left"
+    return tokenizer(list(texts), return_tensors="pt", padding=True, add_special_tokens=True)
+
+
 @torch.no_grad()
 def generate(model, tokenizer, prompts: Sequence[str], max_new_tokens: int, batch_size: int, chat_template: bool,
-             do_sample: bool = False, temperature: float = 1.0, top_p: float = 1.0) -> tuple[list[str], list[int]]:
+             do_sample: bool = False, temperature: float = 1.0, top_p: float = 1.0,
+             chat_template_kwargs: Mapping[str, Any] | None = None) -> tuple[list[str], list[int]]:
     """Completions (decoded, special tokens dropped) and their token lengths, in batches, left padding."""
     was_training = model.training
     model.eval()
-    tokenizer.padding_side = "left"
+    stop = eos_token_ids(model, tokenizer)
     texts, lengths = [], []
     try:
         for start in range(0, len(prompts), batch_size):
-            chunk = [format_prompt(tokenizer, p, chat_template) for p in prompts[start : start + batch_size]]
-            enc = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+            chunk = [format_prompt(tokenizer, p, chat_template, chat_template_kwargs)
+                     for p in prompts[start : start + batch_size]]
+            enc = encode_prompts(tokenizer, chunk).to(model.device)
             kwargs = {"do_sample": True, "temperature": temperature, "top_p": top_p} if do_sample else {
                 "do_sample": False}
             out = model.generate(**enc, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-                                 eos_token_id=tokenizer.eos_token_id, **kwargs)
+                                 eos_token_id=stop, **kwargs)
             generated = out[:, enc["input_ids"].shape[1]:]
             texts.extend(tokenizer.batch_decode(generated, skip_special_tokens=True))
-            lengths.extend(_response_lengths(generated, tokenizer.eos_token_id, tokenizer.pad_token_id))
+            lengths.extend(_response_lengths(generated, stop, tokenizer.pad_token_id))
     finally:
         model.train(was_training)
     return texts, lengths
@@ -81,14 +92,16 @@ def generate(model, tokenizer, prompts: Sequence[str], max_new_tokens: int, batc
 
 def evaluate(model, tokenizer, task: Task, problems: Sequence[Problem], max_new_tokens: int, batch_size: int = 64,
              chat_template: bool = False, pass_k: Sequence[int] = (), pass_k_samples: int = 0,
-             temperature: float = 1.0, top_p: float = 1.0, log: bool = True) -> EvalResult:
+             temperature: float = 1.0, top_p: float = 1.0, log: bool = True,
+             chat_template_kwargs: Mapping[str, Any] | None = None) -> EvalResult:
     """Greedy pass@1 over ``problems`` (one sample each); pass@k from ``pass_k_samples`` sampled completions.
 
     ``log=False`` keeps frequent internal checks (the warm-up's probe) out of the log."""
     if not problems:
         raise ValueError(f"task {task.name!r}: the validation split is empty; raise its validation size")
     prompts = [p.prompt for p in problems]
-    texts, lengths = generate(model, tokenizer, prompts, max_new_tokens, batch_size, chat_template)
+    texts, lengths = generate(model, tokenizer, prompts, max_new_tokens, batch_size, chat_template,
+                              chat_template_kwargs=chat_template_kwargs)
     solved = task.solved_many(problems, texts)
     result = EvalResult(
         pass_at_1=sum(solved) / len(problems),
@@ -99,7 +112,8 @@ def evaluate(model, tokenizer, task: Task, problems: Sequence[Problem], max_new_
     if pass_k:
         repeated = [p for p in problems for _ in range(pass_k_samples)]
         samples, _ = generate(model, tokenizer, [p.prompt for p in repeated], max_new_tokens, batch_size,
-                              chat_template, do_sample=True, temperature=temperature, top_p=top_p)
+                              chat_template, do_sample=True, temperature=temperature, top_p=top_p,
+                              chat_template_kwargs=chat_template_kwargs)
         ok = task.solved_many(repeated, samples)
         correct = [sum(ok[i * pass_k_samples : (i + 1) * pass_k_samples]) for i in range(len(problems))]
         for k in pass_k:

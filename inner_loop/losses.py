@@ -31,12 +31,18 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, kind: str, max_comple
 
 @dataclass
 class LossBreakdown:
-    """The scalar to back-propagate and its parts (detached floats) for diagnostics."""
+    """The scalar to back-propagate, its two parts (with their graphs, for the gradient-share diagnostic) and
+    detached floats for logging.
+
+    ``loss == policy_term + regularizer_term`` (aggregation is linear); ``regularizer_term`` is the aggregated
+    ``coef * D`` and None when there is no regularizer or its coefficient is 0.
+    """
 
     loss: torch.Tensor
+    policy_term: torch.Tensor
+    regularizer_term: torch.Tensor | None
     policy_loss: float
     regularizer_value: float
-    regularizer_share: float
     metrics: dict[str, float]
 
 
@@ -48,25 +54,27 @@ def compose_loss(
     coef: float,
     aggregation: str,
     max_completion_length: int,
+    policy_weight: torch.Tensor | None = None,
 ) -> LossBreakdown:
-    """aggregate(policy_per_token + coef * D_per_token).
+    """aggregate(policy_weight * policy_per_token + coef * D_per_token).
 
-    ``regularizer_value`` is the aggregated D (before the coefficient); ``regularizer_share`` is
-    |coef * D| / (|policy| + |coef * D|), which shows at a glance when the regularizer is inert (~0) or dominates.
+    ``policy_weight`` is TRL's vLLM importance-sampling ratio ((B, T) or (B, 1)) when generation ran in vLLM:
+    it corrects the policy-gradient estimate for tokens sampled by vLLM's copy of the policy and, as in TRL
+    (whose own KL term is added after this correction), it does not touch the regularizer, which compares the
+    trained policy with the reference at the positions visited and needs no sampler correction in the full form.
+    ``regularizer_value`` is the aggregated D, before the coefficient.
     """
     out = get_policy_term(policy_term)(inputs, params)
-    per_token = out.per_token_loss
+    policy_per_token = out.per_token_loss
+    if policy_weight is not None:
+        policy_per_token = policy_per_token * policy_weight
+    policy_agg = aggregate(policy_per_token, inputs.mask, aggregation, max_completion_length)
     reg_value = 0.0
-    share = 0.0
-    policy_agg = aggregate(out.per_token_loss, inputs.mask, aggregation, max_completion_length)
-    if regularizer is not None and coef != 0.0:
-        per_token = per_token + coef * regularizer
-        reg_agg = aggregate(regularizer.detach(), inputs.mask, aggregation, max_completion_length)
-        reg_value = float(reg_agg)
-        weighted = abs(coef * reg_value)
-        denom = abs(float(policy_agg.detach())) + weighted
-        share = weighted / denom if denom > 0 else 0.0
-    elif regularizer is not None:
-        reg_value = float(aggregate(regularizer.detach(), inputs.mask, aggregation, max_completion_length))
-    loss = aggregate(per_token, inputs.mask, aggregation, max_completion_length)
-    return LossBreakdown(loss, float(policy_agg.detach()), reg_value, share, out.metrics)
+    reg_term = None
+    if regularizer is not None:
+        reg_agg = aggregate(regularizer, inputs.mask, aggregation, max_completion_length)
+        reg_value = float(reg_agg.detach())
+        if coef != 0.0:
+            reg_term = coef * reg_agg
+    loss = policy_agg if reg_term is None else policy_agg + reg_term
+    return LossBreakdown(loss, policy_agg, reg_term, float(policy_agg.detach()), reg_value, out.metrics)

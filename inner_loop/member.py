@@ -21,12 +21,13 @@ from typing import Any, Mapping
 import torch
 
 from inner_loop.checkpoints import (CHECKPOINT_DIR, TRASH_DIR, DiskUsageCallback, apply_checkpoint_policy,
-                                   dir_bytes, last_checkpoint, trainer_save_total_limit)
+                                   dir_bytes, last_checkpoint)
 from inner_loop.config import InnerConfig
 from inner_loop.evaluate import EvalResult, evaluate
+from inner_loop.grpo_args import build_grpo_config, check_grpo_config
 from inner_loop.models import format_prompt, load_policy, resolve_model_dir
 from inner_loop.policy_terms import PolicyParams
-from inner_loop.regularizers import Regularizer, build_regularizer
+from inner_loop.regularizers import GRAD_SHARE_DIAGNOSTIC, Regularizer, build_regularizer, warn_if_inert
 from inner_loop.tasks import build_task, check_disjoint
 from inner_loop.tasks.base import Problem, Task
 from inner_loop.trainer import MirrorGRPOTrainer, NonFiniteLossError
@@ -44,7 +45,11 @@ _DIAGNOSTIC_KEYS = {
     "frac_reward_zero_std": "zero_variance_group_frac",
     "completions/clipped_ratio": "clipped_completion_ratio",
     "regularizer/value": "regularizer_value",
-    "regularizer/share": "regularizer_share",
+    # ||grad coef*D|| / ||grad policy term||: per step in the space the loss sees, and once exactly w.r.t. the
+    # trainable parameters (inner_loop/grad_share.py); a ratio of gradients, since the policy term's VALUE is ~0
+    "regularizer/grad_share": GRAD_SHARE_DIAGNOSTIC,
+    "regularizer/grad_share_exact": "regularizer_grad_share_exact",
+    "regularizer/grad_share_exact_step": "regularizer_grad_share_exact_step",
 }
 #: Policy-term metrics (clipping, trust-region masks, mean ratio) are kept under their own names.
 _POLICY_METRIC_PREFIXES = ("clip_ratio/", "trust_region/")
@@ -57,7 +62,8 @@ class PreparedRun:
     cfg: InnerConfig
     task: Task
     train: list[Problem]
-    validation: list[Problem]
+    #: the problems the run is scored on: the validation split, or the test split when cfg.eval_split says so
+    scored: list[Problem]
     regularizer: Regularizer
 
 
@@ -78,26 +84,28 @@ def prepare(inner: Mapping[str, Any], seed: int, params: list[float] | None = No
     if not task.trainable:
         raise ValueError(f"task {task.name!r} is evaluation-only; train on another task (e.g. mbpp)")
     train = task.load("train")
-    validation = task.load("validation")
-    check_disjoint(task.name, {"train": train, "validation": validation})
-    if cfg.train.val_size is not None:
-        validation = validation[: cfg.train.val_size]
-    if not train or not validation:
-        raise ValueError(f"task {task.name!r}: empty train ({len(train)}) or validation ({len(validation)}) split")
-    return PreparedRun(cfg, task, train, validation, regularizer)
+    scored = task.load(cfg.eval_split)
+    check_disjoint(task.name, {"train": train, cfg.eval_split: scored})
+    if cfg.eval_split == "validation" and cfg.train.val_size is not None:
+        scored = scored[: cfg.train.val_size]
+    if not train or not scored:
+        raise ValueError(f"task {task.name!r}: empty train ({len(train)}) or {cfg.eval_split} ({len(scored)}) split")
+    return PreparedRun(cfg, task, train, scored, regularizer)
 
 
 def _build_trainer(run: PreparedRun, work_dir: Path, seed: int) -> MirrorGRPOTrainer:
     from datasets import Dataset
-    from trl import GRPOConfig
 
     cfg, tcfg = run.cfg, run.cfg.train
+    # Built first, by the same function as the up-front check: a rejected setting fails before a model is loaded.
+    args = build_grpo_config(cfg, work_dir / CHECKPOINT_DIR, seed)
     base = resolve_model_dir(cfg.model)
     if cfg.model.warmup_max_steps:
         base = warmed_model_dir(cfg.model, base, run.task, cfg.task,
                                 probe_max_new_tokens=tcfg.val_max_new_tokens or tcfg.max_completion_length)
     model, tokenizer = load_policy(cfg.model, base)
-    prompts = [format_prompt(tokenizer, p.prompt, cfg.model.chat_template) for p in run.train]
+    prompts = [format_prompt(tokenizer, p.prompt, cfg.model.chat_template, cfg.model.chat_template_kwargs)
+               for p in run.train]
     dataset = Dataset.from_dict({"prompt": prompts, "problem_index": list(range(len(run.train)))})
     task, problems = run.task, run.train
 
@@ -105,38 +113,6 @@ def _build_trainer(run: PreparedRun, work_dir: Path, seed: int) -> MirrorGRPOTra
         return task.score_many([problems[i] for i in problem_index], completions)
 
     reward.__name__ = f"{task.name}_reward"
-    args = GRPOConfig(
-        output_dir=str(work_dir / CHECKPOINT_DIR),
-        max_steps=tcfg.steps,
-        per_device_train_batch_size=tcfg.batch_size,
-        gradient_accumulation_steps=1,
-        num_generations=tcfg.group_size,
-        num_iterations=tcfg.num_iterations,
-        learning_rate=tcfg.learning_rate,
-        lr_scheduler_type=tcfg.lr_scheduler,
-        warmup_steps=tcfg.lr_warmup_steps,
-        weight_decay=tcfg.weight_decay,
-        max_grad_norm=tcfg.grad_clip,
-        max_completion_length=tcfg.max_completion_length,
-        temperature=tcfg.temperature,
-        top_p=tcfg.top_p,
-        beta=0.0,
-        loss_type=tcfg.aggregation,
-        scale_rewards="group" if tcfg.scale_rewards else "none",
-        epsilon=tcfg.epsilon_low,
-        epsilon_high=tcfg.epsilon_high,
-        save_strategy="steps",
-        save_steps=tcfg.save_every,
-        save_total_limit=trainer_save_total_limit(tcfg.keep_checkpoints, tcfg.save_total_limit),
-        logging_steps=tcfg.logging_steps,
-        report_to=[],
-        seed=seed,
-        data_seed=seed,
-        use_cpu=not torch.cuda.is_available(),
-        bf16=cfg.model.dtype == "bfloat16" and torch.cuda.is_available(),
-        disable_tqdm=True,
-        log_completions=False,
-    )
     return MirrorGRPOTrainer(
         model=model,
         reward_funcs=reward,
@@ -165,7 +141,7 @@ def diagnostics_from_history(history: list[dict[str, Any]]) -> dict[str, float]:
 def _evaluate(trainer: MirrorGRPOTrainer, run: PreparedRun) -> EvalResult:
     tcfg = run.cfg.train
     model = trainer.accelerator.unwrap_model(trainer.model)
-    return evaluate(model, trainer.processing_class, run.task, run.validation,
+    return evaluate(model, trainer.processing_class, run.task, run.scored,
                     max_new_tokens=tcfg.val_max_new_tokens or tcfg.max_completion_length,
                     batch_size=tcfg.val_batch_size, chat_template=run.cfg.model.chat_template,
                     pass_k=tcfg.pass_k, pass_k_samples=tcfg.pass_k_samples,
@@ -222,12 +198,35 @@ def _clean_up_after_final(spec: MemberSpec, work_dir: Path) -> None:
     _apply_policy(work_dir, keep)
 
 
+def _record_failure(work_dir: Path, stage: str, exc: Exception, trainer: MirrorGRPOTrainer | None,
+                    started: float) -> ResultRecord:
+    """Write and return the `failed` record of a member that raised in ``stage``, with what it got done (steps,
+    diagnostics, disk) where a trainer exists. Called inside the ``except`` block (it logs the traceback)."""
+    if isinstance(exc, NonFiniteLossError):  # an outcome of the mirror map, not a bug: no traceback
+        logger.warning("member %s failed in %s: %s", work_dir, stage, exc)
+        reason = str(exc)
+    else:
+        logger.error("member %s failed in %s:\n%s", work_dir, stage, traceback.format_exc())
+        reason = f"{type(exc).__name__}: {exc}"
+    work_dir.mkdir(parents=True, exist_ok=True)
+    record = ResultRecord(
+        status="failed", error=f"{stage}: {reason}", wall_time_s=time.monotonic() - started,
+        steps_done=trainer.state.global_step if trainer is not None else 0,
+        diagnostics=diagnostics_from_history(trainer.state.log_history) if trainer is not None else {},
+        disk_peak_bytes=_peak_disk(trainer, work_dir) if trainer is not None else None,
+    )
+    write_result(work_dir, record)
+    return record
+
+
 def train_member(spec: MemberSpec | Mapping[str, Any], save_final: bool = False) -> ResultRecord:
     """Train and validate one member; returns (and writes to ``<work_dir>/result.json``) its ResultRecord.
 
-    Config and data mistakes raise ValueError before any training. Training failures (non-finite loss, crashes)
-    are returned as status `failed` with the reason. ``save_final``: also keep the trained model in
-    ``<work_dir>/final/`` (single runs want it; an ES member's outcome is its record).
+    Every failure, from parsing the config to loading the model, training, evaluating and saving, is written and
+    returned as status `failed` with the stage and the reason (a member must never end its job without a record);
+    config and data mistakes are caught before any job is submitted by ``validate_inner``, which raises instead.
+    ``save_final``: also keep the trained model in ``<work_dir>/final/`` (single runs want it; an ES member's
+    outcome is its record).
 
     Checkpoints follow ``train.keep_checkpoints``, applied only AFTER result.json is durably written (a crash in
     between loses nothing: the next call finds the final result and finishes the cleanup). A failed member
@@ -244,42 +243,40 @@ def train_member(spec: MemberSpec | Mapping[str, Any], save_final: bool = False)
                            work_dir, FINAL_MODEL_DIR)
         return existing
     started = time.monotonic()
-    run = prepare(spec.inner, spec.seed, spec.params)
-    torch.set_num_threads(run.cfg.train.num_threads)
-    work_dir.mkdir(parents=True, exist_ok=True)
-    write_run_manifest(work_dir, build_run_manifest(run_id=spec.run_id, seed=spec.seed, inner=spec.inner,
-                                                    splits={"train": run.train, "validation": run.validation},
-                                                    params=spec.params))
-    trainer = _build_trainer(run, work_dir, spec.seed)
-    resume = last_checkpoint(work_dir)
-    if resume:
-        logger.info("member %s: resuming from %s", work_dir, resume)
+    trainer: MirrorGRPOTrainer | None = None
+    stage = "config and data"
     try:
+        run = prepare(spec.inner, spec.seed, spec.params)
+        stage = "setup"
+        torch.set_num_threads(run.cfg.train.num_threads)
+        work_dir.mkdir(parents=True, exist_ok=True)
+        write_run_manifest(work_dir, build_run_manifest(run_id=spec.run_id, seed=spec.seed, inner=spec.inner,
+                                                        splits={"train": run.train,
+                                                                run.cfg.eval_split: run.scored},
+                                                        params=spec.params))
+        stage = "model and trainer setup"
+        trainer = _build_trainer(run, work_dir, spec.seed)
+        resume = last_checkpoint(work_dir)
+        if resume:
+            logger.info("member %s: resuming from %s", work_dir, resume)
+        stage = "training"
         trainer.train(resume_from_checkpoint=resume)
+        stage = "evaluation"
         evaluation = _evaluate(trainer, run)
         if save_final:
+            stage = "saving the final model"
             _save_final_model(trainer, work_dir)
-    except NonFiniteLossError as exc:
-        record = ResultRecord(status="failed", error=str(exc), steps_done=trainer.state.global_step,
-                              wall_time_s=time.monotonic() - started,
-                              diagnostics=diagnostics_from_history(trainer.state.log_history),
-                              disk_peak_bytes=_peak_disk(trainer, work_dir))
-        write_result(work_dir, record)
-        return record
-    except Exception as exc:  # a crash is a member outcome, not an orchestrator crash
-        logger.error("member %s failed:\n%s", work_dir, traceback.format_exc())
-        record = ResultRecord(status="failed", error=f"{type(exc).__name__}: {exc}",
-                              steps_done=trainer.state.global_step, wall_time_s=time.monotonic() - started,
-                              disk_peak_bytes=_peak_disk(trainer, work_dir))
-        write_result(work_dir, record)
-        return record
+    except Exception as exc:  # a failure is a member outcome with a record, not an orchestrator crash
+        return _record_failure(work_dir, stage, exc, trainer, started)
     wall = time.monotonic() - started
     diagnostics = diagnostics_from_history(trainer.state.log_history)
     diagnostics.update({"wall_time_s": wall, "steps_done": float(trainer.state.global_step)})
     diagnostics.update({f"pass_at_{k}": v for k, v in evaluation.pass_at_k.items()})
+    warn_if_inert(diagnostics, run.cfg.divergence.grad_share_floor, str(work_dir))
     record = ResultRecord(
         status="ok",
         fitness=evaluation.pass_at_1,
+        eval_split=run.cfg.eval_split,
         val_size=evaluation.size,
         mean_response_tokens=evaluation.mean_response_tokens,
         diagnostics=diagnostics,
@@ -303,7 +300,8 @@ def validate_inner(inner: Mapping[str, Any]) -> None:
     divergence = inner.get("divergence") or {}
     # With an init file, validate that file; otherwise stand-in numbers (members bring their own vector).
     params = None if divergence.get("init") else [0.0] * VECTOR_LENGTH
-    prepare(inner, seed=0, params=params)
+    run = prepare(inner, seed=0, params=params)
+    check_grpo_config(run.cfg)  # every value that reaches TRL's GRPOConfig (lr_scheduler, train.trl, ...)
 
 
 def finalize_member(spec: MemberSpec | Mapping[str, Any]) -> None:

@@ -6,6 +6,8 @@ no per-divergence branches and a run's log can say exactly which form it used.
 from __future__ import annotations
 
 import logging
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -33,7 +35,15 @@ DEFAULT_MAP_SEED = 42
 
 @dataclass
 class Regularizer:
-    """D_t per completion token. ``potential`` is None for `none`; `kl` in the sampled form uses ``estimator``."""
+    """D_t per completion token. ``potential`` is None for `none`; `kl` in the sampled form uses ``estimator``.
+
+    Which divergence a sampled-token term pushes down is decided by its expected GRADIENT under y ~ pi (the
+    sampling itself is not differentiated), not by the expected value. With r = pi_ref(y) / pi(y):
+    k1 = -log r: E[grad] = E[grad log pi] = 0 (refused by DivergenceConfig.validate); k2 = 1/2 (log r)^2:
+    E[-log r * grad log pi] = grad KL(pi || pi_ref); k3 = r - 1 - log r: E[(1 - r) grad log pi] =
+    -sum_y pi_ref grad log pi = grad KL(pi_ref || pi), the reverse direction, although its value estimates
+    KL(pi || pi_ref). `sampled_is` of the KL potential equals k3 per token. The full form is exact.
+    """
 
     name: str
     form: str
@@ -125,3 +135,22 @@ def build_regularizer(cfg: DivergenceConfig, params: Sequence[float] | None = No
         estimator=cfg.estimator,
         chunk_size=cfg.chunk_size,
     )
+
+
+#: The result diagnostic the floor check reads: the mean over logged steps of the per-step gradient share.
+GRAD_SHARE_DIAGNOSTIC = "regularizer_grad_share"
+
+
+def warn_if_inert(diagnostics: Mapping[str, float], floor: float | None, member: str) -> bool:
+    """Log a warning naming ``member`` when its mean regularizer gradient share is below ``floor``; True if so.
+
+    Why a warning and not a failure: the member's run is valid GRPO, only its regularizer barely mattered; the
+    user needs to know (ES over mirror maps ranks noise when every member's map is inert), not to lose the run.
+    """
+    share = diagnostics.get(GRAD_SHARE_DIAGNOSTIC)
+    if floor is None or share is None or not math.isfinite(share) or share >= floor:
+        return False
+    logger.warning("member %s: the regularizer's gradient is %.3g of the policy term's (mean over steps), below "
+                   "divergence.grad_share_floor=%g: it barely changed the updates; raise divergence.coef (the share "
+                   "scales with it) or set divergence.grad_share_floor=null to silence this", member, share, floor)
+    return True

@@ -6,6 +6,9 @@
 Re-running with the same work_dir returns the finished result or resumes the partial run. A configuration
 mistake exits with status 2 and a one-line message naming the key, before anything is trained or written.
 
+``eval_split=test`` scores the finished run on the task's test split instead of validation (final numbers of a
+chosen method or init; the record says which split). ES members are always scored on validation.
+
 The trained model (the LoRA adapter when model.lora_r > 0) and tokenizer are kept in ``<work_dir>/final/``
 whatever ``train.keep_checkpoints`` says; the checkpoints themselves follow it like an ES member's (default
 ``none``: deleted once result.json is written; ``train.keep_checkpoints=last`` keeps the newest, with the
@@ -23,7 +26,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from inner_loop.member import train_member
+from inner_loop.member import train_member, validate_inner
 from results.records import MemberSpec
 
 logger = logging.getLogger("inner_loop.run")
@@ -36,19 +39,23 @@ def spec_from_config(cfg: DictConfig) -> MemberSpec:
     assert isinstance(resolved, dict)
     inner = {k: resolved[k] for k in ("task", "model", "divergence", "train")}
     inner["options"] = resolved.get("options") or {}
+    inner["eval_split"] = resolved.get("eval_split") or "validation"
     return MemberSpec(run_id="single", generation=0, index=0, seed=int(resolved.get("seed", 0)), params=[],
                       work_dir=str(resolved["work_dir"]), inner=inner)
 
 
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="inner")
 def main(cfg: DictConfig) -> None:
+    spec = spec_from_config(cfg)
     try:
-        # Config and data errors raise ValueError inside train_member before any training step.
-        record = train_member(spec_from_config(cfg), save_final=True)
+        # Config and data errors stop here, before anything is trained or written (inside train_member the same
+        # error would become a `failed` result record, as it must for an unattended ES member).
+        validate_inner(spec.inner)
     except ValueError as exc:
         logger.error("configuration error: %s", exc)
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
+    record = train_member(spec, save_final=True)
     print(json.dumps(record.to_dict(), indent=2))
     if HydraConfig.get().mode == RunMode.MULTIRUN:
         return  # sys.exit here would end the sweep after its first job; result.json records the outcome

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -16,14 +17,41 @@ import torch.utils.checkpoint
 from trl import GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head
 
+from inner_loop.grad_share import exact_share, full_form_token_norms, logit_space_share, logp_space_share
 from inner_loop.losses import compose_loss
 from inner_loop.policy_terms import PolicyInputs, PolicyParams
 from inner_loop.regularizers import Regularizer
+from inner_loop.trl_loss_contract import unsupported_grpo_fields
 
 logger = logging.getLogger(__name__)
 
-#: Memory for one chunk of the full form's policy + reference logits when train.full_form_rows is null.
+#: Memory for one chunk of the full form's policy + reference logits when train.full_form_rows is null, on
+#: the CPU (and any non-CUDA device): fixed, since host memory is not ours alone to measure and take.
 FULL_FORM_BUDGET_BYTES = 512 * 2**20
+#: On CUDA the budget is this share of the memory the allocator could still hand out. A quarter, because the
+#: two logit tensors the budget counts are not the whole chunk: log_softmax's output, their gradients in the
+#: checkpointed backward and mirror_maps.full_divergence's own vocabulary workspace (2 GiB on CUDA, its
+#: divergence.chunk_size) come on top. A fixed 512 MiB would make a chunk ONE row at V=151,936 and T=256.
+FULL_FORM_CUDA_FREE_FRACTION = 0.25
+
+
+def full_form_rows_for(budget_bytes: int, n_completion: int, vocab: int) -> int:
+    """Batch rows whose two float32 (T, V) logit tensors fit `budget_bytes`; at least one."""
+    per_row = 2 * n_completion * vocab * 4
+    return max(1, budget_bytes // max(per_row, 1))
+
+
+def full_form_budget_bytes(device: torch.device) -> int:
+    """Bytes one full-form chunk's policy + reference logits may take on `device`.
+
+    CUDA: a fraction of what is free now, counting memory PyTorch's caching allocator holds but does not use
+    (it would reuse that before asking the driver), so the previous step's chunks do not shrink the next one.
+    """
+    if device.type != "cuda":
+        return FULL_FORM_BUDGET_BYTES
+    free, _total = torch.cuda.mem_get_info(device)
+    cached_unused = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return int(FULL_FORM_CUDA_FREE_FRACTION * (free + max(cached_unused, 0)))
 
 
 class NonFiniteLossError(RuntimeError):
@@ -50,6 +78,9 @@ class MirrorGRPOTrainer(GRPOTrainer):
         grpo_args = kwargs.get("args")
         if grpo_args is not None and grpo_args.beta != 0.0:
             raise ValueError("MirrorGRPOTrainer adds its own regularizer; set beta=0 (TRL's KL would be added twice)")
+        refused = unsupported_grpo_fields(grpo_args) if grpo_args is not None else []
+        if refused:
+            raise ValueError("; ".join(refused))
         if isinstance(model, str):
             raise ValueError("MirrorGRPOTrainer needs a loaded model (so the reference copy is the initial weights)")
         if full_form_rows is not None and full_form_rows < 1:
@@ -57,12 +88,21 @@ class MirrorGRPOTrainer(GRPOTrainer):
         self.regularizer = regularizer
         self.policy_term = policy_term
         self.full_form_rows = full_form_rows
+        #: optimizer step whose first batch gets the exact (parameter-space) gradient share; None once measured
+        self._exact_share_step: int | None = 1
+        #: per-chunk (policy, divergence) logit-space gradient norms of the full form, filled while logits exist
+        self._full_form_norms: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None
         # Frozen reference: taken now, before any checkpoint is loaded into the policy on resume.
         self._frozen_ref = None
         if regularizer.active and not _is_peft(model):
             self._frozen_ref = copy.deepcopy(model).eval()
             self._frozen_ref.requires_grad_(False)
         super().__init__(*args, **kwargs)
+        if self.aux_loss_enabled:
+            raise ValueError(
+                f"{type(self.model).__name__} is a Mixture-of-Experts model whose router load-balancing loss TRL adds "
+                "and the GBMPO loss does not; set train.trl.router_aux_loss_coef=0 to train it without that loss"
+            )
         self.policy_params = policy_params or PolicyParams(self.epsilon_low, self.epsilon_high)
         if self._frozen_ref is not None:
             add_fused_lm_head(self._frozen_ref, temperature=self.temperature)
@@ -91,8 +131,7 @@ class MirrorGRPOTrainer(GRPOTrainer):
         if self.full_form_rows is not None:
             return self.full_form_rows
         vocab = self.accelerator.unwrap_model(self.model).config.get_text_config().vocab_size
-        per_row = 2 * n_completion * vocab * 4  # two float32 logit tensors
-        return max(1, FULL_FORM_BUDGET_BYTES // max(per_row, 1))
+        return full_form_rows_for(full_form_budget_bytes(self.accelerator.device), n_completion, vocab)
 
     def _full_form(self, model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    completion_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -103,18 +142,22 @@ class MirrorGRPOTrainer(GRPOTrainer):
         """
         n_completion = completion_ids.size(1)
 
-        def chunk(ids: torch.Tensor, mask: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        def chunk(ids: torch.Tensor, mask: torch.Tensor, targets: torch.Tensor,
+                  start: int) -> tuple[torch.Tensor, torch.Tensor]:
             logits = self._completion_logits(model, ids, mask, n_completion)
             logps = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
             with torch.no_grad(), self._reference(model) as ref:
                 ref_logits = self._completion_logits(ref, ids, mask, n_completion)
+            if self._full_form_norms is not None:  # collected in the forward only (None again by the backward)
+                self._full_form_norms[start] = full_form_token_norms(
+                    self.regularizer.potential, logits, ref_logits, targets)
             return logps, self.regularizer.full_per_token(logits, ref_logits)
 
         rows = self._full_form_rows(n_completion)
         parts = []
         for start in range(0, input_ids.size(0), rows):
             piece = slice(start, start + rows)
-            args = (input_ids[piece], attention_mask[piece], completion_ids[piece])
+            args = (input_ids[piece], attention_mask[piece], completion_ids[piece], start)
             if torch.is_grad_enabled():
                 parts.append(torch.utils.checkpoint.checkpoint(chunk, *args, use_reentrant=False))
             else:
@@ -122,18 +165,29 @@ class MirrorGRPOTrainer(GRPOTrainer):
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
     def _compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
+        """GBMPO's loss on TRL's batch, honouring what TRL's own loss honours (trl_loss_contract.py): the tool mask,
+        ``old_per_token_logps`` None (on-policy) and, with vLLM generation, the importance-sampling ratio."""
         prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
         attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
         n_completion = completion_ids.size(1)
-        mask = completion_mask.float()
+        tool_mask = inputs.get("tool_mask")  # tokens a tool produced are not the policy's: no loss on them
+        mask = (completion_mask if tool_mask is None else completion_mask * tool_mask).float()
         reg = self.regularizer
+        mode = "train" if self.model.training else "eval"
+        share_wanted = reg.active and reg.coef != 0.0 and mode == "train" and torch.is_grad_enabled()
 
         ref_logps = None
         divergence: torch.Tensor | None = None
+        norms: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None
         if reg.needs_full_logits:
-            logps, divergence = self._full_form(model, input_ids, attention_mask, completion_ids)
+            self._full_form_norms = {} if share_wanted else None
+            try:
+                logps, divergence = self._full_form(model, input_ids, attention_mask, completion_ids)
+                norms = self._full_form_norms
+            finally:
+                self._full_form_norms = None
         else:
             logps, _, _ = self._get_per_token_logps_and_entropies(model, input_ids, attention_mask, n_completion)
             if reg.active:
@@ -151,22 +205,52 @@ class MirrorGRPOTrainer(GRPOTrainer):
         )
         if divergence is None and reg.active:
             divergence = reg.per_token(logps, ref_logps)
+        # TRL's condition, so the same flag turns the correction on in both losses (vespo is not ours to mirror).
+        is_ratio = inputs["importance_sampling_ratio"] if (
+            self.use_vllm and self.vllm_importance_sampling_correction) else None
         parts = compose_loss(policy_inputs, self.policy_params, self.policy_term, divergence, reg.coef,
-                             self.loss_type, self.max_completion_length)
+                             self.loss_type, self.max_completion_length, policy_weight=is_ratio)
         if not torch.isfinite(parts.loss):
             raise NonFiniteLossError(
                 f"non-finite loss at step {self.state.global_step} (policy {parts.policy_loss}, "
                 f"regularizer {parts.regularizer_value}); lower the learning rate or divergence.coef"
             )
-        mode = "train" if self.model.training else "eval"
         metrics = self._metrics[mode]
         metrics["policy_loss"].append(parts.policy_loss)
         if reg.active:
             metrics["regularizer/value"].append(parts.regularizer_value)
-            metrics["regularizer/share"].append(parts.regularizer_share)
+        if share_wanted and parts.regularizer_term is not None:
+            self._log_grad_share(model, parts.policy_term, parts.regularizer_term, logps, divergence, norms)
         for key, value in parts.metrics.items():
             metrics[key].append(value)
         # Set by Trainer's loop; outside it (direct calls) no accumulation is in progress.
         accumulation = getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
         scale = accumulation if mode == "train" else 1.0
         return parts.loss / scale
+
+    def _log_grad_share(self, model: torch.nn.Module, policy_term: torch.Tensor, regularizer_term: torch.Tensor,
+                        logps: torch.Tensor, divergence: torch.Tensor,
+                        norms: dict[int, tuple[torch.Tensor, torch.Tensor]] | None) -> None:
+        """Log ||grad coef*D term|| / ||grad policy term||: per batch in the space the loss sees (log-probs, or logits
+        for the full form; cheap), and once per run exactly w.r.t. the trainable parameters (two extra backward
+        passes) on the first batch of optimizer step ``_exact_share_step`` (1: at step 0 the policy IS the
+        reference, where every divergence we offer has zero gradient, so the share there is 0 by construction)."""
+        metrics = self._metrics["train"]
+        if norms is None:
+            share = logp_space_share(policy_term, regularizer_term, logps)
+        else:
+            policy_norms = torch.cat([norms[k][0] for k in sorted(norms)])
+            divergence_norms = torch.cat([norms[k][1] for k in sorted(norms)])
+            share = logit_space_share(policy_term, regularizer_term, logps, divergence, policy_norms,
+                                      divergence_norms)
+        metrics["regularizer/grad_share"].append(share)
+        if self._exact_share_step is not None and self.state.global_step >= self._exact_share_step:
+            params = [p for p in model.parameters() if p.requires_grad]
+            exact = exact_share(policy_term, regularizer_term, params)
+            if math.isnan(exact):  # no policy gradient in this batch (all groups tied): try the next one
+                return
+            metrics["regularizer/grad_share_exact"].append(exact)
+            metrics["regularizer/grad_share_exact_step"].append(float(self.state.global_step))
+            logger.info("regularizer gradient share at step %d: exact %.4g (per-step estimate %.4g)",
+                        self.state.global_step, exact, share)
+            self._exact_share_step = None

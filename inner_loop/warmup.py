@@ -85,7 +85,7 @@ def _batch(tokenizer, pairs: list[tuple[str, str]]) -> tuple[torch.Tensor, torch
     """Right-padded input ids, attention mask, and labels that score only the completion and its <eos>."""
     rows, label_rows = [], []
     for prompt, completion in pairs:
-        p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        p = tokenizer(prompt, add_special_tokens=True)["input_ids"]  # as TRL and evaluate.encode_prompts tokenize it
         c = tokenizer(completion, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         rows.append(p + c)
         label_rows.append([-100] * len(p) + c)

@@ -32,7 +32,7 @@ from launch.base import JobRef, SubmissionError
 from launch.slurm_chunks import ChunkMarker, chunk_job_name, next_chunk_number, read_markers, write_marker
 from launch.slurm_options import SlurmOptions
 from launch.slurm_queries import SlurmQueries, SlurmQueryError, TaskState, base_job_id, pending_may_never_start
-from launch.submitit_launchers import SubmititLauncher
+from launch.submitit_launchers import SubmititLauncher, check_gpus_per_member
 from results.atomic import atomic_write_json
 from results.layout import CANCELLED_FILE
 from results.records import MemberSpec
@@ -55,7 +55,7 @@ class SlurmLauncher(SubmititLauncher):
 
     @classmethod
     def validate_options(cls, options: Mapping[str, Any]) -> None:
-        SlurmOptions.from_options(options)
+        check_gpus_per_member("launcher.gpus_per_node", SlurmOptions.from_options(options).gpus_per_node)
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)

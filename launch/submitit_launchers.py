@@ -18,6 +18,22 @@ from results.records import MemberSpec
 
 logger = logging.getLogger(__name__)
 
+#: GPUs one member may use. A member is one plain process: with more than one GPU visible, HF Trainer wraps
+#: the policy in nn.DataParallel (no distributed launch), which TRL's GRPO does not support, so every member
+#: would crash after its set-up. Running members as multi-process DDP jobs is not built.
+MAX_GPUS_PER_MEMBER = 1
+
+
+def check_gpus_per_member(key: str, gpus: int) -> None:
+    """ValueError, naming `key` and the fix, for a member that would be given more GPUs than it can use."""
+    if gpus > MAX_GPUS_PER_MEMBER:
+        raise ValueError(
+            f"{key}={gpus}: a member trains on ONE GPU (with more visible, HF Trainer falls back to DataParallel, "
+            "which TRL's GRPO refuses, and every member would crash; multi-GPU DDP members are not supported). "
+            f"Set {key}=1 (conf/launcher/slurm.yaml takes launcher.gpus_per_node from resources.gpus) and run "
+            "more members at once instead (one member per GPU); LoRA fits a 1.7B model on one GPU"
+        )
+
 
 class SubmititLauncher(Launcher):
     """Common submission path; subclasses build the executor and answer liveness."""
@@ -97,8 +113,23 @@ class LocalLauncher(SubmititLauncher):
             raise ValueError(
                 f"launcher.gpus_per_node={gpus} is more than the {len(visible)} GPU(s) in launcher.visible_gpus"
             )
-        if gpus is None:
+        if gpus is not None:
+            check_gpus_per_member("launcher.gpus_per_node", gpus)
+        else:
             _parent_gpu_indices()
+
+    @classmethod
+    def check_training_member_gpus(cls, options: Mapping[str, Any]) -> None:
+        """A search's up-front check, on top of validate_options: with gpus_per_node null every member is handed
+        all of this process's GPUs (the pass-through itself is right for entry points that want it), and a
+        training member cannot use more than one."""
+        if options.get("gpus_per_node") is None and len(_parent_gpu_indices()) > MAX_GPUS_PER_MEMBER:
+            raise ValueError(
+                f"launcher.gpus_per_node=null passes this process's {len(_parent_gpu_indices())} GPUs to every "
+                "member, and a member trains on ONE GPU (with more, HF Trainer falls back to DataParallel, which "
+                "TRL's GRPO refuses). Set launcher.gpus_per_node=1 and launcher.visible_gpus=[index], or "
+                "CUDA_VISIBLE_DEVICES to one GPU"
+            )
 
     def _make_executor(self, folder: Path, timeout_s: float) -> Any:
         import submitit

@@ -230,6 +230,7 @@ def _check_components(cfg: SearchConfig) -> None:
     """Import and try-build the pieces the run will need (searcher, init, entry point, launcher)."""
     from launch.factory import RESERVED_KEYS, launcher_class
     from launch.member import load_entrypoint
+    from launch.submitit_launchers import LocalLauncher, check_gpus_per_member
     from meta.init import initial_center
     from meta.searchers import build_searcher
 
@@ -257,5 +258,10 @@ def _check_components(cfg: SearchConfig) -> None:
         launcher_class(cfg.launcher).validate_options(
             {k: v for k, v in cfg.launcher.items() if k not in RESERVED_KEYS}
         )
+        gpus = cfg.resources.get("gpus")
+        if isinstance(gpus, int) and not isinstance(gpus, bool):  # the plan's GPU-hours count it on any launcher
+            check_gpus_per_member("resources.gpus", gpus)
+        if issubclass(launcher_class(cfg.launcher), LocalLauncher):
+            LocalLauncher.check_training_member_gpus(cfg.launcher)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None

@@ -1,6 +1,7 @@
 """``python -m results.compare DIR... [--out DIR] [--baseline kl]``: the paper-style table over single runs.
 
-One row per (method, task, config): mean +- std of validation pass@1 over seeds, mean response length and its
+One row per (method, task, split, config): mean +- std of pass@1 over seeds on the split the runs were scored on
+(validation, or test for runs started with ``eval_split=test``; never mixed in one row), mean response length and its
 relative change against the baseline method (KL) on the same task, the seeds used, and provenance (config
 hash, code versions, data hashes). Runs that failed, are missing a result or cannot be read are listed, never
 averaged in silently. Writes ``comparison.md`` and ``comparison.csv`` (and ``comparison_runs.csv``, one row per
@@ -24,14 +25,14 @@ from results.single_runs import Scan, find_run_dirs
 logger = logging.getLogger(__name__)
 
 TABLE_COLUMNS = [
-    "method", "task", "n_seeds", "seeds", "pass1_mean", "pass1_std", "response_tokens_mean",
+    "method", "task", "split", "n_seeds", "seeds", "pass1_mean", "pass1_std", "response_tokens_mean",
     "response_tokens_rel_change", "n_failed", "config_hash", "code_versions", "data_hashes",
 ]
 
 
 @dataclass
 class Comparison:
-    table: pd.DataFrame  # one row per (method, task, config), TABLE_COLUMNS
+    table: pd.DataFrame  # one row per (method, task, split, config), TABLE_COLUMNS
     runs: pd.DataFrame  # one row per run dir found
     problems: pd.DataFrame  # runs not in the averages: failed / missing / unreadable / no provenance
     skipped: list[tuple[str, str]]
@@ -43,8 +44,8 @@ def _join(values: Sequence[object]) -> str:
 
 
 def _labels(runs: pd.DataFrame) -> pd.Series:
-    """``method``, or ``method[config_hash]`` where one method appears with several configs on a task."""
-    n_configs = runs.groupby(["method", "task"])["config_hash"].transform("nunique")
+    """``method``, or ``method[config_hash]`` where one method appears with several configs on a task's split."""
+    n_configs = runs.groupby(["method", "task", "split"])["config_hash"].transform("nunique")
     return runs["method"].where(n_configs <= 1, runs["method"] + "[" + runs["config_hash"].str[:8] + "]")
 
 
@@ -61,7 +62,7 @@ def compare(dirs: Sequence[str | Path], baseline: str = "kl") -> Comparison:
     ok = known[known["state"] == "ok"]
     problems = runs[runs["state"] != "ok"].copy()
     rows = []
-    for (label, task, chash), group in known.groupby(["label", "task", "config_hash"], sort=True):
+    for (label, task, split, chash), group in known.groupby(["label", "task", "split", "config_hash"], sort=True):
         good = group[group["state"] == "ok"]
         seeds = good["seed"].dropna().astype(int).tolist()
         duplicated = sorted({s for s in seeds if seeds.count(s) > 1})
@@ -70,6 +71,7 @@ def compare(dirs: Sequence[str | Path], baseline: str = "kl") -> Comparison:
         rows.append({
             "method": label,
             "task": task,
+            "split": split or "?",
             "n_seeds": len(good),
             "seeds": _join(seeds),
             "pass1_mean": good["fitness"].mean() if len(good) else float("nan"),
@@ -82,11 +84,12 @@ def compare(dirs: Sequence[str | Path], baseline: str = "kl") -> Comparison:
             "data_hashes": _join(group["data_hash"].tolist()),
         })
     table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
-    for task, group in table.groupby("task"):
+    for (task, split), group in table.groupby(["task", "split"]):
         base = group[group["method"] == baseline]
         if len(base) != 1 or not (base["response_tokens_mean"].iloc[0] > 0):
             what = "no" if base.empty else ("several" if len(base) > 1 else "no usable")
-            notes.append(f"task {task}: {what} {baseline!r} baseline row; relative length change left empty")
+            notes.append(f"task {task} ({split} split): {what} {baseline!r} baseline row; relative length change "
+                         "left empty")
             continue
         ref = float(base["response_tokens_mean"].iloc[0])
         table.loc[group.index, "response_tokens_rel_change"] = (group["response_tokens_mean"] - ref) / ref
@@ -107,13 +110,13 @@ def _pct(mean: float, std: float) -> str:
 
 def to_markdown(result: Comparison) -> str:
     """The table as GitHub markdown, then failed / missing runs, skipped dirs and notes."""
-    lines = ["| method | task | pass@1 (%) | response tokens | Δ length vs KL | seeds | failed | config | code | data |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| method | task | split | pass@1 (%) | response tokens | Δ length vs KL | seeds | failed | config | code | "
+             "data |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in result.table.itertuples(index=False):
         tokens = "n/a" if pd.isna(row.response_tokens_mean) else f"{row.response_tokens_mean:.1f}"
         rel = "" if pd.isna(row.response_tokens_rel_change) else f"{100 * row.response_tokens_rel_change:+.1f}%"
         lines.append(
-            f"| {row.method} | {row.task} | {_pct(row.pass1_mean, row.pass1_std)} | {tokens} | {rel} | "
+            f"| {row.method} | {row.task} | {row.split} | {_pct(row.pass1_mean, row.pass1_std)} | {tokens} | {rel} | "
             f"{row.n_seeds} ({row.seeds}) | {row.n_failed} | {row.config_hash} | {row.code_versions} | "
             f"{row.data_hashes} |"
         )

@@ -64,8 +64,12 @@ class ResultRecord:
     #: Peak bytes of the member's work dir (checkpoints included); None: not measured (older records, records
     #: written by the launcher for a member that never reported, synthetic objectives).
     disk_peak_bytes: int | None = None
+    #: the split ``fitness`` was measured on: validation (every ES member), or test (a single run's final numbers)
+    eval_split: str = "validation"
 
     def __post_init__(self) -> None:
+        if self.eval_split not in ("validation", "test"):
+            raise ValueError(f"result eval_split {self.eval_split!r} is not 'validation' or 'test'")
         if self.status not in STATUSES:
             raise ValueError(f"result status {self.status!r} is not one of {STATUSES}")
         peak = self.disk_peak_bytes

@@ -41,6 +41,8 @@ class RunRow:
     code_version: str = ""
     data_hash: str = ""
     fitness: float | None = None
+    #: the split ``fitness`` was measured on (validation, or test for a run started with eval_split=test)
+    split: str = ""
     mean_response_tokens: float | None = None
     error: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
@@ -96,6 +98,14 @@ def _first_data_hash(manifest: dict[str, Any]) -> str:
     return ",".join(f"{k}:{v}" for k, v in sorted(hashes.items()))
 
 
+def _scored_split(manifest: dict[str, Any]) -> str:
+    """The split a run is scored on, from the splits its manifest hashed (train + the scored one), so a run
+    without a result yet is still grouped with its split."""
+    hashes = manifest.get("data_hashes") or {}
+    scored = sorted(k for k in hashes if k != "train") if isinstance(hashes, dict) else []
+    return scored[0] if len(scored) == 1 else ""
+
+
 def read_run_dir(path: str | Path) -> RunRow:
     """The row of one run dir; never raises for a bad file (the row's state says what is wrong)."""
     path = Path(path)
@@ -113,6 +123,7 @@ def read_run_dir(path: str | Path) -> RunRow:
         row.config_hash = str(manifest.get("config_hash", ""))
         row.code_version = str(manifest.get("code_version", ""))
         row.data_hash = _first_data_hash(manifest)
+        row.split = _scored_split(manifest)
         row.extra["kind"] = manifest.get("kind")
     result_path = path / RESULT_FILE
     if not result_path.exists():
@@ -129,6 +140,7 @@ def read_run_dir(path: str | Path) -> RunRow:
         row.error = "result.json without manifest.json: method, task and seed unknown (run predates provenance?)"
         return row
     row.state = record.status
+    row.split = record.eval_split
     row.error = record.error.strip().splitlines()[-1][:200] if record.error.strip() else ""
     if record.ok:
         row.fitness = record.fitness

@@ -14,7 +14,7 @@ from safetensors import safe_open
 
 from inner_loop.config import InnerConfig
 from inner_loop.evaluate import pass_at_k
-from inner_loop.member import prepare, train_member
+from inner_loop.member import prepare, train_member, validate_inner
 from mirror_maps import NeuralMirrorMap, save_init
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
@@ -114,8 +114,10 @@ def test_init_file_of_wrong_shape_is_rejected_before_training(tmp_path):
     spec = {"run_id": "r", "generation": 0, "index": 0, "seed": 0, "params": [], "work_dir": str(tmp_path / "m"),
             "inner": _with("divergence", "init", str(bad))}
     with pytest.raises(ValueError, match="380"):
-        train_member(spec)
+        validate_inner(spec["inner"])  # the orchestrator's up-front check: raises, writes nothing
     assert not (tmp_path / "m").exists()
+    record = train_member(spec)  # a member that gets it anyway ends as a failed record, never a bare exception
+    assert record.status == "failed" and "380" in record.error and (tmp_path / "m" / "result.json").is_file()
 
 
 def test_good_init_file_is_accepted(tmp_path):

@@ -51,7 +51,7 @@ def step0_pass_at_1(tmp_path_factory) -> float:
         low, high = run.cfg.model.warmup_band
         assert outcome is not None and low <= outcome.probe_pass_at_1 <= high, outcome
         model, tokenizer = load_policy(run.cfg.model, warmed)
-        result = evaluate(model, tokenizer, run.task, run.validation,
+        result = evaluate(model, tokenizer, run.task, run.scored,
                           max_new_tokens=run.cfg.train.max_completion_length)
         assert result.size >= 200
         # Not saturated and not zero: there must be room to improve and a reward to learn from.

@@ -59,7 +59,7 @@ def test_member_writes_a_complete_record_and_is_idempotent(cache, tmp_path):
     assert record.steps_done == 4 and record.val_size == 32
     assert 0.0 <= record.fitness <= 1.0 and record.mean_response_tokens > 0
     for key in ("reward_mean", "zero_variance_group_frac", "clipped_completion_ratio", "regularizer_value",
-                "regularizer_share", "wall_time_s", "steps_done"):
+                "regularizer_grad_share", "wall_time_s", "steps_done"):
         assert key in record.diagnostics and math.isfinite(record.diagnostics[key])
     assert read_result(tmp_path / "m") == record
     stamp = (tmp_path / "m" / "result.json").stat().st_mtime_ns

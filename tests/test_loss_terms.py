@@ -11,7 +11,7 @@ from inner_loop.losses import aggregate, compose_loss
 from inner_loop.policy_registry import POLICY_TERMS
 from inner_loop.policy_terms import PolicyInputs, PolicyParams
 from inner_loop.regularizers import build_regularizer
-from mirror_maps import VECTOR_LENGTH
+from mirror_maps import VECTOR_LENGTH, kl_estimator
 
 MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
 VALUES = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 100.0]])  # 100 sits under padding and must never count
@@ -110,8 +110,8 @@ def test_composed_loss_sampled_forms(name, form, estimator, neural, aggregation)
     assert parts.loss.item() == pytest.approx(expected.item(), rel=1e-5, abs=1e-7)
     reg_value = aggregate(_sampled_reference(name, form, estimator), MASK, aggregation, 4).item()
     assert parts.regularizer_value == pytest.approx(reg_value, rel=1e-5, abs=1e-7)
-    share = abs(0.3 * reg_value) / (abs(parts.policy_loss) + abs(0.3 * reg_value))
-    assert parts.regularizer_share == pytest.approx(share, rel=1e-5)
+    assert parts.regularizer_term.item() == pytest.approx(0.3 * reg_value, rel=1e-5, abs=1e-7)
+    assert (parts.policy_term + parts.regularizer_term).item() == pytest.approx(parts.loss.item(), rel=1e-6)
 
 
 @pytest.mark.parametrize("name,neural", [("kl", None), ("prob_l2", None), ("neural_mirror", (1.0, 0.0)),
@@ -139,7 +139,7 @@ def test_none_regularizer_adds_nothing_and_needs_no_reference():
     inputs = PolicyInputs(logps=torch.log(P), old_logps=torch.log(P), advantages=torch.tensor([1.0, -2.0]),
                           mask=MASK)
     parts = compose_loss(inputs, PolicyParams(), "clip", None, 0.0, "dr_grpo", 3)
-    assert parts.regularizer_value == 0.0 and parts.regularizer_share == 0.0
+    assert parts.regularizer_value == 0.0 and parts.regularizer_term is None
     assert parts.loss.item() == pytest.approx((-3 * 1.0 + 2 * 2.0) / (2 * 3))
 
 
@@ -148,3 +148,51 @@ def test_member_params_build_the_neural_map_and_wrong_length_is_rejected():
     torch.testing.assert_close(reg.per_token(torch.log(P), torch.log(Q)), 0.5 * (P - Q) ** 2)
     with pytest.raises(ValueError, match="380"):
         build_regularizer(DivergenceConfig(name="neural_mirror"), [0.1] * 10)
+
+
+def test_policy_weight_scales_the_policy_term_only():
+    """TRL's vLLM importance-sampling ratio multiplies the policy term; the regularizer is left as TRL leaves its KL."""
+    logps, ref = torch.log(P), torch.log(Q)
+    inputs = PolicyInputs(logps=logps, old_logps=logps, advantages=torch.tensor([1.0, -2.0]), mask=MASK)
+    d = 0.5 * (P - Q) ** 2
+    weight = torch.tensor([[0.5], [2.0]])
+    parts = compose_loss(inputs, PolicyParams(), "clip", d, 0.3, "bnpo", 4, policy_weight=weight)
+    policy = -torch.tensor([[1.0, 1.0, 1.0], [-2.0, -2.0, -2.0]]) * weight
+    assert parts.loss.item() == pytest.approx(aggregate(policy + 0.3 * d, MASK, "bnpo", 4).item(), rel=1e-6)
+    assert parts.regularizer_term.item() == pytest.approx(0.3 * aggregate(d, MASK, "bnpo", 4).item(), rel=1e-6)
+
+
+def _categorical_gradients(estimator: str) -> dict[str, torch.Tensor]:
+    """On a 5-way categorical pi = softmax(theta): the expected gradient of the per-token estimator under y ~ pi
+    (sampling not differentiated, as in training), and the exact gradients of KL(pi || ref) and KL(ref || pi)."""
+    theta = torch.tensor([0.3, -1.2, 0.8, 0.0, -0.4], dtype=torch.float64, requires_grad=True)
+    ref = torch.softmax(torch.tensor([-0.5, 0.4, 1.1, -0.9, 0.2], dtype=torch.float64), -1)
+    logp = torch.log_softmax(theta, -1)
+    pi = logp.exp()
+    per_token = kl_estimator(logp, ref.log(), estimator)  # the loss on each possible sampled token
+    expected = torch.autograd.grad((pi.detach() * per_token).sum(), theta, retain_graph=True)[0]
+    forward = torch.autograd.grad((pi * (logp - ref.log())).sum(), theta, retain_graph=True)[0]
+    reverse = torch.autograd.grad((ref * (ref.log() - logp)).sum(), theta)[0]
+    return {"expected": expected, "forward": forward, "reverse": reverse}
+
+
+def test_kl_estimator_gradient_directions():
+    """k2 follows KL(pi || ref), k3 follows KL(ref || pi), k1 has zero expected gradient (conf/divergence/kl.yaml)."""
+    k1, k2, k3 = (_categorical_gradients(k) for k in ("k1", "k2", "k3"))
+    assert k2["forward"].abs().max() > 0.05 and (k2["forward"] - k2["reverse"]).abs().max() > 0.05
+    torch.testing.assert_close(k2["expected"], k2["forward"])
+    torch.testing.assert_close(k3["expected"], k3["reverse"])
+    torch.testing.assert_close(k1["expected"], torch.zeros(5, dtype=torch.float64))
+
+
+def test_k1_refused_in_the_sampled_form_only():
+    with pytest.raises(ValueError, match=r"divergence.estimator=k1.*zero expected gradient.*k3"):
+        DivergenceConfig(name="kl", form="sampled", estimator="k1").validate()
+    DivergenceConfig(name="kl", form="full", estimator="k1").validate()  # the estimator is unused there
+    DivergenceConfig(name="kl", form="sampled", estimator="k3").validate()
+
+
+def test_grad_share_floor_is_validated():
+    with pytest.raises(ValueError, match="divergence.grad_share_floor"):
+        DivergenceConfig(grad_share_floor=-0.1).validate()
+    DivergenceConfig(grad_share_floor=None).validate()

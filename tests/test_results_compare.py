@@ -58,7 +58,7 @@ def test_table_has_mean_std_over_seeds_and_length_change_against_kl(multirun):
 
 def test_failed_and_missing_runs_are_listed_in_the_markdown(multirun):
     text = to_markdown(compare([multirun]))
-    assert "| kl | arith | 60.0 ± 10.0 | 110.0 | +0.0% | 3 (0,1,2) | 0 |" in text
+    assert "| kl | arith | validation | 60.0 ± 10.0 | 110.0 | +0.0% | 3 (0,1,2) | 0 |" in text
     assert "-20.0%" in text
     assert "Runs not in the averages (2)" in text
     assert "- failed: prob_l2/arith seed 2" in text and "CUDA out of memory" in text
@@ -157,12 +157,12 @@ def test_train_member_records_provenance_before_training(tmp_path, monkeypatch):
 
     monkeypatch.setattr(member, "_build_trainer", stop)
     work = tmp_path / "single"
-    with pytest.raises(RuntimeError, match="stop before training"):
-        member.train_member({"run_id": "single", "generation": 0, "index": 0, "seed": 3, "params": [],
-                             "work_dir": str(work), "inner": inner})
+    record = member.train_member({"run_id": "single", "generation": 0, "index": 0, "seed": 3, "params": [],
+                                  "work_dir": str(work), "inner": inner})
+    assert record.status == "failed" and "stop before training" in record.error
     result = compare([tmp_path])
     row = result.runs.iloc[0]
-    assert (row["method"], row["task"], row["seed"], row["state"]) == ("kl", "arith", 3, "missing")
+    assert (row["method"], row["task"], row["seed"], row["state"]) == ("kl", "arith", 3, "failed")
     assert row["data_hash"].startswith("train:") and "validation:" in row["data_hash"]
     assert row["code_version"] and row["config_hash"]
 
@@ -195,3 +195,24 @@ def test_hydra_multirun_of_inner_loop_runs_every_job_and_compares(tmp_path, monk
     table = result.table.set_index("method")
     assert table.loc["kl", "pass1_mean"] == pytest.approx(0.55) and table.loc["kl", "n_seeds"] == 2
     assert (table.loc["prob_l2", "n_seeds"], table.loc["prob_l2", "n_failed"]) == (1, 1)
+
+
+def test_test_split_runs_get_their_own_rows_never_averaged_with_validation(tmp_path):
+    """eval_split=test runs of a method sit in their own row, labelled by split, and the missing one too."""
+    root = tmp_path / "runs"
+    for seed, fit in enumerate([0.5, 0.7]):
+        make_run(root, "kl", seed, fit, 100.0)
+    test_splits = {"train": SPLITS["train"], "test": ["held-out prompt"]}
+    for seed, fit in enumerate([0.2, 0.4]):
+        work = root / f"test_kl_seed{seed}"
+        inner = {"task": {"name": "arith"}, "divergence": {"name": "kl"}, "train": {"learning_rate": 1e-4},
+                 "model": {}, "eval_split": "test"}
+        write_run_manifest(work, build_run_manifest(run_id="single", seed=seed, inner=inner, splits=test_splits))
+        if seed == 0:
+            write_result(work, ResultRecord(status="ok", fitness=fit, mean_response_tokens=90.0, eval_split="test"))
+    table = compare([root]).table.set_index("split")
+    assert list(table["method"]) == ["kl", "kl"]  # labelled by split, not by config hash
+    assert table.loc["validation", "pass1_mean"] == pytest.approx(0.6)
+    assert (table.loc["test", "pass1_mean"], table.loc["test", "n_seeds"], table.loc["test", "n_failed"]) == (
+        pytest.approx(0.2), 1, 1)
+    assert "| kl | arith | test | 20.0 |" in to_markdown(compare([root]))

@@ -1,0 +1,333 @@
+"""TRL's GRPOConfig for one member: our typed keys plus the `train.trl` pass-through, built by ONE function.
+
+Why one function for the member and for the up-front check: a value TRL rejects (``train.lr_scheduler=cosin``, a
+``train.trl`` field of the wrong kind, a batch TRL cannot split into prompt groups) must stop the orchestrator
+before anything is submitted, not fail identically in 180 members. The check builds the very GRPOConfig a member
+builds, from the same code, so the two cannot drift apart.
+
+`train.trl` reaches every GRPOConfig field (vLLM generation, continuous batching, gradient accumulation, mixed
+precision, ``report_to``, ``generation_kwargs``, ...) except those we set from typed keys (``OWNED_FIELDS``): two
+ways to set one value would let a preset and an override silently disagree, so those are refused with the typed
+key to use instead.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import enum
+import functools
+import os
+import tempfile
+import types
+import typing
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from inner_loop.trl_loss_contract import unsupported_grpo_fields
+
+if TYPE_CHECKING:  # the real imports are lazy: TRL takes seconds to import
+    from trl import GRPOConfig
+
+    from inner_loop.config import InnerConfig
+
+#: GRPOConfig fields set from our own keys; in train.trl they are refused, naming the key that sets them.
+OWNED_FIELDS: dict[str, str] = {
+    "output_dir": "work_dir (a member's checkpoints live in <work_dir>/checkpoints)",
+    "max_steps": "train.steps",
+    "per_device_train_batch_size": "train.batch_size (completions per optimizer step; with "
+                                   "train.trl.gradient_accumulation_steps=k each micro-batch holds batch_size/k)",
+    "num_generations": "train.group_size",
+    "num_iterations": "train.num_iterations",
+    "learning_rate": "train.learning_rate",
+    "lr_scheduler_type": "train.lr_scheduler",
+    "warmup_steps": "train.lr_warmup_steps",
+    "weight_decay": "train.weight_decay",
+    "max_grad_norm": "train.grad_clip",
+    "max_completion_length": "train.max_completion_length",
+    "temperature": "train.temperature",
+    "top_p": "train.top_p",
+    "beta": "divergence=kl with divergence.coef (the regularizer toward the reference is ours; TRL's beta stays 0)",
+    "loss_type": "train.aggregation",
+    "scale_rewards": "train.scale_rewards",
+    "epsilon": "train.epsilon_low",
+    "epsilon_high": "train.epsilon_high",
+    "save_strategy": "train.save_every (resuming a preempted member relies on checkpoints every N steps)",
+    "save_steps": "train.save_every",
+    "save_total_limit": "train.save_total_limit and train.keep_checkpoints",
+    "logging_steps": "train.logging_steps",
+    "seed": "seed",
+    "data_seed": "seed",
+    "chat_template_kwargs": "model.chat_template_kwargs (prompts are formatted by us, identically for evaluation)",
+    "remove_unused_columns": "nothing: the reward reads the dataset's problem_index column, so it stays false",
+}
+
+#: Where the value of each GRPOConfig keyword we derive comes from (named in error messages).
+_SOURCES: dict[str, str] = {
+    "max_steps": "train.steps", "per_device_train_batch_size": "train.batch_size",
+    "num_generations": "train.group_size", "num_iterations": "train.num_iterations",
+    "learning_rate": "train.learning_rate", "lr_scheduler_type": "train.lr_scheduler",
+    "warmup_steps": "train.lr_warmup_steps", "weight_decay": "train.weight_decay", "max_grad_norm": "train.grad_clip",
+    "max_completion_length": "train.max_completion_length", "temperature": "train.temperature",
+    "top_p": "train.top_p", "loss_type": "train.aggregation", "scale_rewards": "train.scale_rewards",
+    "epsilon": "train.epsilon_low", "epsilon_high": "train.epsilon_high", "save_steps": "train.save_every",
+    "save_total_limit": "train.save_total_limit", "logging_steps": "train.logging_steps", "bf16": "model.dtype",
+}
+
+#: String fields whose value TRL checks only when the trainer starts (their help text lists the choices): checked
+#: here so that a typo fails up front. Fields whose metadata carries ``choices`` are checked the same way.
+_LATE_CHOICES: dict[str, tuple[str, ...]] = {
+    "vllm_mode": ("server", "colocate"),
+    "vllm_model_impl": ("transformers", "vllm"),
+    "importance_sampling_level": ("token", "sequence"),
+    "vllm_importance_sampling_mode": ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
+}
+
+#: The up-front check's output_dir: never created (GRPOConfig only records the path).
+_CHECK_OUTPUT_DIR = os.path.join(tempfile.gettempdir(), "mirror-es-grpo-config-check")
+
+
+@functools.lru_cache(maxsize=1)
+def _field_choices() -> dict[str, tuple[Any, ...]]:
+    """The allowed values of the GRPOConfig fields that have a closed set of them."""
+    from trl import GRPOConfig
+
+    found = {f.name: tuple(f.metadata["choices"]) for f in dataclasses.fields(GRPOConfig) if "choices" in f.metadata}
+    return {**found, **_LATE_CHOICES}
+
+
+@functools.lru_cache(maxsize=1)
+def _field_hints() -> dict[str, Any]:
+    """Each constructor field of the pinned GRPOConfig and its type."""
+    from trl import GRPOConfig
+
+    hints = typing.get_type_hints(GRPOConfig)
+    return {f.name: hints[f.name] for f in dataclasses.fields(GRPOConfig) if f.init}
+
+
+def _trl_version() -> str:
+    import trl
+
+    return str(trl.__version__)
+
+
+def _describe(hint: Any) -> str:
+    """A type annotation in the words a YAML user needs."""
+    if hint is Any:
+        return "any value"
+    if hint is type(None):
+        return "null"
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(dict.fromkeys(_describe(a) for a in typing.get_args(hint)))
+    if origin is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(hint))
+    if origin is list or hint is list:
+        args = typing.get_args(hint)
+        return f"a list of {_describe(args[0])}s" if args else "a list"
+    if origin is dict or hint is dict:
+        return "a mapping"
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return "a string naming one of " + ", ".join(repr(m.value) for m in hint)
+    return {bool: "true/false", int: "an integer", float: "a number", str: "a string"}.get(hint, getattr(
+        hint, "__name__", str(hint)))
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    """Whether a plain YAML value fits a GRPOConfig annotation (enums take their string value; GRPOConfig then
+    checks the value itself)."""
+    if hint is Any:
+        return True
+    if hint is type(None):
+        return value is None
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, a) for a in typing.get_args(hint))
+    if origin is typing.Literal:
+        return any(value is a or (type(value) is type(a) and value == a) for a in typing.get_args(hint))
+    if origin is list or hint is list:
+        args = typing.get_args(hint)
+        return isinstance(value, list) and (not args or all(_matches(v, args[0]) for v in value))
+    if origin is dict or hint is dict:
+        args = typing.get_args(hint)
+        return isinstance(value, dict) and all(isinstance(k, str) for k in value) and (
+            len(args) != 2 or all(_matches(v, args[1]) for v in value.values()))
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return isinstance(value, str) or isinstance(value, hint)
+    return isinstance(hint, type) and isinstance(value, hint)
+
+
+def _coerce_number(value: Any, hint: Any) -> Any:
+    """YAML 1.1 reads ``1e-3`` (no dot) as a string: read it as the number a float field wants."""
+    if isinstance(value, str) and not _matches(value, hint) and _matches(1.0, hint):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+def check_trl_overrides(trl: Mapping[str, Any], batch_size: int | None = None) -> dict[str, Any]:
+    """Check ``train.trl`` against the pinned GRPOConfig's fields and types; returns it with numbers read as numbers.
+
+    Raises ValueError naming ``train.trl.<key>`` for an unknown field (with the closest field names), a field we
+    set from a typed key (naming that key), a value of the wrong type, or a loss option our loss does not honour
+    (inner_loop/trl_loss_contract.py). ``batch_size`` (train.batch_size) must split evenly into
+    ``gradient_accumulation_steps`` micro-batches. What only GRPOConfig's own checks can tell (values,
+    combinations) is left to ``build_grpo_config``.
+    """
+    if not isinstance(trl, Mapping):
+        raise ValueError(f"train.trl must be a mapping of GRPOConfig fields to values, got {trl!r}")
+    hints = _field_hints() if trl else {}  # an empty mapping needs no TRL import (seconds)
+    out: dict[str, Any] = {}
+    for key, value in trl.items():
+        where = f"train.trl.{key}"
+        if key not in hints:
+            close = difflib.get_close_matches(str(key), list(hints), n=3, cutoff=0.6)
+            hint = f"; did you mean {' or '.join(f'train.trl.{c}' for c in close)}?" if close else ""
+            raise ValueError(f"{where} is not a field of TRL's GRPOConfig (trl {_trl_version()}){hint} "
+                             "(the fields are listed in trl/trainer/grpo_config.py)")
+        if key in OWNED_FIELDS:
+            raise ValueError(f"{where} is set by mirror-es itself; use {OWNED_FIELDS[key]} instead")
+        value = _coerce_number(value, hints[key])
+        if not _matches(value, hints[key]):
+            raise ValueError(f"{where} must be {_describe(hints[key])}, got {value!r}")
+        choices = _field_choices().get(key)
+        if choices and isinstance(value, str) and value not in choices:
+            raise ValueError(f"{where}={value!r} is not one of {list(choices)}")
+        out[str(key)] = value
+    ignored = unsupported_grpo_fields(out)  # loss options our loss would silently not apply
+    if ignored:
+        raise ValueError("; ".join(ignored))
+    accumulation = out.get("gradient_accumulation_steps", 1)
+    if accumulation < 1:
+        raise ValueError(f"train.trl.gradient_accumulation_steps must be >= 1, got {accumulation}")
+    if batch_size is not None and batch_size % accumulation:
+        raise ValueError(f"train.batch_size ({batch_size}) must be a multiple of train.trl.gradient_accumulation_steps "
+                         f"({accumulation}): train.batch_size is the completions per optimizer step, split into that "
+                         "many micro-batches")
+    return out
+
+
+def grpo_kwargs(cfg: "InnerConfig", output_dir: str | Path, seed: int, use_cpu: bool,
+                gpu_member: bool) -> tuple[dict[str, Any], dict[str, str]]:
+    """The GRPOConfig keywords for ``cfg`` and, per keyword a user can change, the key it comes from.
+
+    ``gpu_member``: whether the member trains on a GPU (decides the bf16 default for ``model.dtype=bfloat16``).
+    """
+    from inner_loop.checkpoints import trainer_save_total_limit
+
+    tcfg = cfg.train
+    trl = dict(tcfg.trl)
+    accumulation = int(trl.get("gradient_accumulation_steps", 1))
+    kwargs: dict[str, Any] = dict(
+        output_dir=str(output_dir),
+        max_steps=tcfg.steps,
+        per_device_train_batch_size=tcfg.batch_size // accumulation,
+        num_generations=tcfg.group_size,
+        num_iterations=tcfg.num_iterations,
+        learning_rate=tcfg.learning_rate,
+        lr_scheduler_type=tcfg.lr_scheduler,
+        warmup_steps=tcfg.lr_warmup_steps,
+        weight_decay=tcfg.weight_decay,
+        max_grad_norm=tcfg.grad_clip,
+        max_completion_length=tcfg.max_completion_length,
+        temperature=tcfg.temperature,
+        top_p=tcfg.top_p,
+        beta=0.0,
+        loss_type=tcfg.aggregation,
+        scale_rewards="group" if tcfg.scale_rewards else "none",
+        epsilon=tcfg.epsilon_low,
+        epsilon_high=tcfg.epsilon_high,
+        save_strategy="steps",
+        save_steps=tcfg.save_every,
+        save_total_limit=trainer_save_total_limit(tcfg.keep_checkpoints, tcfg.save_total_limit),
+        logging_steps=tcfg.logging_steps,
+        seed=seed,
+        data_seed=seed,
+        remove_unused_columns=False,
+        # defaults a user may change through train.trl
+        gradient_accumulation_steps=1,
+        report_to=[],
+        use_cpu=use_cpu,
+        bf16=cfg.model.dtype == "bfloat16" and gpu_member,
+        disable_tqdm=True,
+        log_completions=False,
+    )
+    sources = {k: v for k, v in _SOURCES.items() if k in kwargs}
+    for key, value in trl.items():
+        kwargs[key] = value
+        sources[key] = f"train.trl.{key}"
+    if accumulation != 1:
+        sources["per_device_train_batch_size"] = "train.batch_size / train.trl.gradient_accumulation_steps"
+    return kwargs, sources
+
+
+def _construct(kwargs: Mapping[str, Any]) -> "GRPOConfig":
+    from trl import GRPOConfig
+
+    return GRPOConfig(**kwargs)
+
+
+def _culprits(kwargs: dict[str, Any], sources: dict[str, str]) -> list[str]:
+    """The keys whose value alone makes GRPOConfig fail: building without it (GRPOConfig's default instead)
+    succeeds. ~2 ms a build, and only on the error path."""
+    found = []
+    for field_name, source in sources.items():
+        if field_name == "use_cpu":  # never dropped: in the up-front check it keeps the build off the GPU
+            continue
+        trial = {k: v for k, v in kwargs.items() if k != field_name}
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                _construct(trial)
+        except Exception:  # noqa: BLE001 - any failure means this key alone is not the cause
+            continue
+        found.append(source)
+    return list(dict.fromkeys(found))
+
+
+def build_grpo_config(cfg: "InnerConfig", output_dir: str | Path, seed: int, *,
+                      check_only: bool = False) -> "GRPOConfig":
+    """The GRPOConfig a member trains with; ValueError naming the key(s) if TRL's GRPOConfig rejects the settings.
+
+    ``check_only``: build it the way the up-front check does, in a process that is not the member's: on the CPU
+    (so an orchestrator on a GPU node never opens a CUDA context), as a GPU member would set bf16. GRPOConfig
+    writes no file (``output_dir`` is only recorded) and loads no model.
+    """
+    if check_only:
+        use_cpu, gpu_member = True, True
+    else:
+        import torch
+
+        gpu_member = torch.cuda.is_available()
+        use_cpu = not gpu_member
+    kwargs, sources = grpo_kwargs(cfg, output_dir, seed, use_cpu=use_cpu, gpu_member=gpu_member)
+    if check_only:
+        kwargs["use_cpu"] = True  # even where train.trl.use_cpu=false: the member applies that on its own node
+    try:
+        if check_only:
+            with warnings.catch_warnings():  # the member repeats GRPOConfig's own warnings where they matter
+                warnings.simplefilter("ignore")
+                return _construct(kwargs)
+        return _construct(kwargs)
+    except Exception as exc:  # noqa: BLE001 - whatever GRPOConfig raises is a configuration mistake
+        culprits = _culprits(kwargs, sources)
+        where = " or ".join(culprits) if culprits else (
+            "the train settings (the keys that reach it: " + ", ".join(dict.fromkeys(sources.values())) + ")")
+        raise ValueError(f"{where}: rejected by TRL's GRPOConfig (trl {_trl_version()}): "
+                         f"{type(exc).__name__}: {exc}") from exc
+
+
+def check_grpo_config(cfg: "InnerConfig") -> None:
+    """The up-front check: build the member's GRPOConfig (ValueError naming the key if TRL rejects it)."""
+    build_grpo_config(cfg, _CHECK_OUTPUT_DIR, cfg.seed, check_only=True)
