@@ -144,7 +144,7 @@ def _evaluate(trainer: MirrorGRPOTrainer, run: PreparedRun) -> EvalResult:
     return evaluate(model, trainer.processing_class, run.task, run.scored,
                     max_new_tokens=tcfg.val_max_new_tokens or tcfg.max_completion_length,
                     batch_size=tcfg.val_batch_size, chat_template=run.cfg.model.chat_template,
-                    pass_k=tcfg.pass_k, pass_k_samples=tcfg.pass_k_samples,
+                    chat_template_kwargs=run.cfg.model.chat_template_kwargs, pass_k=tcfg.pass_k, pass_k_samples=tcfg.pass_k_samples,
                     temperature=tcfg.temperature, top_p=tcfg.top_p)
 
 

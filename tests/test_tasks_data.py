@@ -96,15 +96,18 @@ def test_hub_path_passes_id_config_and_split(monkeypatch: pytest.MonkeyPatch) ->
 
     def fake_load_dataset(hub_id, config, split):
         calls.append((hub_id, config, split))
-        return rows if split != "test" else [json.loads(l) for l in open(MBPP_TEST)]
+        files = {"test": MBPP_TEST, "validation": str(FIXTURES / "mbpp_validation.jsonl")}
+        return [json.loads(l) for l in open(files[split])] if split in files else rows
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
-    task = build_task({"name": "mbpp", "train_splits": ["train", "prompt"], "validation_size": 2})
+    task = build_task({"name": "mbpp", "train_splits": ["train", "prompt"]})
     train, validation = task.load("train"), task.load("validation")
     assert sorted(calls) == sorted([("google-research-datasets/mbpp", "full", "train"),
                                     ("google-research-datasets/mbpp", "full", "prompt"),
+                                    ("google-research-datasets/mbpp", "full", "validation"),
                                     ("google-research-datasets/mbpp", "full", "test")])
-    assert len(train) + len(validation) == 5  # the two pools repeat the same rows: deduplicated
+    assert len(train) == 5  # the two pools repeat the same rows: deduplicated
+    assert len(validation) == 2  # the hub's own validation split, nothing carved from training
 
 
 def test_hub_failure_suggests_local_files(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,15 +10,22 @@ Reward: the fraction of the task's asserts that pass when the completion's code 
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from inner_loop.grading import Job
-from inner_loop.tasks.base import Problem, SplitTask
+from inner_loop.tasks.base import Problem, SplitTask, check_disjoint, prompt_hash
 from inner_loop.tasks.code_extract import extract_code
 from inner_loop.tasks.data_files import load_hub_rows, read_local_rows, require_fields
-from inner_loop.tasks.splits import carve_splits
-from inner_loop.tasks.task_config import format_prompt, require_split_data
+from inner_loop.tasks.splits import carve_splits, dedupe
+from inner_loop.tasks.task_config import format_prompt, require_existing_file, require_split_data
+
+logger = logging.getLogger(__name__)
+
+#: task.validation_source: auto = the source's own validation split when it has one (the hub always; local files
+#: when task.validation_file is set), else carve; hub = require that split; carve = carve from the training pool.
+VALIDATION_SOURCES = ("auto", "hub", "carve")
 
 
 @dataclass
@@ -30,6 +37,8 @@ class MBPPConfig:
     train_splits: list[str] = field(default_factory=lambda: ["train"])
     train_file: str | None = None
     test_file: str | None = None
+    validation_file: str | None = None
+    validation_source: str = "auto"
     train_size: int | None = None
     validation_size: int = 50
     test_size: int | None = None
@@ -62,15 +71,42 @@ class MBPPTask(SplitTask):
             raise ValueError("task 'mbpp': task.train_splits must not contain 'test'; the test split is held out")
         if not c.timeout_s > 0:
             raise ValueError(f"task 'mbpp': task.timeout_s must be > 0, got {c.timeout_s}")
+        self._check_validation_source()
         format_prompt(c.prompt_template, self.name, text="?", first_test="?", tests="?")
+
+    def _check_validation_source(self) -> None:
+        c = self.config
+        if c.validation_source not in VALIDATION_SOURCES:
+            raise ValueError(f"task 'mbpp': task.validation_source must be one of {list(VALIDATION_SOURCES)}, "
+                             f"got {c.validation_source!r}")
+        require_existing_file(self.name, "validation_file", c.validation_file)
+        if c.validation_file is not None and c.train_file is None:
+            raise ValueError("task 'mbpp': task.validation_file is set but task.train_file is not; local files "
+                             "replace the hub as a set (set train_file too, or drop validation_file)")
+        if c.validation_file is not None and c.validation_source == "carve":
+            raise ValueError("task 'mbpp': task.validation_file is set but task.validation_source=carve ignores it; "
+                             "set task.validation_source=auto (or hub), or drop validation_file")
+        if c.validation_source == "hub" and c.train_file is not None and c.validation_file is None:
+            raise ValueError("task 'mbpp': task.validation_source=hub with local files needs task.validation_file "
+                             "(the hub's validation split in the same format), or set task.validation_source=carve")
+        if self._uses_source_validation() and "validation" in c.train_splits and c.train_file is None:
+            raise ValueError("task 'mbpp': task.train_splits contains 'validation' but the validation split is "
+                             "scored; drop it from train_splits or set task.validation_source=carve")
+
+    def _uses_source_validation(self) -> bool:
+        """Whether validation is the source's own split (hub or validation_file) rather than carved."""
+        c = self.config
+        if c.validation_source == "carve":
+            return False
+        return c.train_file is None or c.validation_file is not None
 
     def _sources(self, split: str) -> list[tuple[list[dict[str, Any]], str]]:
         c = self.config
         if c.train_file is None:
-            names = c.train_splits if split == "train" else ["test"]
+            names = c.train_splits if split == "train" else [split]
             return [(load_hub_rows(c.hub_id, c.hub_config, name), f"hub dataset {c.hub_id!r} split {name!r}")
                     for name in names]
-        path = c.train_file if split == "train" else c.test_file
+        path = {"train": c.train_file, "test": c.test_file, "validation": c.validation_file}[split]
         return [] if path is None else [(read_local_rows(path), f"data file {path!r}")]
 
     def _problems(self, split: str) -> list[Problem] | None:
@@ -102,9 +138,27 @@ class MBPPTask(SplitTask):
 
     def _build_splits(self) -> dict[str, list[Problem]]:
         c = self.config
-        return carve_splits(self.name, self._problems("train") or [], self._problems("test"),
-                            validation_size=c.validation_size, train_size=c.train_size, test_size=c.test_size,
-                            seed=c.split_seed)
+        pool = self._problems("train") or []
+        if not self._uses_source_validation():
+            return carve_splits(self.name, pool, self._problems("test"), validation_size=c.validation_size,
+                                train_size=c.train_size, test_size=c.test_size, seed=c.split_seed)
+        # The source's own validation split (hub full: 90 problems, so pass@1 moves in steps of 1/90); training
+        # prompts that repeat a validation prompt are dropped so the fitness is measured on unseen problems.
+        validation = dedupe(self.name, "validation", self._problems("validation") or [])
+        if not validation:
+            raise ValueError(f"task 'mbpp': the validation split is empty; fix the data or set "
+                             f"task.validation_source=carve")
+        seen = {prompt_hash(p.prompt) for p in validation}
+        clean = [p for p in pool if prompt_hash(p.prompt) not in seen]
+        if len(clean) < len(pool):
+            logger.warning("task mbpp: dropped %d training prompt(s) that also appear in the validation split",
+                           len(pool) - len(clean))
+        splits = carve_splits(self.name, clean, self._problems("test"), validation_size=0,
+                              train_size=c.train_size, test_size=c.test_size, seed=c.split_seed)
+        splits["validation"] = validation
+        check_disjoint(self.name, splits)
+        logger.info("task mbpp: validation = the source's validation split (%d problems)", len(validation))
+        return splits
 
     def program(self, problem: Problem, completion: str) -> str:
         """What the sandbox runs: the task's setup code (imports), then the completion's code."""
