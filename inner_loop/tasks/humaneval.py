@@ -10,14 +10,14 @@ prompt's imports stay in force. Reward = 1 if ``check`` passes, else 0.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from inner_loop.grading import Job
 from inner_loop.tasks.base import SPLITS, Problem, Task
 from inner_loop.tasks.code_extract import extract_code
 from inner_loop.tasks.mbpp import score_programs
-from inner_loop.tasks.task_config import format_prompt, require_existing_file, require_non_negative
+from inner_loop.tasks.task_config import format_prompt, require_existing_file, require_non_negative, sandbox_config
 
 # Where a function-body completion has clearly moved on to top-level code that is not part of the solution.
 _BODY_STOPS = ("\nclass ", "\nif __name__", "\nprint(", "\nassert ")
@@ -31,6 +31,8 @@ class HumanEvalConfig:
     test_size: int | None = None
     prompt_template: str = "{prompt}"
     timeout_s: float = 5.0
+    #: inner_loop.sandbox.SandboxConfig keys (require_isolation, memory_mb, workers, ...); {}: its defaults
+    sandbox: dict[str, Any] = field(default_factory=dict)
 
 
 def humaneval_program(code_prompt: str, completion: str, entry_point: str) -> str:
@@ -53,6 +55,7 @@ class HumanEvalTask(Task):
         if not config.timeout_s > 0:
             raise ValueError(f"task 'humaneval': task.timeout_s must be > 0, got {config.timeout_s}")
         format_prompt(config.prompt_template, self.name, prompt="?", entry_point="?")
+        self.sandbox = sandbox_config(self.name, config.sandbox)
         self._test: list[Problem] | None = None
 
     def _read(self) -> list[dict[str, Any]]:
@@ -104,4 +107,4 @@ class HumanEvalTask(Task):
         # encode_cyclic...) are the dataset's, while the entry point always comes from the program
         items = [Job(self.program(p, c), tuple(p.tests), setup=p.meta["code_prompt"], entry_points=(p.entry_point,))
                  for p, c in zip(problems, completions, strict=True)]
-        return score_programs(items, self.config.timeout_s)
+        return score_programs(items, self.config.timeout_s, self.sandbox)

@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from inner_loop.grading import Job
 from inner_loop.tasks.base import Problem, SplitTask, check_disjoint, prompt_hash
 from inner_loop.tasks.code_extract import extract_code
 from inner_loop.tasks.data_files import load_hub_rows, read_local_rows, require_fields
 from inner_loop.tasks.splits import carve_splits, dedupe
-from inner_loop.tasks.task_config import format_prompt, require_existing_file, require_split_data
+from inner_loop.tasks.task_config import format_prompt, require_existing_file, require_split_data, sandbox_config
+
+if TYPE_CHECKING:
+    from inner_loop.sandbox import SandboxConfig
 
 logger = logging.getLogger(__name__)
 
@@ -46,14 +49,18 @@ class MBPPConfig:
     include_challenge_tests: bool = False
     prompt_template: str = "{text}\nYour code should pass this test:\n{first_test}\n"
     timeout_s: float = 5.0
+    #: inner_loop.sandbox.SandboxConfig keys (require_isolation, memory_mb, workers, ...); {}: its defaults
+    sandbox: dict[str, Any] = field(default_factory=dict)
 
 
-def score_programs(items: Sequence[Job | tuple[str, list[str]]], timeout_s: float) -> list[float]:
-    """Fraction of asserts passed per job: programs run concurrently in the sandbox, the asserts in the
-    trusted grader (inner_loop.grading), so a program cannot forge its own score."""
+def score_programs(items: Sequence[Job | tuple[str, list[str]]], timeout_s: float,
+                   sandbox_settings: "SandboxConfig | None" = None) -> list[float]:
+    """Fraction of asserts passed per job: programs run concurrently in the sandbox (with the task's
+    ``task.sandbox`` settings), the asserts in the trusted grader (inner_loop.grading), so a program cannot forge
+    its own score."""
     from inner_loop import sandbox
 
-    outcomes = sandbox.run_many(list(items), timeout_s=timeout_s)
+    outcomes = sandbox.run_many(list(items), timeout_s=timeout_s, config=sandbox_settings)
     return [outcome.passed / outcome.total if outcome.total else 0.0 for outcome in outcomes]
 
 
@@ -72,6 +79,7 @@ class MBPPTask(SplitTask):
         if not c.timeout_s > 0:
             raise ValueError(f"task 'mbpp': task.timeout_s must be > 0, got {c.timeout_s}")
         self._check_validation_source()
+        self.sandbox = sandbox_config(self.name, c.sandbox)
         format_prompt(c.prompt_template, self.name, text="?", first_test="?", tests="?")
 
     def _check_validation_source(self) -> None:
@@ -173,7 +181,7 @@ class MBPPTask(SplitTask):
         # the setup code (the dataset's imports) runs in the program AND, trusted, in the grader beside the tests
         items = [Job(self.program(p, c), tuple(p.tests), setup=p.meta.get("setup", ""))
                  for p, c in zip(problems, completions, strict=True)]
-        return score_programs(items, self.config.timeout_s)
+        return score_programs(items, self.config.timeout_s, self.sandbox)
 
     def demonstration(self, problem: Problem) -> str:
         """The reference solution as a fenced Python block."""

@@ -9,7 +9,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar, get_type_hints
+from typing import TYPE_CHECKING, Any, TypeVar, get_type_hints
+
+if TYPE_CHECKING:
+    from inner_loop.sandbox import SandboxConfig
 
 T = TypeVar("T")
 
@@ -31,6 +34,10 @@ def _check_type(task: str, key: str, value: Any, hint: Any) -> Any:
         if optional:
             return None
         raise ValueError(f"task {task!r}: task.{key} must not be null")
+    if text.startswith("dict"):
+        if not isinstance(value, Mapping):
+            raise ValueError(f"task {task!r}: task.{key} must be a mapping, got {value!r}")
+        return dict(value)
     if "list[str]" in text:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ValueError(f"task {task!r}: task.{key} must be a list of strings, got {value!r}")
@@ -102,3 +109,19 @@ def format_prompt(template: str, task_name: str, **fields: Any) -> str:
             f"task {task_name!r}: task.prompt_template={template!r} cannot be filled ({exc!r}); "
             f"available fields are {sorted(fields)}"
         ) from exc
+
+
+def sandbox_config(task: str, settings: Mapping[str, Any]) -> "SandboxConfig":
+    """The sandbox settings of a code task (``task.sandbox``: limits, isolation, workers), checked when the task is
+    built, so a typo fails before any job is submitted instead of every member running with the defaults."""
+    from inner_loop.sandbox import SandboxConfig
+
+    known = {f.name for f in dataclasses.fields(SandboxConfig)}
+    unknown = sorted(set(settings) - known)
+    if unknown:
+        raise ValueError(f"task {task!r}: unknown key(s) {['task.sandbox.' + k for k in unknown]}; known keys are "
+                         f"{sorted(known)}")
+    try:
+        return SandboxConfig(**settings)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"task {task!r}: task.{exc}") from None
