@@ -247,7 +247,10 @@ class MirrorGRPOTrainer(GRPOTrainer):
         if self._exact_share_step is not None and self.state.global_step >= self._exact_share_step:
             params = [p for p in model.parameters() if p.requires_grad]
             exact = exact_share(policy_term, regularizer_term, params)
-            if math.isnan(exact):  # no policy gradient in this batch (all groups tied): try the next one
+            # NaN: no policy gradient in this batch (all groups tied). 0: the policy is still the reference (every
+            # earlier batch was tied, so nothing moved it), where every divergence has zero gradient. Neither says
+            # anything about the coefficient: try the next batch.
+            if math.isnan(exact) or exact == 0.0:
                 return
             metrics["regularizer/grad_share_exact"].append(exact)
             metrics["regularizer/grad_share_exact_step"].append(float(self.state.global_step))

@@ -10,9 +10,10 @@ import torch
 from inner_loop.config import DivergenceConfig, ModelConfig
 from inner_loop.grad_share import exact_share, full_form_token_norms, logit_space_share, logp_space_share
 from inner_loop.losses import aggregate
-from inner_loop.member import diagnostics_from_history
-from inner_loop.models import load_policy, tiny_model_dir
+from inner_loop.diagnostics import diagnostics_from_history
+from inner_loop.models import load_policy
 from inner_loop.regularizers import build_regularizer, warn_if_inert
+from inner_loop.tiny_model import tiny_model_dir
 from inner_loop.trainer import MirrorGRPOTrainer
 from mirror_maps import KL, NeuralMirrorMap, ProbL2, full_divergence
 
@@ -140,6 +141,22 @@ def test_trainer_logs_the_share_per_batch_and_exactly_once_from_step_1(tiny_dir,
     assert metrics["regularizer/grad_share"][-1] > 0
     trainer._compute_loss(trainer.model, batch)
     assert len(metrics["regularizer/grad_share_exact"]) == 1  # once per run
+
+
+def test_the_exact_share_waits_for_the_policy_to_leave_the_reference(tiny_dir, tmp_path):
+    """A first step whose groups all tie has no policy gradient, so the policy is still the reference at step 1
+    (the SmolLM2 rehearsal showed it); a share of exactly 0 there says nothing about the coefficient."""
+    trainer = _trainer(tiny_dir, tmp_path, DivergenceConfig(name="neural_mirror", coef=30.0))
+    batch, metrics = _batch(trainer), trainer._metrics["train"]
+    trainer.state.global_step = 1
+    trainer._compute_loss(trainer.model, batch).backward()  # unchanged weights: no measurement yet
+    assert "regularizer/grad_share_exact" not in metrics
+    with torch.no_grad():
+        for param in trainer.model.parameters():
+            param.add_(0.3 * torch.randn_like(param))
+    trainer.state.global_step = 2
+    trainer._compute_loss(trainer.model, batch).backward()
+    assert metrics["regularizer/grad_share_exact"][0] > 0 and metrics["regularizer/grad_share_exact_step"] == [2.0]
 
 
 def test_no_share_without_a_regularizer_or_outside_training(tiny_dir, tmp_path):
