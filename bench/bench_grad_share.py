@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from transformers import TrainerCallback  # noqa: E402
 
-from inner_loop.member import _build_trainer, prepare  # noqa: E402
+from inner_loop.run_setup import build_trainer as _build_trainer, prepare  # noqa: E402
 
 
 def _inner(args: argparse.Namespace, form: str, coef: float) -> dict:

@@ -22,7 +22,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from inner_loop.config import DivergenceConfig, ModelConfig  # noqa: E402
-from inner_loop.models import load_policy, tiny_model_dir  # noqa: E402
+from inner_loop.models import load_policy  # noqa: E402
+from inner_loop.tiny_model import tiny_model_dir  # noqa: E402
 from inner_loop.regularizers import build_regularizer  # noqa: E402
 from inner_loop.tasks import build_task  # noqa: E402
 from inner_loop.trainer import MirrorGRPOTrainer  # noqa: E402

@@ -62,7 +62,7 @@ def measure(hosts: bool, search: bool) -> dict:
     import torch
 
     from inner_loop.evaluate import evaluate
-    from inner_loop.member import prepare
+    from inner_loop.run_setup import prepare
     from inner_loop.models import load_policy, resolve_model_dir
     from inner_loop.warmup import read_warmup_outcome, warmed_model_dir
 

@@ -12,12 +12,12 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
-from inner_loop.config import KEEP_CHECKPOINTS
+from inner_loop.config import KEEP_CHECKPOINTS, InnerConfig
 # the Trainer's output_dir in a member's work dir, and where a checkpoint goes while it is deleted (re-exported)
 from results.layout import CHECKPOINT_DIR
 from results.layout import CHECKPOINT_TRASH_DIR as TRASH_DIR
@@ -126,6 +126,30 @@ def apply_checkpoint_policy(work_dir: str | Path, keep: str) -> list[str]:
         logger.info("member %s: keep_checkpoints=%s removed %s", work_dir, keep, ", ".join(removed))
     return removed
 
+
+
+def settle_checkpoints(work_dir: Path, keep: str) -> None:
+    """``apply_checkpoint_policy`` for a member whose result is final, where a filesystem error (an NFS server
+    refusing to drop a busy file) is logged, never raised: raising would turn a finished member into a failed
+    one; whatever is left goes on the next call."""
+    try:
+        apply_checkpoint_policy(work_dir, keep)
+    except OSError as exc:
+        logger.warning("member %s: could not delete its checkpoints (keep_checkpoints=%s): %s; the next call "
+                       "retries", work_dir, keep, exc)
+
+
+def settle_after_final(work_dir: Path, inner: Mapping[str, Any], seed: int) -> None:
+    """Apply train.keep_checkpoints to a member whose result.json was already final when we were called: what a
+    crash between writing the result and deleting the checkpoints (or a failed member's kept ones) leaves."""
+    if not any((work_dir / name).exists() for name in (CHECKPOINT_DIR, TRASH_DIR)):
+        return
+    try:
+        keep = InnerConfig.from_dict(inner, seed=seed).train.keep_checkpoints
+    except ValueError as exc:
+        logger.warning("member %s: leaving its checkpoints, its config no longer parses (%s)", work_dir, exc)
+        return
+    settle_checkpoints(work_dir, keep)
 
 class DiskUsageCallback(TrainerCallback, ExportableState):
     """Tracks the peak apparent size of a member's work dir over its training, across resumes.

@@ -26,7 +26,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from inner_loop.member import train_member, validate_inner
+from inner_loop.member import train_member
+from inner_loop.run_setup import validate_inner
 from results.records import MemberSpec
 
 logger = logging.getLogger("inner_loop.run")

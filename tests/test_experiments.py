@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from inner_loop.member import validate_inner
+from inner_loop.run_setup import validate_inner
 from meta.config import ConfigError, build_search_config
 from meta.run import compose
 

@@ -311,7 +311,7 @@ def test_run_member_without_flock_runs_and_a_second_call_reads_the_result(tmp_pa
 
 
 def test_model_cache_builders_without_flock_build_once(tmp_path, monkeypatch):
-    from inner_loop.models import build_once
+    from inner_loop.model_cache import build_once
 
     _disable_flock(monkeypatch)
     final = tmp_path / "models" / "thing"

@@ -14,7 +14,8 @@ import yaml
 
 from inner_loop.checkpoints import (CHECKPOINT_DIR, TRASH_DIR, DiskUsageCallback, apply_checkpoint_policy,
                                     dir_bytes, last_checkpoint)
-from inner_loop.member import FINAL_MODEL_DIR, train_member
+from inner_loop.member import train_member
+from results.layout import FINAL_MODEL_DIR
 from results.records import read_result, write_result
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -192,19 +193,19 @@ def test_a_member_settled_as_failed_loses_its_checkpoint_when_the_search_finaliz
 def test_a_delete_that_fails_never_turns_a_finished_member_into_a_failure(tmp_path, monkeypatch):
     """An NFS server refusing to drop a busy file must not raise out of the member (the launcher would then
     write a failed record over the ok one); the leftovers go on the next call."""
-    import inner_loop.member as member
+    import inner_loop.checkpoints as checkpoints
 
-    real = member.apply_checkpoint_policy
+    real = checkpoints.apply_checkpoint_policy
 
     def refuse(work_dir, keep):
         raise OSError(16, "Device or resource busy", ".nfs000000001")
 
-    monkeypatch.setattr(member, "apply_checkpoint_policy", refuse)
+    monkeypatch.setattr(checkpoints, "apply_checkpoint_policy", refuse)
     work = tmp_path / "m"
     record = train_member(_spec(work, _inner(steps=2)))
     assert record.status == "ok", record.error
     assert read_result(work) == record and _checkpoints(work) == ["checkpoint-2"]
-    monkeypatch.setattr(member, "apply_checkpoint_policy", real)
+    monkeypatch.setattr(checkpoints, "apply_checkpoint_policy", real)
     assert train_member(_spec(work, _inner(steps=2))) == record
     assert _checkpoints(work) == []
 

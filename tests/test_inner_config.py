@@ -14,7 +14,8 @@ from safetensors import safe_open
 
 from inner_loop.config import InnerConfig
 from inner_loop.evaluate import pass_at_k
-from inner_loop.member import prepare, train_member, validate_inner
+from inner_loop.member import train_member
+from inner_loop.run_setup import prepare, validate_inner
 from mirror_maps import NeuralMirrorMap, save_init
 
 CONF = Path(__file__).resolve().parent.parent / "conf"

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from inner_loop.config import InnerConfig
 from inner_loop.grpo_args import OWNED_FIELDS, build_grpo_config, check_grpo_config
-from inner_loop.member import validate_inner
+from inner_loop.run_setup import validate_inner
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
@@ -161,15 +161,15 @@ def test_a_batch_that_does_not_split_into_the_micro_batches_names_both_keys():
 
 def test_the_member_gets_the_args_the_check_built(tmp_path, monkeypatch):
     """The trainer receives the GRPOConfig of build_grpo_config, pass-through included (trainer stubbed out)."""
-    import inner_loop.member as member
+    import inner_loop.run_setup as run_setup
 
     captured = {}
-    monkeypatch.setattr(member, "MirrorGRPOTrainer", lambda **kwargs: captured.update(kwargs) or kwargs)
+    monkeypatch.setattr(run_setup, "MirrorGRPOTrainer", lambda **kwargs: captured.update(kwargs) or kwargs)
     inner = _inner(trl={"repetition_penalty": 1.2, "report_to": "none", "shuffle_dataset": False}, batch_size=16,
                    group_size=4)
     inner["model"].update(warmup_max_steps=0, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
-    run = member.prepare(inner, seed=2, params=[0.0] * 380)
-    member._build_trainer(run, tmp_path / "m", seed=2)
+    run = run_setup.prepare(inner, seed=2, params=[0.0] * 380)
+    run_setup.build_trainer(run, tmp_path / "m", seed=2)
     args = captured["args"]
     assert args.output_dir == str(tmp_path / "m" / "checkpoints") and args.report_to == []
     assert args.shuffle_dataset is False and args.repetition_penalty == 1.2 and args.seed == 2

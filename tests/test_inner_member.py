@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from inner_loop.member import last_checkpoint, train_member
+from inner_loop.checkpoints import last_checkpoint
+from inner_loop.member import train_member
 from results.records import read_result
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,7 +69,7 @@ def test_member_writes_a_complete_record_and_is_idempotent(cache, tmp_path):
 
 
 def test_non_finite_loss_ends_as_failed_with_the_reason(cache, tmp_path, monkeypatch):
-    import inner_loop.member as member
+    import inner_loop.run_setup as run_setup
     from inner_loop.regularizers import Regularizer, build_regularizer
 
     class Overflowing(Regularizer):
@@ -81,7 +82,7 @@ def test_non_finite_loss_ends_as_failed_with_the_reason(cache, tmp_path, monkeyp
         reg = build_regularizer(cfg, params)
         return Overflowing(reg.name, reg.form, reg.coef, reg.potential)
 
-    monkeypatch.setattr(member, "build_regularizer", build)
+    monkeypatch.setattr(run_setup, "build_regularizer", build)
     record = train_member(_spec(tmp_path / "m", _inner(steps=3)))
     assert record.status == "failed" and "non-finite loss" in record.error
     assert record.fitness == 0.0 and json.loads((tmp_path / "m" / "result.json").read_text())["status"] == "failed"
@@ -144,7 +145,7 @@ def test_resume_skips_a_checkpoint_killed_mid_save(tmp_path):
     """A kill while the Trainer writes checkpoint-N leaves a folder without trainer_state.json: resume from N-1."""
     import json
 
-    from inner_loop.member import CHECKPOINT_DIR, last_checkpoint
+    from inner_loop.checkpoints import CHECKPOINT_DIR, last_checkpoint
 
     root = tmp_path / CHECKPOINT_DIR
     for step, complete in ((4, True), (8, False)):

@@ -15,6 +15,7 @@ import torch
 import yaml
 
 import inner_loop.member as member
+import inner_loop.run_setup as run_setup
 from inner_loop.member import train_member
 from results.provenance import read_run_manifest
 from results.records import read_result
@@ -69,7 +70,7 @@ def test_a_missing_data_file_ends_as_a_failed_record(tmp_path):
 
 
 def test_a_value_grpo_config_rejects_fails_before_the_model_is_loaded(tmp_path, monkeypatch):
-    monkeypatch.setattr(member, "load_policy", _boom("the model must not be loaded for a bad lr_scheduler"))
+    monkeypatch.setattr(run_setup, "load_policy", _boom("the model must not be loaded for a bad lr_scheduler"))
     work = tmp_path / "m"
     record = train_member(_spec(work, _inner(lr_scheduler="cosin")))
     _assert_failed(work, record, "model and trainer setup", "train.lr_scheduler: rejected by TRL's GRPOConfig")
@@ -77,22 +78,22 @@ def test_a_value_grpo_config_rejects_fails_before_the_model_is_loaded(tmp_path, 
 
 
 def test_a_model_that_cannot_be_resolved_ends_as_a_failed_record(tmp_path, monkeypatch):
-    monkeypatch.setattr(member, "resolve_model_dir", _boom("model.name_or_path='/nope': no such model directory",
-                                                           ValueError))
+    monkeypatch.setattr(run_setup, "resolve_model_dir", _boom("model.name_or_path='/nope': no such model directory",
+                                                              ValueError))
     work = tmp_path / "m"
     _assert_failed(work, train_member(_spec(work, _inner())), "model and trainer setup", "no such model directory")
 
 
 def test_a_model_load_out_of_memory_ends_as_a_failed_record(tmp_path, monkeypatch):
-    monkeypatch.setattr(member, "load_policy", _boom("CUDA out of memory. Tried to allocate 2.00 GiB",
-                                                     torch.OutOfMemoryError))
+    monkeypatch.setattr(run_setup, "load_policy", _boom("CUDA out of memory. Tried to allocate 2.00 GiB",
+                                                        torch.OutOfMemoryError))
     work = tmp_path / "m"
     record = train_member(_spec(work, _inner()))
     _assert_failed(work, record, "model and trainer setup", "OutOfMemoryError: CUDA out of memory")
 
 
 def test_a_trainer_that_cannot_be_built_ends_as_a_failed_record(tmp_path, monkeypatch):
-    monkeypatch.setattr(member, "MirrorGRPOTrainer", _boom("trainer refused its arguments", TypeError))
+    monkeypatch.setattr(run_setup, "MirrorGRPOTrainer", _boom("trainer refused its arguments", TypeError))
     work = tmp_path / "m"
     _assert_failed(work, train_member(_spec(work, _inner())), "model and trainer setup",
                    "TypeError: trainer refused its arguments")
@@ -125,7 +126,7 @@ def test_a_crash_in_evaluation_ends_as_a_failed_record(tmp_path, monkeypatch):
 
 
 def test_a_crash_saving_the_final_model_ends_as_a_failed_record(tmp_path, monkeypatch):
-    monkeypatch.setattr(member, "_save_final_model", _boom("No space left on device", OSError))
+    monkeypatch.setattr(member, "save_final_model", _boom("No space left on device", OSError))
     work = tmp_path / "m"
     record = train_member(_spec(work, _inner()), save_final=True)
     _assert_failed(work, record, "saving the final model", "OSError: No space left on device")
@@ -135,7 +136,7 @@ def test_a_timeout_passes_through_without_a_record(tmp_path, monkeypatch):
     """The job wrapper's alarm is a BaseException: it must reach the wrapper, which records `timeout`."""
     from launch.member import MemberTimeout
 
-    monkeypatch.setattr(member, "load_policy", _boom("member exceeded inner.timeout_s=1", MemberTimeout))
+    monkeypatch.setattr(run_setup, "load_policy", _boom("member exceeded inner.timeout_s=1", MemberTimeout))
     work = tmp_path / "m"
     with pytest.raises(MemberTimeout):
         train_member(_spec(work, _inner()))
@@ -147,7 +148,7 @@ def test_the_job_wrapper_hands_the_orchestrator_the_members_own_record(tmp_path,
     traceback tail written by the wrapper."""
     from launch.member import run_member
 
-    monkeypatch.setattr(member, "load_policy", _boom("CUDA out of memory", torch.OutOfMemoryError))
+    monkeypatch.setattr(run_setup, "load_policy", _boom("CUDA out of memory", torch.OutOfMemoryError))
     work = tmp_path / "m"
     out = run_member("inner_loop.member:train_member", _spec(work, _inner()), timeout_s=0)
     assert out["status"] == "failed"

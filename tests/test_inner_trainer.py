@@ -6,7 +6,8 @@ import torch
 
 from inner_loop.config import DivergenceConfig, ModelConfig
 from inner_loop.losses import aggregate
-from inner_loop.models import load_policy, tiny_model_dir
+from inner_loop.models import load_policy
+from inner_loop.tiny_model import tiny_model_dir
 from inner_loop.regularizers import build_regularizer
 from inner_loop.trainer import MirrorGRPOTrainer, NonFiniteLossError
 

@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from inner_loop.config import ModelConfig
-from inner_loop.models import build_once, build_tiny_tokenizer, load_policy, tiny_model_dir
+from inner_loop.model_cache import build_once
+from inner_loop.models import load_policy
+from inner_loop.tiny_model import build_tiny_tokenizer, tiny_model_dir
 
 
 def test_tokenizer_round_trips_printable_ascii_one_token_per_char():

@@ -155,7 +155,7 @@ def test_train_member_records_provenance_before_training(tmp_path, monkeypatch):
     def stop(*args, **kwargs):
         raise RuntimeError("stop before training")
 
-    monkeypatch.setattr(member, "_build_trainer", stop)
+    monkeypatch.setattr(member, "build_trainer", stop)
     work = tmp_path / "single"
     record = member.train_member({"run_id": "single", "generation": 0, "index": 0, "seed": 3, "params": [],
                                   "work_dir": str(work), "inner": inner})

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from inner_loop.config import DivergenceConfig, ModelConfig
-from inner_loop.models import load_policy, tiny_model_dir
+from inner_loop.models import load_policy
+from inner_loop.tiny_model import tiny_model_dir
 from inner_loop.regularizers import build_regularizer
 from inner_loop.trainer import MirrorGRPOTrainer
 from inner_loop.trl_loss_contract import REVIEWED_LOSS_INPUTS, unsupported_grpo_fields

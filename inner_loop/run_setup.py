@@ -1,0 +1,102 @@
+"""Everything a member run needs before its first step: the validated config, the task's splits, the regularizer,
+then the model and the trainer.
+
+Split in two on purpose: ``prepare`` reads config and data only (cheap; the orchestrator runs it for
+``validate_inner`` before submitting any job), ``build_trainer`` loads the model (expensive; in the member's job).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from inner_loop.checkpoints import CHECKPOINT_DIR, DiskUsageCallback
+from inner_loop.config import InnerConfig
+from inner_loop.grpo_args import build_grpo_config, check_grpo_config
+from inner_loop.models import load_policy, resolve_model_dir
+from inner_loop.policy_terms import PolicyParams
+from inner_loop.prompts import format_prompt
+from inner_loop.regularizers import Regularizer, build_regularizer
+from inner_loop.tasks import build_task, check_disjoint
+from inner_loop.tasks.base import Problem, Task
+from inner_loop.trainer import MirrorGRPOTrainer
+from inner_loop.warmup import warmed_model_dir
+from mirror_maps import VECTOR_LENGTH
+
+
+@dataclass
+class PreparedRun:
+    """Everything validated and loaded before training starts."""
+
+    cfg: InnerConfig
+    task: Task
+    train: list[Problem]
+    #: the problems the run is scored on: the validation split, or the test split when cfg.eval_split says so
+    scored: list[Problem]
+    regularizer: Regularizer
+
+
+def prepare(inner: Mapping[str, Any], seed: int, params: list[float] | None = None) -> PreparedRun:
+    """Validate the config, build the regularizer (reads any init file) and load the task's splits; every user
+    mistake raises ValueError here, before anything is written."""
+    cfg = InnerConfig.from_dict(inner, seed=seed)
+    regularizer = build_regularizer(cfg.divergence, params if cfg.divergence.name == "neural_mirror" else None)
+    task = build_task(cfg.task)
+    if not task.trainable:
+        raise ValueError(f"task {task.name!r} is evaluation-only; train on another task (e.g. mbpp)")
+    train = task.load("train")
+    scored = task.load(cfg.eval_split)
+    check_disjoint(task.name, {"train": train, cfg.eval_split: scored})
+    if cfg.eval_split == "validation" and cfg.train.val_size is not None:
+        scored = scored[: cfg.train.val_size]
+    if not train or not scored:
+        raise ValueError(f"task {task.name!r}: empty train ({len(train)}) or {cfg.eval_split} ({len(scored)}) split")
+    return PreparedRun(cfg, task, train, scored, regularizer)
+
+
+def validate_inner(inner: Mapping[str, Any]) -> None:
+    """Check a member's inner config and data up front (ValueError naming the key), training nothing.
+
+    Attached to `train_member` as `.validate`, so the orchestrator rejects a bad task/model/divergence/train
+    config before it submits a single job, without knowing anything about LLMs.
+    """
+    divergence = inner.get("divergence") or {}
+    # With an init file, validate that file; otherwise stand-in numbers (members bring their own vector).
+    params = None if divergence.get("init") else [0.0] * VECTOR_LENGTH
+    run = prepare(inner, seed=0, params=params)
+    check_grpo_config(run.cfg)  # every value that reaches TRL's GRPOConfig (lr_scheduler, train.trl, ...)
+
+
+def build_trainer(run: PreparedRun, work_dir: Path, seed: int) -> MirrorGRPOTrainer:
+    """The member's trainer: its GRPOConfig, the (warmed) policy, the formatted train prompts and the reward."""
+    from datasets import Dataset
+
+    cfg, tcfg = run.cfg, run.cfg.train
+    # Built first, by the same function as the up-front check: a rejected setting fails before a model is loaded.
+    args = build_grpo_config(cfg, work_dir / CHECKPOINT_DIR, seed)
+    base = resolve_model_dir(cfg.model)
+    if cfg.model.warmup_max_steps:
+        base = warmed_model_dir(cfg.model, base, run.task, cfg.task,
+                                probe_max_new_tokens=tcfg.val_max_new_tokens or tcfg.max_completion_length)
+    model, tokenizer = load_policy(cfg.model, base)
+    prompts = [format_prompt(tokenizer, p.prompt, cfg.model.chat_template, cfg.model.chat_template_kwargs)
+               for p in run.train]
+    dataset = Dataset.from_dict({"prompt": prompts, "problem_index": list(range(len(run.train)))})
+    task, problems = run.task, run.train
+
+    def reward(prompts: list[str], completions: list[str], problem_index: list[int], **_: Any) -> list[float]:
+        return task.score_many([problems[i] for i in problem_index], completions)
+
+    reward.__name__ = f"{task.name}_reward"
+    return MirrorGRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        regularizer=run.regularizer,
+        policy_term=tcfg.policy_loss,
+        policy_params=PolicyParams(tcfg.epsilon_low, tcfg.epsilon_high, dict(tcfg.policy_extra)),
+        full_form_rows=tcfg.full_form_rows,
+        callbacks=[DiskUsageCallback(str(work_dir))],
+    )
