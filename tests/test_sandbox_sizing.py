@@ -12,7 +12,9 @@ import time
 import pytest
 
 from inner_loop import sandbox
-from inner_loop.sandbox import SandboxConfig, SandboxPool, cgroup_cpu_limit, cgroup_v1_cpu_limit, usable_cpus
+from inner_loop import cpu_allocation
+from inner_loop.cpu_allocation import cgroup_cpu_limit, cgroup_v1_cpu_limit, usable_cpus
+from inner_loop.sandbox import SandboxConfig, SandboxPool
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -46,32 +48,33 @@ def test_cgroup_v1_quota_reader(tmp_path, quota, period, cpus):
 
 def test_usable_cpus_takes_the_tightest_limit(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
-    monkeypatch.setattr(sandbox, "_own_cpu_max_file", lambda: None)
-    monkeypatch.setattr(sandbox, "_own_cgroup_v1_cpu_dir", lambda: None)
+    monkeypatch.setattr(cpu_allocation, "_own_cpu_max_file", lambda: None)
+    monkeypatch.setattr(cpu_allocation, "_own_cgroup_v1_cpu_dir", lambda: None)
     monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
     assert usable_cpus() == 64
     monkeypatch.setenv("SLURM_CPUS_PER_TASK", "3")
     assert usable_cpus() == 3
     assert SandboxConfig().worker_count() == 6
     quota = _write(tmp_path, "100000 100000\n")
-    monkeypatch.setattr(sandbox, "_own_cpu_max_file", lambda: quota)
+    monkeypatch.setattr(cpu_allocation, "_own_cpu_max_file", lambda: quota)
     assert usable_cpus() == 1
     assert SandboxConfig().worker_count() == 4  # never fewer than 4: part of each run waits on set-up
     monkeypatch.setenv("SLURM_CPUS_PER_TASK", "")  # unset-like values are ignored, not fatal
-    monkeypatch.setattr(sandbox, "_own_cpu_max_file", lambda: None)
+    monkeypatch.setattr(cpu_allocation, "_own_cpu_max_file", lambda: None)
     assert usable_cpus() == 64
     v1 = tmp_path / "v1"
     v1.mkdir()
     (v1 / "cpu.cfs_quota_us").write_text("800000\n")
     (v1 / "cpu.cfs_period_us").write_text("100000\n")
-    monkeypatch.setattr(sandbox, "_own_cgroup_v1_cpu_dir", lambda: str(v1))
+    monkeypatch.setattr(cpu_allocation, "_own_cgroup_v1_cpu_dir", lambda: str(v1))
     assert usable_cpus() == 8  # cgroup v1 quota when there is no v2 cpu.max
 
 
 _ONE_CPU_SCRIPT = textwrap.dedent("""
     import json, os, sys, time
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-    from inner_loop.sandbox import SandboxConfig, SandboxPool, usable_cpus
+    from inner_loop.cpu_allocation import usable_cpus
+    from inner_loop.sandbox import SandboxConfig, SandboxPool
     items, expected = [], []
     for i in range(64):
         if i % 4 == 3:
