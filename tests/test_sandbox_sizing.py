@@ -11,7 +11,6 @@ import time
 
 import pytest
 
-from inner_loop import sandbox
 from inner_loop import cpu_allocation
 from inner_loop.cpu_allocation import cgroup_cpu_limit, cgroup_v1_cpu_limit, usable_cpus
 from inner_loop.sandbox import SandboxConfig, SandboxPool
