@@ -33,7 +33,8 @@ from typing import Any, Callable, Iterator, Mapping
 from launch.file_lock import FileLock
 from results.layout import MEMBER_LOCK_FILE as LOCK_FILE  # re-exported under its old name
 from results.layout import STARTED_FILE
-from results.records import MemberSpec, ResultRecord, read_result, write_result
+from results.atomic import atomic_write_json
+from results.records import SPEC_FILE, MemberSpec, ResultRecord, read_result, write_result
 
 logger = logging.getLogger(__name__)
 
@@ -232,6 +233,8 @@ def run_member(
         finished = read_result(work_dir)
         if finished is not None:
             return finished.to_dict()
+        # What this member was asked to run, next to what it produced (status tools, audits, re-runs by hand).
+        atomic_write_json(work_dir / SPEC_FILE, member.to_dict())
         start = time.monotonic()
         with running_time_ledger(work_dir, member.attempt, ledger_interval_s) as used_before:
             record = _call(entrypoint, member, timeout_s, used_before, out_of_time)

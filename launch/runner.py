@@ -28,7 +28,7 @@ from typing import Callable, Mapping, Sequence
 from launch.base import JobRef, Launcher
 from launch.member import RunLedger, read_ledger
 from results.layout import RESULT_FILE, archived_result_name
-from results.records import MemberSpec, ResultRecord, read_result, write_result_if_absent
+from results.records import DECIDED_STATUSES, MemberSpec, ResultRecord, read_result, write_result_if_absent
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +90,14 @@ class MemberArrayRunner:
         policy: RunnerPolicy,
         on_final: Callable[[MemberSpec, ResultRecord, ArrayProgress], None] | None = None,
         should_abort: Callable[[Mapping[int, ResultRecord]], str | None] | None = None,
+        on_tick: Callable[["MemberArrayRunner"], None] | None = None,
+        decided: Mapping[int, ResultRecord] | None = None,
     ) -> None:
+        """``on_tick(runner)``: called once per polling round while members are in flight; it may read
+        ``final``/``in_flight``/``specs`` and call ``stop_members`` (an ES generation closing at its quorum, a
+        pruner). ``decided``: outcomes the caller decided earlier and recorded itself (e.g. the late members of a
+        generation that closed before a restart): settled as given, whatever their result files say, and any
+        job of theirs still alive is cancelled."""
         self.launcher = launcher
         self.entrypoint = entrypoint
         self.specs = {s.index: s for s in specs}
@@ -100,6 +107,8 @@ class MemberArrayRunner:
         self.policy = policy
         self.on_final = on_final
         self.should_abort = should_abort
+        self.on_tick = on_tick
+        self.decided = dict(decided or {})
         self.final: dict[int, ResultRecord] = {}
         self.in_flight: dict[int, JobRef] = {}
         self.queue: list[tuple[MemberSpec, int]] = []  # (spec with attempt, submissions so far)
@@ -115,6 +124,10 @@ class MemberArrayRunner:
         self._submit_queue()
         last_scan = 0.0
         while self.in_flight or self.queue:
+            if self.on_tick is not None:
+                self.on_tick(self)
+                if not (self.in_flight or self.queue):
+                    break
             self.launcher.progress()
             alive = self.launcher.alive(list(self.in_flight.values()))
             scan = time.monotonic() - last_scan >= self.policy.result_scan_interval_s
@@ -140,6 +153,12 @@ class MemberArrayRunner:
         work_dir = Path(spec.work_dir)
         spec = dataclasses.replace(spec, attempt=archived_attempts(work_dir))
         self.specs[spec.index] = spec
+        if spec.index in self.decided:
+            entry = self.jobs.get(spec.index)
+            if entry and self.launcher.is_alive(JobRef.from_dict(entry)):
+                self.launcher.cancel([JobRef.from_dict(entry)])
+            self._conclude(spec, self.decided[spec.index], keep_existing=False)
+            return
         record = read_result(work_dir)
         if record is not None:
             self._settle(spec, record)
@@ -292,10 +311,31 @@ class MemberArrayRunner:
         self._conclude(spec, ResultRecord(status="failed", error=f"{reason} (after {ref.submissions} submissions)"))
 
     # -------------------------------------------------------------- outcomes
-    def _conclude(self, spec: MemberSpec, record: ResultRecord) -> None:
+    def stop_members(self, indices: Sequence[int], status: str, error: str) -> list[int]:
+        """Stop members that are not final yet on the caller's decision (``status`` one of DECIDED_STATUSES):
+        queued ones are never submitted, live jobs are cancelled, and each is settled final with a record of
+        that status, never retried. A member whose own result.json is already there keeps it on disk (it is
+        not overwritten), but the decision is what gets settled: the caller recorded it first so that a
+        restart settles the same (``decided``). Returns the indices stopped."""
+        if status not in DECIDED_STATUSES:
+            raise ValueError(f"stop_members: status {status!r} is not one of {DECIDED_STATUSES}")
+        wanted = {int(i) for i in indices} - set(self.final)
+        refs = [self.in_flight[i] for i in sorted(wanted) if i in self.in_flight]
+        self.launcher.cancel(refs)
+        self.queue = [(spec, n) for spec, n in self.queue if spec.index not in wanted]
+        for index in sorted(wanted):
+            self.in_flight.pop(index, None)
+            self.ended_at.pop(index, None)
+            self.waiting_since.pop(index, None)
+            self.queued_seen.pop(index, None)
+            self._conclude(self.specs[index], ResultRecord(status=status, error=error), keep_existing=False)
+        return sorted(wanted)
+
+    def _conclude(self, spec: MemberSpec, record: ResultRecord, keep_existing: bool = True) -> None:
         """Record an outcome the orchestrator decided (timeout, failed, cancelled) and settle the member, unless
-        a result.json is already there: then the member's own record wins and is what gets settled."""
-        if not write_result_if_absent(spec.work_dir, record):
+        a result.json is already there: then the member's own record wins and is what gets settled
+        (``keep_existing``; False for a caller's decision, settled as decided with the file left as it is)."""
+        if not write_result_if_absent(spec.work_dir, record) and keep_existing:
             existing = _read_existing(Path(spec.work_dir))
             logger.warning(
                 "gen %d member %03d: result.json already exists (status %s); keeping it instead of writing %s",
@@ -307,7 +347,7 @@ class MemberArrayRunner:
     def _settle(self, spec: MemberSpec, record: ResultRecord) -> None:
         """A final record, or archive this attempt and queue the next one (a member someone cancelled on
         purpose, e.g. with scancel, is not retried)."""
-        if not record.ok and record.status != "cancelled" and spec.attempt < self.policy.retries:
+        if not record.ok and record.status not in DECIDED_STATUSES and spec.attempt < self.policy.retries:
             work_dir = Path(spec.work_dir)
             os.replace(work_dir / RESULT_FILE, work_dir / archived_result_name(spec.attempt))
             logger.warning(

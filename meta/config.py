@@ -26,6 +26,17 @@ class ConfigError(ValueError):
     """A user mistake in the configuration (exit status 2, no traceback)."""
 
 
+@dataclass(frozen=True)
+class ReevaluateConfig:
+    """Re-evaluation before export: the ``top_k`` members by search fitness and the final centre, each retrained
+    with ``seeds`` fresh seeds; ``test``: the chosen init is then trained ``seeds`` times more and evaluated on the
+    test split (the only place a search touches it)."""
+
+    top_k: int = 3
+    seeds: int = 3
+    test: bool = True
+
+
 @dataclass
 class SearchConfig:
     population: int
@@ -46,6 +57,10 @@ class SearchConfig:
     log_level: str = "INFO"
     dry_run: bool = False
     resources: dict[str, Any] = field(default_factory=dict)
+    control_member: bool = True
+    quorum: float = 1.0
+    straggler_grace: float = 0.5
+    reevaluate: "ReevaluateConfig" = field(default_factory=lambda: ReevaluateConfig())
 
     def member_inner(self) -> dict[str, Any]:
         """The ``inner`` dict of every member spec: resolved task/model/divergence/train plus options."""
@@ -218,12 +233,35 @@ def build_search_config(raw: Mapping[str, Any]) -> SearchConfig:
         log_level=str(raw.get("log_level", "INFO")).upper(),
         dry_run=_bool(raw, "dry_run"),
         resources=dict(raw.get("resources") or {}),
+        control_member=_bool(raw, "control_member") if "control_member" in raw else True,
+        quorum=_float(raw, "quorum", 0.0, 1.0) if "quorum" in raw else 1.0,
+        straggler_grace=_float(raw, "straggler_grace", 0.0) if "straggler_grace" in raw else 0.5,
+        reevaluate=_reevaluate(raw),
     )
+    if cfg.quorum <= 0.0:
+        raise ConfigError(f"quorum={cfg.quorum} must be above 0 (a fraction of the population, 1.0: wait for all)")
     if cfg.log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(f"log_level={cfg.log_level!r} must be one of DEBUG, INFO, WARNING, ERROR")
     _check_resources(raw, cfg)
     _check_components(cfg)
     return cfg
+
+
+def _reevaluate(raw: Mapping[str, Any]) -> ReevaluateConfig:
+    node = raw.get("reevaluate")
+    if node is None:
+        return ReevaluateConfig()
+    if not isinstance(node, Mapping):
+        raise ConfigError(f"reevaluate={node!r} must be a mapping {{top_k: 3, seeds: 3, test: true}}")
+    unknown = sorted(set(node) - {"top_k", "seeds", "test"})
+    if unknown:
+        raise ConfigError(f"reevaluate.{unknown[0]} is not a setting; known: top_k, seeds, test")
+    top_k = _int(raw, "reevaluate.top_k", 0) if "top_k" in node else 3
+    seeds = _int(raw, "reevaluate.seeds", 1) if "seeds" in node else 3
+    if top_k and seeds < 2:
+        raise ConfigError(f"reevaluate.seeds={seeds} gives no spread to compare inits by; use 2 or more "
+                          "(or reevaluate.top_k=0 to skip re-evaluation)")
+    return ReevaluateConfig(top_k=top_k, seeds=seeds, test=_bool(raw, "reevaluate.test") if "test" in node else True)
 
 
 def _check_components(cfg: SearchConfig) -> None:

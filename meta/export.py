@@ -1,7 +1,10 @@
-"""``python -m meta.export run_dir=... which=center|best_member out=...``: write a mirror-map init file.
+"""``python -m meta.export run_dir=... which=best|center|best_member out=...``: write a mirror-map init file.
 
 The file is in mirror_maps' init format (load it with ``python -m inner_loop.run divergence=neural_mirror
 divergence.init=<out>``) and carries provenance: run id, generation, fitness, config hash, which.
+``which=best`` (the default) is the init with the highest RE-EVALUATED mean (meta/reevaluate.py), with its mean,
+std and n, and its test-split numbers when they were measured. ``best_member`` is the single highest search
+fitness: one noisy run, the maximum of many, so mostly luck; it is kept for inspection and says so.
 """
 from __future__ import annotations
 
@@ -12,24 +15,18 @@ from typing import Any, Sequence
 
 import yaml
 
+from meta.cli_args import key_values
 from meta.config import ConfigError, config_hash
 from results.store import RunStore
 
 logger = logging.getLogger("meta.export")
 
-WHICH = ("center", "best_member")
-USAGE = "usage: python -m meta.export run_dir=<run dir> [which=center|best_member] [out=best_mirror.safetensors]"
+WHICH = ("best", "center", "best_member")
+USAGE = "usage: python -m meta.export run_dir=<run dir> [which=best|center|best_member] [out=best_mirror.safetensors]"
 
 
 def parse_args(argv: Sequence[str]) -> dict[str, str]:
-    args = {"which": "best_member", "out": "best_mirror.safetensors"}
-    for item in argv:
-        key, sep, value = item.partition("=")
-        if not sep or key not in ("run_dir", "which", "out"):
-            raise ConfigError(f"argument {item!r} is not one of run_dir=, which=, out=\n{USAGE}")
-        args[key] = value
-    if not args.get("run_dir"):
-        raise ConfigError(f"run_dir= is required\n{USAGE}")
+    args = key_values(argv, {"which": "best", "out": "best_mirror.safetensors"}, ("run_dir", "which", "out"), USAGE)
     if args["which"] not in WHICH:
         raise ConfigError(f"which={args['which']!r} must be one of {WHICH}")
     return args
@@ -50,7 +47,9 @@ def export_init(run_dir: str | Path, which: str, out: str | Path) -> dict[str, A
     if latest is None:
         raise ConfigError(f"run_dir={run_dir} has no finished generation yet; nothing to export")
     generation, state = latest
-    if which == "center":
+    if which == "best":
+        vector, provenance = _reevaluated_best(store, run_dir)
+    elif which == "center":
         vector = state["center"].to(torch.float64)
         provenance = {"generation": generation, "fitness": None, "mean_fitness": state.get("mean_fitness")}
     else:
@@ -58,7 +57,8 @@ def export_init(run_dir: str | Path, which: str, out: str | Path) -> dict[str, A
         if not best:
             raise ConfigError(f"run_dir={run_dir}: no member has succeeded yet; try which=center")
         vector = torch.tensor(best["params"], dtype=torch.float64)
-        provenance = {"generation": best["generation"], "member": best["index"], "fitness": best["fitness"]}
+        provenance = {"generation": best["generation"], "member": best["index"], "fitness": best["fitness"],
+                      "note": "single-run search fitness, the maximum over all members: not re-evaluated"}
     transform = (raw.get("divergence") or {}).get("param_transform", "abs")
     metadata = {
         "source": "meta.export",
@@ -72,6 +72,27 @@ def export_init(run_dir: str | Path, which: str, out: str | Path) -> dict[str, A
     save_init(out, NeuralMirrorMap.from_vector(vector, param_transform=transform), metadata)
     logger.info("wrote %s (%s of generation %s, fitness %s)", out, which, provenance["generation"], provenance["fitness"])
     return metadata
+
+
+def _reevaluated_best(store: RunStore, run_dir: str | Path) -> tuple[Any, dict[str, Any]]:
+    """The re-evaluation's chosen init and its numbers (validation mean/std/n; test mean/std/n if measured)."""
+    import torch
+
+    summary = store.read_reevaluation()
+    if summary is None:
+        raise ConfigError(
+            f"run_dir={run_dir} has no re-evaluation yet: run `python -m meta.reevaluate run_dir={run_dir}` (it retrains "
+            "the top members and the centre with fresh seeds), or export which=center")
+    chosen = next(c for c in summary["candidates"] if c["name"] == summary["chosen"])
+    test = summary.get("test") or {}
+    provenance = {
+        "generation": chosen["generation"], "member": chosen["index"], "candidate": chosen["name"],
+        "fitness": chosen["mean"], "reevaluated_mean": chosen["mean"], "reevaluated_std": chosen["std"],
+        "reevaluated_n": chosen["n"], "search_fitness": chosen["search_fitness"],
+        "noise_floor_std": summary.get("noise_floor_std"),
+        "test_mean": test.get("mean"), "test_std": test.get("std"), "test_n": test.get("n"),
+    }
+    return torch.tensor(summary["chosen_params"], dtype=torch.float64), provenance
 
 
 def main(argv: Sequence[str] | None = None) -> int:

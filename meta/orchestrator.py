@@ -6,6 +6,10 @@ Each step's output is a file, and each step first looks for its file, so the orc
 any instant and resumed: the newest valid state says which generations are done; a written population is
 re-used (never re-asked); finished members are read, live jobs re-attached, and only lost ones resubmitted.
 Tables are written before the state, so a crash in between only repeats idempotent table upserts.
+
+Besides the population, a generation trains a control member (index ``population``: the unperturbed centre with
+the generation's seed; recorded, never told to the searcher) and may close at its quorum (meta/generation_close.py:
+the decision is a file written before any cancellation, so a resume settles the same members as late).
 """
 from __future__ import annotations
 
@@ -20,10 +24,11 @@ from launch.base import Launcher
 from launch.factory import runner_policy
 from launch.runner import ArrayProgress, MemberArrayRunner
 from meta.config import SearchConfig
+from meta.generation_close import QuorumClock
 from meta.init import initial_center
 from meta.searchers import Searcher, build_searcher
 from meta.seeding import derive_seed
-from results.records import MemberSpec, ResultRecord
+from results.records import MemberSpec, ResultRecord, read_result
 from results.store import RunStore
 
 logger = logging.getLogger(__name__)
@@ -71,8 +76,16 @@ class Orchestrator:
 
     def run_generation(self, generation: int) -> None:
         started = time.monotonic()
+        center = self.searcher.center  # the centre this generation's population is sampled around
         values = self._population(generation)
-        specs = self._specs(generation, values)
+        specs = self._specs(generation, values, center)
+        population = int(values.shape[0])
+        clock = QuorumClock(population, self.cfg.quorum, self.cfg.straggler_grace)
+        closed = self.store.read_closed(generation)
+        decided = _late_records(closed) if closed else {}
+        if closed:
+            logger.info("generation %d closed at its quorum before the restart: %d member(s) stay late",
+                        generation, len(decided))
         runner = MemberArrayRunner(
             launcher=self.launcher,
             entrypoint=self.cfg.inner_entrypoint,
@@ -83,16 +96,22 @@ class Orchestrator:
             policy=self.policy,
             on_final=self._log_member,
             should_abort=lambda final: self._abort_message(generation, final),
+            on_tick=lambda active: self._tick(generation, active, clock, closed is not None),
+            decided=decided,
         )
         records = runner.run()
         self._finalize_members(specs)
-        ok = torch.tensor([records[i].ok for i in range(len(specs))], dtype=torch.bool)
+        members = range(population)
+        ok = torch.tensor([records[i].ok for i in members], dtype=torch.bool)
+        late = torch.tensor([records[i].status == "late" for i in members], dtype=torch.bool)
         fitness = torch.tensor(
-            [records[i].fitness if records[i].ok else self.cfg.fitness_on_failure for i in range(len(specs))],
+            [records[i].fitness if records[i].ok else self.cfg.fitness_on_failure for i in members],
             dtype=torch.float64,
         )
-        self.searcher.tell(generation, values, fitness, ok)
-        gen_best = self._update_best(generation, specs, records)
+        summary = self.searcher.tell(generation, values, fitness, ok, late)
+        if summary is not None and getattr(summary, "note", ""):
+            logger.info("generation %d update: %s", generation, summary.note)
+        gen_best = self._update_best(generation, specs[:population], records)
         self._write_tables(generation, records, fitness, ok, time.monotonic() - started)
         self.store.write_state(
             generation,
@@ -104,11 +123,11 @@ class Orchestrator:
                 "searcher": self.searcher.state_dict(),
                 "center": self.searcher.center,
                 "best": self.best,
-                "mean_fitness": float(fitness.mean()),
+                "mean_fitness": _measured_mean(fitness, late),
             },
         )
         self.next_generation = generation + 1
-        self._log_generation(generation, fitness, ok, gen_best, time.monotonic() - started)
+        self._log_generation(generation, fitness, ok, late, gen_best, time.monotonic() - started)
 
     # -------------------------------------------------------------- pieces
     def _finalize_members(self, specs: list[MemberSpec]) -> None:
@@ -135,10 +154,34 @@ class Orchestrator:
         self.store.write_population(generation, values)
         return values
 
-    def _specs(self, generation: int, values: torch.Tensor) -> list[MemberSpec]:
+    def _tick(self, generation: int, runner: MemberArrayRunner, clock: QuorumClock, closed_before: bool) -> None:
+        """Once per polling round: close the generation at its quorum when the straggler grace is over."""
+        if closed_before or not clock.enabled():
+            return
+        pending = [i for i in runner.specs if i not in runner.final]
+        late = clock.late_members(runner.final, pending)
+        # A member whose result is already on disk finished in time: the next poll reads it, it is not late.
+        late = [i for i in late if read_result(runner.specs[i].work_dir) is None]
+        if not late:
+            return
+        reason = (f"generation closed at its quorum ({clock.needed} of {clock.population} members final, then "
+                  f"straggler_grace={clock.grace:g} x their median time); cancelled before finishing")
+        self.store.write_closed(generation, {
+            "generation": generation, "late": late, "quorum": clock.quorum, "straggler_grace": clock.grace,
+            "final_at_close": len(runner.final), "reason": reason,
+        })
+        logger.warning("generation %d: closing at the quorum; %d member(s) late: %s", generation, len(late),
+                       ", ".join(f"{i:03d}" for i in late))
+        runner.stop_members(late, "late", reason)
+
+    def _specs(self, generation: int, values: torch.Tensor, center: torch.Tensor) -> list[MemberSpec]:
+        """The population's members, then (control_member) the centre itself as member ``population``."""
         inner = self.cfg.member_inner()
+        rows = [values[index] for index in range(values.shape[0])]
+        if self.cfg.control_member:
+            rows.append(center.to(torch.float64))
         specs = []
-        for index in range(values.shape[0]):
+        for index, row in enumerate(rows):
             # Common random numbers: all members of a generation train with the same seed, so fitness
             # differences come from the mirror maps rather than from sampling noise.
             keys = ("member", generation) if self.cfg.common_random_numbers else ("member", generation, index)
@@ -148,7 +191,7 @@ class Orchestrator:
                     generation=generation,
                     index=index,
                     seed=derive_seed(self.cfg.seed, *keys) % (2**31),
-                    params=values[index].tolist(),
+                    params=row.tolist(),
                     work_dir=str(self.store.member_dir(generation, index)),
                     inner=inner,
                 )
@@ -156,7 +199,8 @@ class Orchestrator:
         return specs
 
     def _abort_message(self, generation: int, final: Mapping[int, ResultRecord]) -> str | None:
-        failed = [i for i, r in final.items() if not r.ok]
+        # Population members only (the control member is information, not the search); late is not a failure.
+        failed = [i for i, r in final.items() if not r.ok and r.status != "late" and i < self.cfg.population]
         if len(failed) <= self.cfg.max_failed_fraction * self.cfg.population:
             return None
         last = final[failed[-1]]
@@ -187,14 +231,20 @@ class Orchestrator:
     def _write_tables(
         self, generation: int, records: Mapping[int, ResultRecord], fitness: torch.Tensor, ok: torch.Tensor, wall: float
     ) -> None:
+        population = int(fitness.shape[0])
+        control = records.get(population)
         rows = []
         for index, record in records.items():
+            is_member = index < population
             row = {
                 "generation": generation,
                 "index": index,
+                "role": "member" if is_member else "control",
                 "status": record.status,
                 "fitness": record.fitness,
-                "fitness_used": float(fitness[index]),
+                # what the searcher was told; None for the control member and late members (no measurement)
+                "fitness_used": float(fitness[index]) if is_member and record.status != "late" else None,
+                "fitness_vs_control": record.fitness - control.fitness if record.ok and control and control.ok else None,
                 "val_size": record.val_size,
                 "mean_response_tokens": record.mean_response_tokens,
                 "wall_time_s": record.wall_time_s,
@@ -205,14 +255,19 @@ class Orchestrator:
             row.update({f"diag_{k}": v for k, v in record.diagnostics.items()})
             rows.append(row)
         self.store.upsert_members(rows)
+        statuses = [records[i].status for i in range(population)]
         ok_fitness = fitness[ok]
+        # failures count at fitness_on_failure (an outcome of that mirror map); late members have no measurement
+        measured = fitness[torch.tensor([s != "late" for s in statuses], dtype=torch.bool)]
         self.store.upsert_generation(
             {
                 "generation": generation,
                 "done": int(ok.sum()),
-                "failed": int((~ok).sum()),
+                "failed": sum(1 for s in statuses if s not in ("ok", "late")),
+                "late": statuses.count("late"),
                 "best_fitness": float(ok_fitness.max()) if len(ok_fitness) else float("nan"),
-                "mean_fitness": float(fitness.mean()),
+                "mean_fitness": float(measured.mean()) if len(measured) else float("nan"),
+                "control_fitness": control.fitness if control is not None and control.ok else float("nan"),
                 "center_norm": float(self.searcher.center.norm()),
                 "wall_time_s": wall,
             }
@@ -232,17 +287,30 @@ class Orchestrator:
         )
 
     def _log_generation(
-        self, generation: int, fitness: torch.Tensor, ok: torch.Tensor, gen_best: dict | None, wall: float
+        self, generation: int, fitness: torch.Tensor, ok: torch.Tensor, late: torch.Tensor, gen_best: dict | None,
+        wall: float,
     ) -> None:
         self._durations.append(wall)
         remaining = self.cfg.generations - generation - 1
         eta = remaining * sum(self._durations) / len(self._durations)
         best = f"{gen_best['fitness']:.4f} (member {gen_best['index']:03d})" if gen_best else "n/a"
         logger.info(
-            "generation %d/%d: done %d, failed %d | best %s, mean %.4f | %.1f s, ETA %s",
-            generation + 1, self.cfg.generations, int(ok.sum()), int((~ok).sum()), best, float(fitness.mean()),
-            wall, _format_duration(eta),
+            "generation %d/%d: done %d, failed %d, late %d | best %s, mean %.4f | %.1f s, ETA %s",
+            generation + 1, self.cfg.generations, int(ok.sum()), int((~ok & ~late).sum()), int(late.sum()), best,
+            _measured_mean(fitness, late), wall, _format_duration(eta),
         )
+
+
+def _measured_mean(fitness: torch.Tensor, late: torch.Tensor) -> float:
+    """Mean over members with a measurement (failures at fitness_on_failure; late members have none)."""
+    measured = fitness[~late]
+    return float(measured.mean()) if len(measured) else float("nan")
+
+
+def _late_records(closed: Mapping[str, Any]) -> dict[int, ResultRecord]:
+    """The late members a generation's closed.json names, as the records they were settled with."""
+    reason = str(closed.get("reason") or "generation closed at its quorum")
+    return {int(i): ResultRecord(status="late", error=reason) for i in closed.get("late", [])}
 
 
 def _format_duration(seconds: float) -> str:

@@ -130,14 +130,28 @@ def _gb(n_bytes: float) -> str:
     return f"{n_bytes / 1e9:,.2f} GB" if n_bytes < 1e12 else f"{n_bytes / 1e12:,.2f} TB"
 
 
+def members_per_generation(cfg: SearchConfig) -> int:
+    """Jobs one generation submits: the population, plus the control member (the centre) when enabled."""
+    return cfg.population + (1 if cfg.control_member else 0)
+
+
+def reevaluation_runs(cfg: SearchConfig) -> int:
+    """Training runs of the re-evaluation after the search: (top_k + centre) x seeds, + seeds on the test split."""
+    settings = cfg.reevaluate
+    if settings.top_k <= 0:
+        return 0
+    return (settings.top_k + 1) * settings.seeds + (settings.seeds if settings.test else 0)
+
+
 def _concurrent(cfg: SearchConfig) -> int:
     """Members of one generation running at once: an array's %parallelism, all (local) or one (debug)."""
     name = cfg.launcher.get("name")
+    per_generation = members_per_generation(cfg)
     if name == "debug":
         return 1
     if name == "slurm":
-        return min(cfg.population, int(cfg.launcher.get("array_parallelism") or cfg.population))
-    return cfg.population
+        return min(per_generation, int(cfg.launcher.get("array_parallelism") or per_generation))
+    return per_generation
 
 
 def _arrays(cfg: SearchConfig) -> tuple[list[int], str]:
@@ -148,7 +162,8 @@ def _arrays(cfg: SearchConfig) -> tuple[list[int], str]:
         chunk = DEFAULT_MAX_ARRAY_SIZE
         source = (f"the cluster's MaxArraySize is not asked in a dry run: assumed {chunk} (SLURM's default; "
                   "set launcher.max_array_size to your cluster's value)")
-    sizes = [min(chunk, cfg.population - start) for start in range(0, cfg.population, chunk)]
+    total = members_per_generation(cfg)
+    sizes = [min(chunk, total - start) for start in range(0, total, chunk)]
     return sizes, source
 
 
@@ -239,14 +254,24 @@ def build_plan(
         + (f", {concurrent * mem:g} GB memory" if mem is not None else ""),
     ]
     member_h = member_min / 60.0
-    gpu_h = cfg.population * generations * member_h * gpus
-    worst_h = cfg.population * generations * (cfg.retries + 1) * (cfg.inner_timeout_s / 3600.0) * gpus
+    per_generation = members_per_generation(cfg)
+    runs = per_generation * generations + reevaluation_runs(cfg)
+    gpu_h = runs * member_h * gpus
+    worst_h = runs * (cfg.retries + 1) * (cfg.inner_timeout_s / 3600.0) * gpus
+    control = " (population + the control member)" if cfg.control_member else ""
     lines += [
-        f"GPU-hours, whole search: {cfg.population} members x {generations} generations x {member_h:.2f} h x "
-        f"{gpus} GPU = {gpu_h:,.1f} GPU-h",
+        f"training runs: {per_generation} per generation{control} x {generations} generations + "
+        f"{reevaluation_runs(cfg)} re-evaluation runs (reevaluate: top_k={cfg.reevaluate.top_k} + centre, "
+        f"x seeds={cfg.reevaluate.seeds}{', + the chosen init on the test split' if cfg.reevaluate.test else ''}) "
+        f"= {runs}",
+        f"quorum={cfg.quorum:g}" + (" (every generation waits for all its members)" if cfg.quorum >= 1.0 else
+                                    f": a generation closes {cfg.straggler_grace:g} x its median member time after "
+                                    f"{math.ceil(cfg.quorum * cfg.population - 1e-9)} of {cfg.population} members "
+                                    "finished; the rest are cancelled as late (the GPU-hours below are an upper bound)"),
+        f"GPU-hours, whole search: {runs} runs x {member_h:.2f} h x {gpus} GPU = {gpu_h:,.1f} GPU-h",
         f"GPU-hours, worst case with retries: every member failing at inner.timeout_s and retried "
         f"retries={cfg.retries} time(s) = {worst_h:,.1f} GPU-h",
-        f"CPU-hours, whole search: {cfg.population * generations * member_h * cpus:,.1f} CPU-h",
+        f"CPU-hours, whole search: {runs * member_h * cpus:,.1f} CPU-h",
     ]
     lines += ["", *_disk_lines(raw, cfg, concurrent, generations)]
     return "\n".join(lines)
@@ -260,7 +285,7 @@ def _disk_lines(raw: Mapping[str, Any], cfg: SearchConfig, concurrent: int, gene
     what = (f"LoRA r={model.get('lora_r')} on {', '.join(model.get('lora_target_modules') or [])}"
             if model.get("lora_r") else f"all weights ({model.get('dtype')})")
     ckpt = disk.bytes_per_checkpoint
-    pop = cfg.population
+    pop = members_per_generation(cfg)
     policy_text = {
         "none": "none: a member deletes its checkpoints once result.json is written",
         "last": "last: a member keeps its newest checkpoint",

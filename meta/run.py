@@ -157,6 +157,7 @@ def run(argv: Sequence[str]) -> int:
     from launch.runner import AbortRun
     from meta.lock import RunLock, RunLockedError
     from meta.orchestrator import Orchestrator
+    from meta.reevaluate import ReevaluationError, run_reevaluation
 
     cfg, raw, store, manifest, resuming = prepare(argv)
     logging.getLogger().setLevel(cfg.log_level)
@@ -180,17 +181,20 @@ def run(argv: Sequence[str]) -> int:
         logger.info("%s run %s in %s", "resuming" if resuming else "starting", manifest["run_id"], store.root)
         try:
             summary = Orchestrator(cfg, store, launcher, manifest["run_id"]).run()
-        except AbortRun as exc:
+            best = summary.best
+            logger.info("search finished after %d generation(s); best member's (single-run) fitness %s",
+                        summary.generations_done, f"{best['fitness']:.4f}" if best else "n/a")
+            if cfg.reevaluate.top_k > 0:
+                reevaluation = run_reevaluation(cfg, store, launcher, manifest["run_id"])
+                logger.info("re-evaluated best init: %s", reevaluation["chosen"])
+        except (AbortRun, ReevaluationError) as exc:
             logger.error("aborted: %s", exc)
             return 1
         finally:
             launcher.close()
-        best = summary.best
-        logger.info(
-            "search finished after %d generation(s); best fitness %s; export with "
-            "`python -m meta.export run_dir=%s which=best_member out=best_mirror.safetensors`",
-            summary.generations_done, f"{best['fitness']:.4f}" if best else "n/a", store.root,
-        )
+        which = "best" if cfg.reevaluate.top_k > 0 else "center"
+        logger.info("export with `python -m meta.export run_dir=%s which=%s out=best_mirror.safetensors`",
+                    store.root, which)
         return 0
     finally:
         lock.release()

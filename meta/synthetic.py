@@ -9,7 +9,9 @@ Used through ``inner.entrypoint=meta.synthetic:member``; its behaviour is steere
   count_calls: append a line to <work_dir>/calls.log per call (tests that no member runs twice);
   steps, step_s: "train" for `steps` steps of `step_s` seconds, checkpointing the step counter in
       <work_dir>/synthetic_ckpt.json after each step and resuming from it (tests requeue and preemption);
-  env_log: write the SLURM_*/SBATCH_* variables the member sees to <work_dir>/env.json.
+  env_log: write the SLURM_*/SBATCH_* variables the member sees to <work_dir>/env.json;
+  noise: standard deviation of a Gaussian seed noise added to the fitness, drawn from the member's seed (a
+      training run's seed-to-seed spread: same seed and params, same fitness).
 Deliberately free of torch so that hundreds of member processes start quickly.
 """
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -66,6 +69,8 @@ def member(spec: MemberSpec | Mapping[str, Any]) -> dict[str, Any]:
         while True:
             time.sleep(0.05)
     fitness = objective(spec.params, float(options.get("target", 0.02)), float(options.get("width", 0.01)))
+    if options.get("noise"):
+        fitness += float(options["noise"]) * random.Random(spec.seed).gauss(0.0, 1.0)
     if injected and _selected(spec, options.get("nan_fitness")):
         fitness = float("nan")
     return {

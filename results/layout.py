@@ -15,10 +15,16 @@ process imports it.
       gen_0008/                               generation_dir_name(8)
         population.pt (+ .sha256)             POPULATION_FILE: asked population, written before any submission
         jobs.json                             JOBS_FILE: member -> job map, written right after each submission
+        closed.json                           CLOSED_FILE: members closed as late at the quorum (if it closed early)
         member_017/                           member_dir_name(17): the member's work dir, below
         submitit/                             LAUNCHER_DIR: submitit's logs and pickles
           cancelled_by_orchestrator.json      CANCELLED_FILE: job ids the orchestrator itself cancelled
           submissions/chunk_000.json          SUBMISSIONS_DIR / chunk_marker_name(0): one marker per sbatch chunk
+      reevaluation/                           REEVALUATE_DIR: re-evaluation before export (meta.reevaluate)
+        candidates.json, reevaluation.json    CANDIDATES_FILE, REEVALUATION_FILE
+        jobs.json, member_005/, submitit/     as in a generation dir (member index = candidate x seeds + seed)
+        test_split/                           TEST_RUNS_DIR: the chosen init on the test split, same layout
+      reevaluation.old0/                      archived_reevaluate_dir_name(0): an earlier re-evaluation, moved aside
       tables/                                 TABLES_DIR
         members.parquet, generations.parquet  MEMBERS_TABLE_FILE, GENERATIONS_TABLE_FILE
         best/best_member.json                 BEST_DIR / BEST_MEMBER_FILE
@@ -62,6 +68,17 @@ GENERATION_DIR_PREFIX = "gen_"
 POPULATION_FILE = "population.pt"
 JOBS_FILE = "jobs.json"
 MEMBER_DIR_PREFIX = "member_"
+#: a generation closed at its quorum: which members were cancelled as late (meta/generation_close.py)
+CLOSED_FILE = "closed.json"
+
+# -------------------------------------------------------- re-evaluation dir (meta/reevaluate.py)
+REEVALUATE_DIR = "reevaluation"
+#: the inits re-evaluated (top-k members + final centre) with their params, written before any submission
+CANDIDATES_FILE = "candidates.json"
+#: per candidate: re-evaluated mean, std, n; the chosen init; its test-split numbers
+REEVALUATION_FILE = "reevaluation.json"
+#: the chosen init's test-split runs, inside REEVALUATE_DIR (member dirs and jobs.json like a generation's)
+TEST_RUNS_DIR = "test_split"
 #: the launcher's folder (submitit's logs, pickles and our markers)
 LAUNCHER_DIR = "submitit"
 
@@ -148,6 +165,11 @@ def archived_result_name(attempt: int) -> str:
     """``result.attempt<k>.json``: attempt k's record, moved aside when the member is retried. Their count IS the
     member's attempt counter (launch/runner.py), so it survives orchestrator restarts without extra state."""
     return _ARCHIVED_RESULT.format(_number(attempt, "attempt"))
+
+
+def archived_reevaluate_dir_name(k: int) -> str:
+    """Where an earlier re-evaluation (other settings, fewer generations) is moved aside, k = 0, 1, ..."""
+    return f"{REEVALUATE_DIR}.old{_number(k, 'archive')}"
 
 
 def chunk_marker_name(chunk: int) -> str:

@@ -54,9 +54,15 @@ def plot_fitness(generations: pd.DataFrame, members: pd.DataFrame, path: str | P
     """Members' fitness as dots, the population mean with a +-1 std band, and the best member per generation."""
     fig, ax = _new_figure()
     ok = members[members["status"] == "ok"] if len(members) else members
+    if len(ok) and "role" in ok:
+        ok = ok[ok["role"] != "control"]
     has = generations.dropna(subset=["mean_fitness"]) if len(generations) else generations
     if len(ok):
         ax.scatter(ok["generation"], ok["fitness"].astype(float), s=10, alpha=0.35, color="tab:gray", label="members")
+    control = generations.dropna(subset=["control_fitness"]) if "control_fitness" in generations else generations[:0]
+    if len(control):
+        ax.plot(control["generation"], control["control_fitness"], marker="s", linestyle="--", color="tab:red",
+                label="control (centre, generation's seed)")
     if len(has):
         std = has["std_fitness"].fillna(0.0)
         ax.fill_between(has["generation"], has["mean_fitness"] - std, has["mean_fitness"] + std, alpha=0.25,
@@ -67,6 +73,24 @@ def plot_fitness(generations: pd.DataFrame, members: pd.DataFrame, path: str | P
     else:
         _no_data(ax, "finished members")
     return _finish_per_generation(fig, ax, "fitness (validation pass@1)", "Fitness per generation", path)
+
+
+def plot_fitness_vs_control(members: pd.DataFrame, path: str | Path) -> Path:
+    """Each member's fitness minus its generation's control member (the unperturbed centre, same seed): a
+    generation-wide shift of the dots is seed-to-seed drift, not progress of the search."""
+    fig, ax = _new_figure()
+    has = members if len(members) and "role" in members else members.iloc[0:0]
+    ok = has[has["status"] == "ok"] if len(has) else has
+    control = ok[ok["role"] == "control"].set_index("generation")["fitness"] if len(ok) else pd.Series(dtype=float)
+    rel = ok[(ok["role"] == "member") & ok["generation"].isin(control.index)] if len(ok) else ok
+    if len(rel):
+        diff = rel["fitness"].astype(float) - rel["generation"].map(control).astype(float)
+        ax.scatter(rel["generation"], diff, s=10, alpha=0.5, color="tab:gray", label="member - control")
+        ax.axhline(0.0, color="tab:red", linewidth=1, label="control")
+        ax.legend(loc="best", fontsize=8)
+    else:
+        _no_data(ax, "members with a finished control")
+    return _finish_per_generation(fig, ax, "fitness - control fitness", "Members relative to the control", path)
 
 
 def plot_response_length(generations: pd.DataFrame, path: str | Path) -> Path:

@@ -15,7 +15,11 @@ from typing import Any, Mapping
 from results.atomic import atomic_create_bytes, atomic_write_json, json_bytes
 from results.layout import RESULT_FILE, SPEC_FILE  # re-exported: importers use results.records.RESULT_FILE
 
-STATUSES = ("ok", "failed", "timeout", "cancelled")
+#: late: cancelled unfinished when its ES generation closed at the quorum (no measurement, never retried);
+#: pruned: stopped by a tuner's pruner (never retried)
+STATUSES = ("ok", "failed", "timeout", "cancelled", "late", "pruned")
+#: outcomes the orchestrator decided on purpose: final at once, never retried
+DECIDED_STATUSES = ("cancelled", "late", "pruned")
 
 
 @dataclass

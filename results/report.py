@@ -20,7 +20,9 @@ import pandas as pd
 
 from results.atomic import atomic_write_text
 from results.layout import REPORT_DIR
-from results.plots import plot_disk, plot_failures, plot_fitness, plot_response_length
+from results.atomic import CorruptFileError
+from results.plots import plot_disk, plot_failures, plot_fitness, plot_fitness_vs_control, plot_response_length
+from results.store import RunStore
 from results.run_snapshot import RunSnapshot, load_run, top_members
 
 logger = logging.getLogger(__name__)
@@ -75,6 +77,7 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None, top_k: 
         plot_response_length(snapshot.generations, out / "response_length.png"),
         plot_failures(snapshot.generations, out / "failures.png"),
         plot_disk(snapshot.generations, out / "disk.png"),
+        plot_fitness_vs_control(snapshot.members, out / "fitness_vs_control.png"),
     ]
     return Report(snapshot, snapshot.generations, top, provenance, files)
 
@@ -103,6 +106,48 @@ def format_disk(generations: pd.DataFrame, members: pd.DataFrame) -> list[str]:
     return lines or ["  (none yet)"]
 
 
+def _fmt(value: object, digits: int = 4) -> str:
+    return "n/a" if value is None or pd.isna(value) else f"{float(value):.{digits}f}"
+
+
+def format_noise(snapshot: RunSnapshot) -> list[str]:
+    """Whether the search sees signal: the spread across a generation's members next to the spread of ONE init
+    over seeds (the re-evaluation's, pooled over its inits) and the control member's drift between generations."""
+    gens = snapshot.generations
+    spread = gens["std_fitness"].dropna() if len(gens) else pd.Series(dtype=float)
+    control = gens["control_fitness"].dropna() if len(gens) and "control_fitness" in gens else pd.Series(dtype=float)
+    lines = [
+        f"  across members (std of fitness within a generation): median {_fmt(spread.median() if len(spread) else None)}"
+        f" over {len(spread)} generation(s)",
+        f"  control (the centre, generation's seed): {', '.join(_fmt(v, 3) for v in control) or 'none yet'}"
+        + (f"; std across generations {_fmt(control.std(ddof=1))} (seed-to-seed drift + the centre's moves)"
+           if len(control) > 1 else ""),
+    ]
+    try:
+        summary = RunStore(snapshot.root).read_reevaluation()
+    except CorruptFileError as exc:
+        return lines + [f"  re-evaluation unreadable: {exc}"]
+    if summary is None:
+        return lines + ["  one init over seeds: no re-evaluation yet (python -m meta.reevaluate run_dir=...)"]
+    floor = summary.get("noise_floor_std")
+    runs = sum(c["n"] for c in summary["candidates"])
+    lines.append(f"  one init over seeds (re-evaluation, pooled over {len(summary['candidates'])} inits, {runs} runs): "
+                 f"std {_fmt(floor)}")
+    if floor and len(spread):
+        lines.append(f"  ratio across-members / one-init: {spread.median() / floor:.2f} (near 1 or below: members "
+                     "differ by no more than seed noise, so their ranking is mostly noise)")
+    lines.append(f"  re-evaluated with {summary['seeds']} fresh seeds each (search fitness -> mean +- std (n)):")
+    for c in summary["candidates"]:
+        mark = "  <- chosen" if c["name"] == summary["chosen"] else ""
+        lines.append(f"    {c['name']}: {_fmt(c['search_fitness'])} -> {_fmt(c['mean'])} +- {_fmt(c['std'])} "
+                     f"(n={c['n']}, failed {c['failed']}){mark}")
+    test = summary.get("test")
+    if test:
+        lines.append(f"  test split, {summary['chosen']} only: {_fmt(test['mean'])} +- {_fmt(test['std'])} "
+                     f"(n={test['n']})")
+    return lines
+
+
 def format_report(report: Report) -> str:
     """Human-readable text: provenance, generations table, disk per generation, top members, skipped files."""
     p = report.provenance
@@ -121,8 +166,11 @@ def format_report(report: Report) -> str:
         "disk (peak size of a member's work dir, checkpoints included):",
         *format_disk(report.generations, report.snapshot.members),
         "",
-        f"top {len(top)} members:",
+        f"top {len(top)} members (single runs: the best of many noisy measurements, see the noise section):",
         top.to_string(index=False, float_format=lambda x: f"{x:.4g}") if len(top) else "  (none yet)",
+        "",
+        "noise (validation pass@1):",
+        *format_noise(report.snapshot),
     ]
     if report.snapshot.skipped:
         lines += ["", f"skipped ({len(report.snapshot.skipped)}):"] + [f"  {s}" for s in report.snapshot.skipped]

@@ -181,9 +181,19 @@ def load_run(run_dir: str | Path) -> RunSnapshot:
             members_df[column] = float("nan") if column not in ("status", "error", "source") else ""
     if len(members_df):
         members_df = members_df.sort_values(["generation", "index"]).reset_index(drop=True)
+        members_df["role"] = [_role(row, populations) for row in members_df.to_dict("records")]
     members_df = members_df[MEMBER_COLUMNS + [c for c in members_df.columns if c not in MEMBER_COLUMNS]]
     generations = generation_table(members_df, gen_table, populations, states, store)
     return RunSnapshot(store.root, manifest, members_df, generations, skipped, sorted(data_hashes))
+
+
+def _role(row: dict[str, Any], populations: dict[int, tuple[int | None, float]]) -> str:
+    """The table's role; for rows rebuilt from files: the member at index == population is the control."""
+    role = row.get("role")
+    if isinstance(role, str) and role:
+        return role
+    size = populations.get(int(row["generation"]), (None, 0.0))[0]
+    return "control" if size is not None and int(row["index"]) == size else "member"
 
 
 def _member_data_hashes(member_dir: Path) -> set[str]:
@@ -211,12 +221,14 @@ def generation_table(members: pd.DataFrame, gen_table: pd.DataFrame, populations
         recorded_wall = dict(zip(gen_table["generation"].astype(int), gen_table["wall_time_s"].astype(float)))
     rows = []
     for generation in sorted(gens):
-        group = members[members["generation"] == generation] if len(members) else members
+        everyone = members[members["generation"] == generation] if len(members) else members
+        role = everyone["role"] if "role" in everyone else pd.Series("member", index=everyone.index)
+        group, control = everyone[role == "member"], everyone[(role == "control") & (everyone["status"] == "ok")]
         ok = group[group["status"] == "ok"]
         fitness = ok["fitness"].astype(float)
         # Every member that measured its disk counts (a failed one used disk too); members run side by side, so
         # the sum of their peaks is what a generation may need at once.
-        disk = group["disk_peak_bytes"].astype(float).dropna() if len(group) else pd.Series(dtype=float)
+        disk = everyone["disk_peak_bytes"].astype(float).dropna() if len(everyone) else pd.Series(dtype=float)
         failed = int(group["status"].isin(["failed", "timeout", "cancelled"]).sum())
         pending = int((group["status"] == PENDING).sum())
         wall = recorded_wall.get(generation, float("nan"))
@@ -230,6 +242,8 @@ def generation_table(members: pd.DataFrame, gen_table: pd.DataFrame, populations
             "failed": failed,
             "unreadable": int((group["status"] == UNREADABLE).sum()),
             "pending": pending,
+            "late": int((group["status"] == "late").sum()),
+            "control_fitness": float(control["fitness"].iloc[0]) if len(control) else float("nan"),
             "mean_fitness": fitness.mean() if len(ok) else float("nan"),
             "median_fitness": fitness.median() if len(ok) else float("nan"),
             "max_fitness": fitness.max() if len(ok) else float("nan"),
@@ -244,14 +258,17 @@ def generation_table(members: pd.DataFrame, gen_table: pd.DataFrame, populations
     return pd.DataFrame(rows, columns=GENERATION_COLUMNS)
 
 
-GENERATION_COLUMNS = ["generation", "state", "members", "ok", "failed", "unreadable", "pending", "mean_fitness",
+GENERATION_COLUMNS = ["generation", "state", "members", "ok", "failed", "unreadable", "pending", "late",
+                      "control_fitness", "mean_fitness",
                       "median_fitness", "max_fitness", "std_fitness", "search_spread", "mean_response_tokens",
                       "wall_time_s", "disk_peak_max", "disk_peak_mean", "disk_peak_sum"]
 
 
 def top_members(members: pd.DataFrame, k: int = 10) -> pd.DataFrame:
-    """The ``k`` best members that finished ok, best first (ties: earlier generation, lower index)."""
+    """The ``k`` best population members that finished ok, best first (ties: earlier generation, lower index)."""
     ok = members[members["status"] == "ok"]
+    if "role" in ok:
+        ok = ok[ok["role"] != "control"]
     columns = ["generation", "index", "fitness", "mean_response_tokens", "wall_time_s", "steps_done", "disk_peak_bytes"]
     ranked = ok.sort_values(["fitness", "generation", "index"], ascending=[False, True, True])
     return ranked[columns].head(k).reset_index(drop=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -26,16 +27,22 @@ from results.atomic import (
 from results.layout import (
     BEST_DIR,
     BEST_MEMBER_FILE,
+    CANDIDATES_FILE,
+    CLOSED_FILE,
     CONFIG_FILE,
     GENERATIONS_TABLE_FILE,
     JOBS_FILE,
     LAUNCHER_DIR,
     MEMBERS_TABLE_FILE,
     POPULATION_FILE,
+    REEVALUATE_DIR,
+    REEVALUATION_FILE,
     RUN_LOCK_FILE,
     SEARCH_MANIFEST_FILE,
     STATE_DIR,
     TABLES_DIR,
+    TEST_RUNS_DIR,
+    archived_reevaluate_dir_name,
     generation_dir_name,
     member_dir_name,
     parse_state_file_name,
@@ -108,6 +115,23 @@ class RunStore:
     def launcher_dir(self, generation: int) -> Path:
         return self.generation_dir(generation) / LAUNCHER_DIR
 
+    def closed_path(self, generation: int) -> Path:
+        return self.generation_dir(generation) / CLOSED_FILE
+
+    def reevaluate_dir(self, test: bool = False) -> Path:
+        """The re-evaluation phase's directory (``test``: the chosen init's test-split runs), laid out like a
+        generation dir: jobs.json, member_NNN/, submitit/."""
+        root = self.root / REEVALUATE_DIR
+        return root / TEST_RUNS_DIR if test else root
+
+    @property
+    def candidates_path(self) -> Path:
+        return self.root / REEVALUATE_DIR / CANDIDATES_FILE
+
+    @property
+    def reevaluation_path(self) -> Path:
+        return self.root / REEVALUATE_DIR / REEVALUATION_FILE
+
     def exists(self) -> bool:
         """True when a run was started here (its resolved config was written)."""
         return self.config_path.is_file()
@@ -176,18 +200,42 @@ class RunStore:
 
     # ------------------------------------------------------------------ jobs
     def write_jobs(self, generation: int, jobs: Mapping[int, Mapping[str, Any]]) -> None:
-        atomic_write_json(self.jobs_path(generation), {"members": {str(k): dict(v) for k, v in jobs.items()}})
+        write_jobs_file(self.jobs_path(generation), jobs)
 
     def read_jobs(self, generation: int) -> dict[int, dict[str, Any]]:
-        path = self.jobs_path(generation)
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            return {}
-        except json.JSONDecodeError:
-            logger.warning("%s is unreadable; in-flight jobs of that generation cannot be re-attached", path)
-            return {}
-        return {int(k): dict(v) for k, v in data.get("members", {}).items()}
+        return read_jobs_file(self.jobs_path(generation))
+
+    # ------------------------------------------------------ generation close
+    def write_closed(self, generation: int, record: Mapping[str, Any]) -> None:
+        """The quorum decision (which members are late), written before any of them is cancelled."""
+        atomic_write_json(self.closed_path(generation), dict(record))
+
+    def read_closed(self, generation: int) -> dict[str, Any] | None:
+        """The generation's quorum decision, or None if it did not close early. A file that exists but does not
+        parse is an error, not "not closed": settling those members differently would change the update."""
+        return _read_json_or_none(self.closed_path(generation))
+
+    # --------------------------------------------------------- re-evaluation
+    def write_candidates(self, record: Mapping[str, Any]) -> None:
+        atomic_write_json(self.candidates_path, dict(record))
+
+    def read_candidates(self) -> dict[str, Any] | None:
+        return _read_json_or_none(self.candidates_path)
+
+    def write_reevaluation(self, record: Mapping[str, Any]) -> None:
+        atomic_write_json(self.reevaluation_path, dict(record))
+
+    def read_reevaluation(self) -> dict[str, Any] | None:
+        return _read_json_or_none(self.reevaluation_path)
+
+    def archive_reevaluation(self) -> Path:
+        """Move the re-evaluation dir aside (a rename: nothing deleted) under the first free archive name."""
+        k = 0
+        while (self.root / archived_reevaluate_dir_name(k)).exists():
+            k += 1
+        target = self.root / archived_reevaluate_dir_name(k)
+        os.replace(self.reevaluate_dir(), target)
+        return target
 
     # ---------------------------------------------------------------- tables
     def upsert_members(self, rows: Iterable[Mapping[str, Any]]) -> None:
@@ -212,6 +260,38 @@ class RunStore:
             return json.loads(self.best_member_path.read_text())
         except FileNotFoundError:
             return None
+
+
+def write_jobs_file(path: Path, jobs: Mapping[int, Mapping[str, Any]]) -> None:
+    """A phase's member -> job map (a generation's, the re-evaluation's), written right after each submission."""
+    atomic_write_json(path, {"members": {str(k): dict(v) for k, v in jobs.items()}})
+
+
+def read_jobs_file(path: Path) -> dict[int, dict[str, Any]]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except json.JSONDecodeError:
+        logger.warning("%s is unreadable; in-flight jobs of that phase cannot be re-attached", path)
+        return {}
+    return {int(k): dict(v) for k, v in data.get("members", {}).items()}
+
+
+def _read_json_or_none(path: Path) -> dict[str, Any] | None:
+    """A JSON file written atomically by this store: None if absent; CorruptFileError if it does not parse
+    (atomic writes never leave a torn file, so this is damage to look at, never to guess over)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CorruptFileError(f"{path}: not valid JSON ({exc}); inspect or delete it") from exc
+    if not isinstance(data, dict):
+        raise CorruptFileError(f"{path}: expected a JSON object")
+    return data
 
 
 def _torch_bytes(obj: Any) -> bytes:

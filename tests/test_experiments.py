@@ -39,7 +39,7 @@ def test_the_embedded_default_search_uses_the_tiny_arith_preset_and_presets_set_
     default = compose([])
     assert (default["task"]["name"], default["model"]["name"], default["divergence"]["name"]) == (
         "arith", "tiny", "neural_mirror")
-    assert default["divergence"]["coef"] == 0.03
+    assert default["divergence"]["coef"] == 1.0  # chosen by gradient share, like the Qwen3 presets
     assert compose(["experiment=mbpp_qwen3"])["divergence"]["coef"] == 10.0  # chosen by gradient share (#14)
 
 

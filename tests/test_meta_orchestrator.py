@@ -40,7 +40,8 @@ def test_a_run_writes_the_documented_layout_and_is_deterministic(tmp_path):
     assert store.population_path(2).exists() and store.jobs_path(2).exists()
     assert (store.member_dir(1, 3) / "result.json").exists()
     members = store.read_members()
-    assert len(members) == 12 and set(members["status"]) == {"ok"}
+    assert len(members) == 15 and set(members["status"]) == {"ok"}
+    assert members["role"].value_counts().to_dict() == {"member": 12, "control": 3}
     assert store.read_generations()["generation"].tolist() == [0, 1, 2]
     assert _run(tmp_path / "b") == 0
     _assert_same_states(_states(tmp_path / "a"), _states(tmp_path / "b"))

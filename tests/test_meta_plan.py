@@ -44,20 +44,21 @@ def test_mbpp_dry_run_at_population_180_prints_the_plan_and_touches_nothing(tmp_
     assert not run_dir.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["bin"]
     assert "per member: 1 GPU, 4 CPU" in out and "memory 32 GB" in out
     assert "#SBATCH --gpus-per-node=1" in out and "#SBATCH --cpus-per-task=4" in out
-    assert "#SBATCH --array=0-179%180" in out and "#SBATCH --mem=32768M" in out
+    # 180 members + the control member (the centre) per generation
+    assert "#SBATCH --array=0-180%181" in out and "#SBATCH --mem=32768M" in out
     assert "#SBATCH --job-name=mirror-es.RUNID.g0000.c000" in out and "#SBATCH --time=541" in out
     assert "assumed 1001 (SLURM's default; set launcher.max_array_size" in out
-    # 180 members x 15 generations x 6 h x 1 GPU
-    assert "= 16,200.0 GPU-h" in out
-    # worst case: every member runs its 9 h budget twice (retries=1)
-    assert "retried retries=1 time(s) = 48,600.0 GPU-h" in out
+    # (181 members x 15 generations + (3 + 1) x 3 re-evaluation runs + 3 on the test split) x 6 h x 1 GPU
+    assert "= 2730" in out and "= 16,380.0 GPU-h" in out
+    # worst case: every run uses its 9 h budget twice (retries=1)
+    assert "retried retries=1 time(s) = 49,140.0 GPU-h" in out
     assert "69,730,304 trainable parameters" in out and "= 0.84 GB and 11 files per checkpoint" in out
     assert "16 written per member" in out
-    assert "disk per generation: peak 150.62 GB (180 checkpoints" in out
+    assert "disk per generation: peak 151.45 GB (181 checkpoints" in out
 
 
 def test_dry_run_splits_at_the_configured_array_size_and_shows_local_gpu_pass_through(tmp_path, capsys):
-    synth = ["inner.entrypoint=meta.synthetic:member", "dry_run=true", "population=130"]
+    synth = ["inner.entrypoint=meta.synthetic:member", "dry_run=true", "population=130", "control_member=false"]
     assert main([f"run_dir={tmp_path / 'a'}", "launcher=slurm", "launcher.max_array_size=50",
                  "launcher.array_parallelism=20", *synth]) == 0
     out = capsys.readouterr().out

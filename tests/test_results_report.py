@@ -132,7 +132,8 @@ def test_plots_are_real_non_blank_images(run_dir, tmp_path):
     _set_disk(run_dir, 1, [2**31, 2**31, 2**29, 2**31])
     report = build_report(run_dir, tmp_path / "out")
     pngs = [p for p in report.files if p.suffix == ".png"]
-    assert sorted(p.name for p in pngs) == ["disk.png", "failures.png", "fitness.png", "response_length.png"]
+    assert sorted(p.name for p in pngs) == ["disk.png", "failures.png", "fitness.png", "fitness_vs_control.png",
+                                                "response_length.png"]
     for png in pngs:
         _assert_real_png(png)
 

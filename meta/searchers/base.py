@@ -2,8 +2,10 @@
 
 Contract: ``ask(generation)`` is a pure function of the state and (run seed, generation), so a population
 asked again after a crash is identical; ``tell`` receives finite fitness only (failures already mapped to
-``fitness_on_failure``) plus an ``ok`` mask for rules that treat failed members specially. Fitness is
-MAXIMISED. ``state_dict`` holds only tensors and plain Python values (loadable with weights_only=True).
+``fitness_on_failure``) plus an ``ok`` mask for rules that treat failed members specially and a ``late`` mask of
+members with no measurement at all (cancelled at the generation's quorum: their entries are placeholders), and
+returns a TellSummary saying what it used. Ties and no-information generations: meta/searchers/utilities.py and
+docs/searchers.md. Fitness is MAXIMISED. ``state_dict`` holds only tensors and plain Python values (loadable with weights_only=True).
 """
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ import inspect
 from typing import Any, ClassVar, Mapping
 
 import torch
+
+from meta.searchers.utilities import TellSummary
 
 DTYPE = torch.float64
 
@@ -34,8 +38,9 @@ class Searcher(abc.ABC):
         """The population of ``generation`` as a (popsize, dim) float64 tensor."""
 
     @abc.abstractmethod
-    def tell(self, generation: int, values: torch.Tensor, fitness: torch.Tensor, ok: torch.Tensor) -> None:
-        """Update from finite fitnesses (higher is better) of the asked ``values``."""
+    def tell(self, generation: int, values: torch.Tensor, fitness: torch.Tensor, ok: torch.Tensor,
+             late: torch.Tensor | None = None) -> "TellSummary":
+        """Update from finite fitnesses (higher is better) of the asked ``values``; ``late`` members left out."""
 
     @property
     @abc.abstractmethod

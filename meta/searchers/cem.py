@@ -1,4 +1,11 @@
-"""Cross-entropy method (evotorch functional API): keep the best fraction, refit a separable Gaussian."""
+"""Cross-entropy method (evotorch functional API): keep the best fraction, refit a separable Gaussian.
+
+Parents are chosen here, then evotorch refits on them alone (its parenthood ratio set to 1 for that call). Ties:
+the members strictly above the k-th best fitness are parents; the tie group AT that fitness joins whole (never a
+part of it picked by position) unless that would make every member a parent, in which case only the strictly
+better ones are kept. Every member tied (or fewer than two measured) is a generation with no information: the
+distribution is left as it was. Late members are left out; failed ones keep fitness_on_failure.
+"""
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -7,6 +14,7 @@ import torch
 
 from meta.searchers.base import DTYPE, Searcher
 from meta.searchers.serialize import from_plain, to_plain
+from meta.searchers.utilities import TellSummary, all_tied, measured
 from meta.seeding import seeded_global_torch
 
 
@@ -27,6 +35,7 @@ class CEMSearcher(Searcher):
         super().__init__(center_init, popsize, seed)
         from evotorch.algorithms.functional import cem
 
+        self.parenthood_ratio = float(parenthood_ratio)
         if not 0.0 < parenthood_ratio < 1.0 or int(popsize * parenthood_ratio) < 1:
             raise ValueError(f"es.parenthood_ratio={parenthood_ratio} must select at least one of {popsize} members")
         self._state = cem(
@@ -44,11 +53,34 @@ class CEMSearcher(Searcher):
         with seeded_global_torch(self.seed, "ask", generation):
             return cem_ask(self._state, popsize=self.popsize).clone()
 
-    def tell(self, generation: int, values: torch.Tensor, fitness: torch.Tensor, ok: torch.Tensor) -> None:
+    def parents(self, fitness: torch.Tensor) -> torch.Tensor:
+        """Indices (into ``fitness``) of the parents under the tie rule above; empty when all are tied."""
+        if all_tied(fitness):
+            return torch.empty(0, dtype=torch.long)
+        k = max(1, int(fitness.shape[0] * self.parenthood_ratio))
+        boundary = torch.sort(fitness, descending=True).values[k - 1]
+        better = fitness > boundary
+        chosen = better | (fitness == boundary)
+        if bool(chosen.all()):
+            chosen = better
+        return torch.nonzero(chosen).flatten()
+
+    def tell(self, generation: int, values: torch.Tensor, fitness: torch.Tensor, ok: torch.Tensor,
+             late: torch.Tensor | None = None) -> TellSummary:
         from evotorch.algorithms.functional import cem_tell
 
         self._check_tell(values, fitness)
-        self._state = cem_tell(self._state, values.to(DTYPE), fitness.to(DTYPE))
+        keep = measured(self.popsize, late)
+        values, fitness = values.to(DTYPE)[keep], fitness.to(DTYPE)[keep]
+        parents = self.parents(fitness) if fitness.shape[0] >= 2 else torch.empty(0, dtype=torch.long)
+        note = f"{int(keep.sum())} measured member(s), {parents.numel()} parent(s)"
+        if parents.numel() == 0:
+            return TellSummary(used=int(keep.sum()), no_information=True,
+                               note=note + "; no information (all tied): unchanged")
+        every_parent = self._state._replace(parenthood_ratio=1.0)
+        new = cem_tell(every_parent, values[parents], fitness[parents])
+        self._state = new._replace(parenthood_ratio=self._state.parenthood_ratio)
+        return TellSummary(used=int(keep.sum()), note=note)
 
     @property
     def center(self) -> torch.Tensor:

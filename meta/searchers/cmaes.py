@@ -11,6 +11,12 @@ and resumed on another replays populations that differ in the last bits. Telling
 the search, and refusing them (a digest) would strand a multi-day search on one kind of node. A replayed
 population further from the stored one than ``REPLAY_RTOL`` is a different algorithm (a changed cma version),
 and is refused.
+
+Late members are left out of cma's tell (it accepts fewer solutions than asked); failed ones keep
+fitness_on_failure. Ties: cma ranks by its own sort, so partial ties are broken by position (its recombination
+weights are per rank, with no per-solution weights in its API); a generation where every measured member scored the
+same, or with fewer than two measured, is not told at all (no information: the distribution stays). Which members
+were told is stored per generation (``told``), so the replay on resume tells exactly what the first run told.
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ import numpy as np
 import torch
 
 from meta.searchers.base import DTYPE, Searcher
+from meta.searchers.utilities import TellSummary, all_tied, measured
 from meta.seeding import derive_seed, seeded_global_numpy
 
 logger = logging.getLogger(__name__)
@@ -61,6 +68,7 @@ class CMAESSearcher(Searcher):
         self.history: list[torch.Tensor] = []
         self.populations: list[torch.Tensor] = []
         self.digests: list[str] = []
+        self.told: list[torch.Tensor] = []  # per generation: the members told to cma (none: not told)
         self._es = self._fresh()
         self._asked: tuple[int, np.ndarray] | None = None
 
@@ -81,30 +89,47 @@ class CMAESSearcher(Searcher):
     def _ask_np(self, generation: int) -> np.ndarray:
         if self._asked is not None and self._asked[0] == generation:
             return self._asked[1]
-        if self._es.countiter != generation:
-            raise RuntimeError(f"cmaes: asked generation {generation} but the state is at {self._es.countiter}")
+        expected = sum(1 for mask in self.told if bool(mask.any()))  # generations told to cma so far
+        if self._es.countiter != expected or len(self.told) != generation:
+            raise RuntimeError(f"cmaes: asked generation {generation} but the state is at {len(self.told)} "
+                               f"(cma iteration {self._es.countiter})")
         with seeded_global_numpy(self.seed, "ask", generation):
             values = np.array(self._es.ask(), dtype=np.float64)
         self._asked = (generation, values)
         return values
 
-    def _tell_np(self, generation: int, values: np.ndarray, fitness: np.ndarray) -> None:
-        with seeded_global_numpy(self.seed, "tell", generation):
-            self._es.tell(list(values), list(-fitness))  # cma minimises
+    def _tell_np(self, generation: int, values: np.ndarray, fitness: np.ndarray, told: np.ndarray) -> None:
+        if told.any():
+            with seeded_global_numpy(self.seed, "tell", generation):
+                self._es.tell(list(values[told]), list(-fitness[told]))  # cma minimises
         self._asked = None
+
+    def _told_mask(self, fitness: torch.Tensor, late: torch.Tensor | None) -> torch.Tensor:
+        keep = measured(self.popsize, late)
+        if int(keep.sum()) < 2 or all_tied(fitness[keep]):
+            return torch.zeros(self.popsize, dtype=torch.bool)
+        return keep
 
     def ask(self, generation: int) -> torch.Tensor:
         return torch.as_tensor(self._ask_np(generation).copy(), dtype=DTYPE)
 
-    def tell(self, generation: int, values: torch.Tensor, fitness: torch.Tensor, ok: torch.Tensor) -> None:
+    def tell(self, generation: int, values: torch.Tensor, fitness: torch.Tensor, ok: torch.Tensor,
+             late: torch.Tensor | None = None) -> TellSummary:
         self._check_tell(values, fitness)
         asked = self._ask_np(generation)
         if not np.array_equal(asked, values.numpy()):
             raise ValueError("cmaes.tell: the told population is not the one asked for this generation")
-        self._tell_np(generation, asked, fitness.to(DTYPE).numpy())
+        told = self._told_mask(fitness.to(DTYPE), late)
+        self._tell_np(generation, asked, fitness.to(DTYPE).numpy(), told.numpy())
         self.history.append(fitness.to(DTYPE).clone())
         self.populations.append(torch.as_tensor(asked.copy(), dtype=DTYPE))
         self.digests.append(_digest(asked))
+        self.told.append(told)
+        used = int(measured(self.popsize, late).sum())
+        if not told.any():
+            return TellSummary(used=used, no_information=True,
+                               note=f"{used} measured member(s), all tied: not told to cma (no information)")
+        return TellSummary(used=used, note=f"{used} measured member(s) told to cma")
 
     @property
     def center(self) -> torch.Tensor:
@@ -116,17 +141,20 @@ class CMAESSearcher(Searcher):
             "fitness_history": [f.clone() for f in self.history],
             "populations": [p.clone() for p in self.populations],
             "population_digests": list(self.digests),
+            "told": [mask.clone() for mask in self.told],
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.center_init = state["center_init"].to(DTYPE).clone()
         self._es = self._fresh()
         self._asked = None
-        self.history, self.populations, self.digests = [], [], []
+        self.history, self.populations, self.digests, self.told = [], [], [], []
         # States written before populations were stored can only be checked bit for bit.
         stored = state.get("populations") or [None] * len(state["fitness_history"])
-        for generation, (fitness, population, digest) in enumerate(
-            zip(state["fitness_history"], stored, state["population_digests"])
+        # States written before late members and all-tied generations existed told every member.
+        told_masks = state.get("told") or [torch.ones(self.popsize, dtype=torch.bool)] * len(state["fitness_history"])
+        for generation, (fitness, population, digest, told) in enumerate(
+            zip(state["fitness_history"], stored, state["population_digests"], told_masks)
         ):
             replayed = self._ask_np(generation)
             if population is None:
@@ -149,7 +177,8 @@ class CMAESSearcher(Searcher):
                 if distance > 0:
                     logger.info("cmaes: generation %d replayed %.1e (relative) from the stored population "
                                 "(another CPU's kernels); continuing from the stored one", generation, distance)
-            self._tell_np(generation, values, fitness.to(DTYPE).numpy())
+            self._tell_np(generation, values, fitness.to(DTYPE).numpy(), told.to(torch.bool).numpy())
             self.history.append(fitness.to(DTYPE).clone())
             self.populations.append(torch.as_tensor(values.copy(), dtype=DTYPE))
             self.digests.append(digest)
+            self.told.append(told.to(torch.bool).clone())

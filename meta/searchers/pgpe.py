@@ -1,4 +1,10 @@
-"""PGPE (evotorch functional API, antithetic sampling, ClipUp by default): the default searcher."""
+"""PGPE (evotorch functional API, antithetic sampling, ClipUp by default): the default searcher.
+
+evotorch's sampler interleaves the pairs (member 2i = centre + d_i, 2i+1 = centre - d_i). A tell uses the complete
+pairs only (both halves ok and measured), ranks them with tie-averaged utilities (meta/searchers/utilities.py) and
+hands evotorch those utilities as "raw"; with no complete pair or all utilities equal, the state is left as it was
+(ClipUp's momentum included: a generation with no information does not move the centre).
+"""
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -7,6 +13,7 @@ import torch
 
 from meta.searchers.base import DTYPE, Searcher
 from meta.searchers.serialize import from_plain, to_plain
+from meta.searchers.utilities import TellSummary, check_ranking, complete_pairs, pair_note, tie_averaged_utilities
 from meta.seeding import seeded_global_torch
 
 
@@ -31,12 +38,13 @@ class PGPESearcher(Searcher):
         super().__init__(center_init, popsize, seed)
         from evotorch.algorithms.functional import pgpe  # evotorch imports ray: keep it lazy
 
+        self.ranking_method = check_ranking(self.name, str(ranking_method))
         self._state = pgpe(
             center_init=center_init.to(DTYPE),
             center_learning_rate=float(center_learning_rate),
             stdev_learning_rate=float(stdev_learning_rate),
             objective_sense="max",
-            ranking_method=str(ranking_method),
+            ranking_method="raw",  # utilities come ranked, ties averaged (tell)
             optimizer=str(optimizer),
             optimizer_config=dict(optimizer_config or {}),
             stdev_init=float(stdev_init),
@@ -50,11 +58,22 @@ class PGPESearcher(Searcher):
         with seeded_global_torch(self.seed, "ask", generation):
             return pgpe_ask(self._state, popsize=self.popsize).clone()
 
-    def tell(self, generation: int, values: torch.Tensor, fitness: torch.Tensor, ok: torch.Tensor) -> None:
+    def tell(self, generation: int, values: torch.Tensor, fitness: torch.Tensor, ok: torch.Tensor,
+             late: torch.Tensor | None = None) -> TellSummary:
         from evotorch.algorithms.functional import pgpe_tell
 
         self._check_tell(values, fitness)
-        self._state = pgpe_tell(self._state, values.to(DTYPE), fitness.to(DTYPE))
+        pairs = complete_pairs(torch.arange(0, self.popsize, 2), torch.arange(1, self.popsize, 2), ok, late)
+        keep = pairs.repeat_interleave(2)
+        kept, dropped = int(pairs.sum()), int((~pairs).sum())
+        note = pair_note(kept, dropped)
+        utilities = tie_averaged_utilities(fitness.to(DTYPE)[keep], self.ranking_method)
+        if kept == 0 or not bool(utilities.any()):
+            return TellSummary(used=2 * kept, dropped_pairs=dropped, no_information=True,
+                               note=note + "; no information (no complete pair, or all tied): centre left as it was")
+        state = self._state._replace(ranking_method="raw")  # states written before tie averaging said "centered"
+        self._state = pgpe_tell(state, values.to(DTYPE)[keep], utilities)
+        return TellSummary(used=2 * kept, dropped_pairs=dropped, note=note)
 
     @property
     def center(self) -> torch.Tensor:

@@ -1,4 +1,9 @@
-"""SNES through evotorch's ExpSeparableGaussian distribution object (sample / compute_gradients / update)."""
+"""SNES through evotorch's ExpSeparableGaussian distribution object (sample / compute_gradients / update).
+
+No antithetic pairs here: late members are left out, failed ones keep fitness_on_failure (tied at the bottom).
+Utilities are tie-averaged (meta/searchers/utilities.py) and given to evotorch as "raw"; fewer than two measured
+members or all utilities equal leave the distribution as it was.
+"""
 from __future__ import annotations
 
 import math
@@ -7,6 +12,7 @@ from typing import Any, Mapping
 import torch
 
 from meta.searchers.base import DTYPE, Searcher
+from meta.searchers.utilities import TellSummary, check_ranking, measured, tie_averaged_utilities
 from meta.seeding import generator
 
 
@@ -28,7 +34,7 @@ class SNESSearcher(Searcher):
         if stdev_learning_rate is None:  # the standard SNES rate for the dimension
             stdev_learning_rate = 0.2 * (3 + math.log(self.dim)) / math.sqrt(self.dim)
         self.learning_rates = {"mu": float(center_learning_rate), "sigma": float(stdev_learning_rate)}
-        self.ranking_method = str(ranking_method)
+        self.ranking_method = check_ranking(self.name, str(ranking_method))
         self._dist = self._make(center_init.to(DTYPE), torch.full((self.dim,), float(stdev_init), dtype=DTYPE))
 
     def _make(self, mu: torch.Tensor, sigma: torch.Tensor) -> Any:
@@ -39,12 +45,19 @@ class SNESSearcher(Searcher):
     def ask(self, generation: int) -> torch.Tensor:
         return self._dist.sample(self.popsize, generator=generator(self.seed, "ask", generation)).clone()
 
-    def tell(self, generation: int, values: torch.Tensor, fitness: torch.Tensor, ok: torch.Tensor) -> None:
+    def tell(self, generation: int, values: torch.Tensor, fitness: torch.Tensor, ok: torch.Tensor,
+             late: torch.Tensor | None = None) -> TellSummary:
         self._check_tell(values, fitness)
-        grads = self._dist.compute_gradients(
-            values.to(DTYPE), fitness.to(DTYPE), objective_sense="max", ranking_method=self.ranking_method
-        )
+        keep = measured(self.popsize, late)
+        used = int(keep.sum())
+        note = f"{used} measured member(s), {int((~ok.to(torch.bool) & keep).sum())} failed at fitness_on_failure"
+        utilities = tie_averaged_utilities(fitness.to(DTYPE)[keep], self.ranking_method)
+        if used < 2 or not bool(utilities.any()):
+            return TellSummary(used=used, no_information=True, note=note + "; no information (all tied): unchanged")
+        grads = self._dist.compute_gradients(values.to(DTYPE)[keep], utilities, objective_sense="max",
+                                             ranking_method="raw")
         self._dist = self._dist.update_parameters(grads, learning_rates=self.learning_rates)
+        return TellSummary(used=used, note=note)
 
     @property
     def center(self) -> torch.Tensor:

@@ -1,0 +1,123 @@
+"""The control member of every generation, and re-evaluation with fresh seeds before export."""
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+import torch
+
+from meta.export import main as export_main
+from meta.reevaluate import main as reevaluate_main
+from meta.run import main
+from mirror_maps import load_init
+from results.records import MemberSpec
+from results.store import RunStore
+
+# noise: seed-to-seed spread of a "training run" (same params and seed, same fitness)
+SYNTH = ["launcher=debug", "inner.entrypoint=meta.synthetic:member", "population=4", "generations=2",
+         "+inner.options={noise:0.05,count_calls:true}"]
+
+
+def _run(run_dir, *extra):
+    return main([f"run_dir={run_dir}", *SYNTH, *extra])
+
+
+def _spec(store: RunStore, generation: int, index: int) -> MemberSpec:
+    return MemberSpec.from_dict(json.loads((store.member_dir(generation, index) / "spec.json").read_text()))
+
+
+def test_the_control_member_trains_the_centre_with_the_generations_seed_and_stays_out_of_the_update(tmp_path):
+    assert _run(tmp_path / "c", "reevaluate.top_k=0") == 0
+    store = RunStore(tmp_path / "c")
+    members = store.read_members().set_index(["generation", "index"])
+    assert members.loc[(0, 4), "role"] == "control" and members.loc[(0, 0), "role"] == "member"
+    assert len(members) == 10
+    for generation in (0, 1):
+        control = _spec(store, generation, 4)
+        assert control.seed == _spec(store, generation, 0).seed  # common random numbers: the generation's seed
+        centre = store.read_state(generation - 1)["center"] if generation else None
+        if centre is not None:
+            assert torch.equal(torch.tensor(control.params, dtype=torch.float64), centre)
+        # every member's fitness is also shown relative to its generation's control
+        row = members.loc[(generation, 1)]
+        assert row["fitness_vs_control"] == pytest.approx(row["fitness"] - members.loc[(generation, 4), "fitness"])
+    gens = store.read_generations().set_index("generation")
+    assert gens.loc[1, "control_fitness"] == pytest.approx(members.loc[(1, 4), "fitness"])
+    # The search itself is the same as without the control member.
+    assert _run(tmp_path / "n", "reevaluate.top_k=0", "control_member=false") == 0
+    plain = RunStore(tmp_path / "n")
+    assert torch.equal(store.read_state(1)["center"], plain.read_state(1)["center"])
+    assert len(plain.read_members()) == 8
+
+
+def test_reevaluation_retrains_top_members_and_centre_and_export_picks_by_the_mean(tmp_path):
+    assert _run(tmp_path, "reevaluate.top_k=2", "reevaluate.seeds=3") == 0
+    store = RunStore(tmp_path)
+    summary = store.read_reevaluation()
+    names = [c["name"] for c in summary["candidates"]]
+    members = store.read_members()
+    top = members[members["role"] == "member"].sort_values(["fitness", "generation", "index"],
+                                                           ascending=[False, True, True]).head(2)
+    assert names == [f"g{g:04d}_m{i:03d}" for g, i in zip(top["generation"], top["index"])] + ["center"]
+    # 3 candidates x 3 seeds; the seeds are fresh (none a search seed) and shared by the candidates (paired)
+    specs = [MemberSpec.from_dict(json.loads((store.reevaluate_dir() / f"member_{i:03d}" / "spec.json").read_text()))
+             for i in range(9)]
+    search_seeds = {_spec(store, g, 0).seed for g in (0, 1)}
+    assert {s.seed for s in specs}.isdisjoint(search_seeds)
+    assert [s.seed for s in specs[0:3]] == [s.seed for s in specs[3:6]] == [s.seed for s in specs[6:9]]
+    for candidate in summary["candidates"]:
+        assert candidate["n"] == 3 and candidate["std"] == pytest.approx(statistics.stdev(candidate["values"]))
+    chosen = max(summary["candidates"], key=lambda c: c["mean"])
+    assert summary["chosen"] == chosen["name"]
+    assert summary["noise_floor_std"] > 0
+    # The test split: the chosen init only, `seeds` runs, members asked to score on test
+    test_specs = [json.loads((store.reevaluate_dir(test=True) / f"member_{i:03d}" / "spec.json").read_text())
+                  for i in range(3)]
+    assert all(s["inner"]["eval_split"] == "test" for s in test_specs)
+    assert not (store.reevaluate_dir(test=True) / "member_003").exists()
+    assert summary["test"]["n"] == 3
+    # export which=best: the re-evaluated winner with mean, std, n and its test numbers
+    out = tmp_path / "best.safetensors"
+    assert export_main([f"run_dir={tmp_path}", f"out={out}"]) == 0
+    mirror_map, meta = load_init(out)
+    assert meta["which"] == "best" and meta["candidate"] == chosen["name"]
+    assert (meta["reevaluated_mean"], meta["reevaluated_std"], meta["reevaluated_n"]) == (
+        pytest.approx(chosen["mean"]), pytest.approx(chosen["std"]), 3)
+    assert meta["test_n"] == 3 and meta["test_mean"] == pytest.approx(summary["test"]["mean"])
+    assert torch.allclose(mirror_map.to_vector().double(), torch.tensor(summary["chosen_params"], dtype=torch.float64),
+                          atol=1e-6)
+
+
+def test_reevaluation_resumes_without_rerunning_and_a_changed_setting_starts_a_fresh_one(tmp_path):
+    assert _run(tmp_path, "reevaluate.top_k=1", "reevaluate.seeds=2", "reevaluate.test=false") == 0
+    store = RunStore(tmp_path)
+    first = store.read_reevaluation()
+    # Lose the summary and one run's result (killed mid-way): only that run trains again.
+    store.reevaluation_path.unlink()
+    (store.reevaluate_dir() / "member_001" / "result.json").unlink()
+    assert reevaluate_main([f"run_dir={tmp_path}"]) == 0
+    calls = [len((store.reevaluate_dir() / f"member_{i:03d}" / "calls.log").read_text().splitlines())
+             for i in range(4)]
+    assert calls == [1, 2, 1, 1]
+    assert store.read_reevaluation()["chosen"] == first["chosen"]
+    # Other settings: the earlier runs are moved aside whole, never mixed in
+    assert reevaluate_main([f"run_dir={tmp_path}", "seeds=3", "test=false"]) == 0
+    assert (tmp_path / "reevaluation.old0" / "member_001" / "calls.log").exists()
+    assert all(c["n"] == 3 for c in store.read_reevaluation()["candidates"])
+
+
+def test_export_best_without_reevaluation_says_how_to_get_one(tmp_path, capsys):
+    assert _run(tmp_path, "reevaluate.top_k=0", "generations=1") == 0
+    assert export_main([f"run_dir={tmp_path}", f"out={tmp_path / 'x.safetensors'}"]) == 2
+    assert "python -m meta.reevaluate" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("override, fragment", [
+    ("reevaluate.seeds=1", "reevaluate.seeds=1"), ("+reevaluate.topk=2", "reevaluate.topk"),
+    ("quorum=0", "quorum=0"), ("quorum=1.5", "quorum=1.5"), ("straggler_grace=-1", "straggler_grace=-1"),
+])
+def test_bad_noise_and_quorum_settings_exit_2_before_anything_is_written(tmp_path, capsys, override, fragment):
+    assert _run(tmp_path / "r", override) == 2
+    assert fragment in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
