@@ -240,6 +240,8 @@ class TrainConfig:
     pass_k: list[int] = field(default_factory=list)
     pass_k_samples: int = 0
     logging_steps: int = 1
+    #: where TRL's logged metrics go (transformers' report_to names); tensorboard writes <work_dir>/tensorboard_logs/
+    report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
     full_form_rows: int | None = None
     #: Any other field of TRL's GRPOConfig (vLLM, gradient accumulation, report_to, ...), passed through after the
     #: checks in inner_loop/grpo_args.py; fields set from the keys above are refused there.
@@ -282,7 +284,9 @@ class TrainConfig:
             raise ValueError(f"train.val_size must be >= 1 or null (all), got {self.val_size}")
         if any(k < 1 for k in self.pass_k) or (self.pass_k and self.pass_k_samples < max(self.pass_k)):
             raise ValueError("train.pass_k needs values >= 1 and train.pass_k_samples >= max(train.pass_k)")
-        from inner_loop.grpo_args import check_trl_overrides
+        from inner_loop.grpo_args import check_report_to, check_trl_overrides
+
+        self.report_to = check_report_to(self.report_to)
 
         self.trl = check_trl_overrides(self.trl, batch_size=self.batch_size)
 

@@ -57,6 +57,7 @@ OWNED_FIELDS: dict[str, str] = {
     "save_steps": "train.save_every",
     "save_total_limit": "train.save_total_limit and train.keep_checkpoints",
     "logging_steps": "train.logging_steps",
+    "report_to": "train.report_to",
     "seed": "seed",
     "data_seed": "seed",
     "chat_template_kwargs": "model.chat_template_kwargs (prompts are formatted by us, identically for evaluation)",
@@ -176,6 +177,31 @@ def _coerce_number(value: Any, hint: Any) -> Any:
     return value
 
 
+#: the module each reporting integration needs (transformers' report_to names); others are looked up by their name
+_REPORT_MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "comet_ml": "comet_ml",
+                   "clearml": "clearml", "neptune": "neptune", "dvclive": "dvclive", "trackio": "trackio"}
+
+
+def check_report_to(report_to: Any) -> list[str]:
+    """``train.report_to`` as a list of transformers' integration names, each installed: a backend that is not would
+    otherwise fail in every member when its trainer starts (or, for some, silently log nowhere)."""
+    import importlib.util
+
+    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+
+    names = [report_to] if isinstance(report_to, str) else list(report_to or [])
+    names = [] if names in (["none"], []) else names
+    for name in names:
+        if name not in INTEGRATION_TO_CALLBACK:
+            raise ValueError(f"train.report_to: {name!r} is not a transformers reporting integration; choose from "
+                             f"{sorted(INTEGRATION_TO_CALLBACK)} or [] for none")
+        module = _REPORT_MODULES.get(name, name)
+        if importlib.util.find_spec(module) is None:
+            raise ValueError(f"train.report_to: {name!r} needs the {module!r} package, which is not installed here "
+                             f"(pip install {module} in this environment, or drop it from train.report_to)")
+    return names
+
+
 def check_trl_overrides(trl: Mapping[str, Any], batch_size: int | None = None) -> dict[str, Any]:
     """Check ``train.trl`` against the pinned GRPOConfig's fields and types; returns it with numbers read as numbers.
 
@@ -257,7 +283,8 @@ def grpo_kwargs(cfg: "InnerConfig", output_dir: str | Path, seed: int, use_cpu: 
         remove_unused_columns=False,
         # defaults a user may change through train.trl
         gradient_accumulation_steps=1,
-        report_to=[],
+        # tensorboard is our own callback (inner_loop/progress_log.py) writing into the member's work dir
+        report_to=[name for name in tcfg.report_to if name != "tensorboard"],
         use_cpu=use_cpu,
         bf16=cfg.model.dtype == "bfloat16" and gpu_member,
         disable_tqdm=True,

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from inner_loop.checkpoints import CHECKPOINT_DIR, DiskUsageCallback
+from inner_loop.progress_log import ProgressFileCallback, tensorboard_callback
 from inner_loop.config import InnerConfig
 from inner_loop.grpo_args import build_grpo_config, check_grpo_config
 from inner_loop.models import load_policy, resolve_model_dir
@@ -98,5 +99,6 @@ def build_trainer(run: PreparedRun, work_dir: Path, seed: int) -> MirrorGRPOTrai
         policy_term=tcfg.policy_loss,
         policy_params=PolicyParams(tcfg.epsilon_low, tcfg.epsilon_high, dict(tcfg.policy_extra)),
         full_form_rows=tcfg.full_form_rows,
-        callbacks=[DiskUsageCallback(str(work_dir))],
+        callbacks=[DiskUsageCallback(str(work_dir)), ProgressFileCallback(work_dir),
+                   *([tensorboard_callback(work_dir)] if "tensorboard" in tcfg.report_to else [])],
     )

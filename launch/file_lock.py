@@ -164,6 +164,12 @@ class FileLock:
     def held(self) -> bool:
         return self._fd is not None
 
+    def holder_status(self) -> tuple[bool, str] | None:
+        """(alive, description) of whoever holds the lock file now; None when there is no lock file. Looks only
+        (status tools): it never takes, breaks or writes the lock."""
+        seen = self._inspect()
+        return None if seen is None else (seen.alive, seen.reason)
+
     def acquire(self, blocking: bool = True, timeout_s: float | None = None) -> None:
         """Take the lock. Blocking: poll with backoff (up to 5 s between looks) while a live holder has it,
         for at most ``timeout_s`` if given. Non-blocking: raise LockHeld at once if a live holder has it."""

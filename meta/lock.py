@@ -40,6 +40,10 @@ class RunLock:
     def release(self) -> None:
         self._lock.release()
 
+    def holder_status(self) -> tuple[bool, str] | None:
+        """(alive, description) of the orchestrator holding the run, None if none does; read-only."""
+        return self._lock.holder_status()
+
     def __enter__(self) -> "RunLock":
         self.acquire()
         return self

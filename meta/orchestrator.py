@@ -26,6 +26,7 @@ from launch.runner import ArrayProgress, MemberArrayRunner
 from meta.config import SearchConfig
 from meta.generation_close import QuorumClock
 from meta.init import initial_center
+from meta.live_watch import LiveWatch, all_same_warning, format_duration
 from meta.searchers import Searcher, build_searcher
 from meta.seeding import derive_seed
 from results.records import MemberSpec, ResultRecord, read_result
@@ -56,6 +57,10 @@ class Orchestrator:
         self.best: dict[str, Any] | None = None
         self.next_generation = 0
         self._durations: list[float] = []
+        divergence = cfg.inner_config.get("divergence") or {}
+        parallel = cfg.launcher.get("array_parallelism") if cfg.launcher.get("name") == "slurm" else None
+        self._live = LiveWatch(cfg.population, grad_share_floor=divergence.get("grad_share_floor", 0.01),
+                               parallel_slots=int(parallel) if parallel else None)
         self._restore()
 
     def _restore(self) -> None:
@@ -67,6 +72,7 @@ class Orchestrator:
         self.best = state.get("best")
         self.next_generation = generation + 1
         logger.info("resuming after generation %d (state %s)", generation, self.store.state_path(generation))
+        self._log_tensorboard()  # a crash between a state and its event file: that generation's points come now
 
     # ------------------------------------------------------------------ run
     def run(self) -> RunSummary:
@@ -112,6 +118,9 @@ class Orchestrator:
         if summary is not None and getattr(summary, "note", ""):
             logger.info("generation %d update: %s", generation, summary.note)
         gen_best = self._update_best(generation, specs[:population], records)
+        same = all_same_warning(generation, [records[i].fitness for i in members if records[i].ok])
+        if same:
+            logger.warning("%s", same)
         self._write_tables(generation, records, fitness, ok, time.monotonic() - started)
         self.store.write_state(
             generation,
@@ -127,6 +136,7 @@ class Orchestrator:
             },
         )
         self.next_generation = generation + 1
+        self._log_tensorboard()
         self._log_generation(generation, fitness, ok, late, gen_best, time.monotonic() - started)
 
     # -------------------------------------------------------------- pieces
@@ -154,8 +164,19 @@ class Orchestrator:
         self.store.write_population(generation, values)
         return values
 
+    def _log_tensorboard(self) -> None:
+        """Per-generation scalars under run_dir/tensorboard (results/tensorboard_log.py); never stops a search."""
+        from results.tensorboard_log import log_missing
+
+        try:
+            log_missing(self.store)
+        except Exception as exc:  # an observer's failure must not cost a generation
+            logger.warning("could not write the TensorBoard scalars: %s", exc)
+
     def _tick(self, generation: int, runner: MemberArrayRunner, clock: QuorumClock, closed_before: bool) -> None:
-        """Once per polling round: close the generation at its quorum when the straggler grace is over."""
+        """Once per polling round: the progress line and live warnings (rate-limited), then close the generation
+        at its quorum when the straggler grace is over."""
+        self._live.tick(generation, runner)
         if closed_before or not clock.enabled():
             return
         pending = [i for i in runner.specs if i not in runner.final]
@@ -297,7 +318,7 @@ class Orchestrator:
         logger.info(
             "generation %d/%d: done %d, failed %d, late %d | best %s, mean %.4f | %.1f s, ETA %s",
             generation + 1, self.cfg.generations, int(ok.sum()), int((~ok & ~late).sum()), int(late.sum()), best,
-            _measured_mean(fitness, late), wall, _format_duration(eta),
+            _measured_mean(fitness, late), wall, format_duration(eta),
         )
 
 
@@ -311,10 +332,3 @@ def _late_records(closed: Mapping[str, Any]) -> dict[int, ResultRecord]:
     """The late members a generation's closed.json names, as the records they were settled with."""
     reason = str(closed.get("reason") or "generation closed at its quorum")
     return {int(i): ResultRecord(status="late", error=reason) for i in closed.get("late", [])}
-
-
-def _format_duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"

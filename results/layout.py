@@ -29,6 +29,7 @@ process imports it.
         members.parquet, generations.parquet  MEMBERS_TABLE_FILE, GENERATIONS_TABLE_FILE
         best/best_member.json                 BEST_DIR / BEST_MEMBER_FILE
       report/                                 REPORT_DIR: where ``python -m results.report`` writes by default
+      tensorboard_logs/                       TENSORBOARD_DIR: the search's scalars, one event file per generation
 
     member_dir/  (also a single run's work dir, ``python -m inner_loop.run work_dir=...``)
       spec.json                               SPEC_FILE: the member spec
@@ -40,6 +41,8 @@ process imports it.
       checkpoints/                            CHECKPOINT_DIR: the Trainer's output_dir (resumable checkpoints)
       .checkpoints.deleting/                  CHECKPOINT_TRASH_DIR: checkpoints being deleted
       final/                                  FINAL_MODEL_DIR: a single run's trained model
+      progress.json                           PROGRESS_FILE: latest step, reward, zero-std groups, gradient share
+      tensorboard_logs/                       TENSORBOARD_DIR: TRL's metrics (train.report_to: [tensorboard])
 
 The ``.sha256`` sidecars are named by results/atomic.py (CHECKSUM_SUFFIX), which writes and verifies them.
 Numbered names are padded (``gen_0008``, ``member_017``) but wider numbers are valid (``gen_12345``), and the
@@ -102,6 +105,11 @@ CHECKPOINT_DIR = "checkpoints"
 CHECKPOINT_TRASH_DIR = ".checkpoints.deleting"
 #: where a single run leaves its trained model, whatever train.keep_checkpoints says
 FINAL_MODEL_DIR = "final"
+#: the member's latest training progress (step, reward, zero-std groups, gradient share), for meta.status and the
+#: orchestrator's warnings (results/member_progress.py)
+PROGRESS_FILE = "progress.json"
+#: event files: TRL's metrics of a member (train.report_to tensorboard); a search's per-generation scalars
+TENSORBOARD_DIR = "tensorboard_logs"
 
 _GENERATION_WIDTH = 4
 _MEMBER_WIDTH = 3

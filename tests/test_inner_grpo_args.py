@@ -35,10 +35,11 @@ def _trl(**trl) -> dict:
     return _inner(trl=trl)
 
 
-def test_the_shipped_default_passes_nothing_through_and_keeps_report_to_empty(tmp_path):
+def test_the_shipped_default_passes_nothing_through_and_keeps_tensorboard_to_our_callback(tmp_path):
     cfg = InnerConfig.from_dict(_inner())
-    assert cfg.train.trl == {}
+    assert cfg.train.trl == {} and cfg.train.report_to == ["tensorboard"]
     args = build_grpo_config(cfg, tmp_path / "out", seed=5)
+    # tensorboard is written by our own callback into the member's work dir, so TRL's list stays empty
     assert args.report_to == [] and args.gradient_accumulation_steps == 1
     assert args.per_device_train_batch_size == cfg.train.batch_size and args.seed == args.data_seed == 5
     assert args.beta == 0.0 and args.remove_unused_columns is False and not (tmp_path / "out").exists()
@@ -63,7 +64,7 @@ def test_an_unknown_field_with_no_close_name_still_names_the_key():
     ("use_vllm", "yes", "true/false"),
     ("vllm_gpu_memory_utilization", "lots", "a number"),
     ("gradient_accumulation_steps", 2.5, "an integer"),
-    ("report_to", 7, "a string"),
+    ("run_name", 7, "a string"),
     ("generation_kwargs", [1, 2], "a mapping"),
     ("reward_weights", ["a"], "list"),
 ])
@@ -120,8 +121,14 @@ def test_every_keyword_the_member_passes_is_either_owned_or_a_user_changeable_de
     from inner_loop.grpo_args import grpo_kwargs
 
     kwargs, _ = grpo_kwargs(InnerConfig.from_dict(_inner()), tmp_path, 0, use_cpu=True, gpu_member=False)
-    changeable = {"gradient_accumulation_steps", "report_to", "use_cpu", "bf16", "disable_tqdm", "log_completions"}
+    changeable = {"gradient_accumulation_steps", "use_cpu", "bf16", "disable_tqdm", "log_completions"}
     assert set(kwargs) - set(OWNED_FIELDS) == changeable
+
+
+def test_report_to_is_set_through_its_typed_key():
+    with pytest.raises(ValueError, match=r"train\.trl\.report_to") as error:
+        InnerConfig.from_dict(_trl(report_to=["wandb"]))
+    assert "train.report_to" in str(error.value)
 
 
 def test_a_lr_scheduler_typo_fails_up_front_naming_the_key():
@@ -133,7 +140,7 @@ def test_a_lr_scheduler_typo_fails_up_front_naming_the_key():
 
 def test_a_valid_pass_through_reaches_grpo_config_intact(tmp_path):
     trl = {"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.3,
-           "vllm_enable_sleep_mode": True, "gradient_accumulation_steps": 4, "report_to": ["tensorboard"],
+           "vllm_enable_sleep_mode": True, "gradient_accumulation_steps": 4,
            "generation_kwargs": {"repetition_penalty": 1.1, "stop": ["\n\n"], "nested": {"a": [1, 2]}},
            "use_transformers_paged": False, "gradient_checkpointing": False, "adam_beta2": "9.5e-1"}
     # as the orchestrator hands it over: a resolved OmegaConf container turned into plain data
@@ -144,7 +151,7 @@ def test_a_valid_pass_through_reaches_grpo_config_intact(tmp_path):
     check_grpo_config(cfg)
     args = build_grpo_config(cfg, tmp_path / "out", seed=1)
     assert (args.use_vllm, args.vllm_mode, args.vllm_gpu_memory_utilization) == (True, "colocate", 0.3)
-    assert args.vllm_enable_sleep_mode and args.report_to == ["tensorboard"] and args.adam_beta2 == 0.95
+    assert args.vllm_enable_sleep_mode and args.adam_beta2 == 0.95
     assert args.generation_kwargs == trl["generation_kwargs"] and args.gradient_checkpointing is False
     # train.batch_size stays the completions per optimizer step: 4 micro-batches of 16, one generation batch of 64
     assert (args.gradient_accumulation_steps, args.per_device_train_batch_size) == (4, 16)
@@ -165,8 +172,8 @@ def test_the_member_gets_the_args_the_check_built(tmp_path, monkeypatch):
 
     captured = {}
     monkeypatch.setattr(run_setup, "MirrorGRPOTrainer", lambda **kwargs: captured.update(kwargs) or kwargs)
-    inner = _inner(trl={"repetition_penalty": 1.2, "report_to": "none", "shuffle_dataset": False}, batch_size=16,
-                   group_size=4)
+    inner = _inner(trl={"repetition_penalty": 1.2, "shuffle_dataset": False}, batch_size=16, group_size=4,
+                   report_to=[])
     inner["model"].update(warmup_max_steps=0, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
     run = run_setup.prepare(inner, seed=2, params=[0.0] * 380)
     run_setup.build_trainer(run, tmp_path / "m", seed=2)

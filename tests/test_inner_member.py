@@ -161,3 +161,39 @@ def test_resume_skips_a_checkpoint_killed_mid_save(tmp_path):
     (root / "checkpoint-8" / "trainer_state.json").write_text(json.dumps({"global_step": 8}))
     assert last_checkpoint(tmp_path) == str(root / "checkpoint-8")
     assert last_checkpoint(tmp_path / "nothing") is None
+
+
+def test_a_member_shows_its_progress_and_logs_trls_metrics_to_tensorboard(cache, tmp_path):
+    """progress.json (meta.status, the orchestrator's warnings) and an event file with TRL's train metrics, read
+    back with tensorboard's own reader."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from results.layout import TENSORBOARD_DIR
+    from results.member_progress import read_progress
+
+    record = train_member(_spec(tmp_path / "m", _inner()))
+    assert record.status == "ok", record.error
+    progress = read_progress(tmp_path / "m")
+    assert progress is not None and (progress.step, progress.max_steps) == (4, 4)
+    assert progress.reward_mean is not None and progress.zero_std_fraction is not None
+    assert progress.regularizer_grad_share is not None and len(progress.zero_std_recent) == 4
+    assert progress.seconds_per_step is not None and progress.seconds_per_step > 0
+    events = EventAccumulator(str(tmp_path / "m" / TENSORBOARD_DIR))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"train/reward", "train/loss", "train/frac_reward_zero_std", "train/regularizer/grad_share"} <= tags, tags
+    assert [e.step for e in events.Scalars("train/reward")] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("report_to, fragment", [(["tensorbord"], "not a transformers reporting integration"),
+                                                 (["wandb"], "needs the 'wandb' package")])
+def test_a_reporting_backend_that_cannot_work_is_refused_up_front(report_to, fragment):
+    import importlib.util
+
+    from inner_loop.config import InnerConfig
+
+    if report_to == ["wandb"] and importlib.util.find_spec("wandb") is not None:
+        pytest.skip("wandb is installed here")
+    with pytest.raises(ValueError, match="train.report_to") as err:
+        InnerConfig.from_dict(_inner(report_to=report_to))
+    assert fragment in str(err.value)

@@ -1,0 +1,180 @@
+"""``python -m meta.status run_dir=... [--all] [--watch [SECONDS]]``: what a search is doing, and when it will finish.
+
+Read-only: it never takes the run's LOCK or writes a file, so it is safe while the orchestrator runs and works after
+it died. Per generation a summary line; per member of the current generation (every generation with --all): its
+state (queued, with SLURM's pending reason; running, with its step, last reward and regularizer gradient share from
+progress.json; ok with its fitness; failed, timeout, late, cancelled), its running time and GPU time (the member's
+ledger x resources.gpus), and an ETA from the members' measured step rates. Exit 2 when run_dir is not a search.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import yaml
+
+from launch.member import read_ledger
+from meta.live_watch import format_duration, generation_eta
+from meta.lock import RunLock
+from results.layout import parse_generation_dir_name, parse_member_dir_name
+from results.member_progress import MemberProgress, read_progress
+from results.records import read_result
+from results.store import RunStore
+
+
+@dataclass
+class MemberRow:
+    label: str
+    state: str
+    detail: str
+    running_s: float | None
+    progress: MemberProgress | None
+    wall_s: float | None  # a finished member's own running time
+    fitness: float | None = None
+
+
+def member_row(label: str, work_dir: Path, job: Mapping[str, Any] | None, reasons: Mapping[str, str],
+               now: float) -> MemberRow:
+    """One member's state from its files (result, ledger, progress) and the scheduler's pending reasons."""
+    record = read_result(work_dir)
+    ledger = read_ledger(work_dir)
+    running_s = ledger.used_at(now) if ledger is not None else None
+    if record is not None:
+        detail = f"fitness {record.fitness:.4f}" if record.ok else record.error.strip().splitlines()[-1][:90] \
+            if record.error.strip() else ""
+        return MemberRow(label, record.status, detail, running_s, None, record.wall_time_s,
+                         record.fitness if record.ok else None)
+    attempt = int(job.get("attempt", 0)) if job else 0
+    if ledger is not None and ledger.attempt == attempt and ledger.running:
+        progress = read_progress(work_dir)
+        detail = "started"
+        if progress is not None:
+            parts = [f"step {progress.step}/{progress.max_steps}"]
+            if progress.reward_mean is not None:
+                parts.append(f"reward {progress.reward_mean:.3f}")
+            if progress.regularizer_grad_share is not None:
+                parts.append(f"grad share {progress.regularizer_grad_share:.3g}")
+            detail = ", ".join(parts)
+        return MemberRow(label, "running", detail, running_s, progress, None)
+    job_id = str(job.get("job_id")) if job else None
+    if job_id is None:
+        return MemberRow(label, "not submitted", "", running_s, None, None)
+    reason = reasons.get(job_id)
+    return MemberRow(label, "queued", f"job {job_id}" + (f", {reason}" if reason else ""), running_s, None, None)
+
+
+def slurm_reasons(job_ids: Sequence[str]) -> dict[str, str]:
+    """SLURM's current pending reason per job id (one squeue call); {} where the scheduler cannot be asked."""
+    if not job_ids:
+        return {}
+    from launch.slurm_queries import SlurmQueries, SlurmQueryError
+
+    try:
+        jobs = SlurmQueries(command_timeout_s=30.0).squeue_jobs()
+    except (SlurmQueryError, OSError):
+        return {}
+    return {job_id: jobs[job_id] for job_id in job_ids if job_id in jobs and jobs[job_id] != "None"}
+
+
+def _generation_dirs(store: RunStore) -> list[int]:
+    found = [parse_generation_dir_name(p.name) for p in store.root.iterdir() if p.is_dir()]
+    return sorted(g for g in found if g is not None)
+
+
+def _orchestrator_line(store: RunStore) -> str:
+    status = RunLock(store.lock_path).holder_status()
+    if status is None:
+        return "orchestrator: not running (no lock held)"
+    alive, description = status
+    return f"orchestrator: {'alive' if alive else 'not running'} ({description})"
+
+
+def render(run_dir: str | Path, show_all: bool = False, now: float | None = None) -> str:
+    """The status text. ValueError when run_dir is not a search directory."""
+    store = RunStore(run_dir)
+    if not store.exists():
+        raise ValueError(f"{run_dir}: not a search directory (no config.yaml); pass the run_dir of python -m meta.run")
+    now = time.time() if now is None else now
+    raw = yaml.safe_load(store.read_config_text()) or {}
+    population, generations = int(raw["population"]), int(raw["generations"])
+    gpus = int((raw.get("resources") or {}).get("gpus") or 0)
+    slurm = (raw.get("launcher") or {}).get("name") == "slurm"
+    parallel = (raw.get("launcher") or {}).get("array_parallelism") if slurm else None
+    done = set(store.state_generations())
+    gens = _generation_dirs(store)
+    lines = [f"run {store.root}: population {population}, generation {len(done)} of {generations} done",
+             _orchestrator_line(store)]
+    gen_table = store.read_generations()
+    walls = [float(w) for w in gen_table["wall_time_s"]] if len(gen_table) and "wall_time_s" in gen_table else []
+    current_eta = None
+    for generation in gens:
+        jobs = store.read_jobs(generation)
+        on_disk = {parse_member_dir_name(p.name) for p in store.generation_dir(generation).iterdir() if p.is_dir()}
+        indices = sorted(set(range(population)) | set(jobs) | {i for i in on_disk if i is not None})
+        queued_ids = [str(jobs[i]["job_id"]) for i in indices if i in jobs and read_result(store.member_dir(generation, i)) is None]
+        reasons = slurm_reasons(queued_ids) if slurm and generation not in done else {}
+        rows = [member_row(f"member {i:03d}" + (" (control)" if i == population else ""),
+                           store.member_dir(generation, i), jobs.get(i), reasons, now) for i in indices]
+        counts: dict[str, int] = {}
+        for row in rows:
+            counts[row.state] = counts.get(row.state, 0) + 1
+        fitness = [r.fitness for r in rows[:population] if r.fitness is not None]
+        summary = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+        stats = f" | best {max(fitness):.4f}, mean {statistics.fmean(fitness):.4f}" if fitness else ""
+        finished = [r.wall_s for r in rows if r.state == "ok" and r.wall_s]
+        running = [r.progress for r in rows if r.state == "running"]
+        queued = counts.get("queued", 0) + counts.get("not submitted", 0)
+        eta = None if generation in done else generation_eta(finished, running, queued, int(parallel) if parallel else None)
+        tag = "done" if generation in done else ("ETA " + format_duration(eta) if eta is not None else "ETA unknown")
+        gpu_h = sum(r.running_s or r.wall_s or 0.0 for r in rows) * gpus / 3600.0
+        lines.append(f"gen {generation}: {summary}{stats} | GPU time {gpu_h:.2f} h | {tag}")
+        if generation not in done:
+            current_eta = eta
+        if show_all or generation == gens[-1]:
+            for row in rows:
+                used = row.running_s if row.running_s is not None else row.wall_s
+                time_text = f"{format_duration(used)} running, {used * gpus / 3600.0:.2f} GPU-h" if used else ""
+                lines.append(f"  {row.label:<24s} {row.state:<13s} {row.detail:<60s} {time_text}")
+    remaining = generations - max(done, default=-1) - 1 - (1 if current_eta is not None else 0)
+    if remaining >= 0 and (walls or current_eta is not None):
+        per = statistics.median(walls) if walls else (current_eta or math.nan)
+        total = (current_eta or 0.0) + max(0, remaining) * per
+        lines.append(f"search ETA: {format_duration(total)} ({max(0, remaining)} more generation(s) at "
+                     f"{format_duration(per)} each, the median so far; re-evaluation not included)")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m meta.status", description=__doc__.split("\n\n")[0])
+    parser.add_argument("run_dir", help="run_dir=<dir> (or just the directory)")
+    parser.add_argument("--all", action="store_true", help="member rows of every generation, not just the current")
+    parser.add_argument("--watch", nargs="?", type=float, const=30.0, default=None, metavar="SECONDS",
+                        help="refresh every SECONDS (default 30) until interrupted")
+    args = parser.parse_args(argv)
+    run_dir = args.run_dir.partition("=")[2] if args.run_dir.startswith("run_dir=") else args.run_dir
+    while True:
+        try:
+            text = render(run_dir, args.all)
+        except ValueError as exc:
+            sys.stderr.write(f"status error: {exc}\n")
+            return 2
+        if args.watch and sys.stdout.isatty():
+            sys.stdout.write("\033[2J\033[H")
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        if not args.watch:
+            return 0
+        try:
+            time.sleep(args.watch)
+        except KeyboardInterrupt:
+            return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""meta.status on the real local cluster: a member whose job waits in the queue shows SLURM's pending reason."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from meta.status import render
+from results.store import RunStore
+from slurm_helpers import LocalSlurm
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_queued_member_shows_the_schedulers_pending_reason(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:
+    run_dir = tmp_path / "search"
+    done = subprocess.run(
+        [sys.executable, "-m", "meta.run", f"run_dir={run_dir}", "launcher=slurm", "population=2", "generations=1",
+         "inner.entrypoint=meta.synthetic:member", "reevaluate.top_k=0", "control_member=false",
+         "launcher.poll_interval_s=1", "launcher.query_interval_s=5"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    store = RunStore(run_dir)
+    slurm_cluster.submitted.extend(int(j["job_id"].split("_")[0]) for j in store.read_jobs(0).values())
+    # Generation 1 as a live search leaves it: member 0's job is queued and held (the reason SLURM gives is what
+    # the status must show), member 1 not submitted yet.
+    held = slurm_cluster.sbatch("--hold", wrap="sleep 1", workdir=tmp_path)
+    store.write_population(1, store.read_population(0))
+    store.write_jobs(1, {0: {"job_id": str(held), "folder": str(tmp_path), "attempt": 0, "submissions": 1}})
+    store.member_dir(1, 0).mkdir(parents=True)
+    text = render(run_dir)
+    row = next(line for line in text.splitlines() if line.startswith("  member 000"))
+    assert "queued" in row and f"job {held}, JobHeldUser" in row, text
+    assert "not submitted" in next(line for line in text.splitlines() if line.startswith("  member 001"))
