@@ -11,7 +11,12 @@ Used through ``inner.entrypoint=meta.synthetic:member``; its behaviour is steere
       <work_dir>/synthetic_ckpt.json after each step and resuming from it (tests requeue and preemption);
   env_log: write the SLURM_*/SBATCH_* variables the member sees to <work_dir>/env.json;
   noise: standard deviation of a Gaussian seed noise added to the fitness, drawn from the member's seed (a
-      training run's seed-to-seed spread: same seed and params, same fitness).
+      training run's seed-to-seed spread: same seed and params, same fitness);
+  time_median_s, time_sigma (0.5), slow_fraction (0), slow_factor (5), time_tracks_fitness (0): a member's running
+      time, log-normal around the median, a slow_fraction of members slow_factor times longer (a slow node, a
+      requeue), and x exp(time_tracks_fitness x (fitness - 0.5)) so time can track fitness (GRPO: long completions
+      take longer); drawn from (generation, index, attempt) alone, so two searches see the same times
+      (bench/bench_stragglers.py).
 Deliberately free of torch so that hundreds of member processes start quickly.
 """
 from __future__ import annotations
@@ -69,6 +74,8 @@ def member(spec: MemberSpec | Mapping[str, Any]) -> dict[str, Any]:
         while True:
             time.sleep(0.05)
     fitness = objective(spec.params, float(options.get("target", 0.02)), float(options.get("width", 0.01)))
+    if options.get("time_median_s"):
+        time.sleep(member_time_s(spec, options, fitness))
     if options.get("noise"):
         fitness += float(options["noise"]) * random.Random(spec.seed).gauss(0.0, 1.0)
     if injected and _selected(spec, options.get("nan_fitness")):
@@ -80,6 +87,15 @@ def member(spec: MemberSpec | Mapping[str, Any]) -> dict[str, Any]:
         "wall_time_s": time.monotonic() - start,
         "steps_done": steps_done or 1,
     }
+
+
+def member_time_s(spec: MemberSpec, options: Mapping[str, Any], fitness: float) -> float:
+    """The member's synthetic running time (see the module docstring); deterministic in (generation, index)."""
+    rng = random.Random(f"time:{spec.generation}:{spec.index}:{spec.attempt}")
+    seconds = float(options["time_median_s"]) * math.exp(float(options.get("time_sigma", 0.5)) * rng.gauss(0.0, 1.0))
+    if rng.random() < float(options.get("slow_fraction", 0.0)):
+        seconds *= float(options.get("slow_factor", 5.0))
+    return seconds * math.exp(float(options.get("time_tracks_fitness", 0.0)) * (fitness - 0.5))
 
 
 CHECKPOINT_FILE = "synthetic_ckpt.json"
