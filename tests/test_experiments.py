@@ -41,6 +41,11 @@ def test_the_embedded_default_search_uses_the_tiny_arith_preset_and_presets_set_
         "arith", "tiny", "neural_mirror")
     assert default["divergence"]["coef"] == 1.0  # chosen by gradient share, like the Qwen3 presets
     assert compose(["experiment=mbpp_qwen3"])["divergence"]["coef"] == 10.0  # chosen by gradient share (#14)
+    # GPU-cluster presets close a generation at its quorum (bench/bench_stragglers.py); the root default waits for all
+    assert default["quorum"] == 1.0
+    for preset in ("mbpp_qwen3", "gsm8k_qwen3"):
+        raw = compose([f"experiment={preset}"])
+        assert (raw["quorum"], raw["straggler_grace"]) == (0.9, 0.5)
 
 
 # ----------------------------------------------------------------- resources and time per member (issue 13)
