@@ -121,7 +121,7 @@ class Orchestrator:
         same = all_same_warning(generation, [records[i].fitness for i in members if records[i].ok])
         if same:
             logger.warning("%s", same)
-        self._write_tables(generation, records, fitness, ok, time.monotonic() - started)
+        self._write_tables(generation, records, fitness, ok, late, time.monotonic() - started)
         self.store.write_state(
             generation,
             {
@@ -250,7 +250,8 @@ class Orchestrator:
         return gen_best
 
     def _write_tables(
-        self, generation: int, records: Mapping[int, ResultRecord], fitness: torch.Tensor, ok: torch.Tensor, wall: float
+        self, generation: int, records: Mapping[int, ResultRecord], fitness: torch.Tensor, ok: torch.Tensor,
+        late: torch.Tensor, wall: float,
     ) -> None:
         population = int(fitness.shape[0])
         control = records.get(population)
@@ -276,18 +277,15 @@ class Orchestrator:
             row.update({f"diag_{k}": v for k, v in record.diagnostics.items()})
             rows.append(row)
         self.store.upsert_members(rows)
-        statuses = [records[i].status for i in range(population)]
         ok_fitness = fitness[ok]
-        # failures count at fitness_on_failure (an outcome of that mirror map); late members have no measurement
-        measured = fitness[torch.tensor([s != "late" for s in statuses], dtype=torch.bool)]
         self.store.upsert_generation(
             {
                 "generation": generation,
                 "done": int(ok.sum()),
-                "failed": sum(1 for s in statuses if s not in ("ok", "late")),
-                "late": statuses.count("late"),
+                "failed": int((~ok & ~late).sum()),
+                "late": int(late.sum()),
                 "best_fitness": float(ok_fitness.max()) if len(ok_fitness) else float("nan"),
-                "mean_fitness": float(measured.mean()) if len(measured) else float("nan"),
+                "mean_fitness": _measured_mean(fitness, late),
                 "control_fitness": control.fitness if control is not None and control.ok else float("nan"),
                 "center_norm": float(self.searcher.center.norm()),
                 "wall_time_s": wall,
