@@ -57,7 +57,8 @@ def choose_candidates(store: RunStore, top_k: int) -> dict[str, Any]:
     members = store.read_members()
     candidates: list[dict[str, Any]] = []
     if len(members) and top_k > 0:
-        role = members["role"] if "role" in members else "member"
+        # rows written before the control member existed have no role: they are population members
+        role = members["role"].fillna("member") if "role" in members else "member"
         ok = members[(members["status"] == "ok") & (role == "member") & (members["generation"] <= last_generation)]
         ranked = ok.sort_values(["fitness", "generation", "index"], ascending=[False, True, True]).head(top_k)
         for row in ranked.itertuples():

@@ -60,7 +60,7 @@ def generation_scalars(store: "RunStore", generation: int) -> dict[str, float]:
     members = store.read_members()
     gens = store.read_generations()
     group = members[members["generation"] == generation] if len(members) else members
-    role = group["role"] if "role" in group else None
+    role = group["role"].fillna("member") if "role" in group else None
     population = group[role == "member"] if role is not None else group
     ok = population[population["status"] == "ok"]["fitness"].astype(float)
     row = gens[gens["generation"] == generation].iloc[0] if len(gens) and (gens["generation"] == generation).any() else {}

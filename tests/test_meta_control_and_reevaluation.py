@@ -121,3 +121,19 @@ def test_bad_noise_and_quorum_settings_exit_2_before_anything_is_written(tmp_pat
     assert _run(tmp_path / "r", override) == 2
     assert fragment in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+def test_a_search_started_before_roles_existed_still_has_its_members_reevaluated(tmp_path):
+    """Members tables written by earlier versions have no role column (and no control rows)."""
+    import pandas as pd
+
+    from meta.reevaluate import choose_candidates
+
+    assert _run(tmp_path, "reevaluate.top_k=0", "control_member=false") == 0
+    store = RunStore(tmp_path)
+    old = store.read_members().drop(columns=["role"])
+    old.to_parquet(store.members_table_path, index=False)
+    store.upsert_members([{"generation": 1, "index": 9, "role": "control", "status": "ok", "fitness": 9.0}])
+    assert pd.isna(store.read_members().set_index("index").loc[0, "role"]).all()
+    names = [c["name"] for c in choose_candidates(store, 2)["candidates"]]
+    assert len(names) == 3 and names[-1] == "center" and "g0001_m009" not in names
