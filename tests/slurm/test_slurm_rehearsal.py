@@ -22,7 +22,11 @@ VALIDATION_PROBLEMS = 6  # lines of validation.jsonl
 
 SHRUNK = ["train.steps=2", "train.group_size=4", "train.batch_size=8", "train.max_completion_length=48",
           "train.val_batch_size=6", "train.save_every=1", "train.num_threads=1",
-          "resources.gpus=0", "resources.mem_gb=null", "resources.member_time_min=20"]
+          "resources.gpus=0", "resources.mem_gb=null", "resources.member_time_min=20",
+          # the search's extras (control member, re-evaluation: 15 more SmolLM2 runs) run on this cluster with the
+          # tiny model and synthetic members (test_slurm_default_search.py, test_slurm_status.py); here the two
+          # members are the preset's training path end to end
+          "control_member=false", "reevaluate.top_k=0"]
 
 
 def rehearsal_overrides(run_dir: Path) -> list[str]:

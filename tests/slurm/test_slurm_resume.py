@@ -26,7 +26,7 @@ def _meta_run(run_dir: Path, job_name: str) -> subprocess.Popen:
         f"run_dir={run_dir}", "launcher=slurm", "inner.entrypoint=meta.synthetic:member",
         f"population={POPULATION}", "generations=1", "es=cmaes", "+inner.options={count_calls:true,sleep_s:5}",
         "launcher.array_parallelism=3", "launcher.poll_interval_s=0.5", "launcher.query_interval_s=2",
-        f"launcher.job_name={job_name}",
+        f"launcher.job_name={job_name}", "control_member=false", "reevaluate.top_k=0",  # the population's jobs only
     ]
     return subprocess.Popen([sys.executable, "-m", "meta.run", *args], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

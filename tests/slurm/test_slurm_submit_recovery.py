@@ -65,6 +65,7 @@ def _meta_run(run_dir: Path, job_name: str, env: dict[str, str]) -> subprocess.C
         f"population={POPULATION}", "generations=1", "es=cmaes", "+inner.options={count_calls:true,sleep_s:15}",
         "launcher.max_array_size=2", "launcher.poll_interval_s=0.5", "launcher.query_interval_s=2",
         "launcher.submit_attempts=2", "launcher.submit_backoff_s=0.5", f"launcher.job_name={job_name}",
+        "control_member=false", "reevaluate.top_k=0",  # the chunk and sbatch counts below are the population's
     ]
     return subprocess.run([sys.executable, "-m", "meta.run", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=240)
