@@ -78,7 +78,12 @@ def _reevaluated_best(store: RunStore, run_dir: str | Path) -> tuple[Any, dict[s
     """The re-evaluation's chosen init and its numbers (validation mean/std/n; test mean/std/n if measured)."""
     import torch
 
-    summary = store.read_reevaluation()
+    from results.atomic import CorruptFileError
+
+    try:
+        summary = store.read_reevaluation()
+    except CorruptFileError as exc:
+        raise ConfigError(f"{exc}; run `python -m meta.reevaluate run_dir={run_dir}` to write it again") from None
     if summary is None:
         raise ConfigError(
             f"run_dir={run_dir} has no re-evaluation yet: run `python -m meta.reevaluate run_dir={run_dir}` (it retrains "

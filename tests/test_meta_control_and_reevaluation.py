@@ -137,3 +137,11 @@ def test_a_search_started_before_roles_existed_still_has_its_members_reevaluated
     assert pd.isna(store.read_members().set_index("index").loc[0, "role"]).all()
     names = [c["name"] for c in choose_candidates(store, 2)["candidates"]]
     assert len(names) == 3 and names[-1] == "center" and "g0001_m009" not in names
+
+
+def test_export_best_names_a_damaged_reevaluation_file(tmp_path, capsys):
+    assert _run(tmp_path, "reevaluate.top_k=1", "reevaluate.seeds=2", "reevaluate.test=false", "generations=1") == 0
+    RunStore(tmp_path).reevaluation_path.write_text("{not json")
+    assert export_main([f"run_dir={tmp_path}", f"out={tmp_path / 'x.safetensors'}"]) == 2
+    err = capsys.readouterr().err
+    assert "reevaluation.json" in err and "python -m meta.reevaluate" in err
