@@ -239,6 +239,10 @@ class TrainConfig:
     val_max_new_tokens: int | None = None
     pass_k: list[int] = field(default_factory=list)
     pass_k_samples: int = 0
+    #: intermediate validation every this many steps (null: none), on the first ``eval_subset`` problems of the
+    #: validation split, appended to <work_dir>/intermediate.jsonl for a tuner's pruner (meta.tune)
+    eval_every: int | None = None
+    eval_subset: int = 64
     logging_steps: int = 1
     #: where TRL's logged metrics go (transformers' report_to names); tensorboard writes <work_dir>/tensorboard_logs/
     report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
@@ -282,6 +286,10 @@ class TrainConfig:
             raise ValueError(f"train.full_form_rows must be >= 1 or null (sized from memory), got {self.full_form_rows}")
         if self.val_size is not None and self.val_size < 1:
             raise ValueError(f"train.val_size must be >= 1 or null (all), got {self.val_size}")
+        if self.eval_every is not None and self.eval_every < 1:
+            raise ValueError(f"train.eval_every must be >= 1 or null (no intermediate validation), got {self.eval_every}")
+        if self.eval_subset < 1:
+            raise ValueError(f"train.eval_subset must be >= 1, got {self.eval_subset}")
         if any(k < 1 for k in self.pass_k) or (self.pass_k and self.pass_k_samples < max(self.pass_k)):
             raise ValueError("train.pass_k needs values >= 1 and train.pass_k_samples >= max(train.pass_k)")
         from inner_loop.grpo_args import check_report_to, check_trl_overrides
@@ -323,6 +331,9 @@ class InnerConfig:
             eval_split=str(data.get("eval_split") or "validation"),
         )
         _one_of("eval_split", cfg.eval_split, EVAL_SPLITS)
+        if cfg.eval_split != "validation" and cfg.train.eval_every is not None:
+            raise ValueError(f"train.eval_every scores the validation split while training; with eval_split="
+                             f"{cfg.eval_split} set train.eval_every=null")
         cfg.model.validate()
         cfg.divergence.validate()
         cfg.train.validate()

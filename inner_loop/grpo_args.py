@@ -58,6 +58,8 @@ OWNED_FIELDS: dict[str, str] = {
     "save_total_limit": "train.save_total_limit and train.keep_checkpoints",
     "logging_steps": "train.logging_steps",
     "report_to": "train.report_to",
+    "eval_strategy": "train.eval_every (intermediate validation pass@1, written for meta.tune's pruner)",
+    "eval_steps": "train.eval_every",
     "seed": "seed",
     "data_seed": "seed",
     "chat_template_kwargs": "model.chat_template_kwargs (prompts are formatted by us, identically for evaluation)",

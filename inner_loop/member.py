@@ -22,6 +22,7 @@ import torch
 from inner_loop.checkpoints import last_checkpoint, settle_after_final, settle_checkpoints
 from inner_loop.evaluate import EvalResult, evaluate
 from inner_loop.final_model import save_final_model
+from inner_loop.intermediate_eval import IntermediateEvalCallback
 from inner_loop.member_records import record_failure, record_success
 from inner_loop.run_setup import PreparedRun, build_trainer, prepare, validate_inner
 from inner_loop.trainer import MirrorGRPOTrainer
@@ -40,14 +41,26 @@ def _as_spec(spec: MemberSpec | Mapping[str, Any]) -> MemberSpec:
     raise TypeError(f"train_member expects a MemberSpec or its dict, got {type(spec).__name__}")
 
 
-def _evaluate(trainer: MirrorGRPOTrainer, run: PreparedRun) -> EvalResult:
+def _evaluate(trainer: MirrorGRPOTrainer, run: PreparedRun, subset: int | None = None) -> EvalResult:
+    """The run's validation (or test) pass@1; ``subset``: greedy pass@1 alone on the first ``subset`` problems."""
     tcfg = run.cfg.train
     model = trainer.accelerator.unwrap_model(trainer.model)
-    return evaluate(model, trainer.processing_class, run.task, run.scored,
+    problems = run.scored if subset is None else run.scored[:subset]
+    return evaluate(model, trainer.processing_class, run.task, problems,
                     max_new_tokens=tcfg.val_max_new_tokens or tcfg.max_completion_length,
                     batch_size=tcfg.val_batch_size, chat_template=run.cfg.model.chat_template,
-                    chat_template_kwargs=run.cfg.model.chat_template_kwargs, pass_k=tcfg.pass_k,
-                    pass_k_samples=tcfg.pass_k_samples, temperature=tcfg.temperature, top_p=tcfg.top_p)
+                    chat_template_kwargs=run.cfg.model.chat_template_kwargs,
+                    pass_k=tcfg.pass_k if subset is None else [],
+                    pass_k_samples=tcfg.pass_k_samples if subset is None else 0,
+                    temperature=tcfg.temperature, top_p=tcfg.top_p)
+
+
+def _intermediate_eval(trainer: MirrorGRPOTrainer, run: PreparedRun, work_dir: Path) -> IntermediateEvalCallback:
+    def score() -> tuple[float, int]:
+        result = _evaluate(trainer, run, subset=run.cfg.train.eval_subset)
+        return result.pass_at_1, result.size
+
+    return IntermediateEvalCallback(work_dir, int(run.cfg.train.eval_every or 0), score)
 
 
 def train_member(spec: MemberSpec | Mapping[str, Any], save_final: bool = False) -> ResultRecord:
@@ -87,6 +100,8 @@ def train_member(spec: MemberSpec | Mapping[str, Any], save_final: bool = False)
                                                         params=spec.params))
         stage = "model and trainer setup"
         trainer = build_trainer(run, work_dir, spec.seed)
+        if run.cfg.train.eval_every:
+            trainer.add_callback(_intermediate_eval(trainer, run, work_dir))
         resume = last_checkpoint(work_dir)
         if resume:
             logger.info("member %s: resuming from %s", work_dir, resume)

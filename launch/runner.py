@@ -311,6 +311,16 @@ class MemberArrayRunner:
         self._conclude(spec, ResultRecord(status="failed", error=f"{reason} (after {ref.submissions} submissions)"))
 
     # -------------------------------------------------------------- outcomes
+    def add_members(self, specs: Sequence[MemberSpec]) -> None:
+        """More members for this run while it runs (a tuner's next trials, from ``on_tick`` or ``on_final``): each
+        is reconciled from its files like the first ones and submitted with the next batch; the run goes on until
+        they are final too. Indices must be new to this run."""
+        for spec in specs:
+            if spec.index in self.specs:
+                raise ValueError(f"member index {spec.index} is already part of this run")
+            self.specs[spec.index] = spec
+            self._reconcile(spec)
+
     def stop_members(self, indices: Sequence[int], status: str, error: str) -> list[int]:
         """Stop members that are not final yet on the caller's decision (``status`` one of DECIDED_STATUSES):
         queued ones are never submitted, live jobs are cancelled, and each is settled final with a record of

@@ -431,6 +431,7 @@ class SlurmLauncher(SubmititLauncher):
     def close(self) -> None:
         logger.info("SLURM launcher made %d scheduler queries (%s)", sum(self.queries.calls.values()),
                     ", ".join(f"{k} {v}" for k, v in sorted(self.queries.calls.items())) or "none")
+        super().close()
 
 
 def _read_cancelled(folder: Path) -> set[str]:

@@ -85,6 +85,11 @@ class SubmititLauncher(Launcher):
     def _job(self, ref: JobRef) -> Any | None:
         return self._jobs.get(ref.job_id)
 
+    def close(self) -> None:
+        """Drop the job handles while the interpreter is whole: submitit's jobs tidy up in ``__del__``, which fails
+        noisily ("Exception ignored in LocalJob.__del__") when it only runs at interpreter exit."""
+        self._jobs.clear()
+
 
 class LocalLauncher(SubmititLauncher):
     """Each member runs in its own process on this machine (submitit.LocalExecutor).

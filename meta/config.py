@@ -134,10 +134,9 @@ def derive_inner_timeout(raw: MutableMapping[str, Any]) -> None:
     inner["timeout_s"] = float(math.ceil(minutes * 60.0 * factor))
 
 
-def _check_resources(raw: Mapping[str, Any], cfg: SearchConfig) -> None:
+def _check_resources(raw: Mapping[str, Any], launcher: Mapping[str, Any], inner_timeout_s: float) -> None:
     """Cross-node checks a single node cannot make: a member needs the CPUs its threads use, and a SLURM
     member must be able to finish within its requeues. Launchers without these keys (local, debug) skip them."""
-    launcher = cfg.launcher
     threads = _get_dotted(raw, "train.num_threads")
     cpus = launcher.get("cpus_per_task")
     if isinstance(cpus, int) and isinstance(threads, int) and not isinstance(cpus, bool) and cpus < threads:
@@ -149,13 +148,13 @@ def _check_resources(raw: Mapping[str, Any], cfg: SearchConfig) -> None:
     time_min, requeues = launcher.get("time_min"), launcher.get("requeues")
     if isinstance(time_min, int) and isinstance(requeues, int) and time_min > 0 and requeues >= 0:
         reachable_s = (requeues + 1) * time_min * 60
-        if reachable_s < cfg.inner_timeout_s:
-            need = math.ceil(cfg.inner_timeout_s / (time_min * 60)) - 1
+        if reachable_s < inner_timeout_s:
+            need = math.ceil(inner_timeout_s / (time_min * 60)) - 1
             raise ConfigError(
                 f"a member could never finish: (launcher.requeues={requeues} + 1) x launcher.time_min={time_min} min "
-                f"= {reachable_s / 3600:.2f} h of running time is less than inner.timeout_s={cfg.inner_timeout_s:g} s "
-                f"({cfg.inner_timeout_s / 3600:.2f} h). Raise launcher.requeues to {need} or launcher.time_min to "
-                f"{math.ceil(cfg.inner_timeout_s / 60 / (requeues + 1))}, or set launcher.time_min=null (one run of "
+                f"= {reachable_s / 3600:.2f} h of running time is less than inner.timeout_s={inner_timeout_s:g} s "
+                f"({inner_timeout_s / 3600:.2f} h). Raise launcher.requeues to {need} or launcher.time_min to "
+                f"{math.ceil(inner_timeout_s / 60 / (requeues + 1))}, or set launcher.time_min=null (one run of "
                 "inner.timeout_s + kill_grace_s)"
             )
 
@@ -242,8 +241,9 @@ def build_search_config(raw: Mapping[str, Any]) -> SearchConfig:
         raise ConfigError(f"quorum={cfg.quorum} must be above 0 (a fraction of the population, 1.0: wait for all)")
     if cfg.log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(f"log_level={cfg.log_level!r} must be one of DEBUG, INFO, WARNING, ERROR")
-    _check_resources(raw, cfg)
-    _check_components(cfg)
+    _check_search_components(cfg)
+    check_member_launch(raw, cfg.launcher, cfg.inner_timeout_s, cfg.inner_entrypoint, cfg.member_inner(),
+                        cfg.resources)
     return cfg
 
 
@@ -264,11 +264,8 @@ def _reevaluate(raw: Mapping[str, Any]) -> ReevaluateConfig:
     return ReevaluateConfig(top_k=top_k, seeds=seeds, test=_bool(raw, "reevaluate.test") if "test" in node else True)
 
 
-def _check_components(cfg: SearchConfig) -> None:
-    """Import and try-build the pieces the run will need (searcher, init, entry point, launcher)."""
-    from launch.factory import RESERVED_KEYS, launcher_class
-    from launch.member import load_entrypoint
-    from launch.submitit_launchers import LocalLauncher, check_gpus_per_member
+def _check_search_components(cfg: SearchConfig) -> None:
+    """Import and try-build the search's own pieces (searcher, init)."""
     from meta.init import initial_center
     from meta.searchers import build_searcher
 
@@ -280,8 +277,21 @@ def _check_components(cfg: SearchConfig) -> None:
         build_searcher(cfg.es, center, cfg.population, cfg.seed)
     except (ValueError, TypeError) as exc:
         raise ConfigError(str(exc)) from None
+
+
+def check_member_launch(raw: Mapping[str, Any], launcher: Mapping[str, Any], inner_timeout_s: float,
+                        entrypoint_name: str, member_inner: Mapping[str, Any], resources: Mapping[str, Any],
+                        where: str = "") -> None:
+    """What every member run needs, checked before anything is submitted (meta.run and meta.tune): the
+    resources fit the launcher, the entry point imports and accepts the inner config (its ``validate``), and the
+    launcher takes its options. ``where`` is added to messages (e.g. which tuned choice failed)."""
+    from launch.factory import RESERVED_KEYS, launcher_class
+    from launch.member import load_entrypoint
+    from launch.submitit_launchers import LocalLauncher, check_gpus_per_member
+
+    _check_resources(raw, launcher, inner_timeout_s)
     try:
-        entrypoint = load_entrypoint(cfg.inner_entrypoint)
+        entrypoint = load_entrypoint(entrypoint_name)
     except ValueError as exc:
         raise ConfigError(f"{exc}; set inner.entrypoint=package.module:function") from None
     # An entry point may carry its own up-front check of the inner config (`fn.validate(inner)`), so that
@@ -289,17 +299,17 @@ def _check_components(cfg: SearchConfig) -> None:
     validate = getattr(entrypoint, "validate", None)
     if callable(validate):
         try:
-            validate(cfg.member_inner())
+            validate(member_inner)
         except (ValueError, FileNotFoundError) as exc:
-            raise ConfigError(str(exc)) from None
+            raise ConfigError(f"{exc}{where}") from None
     try:
-        launcher_class(cfg.launcher).validate_options(
-            {k: v for k, v in cfg.launcher.items() if k not in RESERVED_KEYS}
+        launcher_class(launcher).validate_options(
+            {k: v for k, v in launcher.items() if k not in RESERVED_KEYS}
         )
-        gpus = cfg.resources.get("gpus")
+        gpus = resources.get("gpus")
         if isinstance(gpus, int) and not isinstance(gpus, bool):  # the plan's GPU-hours count it on any launcher
             check_gpus_per_member("resources.gpus", gpus)
-        if issubclass(launcher_class(cfg.launcher), LocalLauncher):
-            LocalLauncher.check_training_member_gpus(cfg.launcher)
+        if issubclass(launcher_class(launcher), LocalLauncher):
+            LocalLauncher.check_training_member_gpus(launcher)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None

@@ -8,7 +8,7 @@ scheduler that issued them.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from meta.config import HOUSEKEEPING_KEYS, SEARCH_KEYS, ConfigError
 
@@ -28,21 +28,22 @@ def config_differences(old: Mapping[str, Any], new: Mapping[str, Any], prefix: s
     return diffs
 
 
-def is_search_key(dotted: str) -> bool:
+def is_search_key(dotted: str, keys: Sequence[str] = SEARCH_KEYS) -> bool:
     if dotted in HOUSEKEEPING_KEYS:
         return False
-    return any(dotted == key or dotted.startswith(key + ".") for key in SEARCH_KEYS)
+    return any(dotted == key or dotted.startswith(key + ".") for key in keys)
 
 
 def split_differences(
-    old: Mapping[str, Any], new: Mapping[str, Any]
+    old: Mapping[str, Any], new: Mapping[str, Any], keys: Sequence[str] = SEARCH_KEYS,
 ) -> tuple[list[tuple[str, Any, Any]], list[tuple[str, Any, Any]]]:
-    """(refused, allowed) differences between the stored config and the one asked for now."""
+    """(refused, allowed) differences between the stored config and the one asked for now: a difference under
+    ``keys`` (what the run computes: meta.config.SEARCH_KEYS, or meta.tune's STUDY_KEYS) is refused."""
     refused, allowed = [], []
     for diff in config_differences(old, new):
         if diff[0] in IGNORED_KEYS:
             continue
-        (refused if is_search_key(diff[0]) else allowed).append(diff)
+        (refused if is_search_key(diff[0], keys) else allowed).append(diff)
     return refused, allowed
 
 

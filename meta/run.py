@@ -49,27 +49,36 @@ model=..., train.steps=..., dry_run=true (print the plan, submit and write nothi
 See conf/config.yaml for every key and its default."""
 
 
-def compose(overrides: Sequence[str]) -> dict[str, Any]:
-    """Compose conf/config.yaml with ``overrides`` into a resolved plain dict, with inner.timeout_s derived from
-    the preset's time per member when null; ConfigError for bad overrides."""
+def compose(overrides: Sequence[str], config_name: str = "config") -> dict[str, Any]:
+    """Compose conf/<config_name>.yaml (config: meta.run, tune: meta.tune) with ``overrides`` into a resolved plain
+    dict, with inner.timeout_s derived from the preset's time per member when null; ConfigError for bad overrides."""
+    return compose_with_choices(overrides, config_name)[0]
+
+
+def compose_with_choices(overrides: Sequence[str], config_name: str = "config") -> tuple[dict[str, Any], dict[str, str]]:
+    """``compose``, plus the option Hydra chose in each config group (``{"divergence": "kl", ...}``)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf, open_dict
     from omegaconf.errors import OmegaConfBaseException
 
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None, job_name="meta_run"):
-            cfg = hydra_compose(config_name="config", overrides=list(overrides))
+            cfg = hydra_compose(config_name=config_name, overrides=list(overrides), return_hydra_config=True)
+        choices = {str(k): str(v) for k, v in cfg.hydra.runtime.choices.items()
+                   if not str(k).startswith("hydra/") and v is not None}
+        with open_dict(cfg):
+            del cfg["hydra"]
         raw: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(
-            f"{message}\n(check the key against conf/config.yaml; a new key needs a leading '+', "
+            f"{message}\n(check the key against conf/{config_name}.yaml; a new key needs a leading '+', "
             "a config group is chosen with group=name)"
         ) from None
     derive_inner_timeout(raw)
-    return raw
+    return raw, choices
 
 
 def _override_key(override: str) -> str:

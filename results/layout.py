@@ -31,6 +31,15 @@ process imports it.
       report/                                 REPORT_DIR: where ``python -m results.report`` writes by default
       tensorboard_logs/                       TENSORBOARD_DIR: the search's scalars, one event file per generation
 
+    tune run_dir/  (``python -m meta.tune``; config.yaml, manifest.json, LOCK and report/ as above)
+      study.json                              STUDY_FILE: the study's storage URL and name, the search space
+      optuna_journal.log                      JOURNAL_FILE: the default study store (Optuna's JournalStorage)
+      tuning_trials/                          TRIALS_DIR: every trial's members, one runner for all of them
+        jobs.json, submitit/                  JOBS_FILE, LAUNCHER_DIR: as in a generation dir
+        trial_0007/                           trial_dir_name(7): Optuna trial number 7
+          trial.json                          TRIAL_FILE: its params, overrides and members, written before submission
+          member_001/                         member_dir_name(seed k): one training run of the trial
+
     member_dir/  (also a single run's work dir, ``python -m inner_loop.run work_dir=...``)
       spec.json                               SPEC_FILE: the member spec
       manifest.json                           RUN_MANIFEST_FILE: provenance of this training run
@@ -43,6 +52,7 @@ process imports it.
       final/                                  FINAL_MODEL_DIR: a single run's trained model
       progress.json                           PROGRESS_FILE: latest step, reward, zero-std groups, gradient share
       tensorboard_logs/                       TENSORBOARD_DIR: TRL's metrics (train.report_to: [tensorboard])
+      intermediate.jsonl                      INTERMEDIATE_FILE: validation pass@1 every train.eval_every steps
 
 The ``.sha256`` sidecars are named by results/atomic.py (CHECKSUM_SUFFIX), which writes and verifies them.
 Numbered names are padded (``gen_0008``, ``member_017``) but wider numbers are valid (``gen_12345``), and the
@@ -111,6 +121,16 @@ PROGRESS_FILE = "progress.json"
 #: event files: TRL's metrics of a member (train.report_to tensorboard); a search's per-generation scalars
 TENSORBOARD_DIR = "tensorboard_logs"
 
+#: one line per intermediate validation (train.eval_every), read by a tuner's pruner (results/intermediate.py)
+INTERMEDIATE_FILE = "intermediate.jsonl"
+
+# ------------------------------------------------------------ tune run dir (meta/tune/)
+STUDY_FILE = "study.json"
+JOURNAL_FILE = "optuna_journal.log"
+TRIALS_DIR = "tuning_trials"
+TRIAL_DIR_PREFIX = "trial_"
+TRIAL_FILE = "trial.json"
+
 _GENERATION_WIDTH = 4
 _MEMBER_WIDTH = 3
 _CHUNK_WIDTH = 3
@@ -118,6 +138,7 @@ _STATE_SUFFIX = ".pt"
 _GENERATION_RE = re.compile(rf"^{GENERATION_DIR_PREFIX}(\d{{{_GENERATION_WIDTH},}})$")
 _STATE_RE = re.compile(rf"^{GENERATION_DIR_PREFIX}(\d{{{_GENERATION_WIDTH},}}){re.escape(_STATE_SUFFIX)}$")
 _MEMBER_RE = re.compile(rf"^{MEMBER_DIR_PREFIX}(\d{{{_MEMBER_WIDTH},}})$")
+_TRIAL_RE = re.compile(rf"^{TRIAL_DIR_PREFIX}(\d{{{_GENERATION_WIDTH},}})$")
 _ARCHIVED_RESULT = "result.attempt{}.json"
 _CHUNK_MARKER_RE = re.compile(r"^chunk_(\d+)\.json$")
 
@@ -167,6 +188,16 @@ def member_dir_name(index: int) -> str:
 def parse_member_dir_name(name: str) -> int | None:
     """The member index a directory name stands for, or None when it is not a member dir's name."""
     return _parsed(_MEMBER_RE, name)
+
+
+def trial_dir_name(number: int) -> str:
+    """``trial_0007``: the directory of Optuna trial 7 inside TRIALS_DIR."""
+    return f"{TRIAL_DIR_PREFIX}{_number(number, 'trial number'):0{_GENERATION_WIDTH}d}"
+
+
+def parse_trial_dir_name(name: str) -> int | None:
+    """The trial number a directory name stands for, or None when it is not a trial dir's name."""
+    return _parsed(_TRIAL_RE, name)
 
 
 def archived_result_name(attempt: int) -> str:

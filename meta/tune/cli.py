@@ -1,0 +1,225 @@
+"""``python -m meta.tune [key=value ...]``: tune the inner run's hyperparameters with Optuna, or resume a tuning.
+
+Hydra composes conf/tune.yaml (the groups of ``inner_loop.run`` plus launcher and ``tune.*``) with the overrides.
+With ``run_dir=`` naming an existing tune run, its recorded overrides are replayed under the new ones; changes to what
+the study computes (the space, seeds, sampler, pruner, storage, the run config) are refused, ``tune.trials`` may grow.
+``export=<file>`` on an existing run writes the best trial's settings as a preset YAML and runs nothing (on a new run:
+after the tuning). ``dry_run=true`` validates and prints what would run and cost; it writes and submits nothing.
+Exit status: 0 done, 1 no trial completed (or the launcher gave up), 2 bad input, 3 run dir locked.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import os
+import platform
+import sys
+import uuid
+from pathlib import Path
+from typing import Any, Sequence
+
+import yaml
+
+from meta.config import INNER_NODES, ConfigError, absolute_overrides, absolute_path, absolute_paths, config_hash
+from meta.resume import check_job_namespace, format_differences, split_differences
+from meta.run import CONF_DIR, compose_with_choices, merge_overrides
+from meta.tune.config import STUDY_KEYS, TuneConfig, build_sampler, build_pruner, build_tune_config
+from results.provenance import code_version
+from results.store import RunStore
+
+logger = logging.getLogger("meta.tune")
+
+CONFIG_NAME = "tune"
+#: the manifest's ``kind`` of a tune run (an ES run dir has none)
+TUNE_KIND = "tune"
+USAGE = """usage: python -m meta.tune [key=value ...]
+
+Tune the inner run's hyperparameters (Optuna); resume with run_dir=<existing tune run>.
+Common keys: tune.space='{divergence.coef: [log, 1e-4, 1.0], divergence: [choice, kl, prob_l2]}', tune.trials,
+tune.parallel, tune.seeds, tune.sampler=tpe|random|cmaes, tune.pruner=none|median|successive_halving,
+tune.storage=sqlite:////abs/study.db, train.eval_every, launcher=local|slurm, experiment=..., run_dir=...,
+export=best.yaml, dry_run=true. See conf/tune.yaml for every key and its default."""
+
+
+class Prepared:
+    """The validated run: config, composed dict, store, manifest, and how to compose a trial."""
+
+    def __init__(self, cfg: TuneConfig, raw: dict[str, Any], store: RunStore, manifest: dict[str, Any],
+                 resuming: bool, overrides: list[str], choices: dict[str, str], cwd: Path) -> None:
+        self.cfg, self.raw, self.store, self.manifest = cfg, raw, store, manifest
+        self.resuming, self.overrides, self.choices, self.cwd = resuming, overrides, choices, cwd
+
+    def composed(self, extra: Sequence[str]) -> dict[str, Any]:
+        raw, _ = compose_with_choices([*self.overrides, *extra], CONFIG_NAME)
+        absolute_paths(raw, self.cwd)
+        return raw
+
+    def trial_inner(self, overrides: Sequence[str]) -> dict[str, Any]:
+        """A trial member's inner config: the run's composition with the trial's overrides, validated."""
+        from launch.member import load_entrypoint
+
+        raw = self.composed(overrides)
+        inner = self.cfg.member_inner({node: raw[node] for node in INNER_NODES})
+        validate = getattr(load_entrypoint(self.cfg.inner_entrypoint), "validate", None)
+        if callable(validate):
+            validate(inner)
+        return inner
+
+
+def prepare(argv: Sequence[str]) -> tuple[Prepared, str | None]:
+    """Resolve, validate and (for a resume) compare the config; returns it and the export path. Writes nothing."""
+    overrides = [a for a in argv if a.strip()]
+    bad = [a for a in overrides if "=" not in a]
+    if bad:
+        raise ConfigError(f"argument {bad[0]!r} is not key=value\n{USAGE}")
+    cwd = Path.cwd()
+    export = next((a.split("=", 1)[1] for a in overrides if a.split("=", 1)[0] == "export"), None)
+    overrides = absolute_overrides([a for a in overrides if a.split("=", 1)[0] != "export"], cwd)
+    fresh, choices = compose_with_choices(overrides, CONFIG_NAME)
+    run_dir = absolute_path(
+        fresh.get("run_dir") or f"outputs/tune_{_dt.datetime.now().strftime('%Y-%m-%d_%H-%M-%S')}", cwd)
+    store = RunStore(run_dir)
+    resuming = store.exists()
+    manifest: dict[str, Any] = {}
+    raw = fresh
+    if resuming:
+        manifest = store.read_manifest()
+        if manifest.get("kind") != TUNE_KIND:
+            raise ConfigError(f"run_dir={run_dir} is not a meta.tune run (an ES search resumes with meta.run)")
+        overrides = merge_overrides(manifest.get("overrides", []), overrides)
+        raw, choices = compose_with_choices(overrides, CONFIG_NAME)
+        absolute_paths(raw, cwd)
+        stored = yaml.safe_load(store.read_config_text()) or {}
+        refused, allowed = split_differences(stored, raw, STUDY_KEYS)
+        if refused:
+            raise ConfigError(
+                f"run_dir={run_dir} was started with a different study; these changes are refused on resume:\n"
+                f"{format_differences(refused)}\nDrop them to resume, or start a new tuning with another run_dir")
+        if allowed:
+            logger.info("resuming with changed settings:\n%s", format_differences(allowed))
+    else:
+        absolute_paths(raw, cwd)
+    manifest["overrides"] = merge_overrides([], overrides)
+    raw["run_dir"] = run_dir
+    raw["export"] = None
+    prepared = Prepared(None, raw, store, manifest, resuming, list(manifest["overrides"]), choices, cwd)  # type: ignore[arg-type]
+    prepared.cfg = build_tune_config(raw, CONF_DIR, lambda group, value: prepared.composed([f"{group}={value}"]))
+    return prepared, (absolute_path(export, cwd) if export else None)
+
+
+def write_run_files(prepared: Prepared) -> dict[str, Any]:
+    """config.yaml and manifest.json (run id, study, group choices, provenance), then study.json."""
+    from results.study_store import JOURNAL, read_study_file, write_study_file
+
+    store, manifest, cfg = prepared.store, prepared.manifest, prepared.cfg
+    store.write_config(yaml.safe_dump(prepared.raw, sort_keys=True))
+    if not prepared.resuming:
+        run_id = uuid.uuid4().hex[:12]
+        manifest.update({"kind": TUNE_KIND, "run_id": run_id, "created": _dt.datetime.now().isoformat(timespec="seconds"),
+                         "seed": cfg.seed, "choices": prepared.choices, "cwd": str(prepared.cwd)})
+    manifest.update({"config_hash": config_hash(prepared.raw), "code_version": code_version(CONF_DIR.parent),
+                     "python": platform.python_version(), "host": platform.node()})
+    store.write_manifest(manifest)
+    if read_study_file(store.root) is None:
+        write_study_file(store.root, {"storage": cfg.storage or JOURNAL,
+                                      "study_name": cfg.study_name or f"tune_{manifest['run_id']}"})
+    return manifest
+
+
+def open_study(prepared: Prepared) -> Any:
+    """Create the study on a new run (refused if the storage already holds one of that name), load it on a resume."""
+    import optuna
+
+    from results.study_store import open_storage, read_study_file
+
+    info = read_study_file(prepared.store.root)
+    assert info is not None
+    storage = open_storage(prepared.store.root, info["storage"])
+    name = info["study_name"]
+    exists = name in optuna.study.get_all_study_names(storage)
+    if exists and not prepared.resuming:
+        raise ConfigError(f"the storage {info['storage']} already holds a study named {name!r}; set tune.study_name to "
+                          "a new name, or resume the run dir that created it")
+    cfg = prepared.cfg
+    sampler = build_sampler(cfg.sampler, cfg.sampler_options, cfg.seed)
+    pruner = build_pruner(cfg.pruner, cfg.pruner_options)
+    if exists:
+        return optuna.load_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner)
+    study = optuna.create_study(study_name=name, storage=storage, direction="maximize", sampler=sampler, pruner=pruner)
+    study.set_user_attr("run_dir", str(prepared.store.root))
+    study.set_user_attr("space", {d.key: [d.kind, *([d.low, d.high] if d.kind != "choice" else d.choices)]
+                                  for d in cfg.dims})
+    return study
+
+
+def run(argv: Sequence[str]) -> int:
+    from launch.factory import build_launcher
+    from launch.runner import AbortRun
+    from meta.lock import RunLock, RunLockedError
+    from meta.tune.export import ExportError, export_preset
+    from meta.tune.plan import build_plan
+    from meta.tune.tuner import Tuner
+
+    prepared, export = prepare(argv)
+    cfg = prepared.cfg
+    logging.getLogger().setLevel(cfg.log_level)
+    if cfg.dry_run:
+        sys.stdout.write(build_plan(cfg, prepared.store.root, prepared.resuming) + "\n")
+        return 0
+    if export and prepared.resuming:
+        from results.study_store import load_study
+
+        try:
+            path = export_preset(prepared.store.root, load_study(prepared.store.root), prepared.manifest["choices"],
+                                 cfg.resources, export)
+        except ExportError as exc:
+            logger.error("%s", exc)
+            return 1
+        logger.info("wrote the best trial's settings to %s", path)
+        return 0
+    prepared.manifest.update(check_job_namespace(prepared.raw, prepared.manifest))
+    lock = RunLock(prepared.store.lock_path)
+    try:
+        lock.acquire()
+    except RunLockedError as exc:
+        logger.error("%s", exc)
+        return 3
+    try:
+        manifest = write_run_files(prepared)
+        study = open_study(prepared)
+        launcher = build_launcher(cfg.launcher)
+        logger.info("%s tuning %s (study %s) in %s", "resuming" if prepared.resuming else "starting",
+                    manifest["run_id"], study.study_name, prepared.store.root)
+        try:
+            summary = Tuner(cfg, prepared.store.root, launcher, manifest["run_id"], study, prepared.trial_inner).run()
+        except AbortRun as exc:
+            logger.error("aborted: %s", exc)
+            return 1
+        finally:
+            launcher.close()
+        logger.info("trials: %s; member running time saved by pruning: about %.0f s",
+                    ", ".join(f"{k} {v}" for k, v in sorted(summary.counts.items())), summary.saved_member_s)
+        if summary.best_number is None:
+            logger.error("no trial completed; see the runs' result.json under %s", prepared.store.root)
+            return 1
+        logger.info("best trial %d: %.4f with %s", summary.best_number, summary.best_value, summary.best_params)
+        if export:
+            path = export_preset(prepared.store.root, study, manifest["choices"], cfg.resources, export)
+            logger.info("wrote the best trial's settings to %s", path)
+        return 0
+    finally:
+        lock.release()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help") for a in argv):
+        sys.stdout.write(USAGE + "\n")
+        return 0
+    logging.basicConfig(level=os.environ.get("MIRROR_ES_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return run(argv)
+    except ConfigError as exc:
+        sys.stderr.write(f"config error: {exc}\n")
+        return 2

@@ -1,0 +1,30 @@
+"""``meta.tune dry_run=true``: what a tuning would run and what it would cost, before anything is written."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from meta.tune.config import TuneConfig
+
+
+def build_plan(cfg: TuneConfig, run_dir: Path, resuming: bool) -> str:
+    """The plan as text: the space, the trials and runs, what runs at once, and the GPU-hours at most."""
+    runs = cfg.trials * cfg.seeds
+    minutes = float(cfg.resources.get("member_time_min") or 0.0)
+    gpus = int(cfg.resources.get("gpus") or 0)
+    hours = runs * minutes / 60.0
+    lines = [
+        f"meta.tune plan ({'resume of' if resuming else 'new run in'} {run_dir}); nothing written or submitted",
+        f"launcher: {cfg.launcher.get('name')}; sampler: {cfg.sampler} {cfg.sampler_options or ''}; pruner: "
+        f"{cfg.pruner} {cfg.pruner_options or ''}; storage: {cfg.storage or 'journal file in the run dir'}",
+        "space:",
+        *(f"  {d.key}: {d.kind} " + (", ".join(map(str, d.choices)) if d.kind == "choice" else f"[{d.low:g}, {d.high:g}]")
+          for d in cfg.dims),
+        f"trials: {cfg.trials} x {cfg.seeds} seed(s) = {runs} training runs, at most {cfg.parallel * cfg.seeds} at once "
+        f"({cfg.parallel} trial(s) in flight); objective: mean validation pass@1",
+        f"each run: ~{minutes:g} min (resources.member_time_min), {gpus} GPU, limit inner.timeout_s="
+        f"{cfg.inner_timeout_s:g} s, retries {cfg.retries}",
+        f"GPU-hours without pruning: {runs} runs x {minutes / 60:.2f} h x {gpus} GPU = {hours * gpus:,.1f} GPU-h "
+        f"(wall ~{hours / max(1, cfg.parallel * cfg.seeds):,.1f} h if the cluster runs {cfg.parallel * cfg.seeds} at "
+        "once); pruning stops runs early, so this is an upper bound before retries",
+    ]
+    return "\n".join(lines)

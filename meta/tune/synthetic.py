@@ -1,0 +1,57 @@
+"""A stand-in for a training run in tuning tests and benchmarks: ``inner.entrypoint=meta.tune.synthetic:run``.
+
+It reads the settings a trial tunes and "trains" for ``train.steps`` steps of ``inner.options.step_s`` seconds:
+quality q = exp(-((log10 coef - log10 best_coef)^2 + (log10 lr - log10 best_lr)^2) / (2 width^2)) (defaults: coef
+0.01, lr 3e-4, width 1), plus ``bonus[divergence.name]``; the validation score after step s is
+q (1 - exp(-3 s / steps)) plus the seed's noise (``noise``, a standard deviation), clipped to [0, 1]. Like a real
+member it writes progress.json every step and intermediate.jsonl every ``train.eval_every`` steps before the last.
+``fail_above_coef``: a run whose coef is above it raises (a diverging run). Free of torch, so runs start quickly.
+"""
+from __future__ import annotations
+
+import math
+import random
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from results.intermediate import append_intermediate
+from results.member_progress import MemberProgress, write_progress
+from results.records import MemberSpec, ResultRecord
+
+
+def quality(coef: float, lr: float, options: Mapping[str, Any], divergence: str = "") -> float:
+    width = float(options.get("width", 1.0))
+    distance = (math.log10(coef) - math.log10(float(options.get("best_coef", 0.01)))) ** 2 + \
+               (math.log10(lr) - math.log10(float(options.get("best_lr", 3e-4)))) ** 2
+    bonus = float(dict(options.get("bonus") or {}).get(divergence, 0.0))
+    return math.exp(-distance / (2 * width * width)) + bonus
+
+
+def score(q: float, step: int, steps: int, noise: float) -> float:
+    return min(1.0, max(0.0, q * (1.0 - math.exp(-3.0 * step / steps)) + noise))
+
+
+def run(spec: MemberSpec | Mapping[str, Any]) -> dict[str, Any]:
+    if not isinstance(spec, MemberSpec):
+        spec = MemberSpec.from_dict(spec)
+    inner = spec.inner
+    options = dict(inner.get("options") or {})
+    train, divergence = inner["train"], inner["divergence"]
+    coef, lr = float(divergence["coef"]), float(train["learning_rate"])
+    if options.get("fail_above_coef") is not None and coef > float(options["fail_above_coef"]):
+        raise RuntimeError(f"synthetic divergence: coef {coef:g} > {options['fail_above_coef']}")
+    steps, every, step_s = int(train["steps"]), train.get("eval_every"), float(options.get("step_s", 0.05))
+    q = quality(coef, lr, options, str(divergence.get("name", "")))
+    noise = random.Random(spec.seed).gauss(0.0, float(options.get("noise", 0.0)))
+    work_dir = Path(spec.work_dir)
+    start = time.time()
+    for step in range(1, steps + 1):
+        time.sleep(step_s)
+        now = time.time()
+        write_progress(work_dir, MemberProgress(step=step, max_steps=steps, started_at=start, updated_at=now,
+                                                seconds_per_step=(now - start) / step))
+        if every and step % int(every) == 0 and step < steps:
+            append_intermediate(work_dir, step, score(q, step, steps, noise), 64)
+    return ResultRecord(status="ok", fitness=score(q, steps, steps, noise), val_size=200, steps_done=steps,
+                        wall_time_s=time.time() - start).to_dict()
