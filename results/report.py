@@ -1,5 +1,7 @@
 """``python -m results.report RUN_DIR [--out DIR] [--top K]``: tables and plots of an ES search, live or finished.
 
+A ``meta.tune`` run dir (one with a study.json) gets the tuning report instead (results/tune_report.py).
+
 Prints the generations table, disk use per generation and the top members, then writes CSV tables (with
 provenance columns: run id, config hash, code version, seed, data hashes) and four PNG plots to ``--out``
 (default ``RUN_DIR/report``).
@@ -24,6 +26,8 @@ from results.atomic import CorruptFileError
 from results.plots import plot_disk, plot_failures, plot_fitness, plot_fitness_vs_control, plot_response_length
 from results.store import RunStore
 from results.run_snapshot import RunSnapshot, load_run, top_members
+from results.study_store import read_study_file
+from results.tune_report import build_tune_report, format_tune_report
 
 logger = logging.getLogger(__name__)
 
@@ -190,8 +194,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"error: --top must be >= 1, got {args.top}\n")
         return 2
     try:
+        if read_study_file(args.run_dir) is not None:  # a meta.tune run
+            sys.stdout.write(format_tune_report(build_tune_report(args.run_dir, args.out)))
+            return 0
         report = build_report(args.run_dir, args.out, args.top)
-    except ValueError as exc:
+    except ValueError as exc:  # CorruptFileError included
         sys.stderr.write(f"error: {exc}\n")
         return 2
     sys.stdout.write(format_report(report))

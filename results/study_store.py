@@ -21,6 +21,12 @@ from results.layout import JOURNAL_FILE, STUDY_FILE
 if TYPE_CHECKING:
     import optuna
 
+#: user attrs meta.tune sets on trials, read by the report and the export: why a trial was lost (FAIL, not counted),
+#: its slot (the sampler seed's index), why it failed, where it was pruned and the running time that saved, and the
+#: validation pass@1 of each of its runs
+LOST_ATTR, SLOT_ATTR, ERROR_ATTR = "lost", "slot", "error"
+PRUNED_STEP_ATTR, SAVED_ATTR, RUN_VALUES_ATTR = "pruned_at_step", "saved_member_s", "run_values"
+
 #: study.json's ``storage`` for the default journal file (its path is the run dir's JOURNAL_FILE)
 JOURNAL = "journal"
 #: SQLite waits this long for a lock held by another connection before "database is locked"

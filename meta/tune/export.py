@@ -16,6 +16,7 @@ import yaml
 from meta.config import INNER_NODES
 from meta.tune.trials import read_trial
 from results.atomic import atomic_write_text
+from results.study_store import RUN_VALUES_ATTR
 
 
 class ExportError(RuntimeError):
@@ -49,7 +50,7 @@ def preset_text(run_dir: str | Path, study: Any, choices: Mapping[str, str], res
         body[node] = dict(inner[node])
     body["train"]["eval_every"] = None
     body["resources"] = dict(resources)
-    values = best.user_attrs.get("run_values") or [best.value]
+    values = best.user_attrs.get(RUN_VALUES_ATTR) or [best.value]
     header = [
         "# @package _global_",
         f"# Exported by python -m meta.tune from {Path(run_dir).resolve()}, study {study.study_name!r}: trial",

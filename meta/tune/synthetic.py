@@ -5,7 +5,8 @@ quality q = exp(-((log10 coef - log10 best_coef)^2 + (log10 lr - log10 best_lr)^
 0.01, lr 3e-4, width 1), plus ``bonus[divergence.name]``; the validation score after step s is
 q (1 - exp(-3 s / steps)) plus the seed's noise (``noise``, a standard deviation), clipped to [0, 1]. Like a real
 member it writes progress.json every step and intermediate.jsonl every ``train.eval_every`` steps before the last.
-``fail_above_coef``: a run whose coef is above it raises (a diverging run). Free of torch, so runs start quickly.
+``fail_above_coef``: a run whose coef is above it raises (a diverging run); ``count_calls``: append a line per call
+to <work_dir>/calls.log (tests that no run trains twice). Free of torch, so runs start quickly.
 """
 from __future__ import annotations
 
@@ -45,6 +46,9 @@ def run(spec: MemberSpec | Mapping[str, Any]) -> dict[str, Any]:
     q = quality(coef, lr, options, str(divergence.get("name", "")))
     noise = random.Random(spec.seed).gauss(0.0, float(options.get("noise", 0.0)))
     work_dir = Path(spec.work_dir)
+    if options.get("count_calls"):
+        with open(work_dir / "calls.log", "a") as log:
+            log.write(f"attempt {spec.attempt}\n")
     start = time.time()
     for step in range(1, steps + 1):
         time.sleep(step_s)

@@ -38,14 +38,12 @@ from results.layout import JOBS_FILE, LAUNCHER_DIR
 from results.member_progress import read_progress
 from results.records import MemberSpec, ResultRecord, read_result
 from results.store import read_jobs_file, write_jobs_file
+from results.study_store import ERROR_ATTR, LOST_ATTR, PRUNED_STEP_ATTR, RUN_VALUES_ATTR, SAVED_ATTR, SLOT_ATTR
 
 logger = logging.getLogger(__name__)
 
 #: seconds between reads of the running trials' intermediate scores
 SCAN_INTERVAL_S = 2.0
-#: user attrs the tuner sets on trials (the report and export read them)
-LOST_ATTR, SLOT_ATTR, ERROR_ATTR = "lost", "slot", "error"
-PRUNED_STEP_ATTR, SAVED_ATTR, RUN_VALUES_ATTR = "pruned_at_step", "saved_member_s", "run_values"
 
 
 @dataclass

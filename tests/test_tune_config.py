@@ -1,0 +1,86 @@
+"""meta.tune's input checks: every bad space, sampler, pruner or storage exits 2 naming the key, before a study,
+a run dir or a job exists; and a trial's values reach the run config exactly."""
+from __future__ import annotations
+
+import pytest
+
+from meta.run import compose
+from meta.tune.cli import main
+from meta.tune.space import format_value, trial_overrides
+
+SYNTH = ["inner.entrypoint=meta.tune.synthetic:run"]
+
+
+@pytest.mark.parametrize("override, named", [
+    ("tune.space={divergence.coeff: [log, 1e-4, 1.0]}", "tune.space.divergence.coeff"),
+    ("tune.space={train.learning_rate: [log, 0.0, 1e-3]}", "log range needs low > 0"),
+    ("tune.space={train.learning_rate: [log, -1e-4, 1e-3]}", "log range needs low > 0"),
+    ("tune.space={divergence.coef: [float, 1.0, 1.0]}", "is empty"),
+    ("tune.space={divergence.coef: [float, 2.0, 1.0]}", "is empty"),
+    ("tune.space={divergence.coef: [log, 1e-4]}", "exactly two bounds"),
+    ("tune.space={divergence.coef: [uniform, 1e-4, 1.0]}", "tune.space.divergence.coef"),
+    ("tune.space={train.steps: [int, 1.5, 10]}", "integer bounds"),
+    ("tune.space={divergence: [choice, kl]}", "at least two different values"),
+    ("tune.space={divergence: [choice, kl, kl]}", "at least two different values"),
+    ("tune.space={divergence: [choice, kl, nope]}", "'nope' is not a divergence config"),
+    ("tune.space={divergence: [log, 1e-4, 1.0]}", "config group"),
+    ("tune.space={seed: [int, 0, 3]}", "only keys under"),
+    ("tune.space={divergence.param_transform: [choice, abs, none], divergence: [choice, kl, neural_mirror]}",
+     "divergence=kl has no such setting"),
+    ("tune.sampler=grid", "tune.sampler='grid'"),
+    ("tune.pruner=hyperband", "tune.pruner='hyperband'"),
+    ("tune.pruner_options={bogus: 1}", "tune.pruner_options"),
+    ("tune.sampler_options={bogus: 1}", "tune.sampler_options"),
+    ("train.eval_every=null", "train.eval_every"),
+    ("tune.trials=0", "tune.trials"),
+    ("tune.parallel=0", "tune.parallel"),
+    ("tune.seeds=0", "tune.seeds"),
+    ("tune.storage=study.db", "tune.storage"),
+    ("tune.bogus=1", "tune.bogus"),
+])
+def test_bad_input_exits_2_naming_the_key_before_anything_exists(tmp_path, capsys, override, named):
+    run_dir = tmp_path / "run"
+    assert main([f"run_dir={run_dir}", *SYNTH, override]) == 2
+    err = capsys.readouterr().err
+    assert named in err, err
+    assert not run_dir.exists()
+
+
+def test_a_trial_value_that_the_run_config_refuses_is_caught_up_front_for_a_group_choice(tmp_path, capsys):
+    """Each tuned group choice is composed and validated by the entry point before the first trial: a choice whose
+    run config the member would refuse fails the whole tuning with exit 2, not trial after trial on the cluster."""
+    run_dir = tmp_path / "run"
+    code = main([f"run_dir={run_dir}", "tune.space={divergence: [choice, kl, neural_mirror]}",
+                 "divergence.init=/no/such/init.safetensors"])
+    assert code == 2
+    assert "divergence.init" in capsys.readouterr().err
+    assert not run_dir.exists()
+
+
+def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert main([f"run_dir={run_dir}", "dry_run=true", "tune.trials=12", "tune.seeds=3", "tune.parallel=4"]) == 0
+    out = capsys.readouterr().out
+    assert "12 x 3 seed(s) = 36 training runs, at most 12 at once" in out
+    assert "divergence.coef: log [0.0001, 1]" in out
+    assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("value", [1.2345678901234567e-05, 0.1 + 0.2, 3e-4, 1e-300, 7.0])
+def test_a_trial_float_reaches_the_composed_config_bit_for_bit(value):
+    raw = compose(trial_overrides({"train.learning_rate": value}), "tune")
+    assert raw["train"]["learning_rate"] == value
+    assert format_value(True) == "true"
+
+
+def test_a_tuned_group_is_chosen_before_its_leaves_are_set():
+    overrides = trial_overrides({"divergence.coef": 0.25, "divergence": "kl"})
+    assert overrides == ["divergence=kl", "divergence.coef=0.25"]
+    raw = compose(overrides, "tune")
+    assert raw["divergence"]["name"] == "kl" and raw["divergence"]["coef"] == 0.25
+
+
+def test_the_cmaes_sampler_is_available():
+    from meta.tune.config import build_sampler
+
+    assert type(build_sampler("cmaes", {}, 0)).__name__ == "CmaEsSampler"
