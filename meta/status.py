@@ -4,7 +4,8 @@ Read-only: it never takes the run's LOCK or writes a file, so it is safe while t
 it died. Per generation a summary line; per member of the current generation (every generation with --all): its
 state (queued, with SLURM's pending reason; running, with its step, last reward and regularizer gradient share from
 progress.json; ok with its fitness; failed, timeout, late, cancelled), its running time and GPU time (the member's
-ledger x resources.gpus), and an ETA from the members' measured step rates. Exit 2 when run_dir is not a search.
+ledger x resources.gpus), and an ETA from the members' measured step rates. A ``meta.tune`` run gets its trials
+instead (meta/tune/status.py). Exit 2 when run_dir is not a search.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from results.layout import parse_generation_dir_name, parse_member_dir_name
 from results.member_progress import MemberProgress, read_progress
 from results.records import read_result
 from results.store import RunStore
+from results.study_store import read_study_file
 
 
 @dataclass
@@ -87,7 +89,7 @@ def _generation_dirs(store: RunStore) -> list[int]:
     return sorted(g for g in found if g is not None)
 
 
-def _orchestrator_line(store: RunStore) -> str:
+def orchestrator_line(store: RunStore) -> str:
     status = RunLock(store.lock_path).holder_status()
     if status is None:
         return "orchestrator: not running (no lock held)"
@@ -100,6 +102,10 @@ def render(run_dir: str | Path, show_all: bool = False, now: float | None = None
     store = RunStore(run_dir)
     if not store.exists():
         raise ValueError(f"{run_dir}: not a search directory (no config.yaml); pass the run_dir of python -m meta.run")
+    if read_study_file(store.root) is not None:  # a meta.tune run
+        from meta.tune.status import render_tune
+
+        return render_tune(run_dir, show_all, now)
     now = time.time() if now is None else now
     raw = yaml.safe_load(store.read_config_text()) or {}
     population, generations = int(raw["population"]), int(raw["generations"])
@@ -109,7 +115,7 @@ def render(run_dir: str | Path, show_all: bool = False, now: float | None = None
     done = set(store.state_generations())
     gens = _generation_dirs(store)
     lines = [f"run {store.root}: population {population}, generation {len(done)} of {generations} done",
-             _orchestrator_line(store)]
+             orchestrator_line(store)]
     gen_table = store.read_generations()
     walls = [float(w) for w in gen_table["wall_time_s"]] if len(gen_table) and "wall_time_s" in gen_table else []
     current_eta = None

@@ -83,3 +83,24 @@ def test_local_member_hanging_past_the_wall_limit_times_out(tmp_path):
     records = _runner(build_launcher(LOCAL), specs, {}, {}, tmp_path, RunnerPolicy(retries=0, timeout_s=1.0)).run()
     assert records[0].ok and records[1].status == "timeout"
     assert time.monotonic() - start < 60
+
+
+def test_members_added_while_the_run_runs_are_submitted_and_waited_for(tmp_path):
+    """A tuner adds its next trials from on_final: they are submitted in the same run, which ends only when they
+    are final too; an index already in the run is refused."""
+    specs = _specs(tmp_path, 4)
+    first, later = specs[:2], specs[2:]
+    settled: list[int] = []
+    runner: MemberArrayRunner
+
+    def on_final(spec, record, progress):
+        settled.append(spec.index)
+        if spec.index == 0:
+            runner.add_members(later)
+
+    runner = _runner(build_launcher(DEBUG), first, {}, {}, tmp_path, on_final=on_final)
+    records = runner.run()
+    assert sorted(records) == [0, 1, 2, 3] and all(r.ok for r in records.values())
+    assert sorted(settled) == [0, 1, 2, 3] and all(_calls(s) == ["attempt 0"] for s in specs)
+    with pytest.raises(ValueError, match="already part of this run"):
+        runner.add_members([specs[0]])

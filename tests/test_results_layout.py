@@ -40,6 +40,15 @@ def test_member_and_chunk_names_round_trip_also_wider_than_the_padding(number):
     assert layout.parse_chunk_marker_name(layout.chunk_marker_name(number)) == number
 
 
+@pytest.mark.parametrize("number", [0, 7, 9999, 10000, 123456])
+def test_trial_names_round_trip_and_read_only_their_own_kind(number):
+    name = layout.trial_dir_name(number)
+    assert layout.parse_trial_dir_name(name) == number
+    assert layout.parse_generation_dir_name(name) is None and layout.parse_member_dir_name(name) is None
+    assert layout.parse_trial_dir_name(layout.generation_dir_name(number)) is None
+    assert layout.trial_dir_name(7) == "trial_0007"
+
+
 def test_names_keep_their_on_disk_spelling():
     """Existing run dirs must stay readable: the padding and spelling are what earlier versions wrote."""
     assert layout.generation_dir_name(8) == "gen_0008"

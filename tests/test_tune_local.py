@@ -247,3 +247,32 @@ def test_the_report_of_a_tune_run_has_the_trials_importances_and_plots(tmp_path,
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
     best = json.loads((out / "best.json").read_text())["best"]
     assert best["value"] == trials["value"].max()
+
+
+def test_a_run_that_fails_once_is_retried_like_an_es_member(tmp_path):
+    run_dir = tmp_path / "run"
+    assert main([f"run_dir={run_dir}", *SYNTH, "launcher=debug", "tune.trials=2", "retries=1",
+                 "+inner.options={step_s: 0.0, fail_attempts: 1, count_calls: true}"]) == 0
+    study = load_study(run_dir)
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2
+    for t in study.trials:
+        work_dir = Path(json.loads((trial_dir(run_dir, t.number) / TRIAL_FILE).read_text())["members"][0]["work_dir"])
+        assert (work_dir / "calls.log").read_text().splitlines() == ["attempt 0", "attempt 1"]
+        assert "transient failure" in json.loads((work_dir / "result.attempt0.json").read_text())["error"]
+
+
+def test_status_shows_the_trials_the_best_and_a_trial_without_runs(tmp_path):
+    from meta.status import render
+
+    run_dir = tmp_path / "run"
+    assert main([f"run_dir={run_dir}", *SYNTH, "launcher=debug", "tune.trials=3",
+                 "+inner.options={step_s: 0.0}"]) == 0
+    study = load_study(run_dir)
+    best = max(study.trials, key=lambda t: t.value)
+    study.ask()  # a trial asked by a tuner that died before writing its runs down
+    text = render(run_dir)
+    assert "3 COMPLETE, 1 RUNNING" in text and f"best so far: trial {best.number}, {best.value:.4f}" in text
+    assert "trial 3 RUNNING: no trial file" in text
+    assert "orchestrator: not running" in text
+    full = render(run_dir, show_all=True)
+    assert full.count("run 0    ok") == 3

@@ -5,7 +5,8 @@ quality q = exp(-((log10 coef - log10 best_coef)^2 + (log10 lr - log10 best_lr)^
 0.01, lr 3e-4, width 1), plus ``bonus[divergence.name]``; the validation score after step s is
 q (1 - exp(-3 s / steps)) plus the seed's noise (``noise``, a standard deviation), clipped to [0, 1]. Like a real
 member it writes progress.json every step and intermediate.jsonl every ``train.eval_every`` steps before the last.
-``fail_above_coef``: a run whose coef is above it raises (a diverging run); ``count_calls``: append a line per call
+``fail_above_coef``: a run whose coef is above it raises (a diverging run); ``fail_attempts``: every run raises on
+its attempts below this number (a transient failure that a retry gets past); ``count_calls``: append a line per call
 to <work_dir>/calls.log (tests that no run trains twice). Free of torch, so runs start quickly.
 """
 from __future__ import annotations
@@ -40,15 +41,17 @@ def run(spec: MemberSpec | Mapping[str, Any]) -> dict[str, Any]:
     options = dict(inner.get("options") or {})
     train, divergence = inner["train"], inner["divergence"]
     coef, lr = float(divergence["coef"]), float(train["learning_rate"])
-    if options.get("fail_above_coef") is not None and coef > float(options["fail_above_coef"]):
-        raise RuntimeError(f"synthetic divergence: coef {coef:g} > {options['fail_above_coef']}")
-    steps, every, step_s = int(train["steps"]), train.get("eval_every"), float(options.get("step_s", 0.05))
-    q = quality(coef, lr, options, str(divergence.get("name", "")))
-    noise = random.Random(spec.seed).gauss(0.0, float(options.get("noise", 0.0)))
     work_dir = Path(spec.work_dir)
     if options.get("count_calls"):
         with open(work_dir / "calls.log", "a") as log:
             log.write(f"attempt {spec.attempt}\n")
+    if options.get("fail_above_coef") is not None and coef > float(options["fail_above_coef"]):
+        raise RuntimeError(f"synthetic divergence: coef {coef:g} > {options['fail_above_coef']}")
+    if spec.attempt < int(options.get("fail_attempts", 0)):
+        raise RuntimeError(f"synthetic transient failure on attempt {spec.attempt}")
+    steps, every, step_s = int(train["steps"]), train.get("eval_every"), float(options.get("step_s", 0.05))
+    q = quality(coef, lr, options, str(divergence.get("name", "")))
+    noise = random.Random(spec.seed).gauss(0.0, float(options.get("noise", 0.0)))
     start = time.time()
     for step in range(1, steps + 1):
         time.sleep(step_s)

@@ -1,0 +1,61 @@
+"""``python -m meta.status run_dir=<tune run>``: what a tuning is doing (meta.status picks this for a tune run).
+
+Read-only like the search's status: the trials by state and the best so far from the study, then every running
+trial's settings, its latest reported intermediate score, and each of its runs (queued with SLURM's reason, running
+with its step, finished) from the runs' files.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import yaml
+
+from meta.status import member_row, orchestrator_line, slurm_reasons
+from meta.tune.trials import read_trial, trials_dir
+from results.layout import JOBS_FILE
+from results.store import RunStore, read_jobs_file
+from results.study_store import LOST_ATTR, load_study
+
+
+def render_tune(run_dir: str | Path, show_all: bool = False, now: float | None = None) -> str:
+    """The status text of a tune run; ``show_all`` adds the runs of finished trials."""
+    from optuna.trial import TrialState
+
+    store = RunStore(run_dir)
+    now = time.time() if now is None else now
+    raw = yaml.safe_load(store.read_config_text()) or {}
+    target = int((raw.get("tune") or {}).get("trials", 0))
+    study = load_study(run_dir)
+    trials = study.get_trials(deepcopy=False)
+    counts: dict[str, int] = {}
+    for t in trials:
+        name = "LOST" if t.user_attrs.get(LOST_ATTR) else t.state.name
+        counts[name] = counts.get(name, 0) + 1
+    counted = len(trials) - counts.get("LOST", 0)
+    complete = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
+    lines = [f"tune run {store.root}: study {study.study_name!r}, {counted} of {target} trials asked ("
+             + ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) + ")",
+             orchestrator_line(store)]
+    if complete:
+        best = max(complete, key=lambda t: (t.value, -t.number))
+        lines.append(f"best so far: trial {best.number}, {best.value:.4f} with {best.params}")
+    jobs = read_jobs_file(trials_dir(run_dir) / JOBS_FILE)
+    slurm = (raw.get("launcher") or {}).get("name") == "slurm"
+    for t in trials:
+        if t.state != TrialState.RUNNING and not show_all:
+            continue
+        plan = read_trial(run_dir, t.number)
+        last = max(t.intermediate_values, default=None)
+        score = f", step {last}: {t.intermediate_values[last]:.4f}" if last is not None else ""
+        value = f", value {t.value:.4f}" if t.value is not None else ""
+        lines.append(f"trial {t.number} {t.state.name}{value}{score}: "
+                     + (" ".join(plan.overrides) if plan else "no trial file"))
+        if plan is None:
+            continue
+        queued = [str(jobs[s.index]["job_id"]) for s in plan.specs if s.index in jobs]
+        reasons = slurm_reasons(queued) if slurm and t.state == TrialState.RUNNING else {}
+        for k, spec in enumerate(plan.specs):
+            row = member_row(f"run {k}", Path(spec.work_dir), jobs.get(spec.index), reasons, now)
+            lines.append(f"  {row.label:<8s} {row.state:<13s} {row.detail}")
+    return "\n".join(lines) + "\n"
