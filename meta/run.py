@@ -46,7 +46,7 @@ Common keys: population, generations, seed, run_dir, es=pgpe|snes|cem|cmaes|open
 launcher=local|debug|slurm, experiment=tiny_arith|mbpp_qwen3|gsm8k_qwen3, init=uniform|gaussian|<file>,
 inner.entrypoint, inner.timeout_s, resources.*, retries, fitness_on_failure, max_failed_fraction, task=...,
 model=..., train.steps=..., dry_run=true (print the plan, submit and write nothing)
-See conf/config.yaml for every key and its default."""
+See conf/config.yaml (and conf/member_settings.yaml for resources.* and inner.*) for every key and its default."""
 
 
 def compose(overrides: Sequence[str], config_name: str = "config") -> dict[str, Any]:
@@ -114,6 +114,9 @@ def prepare(argv: Sequence[str]) -> tuple[SearchConfig, dict[str, Any], RunStore
     manifest: dict[str, Any] = {}
     if resuming:
         manifest = store.read_manifest()
+        if manifest.get("kind") is not None:  # e.g. "tune": a meta.tune run dir
+            raise ConfigError(f"run_dir={run_dir} is a meta.{manifest['kind']} run, not an ES search; resume it with "
+                              f"python -m meta.{manifest['kind']} run_dir={run_dir}")
         combined = merge_overrides(manifest.get("overrides", []), overrides)
         raw = compose(combined)
         absolute_paths(raw, cwd)

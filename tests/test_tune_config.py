@@ -84,3 +84,16 @@ def test_the_cmaes_sampler_is_available():
     from meta.tune.config import build_sampler
 
     assert type(build_sampler("cmaes", {}, 0)).__name__ == "CmaEsSampler"
+
+
+def test_meta_run_and_meta_tune_refuse_each_others_run_dirs(tmp_path, capsys):
+    from meta.run import main as run_main
+
+    tune_dir, search_dir = tmp_path / "tune", tmp_path / "search"
+    assert main([f"run_dir={tune_dir}", *SYNTH, "launcher=debug", "tune.trials=1", "+inner.options={step_s: 0.0}"]) == 0
+    assert run_main([f"run_dir={tune_dir}"]) == 2
+    assert "is a meta.tune run" in capsys.readouterr().err
+    assert run_main([f"run_dir={search_dir}", "inner.entrypoint=meta.synthetic:member", "generations=1",
+                     "reevaluate.top_k=0", "launcher=debug"]) == 0
+    assert main([f"run_dir={search_dir}"]) == 2
+    assert "is not a meta.tune run" in capsys.readouterr().err
