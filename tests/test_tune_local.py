@@ -276,3 +276,24 @@ def test_status_shows_the_trials_the_best_and_a_trial_without_runs(tmp_path):
     assert "orchestrator: not running" in text
     full = render(run_dir, show_all=True)
     assert full.count("run 0    ok") == 3
+
+
+def test_a_storage_that_does_not_open_exits_2_before_anything_is_written(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert main([f"run_dir={run_dir}", *SYNTH, "tune.storage=sqlite:////no/such/dir/study.db"]) == 2
+    assert "tune.storage=sqlite:////no/such/dir/study.db: cannot open it" in capsys.readouterr().err
+    assert not run_dir.exists()
+
+
+def test_a_tuning_whose_first_trials_all_fail_stops_and_resumes_once_fixed(tmp_path):
+    run_dir, needed = tmp_path / "run", tmp_path / "data.txt"
+    args = [f"run_dir={run_dir}", *SYNTH, "launcher=debug", "tune.trials=6", "retries=0",
+            f"+inner.options={{step_s: 0.0, fail_unless: {needed}}}"]
+    assert main(args) == 1
+    study = load_study(run_dir)
+    assert [t.state for t in study.trials if t.state != TrialState.RUNNING] == [TrialState.FAIL] * 3
+    assert "needs" in study.trials[0].user_attrs["error"]
+    needed.write_text("restored")  # the shared cause fixed: the resume goes on from where it stopped
+    assert main(args) == 0
+    states = [t.state for t in load_study(run_dir).trials]
+    assert states.count(TrialState.COMPLETE) == 3 and TrialState.RUNNING not in states

@@ -15,6 +15,7 @@ import os
 import platform
 import sys
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -41,24 +42,31 @@ tune.storage=sqlite:////abs/study.db, train.eval_every, launcher=local|slurm, ex
 export=best.yaml, dry_run=true. See conf/tune.yaml for every key and its default."""
 
 
+def composed(overrides: Sequence[str], cwd: Path) -> dict[str, Any]:
+    """conf/tune.yaml composed with ``overrides``, paths made absolute against ``cwd``."""
+    raw, _ = compose_with_choices(overrides, CONFIG_NAME)
+    absolute_paths(raw, cwd)
+    return raw
+
+
+@dataclass
 class Prepared:
-    """The validated run: config, composed dict, store, manifest, and how to compose a trial."""
+    """The validated run: config, composed dict, store, manifest, and what a trial's composition starts from."""
 
-    def __init__(self, cfg: TuneConfig, raw: dict[str, Any], store: RunStore, manifest: dict[str, Any],
-                 resuming: bool, overrides: list[str], choices: dict[str, str], cwd: Path) -> None:
-        self.cfg, self.raw, self.store, self.manifest = cfg, raw, store, manifest
-        self.resuming, self.overrides, self.choices, self.cwd = resuming, overrides, choices, cwd
-
-    def composed(self, extra: Sequence[str]) -> dict[str, Any]:
-        raw, _ = compose_with_choices([*self.overrides, *extra], CONFIG_NAME)
-        absolute_paths(raw, self.cwd)
-        return raw
+    cfg: TuneConfig
+    raw: dict[str, Any]
+    store: RunStore
+    manifest: dict[str, Any]
+    resuming: bool
+    overrides: list[str]
+    choices: dict[str, str]
+    cwd: Path
 
     def trial_inner(self, overrides: Sequence[str]) -> dict[str, Any]:
         """A trial member's inner config: the run's composition with the trial's overrides, validated."""
         from launch.member import load_entrypoint
 
-        raw = self.composed(overrides)
+        raw = composed([*self.overrides, *overrides], self.cwd)
         inner = self.cfg.member_inner({node: raw[node] for node in INNER_NODES})
         validate = getattr(load_entrypoint(self.cfg.inner_entrypoint), "validate", None)
         if callable(validate):
@@ -102,8 +110,8 @@ def prepare(argv: Sequence[str]) -> tuple[Prepared, str | None]:
     manifest["overrides"] = merge_overrides([], overrides)
     raw["run_dir"] = run_dir
     raw["export"] = None
-    prepared = Prepared(None, raw, store, manifest, resuming, list(manifest["overrides"]), choices, cwd)  # type: ignore[arg-type]
-    prepared.cfg = build_tune_config(raw, CONF_DIR, lambda group, value: prepared.composed([f"{group}={value}"]))
+    cfg = build_tune_config(raw, CONF_DIR, lambda group, value: composed([*overrides, f"{group}={value}"], cwd))
+    prepared = Prepared(cfg, raw, store, manifest, resuming, list(manifest["overrides"]), choices, cwd)
     return prepared, (absolute_path(export, cwd) if export else None)
 
 
@@ -124,6 +132,19 @@ def write_run_files(prepared: Prepared) -> dict[str, Any]:
         write_study_file(store.root, {"storage": cfg.storage or JOURNAL,
                                       "study_name": cfg.study_name or f"tune_{manifest['run_id']}"})
     return manifest
+
+
+def check_storage(storage: str | None) -> None:
+    """A database storage must open (and get Optuna's tables) before anything is written: ConfigError otherwise."""
+    if storage is None:
+        return
+    from results.study_store import open_storage
+
+    try:
+        open_storage(".", storage)
+    except Exception as exc:  # SQLAlchemy's and the drivers' errors have no common base worth naming
+        raise ConfigError(f"tune.storage={storage}: cannot open it ({type(exc).__name__}: "
+                          f"{str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''})") from None
 
 
 def open_study(prepared: Prepared) -> Any:
@@ -177,6 +198,7 @@ def run(argv: Sequence[str]) -> int:
             return 1
         logger.info("wrote the best trial's settings to %s", path)
         return 0
+    check_storage(cfg.storage)
     prepared.manifest.update(check_job_namespace(prepared.raw, prepared.manifest))
     lock = RunLock(prepared.store.lock_path)
     try:

@@ -5,8 +5,8 @@ quality q = exp(-((log10 coef - log10 best_coef)^2 + (log10 lr - log10 best_lr)^
 0.01, lr 3e-4, width 1), plus ``bonus[divergence.name]``; the validation score after step s is
 q (1 - exp(-3 s / steps)) plus the seed's noise (``noise``, a standard deviation), clipped to [0, 1]. Like a real
 member it writes progress.json every step and intermediate.jsonl every ``train.eval_every`` steps before the last.
-``fail_above_coef``: a run whose coef is above it raises (a diverging run); ``fail_attempts``: every run raises on
-its attempts below this number (a transient failure that a retry gets past); ``count_calls``: append a line per call
+``fail_above_coef``: a run whose coef is above it raises (a diverging run); ``fail_unless``: every run raises while this path does not exist (a missing data
+file, fixed by creating it); ``fail_attempts``: every run raises on its attempts below this number (a transient failure that a retry gets past); ``count_calls``: append a line per call
 to <work_dir>/calls.log (tests that no run trains twice). Free of torch, so runs start quickly.
 """
 from __future__ import annotations
@@ -47,6 +47,8 @@ def run(spec: MemberSpec | Mapping[str, Any]) -> dict[str, Any]:
             log.write(f"attempt {spec.attempt}\n")
     if options.get("fail_above_coef") is not None and coef > float(options["fail_above_coef"]):
         raise RuntimeError(f"synthetic divergence: coef {coef:g} > {options['fail_above_coef']}")
+    if options.get("fail_unless") and not Path(options["fail_unless"]).exists():
+        raise FileNotFoundError(f"synthetic run needs {options['fail_unless']}")
     if spec.attempt < int(options.get("fail_attempts", 0)):
         raise RuntimeError(f"synthetic transient failure on attempt {spec.attempt}")
     steps, every, step_s = int(train["steps"]), train.get("eval_every"), float(options.get("step_s", 0.05))

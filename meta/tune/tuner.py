@@ -44,6 +44,10 @@ logger = logging.getLogger(__name__)
 
 #: seconds between reads of the running trials' intermediate scores
 SCAN_INTERVAL_S = 2.0
+#: stop (exit 1, resumable) when this many trials ended in this tuner's run and every one of them failed: a cause
+#: shared by all trials (a data path, a driver, out of memory at every setting) would otherwise fail every trial of
+#: the study. Counted per tuner process, so the resume after the fix goes on.
+ABORT_AFTER_FAILED = 3
 
 
 @dataclass
@@ -83,6 +87,8 @@ class Tuner:
         self.counted = 0  # trials toward tune.trials (every trial but the lost ones)
         self.runner: MemberArrayRunner | None = None
         self._last_scan = 0.0
+        self.ended = {"failed": 0, "other": 0}  # trials this process told: FAIL, and COMPLETE or PRUNED
+        self.first_error = ""
 
     # ------------------------------------------------------------------ main
     def run(self) -> TuneSummary:
@@ -99,6 +105,7 @@ class Tuner:
                 launcher_folder=folder / LAUNCHER_DIR,
                 policy=runner_policy(self.cfg.retries, self.cfg.inner_timeout_s, self.cfg.launcher),
                 on_final=self._on_final, on_tick=self._on_tick, decided={s.index: r for s, r in decided},
+                should_abort=lambda final: self._all_failed(),
             )
             self.runner.run()
             decided = []
@@ -128,7 +135,11 @@ class Tuner:
                 self._activate(plan, optuna.trial.Trial(self.study, frozen._trial_id), reported)
                 logger.info("trial %d: resumed (%s)", frozen.number, ", ".join(plan.overrides))
             elif frozen.state == TrialState.PRUNED:
-                plan = read_trial(self.run_dir, frozen.number)
+                try:
+                    plan = read_trial(self.run_dir, frozen.number)
+                except CorruptFileError as exc:
+                    plan = None
+                    logger.warning("trial %d (pruned): %s; its runs cannot be checked", frozen.number, exc)
                 for spec in plan.specs if plan else []:
                     if read_result(spec.work_dir) is None:
                         decided.append((spec, ResultRecord(status="pruned", error=(
@@ -144,6 +155,13 @@ class Tuner:
                                        "replaced by a new trial in the same slot")
         self.study.tell(frozen.number, state=TrialState.FAIL)
         logger.warning("trial %d: lost before any of its runs was recorded; marked FAIL and replaced", frozen.number)
+
+    def _all_failed(self) -> str | None:
+        if self.ended["failed"] < ABORT_AFTER_FAILED or self.ended["other"]:
+            return None
+        return (f"the first {self.ended['failed']} trials that ended in this run all failed (first error: "
+                f"{self.first_error}); this looks like a cause shared by every trial. Fix it and resume with the same "
+                "run_dir")
 
     # ------------------------------------------------------------------ asks
     def _ask_more(self) -> list[TrialPlan]:
@@ -213,7 +231,10 @@ class Tuner:
             active.trial.set_user_attr(ERROR_ATTR, reason[:2000])
             self.study.tell(number, state=TrialState.FAIL)
             logger.warning("trial %d: FAIL (%s)", number, reason)
+            self.ended["failed"] += 1
+            self.first_error = self.first_error or reason[:300]
             return
+        self.ended["other"] += 1
         active.trial.set_user_attr(RUN_VALUES_ATTR, [r.fitness for r in records])
         self.study.tell(number, value)
         logger.info("trial %d: %.4f (%s)", number, value, " ".join(active.plan.overrides))
@@ -251,6 +272,7 @@ class Tuner:
         number = active.plan.number
         del self.active[number]
         self.study.tell(number, state=TrialState.PRUNED)  # told first: a restart cancels what is left
+        self.ended["other"] += 1
         self.runner.stop_members([s.index for s in pending], "pruned", (
             f"trial {number} pruned by tune.pruner={self.cfg.pruner} after step {step} (intermediate pass@1 "
             f"{value:.4f}); about {saved:.0f} s of running time saved"))
