@@ -297,3 +297,34 @@ def test_a_tuning_whose_first_trials_all_fail_stops_and_resumes_once_fixed(tmp_p
     assert main(args) == 0
     states = [t.state for t in load_study(run_dir).trials]
     assert states.count(TrialState.COMPLETE) == 3 and TrialState.RUNNING not in states
+
+
+def test_optuna_dashboard_serves_the_journal_study(tmp_path):
+    import socket
+    import urllib.request
+
+    run_dir = tmp_path / "run"
+    assert main([f"run_dir={run_dir}", *SYNTH, "launcher=debug", "tune.trials=2", "+inner.options={step_s: 0.0}"]) == 0
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-c", "from optuna_dashboard._cli import main; main()",
+                               str(run_dir / JOURNAL_FILE), "--host", "127.0.0.1", "--port", str(port), "--quiet"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline, body = time.monotonic() + 60, None
+        while body is None:
+            assert server.poll() is None, server.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "optuna-dashboard did not answer within 60 s"
+            try:
+                body = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=5).read())
+            except OSError:
+                time.sleep(0.3)
+        (summary,) = body["study_summaries"]
+        assert summary["study_name"] == load_study(run_dir).study_name
+        detail = json.loads(urllib.request.urlopen(
+            f"http://127.0.0.1:{port}/api/studies/{summary['study_id']}", timeout=5).read())
+        assert [t["state"] for t in detail["trials"]] == ["Complete", "Complete"]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
