@@ -136,6 +136,8 @@ class MemberArrayRunner:
                 last_scan = time.monotonic()
                 queued = self.launcher.waiting([ref for ref in self.in_flight.values() if ref.job_id in alive])
             for index, ref in list(self.in_flight.items()):
+                if self.in_flight.get(index) is not ref:
+                    continue  # settled meanwhile by a callback (on_final stopping a failed trial's other runs)
                 self._poll(index, ref, ref.job_id in alive, scan, ref.job_id in queued)
             self._enforce_queue_limit()
             self._check_abort()
@@ -268,6 +270,8 @@ class MemberArrayRunner:
         waiting = self.launcher.waiting(list(self.in_flight.values()))
         now = time.monotonic()
         for index, ref in list(self.in_flight.items()):
+            if self.in_flight.get(index) is not ref:
+                continue  # settled meanwhile by a callback
             if ref.job_id not in waiting:
                 self.waiting_since.pop(index, None)
                 continue

@@ -104,3 +104,20 @@ def test_members_added_while_the_run_runs_are_submitted_and_waited_for(tmp_path)
     assert sorted(settled) == [0, 1, 2, 3] and all(_calls(s) == ["attempt 0"] for s in specs)
     with pytest.raises(ValueError, match="already part of this run"):
         runner.add_members([specs[0]])
+
+
+def test_on_final_may_stop_members_that_are_still_to_be_polled(tmp_path):
+    """A tuner stops a failed trial's other runs from on_final, while the runner is still going through the
+    members it polls this round: those must be skipped, not polled again (this raised KeyError)."""
+    specs = _specs(tmp_path, 3, fail=[0])
+    runner: MemberArrayRunner
+
+    def on_final(spec, record, progress):
+        if spec.index == 0:
+            runner.stop_members([1, 2], "cancelled", "sibling failed")
+
+    runner = _runner(build_launcher(DEBUG), specs, {}, {}, tmp_path, RunnerPolicy(retries=0, timeout_s=30),
+                     on_final=on_final)
+    records = runner.run()
+    assert records[0].status == "failed"
+    assert records[1].status == records[2].status == "cancelled"
