@@ -53,6 +53,7 @@ def test_a_tuning_finishes_and_its_journal_study_opens_with_plain_optuna(tmp_pat
         plan = json.loads((trial_dir(run_dir, t.number) / TRIAL_FILE).read_text())
         records = [read_result(m["work_dir"]) for m in plan["members"]]
         assert [r.status for r in records] == ["ok", "ok"]
+        assert {m["inner"]["eval_split"] for m in plan["members"]} == {"validation"}  # the test split never
         assert t.user_attrs["run_values"] == [r.fitness for r in records]
     assert study.direction == optuna.study.StudyDirection.MAXIMIZE
 
