@@ -1,9 +1,33 @@
-"""``key=value`` arguments of the small run-dir commands (meta.export, meta.reevaluate), checked up front."""
+"""The command line of the meta.* commands: one entry-point contract (help, logging, exit 2 on bad input) and the
+``key=value`` arguments of the small run-dir commands (meta.export, meta.reevaluate), checked up front."""
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+import logging
+import os
+import sys
+from typing import Callable, Mapping, Sequence
 
 from meta.config import ConfigError
+
+LOG_LEVEL_ENV = "MIRROR_ES_LOG_LEVEL"
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def run_command(argv: Sequence[str] | None, usage: str, body: Callable[[list[str]], int], error_label: str) -> int:
+    """Exit code of ``body(argv)``: -h/--help prints ``usage`` (0); a ConfigError is one line on stderr, exit 2.
+
+    Logging goes to stderr at $MIRROR_ES_LOG_LEVEL (INFO by default) so every command logs the same way.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help") for a in args):
+        sys.stdout.write(usage + "\n")
+        return 0
+    logging.basicConfig(level=os.environ.get(LOG_LEVEL_ENV, "INFO"), format=LOG_FORMAT)
+    try:
+        return body(args)
+    except ConfigError as exc:
+        sys.stderr.write(f"{error_label}: {exc}\n")
+        return 2
 
 
 def key_values(argv: Sequence[str], defaults: Mapping[str, str], allowed: Sequence[str], usage: str) -> dict[str, str]:

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 import yaml
 
-from meta.cli_args import key_values
+from meta.cli_args import key_values, run_command
 from meta.config import ConfigError, config_hash
 from results.store import RunStore
 
@@ -100,19 +100,14 @@ def _reevaluated_best(store: RunStore, run_dir: str | Path) -> tuple[Any, dict[s
     return torch.tensor(summary["chosen_params"], dtype=torch.float64), provenance
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if any(a in ("-h", "--help") for a in argv):
-        sys.stdout.write(USAGE + "\n")
-        return 0
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        args = parse_args(argv)
-        export_init(args["run_dir"], args["which"], args["out"])
-    except ConfigError as exc:
-        sys.stderr.write(f"export error: {exc}\n")
-        return 2
+def _export(argv: list[str]) -> int:
+    args = parse_args(argv)
+    export_init(args["run_dir"], args["which"], args["out"])
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_command(argv, USAGE, _export, "export error")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from typing import Any, Mapping, Sequence
 from launch.base import Launcher
 from launch.factory import runner_policy
 from launch.runner import MemberArrayRunner
-from meta.cli_args import key_values
+from meta.cli_args import key_values, run_command
 from meta.config import ConfigError, ReevaluateConfig, SearchConfig
 from meta.seeding import derive_seed
 from results.layout import LAUNCHER_DIR, JOBS_FILE, member_dir_name
@@ -210,7 +210,7 @@ def _settings(cfg: SearchConfig, args: Mapping[str, str]) -> ReevaluateConfig:
                             seeds=integer("seeds", cfg.reevaluate.seeds, 2), test=test == "true")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _reevaluate(argv: list[str]) -> int:
     import yaml
 
     from launch.factory import build_launcher
@@ -218,21 +218,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from meta.config import build_search_config
     from meta.lock import RunLock, RunLockedError
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if any(a in ("-h", "--help") for a in argv):
-        sys.stdout.write(USAGE + "\n")
-        return 0
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        args = parse_args(argv)
-        store = RunStore(Path(args["run_dir"]).resolve())
-        if not store.exists():
-            raise ConfigError(f"run_dir={args['run_dir']} holds no run (no config.yaml)")
-        cfg = build_search_config(yaml.safe_load(store.read_config_text()) or {})
-        settings = _settings(cfg, args)
-    except ConfigError as exc:
-        sys.stderr.write(f"reevaluate error: {exc}\n")
-        return 2
+    args = parse_args(argv)
+    store = RunStore(Path(args["run_dir"]).resolve())
+    if not store.exists():
+        raise ConfigError(f"run_dir={args['run_dir']} holds no run (no config.yaml)")
+    cfg = build_search_config(yaml.safe_load(store.read_config_text()) or {})
+    settings = _settings(cfg, args)
     lock = RunLock(store.lock_path)
     try:
         lock.acquire()
@@ -251,6 +242,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         lock.release()
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_command(argv, USAGE, _reevaluate, "reevaluate error")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import logging
-import os
 import platform
 import sys
 import uuid
@@ -32,6 +31,7 @@ from meta.config import (
     config_hash,
     derive_inner_timeout,
 )
+from meta.cli_args import run_command
 from meta.resume import check_job_namespace, format_differences, split_differences
 from results.provenance import code_version
 from results.store import RunStore
@@ -213,18 +213,9 @@ def run(argv: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if any(a in ("-h", "--help") for a in argv):
-        sys.stdout.write(USAGE + "\n")
-        return 0
-    logging.basicConfig(level=os.environ.get("MIRROR_ES_LOG_LEVEL", "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # evotorch warns at import that logging is already configured (by the line above): noise, not news.
+    # evotorch warns at import that logging is already configured (by run_command): noise, not news.
     logging.getLogger("evotorch").addFilter(lambda record: "already configured" not in record.getMessage())
-    try:
-        return run(argv)
-    except ConfigError as exc:
-        sys.stderr.write(f"config error: {exc}\n")
-        return 2
+    return run_command(argv, USAGE, run, "config error")
 
 
 if __name__ == "__main__":

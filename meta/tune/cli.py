@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import logging
-import os
 import platform
 import sys
 import uuid
@@ -22,6 +21,7 @@ from typing import Any, Sequence
 import yaml
 
 from meta.config import INNER_NODES, ConfigError, absolute_overrides, absolute_path, absolute_paths, config_hash
+from meta.cli_args import run_command
 from meta.resume import check_job_namespace, format_differences, split_differences
 from meta.run import CONF_DIR, compose_with_choices, merge_overrides
 from meta.tune.config import STUDY_KEYS, TuneConfig, build_sampler, build_pruner, build_tune_config
@@ -234,14 +234,4 @@ def run(argv: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if any(a in ("-h", "--help") for a in argv):
-        sys.stdout.write(USAGE + "\n")
-        return 0
-    logging.basicConfig(level=os.environ.get("MIRROR_ES_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        return run(argv)
-    except ConfigError as exc:
-        sys.stderr.write(f"config error: {exc}\n")
-        return 2
+    return run_command(argv, USAGE, run, "config error")
