@@ -173,6 +173,27 @@ def test_a_lost_trial_is_failed_and_replaced_by_the_same_draw(tmp_path):
     assert [(t.params, t.value) for t in counted] == [(t.params, t.value) for t in load_study(reference).trials]
 
 
+def test_a_running_trial_whose_trial_file_is_damaged_is_failed_naming_the_file_and_replaced(tmp_path, caplog):
+    args = [*SYNTH, "launcher=debug", "+inner.options={step_s: 0.0}"]
+    run_dir = tmp_path / "run"
+    assert main([f"run_dir={run_dir}", "tune.trials=1", *args]) == 0
+    study = load_study(run_dir)
+    damaged = study.ask()
+    damaged.suggest_float("divergence.coef", 1e-4, 1.0, log=True)
+    path = trial_dir(run_dir, damaged.number) / TRIAL_FILE
+    path.parent.mkdir(parents=True)
+    path.write_text('{"number": 1, "members": [')  # a torn write the atomic writer never leaves: disk damage
+    with caplog.at_level("WARNING", logger="meta.tune"):
+        assert main([f"run_dir={run_dir}", "tune.trials=2", *args]) == 0
+
+    study = load_study(run_dir)
+    failed = study.trials[damaged.number]
+    assert failed.state == TrialState.FAIL
+    assert str(path) in failed.user_attrs[LOST_ATTR] and "replaced" in failed.user_attrs[LOST_ATTR]
+    assert f"trial {damaged.number}: {path} is unreadable" in caplog.text
+    assert [t.state for t in _counted(study)] == [TrialState.COMPLETE] * 2
+
+
 def test_a_pruned_trial_whose_runs_outlived_the_tuner_is_settled_as_pruned_on_resume(tmp_path):
     run_dir = tmp_path / "run"
     args = [*SYNTH, "launcher=debug", "tune.trials=1", "+inner.options={step_s: 0.0, count_calls: true}"]

@@ -123,23 +123,17 @@ class Tuner:
         for frozen in self.study.get_trials(deepcopy=False):
             lost = frozen.state == TrialState.FAIL and frozen.user_attrs.get(LOST_ATTR)
             if frozen.state == TrialState.RUNNING:
-                try:
-                    plan = read_trial(self.run_dir, frozen.number)
-                except CorruptFileError as exc:
-                    plan = None
-                    logger.warning("trial %d: %s", frozen.number, exc)
+                plan, damage = self._read_plan(frozen.number)
                 if plan is None:
-                    self._fail_lost(frozen)
+                    self._fail_lost(frozen, damage)
                     continue
                 reported = max(frozen.intermediate_values, default=-1)
                 self._activate(plan, optuna.trial.Trial(self.study, frozen._trial_id), reported)
                 logger.info("trial %d: resumed (%s)", frozen.number, ", ".join(plan.overrides))
             elif frozen.state == TrialState.PRUNED:
-                try:
-                    plan = read_trial(self.run_dir, frozen.number)
-                except CorruptFileError as exc:
-                    plan = None
-                    logger.warning("trial %d (pruned): %s; its runs cannot be checked", frozen.number, exc)
+                plan, damage = self._read_plan(frozen.number)
+                if damage:
+                    logger.warning("trial %d (pruned): %s; its runs cannot be checked", frozen.number, damage)
                 for spec in plan.specs if plan else []:
                     if read_result(spec.work_dir) is None:
                         decided.append((spec, ResultRecord(status="pruned", error=(
@@ -149,12 +143,21 @@ class Tuner:
                 self.counted += 1
         return decided
 
-    def _fail_lost(self, frozen: optuna.trial.FrozenTrial) -> None:
+    def _read_plan(self, number: int) -> tuple[TrialPlan | None, str | None]:
+        """(the trial's trial.json or None where it was never written, what is wrong with it where it is damaged)."""
+        try:
+            return read_trial(self.run_dir, number), None
+        except CorruptFileError as exc:
+            return None, str(exc)
+
+    def _fail_lost(self, frozen: optuna.trial.FrozenTrial, damage: str | None) -> None:
+        """FAIL a RUNNING trial whose runs cannot be followed; it is not counted and its slot is drawn again."""
+        cause = ("the tuner stopped between asking for this trial and recording its runs" if damage is None else
+                 f"{damage}, so its runs cannot be followed (any still queued are not cancelled: check the queue)")
         trial = optuna.trial.Trial(self.study, frozen._trial_id)
-        trial.set_user_attr(LOST_ATTR, "the tuner stopped between asking for this trial and recording its runs; "
-                                       "replaced by a new trial in the same slot")
+        trial.set_user_attr(LOST_ATTR, f"{cause}; replaced by a new trial in the same slot")
         self.study.tell(frozen.number, state=TrialState.FAIL)
-        logger.warning("trial %d: lost before any of its runs was recorded; marked FAIL and replaced", frozen.number)
+        logger.warning("trial %d: %s; marked FAIL and replaced", frozen.number, cause)
 
     def _all_failed(self) -> str | None:
         if self.ended["failed"] < ABORT_AFTER_FAILED or self.ended["other"]:
