@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 #: validation pass@1 of each of its runs
 LOST_ATTR, SLOT_ATTR, ERROR_ATTR = "lost", "slot", "error"
 PRUNED_STEP_ATTR, SAVED_ATTR, RUN_VALUES_ATTR = "pruned_at_step", "saved_member_s", "run_values"
+#: the study-level user attribute naming the tune run (manifest run_id) that created the study
+RUN_ID_ATTR = "run_id"
 
 #: study.json's ``storage`` for the default journal file (its path is the run dir's JOURNAL_FILE)
 JOURNAL = "journal"

@@ -20,7 +20,7 @@ from optuna.trial import TrialState
 from meta.tune.cli import main
 from meta.tune.synthetic import quality, score
 from meta.tune.trials import plan_trial, run_seed, trial_dir, write_trial
-from results.layout import JOURNAL_FILE, TRIAL_FILE
+from results.layout import JOURNAL_FILE, STUDY_FILE, TRIAL_FILE
 from results.records import read_result
 from results.study_store import LOST_ATTR, SAVED_ATTR, SLOT_ATTR, load_study
 
@@ -65,9 +65,26 @@ def test_an_sqlite_study_store_works_and_opens_with_optuna(tmp_path):
                  "tune.study_name=coef_lr", "+inner.options={step_s: 0.0}"]) == 0
     study = optuna.load_study(study_name="coef_lr", storage=url)
     assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 3
-    # a second tuning may not take over the same study by accident
-    assert main([f"run_dir={tmp_path / 'other'}", *SYNTH, "launcher=debug", f"tune.storage={url}",
-                 "tune.study_name=coef_lr"]) == 2
+
+
+def test_a_new_run_may_not_take_over_another_runs_study(tmp_path, capsys):
+    """Refused before anything is written: a run dir left behind would resume straight into the other study."""
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    args = [*SYNTH, "launcher=debug", "tune.trials=2", f"tune.storage={url}", "+inner.options={step_s: 0.0}"]
+    assert main([f"run_dir={tmp_path / 'first'}", *args, "tune.study_name=coef_lr"]) == 0
+    capsys.readouterr()
+    assert main([f"run_dir={tmp_path / 'other'}", *args, "tune.study_name=coef_lr"]) == 2
+    assert "tune.study_name=coef_lr: the storage" in capsys.readouterr().err
+    assert not (tmp_path / "other").exists()
+
+    # a run dir whose study.json names another run's study (edited by hand, or copied): its resume is refused
+    assert main([f"run_dir={tmp_path / 'second'}", *args, "tune.study_name=second"]) == 0
+    study_file = tmp_path / "second" / STUDY_FILE
+    study_file.write_text(study_file.read_text().replace('"second"', '"coef_lr"'))
+    capsys.readouterr()
+    assert main([f"run_dir={tmp_path / 'second'}", "tune.trials=3"]) == 2
+    assert "belongs to run" in capsys.readouterr().err
+    assert len(optuna.load_study(study_name="coef_lr", storage=url).trials) == 2
 
 
 def test_pruning_stops_runs_early_and_records_the_running_time_it_saved(tmp_path):

@@ -134,40 +134,50 @@ def write_run_files(prepared: Prepared) -> dict[str, Any]:
     return manifest
 
 
-def check_storage(storage: str | None) -> None:
-    """A database storage must open (and get Optuna's tables) before anything is written: ConfigError otherwise."""
-    if storage is None:
-        return
+def check_storage(prepared: Prepared) -> None:
+    """Before anything is written: a database storage must open (and get Optuna's tables), and a new run's
+    tune.study_name must not be taken there (the new run would otherwise resume into another run's study)."""
+    import optuna
+
     from results.study_store import open_storage
 
+    cfg = prepared.cfg
+    if cfg.storage is None:
+        return
     try:
-        open_storage(".", storage)
+        storage = open_storage(".", cfg.storage)
     except Exception as exc:  # SQLAlchemy's and the drivers' errors have no common base worth naming
-        raise ConfigError(f"tune.storage={storage}: cannot open it ({type(exc).__name__}: "
+        raise ConfigError(f"tune.storage={cfg.storage}: cannot open it ({type(exc).__name__}: "
                           f"{str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''})") from None
+    if not prepared.resuming and cfg.study_name in optuna.study.get_all_study_names(storage):
+        raise ConfigError(f"tune.study_name={cfg.study_name}: the storage {cfg.storage} already holds a study of that "
+                          "name; choose a new name, or resume the run dir that created it")
 
 
 def open_study(prepared: Prepared) -> Any:
     """Create the study on a new run (refused if the storage already holds one of that name), load it on a resume."""
     import optuna
 
-    from results.study_store import open_storage, read_study_file
+    from results.study_store import RUN_ID_ATTR, open_storage, read_study_file
 
     info = read_study_file(prepared.store.root)
     assert info is not None
     storage = open_storage(prepared.store.root, info["storage"])
     name = info["study_name"]
-    exists = name in optuna.study.get_all_study_names(storage)
-    if exists and not prepared.resuming:
-        raise ConfigError(f"the storage {info['storage']} already holds a study named {name!r}; set tune.study_name to "
-                          "a new name, or resume the run dir that created it")
+    run_id = prepared.manifest["run_id"]
     cfg = prepared.cfg
     sampler = build_sampler(cfg.sampler, cfg.sampler_options, cfg.seed)
     pruner = build_pruner(cfg.pruner, cfg.pruner_options)
-    if exists:
-        return optuna.load_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner)
+    if name in optuna.study.get_all_study_names(storage):
+        study = optuna.load_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner)
+        owner = study.user_attrs.get(RUN_ID_ATTR, run_id)
+        if not prepared.resuming or owner != run_id:
+            raise ConfigError(f"the study {name!r} in {info['storage']} belongs to run {owner}, not to this run "
+                              f"({run_id}, {prepared.store.root}); its trials are not this run's to continue")
+        return study
     study = optuna.create_study(study_name=name, storage=storage, direction="maximize", sampler=sampler, pruner=pruner)
     study.set_user_attr("run_dir", str(prepared.store.root))
+    study.set_user_attr(RUN_ID_ATTR, run_id)
     study.set_user_attr("space", {d.key: [d.kind, *([d.low, d.high] if d.kind != "choice" else d.choices)]
                                   for d in cfg.dims})
     return study
@@ -198,7 +208,7 @@ def run(argv: Sequence[str]) -> int:
             return 1
         logger.info("wrote the best trial's settings to %s", path)
         return 0
-    check_storage(cfg.storage)
+    check_storage(prepared)
     prepared.manifest.update(check_job_namespace(prepared.raw, prepared.manifest))
     lock = RunLock(prepared.store.lock_path)
     try:
