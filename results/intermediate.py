@@ -2,7 +2,8 @@
 
 A member trained with ``train.eval_every`` appends one line per intermediate validation (``{"step", "pass_at_1",
 "size", "time"}``), which a tuner reads to report to its pruner (meta/tune/). Append-only JSON lines, flushed and
-fsynced per line: a crash mid-write leaves at most a torn last line, which the reader skips; a member resumed from
+fsynced per line: a crash mid-write leaves at most a torn line, which the reader skips and the next append does
+not join; a member resumed from
 a checkpoint may score a step again, and the reader keeps the latest line per step (the run that continued).
 Standard library only: member processes import it.
 """
@@ -20,8 +21,14 @@ def append_intermediate(work_dir: str | Path, step: int, pass_at_1: float, size:
     """One line for one intermediate validation of ``size`` problems after ``step`` optimizer steps."""
     line = json.dumps({"step": int(step), "pass_at_1": float(pass_at_1), "size": int(size), "time": time.time()})
     path = Path(work_dir) / INTERMEDIATE_FILE
-    with open(path, "a", encoding="utf-8") as handle:
-        handle.write(line + "\n")
+    with open(path, "ab+") as handle:
+        # after a crash mid-line, start a new line: the torn one stays unreadable, this one does not join it
+        end = handle.seek(0, os.SEEK_END)
+        torn = False
+        if end:
+            handle.seek(end - 1)
+            torn = handle.read(1) != b"\n"
+        handle.write((b"\n" if torn else b"") + line.encode("utf-8") + b"\n")
         handle.flush()
         os.fsync(handle.fileno())
 
