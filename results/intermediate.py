@@ -3,8 +3,8 @@
 A member trained with ``train.eval_every`` appends one line per intermediate validation (``{"step", "pass_at_1",
 "size", "time"}``), which a tuner reads to report to its pruner (meta/tune/). Append-only JSON lines, flushed and
 fsynced per line: a crash mid-write leaves at most a torn line, which the reader skips and the next append does
-not join; a member resumed from
-a checkpoint may score a step again, and the reader keeps the latest line per step (the run that continued).
+not join; a member resumed from a checkpoint may score a step again, and the reader keeps the latest line per step
+(the run that continued).
 Standard library only: member processes import it.
 """
 from __future__ import annotations
