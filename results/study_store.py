@@ -12,8 +12,10 @@ study opens in a notebook or optuna-dashboard::
 from __future__ import annotations
 
 import json
+import math
+from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 from results.atomic import CorruptFileError, atomic_write_json
 from results.layout import JOURNAL_FILE, STUDY_FILE
@@ -51,6 +53,26 @@ def open_storage(run_dir: str | Path, storage: str) -> "optuna.storages.BaseStor
     if storage.startswith("sqlite"):
         engine_kwargs["connect_args"] = {"timeout": SQLITE_TIMEOUT_S}
     return optuna.storages.RDBStorage(storage, engine_kwargs=engine_kwargs)
+
+
+def state_name(trial: "optuna.trial.FrozenTrial") -> str:
+    """LOST for a trial the tuner lost (FAIL in the study, not counted toward tune.trials), else Optuna's state."""
+    return "LOST" if trial.user_attrs.get(LOST_ATTR) else trial.state.name
+
+
+def state_counts(trials: "Iterable[optuna.trial.FrozenTrial]") -> dict[str, int]:
+    """How many trials are in each state_name, sorted by name."""
+    return dict(sorted(Counter(state_name(t) for t in trials).items()))
+
+
+def best_complete_trial(study: "optuna.Study") -> "optuna.trial.FrozenTrial | None":
+    """The complete trial with the highest finite value (ties: the lower trial number), None when there is none.
+    The one rule the tuner's summary, the report, the status and the export all use."""
+    from optuna.trial import TrialState
+
+    complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                if t.value is not None and math.isfinite(t.value)]
+    return max(complete, key=lambda t: (t.value, -t.number)) if complete else None
 
 
 def write_study_file(run_dir: str | Path, content: dict[str, Any]) -> None:

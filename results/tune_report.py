@@ -10,7 +10,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import math
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +20,8 @@ import pandas as pd
 from results.atomic import atomic_write_bytes, atomic_write_text
 from results.layout import REPORT_DIR
 from results.store import RunStore
-from results.study_store import (ERROR_ATTR, LOST_ATTR, PRUNED_STEP_ATTR, RUN_VALUES_ATTR, SAVED_ATTR, load_study,
-                                  read_study_file)
+from results.study_store import (ERROR_ATTR, LOST_ATTR, PRUNED_STEP_ATTR, RUN_VALUES_ATTR, SAVED_ATTR,
+                                  best_complete_trial, load_study, read_study_file, state_name)
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +48,7 @@ def trials_table(study: Any) -> pd.DataFrame:
         duration = (t.datetime_complete - t.datetime_start).total_seconds() \
             if t.datetime_complete and t.datetime_start else None
         rows.append({
-            "number": t.number, "state": "LOST" if attrs.get(LOST_ATTR) else t.state.name, "value": t.value,
+            "number": t.number, "state": state_name(t), "value": t.value,
             "run_values": ";".join(f"{v:.4f}" for v in attrs.get(RUN_VALUES_ATTR, [])),
             **{f"param:{k}": v for k, v in t.params.items()},
             "last_step": max(t.intermediate_values, default=None),
@@ -61,11 +60,9 @@ def trials_table(study: Any) -> pd.DataFrame:
 
 
 def _best(study: Any) -> dict[str, Any] | None:
-    complete = [t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE" and t.value is not None
-                and math.isfinite(t.value)]
-    if not complete:
+    best = best_complete_trial(study)
+    if best is None:
         return None
-    best = max(complete, key=lambda t: (t.value, -t.number))
     return {"number": best.number, "value": best.value, "params": dict(best.params),
             "run_values": best.user_attrs.get(RUN_VALUES_ATTR, [])}
 

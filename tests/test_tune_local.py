@@ -266,6 +266,13 @@ def test_the_exported_preset_reproduces_the_best_trial_in_inner_loop_and_meta_ru
         assert compose(overrides)[node] == want[node], node
     assert want["divergence"]["name"] == best.params["divergence"]
 
+    # exporting again gives the same file; a different file at that path is never overwritten
+    assert main([f"run_dir={run_dir}", f"export={out}"]) == 0
+    mine = search_path / "experiment" / "mine.yaml"
+    mine.write_text("# @package _global_\ntrain:\n  steps: 3\n")
+    assert main([f"run_dir={run_dir}", f"export={mine}"]) == 1
+    assert mine.read_text() == "# @package _global_\ntrain:\n  steps: 3\n"
+
 
 def test_the_report_of_a_tune_run_has_the_trials_importances_and_plots(tmp_path, capsys):
     from results.report import main as report_main

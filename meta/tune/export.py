@@ -7,7 +7,6 @@ the pruner) is switched off: a single run or an ES member does not need it.
 """
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -16,7 +15,7 @@ import yaml
 from meta.config import INNER_NODES
 from meta.tune.trials import read_trial
 from results.atomic import atomic_write_text
-from results.study_store import RUN_VALUES_ATTR
+from results.study_store import RUN_VALUES_ATTR, best_complete_trial
 
 
 class ExportError(RuntimeError):
@@ -24,14 +23,11 @@ class ExportError(RuntimeError):
 
 
 def best_trial(study: Any) -> Any:
-    """The complete trial with the highest value (ties: the lower trial number); ExportError when there is none."""
-    from optuna.trial import TrialState
-
-    complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                if t.value is not None and math.isfinite(t.value)]
-    if not complete:
+    """results.study_store's best complete trial; ExportError when there is none."""
+    best = best_complete_trial(study)
+    if best is None:
         raise ExportError(f"study {study.study_name!r} has no complete trial yet; nothing to export")
-    return max(complete, key=lambda t: (t.value, -t.number))
+    return best
 
 
 def preset_text(run_dir: str | Path, study: Any, choices: Mapping[str, str], resources: Mapping[str, Any]) -> str:
@@ -66,8 +62,12 @@ def preset_text(run_dir: str | Path, study: Any, choices: Mapping[str, str], res
 
 def export_preset(run_dir: str | Path, study: Any, choices: Mapping[str, str], resources: Mapping[str, Any],
                   out: str | Path) -> Path:
+    """Write the preset to ``out``; a different file already there (a hand-written preset, an earlier export) is
+    never overwritten: ExportError naming it."""
     text = preset_text(run_dir, study, choices, resources)
     path = Path(out)
+    if path.exists() and path.read_text() != text:
+        raise ExportError(f"export={path} already exists with other content; remove it or choose another file name")
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, text)
     return path

@@ -15,7 +15,7 @@ from meta.status import member_row, orchestrator_line, slurm_reasons
 from meta.tune.trials import read_trial, trials_dir
 from results.layout import JOBS_FILE
 from results.store import RunStore, read_jobs_file
-from results.study_store import LOST_ATTR, load_study
+from results.study_store import best_complete_trial, load_study, state_counts
 
 
 def render_tune(run_dir: str | Path, show_all: bool = False, now: float | None = None) -> str:
@@ -28,17 +28,13 @@ def render_tune(run_dir: str | Path, show_all: bool = False, now: float | None =
     target = int((raw.get("tune") or {}).get("trials", 0))
     study = load_study(run_dir)
     trials = study.get_trials(deepcopy=False)
-    counts: dict[str, int] = {}
-    for t in trials:
-        name = "LOST" if t.user_attrs.get(LOST_ATTR) else t.state.name
-        counts[name] = counts.get(name, 0) + 1
+    counts = state_counts(trials)
     counted = len(trials) - counts.get("LOST", 0)
-    complete = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
+    best = best_complete_trial(study)
     lines = [f"tune run {store.root}: study {study.study_name!r}, {counted} of {target} trials asked ("
-             + ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) + ")",
+             + ", ".join(f"{n} {state}" for state, n in counts.items()) + ")",
              orchestrator_line(store)]
-    if complete:
-        best = max(complete, key=lambda t: (t.value, -t.number))
+    if best is not None:
         lines.append(f"best so far: trial {best.number}, {best.value:.4f} with {best.params}")
     jobs = read_jobs_file(trials_dir(run_dir) / JOBS_FILE)
     slurm = (raw.get("launcher") or {}).get("name") == "slurm"

@@ -38,7 +38,8 @@ from results.layout import JOBS_FILE, LAUNCHER_DIR
 from results.member_progress import read_progress
 from results.records import MemberSpec, ResultRecord, read_result
 from results.store import read_jobs_file, write_jobs_file
-from results.study_store import ERROR_ATTR, LOST_ATTR, PRUNED_STEP_ATTR, RUN_VALUES_ATTR, SAVED_ATTR, SLOT_ATTR
+from results.study_store import (ERROR_ATTR, LOST_ATTR, PRUNED_STEP_ATTR, RUN_VALUES_ATTR, SAVED_ATTR, SLOT_ATTR,
+                                  best_complete_trial, state_counts)
 
 logger = logging.getLogger(__name__)
 
@@ -293,14 +294,9 @@ class Tuner:
     # --------------------------------------------------------------- summary
     def summary(self) -> TuneSummary:
         trials = self.study.get_trials(deepcopy=False)
-        counts: dict[str, int] = {}
-        for t in trials:
-            name = "LOST" if t.user_attrs.get(LOST_ATTR) else t.state.name
-            counts[name] = counts.get(name, 0) + 1
-        complete = [t for t in trials if t.state == TrialState.COMPLETE]
-        summary = TuneSummary(counts=counts, saved_member_s=sum(float(t.user_attrs.get(SAVED_ATTR, 0.0))
-                                                                 for t in trials))
-        if complete:
-            best = self.study.best_trial
+        summary = TuneSummary(counts=state_counts(trials), saved_member_s=sum(float(t.user_attrs.get(SAVED_ATTR, 0.0))
+                                                                               for t in trials))
+        best = best_complete_trial(self.study)
+        if best is not None:
             summary.best_number, summary.best_value, summary.best_params = best.number, best.value, dict(best.params)
         return summary
