@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from launch.base import JobRef, Launcher
+from launch.local_controllers import controller_running, sigint_deliverable_to_children, stop_controller
 from launch.member import run_member
 from results.records import MemberSpec
 
@@ -136,6 +137,12 @@ class LocalLauncher(SubmititLauncher):
                 "CUDA_VISIBLE_DEVICES to one GPU"
             )
 
+    def submit(
+        self, entrypoint: str, specs: Sequence[MemberSpec], folder: Path, timeout_s: float
+    ) -> list[JobRef]:
+        with sigint_deliverable_to_children():  # so that cancel can stop them (launch/local_controllers.py)
+            return super().submit(entrypoint, specs, folder, timeout_s)
+
     def _make_executor(self, folder: Path, timeout_s: float) -> Any:
         import submitit
 
@@ -162,7 +169,7 @@ class LocalLauncher(SubmititLauncher):
         job = self._job(ref)
         if job is not None and getattr(job, "_process", None) is not None:
             return job._process.poll() is None
-        return _controller_running(ref.job_id)
+        return controller_running(ref.job_id)
 
     def failure_reason(self, ref: JobRef) -> str:
         if self._job(ref) is None:
@@ -172,13 +179,9 @@ class LocalLauncher(SubmititLauncher):
         return super().failure_reason(ref)
 
     def cancel(self, refs: Sequence[JobRef]) -> None:
-        super().cancel([r for r in refs if self._job(r) is not None])
-        for ref in refs:  # jobs of a previous orchestrator process: signal the controller directly
-            if self._job(ref) is None and _controller_running(ref.job_id):
-                try:
-                    os.kill(int(ref.job_id), 15)
-                except (OSError, ValueError):
-                    pass
+        """Ours or an earlier orchestrator's: stopped through the controller's pid (launch/local_controllers)."""
+        for ref in refs:
+            stop_controller(ref.job_id)
 
 
 def _parent_gpu_indices() -> tuple[int, ...]:
@@ -197,28 +200,6 @@ def _parent_gpu_indices() -> tuple[int, ...]:
             "set launcher.gpus_per_node=N and launcher.visible_gpus=[indices] (or CUDA_VISIBLE_DEVICES to indices)"
         )
     return tuple(int(part) for part in parts)
-
-
-def _controller_running(job_id: str) -> bool:
-    """Is ``job_id`` (a local controller pid) a live, non-zombie submitit controller?"""
-    try:
-        pid = int(job_id)
-    except ValueError:
-        return False
-    proc = Path(f"/proc/{pid}")
-    if proc.exists():
-        try:
-            stat = (proc / "stat").read_text()
-            state = stat.rsplit(")", 1)[1].split()[0]
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
-        except (OSError, IndexError):
-            return False
-        return state not in ("Z", "X") and b"submitit.local._local" in cmdline
-    try:  # no /proc (macOS): best effort
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    return True
 
 
 class DebugLauncher(SubmititLauncher):

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from launch.submitit_launchers import _controller_running
+from launch.local_controllers import controller_running
 from meta.generation_close import QuorumClock
 from meta.run import main
 from results.records import ResultRecord, read_result, write_result
@@ -105,6 +105,6 @@ def test_a_hung_member_is_cancelled_as_late_instead_of_holding_the_generation(tm
     jobs = json.loads(store.jobs_path(0).read_text())["members"]
     controller = jobs["2"]["job_id"]  # the member's local controller process (a zombie once dead counts as dead)
     deadline = time.monotonic() + 30
-    while _controller_running(controller) and time.monotonic() < deadline:
+    while controller_running(controller) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not _controller_running(controller), f"the late member's process {controller} is still running"
+    assert not controller_running(controller), f"the late member's process {controller} is still running"

@@ -1,0 +1,141 @@
+"""The processes of ``launcher=local``: submitit's controller (one per member; its pid is the job id) and the
+member it runs. Why this module: stopping them must work however the orchestrator was started.
+
+submitit stops a local job with SIGINT to the controller, which then stops its member (SIGINT, 1 s, SIGKILL).
+Two cases defeat that on Linux:
+
+- an orchestrator started in the background by a script (``nohup python -m meta.run ... &`` in a batch
+  script, a subshell, cron) inherits SIGINT *ignored*, and an ignored signal stays ignored across exec: every
+  controller it starts ignores SIGINT, so a straggler closed at the quorum or a pruned trial goes on training
+  (and holding its GPU) until its time limit;
+- a controller started by an earlier orchestrator process (a resumed run) cannot be reached through a submitit
+  handle, and SIGTERM is no substitute: the controller forwards it to the member, whose submitit job
+  environment ignores it.
+
+So controllers are started with SIGINT at its default (``sigint_deliverable_to_children``), and a controller is
+stopped by ``stop_controller``: SIGINT where its process accepts it, otherwise SIGKILL to it and every process
+below it (the member, its sandbox).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Iterator
+
+logger = logging.getLogger(__name__)
+
+_CONTROLLER_MODULE = b"submitit.local._local"
+
+
+def _ignore(signum: int, frame: object) -> None:
+    """A handler that does nothing: to this process SIGINT stays ignored, but unlike SIG_IGN a Python-level
+    handler is reset to the default in a child at exec, so the child can be interrupted."""
+
+
+@contextlib.contextmanager
+def sigint_deliverable_to_children() -> Iterator[None]:
+    """Processes started inside this block get SIGINT at its default even if this process ignores it.
+
+    Only SIG_IGN is passed on across exec; a handler is not. Where SIGINT is ignored here, a no-op handler
+    replaces SIG_IGN for the block (the same behaviour for this process) and SIG_IGN is put back after.
+    Signal dispositions can only be changed from the main thread; elsewhere the block changes nothing and
+    ``stop_controller`` falls back to killing the process tree."""
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        yield
+        return
+    if threading.current_thread() is not threading.main_thread():
+        logger.debug("SIGINT is ignored and this is not the main thread: local members inherit the ignore")
+        yield
+        return
+    signal.signal(signal.SIGINT, _ignore)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def controller_running(job_id: str) -> bool:
+    """Is ``job_id`` (a local controller pid) a live, non-zombie submitit controller?"""
+    try:
+        pid = int(job_id)
+    except ValueError:
+        return False
+    proc = Path(f"/proc/{pid}")
+    if proc.exists():
+        try:
+            state = _stat_fields(pid)[0]
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
+        except (OSError, IndexError):
+            return False
+        return state not in ("Z", "X") and _CONTROLLER_MODULE in cmdline
+    if Path("/proc/self").exists():
+        return False
+    try:  # no /proc (macOS): best effort
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
+
+
+def stop_controller(job_id: str) -> None:
+    """Stop the local job whose controller pid is ``job_id``, and its member, without waiting.
+
+    SIGINT (submitit's own cancel: the controller stops its member) where the controller's SIGINT is not
+    ignored; otherwise SIGKILL to the controller first (so it starts nothing more), then to every process that
+    was below it."""
+    if not controller_running(job_id):
+        return
+    pid = int(job_id)
+    if not Path("/proc/self").exists() or not _ignores_sigint(pid):
+        _signal(pid, signal.SIGINT)
+        return
+    below = descendants(pid)
+    logger.info("local job %d ignores SIGINT; killing it and its %d process(es)", pid, len(below))
+    for target in [pid, *below]:
+        _signal(target, signal.SIGKILL)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (children first), from /proc; [] where there is no /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = int(_stat_fields(int(entry.name))[1])
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        children.setdefault(parent, []).append(int(entry.name))
+    found: list[int] = []
+    frontier = [pid]
+    while frontier:
+        level = [child for parent in frontier for child in children.get(parent, [])]
+        found.extend(level)
+        frontier = level
+    return found
+
+
+def _stat_fields(pid: int) -> list[str]:
+    """/proc/<pid>/stat after the command name (which may hold spaces): state, ppid, ..."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def _ignores_sigint(pid: int) -> bool:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigIgn:"):
+                return bool(int(line.split()[1], 16) & (1 << (signal.SIGINT - 1)))
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except OSError:
+        pass  # ended meanwhile
