@@ -4,17 +4,17 @@ member it runs. Why this module: stopping them must work however the orchestrato
 submitit stops a local job with SIGINT to the controller, which then stops its member (SIGINT, 1 s, SIGKILL).
 Two cases defeat that on Linux:
 
-- an orchestrator started in the background by a script (``nohup python -m meta.run ... &`` in a batch
-  script, a subshell, cron) inherits SIGINT *ignored*, and an ignored signal stays ignored across exec: every
+- an orchestrator started in the background by a script (``nohup python -m meta.run ... &`` in a script
+  or a subshell) inherits SIGINT *ignored*, and an ignored signal stays ignored across exec: every
   controller it starts ignores SIGINT, so a straggler closed at the quorum or a pruned trial goes on training
   (and holding its GPU) until its time limit;
 - a controller started by an earlier orchestrator process (a resumed run) cannot be reached through a submitit
   handle, and SIGTERM is no substitute: the controller forwards it to the member, whose submitit job
   environment ignores it.
 
-So controllers are started with SIGINT at its default (``sigint_deliverable_to_children``), and a controller is
-stopped by ``stop_controller``: SIGINT where its process accepts it, otherwise SIGKILL to it and every process
-below it (the member, its sandbox).
+So controllers are started with SIGINT at its default (``sigint_deliverable_to_children``), and a job is stopped
+by ``stop_controllers``: SIGINT to the controller and every process below it (the member, its sandbox) where the
+controller accepts SIGINT, otherwise SIGKILL to all of them.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import os
 import signal
 import threading
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Mapping, Sequence
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def sigint_deliverable_to_children() -> Iterator[None]:
     Only SIG_IGN is passed on across exec; a handler is not. Where SIGINT is ignored here, a no-op handler
     replaces SIG_IGN for the block (the same behaviour for this process) and SIG_IGN is put back after.
     Signal dispositions can only be changed from the main thread; elsewhere the block changes nothing and
-    ``stop_controller`` falls back to killing the process tree."""
+    ``stop_controllers`` falls back to killing the process tree."""
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
         yield
         return
@@ -81,27 +81,48 @@ def controller_running(job_id: str) -> bool:
     return True
 
 
-def stop_controller(job_id: str) -> None:
-    """Stop the local job whose controller pid is ``job_id``, and its member, without waiting.
+def stop_controllers(job_ids: Sequence[str]) -> None:
+    """Stop the local jobs whose controller pids are ``job_ids``, and their members, without waiting.
 
-    SIGINT (submitit's own cancel: the controller stops its member) where the controller's SIGINT is not
-    ignored; otherwise SIGKILL to the controller first (so it starts nothing more), then to every process that
-    was below it."""
-    if not controller_running(job_id):
+    A controller and every process below it get SIGINT where the controller accepts it (submitit's own
+    cancel; the controller then SIGKILLs its member after 1 s), SIGKILL where it ignores SIGINT. The member is
+    signalled directly too: a SIGINT that reaches the controller while it is starting the member leaves the
+    member out of the controller's list, and the member would run on alone."""
+    pids = [int(job_id) for job_id in job_ids if controller_running(job_id)]
+    if not pids:
         return
-    pid = int(job_id)
-    if not Path("/proc/self").exists() or not _ignores_sigint(pid):
-        _signal(pid, signal.SIGINT)
+    if not Path("/proc/self").exists():
+        for pid in pids:
+            _signal(pid, signal.SIGINT)
         return
-    below = descendants(pid)
-    logger.info("local job %d ignores SIGINT; killing it and its %d process(es)", pid, len(below))
-    for target in [pid, *below]:
-        _signal(target, signal.SIGKILL)
+    children = _children_by_parent()
+    for pid in pids:
+        below = _descendants(pid, children)
+        signum = signal.SIGKILL if _ignores_sigint(pid) else signal.SIGINT
+        if signum == signal.SIGKILL:
+            logger.info("local job %d ignores SIGINT; killing it and its %d process(es)", pid, len(below))
+        for target in [pid, *below]:  # the controller first, so that it starts nothing more
+            _signal(target, signum)
 
 
-def descendants(pid: int) -> list[int]:
-    """Every live process below ``pid`` (children first), from /proc; [] where there is no /proc."""
+def _descendants(pid: int, children: Mapping[int, list[int]] | None = None) -> list[int]:
+    """Every live process below ``pid`` (children first), from /proc (or a map parent -> children read from it
+    once for many calls); [] where there is no /proc."""
+    if children is None:
+        children = _children_by_parent()
+    found: list[int] = []
+    frontier = [pid]
+    while frontier:
+        level = [child for parent in frontier for child in children.get(parent, [])]
+        found.extend(level)
+        frontier = level
+    return found
+
+
+def _children_by_parent() -> dict[int, list[int]]:
     children: dict[int, list[int]] = {}
+    if not Path("/proc/self").exists():
+        return children
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -110,13 +131,7 @@ def descendants(pid: int) -> list[int]:
         except (OSError, IndexError, ValueError):
             continue  # gone meanwhile
         children.setdefault(parent, []).append(int(entry.name))
-    found: list[int] = []
-    frontier = [pid]
-    while frontier:
-        level = [child for parent in frontier for child in children.get(parent, [])]
-        found.extend(level)
-        frontier = level
-    return found
+    return children
 
 
 def _stat_fields(pid: int) -> list[str]:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from launch.base import JobRef, Launcher
-from launch.local_controllers import controller_running, sigint_deliverable_to_children, stop_controller
+from launch.local_controllers import controller_running, sigint_deliverable_to_children, stop_controllers
 from launch.member import run_member
 from results.records import MemberSpec
 
@@ -180,8 +180,7 @@ class LocalLauncher(SubmititLauncher):
 
     def cancel(self, refs: Sequence[JobRef]) -> None:
         """Ours or an earlier orchestrator's: stopped through the controller's pid (launch/local_controllers)."""
-        for ref in refs:
-            stop_controller(ref.job_id)
+        stop_controllers([ref.job_id for ref in refs])
 
 
 def _parent_gpu_indices() -> tuple[int, ...]:
