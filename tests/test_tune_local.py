@@ -20,6 +20,7 @@ from optuna.trial import TrialState
 from meta.tune.cli import main
 from meta.tune.synthetic import quality, score
 from meta.tune.trials import plan_trial, run_seed, trial_dir, write_trial
+from results.intermediate import read_intermediate
 from results.layout import JOURNAL_FILE, STUDY_FILE, TRIAL_FILE
 from results.records import read_result
 from results.study_store import LOST_ATTR, SAVED_ATTR, SLOT_ATTR, load_study
@@ -107,6 +108,23 @@ def test_pruning_stops_runs_early_and_records_the_running_time_it_saved(tmp_path
             progress = json.loads((Path(member["work_dir"]) / "progress.json").read_text())
             assert progress["step"] < 40  # stopped before its last step
     assert sum(1 for t in study.trials if t.state == TrialState.COMPLETE) + len(pruned) == 6
+
+
+def test_a_complete_trial_carries_every_intermediate_score_even_if_its_runs_ended_between_scans(tmp_path):
+    """The median pruner judges a trial against the intermediate scores of COMPLETE trials: a run that finishes
+    within one scan of the tuner must still leave all its scores in the study (they were missing, so whether a
+    later trial was pruned depended on timing)."""
+    run_dir = tmp_path / "run"
+    assert main([f"run_dir={run_dir}", *SYNTH, "launcher=debug", "tune.trials=3", "tune.parallel=1",
+                 "tune.seeds=2", "train.steps=6", "train.eval_every=2", "+inner.options={step_s: 0.0}"]) == 0
+    study = load_study(run_dir)
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 3
+    for t in study.trials:
+        plan = json.loads((trial_dir(run_dir, t.number) / TRIAL_FILE).read_text())
+        series = [read_intermediate(m["work_dir"]) for m in plan["members"]]
+        assert sorted(t.intermediate_values) == [2, 4]
+        assert t.intermediate_values == pytest.approx({step: statistics.fmean(s[step] for s in series)
+                                                      for step in (2, 4)}, abs=1e-12)
 
 
 def test_a_run_that_fails_fails_its_trial_stops_its_sibling_and_counts(tmp_path):

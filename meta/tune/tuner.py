@@ -239,6 +239,9 @@ class Tuner:
             self.first_error = self.first_error or reason[:300]
             return
         self.ended["other"] += 1
+        # Scores written since the last scan (a run may finish within one): the pruner judges later trials
+        # against these, so a complete trial must carry them all, however fast its runs were.
+        self._report(active, prune=False)
         active.trial.set_user_attr(RUN_VALUES_ATTR, [r.fitness for r in records])
         self.study.tell(number, value)
         logger.info("trial %d: %.4f (%s)", number, value, " ".join(active.plan.overrides))
@@ -252,16 +255,16 @@ class Tuner:
         for active in list(self.active.values()):
             self._report(active)
 
-    def _report(self, active: ActiveTrial) -> None:
-        """Report the trial's mean intermediate score at every step all its runs have scored; prune on the
-        pruner's word."""
+    def _report(self, active: ActiveTrial, prune: bool = True) -> None:
+        """Report the trial's mean intermediate score at every step all its runs have scored and that is not
+        reported yet; prune on the pruner's word (``prune``: not for a trial whose runs all ended)."""
         series = [read_intermediate(spec.work_dir) for spec in active.plan.specs]
         steps = set(series[0]).intersection(*series[1:])
         for step in sorted(s for s in steps if s > active.reported):
             value = sum(s[step] for s in series) / len(series)
             active.trial.report(value, step)
             active.reported = step
-            if active.trial.should_prune():
+            if prune and active.trial.should_prune():
                 self._prune(active, step, value)
                 return
 
