@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from launch.proc_stat import proc_stat
+
 logger = logging.getLogger(__name__)
 
 #: How often a holder rewrites its heartbeat.
@@ -487,17 +489,8 @@ def _read_fd(fd: int) -> bytes:
 
 def _process_start(pid: int) -> str | None:
     """The process's start time in clock ticks since boot (Linux /proc), to tell a reused pid apart."""
-    fields = _proc_stat(pid)
+    fields = proc_stat(pid)
     return fields[19] if fields and len(fields) > 19 else None
-
-
-def _proc_stat(pid: int) -> list[str] | None:
-    """Fields of /proc/<pid>/stat after the command name (state first), or None where unavailable."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return text.rsplit(")", 1)[-1].split()
 
 
 def _pid_alive(pid: int | None, proc_start: str | None) -> bool:
@@ -512,7 +505,7 @@ def _pid_alive(pid: int | None, proc_start: str | None) -> bool:
         pass  # exists, owned by someone else
     except (OSError, OverflowError):
         return False
-    fields = _proc_stat(pid)
+    fields = proc_stat(pid)
     if fields:
         if fields[0] in ("Z", "X"):
             return False

@@ -26,9 +26,13 @@ import threading
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
+from launch.proc_stat import proc_stat
+
 logger = logging.getLogger(__name__)
 
 _CONTROLLER_MODULE = b"submitit.local._local"
+#: Linux: processes are read from /proc; elsewhere (macOS) only what os.kill can tell
+_HAS_PROC = Path("/proc/self").exists()
 
 
 def _ignore(signum: int, frame: object) -> None:
@@ -64,16 +68,13 @@ def controller_running(job_id: str) -> bool:
         pid = int(job_id)
     except ValueError:
         return False
-    proc = Path(f"/proc/{pid}")
-    if proc.exists():
+    if _HAS_PROC:
+        fields = proc_stat(pid)
         try:
-            state = _stat_fields(pid)[0]
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
-        except (OSError, IndexError):
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
             return False
-        return state not in ("Z", "X") and _CONTROLLER_MODULE in cmdline
-    if Path("/proc/self").exists():
-        return False
+        return bool(fields) and fields[0] not in ("Z", "X") and _CONTROLLER_MODULE in cmdline
     try:  # no /proc (macOS): best effort
         os.kill(pid, 0)
     except OSError:
@@ -91,7 +92,7 @@ def stop_controllers(job_ids: Sequence[str]) -> None:
     pids = [int(job_id) for job_id in job_ids if controller_running(job_id)]
     if not pids:
         return
-    if not Path("/proc/self").exists():
+    if not _HAS_PROC:
         for pid in pids:
             _signal(pid, signal.SIGINT)
         return
@@ -105,11 +106,8 @@ def stop_controllers(job_ids: Sequence[str]) -> None:
             _signal(target, signum)
 
 
-def _descendants(pid: int, children: Mapping[int, list[int]] | None = None) -> list[int]:
-    """Every live process below ``pid`` (children first), from /proc (or a map parent -> children read from it
-    once for many calls); [] where there is no /proc."""
-    if children is None:
-        children = _children_by_parent()
+def _descendants(pid: int, children: Mapping[int, list[int]]) -> list[int]:
+    """Every process below ``pid`` in the map parent -> children (children first)."""
     found: list[int] = []
     frontier = [pid]
     while frontier:
@@ -120,23 +118,13 @@ def _descendants(pid: int, children: Mapping[int, list[int]] | None = None) -> l
 
 
 def _children_by_parent() -> dict[int, list[int]]:
+    """Every live process's children, read from /proc once for all the jobs of one cancel."""
     children: dict[int, list[int]] = {}
-    if not Path("/proc/self").exists():
-        return children
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            parent = int(_stat_fields(int(entry.name))[1])
-        except (OSError, IndexError, ValueError):
-            continue  # gone meanwhile
-        children.setdefault(parent, []).append(int(entry.name))
+        fields = proc_stat(int(entry.name)) if entry.name.isdigit() else None
+        if fields and len(fields) > 1:  # None: not a process, or gone meanwhile
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
     return children
-
-
-def _stat_fields(pid: int) -> list[str]:
-    """/proc/<pid>/stat after the command name (which may hold spaces): state, ppid, ..."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
 def _ignores_sigint(pid: int) -> bool:
