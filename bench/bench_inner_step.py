@@ -22,11 +22,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from inner_loop.config import DivergenceConfig, ModelConfig  # noqa: E402
-from inner_loop.models import load_policy  # noqa: E402
-from inner_loop.tiny_model import tiny_model_dir  # noqa: E402
-from inner_loop.regularizers import build_regularizer  # noqa: E402
+from inner_loop.models.loading import load_policy  # noqa: E402
+from inner_loop.models.tiny import tiny_model_dir  # noqa: E402
+from inner_loop.loss.regularizers import build_regularizer  # noqa: E402
 from inner_loop.tasks import build_task  # noqa: E402
-from inner_loop.trainer import MirrorGRPOTrainer  # noqa: E402
+from inner_loop.grpo.trainer import MirrorGRPOTrainer  # noqa: E402
 
 VARIANTS = {
     "trl_kl (baseline, beta=0.04)": None,

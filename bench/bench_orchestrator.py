@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from meta.synthetic import member as synthetic_member  # noqa: E402
-from results.layout import LAUNCHER_DIR, member_dir_name  # noqa: E402
+from results.store.layout import LAUNCHER_DIR, member_dir_name  # noqa: E402
 
 
 def member_specs(folder: Path, population: int, sleep_s: float) -> list[dict]:
@@ -51,8 +51,8 @@ def run_orchestrator(folder: Path, population: int, sleep_s: float) -> tuple[flo
     from launch.factory import build_launcher
     from meta.config import build_search_config
     from meta.orchestrator import Orchestrator
-    from meta.run import compose
-    from results.store import RunStore
+    from meta.compose import compose
+    from results.store.run_store import RunStore
 
     raw = compose([
         f"run_dir={folder}", f"population={population}", "generations=1", "launcher=local",

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from inner_loop.sandbox import SandboxConfig, SandboxPool  # noqa: E402
+from inner_loop.sandbox.pool import SandboxConfig, SandboxPool  # noqa: E402
 
 
 def make_programs(count: int) -> list[tuple[str, list[str]]]:

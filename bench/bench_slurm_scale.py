@@ -40,9 +40,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from launch.runner import MemberArrayRunner, RunnerPolicy  # noqa: E402
-from launch.slurm import SlurmLauncher  # noqa: E402
-from results.layout import LAUNCHER_DIR, member_dir_name  # noqa: E402
-from results.records import MemberSpec, read_result  # noqa: E402
+from launch.slurm.launcher import SlurmLauncher  # noqa: E402
+from results.store.layout import LAUNCHER_DIR, member_dir_name  # noqa: E402
+from results.store.records import MemberSpec, read_result  # noqa: E402
 
 COUNTED = ("sacct", "squeue", "sbatch", "scancel", "scontrol", "srun")
 SIDES = ("bare-sleep", "bare-member", "launcher", "launcher-srun")
@@ -69,7 +69,7 @@ def real_commands() -> dict[str, str]:
     found = {name: shutil.which(name) for name in COUNTED}
     missing = [name for name, path in found.items() if path is None]
     if missing:
-        raise SystemExit(f"{missing} not found: start the cluster with launch/local_slurm/up.sh")
+        raise SystemExit(f"{missing} not found: start the cluster with scripts/local_slurm/up.sh")
     return {name: str(path) for name, path in found.items()}
 
 

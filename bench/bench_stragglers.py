@@ -34,8 +34,8 @@ from meta.generation_close import QuorumClock  # noqa: E402
 from meta.init import initial_center  # noqa: E402
 from meta.searchers import build_searcher  # noqa: E402
 from meta.synthetic import member_time_s, objective  # noqa: E402
-from results.records import MemberSpec, ResultRecord  # noqa: E402
-from results.store import RunStore  # noqa: E402
+from results.store.records import MemberSpec, ResultRecord  # noqa: E402
+from results.store.run_store import RunStore  # noqa: E402
 
 
 def _options(opts: argparse.Namespace, tracks: float = 0.0) -> dict:

@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from meta.tune.trials import trial_dir  # noqa: E402
-from results.layout import PROGRESS_FILE, TRIAL_FILE  # noqa: E402
-from results.study_store import SLOT_ATTR, load_study  # noqa: E402
+from results.store.layout import PROGRESS_FILE, TRIAL_FILE  # noqa: E402
+from results.store.study_store import SLOT_ATTR, load_study  # noqa: E402
 
 
 def _run_arm(run_dir: Path, opts: argparse.Namespace, pruner: str) -> float:

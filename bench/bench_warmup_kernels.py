@@ -47,7 +47,7 @@ def _search() -> list[dict]:
     """The embedded default search (scripts/main.sh without set-up), in a throw-away run dir: per generation."""
     import pandas as pd
 
-    from results.store import RunStore
+    from results.store.run_store import RunStore
 
     with tempfile.TemporaryDirectory() as run_dir:
         subprocess.run([sys.executable, "-m", "meta.run", f"run_dir={run_dir}/run"], cwd=ROOT, check=True,
@@ -63,7 +63,7 @@ def measure(hosts: bool, search: bool) -> dict:
 
     from inner_loop.evaluate import evaluate
     from inner_loop.run_setup import prepare
-    from inner_loop.models import load_policy, resolve_model_dir
+    from inner_loop.models.loading import load_policy, resolve_model_dir
     from inner_loop.warmup import read_warmup_outcome, warmed_model_dir
 
     torch.set_num_threads(1)

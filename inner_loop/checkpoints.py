@@ -19,8 +19,8 @@ from transformers.trainer_callback import ExportableState
 
 from inner_loop.config import KEEP_CHECKPOINTS, InnerConfig
 # the Trainer's output_dir in a member's work dir, and where a checkpoint goes while it is deleted (re-exported)
-from results.layout import CHECKPOINT_DIR
-from results.layout import CHECKPOINT_TRASH_DIR as TRASH_DIR
+from results.store.layout import CHECKPOINT_DIR
+from results.store.layout import CHECKPOINT_TRASH_DIR as TRASH_DIR
 
 logger = logging.getLogger(__name__)
 
@@ -87,11 +87,6 @@ def dir_bytes(path: str | Path) -> int:
             except FileNotFoundError:
                 continue
     return total
-
-
-def trainer_save_total_limit(keep: str, save_total_limit: int | None) -> int | None:
-    """The Trainer's ``save_total_limit`` for a policy: ``all`` keeps every checkpoint, so no rotation."""
-    return None if keep == "all" else save_total_limit
 
 
 def apply_checkpoint_policy(work_dir: str | Path, keep: str) -> list[str]:

@@ -248,11 +248,11 @@ class TrainConfig:
     report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
     full_form_rows: int | None = None
     #: Any other field of TRL's GRPOConfig (vLLM, gradient accumulation, report_to, ...), passed through after the
-    #: checks in inner_loop/grpo_args.py; fields set from the keys above are refused there.
+    #: checks in inner_loop/grpo/trl_overrides.py; fields set from the keys above are refused there.
     trl: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
-        from inner_loop.policy_registry import POLICY_TERMS, validate_policy_extra
+        from inner_loop.loss.policy_registry import POLICY_TERMS, validate_policy_extra
 
         if self.steps < 1:
             raise ValueError(f"train.steps must be >= 1, got {self.steps}")
@@ -292,7 +292,7 @@ class TrainConfig:
             raise ValueError(f"train.eval_subset must be >= 1, got {self.eval_subset}")
         if any(k < 1 for k in self.pass_k) or (self.pass_k and self.pass_k_samples < max(self.pass_k)):
             raise ValueError("train.pass_k needs values >= 1 and train.pass_k_samples >= max(train.pass_k)")
-        from inner_loop.grpo_args import check_report_to, check_trl_overrides
+        from inner_loop.grpo.trl_overrides import check_report_to, check_trl_overrides
 
         self.report_to = check_report_to(self.report_to)
 

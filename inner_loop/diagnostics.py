@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from inner_loop.regularizers import GRAD_SHARE_DIAGNOSTIC
+from inner_loop.loss.regularizers import GRAD_SHARE_DIAGNOSTIC
 
 #: TRL log keys averaged over the run into the result's diagnostics.
 _DIAGNOSTIC_KEYS = {
@@ -14,7 +14,7 @@ _DIAGNOSTIC_KEYS = {
     "completions/clipped_ratio": "clipped_completion_ratio",
     "regularizer/value": "regularizer_value",
     # ||grad coef*D|| / ||grad policy term||: per step in the space the loss sees, and once exactly w.r.t. the
-    # trainable parameters (inner_loop/grad_share.py); a ratio of gradients, since the policy term's VALUE is ~0
+    # trainable parameters (inner_loop/loss/grad_share.py); a ratio of gradients, since the policy term's VALUE is ~0
     "regularizer/grad_share": GRAD_SHARE_DIAGNOSTIC,
     "regularizer/grad_share_exact": "regularizer_grad_share_exact",
     "regularizer/grad_share_exact_step": "regularizer_grad_share_exact_step",

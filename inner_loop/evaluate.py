@@ -12,7 +12,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from inner_loop.prompts import eos_token_ids, format_prompt
+from inner_loop.models.prompts import eos_token_ids, format_prompt
 from inner_loop.tasks.base import Problem, Task
 
 logger = logging.getLogger(__name__)

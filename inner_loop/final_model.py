@@ -6,8 +6,8 @@ import os
 import shutil
 from pathlib import Path
 
-from inner_loop.trainer import MirrorGRPOTrainer
-from results.layout import FINAL_MODEL_DIR
+from inner_loop.grpo.trainer import MirrorGRPOTrainer
+from results.store.layout import FINAL_MODEL_DIR
 
 
 def save_final_model(trainer: MirrorGRPOTrainer, work_dir: Path) -> Path:

@@ -25,10 +25,10 @@ from inner_loop.final_model import save_final_model
 from inner_loop.intermediate_eval import IntermediateEvalCallback
 from inner_loop.member_records import record_failure, record_success
 from inner_loop.run_setup import PreparedRun, build_trainer, prepare, validate_inner
-from inner_loop.trainer import MirrorGRPOTrainer
-from results.layout import FINAL_MODEL_DIR  # a single run's trained model, whatever keep_checkpoints says
-from results.provenance import build_run_manifest, write_run_manifest
-from results.records import MemberSpec, ResultRecord, read_result
+from inner_loop.grpo.trainer import MirrorGRPOTrainer
+from results.store.layout import FINAL_MODEL_DIR  # a single run's trained model, whatever keep_checkpoints says
+from results.store.provenance import build_run_manifest, write_run_manifest
+from results.store.records import MemberSpec, ResultRecord, read_result
 
 logger = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ from inner_loop.checkpoints import DiskUsageCallback, dir_bytes
 from inner_loop.config import InnerConfig
 from inner_loop.diagnostics import diagnostics_from_history
 from inner_loop.evaluate import EvalResult
-from inner_loop.regularizers import warn_if_inert
-from inner_loop.trainer import MirrorGRPOTrainer, NonFiniteLossError
-from results.records import ResultRecord, write_result
+from inner_loop.loss.regularizers import warn_if_inert
+from inner_loop.grpo.trainer import MirrorGRPOTrainer, NonFiniteLossError
+from results.store.records import ResultRecord, write_result
 
 logger = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from results.layout import TENSORBOARD_DIR
-from results.member_progress import RECENT, MemberProgress, write_progress
+from results.store.layout import TENSORBOARD_DIR
+from results.store.progress import RECENT, MemberProgress, write_progress
 
 #: TRL's and our trainer's names of the logged values progress.json carries
 REWARD_KEY = "reward"

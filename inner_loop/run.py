@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from inner_loop.member import train_member
 from inner_loop.run_setup import validate_inner
-from results.records import MemberSpec
+from results.store.records import MemberSpec
 
 logger = logging.getLogger("inner_loop.run")
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")

@@ -13,14 +13,14 @@ from typing import Any, Mapping
 from inner_loop.checkpoints import CHECKPOINT_DIR, DiskUsageCallback
 from inner_loop.progress_log import ProgressFileCallback, tensorboard_callback
 from inner_loop.config import InnerConfig
-from inner_loop.grpo_args import build_grpo_config, check_grpo_config
-from inner_loop.models import load_policy, resolve_model_dir
-from inner_loop.policy_terms import PolicyParams
-from inner_loop.prompts import format_prompt
-from inner_loop.regularizers import Regularizer, build_regularizer
+from inner_loop.grpo.args import build_grpo_config, check_grpo_config
+from inner_loop.models.loading import load_policy, resolve_model_dir
+from inner_loop.loss.policy_terms import PolicyParams
+from inner_loop.models.prompts import format_prompt
+from inner_loop.loss.regularizers import Regularizer, build_regularizer
 from inner_loop.tasks import build_task, check_disjoint
 from inner_loop.tasks.base import Problem, Task
-from inner_loop.trainer import MirrorGRPOTrainer
+from inner_loop.grpo.trainer import MirrorGRPOTrainer
 from inner_loop.warmup import warmed_model_dir
 from mirror_maps import VECTOR_LENGTH
 

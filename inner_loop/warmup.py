@@ -29,8 +29,8 @@ import torch
 
 from inner_loop.config import ModelConfig
 from inner_loop.evaluate import evaluate
-from inner_loop.model_cache import build_once, cache_root, config_digest
-from inner_loop.models import load_policy
+from inner_loop.models.cache import build_once, cache_root, config_digest
+from inner_loop.models.loading import load_policy
 from inner_loop.tasks.base import Problem, Task
 
 logger = logging.getLogger(__name__)

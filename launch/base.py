@@ -8,11 +8,12 @@ result. A new backend (SLURM) is one subclass plus a conf/launcher/<name>.yaml n
 from __future__ import annotations
 
 import abc
+import platform
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from results.records import MemberSpec
+from results.store.records import MemberSpec
 
 
 @dataclass
@@ -54,6 +55,12 @@ class Launcher(abc.ABC):
     @classmethod
     def validate_options(cls, options: Mapping[str, Any]) -> None:
         """Reject bad launcher settings (ValueError naming the key) before the run writes or submits anything."""
+
+    @classmethod
+    def job_namespace(cls, options: Mapping[str, Any]) -> str:
+        """Where this launcher's job ids mean something; a run records it and a resume elsewhere is refused (a
+        job id looked up somewhere else would be someone else's job). Local process ids: this host's name."""
+        return platform.node()
 
     @abc.abstractmethod
     def submit(

@@ -63,28 +63,6 @@ def _optional_float(value: Any) -> float | None:
 
 
 def job_namespace(cfg: Mapping[str, Any]) -> str:
-    """Where this launcher's job ids mean something: the SLURM cluster's ClusterName (one ``scontrol show
-    config`` call), or this host's name for launchers whose job ids are local process ids.
-
-    A run records it, and a resume elsewhere is refused: a local pid looked up in sacct (or a SLURM id looked
-    up on another cluster) would be someone else's job. ValueError when the cluster cannot be asked."""
-    import platform
-    import re
-
-    cls = launcher_class(cfg)
-    from launch.slurm import SlurmLauncher
-
-    if not issubclass(cls, SlurmLauncher):
-        return platform.node()
-    from launch.slurm_queries import SlurmQueries, SlurmQueryError
-
-    try:
-        text = SlurmQueries(float(cfg.get("command_timeout_s", 60.0))).run(["scontrol", "show", "config"])
-    except SlurmQueryError as exc:
-        raise ValueError(
-            f"launcher=slurm: cannot ask the cluster its name ({exc}); is this a SLURM login node?"
-        ) from None
-    match = re.search(r"^ClusterName\s*=\s*(\S+)", text, re.MULTILINE)
-    if match is None:
-        raise ValueError("launcher=slurm: `scontrol show config` reports no ClusterName")
-    return match.group(1)
+    """Where the configured launcher's job ids mean something (Launcher.job_namespace); ValueError when the
+    cluster cannot be asked."""
+    return launcher_class(cfg).job_namespace(cfg)

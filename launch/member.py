@@ -30,11 +30,11 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from launch.file_lock import FileLock
-from results.layout import MEMBER_LOCK_FILE as LOCK_FILE  # re-exported under its old name
-from results.layout import STARTED_FILE
-from results.atomic import atomic_write_json
-from results.records import SPEC_FILE, MemberSpec, ResultRecord, read_result, write_result
+from results.store.file_lock import FileLock
+from results.store.layout import MEMBER_LOCK_FILE as LOCK_FILE  # re-exported under its old name
+from results.store.layout import STARTED_FILE
+from results.store.atomic import atomic_write_json
+from results.store.records import SPEC_FILE, MemberSpec, ResultRecord, read_result, write_result
 
 logger = logging.getLogger(__name__)
 

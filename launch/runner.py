@@ -27,8 +27,8 @@ from typing import Callable, Mapping, Sequence
 
 from launch.base import JobRef, Launcher
 from launch.member import RunLedger, read_ledger
-from results.layout import RESULT_FILE, archived_result_name
-from results.records import DECIDED_STATUSES, MemberSpec, ResultRecord, read_result, write_result_if_absent
+from results.store.layout import RESULT_FILE, archived_result_name
+from results.store.records import DECIDED_STATUSES, MemberSpec, ResultRecord, read_result, write_result_if_absent
 
 logger = logging.getLogger(__name__)
 

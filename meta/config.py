@@ -287,7 +287,8 @@ def check_member_launch(raw: Mapping[str, Any], launcher: Mapping[str, Any], inn
     launcher takes its options. ``where`` is added to messages (e.g. which tuned choice failed)."""
     from launch.factory import RESERVED_KEYS, launcher_class
     from launch.member import load_entrypoint
-    from launch.submitit_launchers import LocalLauncher, check_gpus_per_member
+    from launch.local.launchers import LocalLauncher
+    from launch.submitit_base import check_gpus_per_member
 
     _check_resources(raw, launcher, inner_timeout_s)
     try:

@@ -17,7 +17,7 @@ import yaml
 
 from meta.cli_args import key_values, run_command
 from meta.config import ConfigError, config_hash
-from results.store import RunStore
+from results.store.run_store import RunStore
 
 logger = logging.getLogger("meta.export")
 
@@ -78,7 +78,7 @@ def _reevaluated_best(store: RunStore, run_dir: str | Path) -> tuple[Any, dict[s
     """The re-evaluation's chosen init and its numbers (validation mean/std/n; test mean/std/n if measured)."""
     import torch
 
-    from results.atomic import CorruptFileError
+    from results.store.atomic import CorruptFileError
 
     try:
         summary = store.read_reevaluation()

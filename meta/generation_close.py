@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-from results.records import ResultRecord
+from results.store.records import ResultRecord
 
 
 @dataclass

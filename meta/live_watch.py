@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from launch.member import read_ledger
-from results.member_progress import MemberProgress, read_progress
+from results.store.progress import MemberProgress, read_progress
 
 if TYPE_CHECKING:
     from launch.runner import MemberArrayRunner

@@ -29,8 +29,8 @@ from meta.init import initial_center
 from meta.live_watch import LiveWatch, all_same_warning, format_duration
 from meta.searchers import Searcher, build_searcher
 from meta.seeding import derive_seed
-from results.records import MemberSpec, ResultRecord, read_result
-from results.store import RunStore
+from results.store.records import MemberSpec, ResultRecord, read_result
+from results.store.run_store import RunStore
 
 logger = logging.getLogger(__name__)
 
@@ -165,8 +165,8 @@ class Orchestrator:
         return values
 
     def _log_tensorboard(self) -> None:
-        """Per-generation scalars under run_dir/tensorboard (results/tensorboard_log.py); never stops a search."""
-        from results.tensorboard_log import log_missing
+        """Per-generation scalars under run_dir/tensorboard (results/report/tensorboard.py); never stops a search."""
+        from results.report.tensorboard import log_missing
 
         try:
             log_missing(self.store)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from meta.config import SearchConfig
-from results.store import RunStore
+from results.store.run_store import RunStore
 
 #: SLURM's default MaxArraySize; a dry run asks no scheduler, so without launcher.max_array_size it assumes this
 DEFAULT_MAX_ARRAY_SIZE = 1001
@@ -169,7 +169,7 @@ def _arrays(cfg: SearchConfig) -> tuple[list[int], str]:
 
 def _slurm_options(cfg: SearchConfig) -> Any:
     from launch.factory import RESERVED_KEYS
-    from launch.slurm_options import SlurmOptions
+    from launch.slurm.options import SlurmOptions
 
     return SlurmOptions.from_options({k: v for k, v in cfg.launcher.items() if k not in RESERVED_KEYS})
 
@@ -178,7 +178,7 @@ def sbatch_script(cfg: SearchConfig, store: RunStore, generation: int, array_siz
     """The sbatch script of one array, as submitit writes it (its own writer; nothing is submitted)."""
     from submitit.slurm.slurm import SlurmJobEnvironment, _make_sbatch_string
 
-    from launch.slurm_chunks import chunk_job_name
+    from launch.slurm.chunks import chunk_job_name
 
     options = _slurm_options(cfg)
     params = options.sbatch_parameters(cfg.inner_timeout_s, SlurmJobEnvironment.USR_SIG)

@@ -26,9 +26,9 @@ from launch.runner import MemberArrayRunner
 from meta.cli_args import key_values, run_command
 from meta.config import ConfigError, ReevaluateConfig, SearchConfig
 from meta.seeding import derive_seed
-from results.layout import LAUNCHER_DIR, JOBS_FILE, member_dir_name
-from results.records import MemberSpec, ResultRecord
-from results.store import RunStore, read_jobs_file, write_jobs_file
+from results.store.layout import LAUNCHER_DIR, JOBS_FILE, member_dir_name
+from results.store.records import MemberSpec, ResultRecord
+from results.store.run_store import RunStore, read_jobs_file, write_jobs_file
 
 logger = logging.getLogger(__name__)
 

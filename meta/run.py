@@ -29,16 +29,15 @@ from meta.config import (
     absolute_paths,
     build_search_config,
     config_hash,
-    derive_inner_timeout,
 )
 from meta.cli_args import run_command
+from meta.compose import CONF_DIR, compose, merge_overrides
 from meta.resume import check_job_namespace, format_differences, split_differences
-from results.provenance import code_version
-from results.store import RunStore
+from results.store.provenance import code_version
+from results.store.run_store import RunStore
 
 logger = logging.getLogger("meta.run")
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 USAGE = """usage: python -m meta.run [key=value ...]
 
 Start an ES search over neural-mirror-map inits, or resume one with run_dir=<existing run>.
@@ -47,54 +46,6 @@ launcher=local|debug|slurm, experiment=tiny_arith|mbpp_qwen3|gsm8k_qwen3, init=u
 inner.entrypoint, inner.timeout_s, resources.*, retries, fitness_on_failure, max_failed_fraction, task=...,
 model=..., train.steps=..., dry_run=true (print the plan, submit and write nothing)
 See conf/config.yaml (and conf/member_settings.yaml for resources.* and inner.*) for every key and its default."""
-
-
-def compose(overrides: Sequence[str], config_name: str = "config") -> dict[str, Any]:
-    """Compose conf/<config_name>.yaml (config: meta.run, tune: meta.tune) with ``overrides`` into a resolved plain
-    dict, with inner.timeout_s derived from the preset's time per member when null; ConfigError for bad overrides."""
-    return compose_with_choices(overrides, config_name)[0]
-
-
-def compose_with_choices(overrides: Sequence[str], config_name: str = "config") -> tuple[dict[str, Any], dict[str, str]]:
-    """``compose``, plus the option Hydra chose in each config group (``{"divergence": "kl", ...}``)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf import OmegaConf, open_dict
-    from omegaconf.errors import OmegaConfBaseException
-
-    try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None, job_name="meta_run"):
-            cfg = hydra_compose(config_name=config_name, overrides=list(overrides), return_hydra_config=True)
-        choices = {str(k): str(v) for k, v in cfg.hydra.runtime.choices.items()
-                   if not str(k).startswith("hydra/") and v is not None}
-        with open_dict(cfg):
-            del cfg["hydra"]
-        raw: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
-    except (HydraException, OmegaConfBaseException, ValueError) as exc:
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(
-            f"{message}\n(check the key against conf/{config_name}.yaml; a new key needs a leading '+', "
-            "a config group is chosen with group=name)"
-        ) from None
-    derive_inner_timeout(raw)
-    return raw, choices
-
-
-def _override_key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
-
-
-def merge_overrides(old: Sequence[str], new: Sequence[str]) -> list[str]:
-    """Old overrides with those re-set in ``new`` replaced (later wins), run_dir dropped."""
-    merged: dict[str, str] = {}
-    for override in [*old, *new]:
-        key = _override_key(override)
-        if key == "run_dir":
-            continue
-        merged.pop(key, None)
-        merged[key] = override
-    return list(merged.values())
 
 
 def prepare(argv: Sequence[str]) -> tuple[SearchConfig, dict[str, Any], RunStore, dict[str, Any], bool]:

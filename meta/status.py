@@ -14,87 +14,22 @@ import math
 import statistics
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Sequence
 
 import yaml
 
-from launch.member import read_ledger
 from meta.live_watch import format_duration, generation_eta
-from meta.lock import RunLock
-from results.layout import parse_generation_dir_name, parse_member_dir_name
-from results.member_progress import MemberProgress, read_progress
-from results.records import read_result
-from results.store import RunStore
-from results.study_store import read_study_file
-
-
-@dataclass
-class MemberRow:
-    label: str
-    state: str
-    detail: str
-    running_s: float | None
-    progress: MemberProgress | None
-    wall_s: float | None  # a finished member's own running time
-    fitness: float | None = None
-
-
-def member_row(label: str, work_dir: Path, job: Mapping[str, Any] | None, reasons: Mapping[str, str],
-               now: float) -> MemberRow:
-    """One member's state from its files (result, ledger, progress) and the scheduler's pending reasons."""
-    record = read_result(work_dir)
-    ledger = read_ledger(work_dir)
-    running_s = ledger.used_at(now) if ledger is not None else None
-    if record is not None:
-        detail = f"fitness {record.fitness:.4f}" if record.ok else record.error.strip().splitlines()[-1][:90] \
-            if record.error.strip() else ""
-        return MemberRow(label, record.status, detail, running_s, None, record.wall_time_s,
-                         record.fitness if record.ok else None)
-    attempt = int(job.get("attempt", 0)) if job else 0
-    if ledger is not None and ledger.attempt == attempt and ledger.running:
-        progress = read_progress(work_dir)
-        detail = "started"
-        if progress is not None:
-            parts = [f"step {progress.step}/{progress.max_steps}"]
-            if progress.reward_mean is not None:
-                parts.append(f"reward {progress.reward_mean:.3f}")
-            if progress.regularizer_grad_share is not None:
-                parts.append(f"grad share {progress.regularizer_grad_share:.3g}")
-            detail = ", ".join(parts)
-        return MemberRow(label, "running", detail, running_s, progress, None)
-    job_id = str(job.get("job_id")) if job else None
-    if job_id is None:
-        return MemberRow(label, "not submitted", "", running_s, None, None)
-    reason = reasons.get(job_id)
-    return MemberRow(label, "queued", f"job {job_id}" + (f", {reason}" if reason else ""), running_s, None, None)
-
-
-def slurm_reasons(job_ids: Sequence[str]) -> dict[str, str]:
-    """SLURM's current pending reason per job id (one squeue call); {} where the scheduler cannot be asked."""
-    if not job_ids:
-        return {}
-    from launch.slurm_queries import SlurmQueries, SlurmQueryError
-
-    try:
-        jobs = SlurmQueries(command_timeout_s=30.0).squeue_jobs()
-    except (SlurmQueryError, OSError):
-        return {}
-    return {job_id: jobs[job_id] for job_id in job_ids if job_id in jobs and jobs[job_id] != "None"}
+from meta.status_rows import member_row, orchestrator_line, slurm_reasons
+from results.store.layout import parse_generation_dir_name, parse_member_dir_name
+from results.store.records import read_result
+from results.store.run_store import RunStore
+from results.store.study_store import read_study_file
 
 
 def _generation_dirs(store: RunStore) -> list[int]:
     found = [parse_generation_dir_name(p.name) for p in store.root.iterdir() if p.is_dir()]
     return sorted(g for g in found if g is not None)
-
-
-def orchestrator_line(store: RunStore) -> str:
-    status = RunLock(store.lock_path).holder_status()
-    if status is None:
-        return "orchestrator: not running (no lock held)"
-    alive, description = status
-    return f"orchestrator: {'alive' if alive else 'not running'} ({description})"
 
 
 def render(run_dir: str | Path, show_all: bool = False, now: float | None = None) -> str:

@@ -29,8 +29,8 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from results.atomic import atomic_write_json
-from results.records import MemberSpec
+from results.store.atomic import atomic_write_json
+from results.store.records import MemberSpec
 
 
 def objective(params: Sequence[float], target: float = 0.02, width: float = 0.01) -> float:

@@ -8,7 +8,7 @@ VENV="$ROOT/.venv"
 PY=${PYTHON:-python3}
 
 apt_install() {
-    # bubblewrap isolates model-written code (inner_loop/sandbox.py); optional where apt is unavailable.
+    # bubblewrap isolates model-written code (inner_loop/sandbox/pool.py); optional where apt is unavailable.
     local missing=()
     for pkg in "$@"; do dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg"); done
     if [ ${#missing[@]} -gt 0 ]; then

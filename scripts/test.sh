@@ -5,8 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
-if launch/local_slurm/up.sh; then
-    trap 'launch/local_slurm/down.sh >/dev/null 2>&1 || true' EXIT
+if scripts/local_slurm/up.sh; then
+    trap 'scripts/local_slurm/down.sh >/dev/null 2>&1 || true' EXIT
     export MIRROR_ES_REQUIRE_SLURM=1   # the cluster is up: a SLURM test that cannot reach it fails, never skips
 else
     echo "test: the local SLURM cluster could not start; tests/slurm will skip" >&2

@@ -9,7 +9,7 @@ import yaml
 
 from inner_loop.run_setup import validate_inner
 from meta.config import ConfigError, build_search_config
-from meta.run import compose
+from meta.compose import compose
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 LOCAL_DATA = {
@@ -61,7 +61,7 @@ def test_gpu_presets_ask_slurm_for_one_gpu_their_threads_memory_and_time(experim
     assert threads == 4
     member_s = raw["resources"]["member_time_min"] * 60
     assert raw["inner"]["timeout_s"] == member_s * raw["resources"]["timeout_factor"] > member_s >= 2 * 3600
-    from launch.slurm_options import SlurmOptions
+    from launch.slurm.options import SlurmOptions
 
     options = {k: v for k, v in launcher.items() if k not in ("name", "cls")}
     params = SlurmOptions.from_options(options).sbatch_parameters(raw["inner"]["timeout_s"])

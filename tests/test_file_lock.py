@@ -1,4 +1,4 @@
-"""launch/file_lock.py: one lock for run dirs, member dirs and the model cache that works with and without flock
+"""results/store/file_lock.py: one lock for run dirs, member dirs and the model cache that works with and without flock
 (Lustre without flock: ENOSYS; some NFS: ENOLCK / EOPNOTSUPP) and tells a live holder on another host from a
 dead one by its heartbeat."""
 from __future__ import annotations
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from launch import file_lock
-from launch.file_lock import FileLock, LockHeld
+from results.store import file_lock
+from results.store.file_lock import FileLock, LockHeld
 from launch.member import LOCK_FILE, member_lock, run_member
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,7 +32,7 @@ HOLDER = textwrap.dedent("""
         def refuse(fd, op):
             raise OSError(errno.ENOSYS, "Function not implemented")
         fcntl.flock = refuse
-    from launch.file_lock import FileLock, LockHeld
+    from results.store.file_lock import FileLock, LockHeld
     lock = FileLock(path, owner=owner)
     if len(sys.argv) > 5:  # racing contender: wait for the common start time, try once
         time.sleep(max(0.0, float(sys.argv[5]) - time.time()))
@@ -311,7 +311,7 @@ def test_run_member_without_flock_runs_and_a_second_call_reads_the_result(tmp_pa
 
 
 def test_model_cache_builders_without_flock_build_once(tmp_path, monkeypatch):
-    from inner_loop.model_cache import build_once
+    from inner_loop.models.cache import build_once
 
     _disable_flock(monkeypatch)
     final = tmp_path / "models" / "thing"

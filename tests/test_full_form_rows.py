@@ -6,8 +6,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from inner_loop import trainer as trainer_module
-from inner_loop.trainer import (FULL_FORM_BUDGET_BYTES, FULL_FORM_CUDA_FREE_FRACTION, MirrorGRPOTrainer,
+from inner_loop.grpo import trainer as trainer_module
+from inner_loop.grpo.trainer import (FULL_FORM_BUDGET_BYTES, FULL_FORM_CUDA_FREE_FRACTION, MirrorGRPOTrainer,
                                 full_form_budget_bytes, full_form_rows_for)
 
 QWEN3_VOCAB = 151_936

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from launch.slurm import SlurmLauncher
-from launch.submitit_launchers import LocalLauncher, check_gpus_per_member
+from launch.slurm.launcher import SlurmLauncher
+from launch.local.launchers import LocalLauncher
+from launch.submitit_base import check_gpus_per_member
 from meta.run import main
 
 SYNTH = ["inner.entrypoint=meta.synthetic:member", "dry_run=true"]

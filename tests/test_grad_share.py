@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from inner_loop.config import DivergenceConfig, ModelConfig
-from inner_loop.grad_share import exact_share, full_form_token_norms, logit_space_share, logp_space_share
-from inner_loop.losses import aggregate
+from inner_loop.loss.grad_share import exact_share, full_form_token_norms, logit_space_share, logp_space_share
+from inner_loop.loss.compose import aggregate
 from inner_loop.diagnostics import diagnostics_from_history
-from inner_loop.models import load_policy
-from inner_loop.regularizers import build_regularizer, warn_if_inert
-from inner_loop.tiny_model import tiny_model_dir
-from inner_loop.trainer import MirrorGRPOTrainer
+from inner_loop.models.loading import load_policy
+from inner_loop.loss.regularizers import build_regularizer, warn_if_inert
+from inner_loop.models.tiny import tiny_model_dir
+from inner_loop.grpo.trainer import MirrorGRPOTrainer
 from mirror_maps import KL, NeuralMirrorMap, ProbL2, full_divergence
 
 SMALL = dict(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
@@ -182,12 +182,12 @@ def test_share_reaches_the_result_diagnostics():
 
 
 def test_warning_below_the_floor_names_the_member_and_the_value(caplog):
-    with caplog.at_level(logging.WARNING, logger="inner_loop.regularizers"):
+    with caplog.at_level(logging.WARNING, logger="inner_loop.loss.regularizers"):
         assert warn_if_inert({"regularizer_grad_share": 2.5e-6}, 0.01, "/runs/gen_0001/member_007")
     assert "/runs/gen_0001/member_007" in caplog.text and "2.5e-06" in caplog.text
     assert "divergence.grad_share_floor=0.01" in caplog.text
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="inner_loop.regularizers"):
+    with caplog.at_level(logging.WARNING, logger="inner_loop.loss.regularizers"):
         assert not warn_if_inert({"regularizer_grad_share": 0.2}, 0.01, "m")
         assert not warn_if_inert({"regularizer_grad_share": 2.5e-6}, None, "m")  # null disables
         assert not warn_if_inert({}, 0.01, "m")  # no regularizer: nothing to judge

@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from inner_loop.sandbox import SandboxConfig, SandboxPool
+from inner_loop.sandbox.pool import SandboxConfig, SandboxPool
 
 pytestmark = pytest.mark.slow
 TIMEOUT_S = 10.0

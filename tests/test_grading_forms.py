@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from inner_loop.grading import CandidateGone, Job, Session, run_tests
-from inner_loop.grading_codec import MAX_DEPTH, MAX_MESSAGE_BYTES, Unsendable, decode, encode
-from inner_loop.sandbox import SandboxConfig, SandboxPool
+from inner_loop.sandbox.grading import CandidateGone, Job, Session, run_tests
+from inner_loop.sandbox.codec import MAX_DEPTH, MAX_MESSAGE_BYTES, Unsendable, decode, encode
+from inner_loop.sandbox.pool import SandboxConfig, SandboxPool
 
 # ---- codec: exact builtin types only, bounded ----
 

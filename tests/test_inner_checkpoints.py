@@ -15,8 +15,8 @@ import yaml
 from inner_loop.checkpoints import (CHECKPOINT_DIR, TRASH_DIR, DiskUsageCallback, apply_checkpoint_policy,
                                     dir_bytes, last_checkpoint)
 from inner_loop.member import train_member
-from results.layout import FINAL_MODEL_DIR
-from results.records import read_result, write_result
+from results.store.layout import FINAL_MODEL_DIR
+from results.store.records import read_result, write_result
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
@@ -107,7 +107,7 @@ def test_single_run_entry_point_asks_for_the_final_model(monkeypatch, tmp_path):
     import sys
 
     import inner_loop.run as run
-    from results.records import ResultRecord
+    from results.store.records import ResultRecord
 
     calls = []
     monkeypatch.setattr(run, "train_member", lambda spec, **kw: calls.append(kw) or ResultRecord(status="ok"))
@@ -144,7 +144,7 @@ def test_policy_last_drops_older_and_incomplete_checkpoints(tmp_path):
 
 def test_cleanup_interrupted_by_a_crash_is_finished_by_the_next_call(tmp_path):
     """Result written, then killed mid-delete: the idempotent entry returns the result and finishes the job."""
-    from results.records import ResultRecord
+    from results.store.records import ResultRecord
 
     work = tmp_path / "m"
     _fake_checkpoint(work, 2)

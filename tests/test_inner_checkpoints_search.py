@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from results.store import RunStore
+from results.store.run_store import RunStore
 
 ROOT = Path(__file__).resolve().parent.parent
 

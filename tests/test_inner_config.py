@@ -83,7 +83,7 @@ def test_save_total_limit_is_a_positive_count_or_null(value, ok):
 
 
 def test_checkpoint_policy_defaults_and_trainer_rotation():
-    from inner_loop.checkpoints import trainer_save_total_limit
+    from inner_loop.grpo.args import trainer_save_total_limit
 
     train = InnerConfig.from_dict(_inner()).train
     assert (train.keep_checkpoints, train.save_total_limit) == ("none", 1)
@@ -124,7 +124,7 @@ def test_init_file_of_wrong_shape_is_rejected_before_training(tmp_path):
 def test_good_init_file_is_accepted(tmp_path):
     path = tmp_path / "map.pt"
     save_init(path, NeuralMirrorMap.random_init(3))
-    from inner_loop.regularizers import build_regularizer
+    from inner_loop.loss.regularizers import build_regularizer
 
     cfg = InnerConfig.from_dict(_with("divergence", "init", str(path)))
     reg = build_regularizer(cfg.divergence)

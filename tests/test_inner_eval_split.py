@@ -11,8 +11,8 @@ import yaml
 from inner_loop.config import InnerConfig
 from inner_loop.member import train_member
 from meta.config import INNER_NODES
-from results.layout import RUN_MANIFEST_FILE
-from results.records import ResultRecord
+from results.store.layout import RUN_MANIFEST_FILE
+from results.store.records import ResultRecord
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 SMALL_MODEL = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64, "warmup_max_steps": 0}

@@ -1,7 +1,7 @@
 """`train.trl` reaches TRL's GRPOConfig, and every value that reaches it is checked before anything is submitted.
 
 The up-front check (validate_inner, which the orchestrator calls before submitting) and the member build the
-GRPOConfig with one function (inner_loop/grpo_args.py), so a value TRL rejects fails once, up front, naming the key.
+GRPOConfig with one function (inner_loop/grpo/args.py), so a value TRL rejects fails once, up front, naming the key.
 """
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ import yaml
 from omegaconf import OmegaConf
 
 from inner_loop.config import InnerConfig
-from inner_loop.grpo_args import OWNED_FIELDS, build_grpo_config, check_grpo_config
+from inner_loop.grpo.args import build_grpo_config, check_grpo_config
+from inner_loop.grpo.trl_overrides import OWNED_FIELDS
 from inner_loop.run_setup import validate_inner
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -118,7 +119,7 @@ def test_the_refusal_names_the_typed_key(field, key):
 
 def test_every_keyword_the_member_passes_is_either_owned_or_a_user_changeable_default(tmp_path):
     """A keyword we add to the member's GRPOConfig later must be refused in train.trl or documented as a default."""
-    from inner_loop.grpo_args import grpo_kwargs
+    from inner_loop.grpo.args import grpo_kwargs
 
     kwargs, _ = grpo_kwargs(InnerConfig.from_dict(_inner()), tmp_path, 0, use_cpu=True, gpu_member=False)
     changeable = {"gradient_accumulation_steps", "use_cpu", "bf16", "disable_tqdm", "log_completions"}
@@ -184,7 +185,7 @@ def test_the_member_gets_the_args_the_check_built(tmp_path, monkeypatch):
 
 def test_the_up_front_check_writes_nothing_and_opens_no_gpu(tmp_path, monkeypatch):
     """The check runs in the orchestrator: no file, and on a GPU node no CUDA context (it builds for the CPU)."""
-    from inner_loop import grpo_args
+    from inner_loop.grpo import args as grpo_args
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(grpo_args, "_CHECK_OUTPUT_DIR", str(tmp_path / "never"))

@@ -15,7 +15,7 @@ import yaml
 
 from inner_loop.evaluate import evaluate
 from inner_loop.member import train_member
-from inner_loop.models import load_policy, resolve_model_dir
+from inner_loop.models.loading import load_policy, resolve_model_dir
 from inner_loop.run_setup import prepare
 from inner_loop.warmup import read_warmup_outcome, warmed_model_dir
 

@@ -15,7 +15,7 @@ import yaml
 
 from inner_loop.checkpoints import last_checkpoint
 from inner_loop.member import train_member
-from results.records import read_result
+from results.store.records import read_result
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
@@ -70,7 +70,7 @@ def test_member_writes_a_complete_record_and_is_idempotent(cache, tmp_path):
 
 def test_non_finite_loss_ends_as_failed_with_the_reason(cache, tmp_path, monkeypatch):
     import inner_loop.run_setup as run_setup
-    from inner_loop.regularizers import Regularizer, build_regularizer
+    from inner_loop.loss.regularizers import Regularizer, build_regularizer
 
     class Overflowing(Regularizer):
         """A divergence that overflows, as a badly scaled mirror map can."""
@@ -168,8 +168,8 @@ def test_a_member_shows_its_progress_and_logs_trls_metrics_to_tensorboard(cache,
     back with tensorboard's own reader."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from results.layout import TENSORBOARD_DIR
-    from results.member_progress import read_progress
+    from results.store.layout import TENSORBOARD_DIR
+    from results.store.progress import read_progress
 
     record = train_member(_spec(tmp_path / "m", _inner()))
     assert record.status == "ok", record.error

@@ -17,8 +17,8 @@ import yaml
 import inner_loop.member as member
 import inner_loop.run_setup as run_setup
 from inner_loop.member import train_member
-from results.provenance import read_run_manifest
-from results.records import read_result
+from results.store.provenance import read_run_manifest
+from results.store.records import read_result
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 # Tiny and untrained (no warm-up): these tests need the stages to run, not a model that answers.

@@ -16,10 +16,10 @@ from trl import GRPOConfig, GRPOTrainer
 
 from inner_loop.config import ModelConfig
 from inner_loop.evaluate import _response_lengths, encode_prompts, generate
-from inner_loop.models import load_policy
-from inner_loop.prompts import eos_token_ids, format_prompt
-from inner_loop.smollm2 import smollm2_model_dir
-from inner_loop.tiny_model import build_tiny_model, build_tiny_tokenizer
+from inner_loop.models.loading import load_policy
+from inner_loop.models.prompts import eos_token_ids, format_prompt
+from inner_loop.models.smollm2 import smollm2_model_dir
+from inner_loop.models.tiny import build_tiny_model, build_tiny_tokenizer
 
 PROMPT = "What is 2+3?"
 # A Qwen3-like template: BOS written by the template itself, and a thinking branch switched by enable_thinking.

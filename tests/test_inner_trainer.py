@@ -5,11 +5,11 @@ import pytest
 import torch
 
 from inner_loop.config import DivergenceConfig, ModelConfig
-from inner_loop.losses import aggregate
-from inner_loop.models import load_policy
-from inner_loop.tiny_model import tiny_model_dir
-from inner_loop.regularizers import build_regularizer
-from inner_loop.trainer import MirrorGRPOTrainer, NonFiniteLossError
+from inner_loop.loss.compose import aggregate
+from inner_loop.models.loading import load_policy
+from inner_loop.models.tiny import tiny_model_dir
+from inner_loop.loss.regularizers import build_regularizer
+from inner_loop.grpo.trainer import MirrorGRPOTrainer, NonFiniteLossError
 
 SMALL = dict(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
 

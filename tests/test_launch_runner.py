@@ -10,11 +10,11 @@ import pytest
 
 from launch.factory import build_launcher
 from launch.runner import AbortRun, MemberArrayRunner, RunnerPolicy
-from results.records import MemberSpec
+from results.store.records import MemberSpec
 
 ENTRY = "meta.synthetic:member"
-LOCAL = {"name": "local", "cls": "launch.submitit_launchers:LocalLauncher", "kill_grace_s": 5}
-DEBUG = {"name": "debug", "cls": "launch.submitit_launchers:DebugLauncher"}
+LOCAL = {"name": "local", "cls": "launch.local.launchers:LocalLauncher", "kill_grace_s": 5}
+DEBUG = {"name": "debug", "cls": "launch.local.launchers:DebugLauncher"}
 
 
 def _specs(tmp_path, n, **options):

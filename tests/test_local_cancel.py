@@ -16,12 +16,12 @@ import pytest
 
 from launch.base import JobRef
 from launch.factory import build_launcher
-from launch.local_controllers import controller_running
+from launch.local.controllers import controller_running
 from meta.run import main
-from results.records import MemberSpec, read_result
-from results.store import RunStore
+from results.store.records import MemberSpec, read_result
+from results.store.run_store import RunStore
 
-LOCAL = {"name": "local", "cls": "launch.submitit_launchers:LocalLauncher", "kill_grace_s": 5}
+LOCAL = {"name": "local", "cls": "launch.local.launchers:LocalLauncher", "kill_grace_s": 5}
 
 
 @contextlib.contextmanager

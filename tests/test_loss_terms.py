@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from inner_loop.config import DivergenceConfig
-from inner_loop.losses import aggregate, compose_loss
-from inner_loop.policy_registry import POLICY_TERMS
-from inner_loop.policy_terms import PolicyInputs, PolicyParams
-from inner_loop.regularizers import build_regularizer
+from inner_loop.loss.compose import aggregate, compose_loss
+from inner_loop.loss.policy_registry import POLICY_TERMS
+from inner_loop.loss.policy_terms import PolicyInputs, PolicyParams
+from inner_loop.loss.regularizers import build_regularizer
 from mirror_maps import VECTOR_LENGTH, kl_estimator
 
 MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])

@@ -11,8 +11,8 @@ from meta.export import main as export_main
 from meta.reevaluate import main as reevaluate_main
 from meta.run import main
 from mirror_maps import load_init
-from results.records import MemberSpec
-from results.store import RunStore
+from results.store.records import MemberSpec
+from results.store.run_store import RunStore
 
 # noise: seed-to-seed spread of a "training run" (same params and seed, same fitness)
 SYNTH = ["launcher=debug", "inner.entrypoint=meta.synthetic:member", "population=4", "generations=2",

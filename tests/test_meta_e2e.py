@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from mirror_maps import load_init
-from results.store import RunStore
+from results.store.run_store import RunStore
 
 ROOT = Path(__file__).resolve().parent.parent
 SHORT = ["train.steps=2", "train.val_size=8"]

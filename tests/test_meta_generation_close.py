@@ -8,11 +8,11 @@ import pandas as pd
 import pytest
 import torch
 
-from launch.local_controllers import controller_running
+from launch.local.controllers import controller_running
 from meta.generation_close import QuorumClock
 from meta.run import main
-from results.records import ResultRecord, read_result, write_result
-from results.store import RunStore
+from results.store.records import ResultRecord, read_result, write_result
+from results.store.run_store import RunStore
 
 # Members run one after another in-process (debug launcher), so "members 0-3 finished, 4-7 pending" is exact.
 SYNTH = ["launcher=debug", "inner.entrypoint=meta.synthetic:member", "population=8", "generations=2",

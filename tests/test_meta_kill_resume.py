@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from meta.run import main
-from results.store import RunStore
+from results.store.run_store import RunStore
 
 ROOT = Path(__file__).resolve().parent.parent
 ARGS = ["inner.entrypoint=meta.synthetic:member", "population=4", "generations=3", "es=cmaes",

@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from launch import file_lock
+from results.store import file_lock
 from meta.lock import RunLock, RunLockedError
 from meta.run import main
-from results.store import RunStore
+from results.store.run_store import RunStore
 
 SYNTH = ["launcher=debug", "inner.entrypoint=meta.synthetic:member", "population=4", "generations=2"]
 

@@ -11,7 +11,7 @@ from meta.config import config_hash
 from meta.export import main as export_main
 from meta.lock import RunLock
 from meta.run import main
-from results.store import RunStore
+from results.store.run_store import RunStore
 
 SYNTH = ["launcher=debug", "inner.entrypoint=meta.synthetic:member", "population=4", "generations=3"]
 

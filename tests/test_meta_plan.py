@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from meta.plan import KNOWN_SHAPES, disk_plan, model_shape
-from meta.run import compose, main
+from meta.compose import compose
+from meta.run import main
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

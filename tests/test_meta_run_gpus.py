@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from launch.submitit_launchers import LocalLauncher
+from launch.local.launchers import LocalLauncher
 from meta import synthetic
-from results.records import MemberSpec
+from results.store.records import MemberSpec
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent

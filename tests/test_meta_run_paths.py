@@ -14,7 +14,7 @@ import yaml
 
 from launch.factory import job_namespace
 from meta.run import main
-from results.store import RunStore
+from results.store.run_store import RunStore
 
 ROOT = Path(__file__).resolve().parent.parent
 SYNTH = ["inner.entrypoint=meta.synthetic:member", "population=4", "+inner.options={count_calls:true}"]
@@ -52,7 +52,7 @@ def test_a_run_started_with_relative_paths_records_them_absolute_and_resumes_fro
     assert f"task.train_file={start / 'data' / 'train.jsonl'}" in manifest["overrides"]
     jobs = store.read_jobs(0)
     assert jobs and all(Path(job["folder"]).is_absolute() for job in jobs.values())
-    local = {"name": "local", "cls": "launch.submitit_launchers:LocalLauncher"}
+    local = {"name": "local", "cls": "launch.local.launchers:LocalLauncher"}
     assert manifest["launcher"] == "local" and manifest["cluster"] == job_namespace(local)
 
     # Resume from another directory (the run dir named relative to it), one generation more: the replayed
@@ -95,7 +95,7 @@ def test_a_resume_on_another_cluster_is_refused_naming_old_and_new(tmp_path, cap
     before = _snapshot(run_dir)
     capsys.readouterr()
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    assert job_namespace({"name": "slurm", "cls": "launch.slurm:SlurmLauncher"}) == "beta"
+    assert job_namespace({"name": "slurm", "cls": "launch.slurm.launcher:SlurmLauncher"}) == "beta"
     assert main([f"run_dir={run_dir}", "launcher=slurm", "generations=2"]) == 2
     err = capsys.readouterr().err
     assert "started on SLURM cluster 'alpha' and this is SLURM cluster 'beta'" in err
@@ -116,4 +116,4 @@ def test_a_resume_on_another_host_is_refused_for_local_jobs(tmp_path, capsys):
 
 @pytest.mark.skipif(not os.environ.get("MIRROR_ES_REQUIRE_SLURM"), reason="needs the local SLURM cluster")
 def test_the_real_cluster_answers_its_name():
-    assert job_namespace({"name": "slurm", "cls": "launch.slurm:SlurmLauncher"}) == "mirror-es"
+    assert job_namespace({"name": "slurm", "cls": "launch.slurm.launcher:SlurmLauncher"}) == "mirror-es"

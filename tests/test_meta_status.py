@@ -15,11 +15,11 @@ from meta.live_watch import GenerationSnapshot, MemberWatch, ProgressLine, all_s
 from meta.run import main as run_main
 from meta.status import main as status_main
 from meta.status import render
-from results.layout import TENSORBOARD_DIR
-from results.member_progress import MemberProgress
-from results.records import ResultRecord, write_result
-from results.store import RunStore
-from results.tensorboard_log import log_missing, logged_generations
+from results.store.layout import TENSORBOARD_DIR
+from results.store.progress import MemberProgress
+from results.store.records import ResultRecord, write_result
+from results.store.run_store import RunStore
+from results.report.tensorboard import log_missing, logged_generations
 
 ROOT = Path(__file__).resolve().parent.parent
 SYNTH = ["launcher=debug", "inner.entrypoint=meta.synthetic:member", "population=4", "reevaluate.top_k=0"]
@@ -29,7 +29,7 @@ RUNNING_MEMBER = """
 import sys, time
 from pathlib import Path
 from launch.member import running_time_ledger
-from results.member_progress import MemberProgress, write_progress
+from results.store.progress import MemberProgress, write_progress
 work_dir = Path(sys.argv[1])
 with running_time_ledger(work_dir, 0, 1.0):
     now = time.time()

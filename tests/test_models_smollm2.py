@@ -41,8 +41,8 @@ def cache(tmp_path_factory):
 
 def test_gguf_converts_once_and_the_model_answers(cache):
     from inner_loop.config import InnerConfig
-    from inner_loop.models import load_policy
-    from inner_loop.smollm2 import smollm2_model_dir
+    from inner_loop.models.loading import load_policy
+    from inner_loop.models.smollm2 import smollm2_model_dir
 
     cfg = InnerConfig.from_dict(_inner())
     folder = smollm2_model_dir(cfg.model)

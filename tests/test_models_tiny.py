@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from inner_loop.config import ModelConfig
-from inner_loop.model_cache import build_once
-from inner_loop.models import load_policy
-from inner_loop.tiny_model import build_tiny_tokenizer, tiny_model_dir
+from inner_loop.models.cache import build_once
+from inner_loop.models.loading import load_policy
+from inner_loop.models.tiny import build_tiny_tokenizer, tiny_model_dir
 
 
 def test_tokenizer_round_trips_printable_ascii_one_token_per_char():
@@ -74,7 +74,7 @@ def test_incomplete_directory_from_a_crashed_builder_is_replaced(tmp_path):
 
 
 def test_missing_local_model_path_is_a_clear_error():
-    from inner_loop.models import resolve_model_dir
+    from inner_loop.models.loading import resolve_model_dir
 
     with pytest.raises(ValueError, match="name_or_path"):
         resolve_model_dir(ModelConfig(name="hub", name_or_path="/nonexistent/model"))

@@ -7,13 +7,13 @@ from dataclasses import dataclass
 
 import pytest
 
-from results.atomic import (
+from results.store.atomic import (
     CorruptFileError,
     atomic_write_json,
     read_with_checksum,
     write_with_checksum,
 )
-from results.records import MemberSpec, ResultRecord, read_result, write_result
+from results.store.records import MemberSpec, ResultRecord, read_result, write_result
 
 
 def test_result_record_round_trips_through_result_json(tmp_path):

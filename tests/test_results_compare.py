@@ -1,4 +1,4 @@
-"""results.compare over synthetic single-run dirs, and the provenance every single run records."""
+"""results.report.compare over synthetic single-run dirs, and the provenance every single run records."""
 from __future__ import annotations
 
 import subprocess
@@ -7,10 +7,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from results.compare import compare, main, to_markdown
-from results.provenance import build_run_manifest, code_version, config_hash, data_hashes, write_run_manifest
-from results.records import ResultRecord, write_result
-from results.store import RunStore
+from results.report.compare import compare, main, to_markdown
+from results.store.provenance import build_run_manifest, code_version, config_hash, data_hashes, write_run_manifest
+from results.store.records import ResultRecord, write_result
+from results.store.run_store import RunStore
 
 SPLITS = {"train": ["1+1=", "2+2="], "validation": ["3+3="]}
 
@@ -173,7 +173,7 @@ def test_hydra_multirun_of_inner_loop_runs_every_job_and_compares(tmp_path, monk
     import sys
 
     import inner_loop.run as inner_run
-    from results.records import MemberSpec
+    from results.store.records import MemberSpec
 
     def fake_train(spec: MemberSpec, save_final: bool = False) -> ResultRecord:
         write_run_manifest(spec.work_dir, build_run_manifest(run_id=spec.run_id, seed=spec.seed, inner=spec.inner,

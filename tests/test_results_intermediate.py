@@ -2,8 +2,8 @@
 and none is lost to an earlier crash."""
 from __future__ import annotations
 
-from results.intermediate import append_intermediate, read_intermediate
-from results.layout import INTERMEDIATE_FILE
+from results.store.intermediate import append_intermediate, read_intermediate
+from results.store.layout import INTERMEDIATE_FILE
 
 
 def test_values_are_read_back_in_step_order(tmp_path):

@@ -1,4 +1,4 @@
-"""results/layout.py is the one place that spells the run dir's and the member dir's layout, and results/ stands
+"""results/store/layout.py is the one place that spells the run dir's and the member dir's layout, and results/ stands
 alone: numbered names round-trip, no other module of ours spells a layout name, and results/ imports nothing of
 inner_loop, launch or meta (docs/DESIGN.md: "results -> inner_loop" must never exist)."""
 from __future__ import annotations
@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from results import layout
-from results.store import RunStore
+from results.store import layout
+from results.store.run_store import RunStore
 
 ROOT = Path(__file__).resolve().parent.parent
-#: the packages whose modules must take every layout name from results.layout
+#: the packages whose modules must take every layout name from results.store.layout
 SCANNED = ("launch", "meta", "results", "inner_loop")
 #: layout values that are also ordinary words (a column "state", a log message "final"): a literal equal to one of
 #: them (or a jobs.json key "submissions") says nothing about the layout, so the scan leaves them out
@@ -102,7 +102,7 @@ def test_the_store_builds_its_paths_from_the_layout(tmp_path):
 
 def test_the_layout_module_is_light():
     """Member processes import it: it must not pull in torch or pandas."""
-    code = ("import sys, results.layout; heavy = {'torch', 'pandas', 'numpy'} & set(sys.modules); "
+    code = ("import sys, results.store.layout; heavy = {'torch', 'pandas', 'numpy'} & set(sys.modules); "
             "assert not heavy, heavy")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
@@ -111,10 +111,10 @@ def test_the_layout_module_is_light():
 def test_old_import_paths_still_work():
     from inner_loop.tasks import prompt_hash
     from launch.member import LOCK_FILE, STARTED_FILE
-    from launch.slurm import CANCELLED_FILE
-    from launch.slurm_chunks import MARKER_DIR
-    from results import provenance
-    from results.records import RESULT_FILE, SPEC_FILE
+    from launch.slurm.launcher import CANCELLED_FILE
+    from launch.slurm.chunks import MARKER_DIR
+    from results.store import provenance
+    from results.store.records import RESULT_FILE, SPEC_FILE
 
     assert (LOCK_FILE, STARTED_FILE, CANCELLED_FILE, MARKER_DIR, RESULT_FILE, SPEC_FILE, provenance.RUN_MANIFEST_FILE) \
         == (layout.MEMBER_LOCK_FILE, layout.STARTED_FILE, layout.CANCELLED_FILE, layout.SUBMISSIONS_DIR,
@@ -126,7 +126,7 @@ def test_old_import_paths_still_work():
 
 # ------------------------------------------------------------- enforcement
 def layout_names() -> set[str]:
-    """Every file and directory name results/layout.py defines (its public string constants)."""
+    """Every file and directory name results/store/layout.py defines (its public string constants)."""
     return {value for key, value in vars(layout).items()
             if key.isupper() and not key.startswith("_") and isinstance(value, str)} - ORDINARY_WORDS
 
@@ -146,12 +146,12 @@ def _sources(root: Path) -> list[Path]:
 
 
 def layout_literals(root: Path, names: set[str]) -> list[str]:
-    """``file:line: literal`` for each string literal outside results/layout.py that spells a layout name: equal
+    """``file:line: literal`` for each string literal outside results/store/layout.py that spells a layout name: equal
     to one, ending in ``/<name>``, or starting like a numbered name (f-string parts and regexes
     included). Docstrings and prose that merely mention a name are fine."""
     hits = []
     for path in _sources(root):
-        if path == root / "results" / "layout.py":
+        if path == root / "results" / "store" / "layout.py":
             continue
         tree = ast.parse(path.read_text(), filename=str(path))
         docs = _docstrings(tree)
@@ -202,7 +202,7 @@ def test_the_scan_sees_what_it_forbids(tmp_path):
 
 def test_no_module_but_the_layout_spells_a_layout_name():
     hits = layout_literals(ROOT, layout_names())
-    assert not hits, ("layout names spelled outside results/layout.py (import them from there):\n"
+    assert not hits, ("layout names spelled outside results/store/layout.py (import them from there):\n"
                       + "\n".join(hits))
 
 

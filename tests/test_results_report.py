@@ -1,4 +1,4 @@
-"""results.report on synthetic ES run dirs: right numbers, live runs, corrupt files, real PNGs, CLI."""
+"""results.report.search on synthetic ES run dirs: right numbers, live runs, corrupt files, real PNGs, CLI."""
 from __future__ import annotations
 
 import json
@@ -9,11 +9,11 @@ import pytest
 import torch
 from PIL import Image
 
-from results.provenance import write_run_manifest
-from results.records import ResultRecord, write_result
-from results.report import build_report, main
-from results.run_snapshot import load_run
-from results.store import RunStore
+from results.store.provenance import write_run_manifest
+from results.store.records import ResultRecord, write_result
+from results.report.search import build_report, main
+from results.report.snapshot import load_run
+from results.store.run_store import RunStore
 
 DIM = 380
 # generation -> per-member (status, fitness, response tokens); None = no result.json yet
@@ -206,7 +206,7 @@ def test_disk_per_generation_from_result_files(run_dir, tmp_path, capsys):
 
 
 def test_format_bytes_picks_readable_units():
-    from results.report import format_bytes
+    from results.report.search import format_bytes
 
     assert [format_bytes(v) for v in (0, 1023, 1536, 5 * 2**20, 2.4e12, None, float("nan"))] == [
         "0 B", "1023 B", "1.5 KiB", "5.0 MiB", "2.2 TiB", "n/a", "n/a"]

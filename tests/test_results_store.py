@@ -6,8 +6,8 @@ import logging
 import pytest
 import torch
 
-from results.atomic import CorruptFileError
-from results.store import RunStore
+from results.store.atomic import CorruptFileError
+from results.store.run_store import RunStore
 
 
 def test_latest_state_skips_a_corrupt_newest_file_with_a_warning(tmp_path, caplog):

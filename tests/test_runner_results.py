@@ -20,10 +20,10 @@ import launch.runner as runner_module
 from launch.base import JobRef, Launcher
 from launch.factory import build_launcher, runner_policy
 from launch.runner import MemberArrayRunner, RunnerPolicy
-from launch.slurm_options import SlurmOptions
-from launch.submitit_launchers import DebugLauncher
-import results.atomic as atomic_module
-from results.records import RESULT_FILE, MemberSpec, ResultRecord, read_result, write_result, write_result_if_absent
+from launch.slurm.options import SlurmOptions
+from launch.local.launchers import DebugLauncher
+import results.store.atomic as atomic_module
+from results.store.records import RESULT_FILE, MemberSpec, ResultRecord, read_result, write_result, write_result_if_absent
 
 ENTRY = "meta.synthetic:member"
 CONF = Path(__file__).resolve().parents[1] / "conf" / "launcher"
@@ -216,4 +216,4 @@ def test_result_grace_is_a_launcher_setting_with_filesystem_defaults():
             runner_policy(1, 60, {"result_grace_s": bad})
         with pytest.raises(ValueError, match="launcher.result_grace_s"):
             SlurmOptions.from_options({"result_grace_s": bad})
-    assert build_launcher({"cls": "launch.submitit_launchers:DebugLauncher", "result_grace_s": 5}) is not None
+    assert build_launcher({"cls": "launch.local.launchers:DebugLauncher", "result_grace_s": 5}) is not None

@@ -14,7 +14,7 @@ import pytest
 
 from launch.base import JobRef, Launcher
 from launch.runner import MemberArrayRunner, RunnerPolicy
-from results.records import MemberSpec, ResultRecord, read_result, write_result
+from results.store.records import MemberSpec, ResultRecord, read_result, write_result
 
 ENTRY = "meta.synthetic:member"
 

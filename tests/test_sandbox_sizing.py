@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from inner_loop import cpu_allocation
-from inner_loop.cpu_allocation import cgroup_cpu_limit, cgroup_v1_cpu_limit, usable_cpus
-from inner_loop.sandbox import SandboxConfig, SandboxPool
+from inner_loop.sandbox import cpu_allocation
+from inner_loop.sandbox.cpu_allocation import cgroup_cpu_limit, cgroup_v1_cpu_limit, usable_cpus
+from inner_loop.sandbox.pool import SandboxConfig, SandboxPool
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -72,8 +72,8 @@ def test_usable_cpus_takes_the_tightest_limit(tmp_path, monkeypatch):
 _ONE_CPU_SCRIPT = textwrap.dedent("""
     import json, os, sys, time
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-    from inner_loop.cpu_allocation import usable_cpus
-    from inner_loop.sandbox import SandboxConfig, SandboxPool
+    from inner_loop.sandbox.cpu_allocation import usable_cpus
+    from inner_loop.sandbox.pool import SandboxConfig, SandboxPool
     items, expected = [], []
     for i in range(64):
         if i % 4 == 3:

@@ -14,9 +14,9 @@ import pytest
 
 from launch.base import JobRef
 from launch.runner import MemberArrayRunner, RunnerPolicy
-from launch.slurm import SlurmLauncher
-from launch.slurm_queries import TaskState, pending_may_never_start
-from results.records import MemberSpec
+from launch.slurm.launcher import SlurmLauncher
+from launch.slurm.queries import TaskState, pending_may_never_start
+from results.store.records import MemberSpec
 
 WAITING_TURN = ["Priority", "Resources", "QOSMaxJobsPerUserLimit", "QOSGrpGRES", "AssocGrpGRES",
                 "JobArrayTaskLimit", "BeginTime", "Dependency", "None", "", "AssocMaxJobsLimit",
@@ -66,7 +66,7 @@ def test_waiting_names_only_jobs_that_may_never_start(caplog: pytest.LogCaptureF
     states.update({"9_148": ("PENDING", "Priority"), "9_149": ("RUNNING", "None"),
                    "9_150": ("PENDING", "PartitionDown"), "9_151": ("REQUEUE_HOLD", "None")})
     launcher = _launcher_with(states)
-    with caplog.at_level(logging.INFO, logger="launch.slurm"):
+    with caplog.at_level(logging.INFO, logger="launch.slurm.launcher"):
         stuck = launcher.waiting(_refs(sorted(states)))
     assert stuck == {"9_150": "PENDING, PartitionDown", "9_151": "REQUEUE_HOLD, None"}
     summary = [r.getMessage() for r in caplog.records]
@@ -77,7 +77,7 @@ def test_waiting_names_only_jobs_that_may_never_start(caplog: pytest.LogCaptureF
 
 def test_the_queue_summary_is_rate_limited(caplog: pytest.LogCaptureFixture) -> None:
     launcher = _launcher_with({"9_0": ("PENDING", "Priority"), "9_1": ("PENDING", "Resources")})
-    with caplog.at_level(logging.INFO, logger="launch.slurm"):
+    with caplog.at_level(logging.INFO, logger="launch.slurm.launcher"):
         for _ in range(50):  # 50 poll rounds
             launcher.waiting(_refs(["9_0", "9_1"]))
         assert len(caplog.records) == 1

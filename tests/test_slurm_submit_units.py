@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 from submitit.core.utils import FailedJobError, JobPaths
 
-import launch.slurm as slurm_module
+import launch.slurm.launcher as slurm_module
 from launch.runner import AbortRun, MemberArrayRunner, RunnerPolicy
-from launch.slurm import SlurmLauncher
-from launch.slurm_chunks import MARKER_DIR, chunk_job_name, parse_chunk_job_name, read_markers
-from launch.slurm_options import SlurmOptions
-from results.atomic import CorruptFileError
-from results.records import MemberSpec
+from launch.slurm.launcher import SlurmLauncher
+from launch.slurm.chunks import MARKER_DIR, chunk_job_name, parse_chunk_job_name, read_markers
+from launch.slurm.options import SlurmOptions
+from results.store.atomic import CorruptFileError
+from results.store.records import MemberSpec
 
 ENTRY = "meta.synthetic:member"
 

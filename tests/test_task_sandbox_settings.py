@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from inner_loop import sandbox
+from inner_loop.sandbox import pool as sandbox
 from inner_loop.tasks import build_task
 from inner_loop.tasks.base import Problem
 

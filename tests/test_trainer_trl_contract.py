@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from inner_loop.config import DivergenceConfig, ModelConfig
-from inner_loop.models import load_policy
-from inner_loop.tiny_model import tiny_model_dir
-from inner_loop.regularizers import build_regularizer
-from inner_loop.trainer import MirrorGRPOTrainer
-from inner_loop.trl_loss_contract import REVIEWED_LOSS_INPUTS, unsupported_grpo_fields
+from inner_loop.models.loading import load_policy
+from inner_loop.models.tiny import tiny_model_dir
+from inner_loop.loss.regularizers import build_regularizer
+from inner_loop.grpo.trainer import MirrorGRPOTrainer
+from inner_loop.grpo.trl_contract import REVIEWED_LOSS_INPUTS, unsupported_grpo_fields
 
 SMALL = dict(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
 ROWS, PROMPT_LEN, COMPLETION_LEN = 4, 5, 6

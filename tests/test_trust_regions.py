@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from inner_loop.policy_terms import PolicyInputs, PolicyParams
-from inner_loop.trust_region_terms import (
+from inner_loop.loss.policy_terms import PolicyInputs, PolicyParams
+from inner_loop.loss.trust_regions import (
     TRUST_REGION_TERMS,
     binary_kl,
     kl3_ratio_bounds,

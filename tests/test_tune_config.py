@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from meta.run import compose
+from meta.compose import compose
 from meta.tune.cli import main
 from meta.tune.space import format_value, trial_overrides
 

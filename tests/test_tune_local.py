@@ -20,10 +20,10 @@ from optuna.trial import TrialState
 from meta.tune.cli import main
 from meta.tune.synthetic import quality, score
 from meta.tune.trials import plan_trial, run_seed, trial_dir, write_trial
-from results.intermediate import read_intermediate
-from results.layout import JOURNAL_FILE, STUDY_FILE, TRIAL_FILE
-from results.records import read_result
-from results.study_store import LOST_ATTR, SAVED_ATTR, SLOT_ATTR, load_study
+from results.store.intermediate import read_intermediate
+from results.store.layout import JOURNAL_FILE, STUDY_FILE, TRIAL_FILE
+from results.store.records import read_result
+from results.store.study_store import LOST_ATTR, SAVED_ATTR, SLOT_ATTR, load_study
 
 ROOT = Path(__file__).resolve().parent.parent
 SYNTH = ["inner.entrypoint=meta.tune.synthetic:run", "tune.sampler=random", "tune.pruner=none"]
@@ -262,7 +262,7 @@ def test_the_exported_preset_reproduces_the_best_trial_in_inner_loop_and_meta_ru
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from meta.run import CONF_DIR, compose
+    from meta.compose import CONF_DIR, compose
 
     run_dir = tmp_path / "run"
     space = "tune.space={divergence: [choice, kl, prob_l2], divergence.coef: [log, 1e-3, 1.0], " \
@@ -293,7 +293,7 @@ def test_the_exported_preset_reproduces_the_best_trial_in_inner_loop_and_meta_ru
 
 
 def test_the_report_of_a_tune_run_has_the_trials_importances_and_plots(tmp_path, capsys):
-    from results.report import main as report_main
+    from results.report.search import main as report_main
 
     run_dir = tmp_path / "run"
     assert main([f"run_dir={run_dir}", *SYNTH, "launcher=debug", "tune.trials=5",

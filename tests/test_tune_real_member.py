@@ -10,9 +10,9 @@ from optuna.trial import TrialState
 
 from inner_loop.member import train_member
 from meta.tune.cli import main
-from results.intermediate import read_intermediate
-from results.layout import INTERMEDIATE_FILE
-from results.study_store import load_study
+from results.store.intermediate import read_intermediate
+from results.store.layout import INTERMEDIATE_FILE
+from results.store.study_store import load_study
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"

@@ -17,11 +17,11 @@ import torch.utils.checkpoint
 from trl import GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head
 
-from inner_loop.grad_share import exact_share, full_form_token_norms, logit_space_share, logp_space_share
-from inner_loop.losses import compose_loss
-from inner_loop.policy_terms import PolicyInputs, PolicyParams
-from inner_loop.regularizers import Regularizer
-from inner_loop.trl_loss_contract import unsupported_grpo_fields
+from inner_loop.loss.grad_share import exact_share, full_form_token_norms, logit_space_share, logp_space_share
+from inner_loop.loss.compose import compose_loss
+from inner_loop.loss.policy_terms import PolicyInputs, PolicyParams
+from inner_loop.loss.regularizers import Regularizer
+from inner_loop.grpo.trl_contract import unsupported_grpo_fields
 
 logger = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
-from inner_loop.policy_registry import get_policy_term
-from inner_loop.policy_terms import PolicyInputs, PolicyParams
+from inner_loop.loss.policy_registry import get_policy_term
+from inner_loop.loss.policy_terms import PolicyInputs, PolicyParams
 
 
 def aggregate(per_token: torch.Tensor, mask: torch.Tensor, kind: str, max_completion_length: int) -> torch.Tensor:

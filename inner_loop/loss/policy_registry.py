@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import Callable, Mapping
 
-from inner_loop.policy_terms import PolicyInputs, PolicyOutput, PolicyParams, clip_term, gspo_term
-from inner_loop.trust_region_terms import DEFAULT_SIZES, TRUST_REGION_TERMS, trust_region_size
+from inner_loop.loss.policy_terms import PolicyInputs, PolicyOutput, PolicyParams, clip_term, gspo_term
+from inner_loop.loss.trust_regions import DEFAULT_SIZES, TRUST_REGION_TERMS, trust_region_size
 
 PolicyTerm = Callable[[PolicyInputs, PolicyParams], PolicyOutput]
 

@@ -1,8 +1,8 @@
 """Policy-gradient terms ("hosts"): functions (PolicyInputs, PolicyParams) -> PolicyOutput.
 
 The regularizer and the aggregation are shared by every host, so a new trust-region variant only adds one
-function and one entry in `inner_loop.policy_registry`; the trainer never changes. The GRPO-family hosts
-(token clipping, GSPO) live here; the trust-region hosts in `inner_loop.trust_region_terms`.
+function and one entry in `inner_loop.loss.policy_registry`; the trainer never changes. The GRPO-family hosts
+(token clipping, GSPO) live here; the trust-region hosts in `inner_loop.loss.trust_regions`.
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from inner_loop.policy_terms import PolicyInputs, PolicyOutput, PolicyParams
+from inner_loop.loss.policy_terms import PolicyInputs, PolicyOutput, PolicyParams
 
 #: Default trust-region sizes: the values the papers report (DRPO's stated 12.5 conflicts with its own
 #: boundary pi* = mu +- delta, so ours is a plain configured value with a default inside (0, 1]).

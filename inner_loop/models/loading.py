@@ -1,7 +1,7 @@
 """The base policy: which weights (tiny, SmolLM2, Qwen3, any hub id or path), loaded from where, with which adapter.
 
 Every model this returns is loaded from a directory or hub id: the built ones come from the model cache
-(inner_loop/model_cache.py) so concurrent population members share one copy and TRL can reload the reference.
+(inner_loop/models/cache.py) so concurrent population members share one copy and TRL can reload the reference.
 """
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 
 from inner_loop.config import ModelConfig
-from inner_loop.smollm2 import smollm2_model_dir
-from inner_loop.tiny_model import tiny_model_dir
+from inner_loop.models.smollm2 import smollm2_model_dir
+from inner_loop.models.tiny import tiny_model_dir
 
 QWEN3_1_7B = "Qwen/Qwen3-1.7B"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from inner_loop.config import ModelConfig
-from inner_loop.model_cache import build_once, cache_root, config_digest
+from inner_loop.models.cache import build_once, cache_root, config_digest
 
 
 def _packaged_smollm2_gguf() -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from inner_loop.config import ModelConfig
-from inner_loop.model_cache import build_once, cache_root, config_digest
+from inner_loop.models.cache import build_once, cache_root, config_digest
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)

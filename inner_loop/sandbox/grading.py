@@ -4,7 +4,7 @@ Why: when tests ran in the program's own interpreter, the program could reach th
 the garbage collector), swap builtins the tests use, or return objects that lie in ``__eq__``. Here the
 dataset's tests run in the trainer process, in a fresh namespace with a copy of the builtins; every use of a
 name the program defines is a request over the channel to the sandbox, and the answer is decoded from exact
-plain data (``inner_loop.grading_codec``). Expected values never enter the sandbox, the comparison and the
+plain data (``inner_loop.sandbox.codec``). Expected values never enter the sandbox, the comparison and the
 pass count never leave this process, and the program's objects never arrive here.
 
 A test that cannot be evaluated this way (it needs an object of the program's own class, or the program
@@ -22,8 +22,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from inner_loop.grading_codec import Unsendable, from_plain, to_plain
-from inner_loop.grading_tests import FN, GET, prepare
+from inner_loop.sandbox.codec import Unsendable, from_plain, to_plain
+from inner_loop.sandbox.test_rewrite import FN, GET, prepare
 
 logger = logging.getLogger(__name__)
 

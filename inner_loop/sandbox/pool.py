@@ -3,7 +3,7 @@
 Why: code rewards execute untrusted programs thousands of times per training run on shared nodes.
 Each program runs in its own process with wall/CPU, memory, file-size and process-count limits, an
 empty environment and a fresh work dir; with bubblewrap also its own user/network/pid namespaces and a
-read-only file system. The tests themselves never run there: the trusted grader (inner_loop.grading)
+read-only file system. The tests themselves never run there: the trusted grader (inner_loop.sandbox.grading)
 evaluates them in this process and sends only the calls into the program through the worker, getting
 plain data back, so the pass/fail decision is out of the program's reach. Nothing here raises into the
 trainer for what a program does.
@@ -29,9 +29,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from inner_loop.cpu_allocation import usable_cpus
-from inner_loop.grading import Grader, Job, Session, parse_answer, status_of
-from inner_loop.sandbox_isolation import (
+from inner_loop.sandbox.cpu_allocation import usable_cpus
+from inner_loop.sandbox.grading import Grader, Job, Session, parse_answer, status_of
+from inner_loop.sandbox.isolation import (
     NOT_ISOLATED_WITHOUT_BWRAP,
     SANDBOX_ROOT,
     bwrap_command,
@@ -45,8 +45,8 @@ logger = logging.getLogger(__name__)
 
 STATUSES = ("passed", "failed", "timeout", "crashed", "out_of_memory")
 # the zygote runs the codec's text first: both sides encode and decode plain data by the same rules
-_ZYGOTE_SOURCE = (Path(__file__).with_name("grading_codec.py").read_text() + "\n"
-                  + Path(__file__).with_name("sandbox_zygote.py").read_text())
+_ZYGOTE_SOURCE = (Path(__file__).with_name("codec.py").read_text() + "\n"
+                  + Path(__file__).with_name("zygote.py").read_text())
 _ANSWER_GRACE_S = 30.0  # zygote enforces the limit itself; this only catches a wedged zygote
 _warned_fallback = False
 _warn_lock = threading.Lock()

@@ -12,7 +12,7 @@ Per request the process tree is: zygote -> A (own session; unshares user, net, p
 namespaces when isolated) -> B (pid 1 of the new pid namespace: when it exits the kernel kills every
 process the program left behind) -> C (sets the limits, runs the program, then answers calls).
 Nothing in C decides a score. Tests are evaluated by the trusted grader outside the sandbox
-(``inner_loop.grading``); C only runs the calls into the program that the grader sends and answers each
+(``inner_loop.sandbox.grading``); C only runs the calls into the program that the grader sends and answers each
 with the result as exact plain builtin data, on a private pipe with each line prefixed by a random nonce
 (so text the program prints is never taken for an answer). The program can read that nonce and forge
 answers, but an answer is only a value the grader compares itself: forging one is the same as returning

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from inner_loop.grading import Job
+from inner_loop.sandbox.grading import Job
 from inner_loop.tasks.base import SPLITS, Problem, Task
 from inner_loop.tasks.code_extract import extract_code
 from inner_loop.tasks.mbpp import score_programs
@@ -31,7 +31,7 @@ class HumanEvalConfig:
     test_size: int | None = None
     prompt_template: str = "{prompt}"
     timeout_s: float = 5.0
-    #: inner_loop.sandbox.SandboxConfig keys (require_isolation, memory_mb, workers, ...); {}: its defaults
+    #: inner_loop.sandbox.pool.SandboxConfig keys (require_isolation, memory_mb, workers, ...); {}: its defaults
     sandbox: dict[str, Any] = field(default_factory=dict)
 
 

@@ -5,8 +5,8 @@ Both hub configs are read: ``full`` rows have ``text``, ``code``, ``test_list``,
 prompt shows the task text and the first test (the usual MBPP prompt, which also fixes the function name).
 
 Reward: the fraction of the task's asserts that pass when the completion's code runs in the sandbox
-(inner_loop.sandbox, ``task.timeout_s`` per program) and the asserts are evaluated by the trusted grader
-(inner_loop.grading); solved = every assert passes.
+(inner_loop.sandbox.pool, ``task.timeout_s`` per program) and the asserts are evaluated by the trusted grader
+(inner_loop.sandbox.grading); solved = every assert passes.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
-from inner_loop.grading import Job
+from inner_loop.sandbox.grading import Job
 from inner_loop.tasks.base import Problem, SplitTask, check_disjoint, prompt_hash
 from inner_loop.tasks.code_extract import extract_code
 from inner_loop.tasks.data_files import load_hub_rows, read_local_rows, require_fields
@@ -22,7 +22,7 @@ from inner_loop.tasks.splits import carve_splits, dedupe
 from inner_loop.tasks.task_config import format_prompt, require_existing_file, require_split_data, sandbox_config
 
 if TYPE_CHECKING:
-    from inner_loop.sandbox import SandboxConfig
+    from inner_loop.sandbox.pool import SandboxConfig
 
 logger = logging.getLogger(__name__)
 
@@ -49,16 +49,16 @@ class MBPPConfig:
     include_challenge_tests: bool = False
     prompt_template: str = "{text}\nYour code should pass this test:\n{first_test}\n"
     timeout_s: float = 5.0
-    #: inner_loop.sandbox.SandboxConfig keys (require_isolation, memory_mb, workers, ...); {}: its defaults
+    #: inner_loop.sandbox.pool.SandboxConfig keys (require_isolation, memory_mb, workers, ...); {}: its defaults
     sandbox: dict[str, Any] = field(default_factory=dict)
 
 
 def score_programs(items: Sequence[Job | tuple[str, list[str]]], timeout_s: float,
                    sandbox_settings: "SandboxConfig | None" = None) -> list[float]:
     """Fraction of asserts passed per job: programs run concurrently in the sandbox (with the task's
-    ``task.sandbox`` settings), the asserts in the trusted grader (inner_loop.grading), so a program cannot forge
+    ``task.sandbox`` settings), the asserts in the trusted grader (inner_loop.sandbox.grading), so a program cannot forge
     its own score."""
-    from inner_loop import sandbox
+    from inner_loop.sandbox import pool as sandbox
 
     outcomes = sandbox.run_many(list(items), timeout_s=timeout_s, config=sandbox_settings)
     return [outcome.passed / outcome.total if outcome.total else 0.0 for outcome in outcomes]

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, get_type_hints
 
 if TYPE_CHECKING:
-    from inner_loop.sandbox import SandboxConfig
+    from inner_loop.sandbox.pool import SandboxConfig
 
 T = TypeVar("T")
 
@@ -114,7 +114,7 @@ def format_prompt(template: str, task_name: str, **fields: Any) -> str:
 def sandbox_config(task: str, settings: Mapping[str, Any]) -> "SandboxConfig":
     """The sandbox settings of a code task (``task.sandbox``: limits, isolation, workers), checked when the task is
     built, so a typo fails before any job is submitted instead of every member running with the defaults."""
-    from inner_loop.sandbox import SandboxConfig
+    from inner_loop.sandbox.pool import SandboxConfig
 
     known = {f.name for f in dataclasses.fields(SandboxConfig)}
     unknown = sorted(set(settings) - known)

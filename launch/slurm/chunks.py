@@ -16,9 +16,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from results.atomic import CorruptFileError, atomic_write_json
-from results.layout import SUBMISSIONS_DIR as MARKER_DIR  # re-exported under its old name
-from results.layout import chunk_marker_name, parse_chunk_marker_name
+from results.store.atomic import CorruptFileError, atomic_write_json
+from results.store.layout import SUBMISSIONS_DIR as MARKER_DIR  # re-exported under its old name
+from results.store.layout import chunk_marker_name, parse_chunk_marker_name
 
 _NAME = re.compile(r"^(?P<prefix>.+)\.(?P<run>[A-Za-z0-9_-]+)\.g(?P<generation>\d+)\.c(?P<chunk>\d+)$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")

@@ -4,7 +4,7 @@ What the runner (launch/runner.py) needs from a backend is: submit an array, whi
 and how a dead job without a result ended. Here:
 - submit: one ``sbatch --array`` per chunk of at most MaxArraySize members (submitit does not split), with
   SLURM_*/SBATCH_* variables of an enclosing SLURM job stripped, and each task a requeueable
-  CheckpointableMember (launch/slurm_member.py);
+  CheckpointableMember (launch/slurm/member.py);
 - alive: answered from a cache refreshed by ONE batched sacct call at most every ``query_interval_s``
   (finished members are seen earlier through their result files, which the runner reads first); a job
   not yet in accounting (sacct lags a few seconds behind sbatch) counts as alive for ``sacct_grace_s``, and
@@ -16,26 +16,27 @@ and how a dead job without a result ended. Here:
 - waiting: tasks sacct sees queued for a reason that means they may never start (partition down, a node
   down for good after a requeue, bad constraints); the runner cancels one pending like that longer than
   ``max_pending_s``. Tasks waiting their turn (priority, resources, QOS limits) are never given up on.
-- recover: each chunk is named and marked before its sbatch (launch/slurm_chunks.py), so a resume after a
+- recover: each chunk is named and marked before its sbatch (launch/slurm/chunks.py), so a resume after a
   failed or interrupted submission re-attaches to what was queued instead of submitting it twice.
 Re-attach needs no extra state: job ids in jobs.json are SLURM ids that sacct answers for.
 """
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from launch.base import JobRef, SubmissionError
-from launch.slurm_chunks import ChunkMarker, chunk_job_name, next_chunk_number, read_markers, write_marker
-from launch.slurm_options import SlurmOptions
-from launch.slurm_queries import SlurmQueries, SlurmQueryError, TaskState, base_job_id, pending_may_never_start
-from launch.submitit_launchers import SubmititLauncher, check_gpus_per_member
-from results.atomic import atomic_write_json
-from results.layout import CANCELLED_FILE
-from results.records import MemberSpec
+from launch.slurm.chunks import ChunkMarker, chunk_job_name, next_chunk_number, read_markers, write_marker
+from launch.slurm.options import SlurmOptions
+from launch.slurm.queries import SlurmQueries, SlurmQueryError, TaskState, base_job_id, pending_may_never_start
+from launch.submitit_base import SubmititLauncher, check_gpus_per_member
+from results.store.atomic import atomic_write_json
+from results.store.layout import CANCELLED_FILE
+from results.store.records import MemberSpec
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +57,20 @@ class SlurmLauncher(SubmititLauncher):
     @classmethod
     def validate_options(cls, options: Mapping[str, Any]) -> None:
         check_gpus_per_member("launcher.gpus_per_node", SlurmOptions.from_options(options).gpus_per_node)
+
+    @classmethod
+    def job_namespace(cls, options: Mapping[str, Any]) -> str:
+        """The cluster's ClusterName (one ``scontrol show config`` call); ValueError when it cannot be asked."""
+        try:
+            text = SlurmQueries(float(options.get("command_timeout_s", 60.0))).run(["scontrol", "show", "config"])
+        except SlurmQueryError as exc:
+            raise ValueError(
+                f"launcher=slurm: cannot ask the cluster its name ({exc}); is this a SLURM login node?"
+            ) from None
+        match = re.search(r"^ClusterName\s*=\s*(\S+)", text, re.MULTILINE)
+        if match is None:
+            raise ValueError("launcher=slurm: `scontrol show config` reports no ClusterName")
+        return match.group(1)
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
@@ -107,7 +122,7 @@ class SlurmLauncher(SubmititLauncher):
         self, entrypoint: str, specs: Sequence[MemberSpec], folder: Path, timeout_s: float,
         submissions: Sequence[int] | None = None,
     ) -> Iterator[list[JobRef]]:
-        """One sbatch array per chunk of <= MaxArraySize specs, each named and marked (launch/slurm_chunks.py)
+        """One sbatch array per chunk of <= MaxArraySize specs, each named and marked (launch/slurm/chunks.py)
         before its sbatch; yields each chunk's JobRefs as soon as it is queued, so they are recorded before
         the next chunk is tried. SubmissionError once a chunk's sbatch failed submit_attempts times."""
         if not specs:
@@ -155,7 +170,7 @@ class SlurmLauncher(SubmititLauncher):
         import submitit
         from submitit.core.utils import FailedJobError, FailedSubmissionError
 
-        from launch.slurm_member import CheckpointableMember
+        from launch.slurm.member import CheckpointableMember
 
         attempts = self.config.submit_attempts
         for attempt in range(1, attempts + 1):
@@ -337,7 +352,7 @@ class SlurmLauncher(SubmititLauncher):
 
     def waiting(self, refs: Sequence[JobRef]) -> dict[str, str]:
         """Tasks that sacct last saw queued for a reason (squeue's, the controller's current one) that means
-        they may never start (see pending_may_never_start in launch/slurm_queries.py); a job held after a requeue
+        they may never start (see pending_may_never_start in launch/slurm/queries.py); a job held after a requeue
         (REQUEUE_HOLD) never starts by itself either. Tasks waiting their turn (Priority, Resources, QOS
         limits, this array's own %array_parallelism throttle) are left out. Logs, at most every
         ``queue_log_interval_s`` or when a new reason appears, how many tasks wait and why."""

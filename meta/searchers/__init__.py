@@ -1,4 +1,49 @@
-"""ES searchers behind one ask/tell interface (see base.py)."""
-from meta.searchers.base import Searcher, build_searcher, check_population, searcher_class
+"""ES searchers behind one ask/tell interface (base.py), one strategy per module; the registry is here, at the door.
+
+The strategy modules are imported when a searcher is first asked for: several import evotorch (and ray), which
+takes seconds that ``meta.status`` and the other light commands should not pay.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any, Mapping
+
+import torch
+
+from meta.searchers.base import DTYPE, Searcher, check_population
+
+
+def _registry() -> dict[str, type[Searcher]]:
+    from meta.searchers.cem import CEMSearcher
+    from meta.searchers.cmaes import CMAESSearcher
+    from meta.searchers.openai_es import OpenAIESEliteSearcher
+    from meta.searchers.pgpe import PGPESearcher
+    from meta.searchers.snes import SNESSearcher
+
+    classes = (PGPESearcher, SNESSearcher, CEMSearcher, CMAESSearcher, OpenAIESEliteSearcher)
+    return {cls.name: cls for cls in classes}
+
+
+def searcher_class(name: str) -> type[Searcher]:
+    registry = _registry()
+    if name not in registry:
+        raise ValueError(f"es.name={name!r} is unknown; choose one of {sorted(registry)} (e.g. es=pgpe)")
+    return registry[name]
+
+
+def build_searcher(
+    es_cfg: Mapping[str, Any], center_init: torch.Tensor, popsize: int, seed: int
+) -> Searcher:
+    """Instantiate ``es_cfg['name']`` with the remaining keys as hyperparameters; unknown keys are errors."""
+    cfg = dict(es_cfg)
+    cls = searcher_class(str(cfg.pop("name", "")))
+    allowed = [
+        p.name for p in inspect.signature(cls.__init__).parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY
+    ]
+    unknown = sorted(set(cfg) - set(allowed))
+    if unknown:
+        raise ValueError(f"es.{unknown[0]} is not a setting of es={cls.name}; known settings: {sorted(allowed)}")
+    return cls(center_init.to(DTYPE), popsize, seed, **cfg)
+
 
 __all__ = ["Searcher", "build_searcher", "check_population", "searcher_class"]

@@ -10,7 +10,6 @@ docs/searchers.md. Fitness is MAXIMISED. ``state_dict`` holds only tensors and p
 from __future__ import annotations
 
 import abc
-import inspect
 from typing import Any, ClassVar, Mapping
 
 import torch
@@ -71,36 +70,3 @@ def check_population(name: str, popsize: int, needs_even: bool) -> None:
             f"population={popsize} is odd but es={name} samples antithetic pairs; set an even population "
             f"(e.g. population={popsize + 1})"
         )
-
-
-def _registry() -> dict[str, type[Searcher]]:
-    from meta.searchers.cem import CEMSearcher
-    from meta.searchers.cmaes import CMAESSearcher
-    from meta.searchers.openai_es import OpenAIESEliteSearcher
-    from meta.searchers.pgpe import PGPESearcher
-    from meta.searchers.snes import SNESSearcher
-
-    classes = (PGPESearcher, SNESSearcher, CEMSearcher, CMAESSearcher, OpenAIESEliteSearcher)
-    return {cls.name: cls for cls in classes}
-
-
-def searcher_class(name: str) -> type[Searcher]:
-    registry = _registry()
-    if name not in registry:
-        raise ValueError(f"es.name={name!r} is unknown; choose one of {sorted(registry)} (e.g. es=pgpe)")
-    return registry[name]
-
-
-def build_searcher(
-    es_cfg: Mapping[str, Any], center_init: torch.Tensor, popsize: int, seed: int
-) -> Searcher:
-    """Instantiate ``es_cfg['name']`` with the remaining keys as hyperparameters; unknown keys are errors."""
-    cfg = dict(es_cfg)
-    cls = searcher_class(str(cfg.pop("name", "")))
-    allowed = [
-        p.name for p in inspect.signature(cls.__init__).parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY
-    ]
-    unknown = sorted(set(cfg) - set(allowed))
-    if unknown:
-        raise ValueError(f"es.{unknown[0]} is not a setting of es={cls.name}; known settings: {sorted(allowed)}")
-    return cls(center_init.to(DTYPE), popsize, seed, **cfg)

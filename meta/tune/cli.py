@@ -23,10 +23,10 @@ import yaml
 from meta.config import INNER_NODES, ConfigError, absolute_overrides, absolute_path, absolute_paths, config_hash
 from meta.cli_args import run_command
 from meta.resume import check_job_namespace, format_differences, split_differences
-from meta.run import CONF_DIR, compose_with_choices, merge_overrides
+from meta.compose import CONF_DIR, compose_with_choices, merge_overrides
 from meta.tune.config import STUDY_KEYS, TuneConfig, build_sampler, build_pruner, build_tune_config
-from results.provenance import code_version
-from results.store import RunStore
+from results.store.provenance import code_version
+from results.store.run_store import RunStore
 
 logger = logging.getLogger("meta.tune")
 
@@ -117,7 +117,7 @@ def prepare(argv: Sequence[str]) -> tuple[Prepared, str | None]:
 
 def write_run_files(prepared: Prepared) -> dict[str, Any]:
     """config.yaml and manifest.json (run id, study, group choices, provenance), then study.json."""
-    from results.study_store import JOURNAL, read_study_file, write_study_file
+    from results.store.study_store import JOURNAL, read_study_file, write_study_file
 
     store, manifest, cfg = prepared.store, prepared.manifest, prepared.cfg
     store.write_config(yaml.safe_dump(prepared.raw, sort_keys=True))
@@ -139,7 +139,7 @@ def check_storage(prepared: Prepared) -> None:
     tune.study_name must not be taken there (the new run would otherwise resume into another run's study)."""
     import optuna
 
-    from results.study_store import open_storage
+    from results.store.study_store import open_storage
 
     cfg = prepared.cfg
     if cfg.storage is None:
@@ -158,7 +158,7 @@ def open_study(prepared: Prepared) -> Any:
     """Create the study on a new run (refused if the storage already holds one of that name), load it on a resume."""
     import optuna
 
-    from results.study_store import RUN_ID_ATTR, open_storage, read_study_file
+    from results.store.study_store import RUN_ID_ATTR, open_storage, read_study_file
 
     info = read_study_file(prepared.store.root)
     assert info is not None
@@ -198,7 +198,7 @@ def run(argv: Sequence[str]) -> int:
         sys.stdout.write(build_plan(cfg, prepared.store.root, prepared.resuming) + "\n")
         return 0
     if export and prepared.resuming:
-        from results.study_store import load_study
+        from results.store.study_store import load_study
 
         try:
             path = export_preset(prepared.store.root, load_study(prepared.store.root), prepared.manifest["choices"],

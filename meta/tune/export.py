@@ -14,8 +14,8 @@ import yaml
 
 from meta.config import INNER_NODES
 from meta.tune.trials import read_trial
-from results.atomic import atomic_write_text
-from results.study_store import RUN_VALUES_ATTR, best_complete_trial
+from results.store.atomic import atomic_write_text
+from results.store.study_store import RUN_VALUES_ATTR, best_complete_trial
 
 
 class ExportError(RuntimeError):
@@ -23,7 +23,7 @@ class ExportError(RuntimeError):
 
 
 def best_trial(study: Any) -> Any:
-    """results.study_store's best complete trial; ExportError when there is none."""
+    """results.store.study_store's best complete trial; ExportError when there is none."""
     best = best_complete_trial(study)
     if best is None:
         raise ExportError(f"study {study.study_name!r} has no complete trial yet; nothing to export")

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import yaml
 
-from meta.status import member_row, orchestrator_line, slurm_reasons
+from meta.status_rows import member_row, orchestrator_line, slurm_reasons
 from meta.tune.trials import read_trial, trials_dir
-from results.layout import JOBS_FILE
-from results.store import RunStore, read_jobs_file
-from results.study_store import best_complete_trial, load_study, state_counts
+from results.store.layout import JOBS_FILE
+from results.store.run_store import RunStore, read_jobs_file
+from results.store.study_store import best_complete_trial, load_study, state_counts
 
 
 def render_tune(run_dir: str | Path, show_all: bool = False, now: float | None = None) -> str:

@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from results.intermediate import append_intermediate
-from results.member_progress import MemberProgress, write_progress
-from results.records import MemberSpec, ResultRecord
+from results.store.intermediate import append_intermediate
+from results.store.progress import MemberProgress, write_progress
+from results.store.records import MemberSpec, ResultRecord
 
 
 def quality(coef: float, lr: float, options: Mapping[str, Any], divergence: str = "") -> float:

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from meta.seeding import derive_seed
-from results.atomic import CorruptFileError, atomic_write_json
-from results.layout import TRIAL_FILE, TRIALS_DIR, member_dir_name, trial_dir_name
-from results.records import MemberSpec, ResultRecord
+from results.store.atomic import CorruptFileError, atomic_write_json
+from results.store.layout import TRIAL_FILE, TRIALS_DIR, member_dir_name, trial_dir_name
+from results.store.records import MemberSpec, ResultRecord
 
 #: the ``generation`` every tuning run carries (job names, logs): one launcher folder holds them all
 TUNE_GENERATION = 9997

@@ -19,8 +19,8 @@ from typing import Sequence
 
 import pandas as pd
 
-from results.atomic import atomic_write_text
-from results.single_runs import Scan, find_run_dirs
+from results.store.atomic import atomic_write_text
+from results.report.single_runs import Scan, find_run_dirs
 
 logger = logging.getLogger(__name__)
 
@@ -164,7 +164,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     for path in write_outputs(result, out):
         sys.stdout.write(f"wrote {path}\n")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

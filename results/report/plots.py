@@ -15,7 +15,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from results.atomic import atomic_write_bytes
+from results.store.atomic import atomic_write_bytes
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """``python -m results.report RUN_DIR [--out DIR] [--top K]``: tables and plots of an ES search, live or finished.
 
-A ``meta.tune`` run dir (one with a study.json) gets the tuning report instead (results/tune_report.py).
+A ``meta.tune`` run dir (one with a study.json) gets the tuning report instead (results/report/tune.py).
 
 Prints the generations table, disk use per generation and the top members, then writes CSV tables (with
 provenance columns: run id, config hash, code version, seed, data hashes) and four PNG plots to ``--out``
@@ -20,14 +20,14 @@ from typing import Sequence
 
 import pandas as pd
 
-from results.atomic import atomic_write_text
-from results.layout import REPORT_DIR
-from results.atomic import CorruptFileError
-from results.plots import plot_disk, plot_failures, plot_fitness, plot_fitness_vs_control, plot_response_length
-from results.store import RunStore
-from results.run_snapshot import RunSnapshot, load_run, top_members
-from results.study_store import read_study_file
-from results.tune_report import build_tune_report, format_tune_report
+from results.store.atomic import atomic_write_text
+from results.store.layout import REPORT_DIR
+from results.store.atomic import CorruptFileError
+from results.report.plots import plot_disk, plot_failures, plot_fitness, plot_fitness_vs_control, plot_response_length
+from results.store.run_store import RunStore
+from results.report.snapshot import RunSnapshot, load_run, top_members
+from results.store.study_store import read_study_file
+from results.report.tune import build_tune_report, format_tune_report
 
 logger = logging.getLogger(__name__)
 
@@ -203,7 +203,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     sys.stdout.write(format_report(report))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

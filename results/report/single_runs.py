@@ -1,6 +1,6 @@
 """Finding and reading single-run directories (``python -m inner_loop.run``, incl. Hydra multiruns).
 
-A single-run dir holds ``manifest.json`` (results.provenance, written before training) and, once finished,
+A single-run dir holds ``manifest.json`` (results.store.provenance, written before training) and, once finished,
 ``result.json``. Every directory found is turned into one row, whatever state it is in, so that a comparison
 can say which runs are missing, failed or unreadable instead of silently averaging what is left.
 """
@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from results.atomic import CorruptFileError
-from results.layout import (CHECKPOINT_DIR, CONFIG_FILE, GENERATION_DIR_PREFIX, LAUNCHER_DIR, RESULT_FILE,
+from results.store.atomic import CorruptFileError
+from results.store.layout import (CHECKPOINT_DIR, CONFIG_FILE, GENERATION_DIR_PREFIX, LAUNCHER_DIR, RESULT_FILE,
                             RUN_MANIFEST_FILE)
-from results.provenance import ES_MEMBER, read_run_manifest
-from results.records import ResultRecord
+from results.store.provenance import ES_MEMBER, read_run_manifest
+from results.store.records import ResultRecord
 
 logger = logging.getLogger(__name__)
 

@@ -17,11 +17,11 @@ from typing import Any
 
 import pandas as pd
 
-from results.atomic import CorruptFileError
-from results.layout import RESULT_FILE, parse_generation_dir_name, parse_member_dir_name
-from results.provenance import read_run_manifest
-from results.records import ResultRecord
-from results.store import RunStore
+from results.store.atomic import CorruptFileError
+from results.store.layout import RESULT_FILE, parse_generation_dir_name, parse_member_dir_name
+from results.store.provenance import read_run_manifest
+from results.store.records import ResultRecord
+from results.store.run_store import RunStore
 
 logger = logging.getLogger(__name__)
 

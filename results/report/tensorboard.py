@@ -12,10 +12,10 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
-from results.layout import TENSORBOARD_DIR
+from results.store.layout import TENSORBOARD_DIR
 
 if TYPE_CHECKING:
-    from results.store import RunStore
+    from results.store.run_store import RunStore
 
 _MARK = ".gen"
 

@@ -17,10 +17,10 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from results.atomic import atomic_write_bytes, atomic_write_text
-from results.layout import REPORT_DIR
-from results.store import RunStore
-from results.study_store import (ERROR_ATTR, LOST_ATTR, PRUNED_STEP_ATTR, RUN_VALUES_ATTR, SAVED_ATTR,
+from results.store.atomic import atomic_write_bytes, atomic_write_text
+from results.store.layout import REPORT_DIR
+from results.store.run_store import RunStore
+from results.store.study_store import (ERROR_ATTR, LOST_ATTR, PRUNED_STEP_ATTR, RUN_VALUES_ATTR, SAVED_ATTR,
                                   best_complete_trial, load_study, read_study_file, state_name)
 
 logger = logging.getLogger(__name__)

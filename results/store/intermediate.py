@@ -14,7 +14,7 @@ import os
 import time
 from pathlib import Path
 
-from results.layout import INTERMEDIATE_FILE
+from results.store.layout import INTERMEDIATE_FILE
 
 
 def append_intermediate(work_dir: str | Path, step: int, pass_at_1: float, size: int) -> None:

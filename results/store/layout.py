@@ -3,7 +3,7 @@
 Every file and directory name inside a run dir or a member dir is defined here and nowhere else, so that the
 orchestrator, the launchers, the member processes and the report can never disagree about where a thing
 lives (tests/test_results_layout.py fails on a layout name spelled anywhere else). ``RunStore``
-(results/store.py) turns these names into paths and typed reads/writes; light modules that only know a member's
+(results/store/run_store.py) turns these names into paths and typed reads/writes; light modules that only know a member's
 work dir (launch.member, inner_loop.member) use the names directly. Standard library only: every member
 process imports it.
 
@@ -54,7 +54,7 @@ process imports it.
       tensorboard_logs/                       TENSORBOARD_DIR: TRL's metrics (train.report_to: [tensorboard])
       intermediate.jsonl                      INTERMEDIATE_FILE: validation pass@1 every train.eval_every steps
 
-The ``.sha256`` sidecars are named by results/atomic.py (CHECKSUM_SUFFIX), which writes and verifies them.
+The ``.sha256`` sidecars are named by results/store/atomic.py (CHECKSUM_SUFFIX), which writes and verifies them.
 Numbered names are padded (``gen_0008``, ``member_017``) but wider numbers are valid (``gen_12345``), and the
 parse functions accept them: always build and read numbered names through the functions below.
 """
@@ -97,7 +97,7 @@ LAUNCHER_DIR = "submitit"
 
 # ---------------------------------------------------------- launcher dir
 CANCELLED_FILE = "cancelled_by_orchestrator.json"
-#: one marker file per submitted sbatch array chunk (launch/slurm_chunks.py)
+#: one marker file per submitted sbatch array chunk (launch/slurm/chunks.py)
 SUBMISSIONS_DIR = "submissions"
 
 # ------------------------------------------------------------ member dir
@@ -106,7 +106,7 @@ SPEC_FILE = "spec.json"
 #: the running-time ledger, also the orchestrator's "this attempt has started" marker
 STARTED_FILE = "started.json"
 MEMBER_LOCK_FILE = ".member.lock"
-#: a training run's provenance (results/provenance.py), in a member dir or a single run's work dir
+#: a training run's provenance (results/store/provenance.py), in a member dir or a single run's work dir
 RUN_MANIFEST_FILE = "manifest.json"
 #: the Trainer's output_dir
 CHECKPOINT_DIR = "checkpoints"
@@ -116,12 +116,12 @@ CHECKPOINT_TRASH_DIR = ".checkpoints.deleting"
 #: where a single run leaves its trained model, whatever train.keep_checkpoints says
 FINAL_MODEL_DIR = "final"
 #: the member's latest training progress (step, reward, zero-std groups, gradient share), for meta.status and the
-#: orchestrator's warnings (results/member_progress.py)
+#: orchestrator's warnings (results/store/progress.py)
 PROGRESS_FILE = "progress.json"
 #: event files: TRL's metrics of a member (train.report_to tensorboard); a search's per-generation scalars
 TENSORBOARD_DIR = "tensorboard_logs"
 
-#: one line per intermediate validation (train.eval_every), read by a tuner's pruner (results/intermediate.py)
+#: one line per intermediate validation (train.eval_every), read by a tuner's pruner (results/store/intermediate.py)
 INTERMEDIATE_FILE = "intermediate.jsonl"
 
 # ------------------------------------------------------------ tune run dir (meta/tune/)

@@ -10,8 +10,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from results.atomic import atomic_write_json
-from results.layout import PROGRESS_FILE
+from results.store.atomic import atomic_write_json
+from results.store.layout import PROGRESS_FILE
 
 #: how many of the latest logged values the file keeps for the per-step series (a warning needs a streak)
 RECENT = 5

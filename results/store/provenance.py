@@ -2,7 +2,7 @@
 
 A comparison table is only trustworthy if every row says where it came from. A single training run (and every
 ES member trained by ``inner_loop.member.train_member``) writes ``<work_dir>/manifest.json`` through
-``write_run_manifest`` before training starts; ``results.compare`` and ``results.report`` read it back with
+``write_run_manifest`` before training starts; ``results.report.compare`` and ``results.report.search`` read it back with
 ``read_run_manifest``.
 """
 from __future__ import annotations
@@ -15,8 +15,8 @@ import subprocess
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from results.atomic import CorruptFileError, atomic_write_json, sha256_file
-from results.layout import RUN_MANIFEST_FILE  # re-exported: importers use results.provenance.RUN_MANIFEST_FILE
+from results.store.atomic import CorruptFileError, atomic_write_json, sha256_file
+from results.store.layout import RUN_MANIFEST_FILE  # re-exported: importers use results.store.provenance.RUN_MANIFEST_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ MANIFEST_FORMAT = 1
 SINGLE_RUN = "single_run"
 #: ``kind`` of a manifest written inside an ES member's work dir.
 ES_MEMBER = "es_member"
-_REPO_ROOT = Path(__file__).resolve().parent.parent
+_REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def config_hash(config: Mapping[str, Any]) -> str:

@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from results.atomic import atomic_create_bytes, atomic_write_json, json_bytes
-from results.layout import RESULT_FILE, SPEC_FILE  # re-exported: importers use results.records.RESULT_FILE
+from results.store.atomic import atomic_create_bytes, atomic_write_json, json_bytes
+from results.store.layout import RESULT_FILE, SPEC_FILE  # re-exported: importers use results.store.records.RESULT_FILE
 
 #: late: cancelled unfinished when its ES generation closed at the quorum (no measurement, never retried);
 #: pruned: stopped by a tuner's pruner (never retried)

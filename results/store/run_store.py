@@ -1,6 +1,6 @@
 """The run store: paths and typed, atomic reads/writes of everything inside one run directory.
 
-The layout itself (every file and directory name, and the tree they form) is spelled in results/layout.py;
+The layout itself (every file and directory name, and the tree they form) is spelled in results/store/layout.py;
 this module joins those names into the paths of one run dir and reads and writes what lies there.
 
 Everything is written atomically; state and population files carry a checksum so that a torn or corrupted
@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from results.atomic import (
+from results.store.atomic import (
     CorruptFileError,
     atomic_write_bytes,
     atomic_write_json,
@@ -24,7 +24,7 @@ from results.atomic import (
     read_with_checksum,
     write_with_checksum,
 )
-from results.layout import (
+from results.store.layout import (
     BEST_DIR,
     BEST_MEMBER_FILE,
     CANDIDATES_FILE,

@@ -17,8 +17,8 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
-from results.atomic import CorruptFileError, atomic_write_json
-from results.layout import JOURNAL_FILE, STUDY_FILE
+from results.store.atomic import CorruptFileError, atomic_write_json
+from results.store.layout import JOURNAL_FILE, STUDY_FILE
 
 if TYPE_CHECKING:
     import optuna

@@ -24,7 +24,7 @@ MYSQL_RUN="$RUN_DIR/mysqld"
 MYSQL_SOCKET="$MYSQL_RUN/mysqld.sock"
 SLURM_CONF_FILE="$ETC_DIR/slurm.conf"
 SYSTEM_SLURM_CONF=/etc/slurm/slurm.conf
-MARKER="# written by mirror-es launch/local_slurm/up.sh"
+MARKER="# written by mirror-es scripts/local_slurm/up.sh"
 
 # pid file and expected process name (/proc/PID/comm) of each daemon, in start order.
 DAEMONS=(munged mariadbd slurmdbd slurmctld slurmd)

@@ -1,4 +1,4 @@
-"""Fixtures for tests against the real one-node SLURM cluster of launch/local_slurm/up.sh.
+"""Fixtures for tests against the real one-node SLURM cluster of scripts/local_slurm/up.sh.
 
 Every test under tests/slurm/ is marked `slurm`. The session fixture `slurm_cluster` probes the cluster
 once (sinfo, sacct, the node's state), waits (bounded) for jobs of others to leave the queue, and skips the
@@ -20,7 +20,7 @@ from slurm_helpers import LocalSlurm, SlurmCommandError, probe_cluster, wait_unt
 logger = logging.getLogger(__name__)
 
 HERE = Path(__file__).resolve().parent
-UP_SCRIPT = HERE.parent.parent / "launch" / "local_slurm" / "up.sh"
+UP_SCRIPT = HERE.parent.parent / "scripts" / "local_slurm" / "up.sh"
 # How long the session waits for jobs it did not submit to leave the queue before it gives up.
 BUSY_WAIT_S = 600.0
 

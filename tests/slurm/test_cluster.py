@@ -1,4 +1,4 @@
-"""Smoke tests of the local SLURM cluster itself (launch/local_slurm/up.sh).
+"""Smoke tests of the local SLURM cluster itself (scripts/local_slurm/up.sh).
 
 The slurm launcher's tests rely on these behaviours of the cluster: arrays run in parallel and finish
 COMPLETED in accounting, scancel and the time limit are visible in sacct, an array beyond MaxArraySize is

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from launch.member import read_ledger
-from launch.slurm import SlurmLauncher
+from launch.slurm.launcher import SlurmLauncher
 from slurm_helpers import LocalSlurm, run_slurm_command
 from slurm_launch_helpers import FAST, Background, specs
 

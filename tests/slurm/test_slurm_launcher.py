@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from launch.factory import build_launcher
-from launch.slurm import SlurmLauncher
-from launch.slurm_options import SlurmOptions
-from launch.slurm_queries import base_job_id, expand_job_ids, parse_sacct
+from launch.slurm.launcher import SlurmLauncher
+from launch.slurm.options import SlurmOptions
+from launch.slurm.queries import base_job_id, expand_job_ids, parse_sacct
 from slurm_helpers import LocalSlurm, run_slurm_command
 from slurm_launch_helpers import FAST, run_generation, specs
 
@@ -38,7 +38,7 @@ def test_bad_launcher_settings_name_the_key() -> None:
 
 
 def test_shipped_config_builds_the_launcher_with_its_documented_resources() -> None:
-    from meta.run import compose
+    from meta.compose import compose
 
     # composed as meta.run does: the launcher reads the preset's resources (here the embedded tiny_arith's)
     shipped = compose(["launcher=slurm"])["launcher"]

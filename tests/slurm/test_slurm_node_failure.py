@@ -19,8 +19,8 @@ import pytest
 
 from launch.base import JobRef, Launcher
 from launch.runner import MemberArrayRunner, RunnerPolicy
-from launch.slurm import SlurmLauncher
-from results.records import read_result
+from launch.slurm.launcher import SlurmLauncher
+from results.store.records import read_result
 from slurm_helpers import LocalSlurm, run_slurm_command
 from slurm_launch_helpers import ENTRY, FAST, Background, specs
 

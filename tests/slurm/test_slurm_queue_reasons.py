@@ -1,6 +1,6 @@
 """launcher.max_pending_s on the real local cluster: a QOS limit keeps array tasks pending (waiting their
 turn: never cancelled), a DOWN partition keeps a job pending for good (cancelled after max_pending_s, with the
-reason in the member's error). Needs AccountingStorageEnforce with limits and qos (launch/local_slurm/
+reason in the member's error). Needs AccountingStorageEnforce with limits and qos (scripts/local_slurm/
 slurm.conf.in). The test QOS and partition are created here and removed afterwards, whatever happened.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Iterator
 import pytest
 
 from launch.runner import MemberArrayRunner, RunnerPolicy
-from launch.slurm import SlurmLauncher
+from launch.slurm.launcher import SlurmLauncher
 from slurm_helpers import LocalSlurm, SlurmCommandError, run_slurm_command
 from slurm_launch_helpers import ENTRY, FAST, specs
 
@@ -33,7 +33,7 @@ def capped_qos(slurm_cluster: LocalSlurm) -> Iterator[str]:
     config = run_slurm_command(["scontrol", "show", "config"])
     enforce = next((line for line in config.splitlines() if line.startswith("AccountingStorageEnforce")), "")
     if "limits" not in enforce:
-        pytest.fail(f"the cluster does not enforce QOS limits ({enforce.strip()}); rerun launch/local_slurm/up.sh")
+        pytest.fail(f"the cluster does not enforce QOS limits ({enforce.strip()}); rerun scripts/local_slurm/up.sh")
     name = f"mirror-es-cap-{os.getpid()}"
     run_slurm_command(["sacctmgr", "-i", "add", "qos", name, "MaxJobsPerUser=1"])
     try:
@@ -66,7 +66,7 @@ def test_tasks_held_back_by_a_qos_limit_are_never_cancelled_and_all_finish(
     launcher.queue_log_interval_s = 1.0  # the summary line, often enough to be seen in a short test
     saved: dict[int, dict] = {}
     member_specs = specs(tmp_path, 4, {"sleep_s": 3, "count_calls": True})
-    with caplog.at_level(logging.INFO, logger="launch.slurm"):
+    with caplog.at_level(logging.INFO, logger="launch.slurm.launcher"):
         records = _runner(launcher, member_specs, tmp_path / "launcher", saved).run()
     bases = sorted({int(j["job_id"].split("_")[0]) for j in saved.values()})
     slurm_cluster.submitted.extend(bases)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from results.store import RunStore
+from results.store.run_store import RunStore
 from slurm_helpers import LocalSlurm, run_slurm_command
 
 pytestmark = pytest.mark.slow

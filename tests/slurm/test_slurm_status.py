@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from meta.status import render
-from results.layout import JOBS_FILE
-from results.store import RunStore, read_jobs_file
+from results.store.layout import JOBS_FILE
+from results.store.run_store import RunStore, read_jobs_file
 from slurm_helpers import LocalSlurm
 
 pytestmark = pytest.mark.slow

@@ -1,0 +1,229 @@
+"""The package layout holds: no import circles, and no import that runs against the layers (docs/architecture.md).
+
+Every import counts: module level, inside functions (the lazy imports that keep torch out of light processes) and
+under TYPE_CHECKING, because a circle through a lazy import is still a circle for whoever reads or moves the code.
+The graph is read from the source with ``ast``, so nothing is imported or run.
+"""
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("meta", "inner_loop", "mirror_maps", "launch", "results")
+
+#: Rooms, most specific first; a module belongs to the first room its dotted name starts with.
+ROOMS = (
+    "inner_loop.sandbox", "inner_loop.loss", "inner_loop.grpo", "inner_loop.models", "inner_loop.tasks",
+    "inner_loop.config", "inner_loop", "results.store", "results.report", "results", "launch", "meta", "mirror_maps",
+)
+#: What each room may import besides itself. Data flows down: meta -> launch -> results.store; inner_loop is reached
+#: from meta only through the configured entry point string, never by an import.
+MAY_IMPORT: dict[str, frozenset[str]] = {
+    "meta": frozenset({"launch", "results.report", "results.store", "mirror_maps"}),
+    "launch": frozenset({"results.store"}),
+    "inner_loop": frozenset({"inner_loop.config", "inner_loop.grpo", "inner_loop.loss", "inner_loop.models",
+                             "inner_loop.tasks", "inner_loop.sandbox", "results.store", "mirror_maps"}),
+    "inner_loop.grpo": frozenset({"inner_loop.config", "inner_loop.loss"}),
+    "inner_loop.loss": frozenset({"inner_loop.config", "mirror_maps"}),
+    "inner_loop.models": frozenset({"inner_loop.config", "results.store"}),
+    "inner_loop.tasks": frozenset({"inner_loop.sandbox", "results.store"}),
+    "inner_loop.config": frozenset(),  # plus the vocabularies below
+    "inner_loop.sandbox": frozenset(),  # runs model-written code: it must not depend on anything it could be used to reach
+    "results": frozenset({"results.report"}),  # the command doors (results/compare.py)
+    "results.report": frozenset({"results.store"}),
+    "results.store": frozenset(),  # plus mirror_maps' init files, below
+    "mirror_maps": frozenset(),
+}
+#: Single modules a room may import from a room it otherwise may not: the typed inner config checks its values
+#: against the names the loss and TRL define (these modules import neither the config nor anything above it).
+MODULE_EXCEPTIONS: dict[str, frozenset[str]] = {
+    "inner_loop.config": frozenset({"inner_loop.loss.policy_registry", "inner_loop.loss.policy_terms",
+                                    "inner_loop.loss.trust_regions", "inner_loop.grpo.trl_overrides",
+                                    "inner_loop.grpo.trl_contract"}),
+    "results.store": frozenset({"mirror_maps.init_file"}),
+}
+#: Third-party packages a member process must not load through results.store (they cost seconds and memory in
+#: each of 180 light wrappers), and the store modules allowed to use them (the orchestrator's run store).
+HEAVY = ("torch", "pandas", "matplotlib")
+MEMBER_ENTRIES = ("launch.member", "launch.slurm.member", "inner_loop.member")
+
+
+def _modules(root: Path) -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            name = ".".join(path.relative_to(root).with_suffix("").parts)
+            found[name.removesuffix(".__init__")] = path
+    return found
+
+
+def _imports(name: str, path: Path) -> list[str]:
+    """Every dotted name ``path`` imports, wherever the import statement stands."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, base] if base else parts)
+            out.extend(f"{base}.{alias.name}" for alias in node.names)
+            out.append(base)
+    return out
+
+
+def import_graph(root: Path = ROOT) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """(module -> project modules it imports, module -> top-level third-party packages it imports)."""
+    modules = _modules(root)
+    ours: dict[str, set[str]] = {m: set() for m in modules}
+    theirs: dict[str, set[str]] = {m: set() for m in modules}
+    stdlib = sys.stdlib_module_names
+    for name, path in modules.items():
+        for target in _imports(name, path):
+            top = target.split(".")[0]
+            if top in PACKAGES:
+                while target and target not in modules:
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    ours[name].add(target)
+            elif top and top not in stdlib and top != "__future__":
+                theirs[name].add(top)
+    return ours, theirs
+
+
+def find_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each as a sorted list."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles = []
+    counter = 0
+
+    def visit(node: str) -> None:
+        nonlocal counter
+        index[node] = low[node] = counter
+        counter += 1
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return circles
+
+
+def room_of(module: str) -> str:
+    return next(room for room in ROOMS if module == room or module.startswith(room + "."))
+
+
+def wrong_way_imports(graph: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for source, targets in sorted(graph.items()):
+        here = room_of(source)
+        for target in sorted(targets):
+            there = room_of(target)
+            if there == here or there in MAY_IMPORT[here] or target in MODULE_EXCEPTIONS.get(here, ()):
+                continue
+            bad.append(f"{source} -> {target} ({here} may not import {there})")
+    return bad
+
+
+def closure(graph: dict[str, set[str]], starts: tuple[str, ...]) -> set[str]:
+    seen, todo = set(), list(starts)
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo.extend(graph.get(module, ()))
+    return seen
+
+
+def test_the_package_has_no_import_circles():
+    ours, _ = import_graph()
+    assert find_circles(ours) == []
+
+
+def test_no_import_runs_against_the_layers():
+    ours, _ = import_graph()
+    assert wrong_way_imports(ours) == []
+
+
+def test_every_module_has_a_room_and_every_room_a_rule():
+    ours, _ = import_graph()
+    assert {room_of(m) for m in ours} <= set(MAY_IMPORT)
+
+
+def test_the_sandbox_and_the_mirror_maps_import_nothing_else_of_ours():
+    ours, _ = import_graph()
+    for module, targets in ours.items():
+        if room_of(module) in ("inner_loop.sandbox", "mirror_maps"):
+            assert {room_of(t) for t in targets} <= {room_of(module)}, module
+
+
+def test_what_a_member_process_imports_from_the_store_is_light():
+    """results.store may use the standard library, PyYAML-free JSON, optuna (study store) and, in the
+    orchestrator's run store alone, torch and pandas; none of that heavy set reaches a member's wrapper."""
+    ours, theirs = import_graph()
+    store = [m for m in ours if room_of(m) == "results.store"]
+    allowed = {"results.store.study_store": {"optuna"}, "results.store.run_store": {"torch", "pandas"}}
+    for module in store:
+        assert theirs[module] <= allowed.get(module, set()), (module, theirs[module])
+    reached = closure(ours, MEMBER_ENTRIES)
+    heavy_store = {m for m in store if theirs[m] & set(HEAVY)}
+    assert not reached & heavy_store, sorted(reached & heavy_store)
+    launch_side = closure(ours, ("launch.member", "launch.slurm.member"))
+    assert not {top for m in launch_side for top in theirs[m]} & set(HEAVY)
+
+
+@pytest.mark.parametrize("source, expected", [
+    # the three circles the layout redesign removed, written the old way round
+    ({"a.config": "from a.grpo_args import check\n", "a.grpo_args": "from a.checkpoints import limit\n",
+      "a.checkpoints": "def f():\n    from a.config import X\n"}, [["a.checkpoints", "a.config", "a.grpo_args"]]),
+    ({"a.base": "if TYPE_CHECKING:\n    from a.cem import CEM\n", "a.cem": "from a.base import Searcher\n"},
+     [["a.base", "a.cem"]]),
+    ({"a.one": "import a.two\n", "a.two": "x = 1\n"}, []),
+])
+def test_the_circle_finder_sees_circles_through_lazy_and_type_checking_imports(tmp_path, monkeypatch, source,
+                                                                              expected):
+    for name, text in source.items():
+        path = tmp_path / Path(*name.split(".")).with_suffix(".py")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        (path.parent / "__init__.py").touch()
+        path.write_text(text)
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGES", ("a",))
+    ours, _ = import_graph(tmp_path)
+    assert find_circles(ours) == expected
+
+
+def test_a_wrong_way_import_is_reported():
+    graph = {"results.store.layout": {"launch.member"}, "launch.member": {"results.store.layout"},
+             "inner_loop.sandbox.pool": {"inner_loop.config"}, "meta.run": {"inner_loop.member"}}
+    assert wrong_way_imports(graph) == [
+        "inner_loop.sandbox.pool -> inner_loop.config (inner_loop.sandbox may not import inner_loop.config)",
+        "meta.run -> inner_loop.member (meta may not import inner_loop)",
+        "results.store.layout -> launch.member (results.store may not import launch)",
+    ]
