@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from inner_loop.sandbox.codec import Unsendable, from_plain, to_plain
-from inner_loop.sandbox.test_rewrite import FN, GET, prepare
+from inner_loop.sandbox.snippet_rewrite import FN, GET, prepare
 
 logger = logging.getLogger(__name__)
 
