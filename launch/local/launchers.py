@@ -1,7 +1,6 @@
 """The launchers of this machine: ``local`` (one process per member) and ``debug`` (in-process, for tests)."""
 from __future__ import annotations
 
-import logging
 import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -10,8 +9,6 @@ from launch.base import JobRef
 from launch.local.controllers import controller_running, sigint_deliverable_to_children, stop_controllers
 from launch.submitit_base import MAX_GPUS_PER_MEMBER, SubmititLauncher, check_gpus_per_member
 from results.store.records import MemberSpec
-
-logger = logging.getLogger(__name__)
 
 
 class LocalLauncher(SubmititLauncher):
