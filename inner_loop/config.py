@@ -90,6 +90,13 @@ def _from_mapping(cls: type[T], node: str, data: Mapping[str, Any] | None) -> T:
     return cls(**{k: _coerce(node, k, v, hints[k]) for k, v in data.items()})  # type: ignore[call-arg]
 
 
+def node_config(cls: type[T], node: str, data: Mapping[str, Any] | None) -> T:
+    """One stored node (a finished run's ``model`` or ``train``) as its dataclass, unknown keys and wrong types
+    refused, without parsing the whole inner config: reading a finished run must not depend on the files its
+    training needed (a ``divergence.init`` that has moved since)."""
+    return _from_mapping(cls, node, data)
+
+
 def _one_of(key: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ValueError(f"{key}={value!r} is not one of {list(allowed)}")
@@ -254,8 +261,9 @@ class TrainConfig:
     def validate(self) -> None:
         from inner_loop.loss.policy_registry import POLICY_TERMS, validate_policy_extra
 
-        if self.steps < 1:
-            raise ValueError(f"train.steps must be >= 1, got {self.steps}")
+        if self.steps < 0:
+            raise ValueError(f"train.steps must be >= 0 (0: no RL step, the untouched model is scored), got "
+                             f"{self.steps}")
         if self.group_size < 2:
             raise ValueError(f"train.group_size must be >= 2 (advantages are group-relative), got {self.group_size}")
         if self.batch_size < 1 or self.batch_size % self.group_size:
@@ -299,6 +307,50 @@ class TrainConfig:
         self.trl = check_trl_overrides(self.trl, batch_size=self.batch_size)
 
 
+#: extra_evaluations[i].name of the run's own task's test split; a transfer task's is TRANSFER_PREFIX + its name
+OWN_TEST_EVALUATION = "test"
+TRANSFER_PREFIX = "transfer/"
+
+
+@dataclass
+class ExtraEvaluation:
+    """One more score of the trained model, after its fitness: greedy pass@1 on the TEST split of ``task`` (a task
+    node like conf/task/*.yaml; None: the run's own task). Why in the run: the model is in memory there, and a
+    paper row (in-domain test, transfer) needs no kept model; the node itself is validated by the task package."""
+
+    name: str
+    task: dict[str, Any] | None = None
+
+
+def _extra_evaluations(value: Any) -> list[ExtraEvaluation]:
+    """``extra_evaluations`` checked for shape and names (the task nodes' keys are checked when the run's data is
+    prepared); ValueError naming ``extra_evaluations[i]``."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ValueError(f"extra_evaluations must be a list of {{name, task}} mappings, got {value!r}")
+    out: list[ExtraEvaluation] = []
+    for index, item in enumerate(value):
+        where = f"extra_evaluations[{index}]"
+        if not isinstance(item, dict) or "name" not in item:
+            raise ValueError(f"{where} must be a mapping with a name and a task (null: the run's own), got {item!r}")
+        unknown = sorted(set(item) - {"name", "task"})
+        if unknown:
+            raise ValueError(f"unknown key(s) {[where + '.' + k for k in unknown]}; known keys are ['name', 'task']")
+        name, task = item["name"], item.get("task")
+        if task is not None and (not isinstance(task, dict) or not isinstance(task.get("name"), str)):
+            raise ValueError(f"{where}.task must be null (the run's own task) or a task node with a name "
+                             f"(like conf/task/*.yaml), got {task!r}")
+        expected = OWN_TEST_EVALUATION if task is None else TRANSFER_PREFIX + task["name"]
+        scored = "the run's own test split" if task is None else f"task {task['name']!r}"
+        if name != expected:
+            raise ValueError(f"{where}.name={name!r}: the evaluation on {scored} is named {expected!r}")
+        if any(e.name == name for e in out):
+            raise ValueError(f"{where}.name={name!r} appears twice; one evaluation per name")
+        out.append(ExtraEvaluation(name=name, task=task))
+    return out
+
+
 @dataclass
 class InnerConfig:
     """One training run: task mapping (validated by the task package), model, divergence, train, seed."""
@@ -310,6 +362,8 @@ class InnerConfig:
     seed: int = 0
     options: dict[str, Any] = field(default_factory=dict)
     eval_split: str = "validation"
+    #: scored after the fitness, on the same trained model (a single run's paper numbers; ES members have none)
+    extra_evaluations: list[ExtraEvaluation] = field(default_factory=list)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], seed: int | None = None) -> "InnerConfig":
@@ -329,6 +383,7 @@ class InnerConfig:
             seed=int(data.get("seed", 0) if seed is None else seed),
             options=dict(data.get("options") or {}),
             eval_split=str(data.get("eval_split") or "validation"),
+            extra_evaluations=_extra_evaluations(data.get("extra_evaluations")),
         )
         _one_of("eval_split", cfg.eval_split, EVAL_SPLITS)
         if cfg.eval_split != "validation" and cfg.train.eval_every is not None:

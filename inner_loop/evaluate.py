@@ -2,11 +2,16 @@
 
 Prompts go through the same `format_prompt` as training and completions through the task's own `solved`, so the
 fitness and the training reward agree by construction.
+
+Also the door of ``python -m inner_loop.evaluate work_dir=<finished run> task=<group> [task.<key>=<value> ...]``:
+a finished run's model scored on a task's test split afterwards (the finished-run side is inner_loop/transfer.py).
 """
 from __future__ import annotations
 
 import logging
 import math
+import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -122,3 +127,39 @@ def evaluate(model, tokenizer, task: Task, problems: Sequence[Problem], max_new_
         logger.info("validation: pass@1 %.4f on %d problems, mean response %.1f tokens", result.pass_at_1,
                     result.size, result.mean_response_tokens)
     return result
+
+
+def evaluation_entry(task_name: str, result: EvalResult, split: str = "test") -> dict[str, Any]:
+    """One extra evaluation as a result record's ``evaluations`` holds it (and an evaluation file starts with):
+    built in one place so the in-run entries and the ones written afterwards cannot differ in their fields."""
+    return {"task": task_name, "split": split, "pass_at_1": result.pass_at_1, "size": result.size,
+            "mean_response_tokens": result.mean_response_tokens}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Score a finished run's model on a task's test split; 0 with the record written, 2 for bad input (one line,
+    before any model is loaded)."""
+    from inner_loop.transfer import UsageError, load_run_model, plan_evaluation, write_evaluation
+
+    logging.basicConfig(level=os.environ.get("MIRROR_ES_LOG_LEVEL", "INFO"),
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        plan = plan_evaluation(sys.argv[1:] if argv is None else argv)
+    except UsageError as exc:
+        logger.error("error: %s", exc)
+        return 2
+    model, tokenizer = load_run_model(plan.run)
+    train, model_cfg = plan.run.train, plan.run.model
+    result = evaluate(model, tokenizer, plan.task, plan.problems,
+                      max_new_tokens=train.val_max_new_tokens or train.max_completion_length,
+                      batch_size=train.val_batch_size, chat_template=model_cfg.chat_template,
+                      chat_template_kwargs=model_cfg.chat_template_kwargs, log=False)
+    path = write_evaluation(plan, evaluation_entry(plan.task.name, result))
+    logger.info("%s on %s test: pass@1 %.4f on %d problems, mean response %.1f tokens (%s); wrote %s",
+                plan.run.work_dir, plan.task.name, result.pass_at_1, result.size, result.mean_response_tokens,
+                plan.run.model_source, path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -20,11 +20,11 @@ from typing import Any, Mapping
 import torch
 
 from inner_loop.checkpoints import last_checkpoint, settle_after_final, settle_checkpoints
-from inner_loop.evaluate import EvalResult, evaluate
+from inner_loop.evaluate import EvalResult, evaluate, evaluation_entry
 from inner_loop.final_model import save_final_model
 from inner_loop.intermediate_eval import IntermediateEvalCallback
 from inner_loop.member_records import record_failure, record_success
-from inner_loop.run_setup import PreparedRun, build_trainer, prepare, validate_inner
+from inner_loop.run_setup import ExtraRun, PreparedRun, build_trainer, prepare, validate_inner
 from inner_loop.grpo.trainer import MirrorGRPOTrainer
 from results.store.layout import FINAL_MODEL_DIR  # a single run's trained model, whatever keep_checkpoints says
 from results.store.provenance import build_run_manifest, write_run_manifest
@@ -55,6 +55,20 @@ def _evaluate(trainer: MirrorGRPOTrainer, run: PreparedRun, subset: int | None =
                     temperature=tcfg.temperature, top_p=tcfg.top_p)
 
 
+def _evaluate_extra(trainer: MirrorGRPOTrainer, run: PreparedRun, extra: ExtraRun) -> dict[str, Any]:
+    """One of the run's extra evaluations on the same model: greedy pass@1 on its task's test split, as the
+    entry the record keeps under its name."""
+    tcfg = run.cfg.train
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    result = evaluate(model, trainer.processing_class, extra.task, extra.problems,
+                      max_new_tokens=tcfg.val_max_new_tokens or tcfg.max_completion_length,
+                      batch_size=tcfg.val_batch_size, chat_template=run.cfg.model.chat_template,
+                      chat_template_kwargs=run.cfg.model.chat_template_kwargs, log=False)
+    logger.info("extra evaluation %r: pass@1 %.4f on %d %s test problems, mean response %.1f tokens", extra.name,
+                result.pass_at_1, result.size, extra.task.name, result.mean_response_tokens)
+    return evaluation_entry(extra.task.name, result)
+
+
 def _intermediate_eval(trainer: MirrorGRPOTrainer, run: PreparedRun, work_dir: Path) -> IntermediateEvalCallback:
     def score() -> tuple[float, int]:
         result = _evaluate(trainer, run, subset=run.cfg.train.eval_subset)
@@ -70,7 +84,9 @@ def train_member(spec: MemberSpec | Mapping[str, Any], save_final: bool = False)
     returned as status `failed` with the stage and the reason (a member must never end its job without a record);
     config and data mistakes are caught before any job is submitted by ``validate_inner``, which raises instead.
     ``save_final``: also keep the trained model in ``<work_dir>/final/`` (single runs want it; an ES member's
-    outcome is its record).
+    outcome is its record). After the fitness, the inner config's ``extra_evaluations`` are scored on the same
+    model into ``record.evaluations``; ``train.steps=0`` trains nothing and scores the untouched model (a
+    base-model row of a result table).
 
     Checkpoints follow ``train.keep_checkpoints``, applied only AFTER result.json is durably written (a crash in
     between loses nothing: the next call finds the final result and finishes the cleanup). A failed member
@@ -100,21 +116,28 @@ def train_member(spec: MemberSpec | Mapping[str, Any], save_final: bool = False)
                                                         params=spec.params))
         stage = "model and trainer setup"
         trainer = build_trainer(run, work_dir, spec.seed)
-        if run.cfg.train.eval_every:
-            trainer.add_callback(_intermediate_eval(trainer, run, work_dir))
-        resume = last_checkpoint(work_dir)
-        if resume:
-            logger.info("member %s: resuming from %s", work_dir, resume)
-        stage = "training"
-        trainer.train(resume_from_checkpoint=resume)
+        if run.cfg.train.steps:
+            if run.cfg.train.eval_every:
+                trainer.add_callback(_intermediate_eval(trainer, run, work_dir))
+            resume = last_checkpoint(work_dir)
+            if resume:
+                logger.info("member %s: resuming from %s", work_dir, resume)
+            stage = "training"
+            trainer.train(resume_from_checkpoint=resume)
+        else:  # a base-model row: the Trainer would read max_steps=0 as "train by epochs", so it is not started
+            logger.info("member %s: train.steps=0, scoring the untouched model", work_dir)
         stage = "evaluation"
         evaluation = _evaluate(trainer, run)
+        evaluations: dict[str, dict[str, Any]] = {}
+        for extra in run.extras:
+            stage = f"extra evaluation {extra.name!r}"
+            evaluations[extra.name] = _evaluate_extra(trainer, run, extra)
         if save_final:
             stage = "saving the final model"
             save_final_model(trainer, work_dir)
     except Exception as exc:  # a failure is a member outcome with a record, not an orchestrator crash
         return record_failure(work_dir, stage, exc, trainer, started)
-    record = record_success(work_dir, run.cfg, trainer, evaluation, started)
+    record = record_success(work_dir, run.cfg, trainer, evaluation, started, evaluations)
     settle_checkpoints(work_dir, run.cfg.train.keep_checkpoints)
     logger.info("member %s: fitness %.4f after %d steps in %.1fs, peak disk %s bytes", work_dir, record.fitness,
                 record.steps_done, record.wall_time_s, record.disk_peak_bytes)

@@ -9,6 +9,7 @@ import logging
 import time
 import traceback
 from pathlib import Path
+from typing import Any, Mapping
 
 from inner_loop.checkpoints import DiskUsageCallback, dir_bytes
 from inner_loop.config import InnerConfig
@@ -54,10 +55,11 @@ def record_failure(work_dir: Path, stage: str, exc: Exception, trainer: MirrorGR
 
 
 def record_success(work_dir: Path, cfg: InnerConfig, trainer: MirrorGRPOTrainer, evaluation: EvalResult,
-                   started: float) -> ResultRecord:
+                   started: float, evaluations: Mapping[str, Mapping[str, Any]] | None = None) -> ResultRecord:
     """Write and return the `ok` record of a trained and evaluated member: fitness is its validation pass@1, the
-    diagnostics its training log's means plus wall time, steps and every pass@k; warns when the regularizer's
-    gradient share is below ``divergence.grad_share_floor``."""
+    diagnostics its training log's means plus wall time, steps and every pass@k, ``evaluations`` its extra
+    evaluations by name; warns when the regularizer's gradient share is below ``divergence.grad_share_floor`` (a
+    0-step run logged none, so it is not warned about)."""
     wall = time.monotonic() - started
     diagnostics = diagnostics_from_history(trainer.state.log_history)
     diagnostics.update({"wall_time_s": wall, "steps_done": float(trainer.state.global_step)})
@@ -73,6 +75,7 @@ def record_success(work_dir: Path, cfg: InnerConfig, trainer: MirrorGRPOTrainer,
         wall_time_s=wall,
         steps_done=trainer.state.global_step,
         disk_peak_bytes=peak_disk(trainer, work_dir),
+        evaluations={name: dict(entry) for name, entry in (evaluations or {}).items()},
     )
     write_result(work_dir, record)
     return record

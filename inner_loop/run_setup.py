@@ -6,13 +6,14 @@ Split in two on purpose: ``prepare`` reads config and data only (cheap; the orch
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 from inner_loop.checkpoints import CHECKPOINT_DIR, DiskUsageCallback
 from inner_loop.progress_log import ProgressFileCallback, tensorboard_callback
-from inner_loop.config import InnerConfig
+from inner_loop.config import ExtraEvaluation, InnerConfig
 from inner_loop.grpo.args import build_grpo_config, check_grpo_config
 from inner_loop.models.loading import load_policy, resolve_model_dir
 from inner_loop.loss.policy_terms import PolicyParams
@@ -26,6 +27,15 @@ from mirror_maps import VECTOR_LENGTH
 
 
 @dataclass
+class ExtraRun:
+    """One of cfg.extra_evaluations, ready to score: its name, its task and that task's test problems."""
+
+    name: str
+    task: Task
+    problems: list[Problem]
+
+
+@dataclass
 class PreparedRun:
     """Everything validated and loaded before training starts."""
 
@@ -35,6 +45,34 @@ class PreparedRun:
     #: the problems the run is scored on: the validation split, or the test split when cfg.eval_split says so
     scored: list[Problem]
     regularizer: Regularizer
+    #: scored after the fitness on the same model, in cfg.extra_evaluations' order
+    extras: list[ExtraRun] = field(default_factory=list)
+
+
+def _task_key(index: int, extra: ExtraEvaluation) -> str:
+    """How the node of an extra evaluation is spelled: the run's own ``task`` or ``extra_evaluations[i].task``."""
+    return "task" if extra.task is None else f"extra_evaluations[{index}].task"
+
+
+def _renamed(message: str, index: int, extra: ExtraEvaluation) -> str:
+    """A task package message about ``task.<key>`` as one about the node the extra evaluation named."""
+    return f"extra_evaluations[{index}]: " + re.sub(r"(?<![\w.\[])task\.(?=\w)", _task_key(index, extra) + ".",
+                                                    message)
+
+
+def _prepare_extra(index: int, extra: ExtraEvaluation, own: Task, train: list[Problem]) -> ExtraRun:
+    """The task and test problems of one extra evaluation, loaded like the run's own (same loaders, offline
+    where the node says so); a transfer test set sharing a prompt with the training split is refused."""
+    try:
+        task = own if extra.task is None else build_task(extra.task)
+        problems = task.load("test")
+        check_disjoint(task.name, {"train": train, "test": problems})
+    except ValueError as exc:
+        raise ValueError(_renamed(str(exc), index, extra)) from exc
+    if not problems:
+        raise ValueError(f"extra_evaluations[{index}]: task {task.name!r} has an empty test split; raise "
+                         f"{_task_key(index, extra)}.test_size")
+    return ExtraRun(extra.name, task, problems)
 
 
 def prepare(inner: Mapping[str, Any], seed: int, params: list[float] | None = None) -> PreparedRun:
@@ -52,7 +90,8 @@ def prepare(inner: Mapping[str, Any], seed: int, params: list[float] | None = No
         scored = scored[: cfg.train.val_size]
     if not train or not scored:
         raise ValueError(f"task {task.name!r}: empty train ({len(train)}) or {cfg.eval_split} ({len(scored)}) split")
-    return PreparedRun(cfg, task, train, scored, regularizer)
+    extras = [_prepare_extra(i, extra, task, train) for i, extra in enumerate(cfg.extra_evaluations)]
+    return PreparedRun(cfg, task, train, scored, regularizer, extras)
 
 
 def validate_inner(inner: Mapping[str, Any]) -> None:

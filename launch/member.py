@@ -34,7 +34,8 @@ from results.store.file_lock import FileLock
 from results.store.layout import MEMBER_LOCK_FILE as LOCK_FILE  # re-exported under its old name
 from results.store.layout import STARTED_FILE
 from results.store.atomic import atomic_write_json
-from results.store.records import SPEC_FILE, MemberSpec, ResultRecord, read_result, write_result
+from launch.seed_group import run_seed_group
+from results.store.records import MEMBER_SEEDS_KEY, SPEC_FILE, MemberSpec, ResultRecord, read_result, write_result
 
 logger = logging.getLogger(__name__)
 
@@ -257,6 +258,8 @@ def _call(
     try:
         with wall_limit(remaining if timeout_s > 0 else 0, reason=f"member exceeded its {budget}"):
             fn = load_entrypoint(entrypoint)
+            if member.inner.get(MEMBER_SEEDS_KEY):
+                return run_seed_group(fn, member)
             raw = fn(member)
             return ResultRecord.coerce(raw)
     except (MemberTimeout, *out_of_time) as exc:

@@ -6,12 +6,9 @@ overrides under new ones on resume.
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Sequence
 
-from meta.config import ConfigError, derive_inner_timeout
-
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+from meta.config import CONF_DIR, ConfigError, derive_inner_timeout
 
 
 def compose(overrides: Sequence[str], config_name: str = "config") -> dict[str, Any]:

@@ -13,10 +13,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, MutableMapping, Sequence
 
+#: the Hydra config tree of every command (conf/)
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 INNER_NODES = ("task", "model", "divergence", "train")
 # Keys that change what the search computes; a resume refuses to change them.
 SEARCH_KEYS = ("population", "seed", "es", "init", "fitness_on_failure", "common_random_numbers", "inner.entrypoint",
-               "inner.options", *INNER_NODES)
+               "inner.options", "seeds_per_member", *INNER_NODES)
+#: search keys added after runs existed, with the value that reproduces those runs: a run whose config lacks one
+#: resumes (and hashes) as if it had this value
+ADDED_SEARCH_KEYS = {"seeds_per_member": 1}
 # Keys inside SEARCH_KEYS that say what a member keeps on disk, not what it computes: a resume may change them
 # (e.g. keep checkpoints from now on), and runs started before they existed resume.
 HOUSEKEEPING_KEYS = ("train.keep_checkpoints", "train.save_total_limit")
@@ -26,14 +31,24 @@ class ConfigError(ValueError):
     """A user mistake in the configuration (exit status 2, no traceback)."""
 
 
+#: the baselines of the result table (meta/baselines.py says what each row is)
+BASELINES = ("center", "nm_random", "kl", "prob_l2", "none", "base")
+
+
 @dataclass(frozen=True)
 class ReevaluateConfig:
-    """Re-evaluation before export: the ``top_k`` members by search fitness and the final centre, each retrained
-    with ``seeds`` fresh seeds; ``test``: the chosen init is then trained ``seeds`` times more and evaluated on the
-    test split (the only place a search touches it)."""
+    """What happens after a search, in two stages (meta/reevaluate.py, meta/reporting.py). Selection: the
+    ``top_k`` members by search fitness and the final centre, each retrained on ``seeds`` fresh seeds; the export is
+    the one with the highest mean minus one standard error. Reporting: the exported init and every one of
+    ``baselines`` retrained on ``report_seeds`` other fresh seeds (shared by all rows, used for nothing else),
+    scored on validation, on the test split (``test``) and on each ``transfer`` task's test split, all from the
+    same trained model: the result table."""
 
     top_k: int = 3
     seeds: int = 3
+    report_seeds: int = 3
+    baselines: tuple[str, ...] = BASELINES
+    transfer: tuple[str, ...] = ()
     test: bool = True
 
 
@@ -61,6 +76,8 @@ class SearchConfig:
     quorum: float = 1.0
     straggler_grace: float = 0.5
     reevaluate: "ReevaluateConfig" = field(default_factory=lambda: ReevaluateConfig())
+    #: training runs (seeds) per member, the same seeds for every member of a generation; fitness = their mean
+    seeds_per_member: int = 1
 
     def member_inner(self) -> dict[str, Any]:
         """The ``inner`` dict of every member spec: resolved task/model/divergence/train plus options."""
@@ -70,6 +87,9 @@ class SearchConfig:
 def config_hash(raw: Mapping[str, Any]) -> str:
     """Hash of the keys that define the search (provenance for exported inits)."""
     picked = _str_keys({key: _get_dotted(raw, key) for key in SEARCH_KEYS})
+    for key, default in ADDED_SEARCH_KEYS.items():
+        if picked.get(key) in (None, default):
+            picked.pop(key)
     for key in HOUSEKEEPING_KEYS:
         *parents, leaf = key.split(".")
         node = picked
@@ -131,7 +151,8 @@ def derive_inner_timeout(raw: MutableMapping[str, Any]) -> None:
         return
     minutes = _float(raw, "resources.member_time_min", 1e-3)
     factor = _float(raw, "resources.timeout_factor", 1.0)
-    inner["timeout_s"] = float(math.ceil(minutes * 60.0 * factor))
+    seeds = raw.get("seeds_per_member") or 1  # a member trains its seeds one after another
+    inner["timeout_s"] = float(math.ceil(minutes * 60.0 * factor * (seeds if isinstance(seeds, int) else 1)))
 
 
 def _check_resources(raw: Mapping[str, Any], launcher: Mapping[str, Any], inner_timeout_s: float) -> None:
@@ -236,6 +257,7 @@ def build_search_config(raw: Mapping[str, Any]) -> SearchConfig:
         quorum=_float(raw, "quorum", 0.0, 1.0) if "quorum" in raw else 1.0,
         straggler_grace=_float(raw, "straggler_grace", 0.0) if "straggler_grace" in raw else 0.5,
         reevaluate=_reevaluate(raw),
+        seeds_per_member=_int(raw, "seeds_per_member", 1) if "seeds_per_member" in raw else 1,
     )
     if cfg.quorum <= 0.0:
         raise ConfigError(f"quorum={cfg.quorum} must be above 0 (a fraction of the population, 1.0: wait for all)")
@@ -247,21 +269,46 @@ def build_search_config(raw: Mapping[str, Any]) -> SearchConfig:
     return cfg
 
 
+def _names(raw: Mapping[str, Any], key: str, known: Sequence[str] | None) -> tuple[str, ...]:
+    value = _get_dotted(raw, key)
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{key}={value!r} must be a list of names, e.g. {key}=[{', '.join(known or ['humaneval'])}]")
+    unknown = [v for v in value if known is not None and v not in known]
+    if unknown:
+        raise ConfigError(f"{key}: {unknown[0]!r} is not one of {', '.join(known or ())}")
+    if len(set(value)) != len(value):
+        raise ConfigError(f"{key}={list(value)} names a row twice")
+    return tuple(value)
+
+
 def _reevaluate(raw: Mapping[str, Any]) -> ReevaluateConfig:
     node = raw.get("reevaluate")
+    defaults = ReevaluateConfig()
     if node is None:
-        return ReevaluateConfig()
+        return defaults
     if not isinstance(node, Mapping):
-        raise ConfigError(f"reevaluate={node!r} must be a mapping {{top_k: 3, seeds: 3, test: true}}")
-    unknown = sorted(set(node) - {"top_k", "seeds", "test"})
+        raise ConfigError(f"reevaluate={node!r} must be a mapping {{top_k: 3, seeds: 3, report_seeds: 3, ...}}")
+    known = list(ReevaluateConfig.__dataclass_fields__)
+    unknown = sorted(set(node) - set(known))
     if unknown:
-        raise ConfigError(f"reevaluate.{unknown[0]} is not a setting; known: top_k, seeds, test")
-    top_k = _int(raw, "reevaluate.top_k", 0) if "top_k" in node else 3
-    seeds = _int(raw, "reevaluate.seeds", 1) if "seeds" in node else 3
+        raise ConfigError(f"reevaluate.{unknown[0]} is not a setting; known: {', '.join(known)}")
+    top_k = _int(raw, "reevaluate.top_k", 0) if "top_k" in node else defaults.top_k
+    seeds = _int(raw, "reevaluate.seeds", 1) if "seeds" in node else defaults.seeds
+    report_seeds = _int(raw, "reevaluate.report_seeds", 0) if "report_seeds" in node else defaults.report_seeds
     if top_k and seeds < 2:
         raise ConfigError(f"reevaluate.seeds={seeds} gives no spread to compare inits by; use 2 or more "
                           "(or reevaluate.top_k=0 to skip re-evaluation)")
-    return ReevaluateConfig(top_k=top_k, seeds=seeds, test=_bool(raw, "reevaluate.test") if "test" in node else True)
+    if top_k and report_seeds == 1:
+        raise ConfigError("reevaluate.report_seeds=1 gives no interval; use 2 or more (3+ for a useful one), "
+                          "or 0 to skip the result table")
+    transfer = _names(raw, "reevaluate.transfer", None) if "transfer" in node else defaults.transfer
+    missing = [t for t in transfer if not (CONF_DIR / "task" / f"{t}.yaml").is_file()]
+    if missing:
+        raise ConfigError(f"reevaluate.transfer: {missing[0]!r} is not a task (conf/task/{missing[0]}.yaml)")
+    return ReevaluateConfig(
+        top_k=top_k, seeds=seeds, report_seeds=report_seeds,
+        baselines=_names(raw, "reevaluate.baselines", BASELINES) if "baselines" in node else defaults.baselines,
+        transfer=transfer, test=_bool(raw, "reevaluate.test") if "test" in node else defaults.test)
 
 
 def _check_search_components(cfg: SearchConfig) -> None:

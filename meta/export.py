@@ -2,9 +2,11 @@
 
 The file is in mirror_maps' init format (load it with ``python -m inner_loop.run divergence=neural_mirror
 divergence.init=<out>``) and carries provenance: run id, generation, fitness, config hash, which.
-``which=best`` (the default) is the init with the highest RE-EVALUATED mean (meta/reevaluate.py), with its mean,
-std and n, and its test-split numbers when they were measured. ``best_member`` is the single highest search
-fitness: one noisy run, the maximum of many, so mostly luck; it is kept for inspection and says so.
+``which=best`` (the default) is the selection stage's choice (meta/reevaluate.py): the candidate with the highest
+mean minus one standard error on the selection seeds, with its mean, std and n there; when the reporting stage
+ran, the provenance also carries the result table's rows and the exported init's paired differences to every
+baseline, measured on other seeds. ``best_member`` is the single highest search fitness: one noisy run, the
+maximum of many, so mostly luck; it is kept for inspection and says so.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from typing import Any, Sequence
 
 import yaml
 
+from meta.baselines import EXPORTED
 from meta.cli_args import key_values, run_command
 from meta.config import ConfigError, config_hash
 from results.store.run_store import RunStore
@@ -89,14 +92,23 @@ def _reevaluated_best(store: RunStore, run_dir: str | Path) -> tuple[Any, dict[s
             f"run_dir={run_dir} has no re-evaluation yet: run `python -m meta.reevaluate run_dir={run_dir}` (it retrains "
             "the top members and the centre with fresh seeds), or export which=center")
     chosen = next(c for c in summary["candidates"] if c["name"] == summary["chosen"])
-    test = summary.get("test") or {}
     provenance = {
         "generation": chosen["generation"], "member": chosen["index"], "candidate": chosen["name"],
-        "fitness": chosen["mean"], "reevaluated_mean": chosen["mean"], "reevaluated_std": chosen["std"],
-        "reevaluated_n": chosen["n"], "search_fitness": chosen["search_fitness"],
+        "fitness": chosen["mean"], "selection_mean": chosen["mean"], "selection_std": chosen["std"],
+        "selection_n": chosen["n"], "selection_lower_bound": chosen.get("lower_bound"),
+        "selection_rule": summary.get("selection_rule"), "search_fitness": chosen["search_fitness"],
         "noise_floor_std": summary.get("noise_floor_std"),
-        "test_mean": test.get("mean"), "test_std": test.get("std"), "test_n": test.get("n"),
     }
+    table = store.read_result_table()
+    if table is not None and table.get("exported") == chosen["name"]:
+        provenance["result_table"] = {
+            "seeds": table["seeds"], "confidence": table["confidence"],
+            "rows": [{key: row[key] for key in ("name", "label", "divergence", "coef", "coef_source",
+                                                  "response_tokens")}
+                     | {metric: {k: v for k, v in summary_.items() if k != "values"}
+                        for metric, summary_ in row["metrics"].items()} for row in table["rows"]],
+            "exported_minus_baselines": [d for d in table["differences"] if d["row"] == EXPORTED],
+        }
     return torch.tensor(summary["chosen_params"], dtype=torch.float64), provenance
 
 

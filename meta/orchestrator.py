@@ -29,7 +29,7 @@ from meta.init import initial_center
 from meta.live_watch import LiveWatch, all_same_warning, format_duration
 from meta.searchers import Searcher, build_searcher
 from meta.seeding import derive_seed
-from results.store.records import MemberSpec, ResultRecord, read_result
+from results.store.records import MEMBER_SEEDS_KEY, MemberSpec, ResultRecord, read_result
 from results.store.run_store import RunStore
 
 logger = logging.getLogger(__name__)
@@ -203,18 +203,20 @@ class Orchestrator:
             rows.append(center.to(torch.float64))
         specs = []
         for index, row in enumerate(rows):
-            # Common random numbers: all members of a generation train with the same seed, so fitness
+            # Common random numbers: all members of a generation train with the same seed(s), so fitness
             # differences come from the mirror maps rather than from sampling noise.
             keys = ("member", generation) if self.cfg.common_random_numbers else ("member", generation, index)
+            seeds = [derive_seed(self.cfg.seed, *keys) % (2**31)]
+            seeds += [derive_seed(self.cfg.seed, *keys, "seed", k) % (2**31) for k in range(1, self.cfg.seeds_per_member)]
             specs.append(
                 MemberSpec(
                     run_id=self.run_id,
                     generation=generation,
                     index=index,
-                    seed=derive_seed(self.cfg.seed, *keys) % (2**31),
+                    seed=seeds[0],
                     params=row.tolist(),
                     work_dir=str(self.store.member_dir(generation, index)),
-                    inner=inner,
+                    inner={**inner, MEMBER_SEEDS_KEY: seeds} if len(seeds) > 1 else inner,
                 )
             )
         return specs

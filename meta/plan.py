@@ -8,11 +8,12 @@ model's trainable parameter count and the checkpoint policy. Numbers that rest o
 """
 from __future__ import annotations
 
+import json
 import math
 import shlex
 import sys
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from meta.config import SearchConfig
 from results.store.run_store import RunStore
@@ -135,12 +136,41 @@ def members_per_generation(cfg: SearchConfig) -> int:
     return cfg.population + (1 if cfg.control_member else 0)
 
 
-def reevaluation_runs(cfg: SearchConfig) -> int:
-    """Training runs of the re-evaluation after the search: (top_k + centre) x seeds, + seeds on the test split."""
+def selection_runs(cfg: SearchConfig) -> int:
+    """Training runs of the selection stage: (top_k + the final centre) x seeds."""
     settings = cfg.reevaluate
-    if settings.top_k <= 0:
-        return 0
-    return (settings.top_k + 1) * settings.seeds + (settings.seeds if settings.test else 0)
+    return (settings.top_k + 1) * settings.seeds if settings.top_k > 0 else 0
+
+
+def reporting_runs(cfg: SearchConfig) -> int:
+    """Training runs of the reporting stage: (the exported init + every baseline) x report_seeds."""
+    settings = cfg.reevaluate
+    return (1 + len(settings.baselines)) * settings.report_seeds if settings.top_k > 0 else 0
+
+
+def reevaluation_runs(cfg: SearchConfig) -> int:
+    """Training runs after the search: both stages."""
+    return selection_runs(cfg) + reporting_runs(cfg)
+
+
+def reporting_lines(cfg: SearchConfig, overrides: Sequence[str]) -> list[str]:
+    """Every row of the result table with its resolved divergence block and where its coefficient comes from."""
+    from meta.reporting import plan_rows
+
+    settings = cfg.reevaluate
+    if settings.top_k <= 0 or settings.report_seeds <= 0:
+        return ["result table: none (reevaluate.top_k=0 or reevaluate.report_seeds=0)"]
+    evaluations = ["validation"] + (["test split"] if settings.test else []) + [f"transfer to {t}" for t in
+                                                                              settings.transfer]
+    lines = [f"result table: {1 + len(settings.baselines)} rows x report_seeds={settings.report_seeds} fresh seeds "
+             f"(paired, used for nothing else) = {reporting_runs(cfg)} runs, each scored on "
+             f"{', '.join(evaluations)} from the same trained model:"]
+    for row in plan_rows(cfg, overrides):
+        steps = row.inner["train"].get("steps")
+        lines.append(f"  {row.name:<10} {row.label}: divergence {json.dumps(row.divergence, sort_keys=True)} "
+                     f"(coef from {row.coef_source}), train.steps={steps}"
+                     + (", map: the init chosen by the selection stage" if row.name == "exported" else ""))
+    return lines
 
 
 def _concurrent(cfg: SearchConfig) -> int:
@@ -197,10 +227,12 @@ def _first_generation(store: RunStore, resuming: bool) -> int:
 
 
 def build_plan(
-    cfg: SearchConfig, raw: Mapping[str, Any], store: RunStore, resuming: bool, run_id: str | None = None
+    cfg: SearchConfig, raw: Mapping[str, Any], store: RunStore, resuming: bool, run_id: str | None = None,
+    overrides: Sequence[str] = (),
 ) -> str:
     """The plan as text: nothing here writes a file or calls a scheduler. ``run_id``: the run's id when
-    resuming (a new run gets its id when it starts; the plan shows RUNID in its place)."""
+    resuming (a new run gets its id when it starts; the plan shows RUNID in its place). ``overrides``: the
+    command line, from which the result table's baseline rows are composed."""
     first = _first_generation(store, resuming)
     generations = max(0, cfg.generations - first)
     launcher = cfg.launcher.get("name")
@@ -255,15 +287,17 @@ def build_plan(
     ]
     member_h = member_min / 60.0
     per_generation = members_per_generation(cfg)
-    runs = per_generation * generations + reevaluation_runs(cfg)
+    k = cfg.seeds_per_member
+    runs = per_generation * generations * k + reevaluation_runs(cfg)
     gpu_h = runs * member_h * gpus
     worst_h = runs * (cfg.retries + 1) * (cfg.inner_timeout_s / 3600.0) * gpus
     control = " (population + the control member)" if cfg.control_member else ""
     lines += [
-        f"training runs: {per_generation} per generation{control} x {generations} generations + "
-        f"{reevaluation_runs(cfg)} re-evaluation runs (reevaluate: top_k={cfg.reevaluate.top_k} + centre, "
-        f"x seeds={cfg.reevaluate.seeds}{', + the chosen init on the test split' if cfg.reevaluate.test else ''}) "
-        f"= {runs}",
+        f"training runs: {per_generation} per generation{control} x {generations} generations"
+        + (f" x seeds_per_member={k} (the same {k} seeds for every member of a generation; a member trains them one "
+           "after another)" if k > 1 else "") + " + "
+        f"{selection_runs(cfg)} selection runs (reevaluate: top_k={cfg.reevaluate.top_k} + centre, x "
+        f"seeds={cfg.reevaluate.seeds}) + {reporting_runs(cfg)} reporting runs (below) = {runs}",
         f"quorum={cfg.quorum:g}" + (" (every generation waits for all its members)" if cfg.quorum >= 1.0 else
                                     f": a generation closes {cfg.straggler_grace:g} x its median member time after "
                                     f"{math.ceil(cfg.quorum * cfg.population - 1e-9)} of {cfg.population} members "
@@ -273,6 +307,7 @@ def build_plan(
         f"retries={cfg.retries} time(s) = {worst_h:,.1f} GPU-h",
         f"CPU-hours, whole search: {runs * member_h * cpus:,.1f} CPU-h",
     ]
+    lines += ["", *reporting_lines(cfg, overrides)]
     lines += ["", *_disk_lines(raw, cfg, concurrent, generations)]
     return "\n".join(lines)
 

@@ -1,18 +1,22 @@
-"""Re-evaluation before export: retrain the search's best candidates with fresh seeds, pick by the mean.
+"""Re-evaluation after a search, in two stages, so that the exported init and its reported numbers never rest on
+the same lucky seeds.
 
-A member's fitness is one noisy training run on one validation split; the best of ~180 x G of them is mostly luck
+Selection (seeds A): a member's fitness is one noisy training run, and the best of ~180 x G of them is mostly luck
 (winner's curse). So the top-k members by search fitness and the final centre are each retrained ``seeds`` times
-with seeds the search never used (the same seeds for every candidate, so the comparison is paired), and the init
-with the highest re-evaluated mean is the one ``meta.export which=best`` writes, with its mean, std and n. Only
-that chosen init is then trained ``seeds`` more times and scored on the test split: the search never sees it.
+with seeds the search never used (the same seeds for every candidate: paired), and the init with the highest mean
+minus one standard error is the one ``meta.export which=best`` writes (``choose_by_lower_bound``).
+
+Reporting (seeds B, meta/reporting.py): the chosen init and every baseline retrained on other fresh seeds, used
+for nothing else; the result table comes from these runs only.
 
 Resumable like a generation: candidates.json is written before anything is submitted, member outcomes are files,
 jobs.json is saved after each submission, and the summary (reevaluation.json) is written last.
-``python -m meta.reevaluate run_dir=... [top_k=3] [seeds=3] [test=true]`` runs it on demand (meta.run runs it at
-the end of a search when ``reevaluate.top_k`` > 0).
+``python -m meta.reevaluate run_dir=... [top_k=3] [seeds=3] [report_seeds=3] [test=true]`` runs both on demand
+(meta.run runs them at the end of a search when ``reevaluate.top_k`` > 0).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import statistics
@@ -21,29 +25,33 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from launch.base import Launcher
-from launch.factory import runner_policy
-from launch.runner import MemberArrayRunner
 from meta.cli_args import key_values, run_command
 from meta.config import ConfigError, ReevaluateConfig, SearchConfig
+from meta.phase import run_phase
+from meta.reporting import run_reporting
 from meta.seeding import derive_seed
-from results.store.layout import LAUNCHER_DIR, JOBS_FILE, member_dir_name
-from results.store.records import MemberSpec, ResultRecord
-from results.store.run_store import RunStore, read_jobs_file, write_jobs_file
+from results.report.result_table import render_markdown
+from results.store.layout import member_dir_name
+from results.store.records import MemberSpec
+from results.store.run_store import RunStore
 
 logger = logging.getLogger(__name__)
 
 #: the ``generation`` number the re-evaluation's members carry (job names, logs): far above any real generation,
 #: so a SLURM array of this phase never shares a name with a generation's
 REEVALUATE_GENERATION = 9998
-TEST_GENERATION = 9999
 CENTER = "center"
+#: how the export is chosen, recorded with it
+SELECTION_RULE = ("highest mean - max(own std, pooled std) / sqrt(n) on the selection seeds; candidates measured "
+                  "on 2+ seeds before those measured once; ties: more seeds, then search order")
 
 
 class ReevaluationError(RuntimeError):
     """Nothing to re-evaluate, or every run failed: the search's files say why (exit status 1)."""
 
 
-USAGE = "usage: python -m meta.reevaluate run_dir=<run dir> [top_k=3] [seeds=3] [test=true|false]"
+USAGE = ("usage: python -m meta.reevaluate run_dir=<run dir> [top_k=3] [seeds=3] [report_seeds=3] "
+         "[test=true|false]")
 
 
 def choose_candidates(store: RunStore, top_k: int) -> dict[str, Any]:
@@ -94,40 +102,21 @@ def _candidates(store: RunStore, settings: ReevaluateConfig) -> dict[str, Any]:
     return chosen
 
 
-def _specs(cfg: SearchConfig, store: RunStore, run_id: str, rows: Sequence[Mapping[str, Any]], seeds: int,
-           test: bool) -> list[MemberSpec]:
+def _specs(cfg: SearchConfig, store: RunStore, run_id: str, rows: Sequence[Mapping[str, Any]],
+           seeds: int) -> list[MemberSpec]:
     """Member ``c * seeds + s`` trains candidate c with seed s; seed s is the same for every candidate (paired)."""
-    folder = store.reevaluate_dir(test)
+    folder = store.reevaluate_dir()
     inner = cfg.member_inner()
-    if test:
-        inner["eval_split"] = "test"
-    purpose = "test" if test else "reevaluate"
     specs = []
     for c, row in enumerate(rows):
         for s in range(seeds):
             index = c * seeds + s
             specs.append(MemberSpec(
-                run_id=run_id, generation=TEST_GENERATION if test else REEVALUATE_GENERATION, index=index,
-                seed=derive_seed(cfg.seed, purpose, s) % (2**31), params=list(row["params"]),
+                run_id=run_id, generation=REEVALUATE_GENERATION, index=index,
+                seed=derive_seed(cfg.seed, "reevaluate", s) % (2**31), params=list(row["params"]),
                 work_dir=str(folder / member_dir_name(index)), inner=inner,
             ))
     return specs
-
-
-def _run_phase(cfg: SearchConfig, store: RunStore, launcher: Launcher, specs: list[MemberSpec],
-               test: bool) -> dict[int, ResultRecord]:
-    folder = store.reevaluate_dir(test)
-    folder.mkdir(parents=True, exist_ok=True)
-    jobs_path = folder / JOBS_FILE
-    runner = MemberArrayRunner(
-        launcher=launcher, entrypoint=cfg.inner_entrypoint, specs=specs, jobs=read_jobs_file(jobs_path),
-        save_jobs=lambda jobs: write_jobs_file(jobs_path, jobs), launcher_folder=folder / LAUNCHER_DIR,
-        policy=runner_policy(cfg.retries, cfg.inner_timeout_s, cfg.launcher),
-        on_final=lambda spec, record, progress: logger.info(
-            "%s run %03d: %s %s (%d/%d)", "test" if test else "re-evaluation", spec.index, record.status,
-            f"{record.fitness:.4f}" if record.ok else record.error.strip()[-160:], progress.done, progress.total),
-    )
-    return runner.run()
 
 
 def summarize(values: Sequence[float], runs: int) -> dict[str, Any]:
@@ -149,46 +138,71 @@ def pooled_std(groups: Sequence[Sequence[float]]) -> float | None:
     return math.sqrt(ss / dof)
 
 
-def run_reevaluation(cfg: SearchConfig, store: RunStore, launcher: Launcher, run_id: str,
-                     settings: ReevaluateConfig | None = None) -> dict[str, Any]:
-    """Re-evaluate (resuming whatever part already ran) and write reevaluation.json; returns its content."""
-    settings = settings or cfg.reevaluate
+def lower_bound(result: Mapping[str, Any], pooled: float | None) -> float:
+    """A candidate's mean minus one standard error; the spread is the larger of its own std and the pooled one, so
+    two lucky seeds that happen to agree do not make a candidate look certain."""
+    spread = max(result["std"] or 0.0, pooled or 0.0)
+    return float(result["mean"]) - spread / math.sqrt(result["n"])
+
+
+def choose_by_lower_bound(results: Sequence[Mapping[str, Any]], pooled: float | None) -> int:
+    """The index of the export (SELECTION_RULE). ReevaluationError when no candidate has a successful run."""
+    usable = [i for i, r in enumerate(results) if r["n"] > 0]
+    if not usable:
+        raise ReevaluationError("re-evaluation: every run of every candidate failed")
+    measured = [i for i in usable if results[i]["n"] >= 2] or usable
+    return max(measured, key=lambda i: (lower_bound(results[i], pooled), results[i]["n"], -i))
+
+
+def run_selection(cfg: SearchConfig, store: RunStore, launcher: Launcher, run_id: str,
+                  settings: ReevaluateConfig) -> dict[str, Any]:
+    """Stage A (resuming whatever already ran): write and return reevaluation.json."""
     chosen_set = _candidates(store, settings)
     rows = chosen_set["candidates"]
-    logger.info("re-evaluating %d init(s) (%s) with %d fresh seeds each", len(rows),
+    logger.info("selection: %d init(s) (%s) with %d fresh seeds each", len(rows),
                 ", ".join(r["name"] for r in rows), settings.seeds)
-    records = _run_phase(cfg, store, launcher, _specs(cfg, store, run_id, rows, settings.seeds, False), False)
+    records = run_phase(cfg, launcher, store.reevaluate_dir(), _specs(cfg, store, run_id, rows, settings.seeds),
+                        "selection stage")
     results = []
     for c, row in enumerate(rows):
         runs = [records[c * settings.seeds + s] for s in range(settings.seeds)]
         stats = summarize([r.fitness for r in runs if r.ok], len(runs))
         results.append({key: row[key] for key in ("name", "generation", "index", "search_fitness")} | stats)
-    usable = [i for i, r in enumerate(results) if r["n"] > 0]
-    if not usable:
+    pooled = pooled_std([r["values"] for r in results])
+    try:
+        best = choose_by_lower_bound(results, pooled)
+    except ReevaluationError:
         raise ReevaluationError("re-evaluation: every run of every candidate failed; see the member logs under "
-                          f"{store.reevaluate_dir()}")
-    best = max(usable, key=lambda i: (results[i]["mean"], -i))
+                                f"{store.reevaluate_dir()}") from None
+    for result in results:
+        result["lower_bound"] = lower_bound(result, pooled) if result["n"] else None
     summary: dict[str, Any] = {
         "seeds": settings.seeds, "after_generation": chosen_set["after_generation"], "candidates": results,
-        "chosen": results[best]["name"], "chosen_params": rows[best]["params"],
-        "noise_floor_std": pooled_std([r["values"] for r in results]),
-        "test": None,
+        "chosen": results[best]["name"], "chosen_params": rows[best]["params"], "selection_rule": SELECTION_RULE,
+        "noise_floor_std": pooled,
     }
-    logger.info("re-evaluation: %s", "; ".join(
-        f"{r['name']} {r['mean']:.4f} +- {r['std'] or 0:.4f} (n={r['n']}, search {r['search_fitness']})"
+    logger.info("selection: %s", "; ".join(
+        f"{r['name']} {r['mean']:.4f} +- {r['std'] or 0:.4f} (n={r['n']}, lower bound {r['lower_bound']:.4f})"
         if r["n"] else f"{r['name']} all runs failed" for r in results))
-    if settings.test:
-        test_records = _run_phase(
-            cfg, store, launcher, _specs(cfg, store, run_id, [rows[best]], settings.seeds, True), True)
-        ok_values = [test_records[s].fitness for s in range(settings.seeds) if test_records[s].ok]
-        summary["test"] = summarize(ok_values, settings.seeds)
-        logger.info("test split, %s: %s", results[best]["name"], summary["test"])
     store.write_reevaluation(summary)
     return summary
 
 
+def run_reevaluation(cfg: SearchConfig, store: RunStore, launcher: Launcher, run_id: str,
+                     settings: ReevaluateConfig | None = None, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """Both stages: selection, then (``report_seeds`` > 0) the result table of the chosen init and the baselines.
+    Returns reevaluation.json's content, with the table under ``table`` when it was made. ``overrides``: the
+    run's command line, from which the baselines' divergence blocks are composed."""
+    settings = settings or cfg.reevaluate
+    summary = run_selection(cfg, store, launcher, run_id, settings)
+    if settings.report_seeds > 0:
+        exported = {"name": summary["chosen"], "params": summary["chosen_params"]}
+        summary["table"] = run_reporting(cfg, store, launcher, run_id, overrides, exported, settings)
+    return summary
+
+
 def parse_args(argv: Sequence[str]) -> dict[str, str]:
-    return key_values(argv, {}, ("run_dir", "top_k", "seeds", "test"), USAGE)
+    return key_values(argv, {}, ("run_dir", "top_k", "seeds", "report_seeds", "test"), USAGE)
 
 
 def _settings(cfg: SearchConfig, args: Mapping[str, str]) -> ReevaluateConfig:
@@ -206,8 +220,12 @@ def _settings(cfg: SearchConfig, args: Mapping[str, str]) -> ReevaluateConfig:
     test = args.get("test", str(cfg.reevaluate.test)).lower()
     if test not in ("true", "false"):
         raise ConfigError(f"test={args['test']!r} must be true or false")
-    return ReevaluateConfig(top_k=integer("top_k", cfg.reevaluate.top_k, 0),
-                            seeds=integer("seeds", cfg.reevaluate.seeds, 2), test=test == "true")
+    report_seeds = integer("report_seeds", cfg.reevaluate.report_seeds, 0)
+    if report_seeds == 1:
+        raise ConfigError("report_seeds=1 gives no interval; use 2 or more, or 0 to skip the result table")
+    return dataclasses.replace(cfg.reevaluate, top_k=integer("top_k", cfg.reevaluate.top_k, 0),
+                               seeds=integer("seeds", cfg.reevaluate.seeds, 2), report_seeds=report_seeds,
+                               test=test == "true")
 
 
 def _reevaluate(argv: list[str]) -> int:
@@ -233,7 +251,11 @@ def _reevaluate(argv: list[str]) -> int:
     try:
         launcher = build_launcher(cfg.launcher)
         try:
-            run_reevaluation(cfg, store, launcher, store.read_manifest().get("run_id", "run"), settings)
+            manifest = store.read_manifest()
+            summary = run_reevaluation(cfg, store, launcher, manifest.get("run_id", "run"), settings,
+                                       manifest.get("overrides", []))
+            if "table" in summary:
+                sys.stdout.write(render_markdown(summary["table"], all_pairs=False))
         finally:
             launcher.close()
     except (ReevaluationError, AbortRun) as exc:

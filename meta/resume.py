@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from meta.config import HOUSEKEEPING_KEYS, SEARCH_KEYS, ConfigError
+from meta.config import ADDED_SEARCH_KEYS, HOUSEKEEPING_KEYS, SEARCH_KEYS, ConfigError
 
 IGNORED_KEYS = ("run_dir",)
 
@@ -40,6 +40,7 @@ def split_differences(
     """(refused, allowed) differences between the stored config and the one asked for now: a difference under
     ``keys`` (what the run computes: meta.config.SEARCH_KEYS, or meta.tune's STUDY_KEYS) is refused."""
     refused, allowed = [], []
+    old = {**ADDED_SEARCH_KEYS, **old}  # a run from before a key existed ran with the value that reproduces it
     for diff in config_differences(old, new):
         if diff[0] in IGNORED_KEYS:
             continue

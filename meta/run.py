@@ -22,6 +22,7 @@ from typing import Any, Sequence
 import yaml
 
 from meta.config import (
+    CONF_DIR,
     ConfigError,
     SearchConfig,
     absolute_overrides,
@@ -31,7 +32,7 @@ from meta.config import (
     config_hash,
 )
 from meta.cli_args import run_command
-from meta.compose import CONF_DIR, compose, merge_overrides
+from meta.compose import compose, merge_overrides
 from meta.resume import check_job_namespace, format_differences, split_differences
 from results.store.provenance import code_version
 from results.store.run_store import RunStore
@@ -121,14 +122,18 @@ def run(argv: Sequence[str]) -> int:
     from meta.lock import RunLock, RunLockedError
     from meta.orchestrator import Orchestrator
     from meta.reevaluate import ReevaluationError, run_reevaluation
+    from meta.reporting import check_rows
+    from results.report.result_table import render_markdown
 
     cfg, raw, store, manifest, resuming = prepare(argv)
     logging.getLogger().setLevel(cfg.log_level)
+    check_rows(cfg, manifest.get("overrides", []))
     if cfg.dry_run:
         from meta.plan import build_plan
 
         # The plan IS this command's output (for pipes and files), hence stdout rather than the log.
-        sys.stdout.write(build_plan(cfg, raw, store, resuming, manifest.get("run_id")) + "\n")
+        sys.stdout.write(build_plan(cfg, raw, store, resuming, manifest.get("run_id"), manifest.get("overrides", []))
+                         + "\n")
         sys.stdout.flush()
         return 0
     manifest.update(check_job_namespace(raw, manifest))
@@ -148,8 +153,13 @@ def run(argv: Sequence[str]) -> int:
             logger.info("search finished after %d generation(s); best member's (single-run) fitness %s",
                         summary.generations_done, f"{best['fitness']:.4f}" if best else "n/a")
             if cfg.reevaluate.top_k > 0:
-                reevaluation = run_reevaluation(cfg, store, launcher, manifest["run_id"])
-                logger.info("re-evaluated best init: %s", reevaluation["chosen"])
+                reevaluation = run_reevaluation(cfg, store, launcher, manifest["run_id"],
+                                                overrides=manifest.get("overrides", []))
+                logger.info("exported init (selection stage): %s", reevaluation["chosen"])
+                if "table" in reevaluation:
+                    # The result table IS the search's outcome: printed for the user, as the plan is.
+                    sys.stdout.write("\n" + render_markdown(reevaluation["table"], all_pairs=False) + "\n")
+                    sys.stdout.flush()
         except (AbortRun, ReevaluationError) as exc:
             logger.error("aborted: %s", exc)
             return 1

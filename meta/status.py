@@ -49,7 +49,9 @@ def render(run_dir: str | Path, show_all: bool = False, now: float | None = None
     parallel = (raw.get("launcher") or {}).get("array_parallelism") if slurm else None
     done = set(store.state_generations())
     gens = _generation_dirs(store)
-    lines = [f"run {store.root}: population {population}, generation {len(done)} of {generations} done",
+    seeds = int(raw.get("seeds_per_member") or 1)
+    per_member = f" x {seeds} seeds per member (fitness: their mean; runs in seed_NN/)" if seeds > 1 else ""
+    lines = [f"run {store.root}: population {population}{per_member}, generation {len(done)} of {generations} done",
              orchestrator_line(store)]
     gen_table = store.read_generations()
     walls = [float(w) for w in gen_table["wall_time_s"]] if len(gen_table) and "wall_time_s" in gen_table else []

@@ -12,6 +12,16 @@ Used through ``inner.entrypoint=meta.synthetic:member``; its behaviour is steere
   env_log: write the SLURM_*/SBATCH_* variables the member sees to <work_dir>/env.json;
   noise: standard deviation of a Gaussian seed noise added to the fitness, drawn from the member's seed (a
       training run's seed-to-seed spread: same seed and params, same fitness);
+  slope, base (0.5): a linear objective instead, fitness = base + slope * w.(x - target) with w a fixed unit vector
+      (drawn from a fixed seed): the fitness difference of c + e and c - e is 2 slope w.e, a known signal (meta.pilot);
+  param_noise: standard deviation of a second Gaussian noise, drawn from (seed, params): two inits trained on the
+      same seed share the `noise` part and differ by this one (paired but not identical, as real training runs);
+  val_size (1): the validation size the record reports;
+  baseline_fitness: {divergence name or "base": fitness} of a run without a map (a result-table baseline), default 0;
+  evaluation_shift: {evaluation name: shift}: each inner ``extra_evaluations`` entry is recorded as the fitness
+      plus its shift (default 0), as the test split and transfer tasks of a reporting run;
+  intermediate_noise: with train.eval_every set, write <work_dir>/intermediate.jsonl at every eval_every-th step
+      below train.steps, each score the final fitness plus this much Gaussian noise drawn from (seed, params, step);
   time_median_s, time_sigma (0.5), slow_fraction (0), slow_factor (5), time_tracks_fitness (0): a member's running
       time, log-normal around the median, a slow_fraction of members slow_factor times longer (a slow node, a
       requeue), and x exp(time_tracks_fitness x (fitness - 0.5)) so time can track fitness (GRPO: long completions
@@ -21,16 +31,23 @@ Deliberately free of torch so that hundreds of member processes start quickly.
 """
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import math
 import os
 import random
+import struct
 import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from results.store.atomic import atomic_write_json
+from results.store.intermediate import append_intermediate
 from results.store.records import MemberSpec
+
+#: the seed of the slope option's direction w: one fixed direction for every member and run
+SLOPE_DIRECTION_SEED = "synthetic-slope-direction"
 
 
 def objective(params: Sequence[float], target: float = 0.02, width: float = 0.01) -> float:
@@ -39,6 +56,26 @@ def objective(params: Sequence[float], target: float = 0.02, width: float = 0.01
         raise ValueError("synthetic objective needs a non-empty parameter vector")
     mse = sum((float(x) - target) ** 2 for x in params) / len(params)
     return math.exp(-mse / (2.0 * width * width))
+
+
+@functools.lru_cache(maxsize=4)
+def slope_direction(dim: int) -> tuple[float, ...]:
+    """The fixed unit vector w of the ``slope`` option (the same for every member of every run)."""
+    rng = random.Random(SLOPE_DIRECTION_SEED)
+    raw = [rng.gauss(0.0, 1.0) for _ in range(dim)]
+    norm = math.sqrt(sum(x * x for x in raw))
+    return tuple(x / norm for x in raw)
+
+
+def linear_objective(params: Sequence[float], slope: float, base: float = 0.5, target: float = 0.02) -> float:
+    """base + slope * w.(x - target): a straight ramp along w, so antithetic differences are known exactly."""
+    w = slope_direction(len(params))
+    return base + slope * sum(wi * (float(x) - target) for wi, x in zip(w, params))
+
+
+def params_digest(params: Sequence[float]) -> str:
+    """A stable digest of a parameter vector (its float64 bytes): equal vectors, equal digests."""
+    return hashlib.sha256(struct.pack(f"<{len(params)}d", *(float(x) for x in params))).hexdigest()[:16]
 
 
 def _selected(spec: MemberSpec, entries: Sequence[Any] | None) -> bool:
@@ -73,20 +110,64 @@ def member(spec: MemberSpec | Mapping[str, Any]) -> dict[str, Any]:
     if injected and _selected(spec, options.get("hang")):
         while True:
             time.sleep(0.05)
-    fitness = objective(spec.params, float(options.get("target", 0.02)), float(options.get("width", 0.01)))
+    if not spec.params:  # a result-table row without a map (KL, ProbL2, Dr. GRPO, the base model)
+        fitness = _baseline_fitness(spec, options)
+    elif options.get("slope") is not None:
+        fitness = linear_objective(spec.params, float(options["slope"]), float(options.get("base", 0.5)),
+                                   float(options.get("target", 0.02)))
+    else:
+        fitness = objective(spec.params, float(options.get("target", 0.02)), float(options.get("width", 0.01)))
     if options.get("time_median_s"):
         time.sleep(member_time_s(spec, options, fitness))
     if options.get("noise"):
         fitness += float(options["noise"]) * random.Random(spec.seed).gauss(0.0, 1.0)
+    if options.get("param_noise"):
+        digest = params_digest(spec.params)
+        fitness += float(options["param_noise"]) * random.Random(f"{spec.seed}:{digest}").gauss(0.0, 1.0)
+    if options.get("intermediate_noise") is not None:
+        _write_intermediate(spec, fitness, float(options["intermediate_noise"]))
     if injected and _selected(spec, options.get("nan_fitness")):
         fitness = float("nan")
     return {
         "status": "ok",
         "fitness": fitness,
-        "val_size": 1,
+        "val_size": int(options.get("val_size", 1)),
         "wall_time_s": time.monotonic() - start,
         "steps_done": steps_done or 1,
+        "evaluations": _evaluations(spec, options, fitness),
     }
+
+
+def _baseline_fitness(spec: MemberSpec, options: Mapping[str, Any]) -> float:
+    """``baseline_fitness``: {divergence name or "base": fitness} for rows trained without a map (default 0)."""
+    train = spec.inner.get("train") or {}
+    name = "base" if train.get("steps") == 0 else str((spec.inner.get("divergence") or {}).get("name"))
+    return float((options.get("baseline_fitness") or {}).get(name, 0.0))
+
+
+def _evaluations(spec: MemberSpec, options: Mapping[str, Any], fitness: float) -> dict[str, dict[str, Any]]:
+    """The inner ``extra_evaluations`` as a training run records them: each the fitness plus
+    ``evaluation_shift[name]`` (default 0), so a test can tell them apart."""
+    shifts = options.get("evaluation_shift") or {}
+    evaluations = {}
+    for entry in spec.inner.get("extra_evaluations") or ():
+        name = str(entry["name"])
+        task = (entry.get("task") or spec.inner.get("task") or {}).get("name")
+        evaluations[name] = {"task": task, "split": "test", "pass_at_1": fitness + float(shifts.get(name, 0.0)),
+                             "size": 1, "mean_response_tokens": 1.0}
+    return evaluations
+
+
+def _write_intermediate(spec: MemberSpec, fitness: float, noise: float) -> None:
+    """Intermediate scores as train.eval_every would leave them: the final fitness, blurred by ``noise``."""
+    train = spec.inner.get("train") or {}
+    every, steps = train.get("eval_every"), int(train.get("steps") or 0)
+    if not every:
+        return
+    digest = params_digest(spec.params)
+    for step in range(int(every), steps, int(every)):
+        blur = noise * random.Random(f"{spec.seed}:{digest}:{step}").gauss(0.0, 1.0)
+        append_intermediate(spec.work_dir, step, fitness + blur, int(train.get("eval_subset") or 1))
 
 
 def member_time_s(spec: MemberSpec, options: Mapping[str, Any], fitness: float) -> float:

@@ -14,11 +14,19 @@ from mirror_maps.forms import (
     sampled_divergence,
 )
 from mirror_maps.init_file import LAYOUT_VERSION, load_init, save_init
-from mirror_maps.neural import DEFAULT_PARAM_TRANSFORM, PARAM_TRANSFORMS, VECTOR_LENGTH, NeuralMirrorMap
+from mirror_maps.neural import (
+    AUTHORS_INIT_SEED,
+    DEFAULT_PARAM_TRANSFORM,
+    PARAM_TRANSFORMS,
+    VECTOR_LENGTH,
+    NeuralMirrorMap,
+    vector_for_parameters,
+)
 from mirror_maps.numerics import PROB_FLOOR
 from mirror_maps.potentials import KL, Potential, ProbL2
 
 __all__ = [
+    "AUTHORS_INIT_SEED",
     "DEFAULT_PARAM_TRANSFORM",
     "KL",
     "KL_ESTIMATORS",
@@ -38,4 +46,5 @@ __all__ = [
     "load_init",
     "sampled_divergence",
     "save_init",
+    "vector_for_parameters",
 ]

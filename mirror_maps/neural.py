@@ -29,6 +29,8 @@ from mirror_maps.taylor import SMALL_PROB, taylor_bregman, taylor_degree, taylor
 VECTOR_LENGTH = 3 * NUM_NEURONS + 2
 PARAM_TRANSFORMS = ("none", "abs", "softplus")
 DEFAULT_PARAM_TRANSFORM = "abs"
+#: the authors' random map (NM-GRPO): ``random_init(AUTHORS_INIT_SEED)``, every coordinate U(0, 0.01)
+AUTHORS_INIT_SEED = 42
 
 
 def _apply_transform(raw: torch.Tensor, param_transform: str) -> torch.Tensor:
@@ -39,6 +41,20 @@ def _apply_transform(raw: torch.Tensor, param_transform: str) -> torch.Tensor:
     if param_transform == "softplus":
         return F.softplus(raw)
     raise ValueError(f"param_transform={param_transform!r} is unknown; use one of {PARAM_TRANSFORMS}")
+
+
+def vector_for_parameters(params: torch.Tensor, param_transform: str) -> torch.Tensor:
+    """The search vector that ``param_transform`` maps to ``params``: for a map fixed by its parameters (the authors'
+    U(0, 0.01) init) whatever transform a search uses. ValueError when the transform cannot reach ``params``."""
+    if param_transform not in PARAM_TRANSFORMS:
+        raise ValueError(f"param_transform={param_transform!r} is unknown; use one of {PARAM_TRANSFORMS}")
+    if param_transform == "none":
+        return params.clone()
+    if bool((params < 0).any()) or (param_transform == "softplus" and bool((params == 0).any())):
+        raise ValueError(f"param_transform={param_transform!r} cannot give a map parameters <= 0")
+    if param_transform == "abs":
+        return params.clone()
+    return torch.log(torch.expm1(params))
 
 
 def _check_vector(vector: torch.Tensor) -> None:

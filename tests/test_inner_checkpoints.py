@@ -17,6 +17,7 @@ from inner_loop.checkpoints import (CHECKPOINT_DIR, TRASH_DIR, DiskUsageCallback
 from inner_loop.member import train_member
 from results.store.layout import FINAL_MODEL_DIR
 from results.store.records import read_result, write_result
+from conf_groups import load_group
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
@@ -28,7 +29,7 @@ STEPS = 4
 
 
 def _inner(**train) -> dict:
-    load = lambda group, name: yaml.safe_load((CONF / group / f"{name}.yaml").read_text())  # noqa: E731
+    load = load_group
     inner = {"task": load("task", "arith"), "model": load("model", "tiny"),
              "divergence": load("divergence", "prob_l2"), "train": load("train", "default")}
     inner["model"].update(SMALL_MODEL)

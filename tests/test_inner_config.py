@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 import safetensors.torch
 import torch
-import yaml
 from safetensors import safe_open
 
 from inner_loop.config import InnerConfig
@@ -17,12 +16,13 @@ from inner_loop.evaluate import pass_at_k
 from inner_loop.member import train_member
 from inner_loop.run_setup import prepare, validate_inner
 from mirror_maps import NeuralMirrorMap, save_init
+from conf_groups import load_group
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 
 
 def _inner(divergence: str = "neural_mirror") -> dict:
-    load = lambda group, name: yaml.safe_load((CONF / group / f"{name}.yaml").read_text())  # noqa: E731
+    load = load_group
     return {"task": load("task", "arith"), "model": load("model", "tiny"),
             "divergence": load("divergence", divergence), "train": load("train", "default")}
 
@@ -53,7 +53,7 @@ def test_shipped_configs_parse():
         ("train", "batch_size", 30, "train.batch_size"),
         ("train", "policy_loss", "ppo2", "train.policy_loss"),
         ("train", "aggregation", "sum", "train.aggregation"),
-        ("train", "steps", 0, "train.steps"),
+        ("train", "steps", -1, "train.steps"),
         ("train", "learning_rate", "fast", "train.learning_rate"),
         ("train", "stepz", 3, "train.stepz"),
         ("divergence", "init", "/nonexistent/map.pt", "divergence.init"),

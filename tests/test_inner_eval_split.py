@@ -6,20 +6,20 @@ import os
 from pathlib import Path
 
 import pytest
-import yaml
 
 from inner_loop.config import InnerConfig
 from inner_loop.member import train_member
 from meta.config import INNER_NODES
 from results.store.layout import RUN_MANIFEST_FILE
 from results.store.records import ResultRecord
+from conf_groups import load_group
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 SMALL_MODEL = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64, "warmup_max_steps": 0}
 
 
 def _inner(**top) -> dict:
-    load = lambda group, name: yaml.safe_load((CONF / group / f"{name}.yaml").read_text())  # noqa: E731
+    load = load_group
     inner = {"task": load("task", "arith"), "model": load("model", "tiny"), "divergence": load("divergence", "none"),
              "train": load("train", "default")}
     inner["model"].update(SMALL_MODEL)

@@ -12,20 +12,20 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from omegaconf import OmegaConf
 
 from inner_loop.config import InnerConfig
 from inner_loop.grpo.args import build_grpo_config, check_grpo_config
 from inner_loop.grpo.trl_overrides import OWNED_FIELDS
 from inner_loop.run_setup import validate_inner
+from conf_groups import load_group
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
 
 
 def _inner(**train) -> dict:
-    load = lambda group, name: yaml.safe_load((CONF / group / f"{name}.yaml").read_text())  # noqa: E731
+    load = load_group
     inner = {"task": load("task", "arith"), "model": load("model", "tiny"),
              "divergence": load("divergence", "neural_mirror"), "train": load("train", "default")}
     inner["train"].update(copy.deepcopy(train))

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 from inner_loop.evaluate import evaluate
 from inner_loop.member import train_member
 from inner_loop.models.loading import load_policy, resolve_model_dir
 from inner_loop.run_setup import prepare
 from inner_loop.warmup import read_warmup_outcome, warmed_model_dir
+from conf_groups import load_group
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 #: Measured gains from the band-warmed model: +0.10..+0.225 for kl and neural_mirror under default, avx2 and avx512
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.slow
 
 
 def _default_inner(divergence: str) -> dict:
-    load = lambda group, name: yaml.safe_load((CONF / group / f"{name}.yaml").read_text())  # noqa: E731
+    load = load_group
     return {"task": load("task", "arith"), "model": load("model", "tiny"),
             "divergence": load("divergence", divergence), "train": load("train", "default")}
 

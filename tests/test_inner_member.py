@@ -11,11 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from inner_loop.checkpoints import last_checkpoint
 from inner_loop.member import train_member
 from results.store.records import read_result
+from conf_groups import load_group
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
@@ -27,7 +27,7 @@ SMALL_MODEL = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate
 
 
 def _inner(divergence: str = "prob_l2", **train) -> dict:
-    load = lambda group, name: yaml.safe_load((CONF / group / f"{name}.yaml").read_text())  # noqa: E731
+    load = load_group
     inner = {"task": load("task", "arith"), "model": load("model", "tiny"),
              "divergence": load("divergence", divergence), "train": load("train", "default")}
     inner["model"].update(SMALL_MODEL)

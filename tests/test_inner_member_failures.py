@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 import inner_loop.member as member
 import inner_loop.run_setup as run_setup
 from inner_loop.member import train_member
 from results.store.provenance import read_run_manifest
 from results.store.records import read_result
+from conf_groups import load_group
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 # Tiny and untrained (no warm-up): these tests need the stages to run, not a model that answers.
@@ -26,7 +26,7 @@ TINY = {"warmup_max_steps": 0, "hidden_size": 16, "num_layers": 1, "num_heads": 
 
 
 def _inner(**train) -> dict:
-    load = lambda group, name: yaml.safe_load((CONF / group / f"{name}.yaml").read_text())  # noqa: E731
+    load = load_group
     inner = {"task": load("task", "arith"), "model": {**load("model", "tiny"), **TINY},
              "divergence": load("divergence", "prob_l2"), "train": load("train", "default")}
     inner["train"].update({"steps": 2, "batch_size": 8, "group_size": 4, "save_every": 1, "val_size": 8,

@@ -11,6 +11,7 @@ COMMANDS = {
     "meta.tune.cli": ("tune.trials=0", "config error: tune.trials=0"),
     "meta.export": ("nope=1", "export error: argument 'nope=1'"),
     "meta.reevaluate": ("nope=1", "reevaluate error: argument 'nope=1'"),
+    "meta.pilot": ("pilot.seeds=1", "config error: pilot.seeds=1"),
 }
 
 

@@ -51,8 +51,10 @@ def test_the_control_member_trains_the_centre_with_the_generations_seed_and_stay
     assert len(plain.read_members()) == 8
 
 
-def test_reevaluation_retrains_top_members_and_centre_and_export_picks_by_the_mean(tmp_path):
-    assert _run(tmp_path, "reevaluate.top_k=2", "reevaluate.seeds=3") == 0
+def test_selection_retrains_top_members_and_centre_and_reporting_uses_other_seeds_for_every_row(tmp_path):
+    assert _run(tmp_path, "reevaluate.top_k=2", "reevaluate.seeds=3", "reevaluate.report_seeds=3",
+                "+inner.options.baseline_fitness={kl:0.3,prob_l2:0.2,base:0.1}",
+                "+inner.options.evaluation_shift={test:-0.05}") == 0
     store = RunStore(tmp_path)
     summary = store.read_reevaluation()
     names = [c["name"] for c in summary["candidates"]]
@@ -68,41 +70,67 @@ def test_reevaluation_retrains_top_members_and_centre_and_export_picks_by_the_me
     assert [s.seed for s in specs[0:3]] == [s.seed for s in specs[3:6]] == [s.seed for s in specs[6:9]]
     for candidate in summary["candidates"]:
         assert candidate["n"] == 3 and candidate["std"] == pytest.approx(statistics.stdev(candidate["values"]))
-    chosen = max(summary["candidates"], key=lambda c: c["mean"])
-    assert summary["chosen"] == chosen["name"]
-    assert summary["noise_floor_std"] > 0
-    # The test split: the chosen init only, `seeds` runs, members asked to score on test
-    test_specs = [json.loads((store.reevaluate_dir(test=True) / f"member_{i:03d}" / "spec.json").read_text())
-                  for i in range(3)]
-    assert all(s["inner"]["eval_split"] == "test" for s in test_specs)
-    assert not (store.reevaluate_dir(test=True) / "member_003").exists()
-    assert summary["test"]["n"] == 3
-    # export which=best: the re-evaluated winner with mean, std, n and its test numbers
+    floor = summary["noise_floor_std"]
+    bound = {c["name"]: c["mean"] - max(c["std"], floor) / 3 ** 0.5 for c in summary["candidates"]}
+    assert summary["chosen"] == max(bound, key=bound.get) and floor > 0
+    # Reporting: 7 rows x 3 seeds, the same 3 seeds for every row, none a search or selection seed
+    folder = store.reevaluate_dir(reporting=True)
+    report_specs = [MemberSpec.from_dict(json.loads((folder / f"member_{i:03d}" / "spec.json").read_text()))
+                    for i in range(21)]
+    assert not (folder / "member_021").exists()
+    seeds = [s.seed for s in report_specs[0:3]]
+    assert all([s.seed for s in report_specs[r * 3:r * 3 + 3]] == seeds for r in range(7))
+    assert set(seeds).isdisjoint(search_seeds | {s.seed for s in specs})
+    assert report_specs[0].params == pytest.approx(summary["chosen_params"])  # the exported init is row 0
+    # The table's numbers are the runs' own records
+    table = store.read_result_table()
+    assert [row["name"] for row in table["rows"]] == ["exported", "center", "nm_random", "kl", "prob_l2", "none",
+                                                      "base"]
+    for r, row in enumerate(table["rows"]):
+        records = [json.loads((folder / f"member_{r * 3 + s:03d}" / "result.json").read_text()) for s in range(3)]
+        fitness = [rec["fitness"] for rec in records]
+        assert row["metrics"]["validation"]["mean"] == pytest.approx(statistics.fmean(fitness))
+        assert row["metrics"]["validation"]["std"] == pytest.approx(statistics.stdev(fitness))
+        assert row["metrics"]["test"]["mean"] == pytest.approx(statistics.fmean(
+            rec["evaluations"]["test"]["pass_at_1"] for rec in records))
+    assert table["rows"][3]["metrics"]["validation"]["mean"] == pytest.approx(0.3 + statistics.fmean(
+        0.05 * __import__("random").Random(seed).gauss(0.0, 1.0) for seed in seeds))
+    base_spec = report_specs[18]
+    assert base_spec.inner["train"]["steps"] == 0 and base_spec.params == []
+    kl_spec = report_specs[9]
+    assert kl_spec.inner["divergence"]["name"] == "kl" and kl_spec.inner["divergence"]["coef"] == 0.04
+    for suffix in (".md", ".csv", ".png"):
+        assert (folder / f"result_table{suffix}").stat().st_size > 0
+    assert "NM-GRPO-ES (exported init) minus each baseline" in (folder / "result_table.md").read_text()
+    # export which=best: the selection stage's choice, with its numbers there and the table's rows and differences
     out = tmp_path / "best.safetensors"
     assert export_main([f"run_dir={tmp_path}", f"out={out}"]) == 0
     mirror_map, meta = load_init(out)
+    chosen = next(c for c in summary["candidates"] if c["name"] == summary["chosen"])
     assert meta["which"] == "best" and meta["candidate"] == chosen["name"]
-    assert (meta["reevaluated_mean"], meta["reevaluated_std"], meta["reevaluated_n"]) == (
+    assert (meta["selection_mean"], meta["selection_std"], meta["selection_n"]) == (
         pytest.approx(chosen["mean"]), pytest.approx(chosen["std"]), 3)
-    assert meta["test_n"] == 3 and meta["test_mean"] == pytest.approx(summary["test"]["mean"])
+    assert [row["name"] for row in meta["result_table"]["rows"]] == [row["name"] for row in table["rows"]]
+    assert {d["baseline"] for d in meta["result_table"]["exported_minus_baselines"] if d["metric"] == "validation"} \
+        == {"center", "nm_random", "kl", "prob_l2", "none", "base"}
     assert torch.allclose(mirror_map.to_vector().double(), torch.tensor(summary["chosen_params"], dtype=torch.float64),
                           atol=1e-6)
 
 
 def test_reevaluation_resumes_without_rerunning_and_a_changed_setting_starts_a_fresh_one(tmp_path):
-    assert _run(tmp_path, "reevaluate.top_k=1", "reevaluate.seeds=2", "reevaluate.test=false") == 0
+    assert _run(tmp_path, "reevaluate.top_k=1", "reevaluate.seeds=2", "reevaluate.report_seeds=0") == 0
     store = RunStore(tmp_path)
     first = store.read_reevaluation()
     # Lose the summary and one run's result (killed mid-way): only that run trains again.
     store.reevaluation_path.unlink()
     (store.reevaluate_dir() / "member_001" / "result.json").unlink()
-    assert reevaluate_main([f"run_dir={tmp_path}"]) == 0
+    assert reevaluate_main([f"run_dir={tmp_path}", "report_seeds=0"]) == 0
     calls = [len((store.reevaluate_dir() / f"member_{i:03d}" / "calls.log").read_text().splitlines())
              for i in range(4)]
     assert calls == [1, 2, 1, 1]
     assert store.read_reevaluation()["chosen"] == first["chosen"]
     # Other settings: the earlier runs are moved aside whole, never mixed in
-    assert reevaluate_main([f"run_dir={tmp_path}", "seeds=3", "test=false"]) == 0
+    assert reevaluate_main([f"run_dir={tmp_path}", "seeds=3", "report_seeds=0"]) == 0
     assert (tmp_path / "reevaluation.old0" / "member_001" / "calls.log").exists()
     assert all(c["n"] == 3 for c in store.read_reevaluation()["candidates"])
 
@@ -140,7 +168,7 @@ def test_a_search_started_before_roles_existed_still_has_its_members_reevaluated
 
 
 def test_export_best_names_a_damaged_reevaluation_file(tmp_path, capsys):
-    assert _run(tmp_path, "reevaluate.top_k=1", "reevaluate.seeds=2", "reevaluate.test=false", "generations=1") == 0
+    assert _run(tmp_path, "reevaluate.top_k=1", "reevaluate.seeds=2", "reevaluate.report_seeds=0", "generations=1") == 0
     RunStore(tmp_path).reevaluation_path.write_text("{not json")
     assert export_main([f"run_dir={tmp_path}", f"out={tmp_path / 'x.safetensors'}"]) == 2
     err = capsys.readouterr().err

@@ -22,12 +22,14 @@ def _python(*args: str, timeout: float) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_embedded_default_search_export_and_single_run(tmp_path):
-    """The embedded default with its control member and a small re-evaluation (top 1 member + centre, 2 seeds
-    each), the chosen init scored on the test split, exported by its re-evaluated mean, then loaded by a run."""
+    """The embedded default with its control member, selection (top 1 member + centre, 2 seeds each) and the
+    result table (the exported init and the 6 baselines on 2 other seeds, with the test split), exported by its
+    lower bound, then trained by a single run exactly as its reporting run was."""
     run_dir = tmp_path / "search"
     done = _python("-m", "meta.run", f"run_dir={run_dir}", "population=4", "generations=2", "launcher=local",
-                   "reevaluate.top_k=1", "reevaluate.seeds=2", *SHORT, timeout=1200)
+                   "reevaluate.top_k=1", "reevaluate.seeds=2", "reevaluate.report_seeds=2", *SHORT, timeout=1200)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "NM-GRPO-ES (exported init) minus each baseline" in done.stdout  # the table ends the run
     store = RunStore(run_dir)
     assert store.state_generations() == [0, 1]
     members = store.read_members()
@@ -36,23 +38,30 @@ def test_embedded_default_search_export_and_single_run(tmp_path):
     assert (members["role"] == "control").sum() == 2
     summary = store.read_reevaluation()
     assert [c["n"] for c in summary["candidates"]] == [2, 2]
-    for index in range(2):  # the test split is scored for the chosen init only, by real members
-        record = json.loads((store.reevaluate_dir(test=True) / f"member_{index:03d}" / "result.json").read_text())
-        assert record["status"] == "ok" and record["eval_split"] == "test"
     for index in range(4):
         record = json.loads((store.reevaluate_dir() / f"member_{index:03d}" / "result.json").read_text())
-        assert record["eval_split"] == "validation"
+        assert record["eval_split"] == "validation" and not record.get("evaluations")
+    reporting = store.reevaluate_dir(reporting=True)
+    records = [json.loads((reporting / f"member_{index:03d}" / "result.json").read_text()) for index in range(14)]
+    assert all(r["status"] == "ok" and r["evaluations"]["test"]["size"] > 0 for r in records)
+    assert records[12]["steps_done"] == 0  # the base model: scored untrained
+    table = store.read_result_table()
+    assert table["rows"][0]["metrics"]["test"]["mean"] == pytest.approx(
+        (records[0]["evaluations"]["test"]["pass_at_1"] + records[1]["evaluations"]["test"]["pass_at_1"]) / 2)
 
-    init = tmp_path / "best_mirror.pt"
+    init = tmp_path / "best_mirror.safetensors"
     done = _python("-m", "meta.export", f"run_dir={run_dir}", f"out={init}", timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     _, metadata = load_init(init)
     chosen = next(c for c in summary["candidates"] if c["name"] == summary["chosen"])
-    assert metadata["reevaluated_mean"] == pytest.approx(chosen["mean"]) and metadata["reevaluated_n"] == 2
-    assert metadata["test_n"] == 2
+    assert metadata["selection_mean"] == pytest.approx(chosen["mean"]) and metadata["selection_n"] == 2
 
-    done = _python("-m", "inner_loop.run", "divergence=neural_mirror", f"divergence.init={init}",
-                   f"work_dir={tmp_path / 'single'}", "train.steps=1", "train.val_size=8", timeout=600)
+    # The preset's single run of the exported init, on the exported row's first reporting seed: the same record
+    spec = json.loads((reporting / "member_000" / "spec.json").read_text())
+    done = _python("-m", "inner_loop.run", "experiment=tiny_arith", f"divergence.init={init}", f"seed={spec['seed']}",
+                   f"work_dir={tmp_path / 'single'}", *SHORT, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     record = json.loads((tmp_path / "single" / "result.json").read_text())
     assert record["status"] == "ok"
+    assert (record["fitness"], record["mean_response_tokens"]) == (records[0]["fitness"],
+                                                                   records[0]["mean_response_tokens"])

@@ -18,7 +18,8 @@ from results.store.run_store import RunStore
 
 ROOT = Path(__file__).resolve().parent.parent
 ARGS = ["inner.entrypoint=meta.synthetic:member", "population=4", "generations=3", "es=cmaes",
-        "reevaluate.top_k=1", "reevaluate.seeds=2", "+inner.options={count_calls:true,sleep_s:0.3,noise:0.05}"]
+        "reevaluate.top_k=1", "reevaluate.seeds=2", "reevaluate.report_seeds=2", "reevaluate.baselines=[center,kl]",
+        "+inner.options={count_calls:true,sleep_s:0.3,noise:0.05,baseline_fitness:{kl:0.4}}"]
 
 
 def _start(run_dir: Path) -> subprocess.Popen:
@@ -43,9 +44,9 @@ def test_sigkill_at_random_points_then_resume_matches_an_uninterrupted_run(tmp_p
     store = RunStore(run_dir)
     rng = random.Random(20261122)
     # Kill while members of gen 0 are in flight, right after a generation's tell, around the last ask, and while
-    # the re-evaluation runs.
+    # the re-evaluation's two stages run.
     triggers = [(store.jobs_path(0), 1.0), (store.state_path(0), 0.3), (store.population_path(2), 0.5),
-                (store.candidates_path, 0.8)]
+                (store.candidates_path, 0.8), (store.report_rows_path, 0.8)]
     kills = 0
     for trigger, spread in triggers:
         proc = _start(run_dir)
@@ -55,7 +56,7 @@ def test_sigkill_at_random_points_then_resume_matches_an_uninterrupted_run(tmp_p
             os.kill(proc.pid, signal.SIGKILL)
             kills += 1
         proc.wait()
-    assert kills >= 3, "the orchestrator finished before it could be killed; the test did not test anything"
+    assert kills >= 4, "the orchestrator finished before it could be killed; the test did not test anything"
 
     final = _start(run_dir)
     _, err = final.communicate(timeout=300)
@@ -76,12 +77,13 @@ def test_sigkill_at_random_points_then_resume_matches_an_uninterrupted_run(tmp_p
         for index in range(5):  # the population and the control member
             calls = (store.member_dir(generation, index) / "calls.log").read_text().splitlines()
             assert calls == ["attempt 0"], f"member {generation}:{index} ran {len(calls)} times"
-    for folder in (store.reevaluate_dir(), store.reevaluate_dir(test=True)):
+    for folder, count in ((store.reevaluate_dir(), 4), (store.reevaluate_dir(reporting=True), 6)):
         runs = sorted(folder.glob("member_*"))
-        assert len(runs) == (4 if folder == store.reevaluate_dir() else 2)
+        assert len(runs) == count  # selection: (top 1 + centre) x 2 seeds; reporting: 3 rows x 2 seeds
         for run in runs:
             assert (run / "calls.log").read_text().splitlines() == ["attempt 0"], f"{run} ran more than once"
     assert store.read_reevaluation() == ref_store.read_reevaluation()
+    assert store.read_result_table() == ref_store.read_result_table() is not None
     got_members = store.read_members().sort_values(["generation", "index"])
     want_members = ref_store.read_members().sort_values(["generation", "index"])
     assert got_members["fitness"].tolist() == want_members["fitness"].tolist()

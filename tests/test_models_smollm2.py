@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
+from conf_groups import load_group
 
 pytestmark = pytest.mark.slow
 CONF = Path(__file__).resolve().parent.parent / "conf"
@@ -18,7 +18,7 @@ except importlib.metadata.PackageNotFoundError:  # installed by scripts/setup.sh
 
 
 def _inner(**train) -> dict:
-    load = lambda group, name: yaml.safe_load((CONF / group / f"{name}.yaml").read_text())  # noqa: E731
+    load = load_group
     inner = {"task": load("task", "arith"), "model": load("model", "smollm2_135m"),
              "divergence": load("divergence", "prob_l2"), "train": load("train", "default")}
     inner["train"].update(train)

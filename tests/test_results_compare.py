@@ -11,6 +11,7 @@ from results.report.compare import compare, main, to_markdown
 from results.store.provenance import build_run_manifest, code_version, config_hash, data_hashes, write_run_manifest
 from results.store.records import ResultRecord, write_result
 from results.store.run_store import RunStore
+from conf_groups import load_group
 
 SPLITS = {"train": ["1+1=", "2+2="], "validation": ["3+3="]}
 
@@ -143,12 +144,11 @@ def test_code_version_has_commit_and_dirty_flag(tmp_path):
 
 
 def test_train_member_records_provenance_before_training(tmp_path, monkeypatch):
-    import yaml
 
     import inner_loop.member as member
 
     root = Path(__file__).resolve().parent.parent / "conf"
-    load = lambda group, name: yaml.safe_load((root / group / f"{name}.yaml").read_text())  # noqa: E731
+    load = lambda group, name: load_group(group, name, root)  # noqa: E731
     inner = {"task": load("task", "arith"), "model": load("model", "tiny"), "divergence": load("divergence", "kl"),
              "train": load("train", "default")}
 

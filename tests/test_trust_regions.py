@@ -13,6 +13,7 @@ from inner_loop.loss.trust_regions import (
     kl3_ratio_bounds,
     lambert_w,
 )
+from conf_groups import load_group
 
 
 def _inputs(pi: list[float], mu: list[float], adv: list[float]) -> PolicyInputs:
@@ -123,10 +124,9 @@ def test_every_term_equals_minus_advantage_on_policy(name):
 def _inner_with(policy_loss: str, extra: dict) -> dict:
     from pathlib import Path
 
-    import yaml
 
     conf = Path(__file__).resolve().parent.parent / "conf"
-    load = lambda group, name: yaml.safe_load((conf / group / f"{name}.yaml").read_text())  # noqa: E731
+    load = lambda group, name: load_group(group, name, conf)  # noqa: E731
     inner = {"task": load("task", "arith"), "model": load("model", "tiny"),
              "divergence": load("divergence", "prob_l2"), "train": load("train", "default")}
     inner["train"].update(policy_loss=policy_loss, policy_extra=extra)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 from optuna.trial import TrialState
 
 from inner_loop.member import train_member
@@ -13,6 +12,7 @@ from meta.tune.cli import main
 from results.store.intermediate import read_intermediate
 from results.store.layout import INTERMEDIATE_FILE
 from results.store.study_store import load_study
+from conf_groups import load_group
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
@@ -22,7 +22,7 @@ SMALL_MODEL = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate
 
 
 def _inner(**train) -> dict:
-    load = lambda group, name: yaml.safe_load((CONF / group / f"{name}.yaml").read_text())  # noqa: E731
+    load = load_group
     inner = {"task": load("task", "arith"), "model": load("model", "tiny"), "divergence": load("divergence", "kl"),
              "train": load("train", "default")}
     inner["model"].update(SMALL_MODEL)

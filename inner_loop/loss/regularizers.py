@@ -16,6 +16,7 @@ import torch
 
 from inner_loop.config import DivergenceConfig
 from mirror_maps import (
+    AUTHORS_INIT_SEED,
     KL,
     VECTOR_LENGTH,
     NeuralMirrorMap,
@@ -30,7 +31,7 @@ from mirror_maps import (
 logger = logging.getLogger(__name__)
 
 #: Seed of the neural mirror map when neither ES parameters nor an init file are given (the authors' seed).
-DEFAULT_MAP_SEED = 42
+DEFAULT_MAP_SEED = AUTHORS_INIT_SEED
 
 
 @dataclass

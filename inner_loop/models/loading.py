@@ -5,6 +5,8 @@ Every model this returns is loaded from a directory or hub id: the built ones co
 """
 from __future__ import annotations
 
+import json
+import logging
 from dataclasses import asdict
 from pathlib import Path
 
@@ -14,7 +16,14 @@ from inner_loop.config import ModelConfig
 from inner_loop.models.smollm2 import smollm2_model_dir
 from inner_loop.models.tiny import tiny_model_dir
 
+logger = logging.getLogger(__name__)
+
 QWEN3_1_7B = "Qwen/Qwen3-1.7B"
+#: what a trained model's folder (a single run's final/) holds: a PEFT adapter, or a full transformers model
+ADAPTER_CONFIG_FILE = "adapter_config.json"
+FULL_MODEL_CONFIG_FILE = "config.json"
+LORA_ADAPTER = "lora_adapter"
+FULL_MODEL = "full_model"
 
 
 def resolve_model_dir(cfg: ModelConfig) -> str:
@@ -37,12 +46,12 @@ def torch_dtype(name: str) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
-def load_policy(cfg: ModelConfig, path: str):
-    """(model, tokenizer) from ``path``; with ``cfg.lora_r`` > 0 the model is wrapped in a fresh LoRA adapter."""
+def _load(cfg: ModelConfig, path: str, tokenizer_path: str | None = None):
+    """(model, tokenizer) as saved in ``path`` (the tokenizer from ``tokenizer_path`` when given), padded left."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path or path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(cfg.dtype))
     except OSError as exc:
         raise ValueError(
@@ -51,6 +60,12 @@ def load_policy(cfg: ModelConfig, path: str):
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
+    return model, tokenizer
+
+
+def load_policy(cfg: ModelConfig, path: str):
+    """(model, tokenizer) from ``path``; with ``cfg.lora_r`` > 0 the model is wrapped in a fresh LoRA adapter."""
+    model, tokenizer = _load(cfg, path)
     if cfg.lora_r > 0:
         from peft import LoraConfig, get_peft_model
 
@@ -63,6 +78,48 @@ def load_policy(cfg: ModelConfig, path: str):
         )
         model = get_peft_model(model, lora)
     return model, tokenizer
+
+
+def trained_model_source(cfg: ModelConfig, folder: Path) -> str:
+    """``lora_adapter`` or ``full_model``: what a run with ``cfg`` saved in ``folder`` (its final/); ValueError
+    when the folder does not hold it. Cheap (two file checks): callers ask it before loading anything."""
+    if cfg.lora_r > 0:
+        if not (folder / ADAPTER_CONFIG_FILE).is_file():
+            raise ValueError(f"{folder} holds no LoRA adapter ({ADAPTER_CONFIG_FILE}) though the run trained one "
+                             f"(model.lora_r={cfg.lora_r})")
+        return LORA_ADAPTER
+    if not (folder / FULL_MODEL_CONFIG_FILE).is_file():
+        raise ValueError(f"{folder} holds no model ({FULL_MODEL_CONFIG_FILE})")
+    return FULL_MODEL
+
+
+def _adapter_base(cfg: ModelConfig, folder: Path) -> str:
+    """The base model under a saved adapter: the one it was trained on (recorded by PEFT), or, where that folder
+    is gone (a cleared model cache), the same weights rebuilt from ``cfg``; a warmed base cannot be rebuilt here
+    (its warm-up needs the run's task), so that case is an error rather than a silently different base."""
+    recorded = json.loads((folder / ADAPTER_CONFIG_FILE).read_text()).get("base_model_name_or_path")
+    if isinstance(recorded, str) and recorded and Path(recorded).is_dir():
+        return recorded
+    if cfg.warmup_max_steps:
+        raise ValueError(f"the warmed base model {recorded!r} under the adapter in {folder} is gone (model cache "
+                         "cleared?); rebuild it by training the run's config again")
+    return resolve_model_dir(cfg)
+
+
+def load_trained(cfg: ModelConfig, folder: Path):
+    """(model, tokenizer, source) of a trained model saved in ``folder`` (a single run's final/): the LoRA adapter
+    on its base model when ``cfg.lora_r`` > 0, else the full model; the tokenizer saved with it."""
+    source = trained_model_source(cfg, folder)
+    saved_tokenizer = str(folder) if (folder / "tokenizer_config.json").is_file() else None
+    if source == FULL_MODEL:
+        model, tokenizer = _load(cfg, str(folder), saved_tokenizer)
+        return model, tokenizer, source
+    from peft import PeftModel
+
+    base = _adapter_base(cfg, folder)
+    model, tokenizer = _load(cfg, base, saved_tokenizer)
+    logger.info("loading the LoRA adapter in %s on %s", folder, base)
+    return PeftModel.from_pretrained(model, str(folder)), tokenizer, source
 
 
 def model_summary(cfg: ModelConfig) -> dict:

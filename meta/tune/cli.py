@@ -20,10 +20,18 @@ from typing import Any, Sequence
 
 import yaml
 
-from meta.config import INNER_NODES, ConfigError, absolute_overrides, absolute_path, absolute_paths, config_hash
+from meta.config import (
+    CONF_DIR,
+    INNER_NODES,
+    ConfigError,
+    absolute_overrides,
+    absolute_path,
+    absolute_paths,
+    config_hash,
+)
 from meta.cli_args import run_command
 from meta.resume import check_job_namespace, format_differences, split_differences
-from meta.compose import CONF_DIR, compose_with_choices, merge_overrides
+from meta.compose import compose_with_choices, merge_overrides
 from meta.tune.config import STUDY_KEYS, TuneConfig, build_sampler, build_pruner, build_tune_config
 from results.store.provenance import code_version
 from results.store.run_store import RunStore

@@ -6,20 +6,30 @@ relative change against the baseline method (KL) on the same task, the seeds use
 hash, code versions, data hashes). Runs that failed, are missing a result or cannot be read are listed, never
 averaged in silently. Writes ``comparison.md`` and ``comparison.csv`` (and ``comparison_runs.csv``, one row per
 run) to ``--out`` (default: the common parent of the DIRs).
+
+The finished runs' other test numbers get a second table, ``comparison_evaluations.csv``: one row per (method,
+trained task, config, evaluated task, source), mean +- std of pass@1 over seeds, where source is ``in-run`` (a
+record's ``evaluations``: the inner config's extra_evaluations) or ``afterwards`` (an evaluation file written by
+``python -m inner_loop.evaluate``; one row per task node used, since a node decides the problems).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import math
 import os
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import pandas as pd
 
 from results.store.atomic import atomic_write_text
+from results.store.layout import RESULT_FILE, parse_evaluation_file_name
+from results.store.provenance import config_hash
+from results.store.records import ResultRecord
 from results.report.single_runs import Scan, find_run_dirs
 
 logger = logging.getLogger(__name__)
@@ -29,6 +39,12 @@ TABLE_COLUMNS = [
     "response_tokens_rel_change", "n_failed", "config_hash", "code_versions", "data_hashes",
 ]
 
+EVALUATION_COLUMNS = [
+    "method", "task", "evaluated_on", "split", "source", "n_seeds", "seeds", "pass1_mean", "pass1_std",
+    "response_tokens_mean", "problems", "config_hash", "eval_config",
+]
+IN_RUN, AFTERWARDS = "in-run", "afterwards"
+
 
 @dataclass
 class Comparison:
@@ -37,6 +53,8 @@ class Comparison:
     problems: pd.DataFrame  # runs not in the averages: failed / missing / unreadable / no provenance
     skipped: list[tuple[str, str]]
     notes: list[str]
+    #: the ok runs' other test numbers (in-run extra evaluations, evaluation files), EVALUATION_COLUMNS
+    evaluations: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=EVALUATION_COLUMNS))
 
 
 def _join(values: Sequence[object]) -> str:
@@ -47,6 +65,70 @@ def _labels(runs: pd.DataFrame) -> pd.Series:
     """``method``, or ``method[config_hash]`` where one method appears with several configs on a task's split."""
     n_configs = runs.groupby(["method", "task", "split"])["config_hash"].transform("nunique")
     return runs["method"].where(n_configs <= 1, runs["method"] + "[" + runs["config_hash"].str[:8] + "]")
+
+
+def _entry(source: str, entry: Any, eval_config: str) -> dict[str, Any] | None:
+    """One evaluation of a run as a row, or None when it lacks a finite pass@1 (said in a note by the caller)."""
+    if not isinstance(entry, dict):
+        return None
+    value = entry.get("pass_at_1")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    tokens = entry.get("mean_response_tokens")
+    return {"source": source, "evaluated_on": str(entry.get("task", "?")), "split": str(entry.get("split", "?")),
+            "pass_at_1": float(value), "size": entry.get("size"), "eval_config": eval_config,
+            "tokens": float(tokens) if isinstance(tokens, (int, float)) else float("nan")}
+
+
+def _run_evaluations(path: Path, notes: list[str]) -> list[dict[str, Any]]:
+    """The evaluations of one ok run: its record's (in-run) and its evaluation files' (afterwards)."""
+    rows = []
+    try:
+        record = ResultRecord.from_dict(json.loads((path / RESULT_FILE).read_text()))
+        in_run = record.evaluations
+    except (OSError, ValueError, TypeError):
+        in_run = {}  # the run row already says the record is unreadable
+    for name, entry in sorted(in_run.items()):
+        row = _entry(IN_RUN, entry, "")
+        if row is None:
+            notes.append(f"{path}: evaluation {name!r} in {RESULT_FILE} has no pass@1; left out")
+        else:
+            rows.append(row)
+    for file in sorted(path.iterdir()):
+        if parse_evaluation_file_name(file.name) is None:
+            continue
+        try:
+            data = json.loads(file.read_text())
+        except (OSError, ValueError) as exc:
+            notes.append(f"{file}: unreadable ({exc}); left out")
+            continue
+        node = data.get("task_config") if isinstance(data, dict) else None
+        row = _entry(AFTERWARDS, data, config_hash(node)[:8] if isinstance(node, dict) else "?")
+        if row is None:
+            notes.append(f"{file}: no pass@1; left out")
+        else:
+            rows.append(row)
+    return rows
+
+
+def _evaluations(runs: pd.DataFrame, notes: list[str]) -> pd.DataFrame:
+    """EVALUATION_COLUMNS over the ok runs: mean +- std of each evaluation over seeds."""
+    found = []
+    for run in runs[runs["state"] == "ok"].itertuples(index=False):
+        for row in _run_evaluations(Path(run.path), notes):
+            found.append({**row, "method": run.label, "task": run.task, "seed": run.seed,
+                          "config_hash": run.config_hash})
+    if not found:
+        return pd.DataFrame(columns=EVALUATION_COLUMNS)
+    table = []
+    keys = ["method", "task", "evaluated_on", "split", "source", "config_hash", "eval_config"]
+    for key, group in pd.DataFrame(found).groupby(keys, sort=True):
+        seeds = group["seed"].dropna().astype(int).tolist()
+        table.append({**dict(zip(keys, key)), "n_seeds": len(group), "seeds": _join(seeds),
+                      "pass1_mean": group["pass_at_1"].mean(),
+                      "pass1_std": group["pass_at_1"].std(ddof=1) if len(group) > 1 else float("nan"),
+                      "response_tokens_mean": group["tokens"].mean(), "problems": _join(group["size"].tolist())})
+    return pd.DataFrame(table, columns=EVALUATION_COLUMNS)
 
 
 def compare(dirs: Sequence[str | Path], baseline: str = "kl") -> Comparison:
@@ -99,7 +181,8 @@ def compare(dirs: Sequence[str | Path], baseline: str = "kl") -> Comparison:
                          "check the data_hashes column before comparing them")
     if len(ok) == 0:
         notes.append("no finished (ok) runs: nothing to average")
-    return Comparison(table, runs, problems, scan.skipped, notes)
+    evaluations = _evaluations(known, notes)
+    return Comparison(table, runs, problems, scan.skipped, notes, evaluations)
 
 
 def _pct(mean: float, std: float) -> str:
@@ -120,6 +203,18 @@ def to_markdown(result: Comparison) -> str:
             f"{row.n_seeds} ({row.seeds}) | {row.n_failed} | {row.config_hash} | {row.code_versions} | "
             f"{row.data_hashes} |"
         )
+    if len(result.evaluations):
+        lines += ["", "Other test numbers of the finished runs (greedy pass@1; in-run: the run's extra_evaluations, "
+                      "afterwards: python -m inner_loop.evaluate):", "",
+                  "| method | trained on | evaluated on | split | source | pass@1 (%) | response tokens | problems | "
+                  "seeds | config | eval config |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for row in result.evaluations.itertuples(index=False):
+            tokens = "n/a" if pd.isna(row.response_tokens_mean) else f"{row.response_tokens_mean:.1f}"
+            lines.append(
+                f"| {row.method} | {row.task} | {row.evaluated_on} | {row.split} | {row.source} | "
+                f"{_pct(row.pass1_mean, row.pass1_std)} | {tokens} | {row.problems} | {row.n_seeds} ({row.seeds}) | "
+                f"{row.config_hash} | {row.eval_config} |"
+            )
     if len(result.problems):
         lines += ["", f"Runs not in the averages ({len(result.problems)}):", ""]
         for row in result.problems.itertuples(index=False):
@@ -138,6 +233,7 @@ def write_outputs(result: Comparison, out_dir: str | Path) -> list[Path]:
         atomic_write_text(out / "comparison.md", to_markdown(result)),
         atomic_write_text(out / "comparison.csv", result.table.to_csv(index=False)),
         atomic_write_text(out / "comparison_runs.csv", result.runs.to_csv(index=False)),
+        atomic_write_text(out / "comparison_evaluations.csv", result.evaluations.to_csv(index=False)),
     ]
     return paths
 

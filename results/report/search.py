@@ -28,6 +28,7 @@ from results.store.run_store import RunStore
 from results.report.snapshot import RunSnapshot, load_run, top_members
 from results.store.study_store import read_study_file
 from results.report.tune import build_tune_report, format_tune_report
+from results.report.result_table import render_markdown
 
 logger = logging.getLogger(__name__)
 
@@ -114,15 +115,27 @@ def _fmt(value: object, digits: int = 4) -> str:
     return "n/a" if value is None or pd.isna(value) else f"{float(value):.{digits}f}"
 
 
+def _seeds_per_member(root: Path) -> int:
+    """The run's seeds_per_member (1 for runs from before the setting, or without a readable config)."""
+    import yaml
+
+    try:
+        raw = yaml.safe_load(RunStore(root).read_config_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return 1
+    return int(raw.get("seeds_per_member") or 1)
+
+
 def format_noise(snapshot: RunSnapshot) -> list[str]:
     """Whether the search sees signal: the spread across a generation's members next to the spread of ONE init
     over seeds (the re-evaluation's, pooled over its inits) and the control member's drift between generations."""
     gens = snapshot.generations
     spread = gens["std_fitness"].dropna() if len(gens) else pd.Series(dtype=float)
     control = gens["control_fitness"].dropna() if len(gens) and "control_fitness" in gens else pd.Series(dtype=float)
+    seeds = _seeds_per_member(snapshot.root)
     lines = [
         f"  across members (std of fitness within a generation): median {_fmt(spread.median() if len(spread) else None)}"
-        f" over {len(spread)} generation(s)",
+        f" over {len(spread)} generation(s)" + (f"; each member the mean of {seeds} seeds" if seeds > 1 else ""),
         f"  control (the centre, generation's seed): {', '.join(_fmt(v, 3) for v in control) or 'none yet'}"
         + (f"; std across generations {_fmt(control.std(ddof=1))} (seed-to-seed drift + the centre's moves)"
            if len(control) > 1 else ""),
@@ -138,18 +151,30 @@ def format_noise(snapshot: RunSnapshot) -> list[str]:
     lines.append(f"  one init over seeds (re-evaluation, pooled over {len(summary['candidates'])} inits, {runs} runs): "
                  f"std {_fmt(floor)}")
     if floor and len(spread):
-        lines.append(f"  ratio across-members / one-init: {spread.median() / floor:.2f} (near 1 or below: members "
-                     "differ by no more than seed noise, so their ranking is mostly noise)")
-    lines.append(f"  re-evaluated with {summary['seeds']} fresh seeds each (search fitness -> mean +- std (n)):")
+        # a member's fitness is the mean of `seeds` runs: its own noise is one run's divided by sqrt(seeds)
+        member_noise = floor / seeds ** 0.5
+        lines.append(f"  ratio across-members / one-init: {spread.median() / member_noise:.2f} (near 1 or below: "
+                     "members differ by no more than seed noise, so their ranking is mostly noise"
+                     + (f"; one-init noise of a {seeds}-seed mean: {_fmt(member_noise)}" if seeds > 1 else "") + ")")
+    lines.append(f"  selection stage, {summary['seeds']} fresh seeds each (search fitness -> mean +- std (n), "
+                 "lower bound):")
     for c in summary["candidates"]:
-        mark = "  <- chosen" if c["name"] == summary["chosen"] else ""
+        mark = "  <- exported" if c["name"] == summary["chosen"] else ""
         lines.append(f"    {c['name']}: {_fmt(c['search_fitness'])} -> {_fmt(c['mean'])} +- {_fmt(c['std'])} "
-                     f"(n={c['n']}, failed {c['failed']}){mark}")
-    test = summary.get("test")
-    if test:
-        lines.append(f"  test split, {summary['chosen']} only: {_fmt(test['mean'])} +- {_fmt(test['std'])} "
-                     f"(n={test['n']})")
+                     f"(n={c['n']}, failed {c['failed']}), {_fmt(c.get('lower_bound'))}{mark}")
     return lines
+
+
+def format_result_table(root: Path) -> list[str]:
+    """The reporting stage's result table (markdown), or how to get one."""
+    try:
+        table = RunStore(root).read_result_table()
+    except CorruptFileError as exc:
+        return [f"result table unreadable: {exc}"]
+    if table is None:
+        return ["no result table yet (the reporting stage of `python -m meta.reevaluate run_dir=...` writes it)"]
+    return [f"Result table ({len(table['seeds'])} reporting seeds, paired, used for nothing else):", "",
+            render_markdown(table)]
 
 
 def format_report(report: Report) -> str:
@@ -175,6 +200,8 @@ def format_report(report: Report) -> str:
         "",
         "noise (validation pass@1):",
         *format_noise(report.snapshot),
+        "",
+        *format_result_table(report.snapshot.root),
     ]
     if report.snapshot.skipped:
         lines += ["", f"skipped ({len(report.snapshot.skipped)}):"] + [f"  {s}" for s in report.snapshot.skipped]

@@ -23,7 +23,13 @@ process imports it.
       reevaluation/                           REEVALUATE_DIR: re-evaluation before export (meta.reevaluate)
         candidates.json, reevaluation.json    CANDIDATES_FILE, REEVALUATION_FILE
         jobs.json, member_005/, submitit/     as in a generation dir (member index = candidate x seeds + seed)
-        test_split/                           TEST_RUNS_DIR: the chosen init on the test split, same layout
+        reporting/                            REPORTING_DIR: stage B, the exported init and the baselines on fresh
+                                              seeds (member index = row x seeds + seed), same layout
+          rows.json                           REPORT_ROWS_FILE: every row's divergence, params, inner config,
+                                              written before any submission
+          result_table.json, .md, .csv, .png  RESULT_TABLE_FILE (+ result_table_file(suffix)): the result table
+          result_differences.csv              RESULT_DIFFERENCES_FILE: every paired difference with its interval
+        reporting.old0/                       archived_reporting_dir_name(0): an earlier stage B, moved aside
       reevaluation.old0/                      archived_reevaluate_dir_name(0): an earlier re-evaluation, moved aside
       tables/                                 TABLES_DIR
         members.parquet, generations.parquet  MEMBERS_TABLE_FILE, GENERATIONS_TABLE_FILE
@@ -40,6 +46,13 @@ process imports it.
           trial.json                          TRIAL_FILE: its params, overrides and members, written before submission
           member_001/                         member_dir_name(seed k): one training run of the trial
 
+    pilot run_dir/  (``python -m meta.pilot``; config.yaml, manifest.json with kind "pilot", LOCK and report/ as above)
+      pilot_plan.json                         PILOT_PLAN_FILE: centre, pair directions, (radius, coef) combinations and
+                                              every run's role, written before any submission
+      pilot_runs/                             PILOT_RUNS_DIR: every run of the pilot, one runner for all of them
+        jobs.json, submitit/, member_012/     as in a generation dir (index: results/report/pilot.py member_index)
+      pilot.json                              PILOT_FILE: the findings (noise, pair differences, SNR, recommendation)
+
     member_dir/  (also a single run's work dir, ``python -m inner_loop.run work_dir=...``)
       spec.json                               SPEC_FILE: the member spec
       manifest.json                           RUN_MANIFEST_FILE: provenance of this training run
@@ -53,6 +66,10 @@ process imports it.
       progress.json                           PROGRESS_FILE: latest step, reward, zero-std groups, gradient share
       tensorboard_logs/                       TENSORBOARD_DIR: TRL's metrics (train.report_to: [tensorboard])
       intermediate.jsonl                      INTERMEDIATE_FILE: validation pass@1 every train.eval_every steps
+      seed_01/                                seed_dir_name(1): with seeds_per_member > 1, the member's run on its
+                                              seed 1, a member dir of its own (the member's result is their mean)
+      evaluation_humaneval_test.json          evaluation_file_name("humaneval"): the finished run's model scored on
+                                              another task's test split (python -m inner_loop.evaluate)
 
 The ``.sha256`` sidecars are named by results/store/atomic.py (CHECKSUM_SUFFIX), which writes and verifies them.
 Numbered names are padded (``gen_0008``, ``member_017``) but wider numbers are valid (``gen_12345``), and the
@@ -90,8 +107,15 @@ REEVALUATE_DIR = "reevaluation"
 CANDIDATES_FILE = "candidates.json"
 #: per candidate: re-evaluated mean, std, n; the chosen init; its test-split numbers
 REEVALUATION_FILE = "reevaluation.json"
-#: the chosen init's test-split runs, inside REEVALUATE_DIR (member dirs and jobs.json like a generation's)
-TEST_RUNS_DIR = "test_split"
+#: stage B of the re-evaluation (meta/reporting.py): the exported init and the baselines retrained on fresh seeds,
+#: inside REEVALUATE_DIR (member dirs and jobs.json like a generation's)
+REPORTING_DIR = "reporting"
+#: the reporting rows (name, divergence block and its source, params, inner config), written before any submission
+REPORT_ROWS_FILE = "rows.json"
+#: the result table's data; the same table as markdown/CSV/plot is result_table_file(".md" | ".csv" | ".png")
+RESULT_TABLE_FILE = "result_table.json"
+#: every (row, baseline) paired difference with its interval
+RESULT_DIFFERENCES_FILE = "result_differences.csv"
 #: the launcher's folder (submitit's logs, pickles and our markers)
 LAUNCHER_DIR = "submitit"
 
@@ -121,6 +145,8 @@ PROGRESS_FILE = "progress.json"
 #: event files: TRL's metrics of a member (train.report_to tensorboard); a search's per-generation scalars
 TENSORBOARD_DIR = "tensorboard_logs"
 
+SEED_DIR_PREFIX = "seed_"
+
 #: one line per intermediate validation (train.eval_every), read by a tuner's pruner (results/store/intermediate.py)
 INTERMEDIATE_FILE = "intermediate.jsonl"
 
@@ -131,6 +157,14 @@ TRIALS_DIR = "tuning_trials"
 TRIAL_DIR_PREFIX = "trial_"
 TRIAL_FILE = "trial.json"
 
+# ------------------------------------------------------------ pilot run dir (meta/pilot.py)
+#: the pilot's plan: centre, pair directions, (radius, coef) combinations, seeds and every run's role
+PILOT_PLAN_FILE = "pilot_plan.json"
+#: every run of the pilot (jobs.json, submitit/, member dirs), laid out like a generation dir
+PILOT_RUNS_DIR = "pilot_runs"
+#: the pilot's findings, written once every run is final (results/report/pilot.py computes and formats them)
+PILOT_FILE = "pilot.json"
+
 _GENERATION_WIDTH = 4
 _MEMBER_WIDTH = 3
 _CHUNK_WIDTH = 3
@@ -140,6 +174,10 @@ _STATE_RE = re.compile(rf"^{GENERATION_DIR_PREFIX}(\d{{{_GENERATION_WIDTH},}}){r
 _MEMBER_RE = re.compile(rf"^{MEMBER_DIR_PREFIX}(\d{{{_MEMBER_WIDTH},}})$")
 _TRIAL_RE = re.compile(rf"^{TRIAL_DIR_PREFIX}(\d{{{_GENERATION_WIDTH},}})$")
 _ARCHIVED_RESULT = "result.attempt{}.json"
+#: a finished run scored afterwards on a task's split (inner_loop/transfer.py); task names may hold underscores
+_EVALUATION_FILE = "evaluation_{}_{}.json"
+_EVALUATION_RE = re.compile(r"^evaluation_([A-Za-z0-9][A-Za-z0-9_.-]*)_(validation|test)\.json$")
+_TASK_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _CHUNK_MARKER_RE = re.compile(r"^chunk_(\d+)\.json$")
 
 
@@ -190,6 +228,11 @@ def parse_member_dir_name(name: str) -> int | None:
     return _parsed(_MEMBER_RE, name)
 
 
+def result_table_file(suffix: str) -> str:
+    """``result_table.md``: the result table rendered as ``suffix`` (.json, .md, .csv, .png)."""
+    return RESULT_TABLE_FILE.rsplit(".", 1)[0] + suffix
+
+
 def trial_dir_name(number: int) -> str:
     """``trial_0007``: the directory of Optuna trial 7 inside TRIALS_DIR."""
     return f"{TRIAL_DIR_PREFIX}{_number(number, 'trial number'):0{_GENERATION_WIDTH}d}"
@@ -211,6 +254,16 @@ def archived_reevaluate_dir_name(k: int) -> str:
     return f"{REEVALUATE_DIR}.old{_number(k, 'archive')}"
 
 
+def seed_dir_name(k: int) -> str:
+    """``seed_01``: a member's k-th seed run (seeds_per_member > 1), inside the member's work dir."""
+    return f"{SEED_DIR_PREFIX}{_number(k, 'seed index'):02d}"
+
+
+def archived_reporting_dir_name(k: int) -> str:
+    """Where an earlier stage B (another exported init, other rows or seeds) is moved aside, k = 0, 1, ..."""
+    return f"{REPORTING_DIR}.old{_number(k, 'archive')}"
+
+
 def chunk_marker_name(chunk: int) -> str:
     """``chunk_000.json``: the marker of one submitted sbatch array chunk, inside SUBMISSIONS_DIR."""
     return f"chunk_{_number(chunk, 'chunk'):0{_CHUNK_WIDTH}d}.json"
@@ -219,3 +272,19 @@ def chunk_marker_name(chunk: int) -> str:
 def parse_chunk_marker_name(name: str) -> int | None:
     """The chunk number a marker file's name stands for, or None for any other file."""
     return _parsed(_CHUNK_MARKER_RE, name)
+
+
+def evaluation_file_name(task: str, split: str = "test") -> str:
+    """``evaluation_<task>_<split>.json``: the record of a finished run scored afterwards on ``task``'s ``split``,
+    beside its result.json; one per task and split (a later evaluation replaces it)."""
+    if not isinstance(task, str) or not _TASK_NAME_RE.match(task):
+        raise ValueError(f"task name {task!r} cannot name a file (letters, digits, '_', '.', '-' only)")
+    if split not in ("validation", "test"):
+        raise ValueError(f"split {split!r} is not 'validation' or 'test'")
+    return _EVALUATION_FILE.format(task, split)
+
+
+def parse_evaluation_file_name(name: str) -> tuple[str, str] | None:
+    """(task, split) of an evaluation record's file name, or None for any other file."""
+    match = _EVALUATION_RE.match(name)
+    return (match.group(1), match.group(2)) if match else None

@@ -18,6 +18,9 @@ from results.store.layout import RESULT_FILE, SPEC_FILE  # re-exported: importer
 #: late: cancelled unfinished when its ES generation closed at the quorum (no measurement, never retried);
 #: pruned: stopped by a tuner's pruner (never retried)
 STATUSES = ("ok", "failed", "timeout", "cancelled", "late", "pruned")
+#: the inner-config key of a member trained on several seeds (``seeds_per_member``): the seeds, one run each in
+#: its own sub-directory (launch/seed_group.py); the member's fitness is their mean
+MEMBER_SEEDS_KEY = "member_seeds"
 #: outcomes the orchestrator decided on purpose: final at once, never retried
 DECIDED_STATUSES = ("cancelled", "late", "pruned")
 
@@ -70,6 +73,9 @@ class ResultRecord:
     disk_peak_bytes: int | None = None
     #: the split ``fitness`` was measured on: validation (every ES member), or test (a single run's final numbers)
     eval_split: str = "validation"
+    #: the inner config's extra_evaluations, scored after the fitness on the same model: per name ("test",
+    #: "transfer/<task>") {task, split, pass_at_1, size, mean_response_tokens}; empty for ES members and older records
+    evaluations: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.eval_split not in ("validation", "test"):
@@ -89,6 +95,10 @@ class ResultRecord:
         self.diagnostics = {
             k: float(v) for k, v in self.diagnostics.items() if isinstance(v, (int, float)) and math.isfinite(v)
         }
+        if not isinstance(self.evaluations, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, Mapping) for k, v in self.evaluations.items()):
+            raise ValueError(f"result evaluations must map names to mappings, got {self.evaluations!r}")
+        self.evaluations = {name: dict(entry) for name, entry in self.evaluations.items()}
 
     @property
     def ok(self) -> bool:

@@ -34,6 +34,9 @@ from results.store.layout import (
     JOBS_FILE,
     LAUNCHER_DIR,
     MEMBERS_TABLE_FILE,
+    PILOT_FILE,
+    PILOT_PLAN_FILE,
+    PILOT_RUNS_DIR,
     POPULATION_FILE,
     REEVALUATE_DIR,
     REEVALUATION_FILE,
@@ -41,8 +44,11 @@ from results.store.layout import (
     SEARCH_MANIFEST_FILE,
     STATE_DIR,
     TABLES_DIR,
-    TEST_RUNS_DIR,
+    REPORT_ROWS_FILE,
+    REPORTING_DIR,
+    RESULT_TABLE_FILE,
     archived_reevaluate_dir_name,
+    archived_reporting_dir_name,
     generation_dir_name,
     member_dir_name,
     parse_state_file_name,
@@ -118,11 +124,19 @@ class RunStore:
     def closed_path(self, generation: int) -> Path:
         return self.generation_dir(generation) / CLOSED_FILE
 
-    def reevaluate_dir(self, test: bool = False) -> Path:
-        """The re-evaluation phase's directory (``test``: the chosen init's test-split runs), laid out like a
-        generation dir: jobs.json, member_NNN/, submitit/."""
+    def reevaluate_dir(self, reporting: bool = False) -> Path:
+        """The re-evaluation's directory: stage A (selection), or with ``reporting`` stage B's inside it; each laid
+        out like a generation dir: jobs.json, member_NNN/, submitit/."""
         root = self.root / REEVALUATE_DIR
-        return root / TEST_RUNS_DIR if test else root
+        return root / REPORTING_DIR if reporting else root
+
+    @property
+    def report_rows_path(self) -> Path:
+        return self.reevaluate_dir(reporting=True) / REPORT_ROWS_FILE
+
+    @property
+    def result_table_path(self) -> Path:
+        return self.reevaluate_dir(reporting=True) / RESULT_TABLE_FILE
 
     @property
     def candidates_path(self) -> Path:
@@ -228,6 +242,27 @@ class RunStore:
     def read_reevaluation(self) -> dict[str, Any] | None:
         return _read_json_or_none(self.reevaluation_path)
 
+    def write_report_rows(self, record: Mapping[str, Any]) -> None:
+        atomic_write_json(self.report_rows_path, dict(record))
+
+    def read_report_rows(self) -> dict[str, Any] | None:
+        return _read_json_or_none(self.report_rows_path)
+
+    def write_result_table(self, record: Mapping[str, Any]) -> None:
+        atomic_write_json(self.result_table_path, dict(record))
+
+    def read_result_table(self) -> dict[str, Any] | None:
+        return _read_json_or_none(self.result_table_path)
+
+    def archive_reporting(self) -> Path:
+        """Move stage B's directory aside inside the re-evaluation dir (a rename: nothing deleted)."""
+        k = 0
+        while (self.reevaluate_dir() / archived_reporting_dir_name(k)).exists():
+            k += 1
+        target = self.reevaluate_dir() / archived_reporting_dir_name(k)
+        os.replace(self.reevaluate_dir(reporting=True), target)
+        return target
+
     def archive_reevaluation(self) -> Path:
         """Move the re-evaluation dir aside (a rename: nothing deleted) under the first free archive name."""
         k = 0
@@ -260,6 +295,32 @@ class RunStore:
             return json.loads(self.best_member_path.read_text())
         except FileNotFoundError:
             return None
+
+    # ------------------------------------------------------------- pilot (meta/pilot.py)
+    @property
+    def pilot_runs_dir(self) -> Path:
+        """Every run of a pilot, laid out like a generation dir: jobs.json, member_NNN/, submitit/."""
+        return self.root / PILOT_RUNS_DIR
+
+    @property
+    def pilot_plan_path(self) -> Path:
+        return self.root / PILOT_PLAN_FILE
+
+    @property
+    def pilot_path(self) -> Path:
+        return self.root / PILOT_FILE
+
+    def write_pilot_plan(self, plan: Mapping[str, Any]) -> None:
+        atomic_write_json(self.pilot_plan_path, dict(plan))
+
+    def read_pilot_plan(self) -> dict[str, Any] | None:
+        return _read_json_or_none(self.pilot_plan_path)
+
+    def write_pilot(self, summary: Mapping[str, Any]) -> None:
+        atomic_write_json(self.pilot_path, dict(summary))
+
+    def read_pilot(self) -> dict[str, Any] | None:
+        return _read_json_or_none(self.pilot_path)
 
 
 def write_jobs_file(path: Path, jobs: Mapping[int, Mapping[str, Any]]) -> None:

@@ -21,19 +21,23 @@ def test_a_queued_member_shows_the_schedulers_pending_reason(slurm_cluster: Loca
     run_dir = tmp_path / "search"
     done = subprocess.run(
         [sys.executable, "-m", "meta.run", f"run_dir={run_dir}", "launcher=slurm", "population=2", "generations=1",
-         "inner.entrypoint=meta.synthetic:member", "reevaluate.top_k=1", "reevaluate.seeds=2", "control_member=false",
+         "inner.entrypoint=meta.synthetic:member", "reevaluate.top_k=1", "reevaluate.seeds=2", "reevaluate.report_seeds=2",
+         "reevaluate.baselines=[kl]", "control_member=false",
          "launcher.poll_interval_s=1", "launcher.query_interval_s=5"],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     store = RunStore(run_dir)
     slurm_cluster.submitted.extend(int(j["job_id"].split("_")[0]) for j in store.read_jobs(0).values())
-    # the re-evaluation ran as SLURM array tasks too: 2 inits x 2 seeds, then the chosen one twice on the test split
+    # both re-evaluation stages ran as SLURM array tasks too: selection 2 inits x 2 seeds, reporting the exported
+    # init and KL x 2 other seeds
     summary = store.read_reevaluation()
-    assert [c["n"] for c in summary["candidates"]] == [2, 2] and summary["test"]["n"] == 2
-    reevaluation_jobs = read_jobs_file(store.reevaluate_dir() / JOBS_FILE)
-    slurm_cluster.submitted.extend(int(j["job_id"].split("_")[0]) for j in reevaluation_jobs.values())
-    assert len(reevaluation_jobs) == 4 and all("_" in j["job_id"] for j in reevaluation_jobs.values())
+    assert [c["n"] for c in summary["candidates"]] == [2, 2]
+    assert [row["metrics"]["validation"]["n"] for row in store.read_result_table()["rows"]] == [2, 2]
+    for folder in (store.reevaluate_dir(), store.reevaluate_dir(reporting=True)):
+        jobs = read_jobs_file(folder / JOBS_FILE)
+        slurm_cluster.submitted.extend(int(j["job_id"].split("_")[0]) for j in jobs.values())
+        assert len(jobs) == 4 and all("_" in j["job_id"] for j in jobs.values())
     # Generation 1 as a live search leaves it: member 0's job is queued and held (the reason SLURM gives is what
     # the status must show), member 1 not submitted yet.
     held = slurm_cluster.sbatch("--hold", wrap="sleep 1", workdir=tmp_path)

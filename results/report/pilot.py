@@ -1,0 +1,505 @@
+"""The findings of a ``meta.pilot`` run: seed noise, paired differences, the ES step's signal-to-noise ratio, and the
+settings that would reach a target SNR; ``python -m results.report RUN_DIR`` shows them for a pilot run dir.
+
+The pilot (meta/pilot.py) asks one question before a search spends its budget: at these settings, do the members'
+fitness differences carry more signal than seed noise? Everything here is computed from files alone (the plan,
+config.yaml and each run's result.json), so the report of an unfinished or killed pilot shows what its finished runs
+already say, and meta.pilot writes exactly this summary as pilot.json once every run is final.
+
+How the SNR is estimated (docs/pilot.md has the derivation). For pair i and seed s, d_is = f(c+e_i, s) - f(c-e_i, s);
+both inits train on seed s, so whatever the seed does to both cancels. Per pair, m_i = mean over its k_i usable seeds.
+- noise variance of ONE single-seed difference: sigma_n^2 = pooled within-pair variance of d_is (nu = sum(k_i - 1) dof);
+- signal variance: sigma_s^2 = max(mean_i(m_i^2 - sigma_n^2 / k_i), 0). The m_i are centred on 0 exactly (e_i and -e_i
+  are equally likely, so E[d] = 0): their second moment about 0 is used, which needs no pair for a mean, so one pair
+  (pilot.pairs=1) already gives an estimate;
+- SNR of one generation's ES step at population P with r seeds per member: (P/2) sigma_s^2 / (sigma_n^2 / r);
+- "no signal" when sigma_s^2 is 0 or not distinguishable from 0 by an F-test at 5%: under no signal every m_i is
+  N(0, sigma_n^2 / k_i), so F = (sum_i k_i m_i^2 / m) / sigma_n^2 follows F(m, nu); signal only when
+  P(F(m, nu) >= F) < 5%.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from results.store.atomic import CorruptFileError, atomic_write_text
+from results.store.intermediate import read_intermediate
+from results.store.layout import REPORT_DIR
+from results.store.records import ResultRecord, read_result
+from results.store.run_store import RunStore
+
+logger = logging.getLogger(__name__)
+
+#: the manifest's ``kind`` of a pilot run dir (meta/pilot.py writes it)
+PILOT_KIND = "pilot"
+#: the F-test's level: a combination "has signal" when the pair means' spread exceeds noise at this level
+SIGNIFICANCE = 0.05
+CENTRE, PLUS, MINUS = "centre", "plus", "minus"
+
+
+@dataclass(frozen=True)
+class PilotContext:
+    """What the findings depend on besides the runs: the search the pilot speaks for (config.yaml as last written;
+    population, target_snr and generations may change when a pilot is resumed, the runs may not)."""
+
+    population: int
+    generations: int
+    seeds_per_member: int
+    seeds_per_member_set: bool  # False: the config has no seeds_per_member key (one run per member)
+    target_snr: float
+    gpus: int
+    cpus: int
+    member_time_min: float | None
+    eval_every: int | None
+
+
+def pilot_context(raw: Mapping[str, Any]) -> PilotContext:
+    """The context from a resolved config (meta.pilot's, or a pilot run dir's config.yaml)."""
+    resources = raw.get("resources") or {}
+    per_member = raw.get("seeds_per_member")
+    train = raw.get("train") or {}
+    return PilotContext(
+        population=int(raw["population"]), generations=int(raw["generations"]),
+        seeds_per_member=int(per_member) if per_member is not None else 1,
+        seeds_per_member_set=per_member is not None,
+        target_snr=float(raw["pilot"]["target_snr"]),
+        gpus=int(resources.get("gpus") or 0), cpus=int(resources.get("cpus") or 1),
+        member_time_min=float(resources["member_time_min"]) if resources.get("member_time_min") else None,
+        eval_every=int(train["eval_every"]) if train.get("eval_every") else None,
+    )
+
+
+def member_index(combination: int, role: str, pair: int | None, seed_index: int, seeds: int, pairs: int) -> int:
+    """Where a run sits in the pilot's one array: per combination a block of k (1 + 2m) runs, the centre's k seeds
+    first, then pair i's plus runs and minus runs (k each)."""
+    block = seeds * (1 + 2 * pairs)
+    if role == CENTRE:
+        local = seed_index
+    else:
+        local = seeds + (2 * int(pair or 0) + (0 if role == PLUS else 1)) * seeds + seed_index
+    return combination * block + local
+
+
+# ------------------------------------------------------------------ statistics
+def spearman(a: Sequence[float], b: Sequence[float]) -> float | None:
+    """Spearman's rank correlation (scipy, ties averaged); None when undefined (fewer than 3 runs, constant scores)."""
+    from scipy.stats import spearmanr
+
+    if len(a) < 3 or len(set(a)) < 2 or len(set(b)) < 2:
+        return None
+    value = float(spearmanr(a, b).statistic)
+    return value if math.isfinite(value) else None
+
+
+def f_test(pair_means: Sequence[float], pair_seeds: Sequence[int], noise_var: float,
+           dof: int) -> tuple[float | None, float]:
+    """(F, p-value) of "the pair means spread no more than seed noise": F = (sum k_i m_i^2 / m) / sigma_n^2 ~ F(m, nu)
+    under no signal. With sigma_n^2 = 0, F is undefined (None): any non-zero pair mean is then signal (p = 0)."""
+    from scipy.stats import f as f_dist
+
+    numerator = sum(k * m * m for m, k in zip(pair_means, pair_seeds)) / len(pair_means)
+    if noise_var <= 0.0:
+        return None, (0.0 if numerator > 0.0 else 1.0)
+    value = numerator / noise_var
+    return value, float(f_dist.sf(value, len(pair_means), dof))
+
+
+def _centre_noise(values: Sequence[float], val_sizes: Sequence[int]) -> dict[str, Any]:
+    """Seed noise of one init (the centre over its k seeds), split into the finite validation set's binomial part
+    sqrt(p(1-p)/V) and the rest (training): total^2 = training^2 + binomial^2 if problem outcomes are independent."""
+    n = len(values)
+    out: dict[str, Any] = {"n": n, "values": list(values), "mean": statistics.fmean(values) if n else None,
+                           "total_std": statistics.stdev(values) if n > 1 else None, "val_size": None,
+                           "binomial_std": None, "training_std": None, "val_size_halving_binomial": None}
+    if n and val_sizes:
+        size = int(statistics.median(val_sizes))
+        p = min(max(out["mean"], 0.0), 1.0)
+        binomial = math.sqrt(p * (1.0 - p) / size) if size > 0 else None
+        out.update(val_size=size, binomial_std=binomial, val_size_halving_binomial=4 * size)
+        if out["total_std"] is not None and binomial is not None:
+            out["training_std"] = math.sqrt(max(out["total_std"] ** 2 - binomial ** 2, 0.0))
+    return out
+
+
+def _pairs(plan: Mapping[str, Any], combination: int, records: Mapping[int, ResultRecord]) -> list[dict[str, Any]]:
+    seeds, pairs = len(plan["seeds"]), len(plan["directions"])
+    out = []
+    for i in range(pairs):
+        diffs: list[float | None] = []
+        for s in range(seeds):
+            plus = records.get(member_index(combination, PLUS, i, s, seeds, pairs))
+            minus = records.get(member_index(combination, MINUS, i, s, seeds, pairs))
+            diffs.append(plus.fitness - minus.fitness if plus and minus and plus.ok and minus.ok else None)
+        usable = [d for d in diffs if d is not None]
+        out.append({"pair": i, "diffs": diffs, "n": len(usable), "mean": statistics.fmean(usable) if usable else None})
+    return out
+
+
+def _snr(pairs: Sequence[Mapping[str, Any]], ctx: PilotContext) -> dict[str, Any]:
+    """Noise and signal variance of the pair differences, the F-test and the generation's SNR (module docstring)."""
+    within = [p for p in pairs if p["n"] >= 2]
+    dof = sum(p["n"] - 1 for p in within)
+    out: dict[str, Any] = {"noise_var": None, "noise_dof": dof, "signal_var": None, "pairs_used": 0, "f": None,
+                           "p_value": None, "signal": False, "snr": None, "snr_estimate": None, "noise_free": False,
+                           "reason": None}
+    if dof == 0:
+        out["reason"] = "not measured yet: no pair has two usable seeds"
+        return out
+    noise = sum(sum((d - p["mean"]) ** 2 for d in p["diffs"] if d is not None) for p in within) / dof
+    used = [p for p in pairs if p["n"] >= 1]
+    means, ks = [p["mean"] for p in used], [p["n"] for p in used]
+    signal = max(statistics.fmean(m * m - noise / k for m, k in zip(means, ks)), 0.0)
+    f_value, p_value = f_test(means, ks, noise, dof)
+    out.update(noise_var=noise, signal_var=signal, pairs_used=len(used), f=f_value, p_value=p_value)
+    r, half_p = ctx.seeds_per_member, ctx.population / 2.0
+    if noise > 0.0:
+        out["snr_estimate"] = half_p * signal / (noise / r)
+    if signal <= 0.0 or p_value >= SIGNIFICANCE:
+        out["reason"] = ("sigma_s^2 estimate is 0" if signal <= 0.0 else
+                         f"F-test p = {p_value:.3f} >= {SIGNIFICANCE}: the pair means spread no more than seed noise")
+        return out
+    out["signal"] = True
+    if noise > 0.0:
+        out["snr"] = out["snr_estimate"]
+    else:
+        out["noise_free"] = True  # differences repeat exactly over seeds: any population sees the signal
+    return out
+
+
+def _noise_split(combination_runs: Sequence[ResultRecord], noise_var: float | None) -> dict[str, Any]:
+    """sigma_n^2 of a single-seed difference = training part + the binomial part 2 p(1-p)/V of two finite
+    validations (p, V: all ok runs of the combination), the binomial part capped at sigma_n^2."""
+    ok = [r for r in combination_runs if r.ok]
+    if noise_var is None or not ok:
+        return {"binomial_var": None, "training_var": None, "p": None, "val_size": None}
+    p = min(max(statistics.fmean(r.fitness for r in ok), 0.0), 1.0)
+    size = int(statistics.median(r.val_size for r in ok))
+    binomial = min(2.0 * p * (1.0 - p) / size, noise_var) if size > 0 else None
+    training = noise_var - binomial if binomial is not None else None
+    return {"binomial_var": binomial, "training_var": training, "p": p, "val_size": size}
+
+
+def _intermediate(indices: Sequence[int], records: Mapping[int, ResultRecord],
+                  work_dirs: Mapping[int, str], ctx: PilotContext) -> dict[str, Any]:
+    """Spearman correlation between the runs' intermediate scores at each step all of them reached and their final
+    fitness: does an early look already rank inits as the end does?"""
+    if ctx.eval_every is None:
+        return {"measured": False, "reason": "not measured (train.eval_every is null)", "steps": []}
+    series = {i: read_intermediate(work_dirs[i]) for i in indices if i in records and records[i].ok}
+    series = {i: s for i, s in series.items() if s}
+    if len(series) < 3:
+        return {"measured": False, "steps": [],
+                "reason": f"not measured: {len(series)} run(s) with intermediate scores (needs 3)"}
+    common = sorted(set.intersection(*(set(s) for s in series.values())))
+    steps = []
+    for step in common:
+        early = [series[i][step] for i in series]
+        final = [records[i].fitness for i in series]
+        steps.append({"step": step, "rho": spearman(early, final), "n": len(series)})
+    return {"measured": True, "reason": None, "steps": steps}
+
+
+def summarize_combination(plan: Mapping[str, Any], combination: int, records: Mapping[int, ResultRecord],
+                          work_dirs: Mapping[int, str], ctx: PilotContext) -> dict[str, Any]:
+    """One (radius, coef) combination's findings from its runs' records (absent: not final yet)."""
+    seeds, pairs = len(plan["seeds"]), len(plan["directions"])
+    block = seeds * (1 + 2 * pairs)
+    indices = list(range(combination * block, (combination + 1) * block))
+    centre_indices = [member_index(combination, CENTRE, None, s, seeds, pairs) for s in range(seeds)]
+    centre = [records.get(i) for i in centre_indices]
+    ok_centre = [r for r in centre if r and r.ok]
+    pair_rows = _pairs(plan, combination, records)
+    snr = _snr(pair_rows, ctx)
+    finals = [records[i] for i in indices if i in records]
+    perturbed = [records[i].fitness for i in indices if i not in centre_indices and i in records and records[i].ok]
+    return {
+        "combination": combination, **plan["combinations"][combination],
+        "runs": len(indices), "finished": len(finals), "failed": sum(1 for r in finals if not r.ok),
+        "centre": _centre_noise([r.fitness for r in ok_centre], [r.val_size for r in ok_centre]),
+        "perturbed_mean": statistics.fmean(perturbed) if perturbed else None,
+        "pairs": pair_rows, **snr, "noise_split": _noise_split(finals, snr["noise_var"]),
+        "intermediate": _intermediate(indices, records, work_dirs, ctx),
+    }
+
+
+# ------------------------------------------------------------------ recommendation
+def _ceil(x: float) -> int:
+    """ceil that does not round 2.0000000000000004 (a float ratio meant as 2) up to 3."""
+    return math.ceil(x - 1e-9)
+
+
+def _hours(runs: float, member_hours: float, ctx: PilotContext) -> tuple[float, str]:
+    if ctx.gpus > 0:
+        return runs * member_hours * ctx.gpus, "GPU-h"
+    return runs * member_hours * ctx.cpus, "CPU-h"
+
+
+def recommend(combinations: Sequence[Mapping[str, Any]], ctx: PilotContext, member_hours: float | None,
+              pilot_member_hours: float) -> dict[str, Any]:
+    """The combination with the highest SNR among those with signal, and the smallest even population (at the
+    configured seeds per member), seeds per member and validation size (each at the configured population) that
+    reach ctx.target_snr; SNR(P, r) = (P/2) u r with u = sigma_s^2 / sigma_n^2 per pair and seed."""
+    spent, unit = _hours(1.0, pilot_member_hours, ctx)
+    out: dict[str, Any] = {"target_snr": ctx.target_snr, "unit": unit, "pilot_hours": spent,
+                           "member_hours": member_hours, "reachable": False}
+    with_signal = [c for c in combinations if c["signal"]]
+    if not with_signal:
+        out["reason"] = ("no combination shows signal: the members' differences are not distinguishable from seed "
+                         "noise. A larger radius or divergence.coef, a larger validation set, or more pilot pairs "
+                         "may show one")
+        return out
+    best = max(with_signal, key=lambda c: (c["noise_free"], c["snr"] or 0.0, -c["combination"]))
+    r, pop, target = ctx.seeds_per_member, ctx.population, ctx.target_snr
+    out.update(reachable=True, combination=best["combination"], radius=best["radius"], coef=best["coef"],
+               snr=best["snr"], noise_free=best["noise_free"])
+    if best["noise_free"]:  # no noise to beat: the smallest antithetic population sees the signal
+        population, population_snr, seeds, val_size = 2, None, 1, None
+    else:
+        per_pair = best["signal_var"] / best["noise_var"]  # u: SNR of one pair on one seed
+        population = 2 * max(1, _ceil(target / (per_pair * r)))
+        population_snr = population / 2.0 * per_pair * r
+        seeds = max(1, _ceil(target / (pop / 2.0 * per_pair)))
+        val_size = _val_size(best, pop / 2.0 * best["signal_var"] * r / target)
+    runs = population * ctx.generations * r
+    hours = _hours(runs, member_hours, ctx)[0] if member_hours is not None else None
+    out.update(population=population, population_snr=population_snr, seeds_per_member=seeds, val_size=val_size,
+               search_runs=runs, search_hours=hours)
+    return out
+
+
+def _val_size(best: Mapping[str, Any], max_noise_var: float) -> dict[str, Any]:
+    """The validation size at which sigma_n^2 (binomial part scaled by V/V') falls to ``max_noise_var``."""
+    split = best["noise_split"]
+    binomial, training, size = split["binomial_var"], split["training_var"], split["val_size"]
+    if binomial is None or not size:
+        return {"value": None, "reason": "validation size unknown"}
+    if training >= max_noise_var:
+        return {"value": None, "reason": "not reachable by the validation size alone: the training part of the "
+                                         "noise already exceeds what the target allows"}
+    if binomial <= 0.0:
+        return {"value": None, "reason": "no binomial part to shrink"}
+    return {"value": max(1, _ceil(binomial * size / (max_noise_var - training))), "reason": None}
+
+
+# ------------------------------------------------------------------ the run dir
+def is_pilot_dir(run_dir: str | Path) -> bool:
+    """True for a meta.pilot run dir (its manifest says kind pilot, or it holds a pilot plan)."""
+    store = RunStore(run_dir)
+    try:
+        kind = store.read_manifest().get("kind")
+    except CorruptFileError:
+        kind = None
+    return kind == PILOT_KIND or store.pilot_plan_path.is_file()
+
+
+def summarize_run_dir(run_dir: str | Path) -> dict[str, Any]:
+    """The findings of every combination from the plan, config.yaml and the runs' result files; ValueError when the
+    dir holds no pilot plan yet. ``complete`` says whether every run is final."""
+    import yaml
+
+    store = RunStore(run_dir)
+    plan = store.read_pilot_plan()
+    if plan is None:
+        raise ValueError(f"{store.root} holds no pilot plan yet (killed before its first submission?)")
+    ctx = pilot_context(yaml.safe_load(store.read_config_text()) or {})
+    seeds, pairs = len(plan["seeds"]), len(plan["directions"])
+    total = len(plan["combinations"]) * seeds * (1 + 2 * pairs)
+    work_dirs = {m["index"]: m["work_dir"] for m in plan["members"]}
+    records: dict[int, ResultRecord] = {}
+    for index in range(total):
+        record = read_result(work_dirs[index])
+        if record is not None:
+            records[index] = record
+    combinations = [summarize_combination(plan, j, records, work_dirs, ctx) for j in range(len(plan["combinations"]))]
+    ok_hours = [r.wall_time_s / 3600.0 for r in records.values() if r.ok]
+    manifest = store.read_manifest()
+    return {
+        "kind": PILOT_KIND, "run_dir": str(store.root), "run_id": manifest.get("run_id"), "seed": plan["seed"],
+        "complete": len(records) == total, "runs": total, "finished": len(records),
+        "failed": sum(1 for r in records.values() if not r.ok),
+        "seeds": seeds, "pairs": pairs, "radius_key": plan["radius_key"], "es": plan["es"],
+        "population": ctx.population, "generations": ctx.generations, "seeds_per_member": ctx.seeds_per_member,
+        "seeds_per_member_set": ctx.seeds_per_member_set, "eval_every": ctx.eval_every,
+        "combinations": combinations,
+        "recommendation": recommend(combinations, ctx, statistics.fmean(ok_hours) if ok_hours else
+                                    (ctx.member_time_min / 60.0 if ctx.member_time_min else None),
+                                    sum(r.wall_time_s for r in records.values()) / 3600.0),
+    }
+
+
+# ------------------------------------------------------------------ text
+def _num(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return "n/a"
+    number = float(value)
+    small_or_large = number != 0.0 and (abs(number) >= 1e4 or abs(number) < 1e-3)
+    return f"{number:.{digits}g}" if small_or_large else f"{number:.{digits}f}"
+
+
+def _g(value: float | None) -> str:
+    """A setting as typed (0.01, 1): n/a when the config has none (a divergence without coef)."""
+    return "n/a" if value is None else f"{value:g}"
+
+
+def _signed(value: float | None) -> str:
+    return "  fail" if value is None else f"{value:+.4f}"
+
+
+def format_combination(c: Mapping[str, Any], summary: Mapping[str, Any]) -> list[str]:
+    r, pop = summary["seeds_per_member"], summary["population"]
+    centre = c["centre"]
+    lines = [f"combination {c['combination']}: radius {_g(c['radius'])} (es.{summary['radius_key']}), "
+             f"divergence.coef {_g(c['coef'])}; "
+             f"{c['finished']}/{c['runs']} runs final, {c['failed']} failed"]
+    if centre["n"]:
+        lines.append(f"  seed noise of one init (the centre, {centre['n']} seeds): mean pass@1 {_num(centre['mean'])}, "
+                     f"total std {_num(centre['total_std'])}")
+        if centre["binomial_std"] is not None:
+            lines.append(f"    binomial part sqrt(p(1-p)/V), V={centre['val_size']}: {_num(centre['binomial_std'])}; "
+                         f"training part sqrt(max(total^2 - binomial^2, 0)): {_num(centre['training_std'])}; "
+                         f"V={centre['val_size_halving_binomial']} would halve the binomial part")
+    else:
+        lines.append("  seed noise of one init: no centre run finished yet")
+    if c.get("perturbed_mean") is not None:  # absent from pilot.json files written before it existed
+        lines.append(f"  mean pass@1 of the perturbed inits c +- e_i: {_num(c['perturbed_mean'])} (the centre's: "
+                     f"{_num(centre['mean'])}; a gap that both signs share is curvature, which pair differences "
+                     "cancel)")
+    lines.append("  pair differences d_is = f(c+e_i, s) - f(c-e_i, s) (same seed s for both):")
+    for p in c["pairs"]:
+        lines.append(f"    pair {p['pair']}: mean {_signed(p['mean']) if p['mean'] is not None else '   n/a'}; "
+                     f"per seed {' '.join(_signed(d) for d in p['diffs'])}")
+    if c["noise_var"] is None:
+        lines.append(f"  SNR: {c['reason']}")
+        return lines
+    lines += [
+        f"  noise variance of a single-seed difference sigma_n^2 (pooled within pairs, {c['noise_dof']} dof): "
+        f"{_num(c['noise_var'], 4)}",
+        f"  signal variance sigma_s^2 = max(mean_i(m_i^2 - sigma_n^2/k_i), 0) over {c['pairs_used']} pairs: "
+        f"{_num(c['signal_var'], 4)}",
+        f"  F-test (signal if P(F({c['pairs_used']}, {c['noise_dof']}) >= F) < {SIGNIFICANCE}): "
+        f"F = {_num(c['f'], 4) if c['f'] is not None else 'undefined (sigma_n^2 = 0)'}, p = {_num(c['p_value'], 3)}",
+    ]
+    if not c["signal"]:
+        estimate = f" (the estimate would read {_num(c['snr_estimate'], 3)})" if c["snr_estimate"] is not None else ""
+        lines.append(f"  SNR of one generation's ES step at P={pop}, r={r}: no signal: {c['reason']}{estimate}")
+    elif c["noise_free"]:
+        lines.append(f"  SNR of one generation's ES step: unbounded (sigma_n^2 = 0: differences repeat over seeds)")
+    else:
+        lines.append(f"  SNR of one generation's ES step at P={pop}, r={r}: (P/2) sigma_s^2 / (sigma_n^2/r) = "
+                     f"{_num(c['snr'], 4)}")
+    inter = c["intermediate"]
+    if not inter["measured"]:
+        lines.append(f"  early intermediate vs final scores: {inter['reason']}")
+    else:
+        ranks = ", ".join(f"step {s['step']}: {_num(s['rho'], 3) if s['rho'] is not None else 'undefined'}"
+                          for s in inter["steps"]) or "no step every run reached"
+        n = inter["steps"][0]["n"] if inter["steps"] else 0
+        lines.append(f"  early intermediate vs final scores, Spearman rho over {n} runs: {ranks}")
+    return lines
+
+
+def format_recommendation(rec: Mapping[str, Any], summary: Mapping[str, Any]) -> list[str]:
+    lines = [f"recommendation (target SNR {_num(rec['target_snr'], 3)}):"]
+    unit = rec["unit"]
+    cost = f"  pilot cost: {_num(rec['pilot_hours'], 3)} {unit} (measured: the finished runs' wall time"
+    cost += f" x {'resources.gpus' if unit == 'GPU-h' else 'resources.cpus'})"
+    if not rec["reachable"]:
+        return lines + [f"  none: {rec['reason']}", cost]
+    r, pop = summary["seeds_per_member"], summary["population"]
+    snr = "unbounded" if rec["noise_free"] else _num(rec["snr"], 3)
+    lines.append(f"  best combination: {rec['combination']} (radius {_g(rec['radius'])}, coef {_g(rec['coef'])}), "
+                 f"SNR {snr} at P={pop}, r={r}")
+    at = f" (SNR {_num(rec['population_snr'], 3)})" if rec["population_snr"] is not None else ""
+    lines.append(f"  smallest even population at r={r}: {rec['population']}{at}")
+    note = "" if summary["seeds_per_member_set"] else " (seeds_per_member is not a setting of this search: a member " \
+                                                     "is one run; the validation size below is the lever here)"
+    lines.append(f"  seeds per member at P={pop}: {rec['seeds_per_member']}{note}")
+    size = rec["val_size"]
+    lines.append(f"  validation size at P={pop}, r={r}: "
+                 + (f"{size['value']} (train.val_size)" if size and size["value"] is not None
+                    else (size or {}).get("reason", "n/a")))
+    search = (f"{_num(rec['search_hours'], 3)} {unit}" if rec["search_hours"] is not None else "unknown")
+    lines += [cost, f"  recommended search: population {rec['population']} x generations {summary['generations']} x "
+                    f"{r} seed(s) per member = {rec['search_runs']} runs x "
+                    f"{_num((rec['member_hours'] or 0) * 60, 3)} min = {search}"]
+    return lines
+
+
+def format_pilot(summary: Mapping[str, Any]) -> str:
+    """The findings as text, one block per combination, then the recommendation (partial if not complete)."""
+    state = "complete" if summary["complete"] else "PARTIAL (not every run is final: numbers may still move)"
+    lines = [
+        f"pilot {summary['run_dir']} (run_id {summary['run_id']}, seed {summary['seed']}): {summary['finished']}/"
+        f"{summary['runs']} runs final, {summary['failed']} failed; {state}",
+        f"k={summary['seeds']} seeds per init, m={summary['pairs']} antithetic pairs per combination; the SNR speaks "
+        f"for es={summary['es']} at population P={summary['population']}, r={summary['seeds_per_member']} seed(s) per "
+        "member",
+        "",
+    ]
+    for c in summary["combinations"]:
+        lines += format_combination(c, summary) + [""]
+    lines += format_recommendation(summary["recommendation"], summary)
+    return "\n".join(lines) + "\n"
+
+
+def load_pilot(run_dir: str | Path) -> dict[str, Any]:
+    """pilot.json when the pilot finished; otherwise the partial findings from the runs that are final so far."""
+    store = RunStore(run_dir)
+    summary = store.read_pilot()
+    if summary is not None and summary.get("complete"):
+        return summary
+    return summarize_run_dir(run_dir)
+
+
+def build_pilot_report(run_dir: str | Path, out_dir: str | Path | None = None) -> tuple[str, list[Path]]:
+    """The text and the files written (pilot.txt, pilot_combinations.csv) to ``out_dir`` (default RUN_DIR/report)."""
+    import pandas as pd
+
+    summary = load_pilot(run_dir)
+    out = Path(out_dir) if out_dir is not None else Path(run_dir) / REPORT_DIR
+    text = format_pilot(summary)
+    keys = ("combination", "radius", "coef", "finished", "failed", "noise_var", "signal_var", "f", "p_value", "signal",
+            "snr")
+    rows = [{**{k: c[k] for k in keys}, "centre_mean": c["centre"]["mean"], "centre_std": c["centre"]["total_std"],
+             "run_id": summary["run_id"]} for c in summary["combinations"]]
+    files = [atomic_write_text(out / "pilot.txt", text),
+             atomic_write_text(out / "pilot_combinations.csv", pd.DataFrame(rows).to_csv(index=False))]
+    return text, files
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m results.report", add_help=False)
+    parser.add_argument("run_dir", nargs="?")
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--top", default=None)
+    return parser
+
+
+def is_pilot_request(argv: Sequence[str]) -> bool:
+    """Whether ``python -m results.report`` was pointed at a pilot run dir (dispatch in results/report/__main__.py)."""
+    try:
+        args, _ = _parser().parse_known_args(list(argv))
+    except SystemExit:
+        return False
+    return bool(args.run_dir) and is_pilot_dir(args.run_dir)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print a pilot's findings and write them to --out; exit 2 when RUN_DIR holds no pilot plan."""
+    args, _ = _parser().parse_known_args(sys.argv[1:] if argv is None else list(argv))
+    logging.basicConfig(level=os.environ.get("MIRROR_ES_LOG_LEVEL", "WARNING"),
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        text, files = build_pilot_report(args.run_dir, args.out)
+    except (ValueError, FileNotFoundError) as exc:  # CorruptFileError included
+        sys.stderr.write(f"error: {exc}\n")
+        return 2
+    sys.stdout.write(text + "\nwrote:\n" + "".join(f"  {f}\n" for f in files))
+    return 0
