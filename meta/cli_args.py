@@ -23,6 +23,8 @@ def run_command(argv: Sequence[str] | None, usage: str, body: Callable[[list[str
         sys.stdout.write(usage + "\n")
         return 0
     logging.basicConfig(level=os.environ.get(LOG_LEVEL_ENV, "INFO"), format=LOG_FORMAT)
+    # evotorch warns at import that logging is already configured (by the line above): noise, not news.
+    logging.getLogger("evotorch").addFilter(lambda record: "already configured" not in record.getMessage())
     try:
         return body(args)
     except ConfigError as exc:

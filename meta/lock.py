@@ -8,10 +8,18 @@ orchestrator is refused with the holder's host, pid, start and last heartbeat.
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from types import TracebackType
+from typing import Callable
 
 from results.store.file_lock import DEFAULT_HEARTBEAT_S, FileLock, LockHeld
+
+
+logger = logging.getLogger(__name__)
+
+#: the exit status of a command refused because another orchestrator holds its run dir
+LOCKED_EXIT = 3
 
 
 class RunLockedError(RuntimeError):
@@ -50,3 +58,18 @@ class RunLock:
 
     def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.release()
+
+
+def run_locked(path: str | Path, body: Callable[[], int]) -> int:
+    """``body()`` while holding the run dir's lock (released however it ends); LOCKED_EXIT, logged, when another
+    orchestrator holds it. Every command that writes a run dir (run, reevaluate, tune, pilot) goes through here."""
+    lock = RunLock(path)
+    try:
+        lock.acquire()
+    except RunLockedError as exc:
+        logger.error("%s", exc)
+        return LOCKED_EXIT
+    try:
+        return body()
+    finally:
+        lock.release()

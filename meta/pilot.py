@@ -47,7 +47,7 @@ from meta.config import (
     build_search_config,
     check_member_launch,
 )
-from meta.resume import format_differences, split_differences
+from meta.resume import check_resume
 from results.report.pilot import CENTRE, MINUS, PILOT_KIND, PLUS, member_index
 from results.store.layout import JOBS_FILE, LAUNCHER_DIR, member_dir_name
 from results.store.records import MemberSpec
@@ -229,13 +229,7 @@ def prepare(argv: Sequence[str]) -> Prepared:
         raw["pilot"]["export"] = None
     if resuming:
         stored = yaml.safe_load(store.read_config_text()) or {}
-        refused, allowed = split_differences(stored, raw, PILOT_KEYS)
-        if refused:
-            raise ConfigError(
-                f"run_dir={run_dir} was started with other pilot runs; these changes are refused on resume:\n"
-                f"{format_differences(refused)}\nDrop them to resume, or start a new pilot with another run_dir")
-        if allowed:
-            logger.info("resuming with changed settings:\n%s", format_differences(allowed))
+        check_resume(stored, raw, PILOT_KEYS, run_dir, "pilot")
     manifest["overrides"] = merge_overrides([], overrides)
     raw["run_dir"] = run_dir
     cfg = build_search_config(raw)
@@ -462,7 +456,7 @@ def export_preset(summary: Mapping[str, Any], prepared: Prepared, out: str | Pat
 def run(argv: Sequence[str]) -> int:
     from launch.factory import build_launcher
     from launch.runner import AbortRun
-    from meta.lock import RunLock, RunLockedError
+    from meta.lock import run_locked
     from meta.resume import check_job_namespace
     from meta.run import write_run_files
     from results.report.pilot import format_pilot, summarize_run_dir
@@ -475,13 +469,8 @@ def run(argv: Sequence[str]) -> int:
         sys.stdout.flush()
         return 0
     prepared.manifest.update(check_job_namespace(prepared.raw, prepared.manifest))
-    lock = RunLock(store.lock_path)
-    try:
-        lock.acquire()
-    except RunLockedError as exc:
-        logger.error("%s", exc)
-        return 3
-    try:
+
+    def body() -> int:
         prepared.manifest.setdefault("kind", PILOT_KIND)
         prepared.manifest.setdefault("choices", prepared.choices)
         manifest = write_run_files(store, prepared.raw, prepared.manifest, prepared.resuming)
@@ -513,13 +502,11 @@ def run(argv: Sequence[str]) -> int:
                 return 1
             logger.info("wrote the recommendation as a preset to %s", path)
         return 0
-    finally:
-        lock.release()
+
+    return run_locked(store.lock_path, body)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    # evotorch warns at import that logging is already configured (by run_command): noise, not news.
-    logging.getLogger("evotorch").addFilter(lambda record: "already configured" not in record.getMessage())
     return run_command(argv, USAGE, run, "config error")
 
 

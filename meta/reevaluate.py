@@ -234,7 +234,7 @@ def _reevaluate(argv: list[str]) -> int:
     from launch.factory import build_launcher
     from launch.runner import AbortRun
     from meta.config import build_search_config
-    from meta.lock import RunLock, RunLockedError
+    from meta.lock import run_locked
 
     args = parse_args(argv)
     store = RunStore(Path(args["run_dir"]).resolve())
@@ -242,28 +242,23 @@ def _reevaluate(argv: list[str]) -> int:
         raise ConfigError(f"run_dir={args['run_dir']} holds no run (no config.yaml)")
     cfg = build_search_config(yaml.safe_load(store.read_config_text()) or {})
     settings = _settings(cfg, args)
-    lock = RunLock(store.lock_path)
-    try:
-        lock.acquire()
-    except RunLockedError as exc:
-        logger.error("%s", exc)
-        return 3
-    try:
+
+    def body() -> int:
         launcher = build_launcher(cfg.launcher)
         try:
             manifest = store.read_manifest()
             summary = run_reevaluation(cfg, store, launcher, manifest.get("run_id", "run"), settings,
                                        manifest.get("overrides", []))
-            if "table" in summary:
-                sys.stdout.write(render_markdown(summary["table"], all_pairs=False))
+        except (ReevaluationError, AbortRun) as exc:
+            logger.error("re-evaluation stopped: %s", exc)
+            return 1
         finally:
             launcher.close()
-    except (ReevaluationError, AbortRun) as exc:
-        logger.error("re-evaluation stopped: %s", exc)
-        return 1
-    finally:
-        lock.release()
-    return 0
+        if "table" in summary:
+            sys.stdout.write(render_markdown(summary["table"], all_pairs=False))
+        return 0
+
+    return run_locked(store.lock_path, body)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -8,9 +8,12 @@ scheduler that issued them.
 """
 from __future__ import annotations
 
+import logging
 from typing import Any, Mapping, Sequence
 
 from meta.config import ADDED_SEARCH_KEYS, HOUSEKEEPING_KEYS, SEARCH_KEYS, ConfigError
+
+logger = logging.getLogger(__name__)
 
 IGNORED_KEYS = ("run_dir",)
 
@@ -50,6 +53,19 @@ def split_differences(
 
 def format_differences(diffs: list[tuple[str, Any, Any]]) -> str:
     return "\n".join(f"  {key}: {old!r} -> {new!r}" for key, old, new in diffs)
+
+
+def check_resume(stored: Mapping[str, Any], raw: Mapping[str, Any], keys: Sequence[str], run_dir: str,
+                 what: str) -> None:
+    """The resume of a ``what`` (search, study, pilot) at ``run_dir``: ConfigError listing the refused changes
+    (``keys``: what the run computes); the allowed ones are logged."""
+    refused, allowed = split_differences(stored, raw, keys)
+    if refused:
+        raise ConfigError(
+            f"run_dir={run_dir} was started as a different {what}; these changes are refused on resume:\n"
+            f"{format_differences(refused)}\nDrop them to resume, or start a new {what} with another run_dir")
+    if allowed:
+        logger.info("resuming with changed settings:\n%s", format_differences(allowed))
 
 
 def check_job_namespace(raw: Mapping[str, Any], manifest: Mapping[str, Any]) -> dict[str, str]:

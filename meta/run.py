@@ -23,6 +23,7 @@ import yaml
 
 from meta.config import (
     CONF_DIR,
+    SEARCH_KEYS,
     ConfigError,
     SearchConfig,
     absolute_overrides,
@@ -33,7 +34,7 @@ from meta.config import (
 )
 from meta.cli_args import run_command
 from meta.compose import compose, merge_overrides
-from meta.resume import check_job_namespace, format_differences, split_differences
+from meta.resume import check_job_namespace, check_resume
 from results.store.provenance import code_version
 from results.store.run_store import RunStore
 
@@ -73,14 +74,7 @@ def prepare(argv: Sequence[str]) -> tuple[SearchConfig, dict[str, Any], RunStore
         raw = compose(combined)
         absolute_paths(raw, cwd)
         stored = yaml.safe_load(store.read_config_text()) or {}
-        refused, allowed = split_differences(stored, raw)
-        if refused:
-            raise ConfigError(
-                f"run_dir={run_dir} was started with a different search; these changes are refused on resume:\n"
-                f"{format_differences(refused)}\nDrop them to resume, or start a new run with another run_dir"
-            )
-        if allowed:
-            logger.info("resuming with changed settings:\n%s", format_differences(allowed))
+        check_resume(stored, raw, SEARCH_KEYS, run_dir, "search")
         manifest["overrides"] = combined
     else:
         raw = fresh
@@ -119,11 +113,13 @@ def write_run_files(store: RunStore, raw: dict[str, Any], manifest: dict[str, An
 def run(argv: Sequence[str]) -> int:
     from launch.factory import build_launcher
     from launch.runner import AbortRun
-    from meta.lock import RunLock, RunLockedError
+    from meta.lock import run_locked
     from meta.orchestrator import Orchestrator
     from meta.reevaluate import ReevaluationError, run_reevaluation
     from meta.reporting import check_rows
     from results.report.result_table import render_markdown
+    from results.report.search import format_noise
+    from results.report.snapshot import load_run
 
     cfg, raw, store, manifest, resuming = prepare(argv)
     logging.getLogger().setLevel(cfg.log_level)
@@ -137,14 +133,9 @@ def run(argv: Sequence[str]) -> int:
         sys.stdout.flush()
         return 0
     manifest.update(check_job_namespace(raw, manifest))
-    lock = RunLock(store.lock_path)
-    try:
-        lock.acquire()
-    except RunLockedError as exc:
-        logger.error("%s", exc)
-        return 3
-    try:
-        manifest = write_run_files(store, raw, manifest, resuming)
+
+    def body() -> int:
+        write_run_files(store, raw, manifest, resuming)  # updates manifest in place (run_id, hashes)
         launcher = build_launcher(cfg.launcher)
         logger.info("%s run %s in %s", "resuming" if resuming else "starting", manifest["run_id"], store.root)
         try:
@@ -157,8 +148,11 @@ def run(argv: Sequence[str]) -> int:
                                                 overrides=manifest.get("overrides", []))
                 logger.info("exported init (selection stage): %s", reevaluation["chosen"])
                 if "table" in reevaluation:
-                    # The result table IS the search's outcome: printed for the user, as the plan is.
-                    sys.stdout.write("\n" + render_markdown(reevaluation["table"], all_pairs=False) + "\n")
+                    # The search's outcome, printed for the user as the plan is: whether members differed by more
+                    # than seed noise, then the result table.
+                    noise = "\n".join(format_noise(load_run(store.root)))
+                    sys.stdout.write(f"\nnoise (validation pass@1):\n{noise}\n\n"
+                                     + render_markdown(reevaluation["table"], all_pairs=False) + "\n")
                     sys.stdout.flush()
         except (AbortRun, ReevaluationError) as exc:
             logger.error("aborted: %s", exc)
@@ -169,13 +163,11 @@ def run(argv: Sequence[str]) -> int:
         logger.info("export with `python -m meta.export run_dir=%s which=%s out=best_mirror.safetensors`",
                     store.root, which)
         return 0
-    finally:
-        lock.release()
+
+    return run_locked(store.lock_path, body)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    # evotorch warns at import that logging is already configured (by run_command): noise, not news.
-    logging.getLogger("evotorch").addFilter(lambda record: "already configured" not in record.getMessage())
     return run_command(argv, USAGE, run, "config error")
 
 

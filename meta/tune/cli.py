@@ -30,7 +30,7 @@ from meta.config import (
     config_hash,
 )
 from meta.cli_args import run_command
-from meta.resume import check_job_namespace, format_differences, split_differences
+from meta.resume import check_job_namespace, check_resume
 from meta.compose import compose_with_choices, merge_overrides
 from meta.tune.config import STUDY_KEYS, TuneConfig, build_sampler, build_pruner, build_tune_config
 from results.store.provenance import code_version
@@ -106,13 +106,7 @@ def prepare(argv: Sequence[str]) -> tuple[Prepared, str | None]:
         raw, choices = compose_with_choices(overrides, CONFIG_NAME)
         absolute_paths(raw, cwd)
         stored = yaml.safe_load(store.read_config_text()) or {}
-        refused, allowed = split_differences(stored, raw, STUDY_KEYS)
-        if refused:
-            raise ConfigError(
-                f"run_dir={run_dir} was started with a different study; these changes are refused on resume:\n"
-                f"{format_differences(refused)}\nDrop them to resume, or start a new tuning with another run_dir")
-        if allowed:
-            logger.info("resuming with changed settings:\n%s", format_differences(allowed))
+        check_resume(stored, raw, STUDY_KEYS, run_dir, "study")
     else:
         absolute_paths(raw, cwd)
     manifest["overrides"] = merge_overrides([], overrides)
@@ -194,7 +188,7 @@ def open_study(prepared: Prepared) -> Any:
 def run(argv: Sequence[str]) -> int:
     from launch.factory import build_launcher
     from launch.runner import AbortRun
-    from meta.lock import RunLock, RunLockedError
+    from meta.lock import run_locked
     from meta.tune.export import ExportError, export_preset
     from meta.tune.plan import build_plan
     from meta.tune.tuner import Tuner
@@ -218,13 +212,8 @@ def run(argv: Sequence[str]) -> int:
         return 0
     check_storage(prepared)
     prepared.manifest.update(check_job_namespace(prepared.raw, prepared.manifest))
-    lock = RunLock(prepared.store.lock_path)
-    try:
-        lock.acquire()
-    except RunLockedError as exc:
-        logger.error("%s", exc)
-        return 3
-    try:
+
+    def body() -> int:
         manifest = write_run_files(prepared)
         study = open_study(prepared)
         launcher = build_launcher(cfg.launcher)
@@ -247,8 +236,8 @@ def run(argv: Sequence[str]) -> int:
             path = export_preset(prepared.store.root, study, manifest["choices"], cfg.resources, export)
             logger.info("wrote the best trial's settings to %s", path)
         return 0
-    finally:
-        lock.release()
+
+    return run_locked(prepared.store.lock_path, body)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
