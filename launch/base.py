@@ -43,6 +43,13 @@ class SubmissionError(RuntimeError):
     to the runner, so the run can stop cleanly and a resume re-attaches to them."""
 
 
+#: defaults of the launcher keys every backend reads (conf/launcher/*.yaml spell the same values)
+#: a member still running this long after inner.timeout_s is killed or cancelled
+DEFAULT_KILL_GRACE_S = 30.0
+#: resubmissions of a member whose job vanished without a result
+DEFAULT_MAX_LOST_RESUBMITS = 3
+
+
 class Launcher(abc.ABC):
     """Submits member arrays; subclasses wrap one submitit executor type (or anything else)."""
 

@@ -5,10 +5,10 @@ orchestrator never changes. Every other key is passed to the class as an option.
 """
 from __future__ import annotations
 
-import importlib
 from typing import Any, Mapping
 
-from launch.base import Launcher
+from launch.base import DEFAULT_KILL_GRACE_S, DEFAULT_MAX_LOST_RESUBMITS, Launcher
+from launch.member import resolve_target
 from launch.runner import RunnerPolicy
 
 RESERVED_KEYS = ("name", "cls")
@@ -21,11 +21,10 @@ def launcher_class(cfg: Mapping[str, Any]) -> type[Launcher]:
         raise ValueError(
             f"launcher.cls must be 'module:Class' (got {target!r}); pick a launcher with launcher=local|debug"
         )
-    module_name, _, attr = target.partition(":")
     try:
-        cls = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"launcher.cls {target!r} cannot be imported ({exc})") from exc
+        cls = resolve_target(target, "launcher.cls")
+    except ValueError as exc:
+        raise ValueError(f"{exc}: it cannot be imported") from exc
     if not (isinstance(cls, type) and issubclass(cls, Launcher)):
         raise ValueError(f"launcher.cls {target!r} is not a launch.base.Launcher subclass")
     return cls
@@ -41,8 +40,8 @@ def runner_policy(retries: int, timeout_s: float, launcher_cfg: Mapping[str, Any
     return RunnerPolicy(
         retries=int(retries),
         timeout_s=float(timeout_s),
-        kill_grace_s=float(launcher_cfg.get("kill_grace_s", 30.0)),
-        max_lost_resubmits=int(launcher_cfg.get("max_lost_resubmits", 3)),
+        kill_grace_s=float(launcher_cfg.get("kill_grace_s", DEFAULT_KILL_GRACE_S)),
+        max_lost_resubmits=int(launcher_cfg.get("max_lost_resubmits", DEFAULT_MAX_LOST_RESUBMITS)),
         max_pending_s=_optional_float(launcher_cfg.get("max_pending_s")),
         result_grace_s=_result_grace_s(launcher_cfg.get("result_grace_s", 0.0)),
     )

@@ -54,20 +54,27 @@ class MemberTimeout(BaseException):
     (train_member does), and the alarm must pass through them to become a `timeout`, not a `failed` member."""
 
 
-def load_entrypoint(entrypoint: str) -> Callable[..., Any]:
-    """Resolve ``"package.module:function"``; ValueError naming the problem otherwise."""
-    module_name, sep, attr = entrypoint.partition(":")
+def resolve_target(target: str, key: str) -> Any:
+    """The object ``"package.module:attr"`` names (the one resolver of configured code: an entry point, a launcher
+    class); ValueError naming ``key`` and the problem otherwise."""
+    module_name, sep, attr = target.partition(":") if isinstance(target, str) else ("", "", "")
     if not sep or not module_name or not attr:
-        raise ValueError(f"inner.entrypoint {entrypoint!r} must look like 'package.module:function'")
+        raise ValueError(f"{key} {target!r} must look like 'package.module:function'")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ValueError(f"inner.entrypoint {entrypoint!r}: cannot import module {module_name!r} ({exc})") from exc
-    fn = module
+        raise ValueError(f"{key} {target!r}: cannot import module {module_name!r} ({exc})") from exc
+    found: Any = module
     for part in attr.split("."):
-        fn = getattr(fn, part, None)
-        if fn is None:
-            raise ValueError(f"inner.entrypoint {entrypoint!r}: {module_name!r} has no attribute {attr!r}")
+        found = getattr(found, part, None)
+        if found is None:
+            raise ValueError(f"{key} {target!r}: {module_name!r} has no attribute {attr!r}")
+    return found
+
+
+def load_entrypoint(entrypoint: str) -> Callable[..., Any]:
+    """Resolve ``"package.module:function"``; ValueError naming the problem otherwise."""
+    fn = resolve_target(entrypoint, "inner.entrypoint")
     if not callable(fn):
         raise ValueError(f"inner.entrypoint {entrypoint!r} is not callable")
     return fn

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from launch.base import JobRef, Launcher
+from launch.base import DEFAULT_KILL_GRACE_S, DEFAULT_MAX_LOST_RESUBMITS, JobRef, Launcher
 from launch.member import RunLedger, read_ledger
 from results.store.layout import RESULT_FILE, archived_result_name
 from results.store.records import DECIDED_STATUSES, MemberSpec, ResultRecord, read_result, write_result_if_absent
@@ -44,8 +44,8 @@ class RunnerPolicy:
 
     retries: int = 1
     timeout_s: float = 3600.0
-    kill_grace_s: float = 30.0
-    max_lost_resubmits: int = 3
+    kill_grace_s: float = DEFAULT_KILL_GRACE_S
+    max_lost_resubmits: int = DEFAULT_MAX_LOST_RESUBMITS
     result_scan_interval_s: float = 2.0
     #: give up on a job that waits this long in the scheduler's queue without running (a node down for
     #: good); None: no limit (backends without a queue)

@@ -7,8 +7,8 @@ from pathlib import Path
 import torch
 
 from meta.seeding import generator
+from mirror_maps.neural import VECTOR_LENGTH  # re-exported: the search variable's length
 
-VECTOR_LENGTH = 380
 INIT_SCALE = 0.01
 NAMED_INITS = ("uniform", "gaussian")
 

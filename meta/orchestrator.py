@@ -28,7 +28,7 @@ from meta.generation_close import QuorumClock
 from meta.init import initial_center
 from meta.live_watch import LiveWatch, all_same_warning, format_duration
 from meta.searchers import Searcher, build_searcher
-from meta.seeding import derive_seed
+from meta.seeding import member_seed
 from results.store.records import MEMBER_SEEDS_KEY, MemberSpec, ResultRecord, read_result
 from results.store.run_store import RunStore
 
@@ -206,8 +206,8 @@ class Orchestrator:
             # Common random numbers: all members of a generation train with the same seed(s), so fitness
             # differences come from the mirror maps rather than from sampling noise.
             keys = ("member", generation) if self.cfg.common_random_numbers else ("member", generation, index)
-            seeds = [derive_seed(self.cfg.seed, *keys) % (2**31)]
-            seeds += [derive_seed(self.cfg.seed, *keys, "seed", k) % (2**31) for k in range(1, self.cfg.seeds_per_member)]
+            seeds = [member_seed(self.cfg.seed, *keys)]
+            seeds += [member_seed(self.cfg.seed, *keys, "seed", k) for k in range(1, self.cfg.seeds_per_member)]
             specs.append(
                 MemberSpec(
                     run_id=self.run_id,

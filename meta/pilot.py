@@ -256,7 +256,7 @@ def make_plan(prepared: Prepared) -> dict[str, Any]:
     import torch
 
     from meta.init import VECTOR_LENGTH, initial_center
-    from meta.seeding import derive_seed, generator
+    from meta.seeding import generator, member_seed
 
     cfg, pilot, store = prepared.cfg, prepared.pilot, prepared.store
     centre = initial_center(cfg.init, cfg.seed).to(torch.float64)
@@ -272,7 +272,7 @@ def make_plan(prepared: Prepared) -> dict[str, Any]:
                                 "work_dir": str(store.pilot_runs_dir / member_dir_name(index))})
     return {
         "seed": cfg.seed, "init": cfg.init, "es": cfg.es.get("name"), "radius_key": radius_key(cfg.es),
-        "seeds": [derive_seed(cfg.seed, "pilot", "seed", s) % (2**31) for s in range(pilot.seeds)],
+        "seeds": [member_seed(cfg.seed, "pilot", "seed", s) for s in range(pilot.seeds)],
         "centre": centre.tolist(), "directions": directions, "combinations": prepared.combinations,
         "members": sorted(members, key=lambda m: m["index"]),
     }

@@ -29,7 +29,7 @@ from meta.cli_args import key_values, run_command
 from meta.config import ConfigError, ReevaluateConfig, SearchConfig
 from meta.phase import run_phase
 from meta.reporting import run_reporting
-from meta.seeding import derive_seed
+from meta.seeding import member_seed
 from results.report.result_table import render_markdown
 from results.store.layout import member_dir_name
 from results.store.records import MemberSpec
@@ -113,7 +113,7 @@ def _specs(cfg: SearchConfig, store: RunStore, run_id: str, rows: Sequence[Mappi
             index = c * seeds + s
             specs.append(MemberSpec(
                 run_id=run_id, generation=REEVALUATE_GENERATION, index=index,
-                seed=derive_seed(cfg.seed, "reevaluate", s) % (2**31), params=list(row["params"]),
+                seed=member_seed(cfg.seed, "reevaluate", s), params=list(row["params"]),
                 work_dir=str(folder / member_dir_name(index)), inner=inner,
             ))
     return specs

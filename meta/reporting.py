@@ -18,7 +18,7 @@ from launch.base import Launcher
 from meta.baselines import EXPORTED, ReportRow, build_rows
 from meta.config import ConfigError, ReevaluateConfig, SearchConfig
 from meta.phase import run_phase
-from meta.seeding import derive_seed
+from meta.seeding import member_seed
 from results.report.result_table import build_table, write_table_files
 from results.store.layout import member_dir_name
 from results.store.records import MemberSpec
@@ -34,7 +34,7 @@ SEED_PURPOSE = "report"
 def reporting_seeds(seed: int, count: int) -> list[int]:
     """The reporting seeds: derived from the run seed under their own purpose, so no search or selection run
     shares one."""
-    return [derive_seed(seed, SEED_PURPOSE, s) % (2**31) for s in range(count)]
+    return [member_seed(seed, SEED_PURPOSE, s) for s in range(count)]
 
 
 def _wanted(settings: ReevaluateConfig, exported: dict[str, Any]) -> dict[str, Any]:

@@ -14,6 +14,16 @@ def derive_seed(seed: int, *keys: object) -> int:
     return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big") >> 1
 
 
+#: training seeds are 31-bit: torch, numpy and HF accept them everywhere
+TRAINING_SEED_RANGE = 2**31
+
+
+def member_seed(seed: int, *keys: object) -> int:
+    """The training seed of one run (a member, a selection or reporting run, a trial's run, a pilot run), derived
+    like every other draw from the run seed and labels."""
+    return derive_seed(seed, *keys) % TRAINING_SEED_RANGE
+
+
 def generator(seed: int, *keys: object) -> torch.Generator:
     gen = torch.Generator(device="cpu")
     gen.manual_seed(derive_seed(seed, *keys))

@@ -135,7 +135,7 @@ _ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
 
 
 def kl_estimator(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
-    """Sampled-token KL(pi || pi_ref) estimate per token, by name: "k1", "k2" or "k3" (SPEC §1)."""
+    """Sampled-token KL(pi || pi_ref) estimate per token, by name: "k1", "k2" or "k3" (docs/method.md §1)."""
     if estimator not in _ESTIMATORS:
         raise ValueError(f"estimator={estimator!r} is unknown; use one of {KL_ESTIMATORS}")
     return _ESTIMATORS[estimator](logp, ref_logp)

@@ -4,7 +4,7 @@ h'(y) = sum_j v_j s_j(w_j y + b_j) + a y + c log y, with the 380 numbers stored 
 [v(126), w(126), b(126), a, c]. The stored vector is the ES search variable; `param_transform` maps it to
 the parameters actually used, every time they are read:
 
-- "abs" (default): |x|. Every parameter >= 0 makes h convex and d >= 0 (SPEC §2). It equals "none" on the
+- "abs" (default): |x|. Every parameter >= 0 makes h convex and d >= 0 (docs/method.md §2). It equals "none" on the
   authors' U(0, 0.01) init, and an ES perturbation that pushes a coordinate below 0 is reflected instead
   of breaking convexity. "softplus" also guarantees convexity but maps 0.01 to 0.70, far from the
   authors' scale, so it changes what a given vector means.
@@ -88,7 +88,7 @@ def _neuron_sum_for_small_probabilities(
 
 
 class NeuralMirrorMap(nn.Module, Potential):
-    """Learned potential (SPEC §2). Build it with `from_vector` or `random_init`; `to_vector` round-trips.
+    """Learned potential (docs/method.md §2). Build it with `from_vector` or `random_init`; `to_vector` round-trips.
 
     Computation runs in the dtype of the probabilities passed in (parameters are cast to it), so the same
     map serves float32 training and float64 checks. The raw vector is an nn.Parameter that does not

@@ -13,7 +13,7 @@ import math
 import torch
 
 PROB_FLOOR = 1e-10
-"""Probabilities are clamped here before any logarithm, as in the authors' code (SPEC §1)."""
+"""Probabilities are clamped here before any logarithm, as in the authors' code (docs/method.md §1)."""
 
 _SERIES_RADIUS = 0.5
 

@@ -63,7 +63,7 @@ Q = torch.tensor([[0.4, 0.5, 0.4], [0.1, 0.6, 0.9]])
 
 
 def _sampled_reference(name: str, form: str, estimator: str = "k3") -> torch.Tensor:
-    """Hand formulas (SPEC §1-2) for the sampled token's divergence."""
+    """Hand formulas (docs/method.md §1-2) for the sampled token's divergence."""
     if name == "kl" and form == "sampled":
         log_r = torch.log(Q) - torch.log(P)
         return {"k1": -log_r, "k2": 0.5 * log_r**2, "k3": torch.exp(log_r) - 1 - log_r}[estimator]

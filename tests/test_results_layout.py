@@ -1,6 +1,6 @@
 """results/store/layout.py is the one place that spells the run dir's and the member dir's layout, and results/ stands
 alone: numbered names round-trip, no other module of ours spells a layout name, and results/ imports nothing of
-inner_loop, launch or meta (docs/DESIGN.md: "results -> inner_loop" must never exist)."""
+inner_loop, launch or meta (docs/architecture.md: results imports none of them)."""
 from __future__ import annotations
 
 import ast
@@ -208,7 +208,7 @@ def test_no_module_but_the_layout_spells_a_layout_name():
 
 def test_results_imports_nothing_of_inner_loop_launch_or_meta():
     hits = forbidden_imports(ROOT)
-    assert not hits, "results/ must stand alone (docs/DESIGN.md):\n" + "\n".join(hits)
+    assert not hits, "results/ must stand alone (docs/architecture.md):\n" + "\n".join(hits)
 
 
 def test_the_import_scan_sees_imports_inside_functions(tmp_path):

@@ -1,4 +1,4 @@
-"""Trust-region policy terms (SPEC §4): bounds, masks and gradient weights against hand-derived closed forms."""
+"""Trust-region policy terms (docs/method.md §4): bounds, masks and gradient weights against hand-derived closed forms."""
 from __future__ import annotations
 
 import math

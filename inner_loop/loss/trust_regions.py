@@ -1,4 +1,4 @@
-"""Trust-region policy terms from the related work: KL3 clipping, DPPO masks, SPO and DRPO (SPEC.md §4).
+"""Trust-region policy terms from the related work: KL3 clipping, DPPO masks, SPO and DRPO (docs/method.md §4).
 
 Each is a host for the policy half of the GBMPO loss, with the signature of the `policy_terms` registry. They
 only differ from plain GRPO once the policy has moved away from the behaviour policy mu that sampled the

@@ -5,7 +5,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from launch.base import JobRef
+from launch.base import DEFAULT_KILL_GRACE_S, JobRef
 from launch.local.controllers import controller_running, sigint_deliverable_to_children, stop_controllers
 from launch.submitit_base import MAX_GPUS_PER_MEMBER, SubmititLauncher, check_gpus_per_member
 from results.store.records import MemberSpec
@@ -65,7 +65,7 @@ class LocalLauncher(SubmititLauncher):
     def _make_executor(self, folder: Path, timeout_s: float) -> Any:
         import submitit
 
-        grace = float(self.options.get("kill_grace_s", 30.0))
+        grace = float(self.options.get("kill_grace_s", DEFAULT_KILL_GRACE_S))
         executor = submitit.LocalExecutor(folder=folder)
         executor.update_parameters(
             timeout_min=(timeout_s + grace) / 60.0,

@@ -10,6 +10,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from launch.base import DEFAULT_KILL_GRACE_S, DEFAULT_MAX_LOST_RESUBMITS
+
 #: launcher.job_name is a prefix: each array is named ``<job_name>.<run id>.g<generation>.c<chunk>``, and
 #: accounting (slurmdbd) keeps 255 characters of a job name, so the prefix leaves room for the rest.
 JOB_NAME_PREFIX_MAX = 160
@@ -34,8 +36,8 @@ class SlurmOptions:
     poll_interval_s: float = 2.0
     query_interval_s: float = 30.0
     sacct_grace_s: float = 60.0
-    kill_grace_s: float = 30.0
-    max_lost_resubmits: int = 3
+    kill_grace_s: float = DEFAULT_KILL_GRACE_S
+    max_lost_resubmits: int = DEFAULT_MAX_LOST_RESUBMITS
     max_pending_s: float = 21600.0
     result_grace_s: float = 90.0
     command_timeout_s: float = 60.0

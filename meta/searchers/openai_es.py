@@ -1,4 +1,4 @@
-"""The NM-GRPO-ES authors' rule (SPEC.md section 3), behind the common interface.
+"""The NM-GRPO-ES authors' rule (docs/method.md §3), behind the common interface.
 
 Antithetic OpenAI-ES with raw fitness, step ``learning_rate``; sigma decays by ``sigma_decay`` every generation.
 The step is ACCEPTED only if the population's mean fitness (failed members included at fitness_on_failure, late
@@ -6,7 +6,7 @@ members left out) beats the best mean so far; otherwise the centre stays and the
 are re-used in the next population (the rest are fresh antithetic pairs; one elite is dropped if needed to keep
 the pairs whole).
 
-Which members enter the gradient (SPEC.md is silent; decided here): the complete fresh antithetic pairs only,
+Which members enter the gradient (the authors are silent; decided here): the complete fresh antithetic pairs only,
 gradient = sum over pairs of (f+ - f-) / 2 * eps / (n_pairs * sigma). For complete pairs this IS the authors'
 sum f_i eps_i / (N * sigma); what it excludes are the terms that formula gets wrong: an elite is a point sampled
 around an earlier centre with no partner, and a lone half of a pair (its partner failed or late) has no partner

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from meta.seeding import derive_seed
+from meta.seeding import member_seed
 from results.store.atomic import CorruptFileError, atomic_write_json
 from results.store.layout import TRIAL_FILE, TRIALS_DIR, member_dir_name, trial_dir_name
 from results.store.records import MemberSpec, ResultRecord
@@ -36,7 +36,7 @@ def member_indices(number: int, seeds: int) -> list[int]:
 
 def run_seed(seed: int, k: int) -> int:
     """The k-th tuning seed (the same for every trial)."""
-    return derive_seed(seed, "tune_run", k) % (2**31)
+    return member_seed(seed, "tune_run", k)
 
 
 @dataclass

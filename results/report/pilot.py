@@ -390,7 +390,7 @@ def format_combination(c: Mapping[str, Any], summary: Mapping[str, Any]) -> list
         estimate = f" (the estimate would read {_num(c['snr_estimate'], 3)})" if c["snr_estimate"] is not None else ""
         lines.append(f"  SNR of one generation's ES step at P={pop}, r={r}: no signal: {c['reason']}{estimate}")
     elif c["noise_free"]:
-        lines.append(f"  SNR of one generation's ES step: unbounded (sigma_n^2 = 0: differences repeat over seeds)")
+        lines.append("  SNR of one generation's ES step: unbounded (sigma_n^2 = 0: differences repeat over seeds)")
     else:
         lines.append(f"  SNR of one generation's ES step at P={pop}, r={r}: (P/2) sigma_s^2 / (sigma_n^2/r) = "
                      f"{_num(c['snr'], 4)}")

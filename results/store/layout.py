@@ -7,7 +7,7 @@ lives (tests/test_results_layout.py fails on a layout name spelled anywhere else
 work dir (launch.member, inner_loop.member) use the names directly. Standard library only: every member
 process imports it.
 
-    run_dir/                                  (see docs/DESIGN.md)
+    run_dir/                                  (see docs/architecture.md)
       config.yaml                             CONFIG_FILE: the resolved config
       manifest.json                           SEARCH_MANIFEST_FILE: code version, data hashes, seeds, launcher
       LOCK                                    RUN_LOCK_FILE: one orchestrator per run dir
