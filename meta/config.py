@@ -84,12 +84,13 @@ class SearchConfig:
         return {**self.inner_config, "options": dict(self.inner_options)}
 
 
-def config_hash(raw: Mapping[str, Any]) -> str:
-    """Hash of the keys that define the search (provenance for exported inits)."""
-    picked = _str_keys({key: _get_dotted(raw, key) for key in SEARCH_KEYS})
+def config_hash(raw: Mapping[str, Any], keys: Sequence[str] = SEARCH_KEYS) -> str:
+    """Hash of the keys that define what a run computes (provenance for exported inits and presets): a search's
+    SEARCH_KEYS by default, a tuning study's own (meta/tune/config.py STUDY_KEYS)."""
+    picked = _str_keys({key: _get_dotted(raw, key) for key in keys})
     for key, default in ADDED_SEARCH_KEYS.items():
-        if picked.get(key) in (None, default):
-            picked.pop(key)
+        if key in picked and picked[key] in (None, default):
+            del picked[key]
     for key in HOUSEKEEPING_KEYS:
         *parents, leaf = key.split(".")
         node = picked

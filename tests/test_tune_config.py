@@ -97,3 +97,16 @@ def test_meta_run_and_meta_tune_refuse_each_others_run_dirs(tmp_path, capsys):
                      "reevaluate.top_k=0", "launcher=debug"]) == 0
     assert main([f"run_dir={search_dir}"]) == 2
     assert "is not a meta.tune run" in capsys.readouterr().err
+
+
+def test_a_tune_runs_config_hash_follows_its_study_not_the_es_keys():
+    """The manifest's config_hash of a tune run is over what the study computes: two studies that differ in their
+    space, seeds, sampler or pruner never share one (it hashed the ES search's keys before)."""
+    from meta.tune.config import study_hash
+
+    base = compose(["tune.trials=2"], "tune")
+    changed = [compose([override], "tune") for override in (
+        "tune.space={train.learning_rate: [log, 1e-5, 1e-3]}", "tune.seeds=3", "tune.sampler=random",
+        "tune.pruner=successive_halving")]
+    assert len({study_hash(raw) for raw in (base, *changed)}) == 5
+    assert study_hash(compose(["tune.trials=7", "tune.parallel=3"], "tune")) == study_hash(base)

@@ -27,12 +27,11 @@ from meta.config import (
     absolute_overrides,
     absolute_path,
     absolute_paths,
-    config_hash,
 )
 from meta.cli_args import run_command
 from meta.resume import check_job_namespace, check_resume
 from meta.compose import compose_with_choices, merge_overrides
-from meta.tune.config import STUDY_KEYS, TuneConfig, build_sampler, build_pruner, build_tune_config
+from meta.tune.config import STUDY_KEYS, TuneConfig, build_pruner, build_sampler, build_tune_config, study_hash
 from results.store.provenance import code_version
 from results.store.run_store import RunStore
 
@@ -127,7 +126,7 @@ def write_run_files(prepared: Prepared) -> dict[str, Any]:
         run_id = uuid.uuid4().hex[:12]
         manifest.update({"kind": TUNE_KIND, "run_id": run_id, "created": _dt.datetime.now().isoformat(timespec="seconds"),
                          "seed": cfg.seed, "choices": prepared.choices, "cwd": str(prepared.cwd)})
-    manifest.update({"config_hash": config_hash(prepared.raw), "code_version": code_version(CONF_DIR.parent),
+    manifest.update({"config_hash": study_hash(prepared.raw), "code_version": code_version(CONF_DIR.parent),
                      "python": platform.python_version(), "host": platform.node()})
     store.write_manifest(manifest)
     if read_study_file(store.root) is None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from meta.config import INNER_NODES, ConfigError, _bool, _float, _get_dotted, _int, check_member_launch
+from meta.config import INNER_NODES, ConfigError, _bool, _float, _get_dotted, _int, check_member_launch, config_hash
 from meta.tune.space import Dimension, leaves_missing_under, parse_space
 
 if TYPE_CHECKING:
@@ -23,6 +23,12 @@ PRUNERS = ("none", "median", "successive_halving")
 STUDY_KEYS = ("seed", "tune.space", "tune.default_space", "tune.seeds", "tune.sampler", "tune.sampler_options",
               "tune.pruner", "tune.pruner_options", "tune.storage", "tune.study_name", "inner.entrypoint",
               "inner.options", *INNER_NODES)
+
+
+def study_hash(raw: Mapping[str, Any]) -> str:
+    """The tune run's config hash: over what the study computes (its space, seeds, sampler, pruner, inner config),
+    not the ES search's keys."""
+    return config_hash(raw, STUDY_KEYS)
 
 
 @dataclass
