@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -120,8 +119,3 @@ def load_trained(cfg: ModelConfig, folder: Path):
     model, tokenizer = _load(cfg, base, saved_tokenizer)
     logger.info("loading the LoRA adapter in %s on %s", folder, base)
     return PeftModel.from_pretrained(model, str(folder)), tokenizer, source
-
-
-def model_summary(cfg: ModelConfig) -> dict:
-    """The part of the model config that identifies the weights (for logs and manifests)."""
-    return {k: v for k, v in asdict(cfg).items() if not k.startswith("lora") or cfg.lora_r > 0}

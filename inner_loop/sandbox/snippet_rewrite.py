@@ -14,7 +14,6 @@ import ast
 import builtins
 import functools
 import sys
-from collections.abc import Iterable
 
 GET = "__grading_get__"
 FN = "__grading_fn__"
@@ -48,14 +47,6 @@ def _scan(tree: ast.AST) -> tuple[set[str], set[str], list[ast.Call]]:
         elif isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and node.name:
             bound.add(node.name)
     return loads, bound, calls
-
-
-def program_names(tree: ast.AST, trusted: Iterable[str]) -> set[str]:
-    """Names the snippet reads that must come from the program: free names that neither the snippet, the
-    trusted namespace (setup, entry-point proxies) nor the builtins define. A builtin name is never
-    routed to the program, so a program cannot swap ``abs`` or ``sorted`` for the tests."""
-    loads, bound, _ = _scan(tree)
-    return loads - bound - set(trusted) - _BUILTIN_NAMES - _STDLIB_NAMES
 
 
 class _RouteToProgram(ast.NodeTransformer):

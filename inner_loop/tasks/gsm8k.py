@@ -14,7 +14,7 @@ from inner_loop.tasks.base import Problem, SplitTask
 from inner_loop.tasks.data_files import load_hub_rows, read_local_rows, require_fields
 from inner_loop.tasks.numbers import last_number, parse_number
 from inner_loop.tasks.splits import carve_splits
-from inner_loop.tasks.task_config import format_prompt, require_split_data
+from inner_loop.tasks.task_config import fill_prompt_template, require_split_data
 
 GOLD_MARKER = "####"
 
@@ -56,7 +56,7 @@ class GSM8KTask(SplitTask):
         self.config = config
         c = config
         require_split_data(self.name, c)
-        format_prompt(c.prompt_template, self.name, question="?")
+        fill_prompt_template(c.prompt_template, self.name, question="?")
 
     def _rows(self, split: str) -> tuple[list[dict[str, Any]], str] | None:
         c = self.config
@@ -81,7 +81,7 @@ class GSM8KTask(SplitTask):
                 raise ValueError(f"{where}, row {number}: {exc}") from exc
             if parse_number(gold) is None:
                 raise ValueError(f"{where}, row {number}: gold answer {gold!r} after {GOLD_MARKER!r} is not a number")
-            prompt = format_prompt(self.config.prompt_template, self.name, question=row["question"])
+            prompt = fill_prompt_template(self.config.prompt_template, self.name, question=row["question"])
             problems.append(Problem(id=f"gsm8k-{split}-{number - 1}", prompt=prompt, answer=gold,
                                     meta={"solution": row["answer"]}))
         return problems

@@ -16,7 +16,7 @@ from typing import Any
 from inner_loop.tasks.base import Problem, SplitTask
 from inner_loop.tasks.gsm8k import answer_matches
 from inner_loop.tasks.splits import carve_splits
-from inner_loop.tasks.task_config import format_prompt, require_non_negative
+from inner_loop.tasks.task_config import fill_prompt_template, require_non_negative
 
 DATASET_NAME = "gsm_symbolic"
 # Extra items drawn for the pool so that the rare duplicate questions do not make task.train_size unreachable.
@@ -55,13 +55,13 @@ class GSMSymbolicTask(SplitTask):
                              test_size=c.test_size)
         if c.seed < 0:
             raise ValueError(f"task 'gsm_symbolic': task.seed must be >= 0, got {c.seed}")
-        format_prompt(c.prompt_template, self.name, question="?")
+        fill_prompt_template(c.prompt_template, self.name, question="?")
 
     def _problems(self, split: str, items: list[dict[str, Any]]) -> list[Problem]:
         return [
             Problem(
                 id=f"gsm_symbolic-{split}-{i}",
-                prompt=format_prompt(self.config.prompt_template, self.name, question=item["question"]),
+                prompt=fill_prompt_template(self.config.prompt_template, self.name, question=item["question"]),
                 answer=str(item["answer"]),
                 meta={"solution": item["metadata"].get("answer_cot", "")},
             )

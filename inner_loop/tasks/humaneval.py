@@ -17,7 +17,7 @@ from inner_loop.sandbox.grading import Job
 from inner_loop.tasks.base import SPLITS, Problem, Task
 from inner_loop.tasks.code_extract import extract_code
 from inner_loop.tasks.mbpp import score_programs
-from inner_loop.tasks.task_config import format_prompt, require_existing_file, require_non_negative, sandbox_config
+from inner_loop.tasks.task_config import fill_prompt_template, require_existing_file, require_non_negative, sandbox_config
 
 # Where a function-body completion has clearly moved on to top-level code that is not part of the solution.
 _BODY_STOPS = ("\nclass ", "\nif __name__", "\nprint(", "\nassert ")
@@ -54,7 +54,7 @@ class HumanEvalTask(Task):
         require_existing_file(self.name, "problems_file", config.problems_file)
         if not config.timeout_s > 0:
             raise ValueError(f"task 'humaneval': task.timeout_s must be > 0, got {config.timeout_s}")
-        format_prompt(config.prompt_template, self.name, prompt="?", entry_point="?")
+        fill_prompt_template(config.prompt_template, self.name, prompt="?", entry_point="?")
         self.sandbox = sandbox_config(self.name, config.sandbox)
         self._test: list[Problem] | None = None
 
@@ -87,7 +87,7 @@ class HumanEvalTask(Task):
                 raise ValueError(f"task 'humaneval': task.test_size={size} but there are only {len(rows)} problems")
             rows = rows if size is None else rows[:size]
             test = [
-                Problem(id=row["task_id"], prompt=format_prompt(self.config.prompt_template, self.name,
+                Problem(id=row["task_id"], prompt=fill_prompt_template(self.config.prompt_template, self.name,
                                                                 prompt=row["prompt"], entry_point=row["entry_point"]),
                         tests=(f"{row['test']}\ncheck({row['entry_point']})\n",), entry_point=row["entry_point"],
                         meta={"code_prompt": row["prompt"], "solution": row.get("canonical_solution", "")})

@@ -19,7 +19,7 @@ from inner_loop.tasks.base import Problem, SplitTask, check_disjoint, prompt_has
 from inner_loop.tasks.code_extract import extract_code
 from inner_loop.tasks.data_files import load_hub_rows, read_local_rows, require_fields
 from inner_loop.tasks.splits import carve_splits, dedupe
-from inner_loop.tasks.task_config import format_prompt, require_existing_file, require_split_data, sandbox_config
+from inner_loop.tasks.task_config import fill_prompt_template, require_existing_file, require_split_data, sandbox_config
 
 if TYPE_CHECKING:
     from inner_loop.sandbox.pool import SandboxConfig
@@ -80,7 +80,7 @@ class MBPPTask(SplitTask):
             raise ValueError(f"task 'mbpp': task.timeout_s must be > 0, got {c.timeout_s}")
         self._check_validation_source()
         self.sandbox = sandbox_config(self.name, c.sandbox)
-        format_prompt(c.prompt_template, self.name, text="?", first_test="?", tests="?")
+        fill_prompt_template(c.prompt_template, self.name, text="?", first_test="?", tests="?")
 
     def _check_validation_source(self) -> None:
         c = self.config
@@ -138,7 +138,7 @@ class MBPPTask(SplitTask):
         if not tests or not all(isinstance(t, str) and t.strip() for t in tests):
             raise ValueError(f"{where}: 'test_list' must be a non-empty list of assert statements")
         setup = row.get("test_setup_code") or "\n".join(row.get("test_imports") or [])
-        prompt = format_prompt(self.config.prompt_template, self.name, text=text.strip(), first_test=tests[0],
+        prompt = fill_prompt_template(self.config.prompt_template, self.name, text=text.strip(), first_test=tests[0],
                                tests="\n".join(row["test_list"]))
         task_id = row.get("task_id")
         return Problem(id=f"mbpp-{task_id}" if task_id is not None else fallback_id, prompt=prompt,
@@ -154,8 +154,8 @@ class MBPPTask(SplitTask):
         # prompts that repeat a validation prompt are dropped so the fitness is measured on unseen problems.
         validation = dedupe(self.name, "validation", self._problems("validation") or [])
         if not validation:
-            raise ValueError(f"task 'mbpp': the validation split is empty; fix the data or set "
-                             f"task.validation_source=carve")
+            raise ValueError("task 'mbpp': the validation split is empty; fix the data or set "
+                             "task.validation_source=carve")
         seen = {prompt_hash(p.prompt) for p in validation}
         clean = [p for p in pool if prompt_hash(p.prompt) not in seen]
         if len(clean) < len(pool):

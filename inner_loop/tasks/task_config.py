@@ -100,7 +100,7 @@ def require_split_data(task: str, config: Any) -> None:
         raise ValueError(f"task {task!r}: task.test_file is set but task.train_file is not; set both or neither")
 
 
-def format_prompt(template: str, task_name: str, **fields: Any) -> str:
+def fill_prompt_template(template: str, task_name: str, **fields: Any) -> str:
     """Fill a prompt template, turning a wrong placeholder into a config error."""
     try:
         return template.format(**fields)
