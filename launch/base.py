@@ -59,6 +59,12 @@ class Launcher(abc.ABC):
     def __init__(self, **options: Any) -> None:
         self.options = dict(options)
 
+    @property
+    def max_in_flight(self) -> int | None:
+        """How many members of one array may be submitted and unfinished at once (None: all). The runner holds the
+        rest back and submits them as slots free up; a scheduler with its own array throttle answers None."""
+        return None
+
     @classmethod
     def validate_options(cls, options: Mapping[str, Any]) -> None:
         """Reject bad launcher settings (ValueError naming the key) before the run writes or submits anything."""

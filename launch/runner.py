@@ -399,6 +399,12 @@ class MemberArrayRunner:
         from launch.base import SubmissionError  # local: this method is the only user
 
         batch, self.queue = self.queue, []
+        cap = self.launcher.max_in_flight
+        if cap is not None:  # the rest wait for free slots (a later round of run() submits them)
+            free = max(0, cap - len(self.in_flight))
+            batch, self.queue = batch[:free], batch[free:]
+            if not batch:
+                return
         try:
             recovered = self.launcher.recover(batch, self.folder)
         except SubmissionError as exc:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shlex
 import sys
 from dataclasses import dataclass
@@ -174,14 +175,16 @@ def reporting_lines(cfg: SearchConfig, overrides: Sequence[str]) -> list[str]:
 
 
 def _concurrent(cfg: SearchConfig) -> int:
-    """Members of one generation running at once: an array's %parallelism, all (local) or one (debug)."""
+    """Members of one generation running at once: an array's %parallelism (SLURM; local: null is this machine's
+    cores), or one (debug)."""
     name = cfg.launcher.get("name")
     per_generation = members_per_generation(cfg)
     if name == "debug":
         return 1
-    if name == "slurm":
-        return min(per_generation, int(cfg.launcher.get("array_parallelism") or per_generation))
-    return per_generation
+    parallel = cfg.launcher.get("array_parallelism")
+    if name == "local" and parallel is None:
+        parallel = os.cpu_count() or 1
+    return min(per_generation, int(parallel or per_generation))
 
 
 def _arrays(cfg: SearchConfig) -> tuple[list[int], str]:

@@ -135,3 +135,18 @@ def test_each_launcher_yaml_spells_the_shared_launcher_defaults(launcher):
     assert (node["kill_grace_s"], node["max_lost_resubmits"]) == (DEFAULT_KILL_GRACE_S, DEFAULT_MAX_LOST_RESUBMITS)
     assert (RunnerPolicy().kill_grace_s, SlurmOptions().max_lost_resubmits) == (DEFAULT_KILL_GRACE_S,
                                                                               DEFAULT_MAX_LOST_RESUBMITS)
+
+
+def test_the_local_launcher_runs_at_most_array_parallelism_members_at_once(tmp_path):
+    """A laptop's local array: members beyond launcher.array_parallelism wait for a free slot instead of sharing the
+    cores (each one's running-time budget would count while it waits for CPU)."""
+    specs = _specs(tmp_path, 5, sleep_s=0.5)
+    saved: dict = {}
+    peak: list[int] = []
+    launcher = build_launcher({**LOCAL, "array_parallelism": 2})
+    records = _runner(launcher, specs, {}, saved, tmp_path, on_tick=lambda r: peak.append(len(r.in_flight))).run()
+    assert all(r.ok for r in records.values()) and len(saved) == 5
+    assert max(peak) == 2
+    assert build_launcher(LOCAL).max_in_flight == os.cpu_count()
+    with pytest.raises(ValueError, match="array_parallelism=0"):
+        build_launcher({**LOCAL, "array_parallelism": 0}).validate_options({"array_parallelism": 0})

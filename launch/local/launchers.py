@@ -23,6 +23,10 @@ class LocalLauncher(SubmititLauncher):
 
     @classmethod
     def validate_options(cls, options: Mapping[str, Any]) -> None:
+        parallel = options.get("array_parallelism")
+        if parallel is not None and (isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1):
+            raise ValueError(f"launcher.array_parallelism={parallel!r} is invalid: use null (as many members at once "
+                             "as this machine has cores) or an integer >= 1")
         gpus = options.get("gpus_per_node")
         if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0):
             raise ValueError(
@@ -42,6 +46,13 @@ class LocalLauncher(SubmititLauncher):
             check_gpus_per_member("launcher.gpus_per_node", gpus)
         else:
             _parent_gpu_indices()
+
+    @property
+    def max_in_flight(self) -> int | None:
+        """launcher.array_parallelism, null: this machine's cores. Members beyond it would only share the cores
+        (and hold memory) while each one's running-time budget counts."""
+        parallel = self.options.get("array_parallelism")
+        return int(parallel) if parallel is not None else (os.cpu_count() or 1)
 
     @classmethod
     def check_training_member_gpus(cls, options: Mapping[str, Any]) -> None:
