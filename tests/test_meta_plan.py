@@ -66,9 +66,9 @@ def test_dry_run_splits_at_the_configured_array_size_and_shows_local_gpu_pass_th
     assert ("arrays per generation: 3: 50 tasks (--array=0-49%20), 50 tasks (--array=0-49%20), "
             "30 tasks (--array=0-29%20); split size from launcher.max_array_size") in out
     assert "at most 20 members of a generation run at once" in out
-    assert main([f"run_dir={tmp_path / 'b'}", *synth]) == 0
+    assert main([f"run_dir={tmp_path / 'b'}", *synth, "launcher.array_parallelism=7"]) == 0
     out = capsys.readouterr().out
-    assert "launcher=local: each member on this machine, 130 processes at once" in out
+    assert "launcher=local: each member on this machine, 7 processes at once" in out
     assert "CUDA_VISIBLE_DEVICES passed through" in out and "#SBATCH" not in out
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 

@@ -19,6 +19,7 @@ from inner_loop.models.tiny import tiny_model_dir
 from inner_loop.tasks import build_task
 from inner_loop.warmup import (WarmupTargetError, cpu_capabilities, read_warmup_outcome, split_probe, warm_up_to_band,
                                warmed_model_dir, warmup_key)
+from conf_groups import load_group
 
 ROOT = Path(__file__).resolve().parent.parent
 ARITH = yaml.safe_load((ROOT / "conf" / "task" / "arith.yaml").read_text())
@@ -103,7 +104,7 @@ def test_warmed_model_is_cached_with_its_outcome_and_the_band_is_in_the_key(arit
 
 
 def _inner(model: dict) -> dict:
-    load = lambda group, name: yaml.safe_load((ROOT / "conf" / group / f"{name}.yaml").read_text())  # noqa: E731
+    load = load_group
     return {"task": ARITH, "model": {**load("model", "tiny"), **model}, "divergence": load("divergence", "kl"),
             "train": load("train", "default")}
 

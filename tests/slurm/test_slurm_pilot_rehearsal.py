@@ -21,9 +21,11 @@ pytestmark = pytest.mark.slow
 
 def test_the_pilot_runs_the_rehearsal_preset_as_slurm_array_tasks(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:
     run_dir = tmp_path / "pilot"
-    overrides = [o for o in rehearsal_overrides(run_dir) if not o.startswith(("generations=", "population="))]
-    done = subprocess.run([sys.executable, "-m", "meta.pilot", *overrides, "population=4", "pilot.seeds=2",
-                           "pilot.pairs=1"], cwd=ROOT, capture_output=True, text=True, timeout=1500)
+    # the pilot's smallest design (2 seeds x (centre + 1 pair) = 6 SmolLM2 runs), each run one step
+    overrides = [o for o in rehearsal_overrides(run_dir) if not o.startswith(("generations=", "population=",
+                                                                               "train.steps="))]
+    done = subprocess.run([sys.executable, "-m", "meta.pilot", *overrides, "train.steps=1", "population=4",
+                           "pilot.seeds=2", "pilot.pairs=1"], cwd=ROOT, capture_output=True, text=True, timeout=1500)
     store = RunStore(run_dir)
     jobs = read_jobs_file(store.pilot_runs_dir / JOBS_FILE) if run_dir.exists() else {}
     slurm_cluster.submitted.extend({int(j["job_id"].split("_")[0]) for j in jobs.values()})
@@ -31,7 +33,7 @@ def test_the_pilot_runs_the_rehearsal_preset_as_slurm_array_tasks(slurm_cluster:
     assert len(jobs) == 6 and all("_" in j["job_id"] for j in jobs.values())  # centre x 2 + 1 pair x 2, 2 seeds
     records = [json.loads(p.read_text()) for p in sorted(store.pilot_runs_dir.glob("member_*/result.json"))]
     assert len(records) == 6 and {r["status"] for r in records} == {"ok"}
-    assert {r["steps_done"] for r in records} == {2} and {r["val_size"] for r in records} == {6}
+    assert {r["steps_done"] for r in records} == {1} and {r["val_size"] for r in records} == {6}
     summary = store.read_pilot()
     combination = summary["combinations"][0]
     centre = [r["fitness"] for r in records[:2]]
