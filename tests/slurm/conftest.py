@@ -26,11 +26,11 @@ BUSY_WAIT_S = 600.0
 
 
 @pytest.fixture(scope="session")
-def slurm_cluster() -> Iterator[LocalSlurm]:
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSlurm]:
     """The running local cluster; skips (or fails under MIRROR_ES_REQUIRE_SLURM=1) when it is not up."""
     try:
         cluster = probe_cluster()
-        wait_until_queue_empty(timeout=BUSY_WAIT_S)
+        wait_until_queue_empty(timeout=BUSY_WAIT_S, own_tmp_root=tmp_path_factory.getbasetemp())
     except SlurmCommandError as exc:
         reason = f"local SLURM cluster not available ({exc}); start it with {UP_SCRIPT}"
         if os.environ.get("MIRROR_ES_REQUIRE_SLURM") == "1":

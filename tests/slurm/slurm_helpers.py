@@ -124,25 +124,59 @@ class LocalSlurm:
         )
 
     def cancel_leftovers(self) -> None:
-        """Cancel every job this session submitted that is still queued or running, so no test leaks load."""
+        """Cancel every job this session submitted that is still queued or running, so no test leaks load.
+
+        Asks the controller (squeue), not accounting: sacct may not list a job submitted a second ago yet."""
         if not self.submitted:
             return
         try:
-            live = {r.job_id.split("_")[0] for r in self.sacct(self.submitted) if r.state not in TERMINAL_STATES}
+            queued = {line.strip() for line in run_slurm_command(["squeue", "-h", "-o", "%F"]).splitlines()}
+            live = queued & {str(job_id) for job_id in self.submitted}
             if live:
                 run_slurm_command(["scancel", *sorted(live)])
         except SlurmCommandError as exc:
             logger.warning("could not cancel leftover test jobs: %s", exc)
 
 
-def wait_until_queue_empty(timeout: float, interval: float = 5.0) -> None:
+# Pending reasons after which a job never starts on its own: someone must release or cancel it.
+HELD_REASONS = frozenset({"JobHeldUser", "JobHeldAdmin"})
+# pytest's temporary directories are /tmp/pytest-of-<user>/pytest-<n>/...: a job working in one was a test's.
+PYTEST_TMP_MARK = "/pytest-of-"
+SQUEUE_FORMAT = "%i|%j|%T|%r|%Z"
+
+
+def abandoned_test_jobs(squeue_lines: Iterable[str], own_tmp_root: Path) -> list[str]:
+    """Job ids an interrupted earlier test session left held in the queue (`squeue -o SQUEUE_FORMAT` lines).
+
+    A test that holds a job cancels it before it ends; when its pytest was killed first, the held job stays
+    PENDING forever (across cluster restarts) and every later session would wait its whole busy timeout for
+    it. Only held jobs working in another pytest session's temporary directory qualify: a running or
+    merely queued job may belong to a live session or to someone else and is waited for instead."""
+    own = str(own_tmp_root.resolve())
+    abandoned = []
+    for line in squeue_lines:
+        job_id, _name, state, reason, workdir = line.split("|", 4)
+        if (state == "PENDING" and reason in HELD_REASONS and PYTEST_TMP_MARK in workdir
+                and not (workdir == own or workdir.startswith(own + "/"))):
+            abandoned.append(job_id)
+    return abandoned
+
+
+def wait_until_queue_empty(timeout: float, own_tmp_root: Path, interval: float = 5.0) -> None:
     """Wait for jobs already in the queue (a benchmark, an interrupted run's leftovers) to end.
 
     The tests size their waits for a node of their own; started next to someone else's array they would
-    time out with a confusing PENDING. Raise SlurmCommandError naming the jobs after `timeout` seconds."""
+    time out with a confusing PENDING. Held jobs abandoned by an interrupted test session are cancelled
+    (they would never end). Raise SlurmCommandError naming the jobs after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while True:
-        queued = run_slurm_command(["squeue", "-h", "-o", "%i %j %T"]).splitlines()
+        queued = run_slurm_command(["squeue", "-h", "-o", SQUEUE_FORMAT]).splitlines()
+        abandoned = abandoned_test_jobs(queued, own_tmp_root)
+        if abandoned:
+            logger.warning("cancelling %d held job(s) an interrupted test session left in the queue: %s",
+                           len(abandoned), abandoned)
+            run_slurm_command(["scancel", *abandoned])
+            continue
         if not queued:
             return
         if time.monotonic() > deadline:

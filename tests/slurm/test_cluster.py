@@ -8,12 +8,20 @@ with minute granularity and a 30 s check interval; the other tests overlap that 
 """
 from __future__ import annotations
 
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from slurm_helpers import JobRow, LocalSlurm, SlurmCommandError, run_slurm_command
+from slurm_helpers import (
+    SQUEUE_FORMAT,
+    JobRow,
+    LocalSlurm,
+    SlurmCommandError,
+    abandoned_test_jobs,
+    run_slurm_command,
+)
 
 # up.sh's default; the array-splitting tests need a limit small enough to exceed cheaply.
 EXPECTED_MAX_ARRAY_SIZE = 50
@@ -100,3 +108,27 @@ def test_job_past_its_time_limit_shows_timeout(
                                   what="TIMEOUT", interval=2.0)
     assert time.monotonic() - submitted_at >= 60, "the job ended before its one-minute limit"
     assert rows[0].end != "Unknown"
+
+
+def test_a_held_job_an_interrupted_test_session_left_is_cancelled_and_nothing_else(
+    slurm_cluster: LocalSlurm, tmp_path: Path
+) -> None:
+    """A killed pytest leaves its held job PENDING forever; the next session must not wait on it (CI did, 600 s)."""
+    own_session, earlier_session = tmp_path / "own", tmp_path / "earlier"  # both under a pytest-of-<user> root
+    own_session.mkdir()
+    earlier_session.mkdir()
+    with tempfile.TemporaryDirectory() as not_a_test:
+        held_by_earlier = slurm_cluster.sbatch("--hold", wrap="true", workdir=earlier_session)
+        held_elsewhere = slurm_cluster.sbatch("--hold", wrap="true", workdir=Path(not_a_test))
+        held_here = slurm_cluster.sbatch("--hold", wrap="true", workdir=own_session)
+        ours = {held_by_earlier, held_elsewhere, held_here}
+        try:
+            lines = [line for line in run_slurm_command(["squeue", "-h", "-o", SQUEUE_FORMAT]).splitlines()
+                     if int(line.split("|")[0]) in ours]
+            assert len(lines) == 3, lines
+            assert abandoned_test_jobs(lines, own_session) == [str(held_by_earlier)]
+            # the same job running (or queued for resources) may be a live session's: it is waited for
+            running = [line.replace("|PENDING|JobHeldUser|", "|RUNNING|None|") for line in lines]
+            assert abandoned_test_jobs(running, own_session) == []
+        finally:
+            run_slurm_command(["scancel", *map(str, ours)])

@@ -11,7 +11,7 @@ import pytest
 from meta.status import render
 from results.store.layout import JOBS_FILE
 from results.store.run_store import RunStore, read_jobs_file
-from slurm_helpers import LocalSlurm
+from slurm_helpers import LocalSlurm, run_slurm_command
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,7 +44,10 @@ def test_a_queued_member_shows_the_schedulers_pending_reason(slurm_cluster: Loca
     store.write_population(1, store.read_population(0))
     store.write_jobs(1, {0: {"job_id": str(held), "folder": str(tmp_path), "attempt": 0, "submissions": 1}})
     store.member_dir(1, 0).mkdir(parents=True)
-    text = render(run_dir)
+    try:
+        text = render(run_dir)
+    finally:  # a held job never ends on its own
+        run_slurm_command(["scancel", str(held)])
     row = next(line for line in text.splitlines() if line.startswith("  member 000"))
     assert "queued" in row and f"job {held}, JobHeldUser" in row, text
     assert "not submitted" in next(line for line in text.splitlines() if line.startswith("  member 001"))
