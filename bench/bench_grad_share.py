@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 from transformers import TrainerCallback  # noqa: E402
 
 from inner_loop.run_setup import build_trainer as _build_trainer, prepare  # noqa: E402
+from results.store.metric_keys import GRAD_SHARE, GRAD_SHARE_EXACT, GRAD_SHARE_EXACT_STEP, REWARD  # noqa: E402
 
 
 def _inner(args: argparse.Namespace, form: str, coef: float) -> dict:
@@ -75,14 +76,14 @@ def _run(args: argparse.Namespace, form: str, coef: float, work: Path) -> dict:
     seconds = time.perf_counter() - started
     exact, estimate, reward = {}, {}, []
     for entry in trainer.state.log_history:
-        step = entry.get("regularizer/grad_share_exact_step")
-        if isinstance(entry.get("regularizer/grad_share_exact"), float) and step is not None:
-            exact[int(step)] = entry["regularizer/grad_share_exact"]
-        if "step" in entry and isinstance(entry.get("regularizer/grad_share"), float):
-            estimate[int(entry["step"]) - 1] = entry["regularizer/grad_share"]  # logged after the step's update
-        if isinstance(entry.get("reward"), float):
-            reward.append(entry["reward"])
-    return {"exact": exact, "estimate": estimate, "reward": sum(reward) / max(len(reward), 1), "seconds": seconds}
+        step = entry.get(GRAD_SHARE_EXACT_STEP)
+        if isinstance(entry.get(GRAD_SHARE_EXACT), float) and step is not None:
+            exact[int(step)] = entry[GRAD_SHARE_EXACT]
+        if "step" in entry and isinstance(entry.get(GRAD_SHARE), float):
+            estimate[int(entry["step"]) - 1] = entry[GRAD_SHARE]  # logged after the step's update
+        if isinstance(entry.get(REWARD), float):
+            reward.append(entry[REWARD])
+    return {"exact": exact, "estimate": estimate, "mean_reward": sum(reward) / max(len(reward), 1), "seconds": seconds}
 
 
 def _fmt(values: dict[int, float], steps: list[int]) -> str:
@@ -118,7 +119,7 @@ def main() -> None:
                           if s in out["exact"] and s in out["estimate"] and out["exact"][s] > 0]
                 ratio = f"{min(ratios):.2f}-{max(ratios):.2f}" if ratios else "n/a"
                 print(f"{form:8} {coef:7.0e}  {_fmt(out['exact'], steps)} | {_fmt(out['estimate'], steps)} | "
-                      f"{ratio} | {out['reward']:.2f} | {out['seconds']:.0f}", flush=True)
+                      f"{ratio} | {out['mean_reward']:.2f} | {out['seconds']:.0f}", flush=True)
 
 
 if __name__ == "__main__":

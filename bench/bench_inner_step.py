@@ -27,6 +27,7 @@ from inner_loop.models.tiny import tiny_model_dir  # noqa: E402
 from inner_loop.loss.regularizers import build_regularizer  # noqa: E402
 from inner_loop.tasks import build_task  # noqa: E402
 from inner_loop.grpo.trainer import MirrorGRPOTrainer  # noqa: E402
+from results.store.metric_keys import STEP_TIME  # noqa: E402
 
 VARIANTS = {
     "trl_kl (baseline, beta=0.04)": None,
@@ -63,7 +64,7 @@ def _step_times(variant: DivergenceConfig | None, model_dir: str, work: Path, st
                                     processing_class=tok, regularizer=build_regularizer(variant))
     trainer.remove_callback(PrinterCallback)
     trainer.train()
-    times = [h["step_time"] for h in trainer.state.log_history if "step_time" in h]
+    times = [h[STEP_TIME] for h in trainer.state.log_history if STEP_TIME in h]
     return times[1:]
 
 

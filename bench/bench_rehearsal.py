@@ -41,6 +41,7 @@ def _inner(work_dir: Path, opts: argparse.Namespace, extra: list[str]) -> dict:
 def _measure(opts: argparse.Namespace, extra: list[str]) -> dict[str, float]:
     from inner_loop.checkpoints import CHECKPOINT_DIR
     from inner_loop.member import train_member
+    from results.store.metric_keys import COMPLETIONS_MEAN_LENGTH, GRAD_SHARE_DIAGNOSTIC, STEP_TIME
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp) / "member"
@@ -49,11 +50,11 @@ def _measure(opts: argparse.Namespace, extra: list[str]) -> dict[str, float]:
         if not record.ok:
             raise RuntimeError(f"the member failed: {record.error}")
         state = json.loads(next((work / CHECKPOINT_DIR).glob("checkpoint-*/trainer_state.json")).read_text())
-    steps = [h for h in state["log_history"] if "step_time" in h][1:]  # step 0 includes one-off set-up
-    step_time = statistics.median(h["step_time"] for h in steps)
-    tokens = statistics.median(h["completions/mean_length"] * opts.batch_size / h["step_time"] for h in steps)
+    steps = [h for h in state["log_history"] if STEP_TIME in h][1:]  # step 0 includes one-off set-up
+    step_time = statistics.median(h[STEP_TIME] for h in steps)
+    tokens = statistics.median(h[COMPLETIONS_MEAN_LENGTH] * opts.batch_size / h[STEP_TIME] for h in steps)
     return {"step_s": step_time, "tokens_per_s": tokens, "fitness": record.fitness, "wall_s": record.wall_time_s,
-            "grad_share": record.diagnostics.get("regularizer_grad_share", float("nan"))}
+            "grad_share": record.diagnostics.get(GRAD_SHARE_DIAGNOSTIC, float("nan"))}
 
 
 def main() -> None:

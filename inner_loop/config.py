@@ -10,7 +10,9 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar, get_type_hints
+from typing import Any, TypeVar
+
+from results.store.config_nodes import plain, refuse_unknown_keys, typed_node
 
 T = TypeVar("T")
 
@@ -27,74 +29,12 @@ KEEP_CHECKPOINTS = ("none", "last", "all")
 EVAL_SPLITS = ("validation", "test")
 
 
-def _plain(value: Any) -> Any:
-    """OmegaConf containers and nested mappings as plain dicts / lists."""
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)) or type(value).__name__ == "ListConfig":
-        return [_plain(v) for v in value]
-    return value
-
-
-def _coerce(node: str, key: str, value: Any, hint: Any) -> Any:
-    text = str(hint)
-    where = f"{node}.{key}"
-    if value is None:
-        if "None" in text:
-            return None
-        raise ValueError(f"{where} must not be null")
-    if text.startswith("dict") and text.endswith("Any]"):  # a free-form mapping (e.g. train.trl), kept intact
-        if not isinstance(value, dict):
-            raise ValueError(f"{where} must be a mapping, got {value!r}")
-        return dict(value)
-    if text.startswith("dict"):
-        if not isinstance(value, dict) or not all(isinstance(v, (int, float)) for v in value.values()):
-            raise ValueError(f"{where} must be a mapping of names to numbers, got {value!r}")
-        return {str(k): float(v) for k, v in value.items()}
-    if text.startswith("list"):
-        if not isinstance(value, list):
-            raise ValueError(f"{where} must be a list, got {value!r}")
-        return list(value)
-    if "bool" in text:
-        if not isinstance(value, bool):
-            raise ValueError(f"{where} must be true or false, got {value!r}")
-        return value
-    if "int" in text and "float" not in text:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{where} must be an integer, got {value!r}")
-        return value
-    if "float" in text:
-        if isinstance(value, str):  # YAML 1.1 reads "1e-3" (no dot) as a string
-            try:
-                value = float(value)
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{where} must be a number, got {value!r}")
-        return float(value)
-    if "str" in text:
-        if not isinstance(value, (str, Path)):
-            raise ValueError(f"{where} must be a string, got {value!r}")
-        return str(value)
-    return value
-
-
-def _from_mapping(cls: type[T], node: str, data: Mapping[str, Any] | None) -> T:
-    """Build dataclass ``cls`` from a mapping, rejecting unknown keys and wrong types with the key's name."""
-    data = _plain(data or {})
-    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise ValueError(f"unknown key(s) {[node + '.' + k for k in unknown]}; known keys are {sorted(names)}")
-    hints = get_type_hints(cls)
-    return cls(**{k: _coerce(node, k, v, hints[k]) for k, v in data.items()})  # type: ignore[call-arg]
-
-
 def node_config(cls: type[T], node: str, data: Mapping[str, Any] | None) -> T:
-    """One stored node (a finished run's ``model`` or ``train``) as its dataclass, unknown keys and wrong types
-    refused, without parsing the whole inner config: reading a finished run must not depend on the files its
-    training needed (a ``divergence.init`` that has moved since)."""
-    return _from_mapping(cls, node, data)
+    """One node (``model``, ``divergence``, ``train``) as its dataclass, unknown keys and wrong types refused, read
+    by the one reading every config node and task config shares (results/store/config_nodes.py). Public so that a
+    finished run's stored node can be read without parsing the whole inner config: that must not depend on the
+    files its training needed (a ``divergence.init`` that has moved since)."""
+    return typed_node(cls, data, node)
 
 
 def _one_of(key: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -256,7 +196,7 @@ class TrainConfig:
     #: where TRL's logged metrics go (transformers' report_to names); tensorboard writes <work_dir>/tensorboard_logs/
     report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
     full_form_rows: int | None = None
-    #: Any other field of TRL's GRPOConfig (vLLM, gradient accumulation, report_to, ...), passed through after the
+    #: Any other field of TRL's GRPOConfig (vLLM, gradient accumulation, generation_kwargs, ...), passed through after the
     #: checks in inner_loop/grpo/trl_overrides.py; fields set from the keys above are refused there.
     trl: dict[str, Any] = field(default_factory=dict)
 
@@ -336,9 +276,7 @@ def _extra_evaluations(value: Any) -> list[ExtraEvaluation]:
         where = f"extra_evaluations[{index}]"
         if not isinstance(item, dict) or "name" not in item:
             raise ValueError(f"{where} must be a mapping with a name and a task (null: the run's own), got {item!r}")
-        unknown = sorted(set(item) - {"name", "task"})
-        if unknown:
-            raise ValueError(f"unknown key(s) {[where + '.' + k for k in unknown]}; known keys are ['name', 'task']")
+        refuse_unknown_keys(item, ("name", "task"), where)
         name, task = item["name"], item.get("task")
         if task is not None and (not isinstance(task, dict) or not isinstance(task.get("name"), str)):
             raise ValueError(f"{where}.task must be null (the run's own task) or a task node with a name "
@@ -370,7 +308,7 @@ class InnerConfig:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], seed: int | None = None) -> "InnerConfig":
         """Parse and validate the resolved inner config; raises ValueError naming the offending key."""
-        data = _plain(data)
+        data = plain(data)
         missing = [k for k in ("task", "model", "divergence", "train") if k not in data]
         if missing:
             raise ValueError(f"inner config is missing node(s) {missing} (see conf/inner.yaml)")
@@ -379,9 +317,9 @@ class InnerConfig:
             raise ValueError("task.name is required (e.g. task=arith)")
         cfg = cls(
             task=task,
-            model=_from_mapping(ModelConfig, "model", data["model"]),
-            divergence=_from_mapping(DivergenceConfig, "divergence", data["divergence"]),
-            train=_from_mapping(TrainConfig, "train", data["train"]),
+            model=node_config(ModelConfig, "model", data["model"]),
+            divergence=node_config(DivergenceConfig, "divergence", data["divergence"]),
+            train=node_config(TrainConfig, "train", data["train"]),
             seed=int(data.get("seed", 0) if seed is None else seed),
             options=dict(data.get("options") or {}),
             eval_split=str(data.get("eval_split") or "validation"),

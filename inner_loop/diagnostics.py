@@ -5,22 +5,22 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from inner_loop.loss.regularizers import GRAD_SHARE_DIAGNOSTIC
+from results.store import metric_keys as keys
 
 #: TRL log keys averaged over the run into the result's diagnostics.
 _DIAGNOSTIC_KEYS = {
-    "reward": "reward_mean",
-    "frac_reward_zero_std": "zero_variance_group_frac",
-    "completions/clipped_ratio": "clipped_completion_ratio",
-    "regularizer/value": "regularizer_value",
+    keys.REWARD: keys.REWARD_MEAN,
+    keys.FRAC_REWARD_ZERO_STD: keys.ZERO_VARIANCE_GROUP_FRAC,
+    keys.COMPLETIONS_CLIPPED_RATIO: keys.CLIPPED_COMPLETION_RATIO,
+    keys.REGULARIZER_VALUE: keys.REGULARIZER_VALUE_MEAN,
     # ||grad coef*D|| / ||grad policy term||: per step in the space the loss sees, and once exactly w.r.t. the
     # trainable parameters (inner_loop/loss/grad_share.py); a ratio of gradients, since the policy term's VALUE is ~0
-    "regularizer/grad_share": GRAD_SHARE_DIAGNOSTIC,
-    "regularizer/grad_share_exact": "regularizer_grad_share_exact",
-    "regularizer/grad_share_exact_step": "regularizer_grad_share_exact_step",
+    keys.GRAD_SHARE: keys.GRAD_SHARE_DIAGNOSTIC,
+    keys.GRAD_SHARE_EXACT: keys.GRAD_SHARE_EXACT_DIAGNOSTIC,
+    keys.GRAD_SHARE_EXACT_STEP: keys.GRAD_SHARE_EXACT_STEP_DIAGNOSTIC,
 }
 #: Policy-term metrics (clipping, trust-region masks, mean ratio) are kept under their own names.
-_POLICY_METRIC_PREFIXES = ("clip_ratio/", "trust_region/")
+_POLICY_METRIC_PREFIXES = keys.POLICY_METRIC_PREFIXES
 
 
 def diagnostics_from_history(history: list[dict[str, Any]]) -> dict[str, float]:

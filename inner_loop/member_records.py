@@ -2,6 +2,8 @@
 
 One place decides what an `ok` and a `failed` record carry (fitness and validation figures, diagnostics, steps,
 wall time, peak disk), so a member that fails late keeps what it measured and a finished one never lacks a field.
+The record written here is the member's only write of result.json: the job wrapper and the seed group (launch/)
+find it and keep it instead of writing it again (results.store.records.write_final_result).
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from inner_loop.diagnostics import diagnostics_from_history
 from inner_loop.evaluate import EvalResult
 from inner_loop.loss.regularizers import warn_if_inert
 from inner_loop.grpo.trainer import MirrorGRPOTrainer, NonFiniteLossError
-from results.store.records import ResultRecord, write_result
+from results.store.records import ResultRecord, write_final_result
 
 logger = logging.getLogger(__name__)
 
@@ -50,8 +52,7 @@ def record_failure(work_dir: Path, stage: str, exc: Exception, trainer: MirrorGR
         diagnostics=diagnostics_from_history(trainer.state.log_history) if trainer is not None else {},
         disk_peak_bytes=peak_disk(trainer, work_dir) if trainer is not None else None,
     )
-    write_result(work_dir, record)
-    return record
+    return write_final_result(work_dir, record)
 
 
 def record_success(work_dir: Path, cfg: InnerConfig, trainer: MirrorGRPOTrainer, evaluation: EvalResult,
@@ -77,5 +78,4 @@ def record_success(work_dir: Path, cfg: InnerConfig, trainer: MirrorGRPOTrainer,
         disk_peak_bytes=peak_disk(trainer, work_dir),
         evaluations={name: dict(entry) for name, entry in (evaluations or {}).items()},
     )
-    write_result(work_dir, record)
-    return record
+    return write_final_result(work_dir, record)

@@ -8,12 +8,8 @@ from typing import Any
 from transformers import TrainerCallback
 
 from results.store.layout import TENSORBOARD_DIR
+from results.store.metric_keys import FRAC_REWARD_ZERO_STD, GRAD_SHARE, REWARD
 from results.store.progress import RECENT, MemberProgress, write_progress
-
-#: TRL's and our trainer's names of the logged values progress.json carries
-REWARD_KEY = "reward"
-ZERO_STD_KEY = "frac_reward_zero_std"
-GRAD_SHARE_KEY = "regularizer/grad_share"
 
 
 class ProgressFileCallback(TrainerCallback):
@@ -26,7 +22,7 @@ class ProgressFileCallback(TrainerCallback):
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **_: Any) -> None:
         logs = logs or {}
-        if REWARD_KEY not in logs and ZERO_STD_KEY not in logs:
+        if REWARD not in logs and FRAC_REWARD_ZERO_STD not in logs:
             return  # the final summary log (train_runtime, ...) carries no step values
         now = time.time()
         step = int(state.global_step)
@@ -38,11 +34,11 @@ class ProgressFileCallback(TrainerCallback):
         self.progress = MemberProgress(
             step=step, max_steps=int(state.max_steps), started_at=first_time, updated_at=now, seconds_per_step=rate,
             # a value not logged at this step (the gradient share is not measured at every one) keeps the last
-            reward_mean=_latest(logs, REWARD_KEY, old.reward_mean if old else None),
-            zero_std_fraction=_latest(logs, ZERO_STD_KEY, old.zero_std_fraction if old else None),
-            regularizer_grad_share=_latest(logs, GRAD_SHARE_KEY, old.regularizer_grad_share if old else None),
-            zero_std_recent=_recent(old.zero_std_recent if old else [], logs.get(ZERO_STD_KEY)),
-            grad_share_recent=_recent(old.grad_share_recent if old else [], logs.get(GRAD_SHARE_KEY)),
+            reward_mean=_latest(logs, REWARD, old.reward_mean if old else None),
+            zero_std_fraction=_latest(logs, FRAC_REWARD_ZERO_STD, old.zero_std_fraction if old else None),
+            regularizer_grad_share=_latest(logs, GRAD_SHARE, old.regularizer_grad_share if old else None),
+            zero_std_recent=_recent(old.zero_std_recent if old else [], logs.get(FRAC_REWARD_ZERO_STD)),
+            grad_share_recent=_recent(old.grad_share_recent if old else [], logs.get(GRAD_SHARE)),
         )
         try:
             write_progress(self.work_dir, self.progress)

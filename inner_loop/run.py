@@ -3,8 +3,9 @@
     python -m inner_loop.run divergence=neural_mirror divergence.init=best_mirror.safetensors
     python -m inner_loop.run divergence=kl train.steps=100 work_dir=outputs/kl_seed1 seed=1
 
-Re-running with the same work_dir returns the finished result or resumes the partial run. A configuration
-mistake exits with status 2 and a one-line message naming the key, before anything is trained or written.
+Re-running with the same work_dir returns the finished result or resumes the partial run. A bad value exits with
+status 2 and a one-line message naming the key, before anything is trained or written; a key that does not exist
+is Hydra's own error (status 1).
 
 ``eval_split=test`` scores the finished run on the task's test split instead of validation (final numbers of a
 chosen method or init; the record says which split). ES members are always scored on validation.

@@ -4,7 +4,8 @@ It makes members safe to submit more than once: a member whose result.json holds
 without running again, and an exclusive lock on the member directory makes a duplicate job (an orphan of a
 killed orchestrator plus its resubmission) wait and then read the first one's result instead of training
 twice. Every Python-level outcome (exception, NaN fitness, wall-limit exceeded) becomes a result record, so
-a job that leaves no result.json died from outside (killed, out of memory, node lost).
+a job that leaves no result.json died from outside (killed, out of memory, node lost). Each member's result.json
+is written once: by the entry point where it records its own outcome (train_member), else here.
 
 ``inner.timeout_s`` is a budget of RUNNING time for one attempt, summed over all runs of that attempt (a
 SLURM job requeued on its time limit or by preemption runs again under the same id); time spent queued never
@@ -35,7 +36,8 @@ from results.store.layout import MEMBER_LOCK_FILE as LOCK_FILE  # re-exported un
 from results.store.layout import STARTED_FILE
 from results.store.atomic import atomic_write_json
 from launch.seed_group import run_seed_group
-from results.store.records import MEMBER_SEEDS_KEY, SPEC_FILE, MemberSpec, ResultRecord, read_result, write_result
+from results.store.records import (MEMBER_SEEDS_KEY, SPEC_FILE, MemberSpec, ResultRecord, read_result,
+                                   write_final_result)
 
 logger = logging.getLogger(__name__)
 
@@ -230,7 +232,8 @@ def run_member(
     out_of_time: tuple[type[BaseException], ...] = (),
     ledger_interval_s: float = LEDGER_INTERVAL_S,
 ) -> dict[str, Any]:
-    """Run one member to a final ResultRecord (as a dict), written to ``<work_dir>/result.json``.
+    """Run one member to a final ResultRecord (as a dict) in ``<work_dir>/result.json``: the record the entry point
+    wrote there itself (train_member does), else the outcome seen here, written once (``write_final_result``).
 
     ``timeout_s``: the attempt's running-time budget over all its runs (<= 0: none); a requeued run gets
     what is left of it. ``out_of_time``: extra exception types that mean "ran out of wall time" (status
@@ -248,8 +251,17 @@ def run_member(
             record = _call(entrypoint, member, timeout_s, used_before, out_of_time)
         if record.wall_time_s <= 0:
             record.wall_time_s = time.monotonic() - start
-        write_result(work_dir, record)
-    return record.to_dict()
+        final = write_final_result(work_dir, record)
+    if final.status != record.status:
+        logger.warning("member %s: its entry point recorded %s before the run ended as %s (%s); the recorded "
+                       "result stands", work_dir, final.status, record.status, _error_summary(record.error))
+    return final.to_dict()
+
+
+def _error_summary(text: str) -> str:
+    """The last line of an error: a traceback tail's exception, or a one-line message whole."""
+    lines = text.strip().splitlines()
+    return lines[-1] if lines else ""
 
 
 def _call(

@@ -325,12 +325,14 @@ class MemberArrayRunner:
             self.specs[spec.index] = spec
             self._reconcile(spec)
 
-    def stop_members(self, indices: Sequence[int], status: str, error: str) -> list[int]:
+    def stop_members(self, indices: Sequence[int], status: str, error: str,
+                     records: Mapping[int, ResultRecord] | None = None) -> list[int]:
         """Stop members that are not final yet on the caller's decision (``status`` one of DECIDED_STATUSES):
         queued ones are never submitted, live jobs are cancelled, and each is settled final with a record of
         that status, never retried. A member whose own result.json is already there keeps it on disk (it is
         not overwritten), but the decision is what gets settled: the caller recorded it first so that a
-        restart settles the same (``decided``). Returns the indices stopped."""
+        restart settles the same (``decided``). ``records``: per member, the record to settle instead of the plain
+        one (an early stop's score and reason; its status must be ``status``). Returns the indices stopped."""
         if status not in DECIDED_STATUSES:
             raise ValueError(f"stop_members: status {status!r} is not one of {DECIDED_STATUSES}")
         wanted = {int(i) for i in indices} - set(self.final)
@@ -342,7 +344,10 @@ class MemberArrayRunner:
             self.ended_at.pop(index, None)
             self.waiting_since.pop(index, None)
             self.queued_seen.pop(index, None)
-            self._conclude(self.specs[index], ResultRecord(status=status, error=error), keep_existing=False)
+            record = (records or {}).get(index) or ResultRecord(status=status, error=error)
+            if record.status != status:
+                raise ValueError(f"stop_members: member {index}'s record has status {record.status!r}, not {status!r}")
+            self._conclude(self.specs[index], record, keep_existing=False)
         return sorted(wanted)
 
     def _conclude(self, spec: MemberSpec, record: ResultRecord, keep_existing: bool = True) -> None:
@@ -377,7 +382,9 @@ class MemberArrayRunner:
             self.on_final(spec, record, self._progress())
 
     def _progress(self) -> ArrayProgress:
-        failed = sum(1 for r in self.final.values() if not r.ok)
+        # decided on purpose (late, pruned, stopped early) is not a failure; a cancel by someone else is
+        not_failures = set(DECIDED_STATUSES) - {"cancelled"}
+        failed = sum(1 for r in self.final.values() if not r.ok and r.status not in not_failures)
         return ArrayProgress(total=len(self.specs), done=len(self.final), failed=failed, in_flight=len(self.in_flight))
 
     def _check_abort(self) -> None:

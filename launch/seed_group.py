@@ -8,14 +8,16 @@ result. Every member of a generation gets the same seeds (common random numbers,
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+import os
 import statistics
 from pathlib import Path
 from typing import Any, Callable
 
 from results.store.atomic import atomic_write_json
-from results.store.layout import SPEC_FILE, seed_dir_name
-from results.store.records import MEMBER_SEEDS_KEY, MemberSpec, ResultRecord, read_result, write_result
+from results.store.layout import RESULT_FILE, SPEC_FILE, archived_result_name, seed_dir_name
+from results.store.records import MEMBER_SEEDS_KEY, MemberSpec, ResultRecord, read_result, write_final_result
 
 logger = logging.getLogger(__name__)
 
@@ -39,15 +41,31 @@ def run_seed_group(fn: Callable[[MemberSpec], Any], member: MemberSpec) -> Resul
     for k, seed in enumerate(member_seeds(member)):
         spec = seed_spec(member, k, seed)
         record = read_result(spec.work_dir)
+        if record is not None and not record.ok and _earlier_attempt(spec) is not None:
+            record = None  # this seed failed on an earlier attempt of the member: the retry runs it again
         if record is None:
             Path(spec.work_dir).mkdir(parents=True, exist_ok=True)
             atomic_write_json(Path(spec.work_dir) / SPEC_FILE, spec.to_dict())
-            record = ResultRecord.coerce(fn(spec))
-            write_result(spec.work_dir, record)
+            # kept on disk so a retry skips this seed; train_member has written it already (then this writes nothing)
+            record = write_final_result(spec.work_dir, ResultRecord.coerce(fn(spec)))
         if not record.ok:
             return dataclasses.replace(record, error=f"seed {k} (seed={seed}): {record.error}")
         records.append(record)
     return _mean_record(records)
+
+
+def _earlier_attempt(spec: MemberSpec) -> int | None:
+    """The attempt that wrote this seed's result, when it was an earlier one than ``spec``'s: that result is moved
+    aside (result.attempt<k>.json, as the runner does for a member), so a retry of the member retries the seed."""
+    try:
+        written_by = int(json.loads((Path(spec.work_dir) / SPEC_FILE).read_text()).get("attempt", 0))
+    except (OSError, ValueError, AttributeError):
+        return None
+    if written_by >= spec.attempt:
+        return None
+    os.replace(Path(spec.work_dir) / RESULT_FILE, Path(spec.work_dir) / archived_result_name(written_by))
+    logger.info("%s: seed failed on attempt %d; attempt %d runs it again", spec.work_dir, written_by, spec.attempt)
+    return written_by
 
 
 def _mean_record(records: list[ResultRecord]) -> ResultRecord:

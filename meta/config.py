@@ -5,6 +5,7 @@ so a typo costs seconds instead of a generation of cluster time.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -13,15 +14,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, MutableMapping, Sequence
 
+from meta.early_stop import EarlyStopConfig, EarlyStopError, check_early_stop
+from results.store.config_nodes import plain
+
 #: the Hydra config tree of every command (conf/)
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 INNER_NODES = ("task", "model", "divergence", "train")
 # Keys that change what the search computes; a resume refuses to change them.
 SEARCH_KEYS = ("population", "seed", "es", "init", "fitness_on_failure", "common_random_numbers", "inner.entrypoint",
-               "inner.options", "seeds_per_member", *INNER_NODES)
+               "inner.options", "seeds_per_member", "early_stop", *INNER_NODES)
 #: search keys added after runs existed, with the value that reproduces those runs: a run whose config lacks one
 #: resumes (and hashes) as if it had this value
-ADDED_SEARCH_KEYS = {"seeds_per_member": 1}
+ADDED_SEARCH_KEYS = {"seeds_per_member": 1, "early_stop": dataclasses.asdict(EarlyStopConfig())}
 # Keys inside SEARCH_KEYS that say what a member keeps on disk, not what it computes: a resume may change them
 # (e.g. keep checkpoints from now on), and runs started before they existed resume.
 HOUSEKEEPING_KEYS = ("train.keep_checkpoints", "train.save_total_limit")
@@ -78,6 +82,10 @@ class SearchConfig:
     reevaluate: "ReevaluateConfig" = field(default_factory=lambda: ReevaluateConfig())
     #: training runs (seeds) per member, the same seeds for every member of a generation; fitness = their mean
     seeds_per_member: int = 1
+    #: stopping clear losers at an early validation step (meta/early_stop.py); off by default
+    early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
+    #: the training step early_stop decides at (None: early_stop off)
+    early_stop_step: int | None = None
 
     def member_inner(self) -> dict[str, Any]:
         """The ``inner`` dict of every member spec: resolved task/model/divergence/train plus options."""
@@ -87,7 +95,7 @@ class SearchConfig:
 def config_hash(raw: Mapping[str, Any], keys: Sequence[str] = SEARCH_KEYS) -> str:
     """Hash of the keys that define what a run computes (provenance for exported inits and presets): a search's
     SEARCH_KEYS by default, a tuning study's own (meta/tune/config.py STUDY_KEYS)."""
-    picked = _str_keys({key: _get_dotted(raw, key) for key in keys})
+    picked = plain({key: _get_dotted(raw, key) for key in keys})
     for key, default in ADDED_SEARCH_KEYS.items():
         if key in picked and picked[key] in (None, default):
             del picked[key]
@@ -99,14 +107,6 @@ def config_hash(raw: Mapping[str, Any], keys: Sequence[str] = SEARCH_KEYS) -> st
         if isinstance(node, dict):
             node.pop(leaf, None)
     return hashlib.sha256(json.dumps(picked, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def _str_keys(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _str_keys(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_str_keys(v) for v in value]
-    return value
 
 
 def _get_dotted(raw: Mapping[str, Any], key: str) -> Any:
@@ -265,6 +265,11 @@ def build_search_config(raw: Mapping[str, Any]) -> SearchConfig:
     if cfg.log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(f"log_level={cfg.log_level!r} must be one of DEBUG, INFO, WARNING, ERROR")
     _check_search_components(cfg)
+    try:
+        cfg.early_stop = EarlyStopConfig.from_mapping(raw.get("early_stop"))
+        cfg.early_stop_step = check_early_stop(cfg.early_stop, cfg.es, raw["train"], cfg.population)
+    except EarlyStopError as exc:
+        raise ConfigError(str(exc)) from None
     check_member_launch(raw, cfg.launcher, cfg.inner_timeout_s, cfg.inner_entrypoint, cfg.member_inner(),
                         cfg.resources)
     return cfg

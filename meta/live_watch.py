@@ -34,16 +34,18 @@ class GenerationSnapshot:
     best: float | None
     mean: float | None
     eta_s: float | None
+    stopped_early: int = 0
 
     def counts(self) -> tuple[int, ...]:
-        return self.done, self.running, self.queued, self.failed, self.late
+        return self.done, self.running, self.queued, self.failed, self.late, self.stopped_early
 
     def line(self) -> str:
         best = f"{self.best:.4f}" if self.best is not None else "n/a"
         mean = f"{self.mean:.4f}" if self.mean is not None else "n/a"
         eta = format_duration(self.eta_s) if self.eta_s is not None else "unknown"
+        early = f", stopped early {self.stopped_early}" if self.stopped_early else ""
         return (f"gen {self.generation}: done {self.done}/{self.total}, running {self.running}, queued {self.queued}, "
-                f"failed {self.failed}, late {self.late} | best {best}, mean {mean} | generation ETA {eta}")
+                f"failed {self.failed}, late {self.late}{early} | best {best}, mean {mean} | generation ETA {eta}")
 
 
 def format_duration(seconds: float) -> str:
@@ -187,5 +189,6 @@ class LiveWatch:
         return GenerationSnapshot(
             generation=generation, total=len(states), done=sum(1 for s in states.values() if s == "ok"),
             running=len(running), queued=queued, late=sum(1 for s in states.values() if s == "late"),
-            failed=sum(1 for s in states.values() if s not in ("ok", "late", "running", "queued")),
+            failed=sum(1 for s in states.values() if s not in ("ok", "late", "running", "queued", "stopped_early")),
+            stopped_early=sum(1 for s in states.values() if s == "stopped_early"),
             best=max(fitness) if fitness else None, mean=statistics.fmean(fitness) if fitness else None, eta_s=eta)

@@ -14,6 +14,7 @@ the decision is a file written before any cancellation, so a resume settles the 
 from __future__ import annotations
 
 import logging
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -24,6 +25,7 @@ from launch.base import Launcher
 from launch.factory import runner_policy
 from launch.runner import ArrayProgress, MemberArrayRunner
 from meta.config import SearchConfig
+from meta.early_stop import STOPPED_STATUS, EarlyStopJudge, reported_score, stop_capacity, update_fitness
 from meta.generation_close import QuorumClock
 from meta.init import initial_center
 from meta.live_watch import LiveWatch, all_same_warning, format_duration
@@ -57,6 +59,7 @@ class Orchestrator:
         self.best: dict[str, Any] | None = None
         self.next_generation = 0
         self._durations: list[float] = []
+        self._early_scores: dict[tuple[int, int], float] = {}  # (generation, member) -> score at the decision step
         divergence = cfg.inner_config.get("divergence") or {}
         parallel = cfg.launcher.get("array_parallelism") if cfg.launcher.get("name") == "slurm" else None
         self._live = LiveWatch(cfg.population, grad_share_floor=divergence.get("grad_share_floor", 0.01),
@@ -92,6 +95,9 @@ class Orchestrator:
         if closed:
             logger.info("generation %d closed at its quorum before the restart: %d member(s) stay late",
                         generation, len(decided))
+        judge = self._early_stop_judge(generation, population)
+        if judge is not None:
+            decided.update(self._stopped_records(judge))
         runner = MemberArrayRunner(
             launcher=self.launcher,
             entrypoint=self.cfg.inner_entrypoint,
@@ -102,7 +108,7 @@ class Orchestrator:
             policy=self.policy,
             on_final=self._log_member,
             should_abort=lambda final: self._abort_message(generation, final),
-            on_tick=lambda active: self._tick(generation, active, clock, closed is not None),
+            on_tick=lambda active: self._tick(generation, active, clock, closed is not None, judge),
             decided=decided,
         )
         records = runner.run()
@@ -110,11 +116,13 @@ class Orchestrator:
         members = range(population)
         ok = torch.tensor([records[i].ok for i in members], dtype=torch.bool)
         late = torch.tensor([records[i].status == "late" for i in members], dtype=torch.bool)
-        fitness = torch.tensor(
+        stopped = torch.tensor([records[i].status == STOPPED_STATUS for i in members], dtype=torch.bool)
+        # stopped members: tied below every other member, the bottom ranks their final fitness would have had
+        fitness = torch.tensor(update_fitness(
             [records[i].fitness if records[i].ok else self.cfg.fitness_on_failure for i in members],
-            dtype=torch.float64,
-        )
-        summary = self.searcher.tell(generation, values, fitness, ok, late)
+            stopped.tolist()), dtype=torch.float64)
+        # a stopped member is no failure: it is measured (at the bottom), so the searcher's note counts it as ok
+        summary = self.searcher.tell(generation, values, fitness, ok | stopped, late)
         if summary is not None and getattr(summary, "note", ""):
             logger.info("generation %d update: %s", generation, summary.note)
         gen_best = self._update_best(generation, specs[:population], records)
@@ -132,12 +140,12 @@ class Orchestrator:
                 "searcher": self.searcher.state_dict(),
                 "center": self.searcher.center,
                 "best": self.best,
-                "mean_fitness": _measured_mean(fitness, late),
+                "mean_fitness": _measured_mean(fitness, late | stopped),
             },
         )
         self.next_generation = generation + 1
         self._log_tensorboard()
-        self._log_generation(generation, fitness, ok, late, gen_best, time.monotonic() - started)
+        self._log_generation(generation, fitness, ok, late, stopped, gen_best, time.monotonic() - started)
 
     # -------------------------------------------------------------- pieces
     def _finalize_members(self, specs: list[MemberSpec]) -> None:
@@ -173,10 +181,75 @@ class Orchestrator:
         except Exception as exc:  # an observer's failure must not cost a generation
             logger.warning("could not write the TensorBoard scalars: %s", exc)
 
-    def _tick(self, generation: int, runner: MemberArrayRunner, clock: QuorumClock, closed_before: bool) -> None:
-        """Once per polling round: the progress line and live warnings (rate-limited), then close the generation
-        at its quorum when the straggler grace is over."""
+    def _early_stop_judge(self, generation: int, population: int) -> EarlyStopJudge | None:
+        """early_stop's judge for this generation, with the decisions a previous process wrote (None: off)."""
+        if self.cfg.early_stop_step is None:
+            return None
+        judge = EarlyStopJudge(self.cfg.early_stop, self.cfg.early_stop_step, population,
+                               stop_capacity(self.cfg.es, population))
+        previous = self.store.read_early_stop(generation)
+        if previous:
+            judge.load(previous)
+            logger.info("generation %d: %d early decision(s) from before the restart, %d stopped", generation,
+                        len(judge.decisions), len(judge.stopped()))
+        return judge
+
+    def _stopped_records(self, judge: EarlyStopJudge) -> dict[int, ResultRecord]:
+        """The records of the members ``judge`` stopped: their early score and the share of training not run."""
+        steps = int(self.cfg.inner_config["train"]["steps"])
+        records = {}
+        for index in judge.stopped():
+            decision = judge.decisions[index]
+            records[index] = ResultRecord(
+                status=STOPPED_STATUS,
+                error=(f"stopped early at step {judge.step}: score {decision.score:.4f} below the median "
+                       f"{decision.median:.4f} of {decision.reported} reported by more than "
+                       f"{judge.config.margin:g} x noise {judge.config.noise:g}"),
+                diagnostics={"early_score": decision.score, "early_step": float(judge.step),
+                             "early_median": decision.median, "training_not_run": 1.0 - judge.step / steps},
+            )
+        return records
+
+    def _early_stop_tick(self, generation: int, runner: MemberArrayRunner, judge: EarlyStopJudge) -> None:
+        """Decide the members that reported at the decision step; write the decisions, then stop the losers."""
+        population = judge.population
+        open_members = {i for i in runner.specs if i < population and i not in runner.final
+                        and i not in judge.decisions}
+        if not open_members:
+            return
+        scores = {}
+        for index in range(population):
+            if index in judge.decisions:
+                continue
+            score = self._early_scores.get((generation, index))
+            if score is None:
+                score = reported_score(runner.specs[index].work_dir, judge.step, self.cfg.seeds_per_member)
+                if score is None:
+                    continue
+                self._early_scores[(generation, index)] = score
+            scores[index] = score
+        # A member whose result is already on disk finished: the next poll reads it, it is not stopped.
+        finished = {i for i in open_members if i in scores and read_result(runner.specs[i].work_dir) is not None}
+        new = judge.decide(scores, open_members - finished)
+        if not new:
+            return
+        self.store.write_early_stop(generation, judge.to_dict())
+        stop = [d.index for d in new if d.stop]
+        if not stop:
+            return
+        logger.info("generation %d: stopping %d member(s) early at step %d (median %.4f of %d reported): %s",
+                    generation, len(stop), judge.step, new[0].median, new[0].reported,
+                    ", ".join(f"{i:03d} ({judge.decisions[i].score:.4f})" for i in stop))
+        records = self._stopped_records(judge)
+        runner.stop_members(stop, STOPPED_STATUS, "stopped early", records=records)
+
+    def _tick(self, generation: int, runner: MemberArrayRunner, clock: QuorumClock, closed_before: bool,
+              judge: EarlyStopJudge | None = None) -> None:
+        """Once per polling round: the progress line and live warnings (rate-limited), early_stop's decisions,
+        then close the generation at its quorum when the straggler grace is over."""
         self._live.tick(generation, runner)
+        if judge is not None:
+            self._early_stop_tick(generation, runner, judge)
         if closed_before or not clock.enabled():
             return
         pending = [i for i in runner.specs if i not in runner.final]
@@ -223,7 +296,8 @@ class Orchestrator:
 
     def _abort_message(self, generation: int, final: Mapping[int, ResultRecord]) -> str | None:
         # Population members only (the control member is information, not the search); late is not a failure.
-        failed = [i for i, r in final.items() if not r.ok and r.status != "late" and i < self.cfg.population]
+        failed = [i for i, r in final.items()
+                  if not r.ok and r.status not in ("late", STOPPED_STATUS) and i < self.cfg.population]
         if len(failed) <= self.cfg.max_failed_fraction * self.cfg.population:
             return None
         last = final[failed[-1]]
@@ -280,14 +354,18 @@ class Orchestrator:
             rows.append(row)
         self.store.upsert_members(rows)
         ok_fitness = fitness[ok]
+        stopped = torch.tensor([records[i].status == STOPPED_STATUS for i in range(population)], dtype=torch.bool)
+        # the mean over members with a measurement of their own (not late, not stopped early)
         self.store.upsert_generation(
             {
                 "generation": generation,
                 "done": int(ok.sum()),
-                "failed": int((~ok & ~late).sum()),
+                "failed": int((~ok & ~late & ~stopped).sum()),
                 "late": int(late.sum()),
+                "stopped_early": int(stopped.sum()),
+                "member_seconds_saved": _member_seconds_saved(records, population),
                 "best_fitness": float(ok_fitness.max()) if len(ok_fitness) else float("nan"),
-                "mean_fitness": _measured_mean(fitness, late),
+                "mean_fitness": _measured_mean(fitness, late | stopped),
                 "control_fitness": control.fitness if control is not None and control.ok else float("nan"),
                 "center_norm": float(self.searcher.center.norm()),
                 "wall_time_s": wall,
@@ -308,18 +386,30 @@ class Orchestrator:
         )
 
     def _log_generation(
-        self, generation: int, fitness: torch.Tensor, ok: torch.Tensor, late: torch.Tensor, gen_best: dict | None,
-        wall: float,
+        self, generation: int, fitness: torch.Tensor, ok: torch.Tensor, late: torch.Tensor, stopped: torch.Tensor,
+        gen_best: dict | None, wall: float,
     ) -> None:
         self._durations.append(wall)
         remaining = self.cfg.generations - generation - 1
         eta = remaining * sum(self._durations) / len(self._durations)
         best = f"{gen_best['fitness']:.4f} (member {gen_best['index']:03d})" if gen_best else "n/a"
+        early = f", stopped early {int(stopped.sum())}" if bool(stopped.any()) else ""
         logger.info(
-            "generation %d/%d: done %d, failed %d, late %d | best %s, mean %.4f | %.1f s, ETA %s",
-            generation + 1, self.cfg.generations, int(ok.sum()), int((~ok & ~late).sum()), int(late.sum()), best,
-            _measured_mean(fitness, late), wall, format_duration(eta),
+            "generation %d/%d: done %d, failed %d, late %d%s | best %s, mean %.4f | %.1f s, ETA %s",
+            generation + 1, self.cfg.generations, int(ok.sum()), int((~ok & ~late & ~stopped).sum()), int(late.sum()),
+            early, best, _measured_mean(fitness, late | stopped), wall, format_duration(eta),
         )
+
+
+def _member_seconds_saved(records: Mapping[int, ResultRecord], population: int) -> float:
+    """Training time early_stop saved: per stopped member, the share of training it did not run times the median
+    wall time of the population's full (ok) runs; an estimate, since a member's time varies with its completions."""
+    walls = [r.wall_time_s for i, r in records.items() if i < population and r.ok and r.wall_time_s > 0]
+    if not walls:
+        return 0.0
+    median = statistics.median(walls)
+    return sum(median * r.diagnostics.get("training_not_run", 0.0)
+               for i, r in records.items() if i < population and r.status == STOPPED_STATUS)
 
 
 def _measured_mean(fitness: torch.Tensor, late: torch.Tensor) -> float:

@@ -493,6 +493,8 @@ def run(argv: Sequence[str]) -> int:
         summary = summarize_run_dir(store.root)
         store.write_pilot(summary)
         sys.stdout.write(format_pilot(summary))
+        if cfg.inner_config["train"].get("eval_every"):
+            sys.stdout.write(_early_cut_text(store.root))
         sys.stdout.flush()
         if prepared.export:
             try:
@@ -504,6 +506,16 @@ def run(argv: Sequence[str]) -> int:
         return 0
 
     return run_locked(store.lock_path, body)
+
+
+def _early_cut_text(run_dir: Path) -> str:
+    """What early_stop would cut at these settings (meta/early_cuts.py), from the pilot's own learning curves."""
+    from meta.early_cuts import report_text
+
+    try:
+        return "\nearly_stop at these settings (python -m meta.early_cuts):\n" + report_text([run_dir])
+    except ValueError as exc:
+        return f"\nearly_stop at these settings: not measured ({exc})\n"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from meta.config import SearchConfig
+from meta.early_stop import stop_capacity
 from results.store.run_store import RunStore
 
 #: SLURM's default MaxArraySize; a dry run asks no scheduler, so without launcher.max_array_size it assumes this
@@ -306,6 +307,7 @@ def build_plan(
                                     f"{math.ceil(cfg.quorum * cfg.population - 1e-9)} of {cfg.population} members "
                                     "finished; the rest are cancelled as late (the GPU-hours below are an upper bound)"),
         f"GPU-hours, whole search: {runs} runs x {member_h:.2f} h x {gpus} GPU = {gpu_h:,.1f} GPU-h",
+        *early_stop_lines(cfg, generations, member_h, gpus),
         f"GPU-hours, worst case with retries: every member failing at inner.timeout_s and retried "
         f"retries={cfg.retries} time(s) = {worst_h:,.1f} GPU-h",
         f"CPU-hours, whole search: {runs * member_h * cpus:,.1f} CPU-h",
@@ -313,6 +315,26 @@ def build_plan(
     lines += ["", *reporting_lines(cfg, overrides)]
     lines += ["", *_disk_lines(raw, cfg, concurrent, generations)]
     return "\n".join(lines)
+
+
+def early_stop_lines(cfg: SearchConfig, generations: int, member_h: float, gpus: int) -> list[str]:
+    """What early_stop may save: at most the update's ignored members per generation, each stopped at the
+    decision step (a member on k seeds decides after its last seed reported, so it saves one run's rest)."""
+    if cfg.early_stop_step is None:
+        return ["early_stop: off (every member trains to its last step)"]
+    steps = int(cfg.inner_config["train"]["steps"])
+    capacity = stop_capacity(cfg.es, cfg.population)
+    rest = 1.0 - cfg.early_stop_step / steps
+    saved_h = generations * capacity * rest * member_h
+    return [
+        f"early_stop: decided at step {cfg.early_stop_step} of {steps} once {cfg.early_stop.min_reported:g} of the "
+        f"population reported; a member is stopped below the median by more than margin {cfg.early_stop.margin:g} x "
+        f"noise {cfg.early_stop.noise:g}; at most {capacity} of {cfg.population} per generation (the members the "
+        f"update ignores)",
+        f"early_stop saves at most {generations} generations x {capacity} members x {rest:.2f} of a run x "
+        f"{member_h:.2f} h x {gpus} GPU = {saved_h * gpus:,.1f} GPU-h ({saved_h:,.1f} member-h); how many stop "
+        "depends on the early scores (docs/early_stop.md has the measured false-cut rates)",
+    ]
 
 
 def _disk_lines(raw: Mapping[str, Any], cfg: SearchConfig, concurrent: int, generations: int) -> list[str]:

@@ -3,7 +3,7 @@
 Read-only: it never takes the run's LOCK or writes a file, so it is safe while the orchestrator runs and works after
 it died. Per generation a summary line; per member of the current generation (every generation with --all): its
 state (queued, with SLURM's pending reason; running, with its step, last reward and regularizer gradient share from
-progress.json; ok with its fitness; failed, timeout, late, cancelled), its running time and GPU time (the member's
+progress.json; ok with its fitness; failed, timeout, late, cancelled, stopped_early with its early score), its running time and GPU time (the member's
 ledger x resources.gpus), and an ETA from the members' measured step rates. A ``meta.tune`` run gets its trials
 instead (meta/tune/status.py). Exit 2 when run_dir is not a search.
 """
@@ -55,6 +55,9 @@ def render(run_dir: str | Path, show_all: bool = False, now: float | None = None
              orchestrator_line(store)]
     gen_table = store.read_generations()
     walls = [float(w) for w in gen_table["wall_time_s"]] if len(gen_table) and "wall_time_s" in gen_table else []
+    saved: dict[int, float] = {}
+    if len(gen_table) and "member_seconds_saved" in gen_table:
+        saved = {int(g): float(s) for g, s in zip(gen_table["generation"], gen_table["member_seconds_saved"].fillna(0))}
     current_eta = None
     for generation in gens:
         jobs = store.read_jobs(generation)
@@ -76,7 +79,11 @@ def render(run_dir: str | Path, show_all: bool = False, now: float | None = None
         eta = None if generation in done else generation_eta(finished, running, queued, int(parallel) if parallel else None)
         tag = "done" if generation in done else ("ETA " + format_duration(eta) if eta is not None else "ETA unknown")
         gpu_h = sum(r.running_s or r.wall_s or 0.0 for r in rows) * gpus / 3600.0
-        lines.append(f"gen {generation}: {summary}{stats} | GPU time {gpu_h:.2f} h | {tag}")
+        early = ""
+        if saved.get(generation):
+            early = (f" | early stop saved ~{saved[generation] * gpus / 3600.0:.2f} GPU-h "
+                     f"({format_duration(saved[generation])} of member time)")
+        lines.append(f"gen {generation}: {summary}{stats} | GPU time {gpu_h:.2f} h{early} | {tag}")
         if generation not in done:
             current_eta = eta
         if show_all or generation == gens[-1]:

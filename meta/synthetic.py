@@ -21,7 +21,8 @@ Used through ``inner.entrypoint=meta.synthetic:member``; its behaviour is steere
   evaluation_shift: {evaluation name: shift}: each inner ``extra_evaluations`` entry is recorded as the fitness
       plus its shift (default 0), as the test split and transfer tasks of a reporting run;
   intermediate_noise: with train.eval_every set, write <work_dir>/intermediate.jsonl at every eval_every-th step
-      below train.steps, each score the final fitness plus this much Gaussian noise drawn from (seed, params, step);
+      below train.steps, each score the final fitness plus this much Gaussian noise drawn from (seed, params, step),
+      written at step/steps of the member's running time (time_median_s), so it can be stopped early meanwhile;
   time_median_s, time_sigma (0.5), slow_fraction (0), slow_factor (5), time_tracks_fitness (0): a member's running
       time, log-normal around the median, a slow_fraction of members slow_factor times longer (a slow node, a
       requeue), and x exp(time_tracks_fitness x (fitness - 0.5)) so time can track fitness (GRPO: long completions
@@ -117,15 +118,15 @@ def member(spec: MemberSpec | Mapping[str, Any]) -> dict[str, Any]:
                                    float(options.get("target", 0.02)))
     else:
         fitness = objective(spec.params, float(options.get("target", 0.02)), float(options.get("width", 0.01)))
-    if options.get("time_median_s"):
-        time.sleep(member_time_s(spec, options, fitness))
+    running_s = member_time_s(spec, options, fitness) if options.get("time_median_s") else 0.0
     if options.get("noise"):
         fitness += float(options["noise"]) * random.Random(spec.seed).gauss(0.0, 1.0)
     if options.get("param_noise"):
         digest = params_digest(spec.params)
         fitness += float(options["param_noise"]) * random.Random(f"{spec.seed}:{digest}").gauss(0.0, 1.0)
     if options.get("intermediate_noise") is not None:
-        _write_intermediate(spec, fitness, float(options["intermediate_noise"]))
+        running_s = _write_intermediate(spec, fitness, float(options["intermediate_noise"]), running_s)
+    time.sleep(running_s)
     if injected and _selected(spec, options.get("nan_fitness")):
         fitness = float("nan")
     return {
@@ -158,16 +159,22 @@ def _evaluations(spec: MemberSpec, options: Mapping[str, Any], fitness: float) -
     return evaluations
 
 
-def _write_intermediate(spec: MemberSpec, fitness: float, noise: float) -> None:
-    """Intermediate scores as train.eval_every would leave them: the final fitness, blurred by ``noise``."""
+def _write_intermediate(spec: MemberSpec, fitness: float, noise: float, running_s: float) -> float:
+    """Intermediate scores as train.eval_every would leave them: the final fitness, blurred by ``noise``, each
+    written at its step's share of the member's running time (so early_stop can stop it with the rest of its
+    time unspent). Returns the running time left after the last one."""
     train = spec.inner.get("train") or {}
     every, steps = train.get("eval_every"), int(train.get("steps") or 0)
-    if not every:
-        return
+    if not every or steps <= 0:
+        return running_s
     digest = params_digest(spec.params)
+    spent = 0.0
     for step in range(int(every), steps, int(every)):
+        time.sleep(max(0.0, running_s * step / steps - spent))
+        spent = max(spent, running_s * step / steps)
         blur = noise * random.Random(f"{spec.seed}:{digest}:{step}").gauss(0.0, 1.0)
         append_intermediate(spec.work_dir, step, fitness + blur, int(train.get("eval_subset") or 1))
+    return running_s - spent
 
 
 def member_time_s(spec: MemberSpec, options: Mapping[str, Any], fitness: float) -> float:

@@ -39,11 +39,16 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "mirror_maps": frozenset(),
 }
 #: Single modules a room may import from a room it otherwise may not: the typed inner config checks its values
-#: against the names the loss and TRL define (these modules import neither the config nor anything above it).
+#: against the names the loss and TRL define (these modules import neither the config nor anything above it);
+#: the loss and the trainer log their metrics under the names the run store owns (metric_keys imports nothing).
 MODULE_EXCEPTIONS: dict[str, frozenset[str]] = {
     "inner_loop.config": frozenset({"inner_loop.loss.policy_registry", "inner_loop.loss.policy_terms",
                                     "inner_loop.loss.trust_regions", "inner_loop.grpo.trl_overrides",
-                                    "inner_loop.grpo.trl_contract"}),
+                                    "inner_loop.grpo.trl_contract",
+                                    # the one reading of config nodes, shared with the task package and the stores
+                                    "results.store.config_nodes"}),
+    "inner_loop.loss": frozenset({"results.store.metric_keys"}),
+    "inner_loop.grpo": frozenset({"results.store.metric_keys"}),
     "results.store": frozenset({"mirror_maps.init_file"}),
 }
 #: Third-party packages a member process must not load through results.store (they cost seconds and memory in
@@ -182,6 +187,20 @@ def test_the_sandbox_and_the_mirror_maps_import_nothing_else_of_ours():
     for module, targets in ours.items():
         if room_of(module) in ("inner_loop.sandbox", "mirror_maps"):
             assert {room_of(t) for t in targets} <= {room_of(module)}, module
+
+
+def test_the_metric_names_import_nothing():
+    """The loss and the trainer may import results.store.metric_keys alone of the store: it must stay a leaf,
+    or the exception would let them reach the rest of the store through it."""
+    ours, theirs = import_graph()
+    assert ours["results.store.metric_keys"] == set() and theirs["results.store.metric_keys"] == set()
+
+
+def test_the_config_reading_imports_nothing():
+    """The typed config may import results.store.config_nodes alone of the store: it must stay a standard-library
+    leaf, or the exception would let the config reach the rest of the store (and its imports) through it."""
+    ours, theirs = import_graph()
+    assert ours["results.store.config_nodes"] == set() and theirs["results.store.config_nodes"] == set()
 
 
 def test_what_a_member_process_imports_from_the_store_is_light():

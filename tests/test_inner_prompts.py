@@ -127,10 +127,10 @@ def test_generation_stops_on_the_models_second_eos_id():
 def test_qwen3_preset_turns_thinking_off_and_kwargs_need_a_chat_template():
     import yaml
 
-    from inner_loop.config import _from_mapping
+    from inner_loop.config import node_config
 
     preset = yaml.safe_load((Path(__file__).parents[1] / "conf" / "model" / "qwen3_1_7b.yaml").read_text())
-    cfg = _from_mapping(ModelConfig, "model", preset)
+    cfg = node_config(ModelConfig, "model", preset)
     cfg.validate()
     assert cfg.chat_template and cfg.chat_template_kwargs == {"enable_thinking": False}
     with pytest.raises(ValueError, match="model.chat_template_kwargs"):

@@ -183,7 +183,12 @@ def test_intermediate_scores_that_rank_like_the_final_ones_correlate_fully(tmp_p
     inter = _summary(run_dir)["combinations"][0]["intermediate"]
     assert inter["measured"] and [s["step"] for s in inter["steps"]] == [20, 40]
     assert [s["rho"] for s in inter["steps"]] == [pytest.approx(1.0)] * 2 and inter["steps"][0]["n"] == 10
-    assert "Spearman rho over 10 runs: step 20: 1.000" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "Spearman rho over 10 runs: step 20: 1.000" in out
+    # what early_stop would cut (meta.early_cuts): per seed, the 4 perturbed inits; early ranks are the final ones
+    cuts = out[out.index("early_stop at these settings"):]
+    assert "0.333   20 | 0.000 [0.000, 0.602] of 4 | k=0: 4/8 stopped, 0.000" in cuts, cuts
+    assert "snes 1.000 (1.000), cem 1.000 (1.000)" in cuts
 
 
 def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path, capsys):

@@ -87,3 +87,18 @@ def test_changing_seeds_per_member_on_resume_is_refused_and_old_runs_resume(tmp_
     raw = compose([])
     assert config_hash(raw) == config_hash({k: v for k, v in raw.items() if k != "seeds_per_member"})
     assert config_hash(raw) != config_hash({**raw, "seeds_per_member": 2})
+
+
+def test_a_seed_that_recorded_its_own_failure_is_run_again_when_the_member_is_retried(tmp_path):
+    """A seed's entry point that writes its failed record itself (train_member does) left it final: the member's
+    retry re-read it and failed again without running the seed."""
+    assert main([f"run_dir={tmp_path}", "launcher=debug", "inner.entrypoint=meta.synthetic:member", "population=4",
+                 "generations=1", "seeds_per_member=2", "retries=1", "reevaluate.top_k=0",
+                 "+inner.options={nan_fitness:['0:1'],fail_attempts:1,count_calls:true}"]) == 0
+    store = RunStore(tmp_path)
+    folder = store.member_dir(0, 1)
+    assert read_result(folder).ok
+    assert (folder / "seed_00" / "calls.log").read_text().splitlines() == ["attempt 0", "attempt 1"]
+    archived = json.loads((folder / "seed_00" / "result.attempt0.json").read_text())  # attempt 0's, moved aside
+    assert archived["status"] == "failed"
+    assert (folder / "seed_01" / "calls.log").read_text().splitlines() == ["attempt 1"]

@@ -6,15 +6,18 @@ before anything is submitted, not fail identically in 180 members. The check bui
 builds, from the same code, so the two cannot drift apart.
 
 `train.trl` reaches every GRPOConfig field (vLLM generation, continuous batching, gradient accumulation, mixed
-precision, ``report_to``, ``generation_kwargs``, ...) except those we set from typed keys; grpo/trl_overrides.py
-checks it.
+precision, ``generation_kwargs``, ...) except those we set from typed keys; grpo/trl_overrides.py
+checks it. Which field each of our keys sets is written once, in ``GRPO_FIELDS``: the keywords are built from it
+and a rejected value is traced back to its key through it.
 """
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,16 +28,61 @@ if TYPE_CHECKING:  # the real imports are lazy: TRL takes seconds to import
 
     from inner_loop.config import InnerConfig
 
-#: Where the value of each GRPOConfig keyword we derive comes from (named in error messages).
-_SOURCES: dict[str, str] = {
-    "max_steps": "train.steps", "per_device_train_batch_size": "train.batch_size",
-    "num_generations": "train.group_size", "num_iterations": "train.num_iterations",
-    "learning_rate": "train.learning_rate", "lr_scheduler_type": "train.lr_scheduler",
-    "warmup_steps": "train.lr_warmup_steps", "weight_decay": "train.weight_decay", "max_grad_norm": "train.grad_clip",
-    "max_completion_length": "train.max_completion_length", "temperature": "train.temperature",
-    "top_p": "train.top_p", "loss_type": "train.aggregation", "scale_rewards": "train.scale_rewards",
-    "epsilon": "train.epsilon_low", "epsilon_high": "train.epsilon_high", "save_steps": "train.save_every",
-    "save_total_limit": "train.save_total_limit", "logging_steps": "train.logging_steps", "bf16": "model.dtype",
+
+@dataclass(frozen=True)
+class _Build:
+    """What a derived value may depend on besides its own key."""
+
+    cfg: "InnerConfig"
+    gpu_member: bool
+    #: train.trl.gradient_accumulation_steps (1 unless passed through)
+    accumulation: int
+
+
+@dataclass(frozen=True)
+class GrpoField:
+    """The GRPOConfig field one of our keys sets, and how: ``derive`` turns the key's value into the field's
+    (None: the value as it is)."""
+
+    name: str
+    derive: Callable[[Any, _Build], Any] | None = None
+
+
+#: Our dotted key -> the GRPOConfig field it sets: the one table of that mapping. grpo_kwargs builds the keywords
+#: from it, and an error TRL raises names its culprit through it, so the two cannot name different keys.
+GRPO_FIELDS: dict[str, GrpoField] = {
+    "train.steps": GrpoField("max_steps"),
+    # train.batch_size counts the completions of one optimizer step; with gradient accumulation a micro-batch
+    # holds batch_size / k of them
+    "train.batch_size": GrpoField("per_device_train_batch_size", lambda size, build: size // build.accumulation),
+    "train.group_size": GrpoField("num_generations"),
+    "train.num_iterations": GrpoField("num_iterations"),
+    "train.learning_rate": GrpoField("learning_rate"),
+    "train.lr_scheduler": GrpoField("lr_scheduler_type"),
+    "train.lr_warmup_steps": GrpoField("warmup_steps"),
+    "train.weight_decay": GrpoField("weight_decay"),
+    "train.grad_clip": GrpoField("max_grad_norm"),
+    "train.max_completion_length": GrpoField("max_completion_length"),
+    "train.temperature": GrpoField("temperature"),
+    "train.top_p": GrpoField("top_p"),
+    "train.aggregation": GrpoField("loss_type"),
+    "train.scale_rewards": GrpoField("scale_rewards", lambda scale, build: "group" if scale else "none"),
+    "train.epsilon_low": GrpoField("epsilon"),
+    "train.epsilon_high": GrpoField("epsilon_high"),
+    "train.save_every": GrpoField("save_steps"),
+    "train.save_total_limit": GrpoField(
+        "save_total_limit", lambda limit, build: trainer_save_total_limit(build.cfg.train.keep_checkpoints, limit)),
+    "train.logging_steps": GrpoField("logging_steps"),
+    # tensorboard is our own callback (inner_loop/progress_log.py) writing into the member's work dir
+    "train.report_to": GrpoField("report_to", lambda names, build: [n for n in names if n != "tensorboard"]),
+    # bf16 only where the member trains on a GPU; train.trl.bf16 may still override it
+    "model.dtype": GrpoField("bf16", lambda dtype, build: dtype == "bfloat16" and build.gpu_member),
+}
+#: GRPOConfig fields no key of ours sets: fixed by how mirror-es trains (refused in train.trl, see OWNED_FIELDS in
+#: trl_overrides.py), or defaults a user may change through train.trl (gradient accumulation, tqdm, completions).
+_FIXED: dict[str, Any] = {
+    "beta": 0.0, "save_strategy": "steps", "remove_unused_columns": False, "gradient_accumulation_steps": 1,
+    "disable_tqdm": True, "log_completions": False,
 }
 
 #: The up-front check's output_dir: never created (GRPOConfig only records the path).
@@ -52,50 +100,20 @@ def grpo_kwargs(cfg: "InnerConfig", output_dir: str | Path, seed: int, use_cpu: 
 
     ``gpu_member``: whether the member trains on a GPU (decides the bf16 default for ``model.dtype=bfloat16``).
     """
-    tcfg = cfg.train
-    trl = dict(tcfg.trl)
-    accumulation = int(trl.get("gradient_accumulation_steps", 1))
-    kwargs: dict[str, Any] = dict(
-        output_dir=str(output_dir),
-        max_steps=tcfg.steps,
-        per_device_train_batch_size=tcfg.batch_size // accumulation,
-        num_generations=tcfg.group_size,
-        num_iterations=tcfg.num_iterations,
-        learning_rate=tcfg.learning_rate,
-        lr_scheduler_type=tcfg.lr_scheduler,
-        warmup_steps=tcfg.lr_warmup_steps,
-        weight_decay=tcfg.weight_decay,
-        max_grad_norm=tcfg.grad_clip,
-        max_completion_length=tcfg.max_completion_length,
-        temperature=tcfg.temperature,
-        top_p=tcfg.top_p,
-        beta=0.0,
-        loss_type=tcfg.aggregation,
-        scale_rewards="group" if tcfg.scale_rewards else "none",
-        epsilon=tcfg.epsilon_low,
-        epsilon_high=tcfg.epsilon_high,
-        save_strategy="steps",
-        save_steps=tcfg.save_every,
-        save_total_limit=trainer_save_total_limit(tcfg.keep_checkpoints, tcfg.save_total_limit),
-        logging_steps=tcfg.logging_steps,
-        seed=seed,
-        data_seed=seed,
-        remove_unused_columns=False,
-        # defaults a user may change through train.trl
-        gradient_accumulation_steps=1,
-        # tensorboard is our own callback (inner_loop/progress_log.py) writing into the member's work dir
-        report_to=[name for name in tcfg.report_to if name != "tensorboard"],
-        use_cpu=use_cpu,
-        bf16=cfg.model.dtype == "bfloat16" and gpu_member,
-        disable_tqdm=True,
-        log_completions=False,
-    )
-    sources = {k: v for k, v in _SOURCES.items() if k in kwargs}
+    trl = dict(cfg.train.trl)
+    build = _Build(cfg=cfg, gpu_member=gpu_member, accumulation=int(trl.get("gradient_accumulation_steps", 1)))
+    kwargs: dict[str, Any] = {"output_dir": str(output_dir), "seed": seed, "data_seed": seed, "use_cpu": use_cpu,
+                              **_FIXED}
+    sources: dict[str, str] = {}
+    for key, target in GRPO_FIELDS.items():
+        value = functools.reduce(getattr, key.split("."), cfg)
+        kwargs[target.name] = value if target.derive is None else target.derive(value, build)
+        sources[target.name] = key
     for key, value in trl.items():
         kwargs[key] = value
         sources[key] = f"train.trl.{key}"
-    if accumulation != 1:
-        sources["per_device_train_batch_size"] = "train.batch_size / train.trl.gradient_accumulation_steps"
+    if build.accumulation != 1:
+        sources[GRPO_FIELDS["train.batch_size"].name] = "train.batch_size / train.trl.gradient_accumulation_steps"
     return kwargs, sources
 
 

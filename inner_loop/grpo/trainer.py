@@ -22,6 +22,8 @@ from inner_loop.loss.compose import compose_loss
 from inner_loop.loss.policy_terms import PolicyInputs, PolicyParams
 from inner_loop.loss.regularizers import Regularizer
 from inner_loop.grpo.trl_contract import unsupported_grpo_fields
+from results.store.metric_keys import (GRAD_SHARE, GRAD_SHARE_EXACT, GRAD_SHARE_EXACT_STEP, POLICY_LOSS,
+                                       REGULARIZER_VALUE)
 
 logger = logging.getLogger(__name__)
 
@@ -216,9 +218,9 @@ class MirrorGRPOTrainer(GRPOTrainer):
                 f"regularizer {parts.regularizer_value}); lower the learning rate or divergence.coef"
             )
         metrics = self._metrics[mode]
-        metrics["policy_loss"].append(parts.policy_loss)
+        metrics[POLICY_LOSS].append(parts.policy_loss)
         if reg.active:
-            metrics["regularizer/value"].append(parts.regularizer_value)
+            metrics[REGULARIZER_VALUE].append(parts.regularizer_value)
         if share_wanted and parts.regularizer_term is not None:
             self._log_grad_share(model, parts.policy_term, parts.regularizer_term, logps, divergence, norms)
         for key, value in parts.metrics.items():
@@ -243,7 +245,7 @@ class MirrorGRPOTrainer(GRPOTrainer):
             divergence_norms = torch.cat([norms[k][1] for k in sorted(norms)])
             share = logit_space_share(policy_term, regularizer_term, logps, divergence, policy_norms,
                                       divergence_norms)
-        metrics["regularizer/grad_share"].append(share)
+        metrics[GRAD_SHARE].append(share)
         if self._exact_share_step is not None and self.state.global_step >= self._exact_share_step:
             params = [p for p in model.parameters() if p.requires_grad]
             exact = exact_share(policy_term, regularizer_term, params)
@@ -252,8 +254,8 @@ class MirrorGRPOTrainer(GRPOTrainer):
             # anything about the coefficient: try the next batch.
             if math.isnan(exact) or exact == 0.0:
                 return
-            metrics["regularizer/grad_share_exact"].append(exact)
-            metrics["regularizer/grad_share_exact_step"].append(float(self.state.global_step))
+            metrics[GRAD_SHARE_EXACT].append(exact)
+            metrics[GRAD_SHARE_EXACT_STEP].append(float(self.state.global_step))
             logger.info("regularizer gradient share at step %d: exact %.4g (per-step estimate %.4g)",
                         self.state.global_step, exact, share)
             self._exact_share_step = None

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 import torch
 
+from results.store.metric_keys import CLIP_RATIO_PREFIX
+
 
 @dataclass
 class PolicyInputs:
@@ -55,8 +57,8 @@ def clip_term(inputs: PolicyInputs, params: PolicyParams) -> PolicyOutput:
     adv = inputs.advantages.unsqueeze(1)
     loss, low, high = _clipped_surrogate(ratio, adv, params)
     metrics = {
-        "clip_ratio/low": _masked_mean(low.float(), inputs.mask),
-        "clip_ratio/high": _masked_mean(high.float(), inputs.mask),
+        f"{CLIP_RATIO_PREFIX}low": _masked_mean(low.float(), inputs.mask),
+        f"{CLIP_RATIO_PREFIX}high": _masked_mean(high.float(), inputs.mask),
     }
     return PolicyOutput(loss, metrics)
 
@@ -74,5 +76,6 @@ def gspo_term(inputs: PolicyInputs, params: PolicyParams) -> PolicyOutput:
     adv = inputs.advantages.unsqueeze(1)
     loss, low, high = _clipped_surrogate(ratio, adv, params)
     per_token = loss.expand_as(inputs.logps)
-    metrics = {"clip_ratio/low": float(low.float().mean()), "clip_ratio/high": float(high.float().mean())}
+    metrics = {f"{CLIP_RATIO_PREFIX}low": float(low.float().mean()),
+               f"{CLIP_RATIO_PREFIX}high": float(high.float().mean())}
     return PolicyOutput(per_token, metrics)

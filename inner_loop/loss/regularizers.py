@@ -27,6 +27,7 @@ from mirror_maps import (
     load_init,
     sampled_divergence,
 )
+from results.store.metric_keys import GRAD_SHARE_DIAGNOSTIC  # what the floor check reads: the mean per-step share
 
 logger = logging.getLogger(__name__)
 
@@ -136,10 +137,6 @@ def build_regularizer(cfg: DivergenceConfig, params: Sequence[float] | None = No
         estimator=cfg.estimator,
         chunk_size=cfg.chunk_size,
     )
-
-
-#: The result diagnostic the floor check reads: the mean over logged steps of the per-step gradient share.
-GRAD_SHARE_DIAGNOSTIC = "regularizer_grad_share"
 
 
 def warn_if_inert(diagnostics: Mapping[str, float], floor: float | None, member: str) -> bool:

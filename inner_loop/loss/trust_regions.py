@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from inner_loop.loss.policy_terms import PolicyInputs, PolicyOutput, PolicyParams
+from results.store.metric_keys import TRUST_REGION_PREFIX
 
 #: Default trust-region sizes: the values the papers report (DRPO's stated 12.5 conflicts with its own
 #: boundary pi* = mu +- delta, so ours is a plain configured value with a default inside (0, 1]).
@@ -100,8 +101,8 @@ def _common(inputs: PolicyInputs) -> _Common:
 
 def _metrics(c: _Common, mask: torch.Tensor, affected: torch.Tensor, label: str) -> dict[str, float]:
     return {
-        f"trust_region/{label}_frac": _masked_mean(affected, mask),
-        "trust_region/mean_ratio": _masked_mean(c.ratio.detach(), mask),
+        f"{TRUST_REGION_PREFIX}{label}_frac": _masked_mean(affected, mask),
+        f"{TRUST_REGION_PREFIX}mean_ratio": _masked_mean(c.ratio.detach(), mask),
     }
 
 
@@ -154,7 +155,7 @@ def spo_term(inputs: PolicyInputs, params: PolicyParams) -> PolicyOutput:
     penalty = c.adv.abs() * (c.ratio - 1.0) ** 2 / (2.0 * eps)
     loss = -(c.adv * c.ratio - penalty)
     metrics = _metrics(c, inputs.mask, (c.ratio - 1.0).abs() > eps, "outside")
-    metrics["trust_region/penalty"] = _masked_mean(penalty.detach(), inputs.mask)
+    metrics[f"{TRUST_REGION_PREFIX}penalty"] = _masked_mean(penalty.detach(), inputs.mask)
     return PolicyOutput(loss, metrics)
 
 
@@ -169,7 +170,7 @@ def drpo_term(inputs: PolicyInputs, params: PolicyParams) -> PolicyOutput:
     penalty = c.adv.abs() / (2.0 * delta) * c.mu * (c.ratio - 1.0) ** 2
     loss = -(c.ratio * c.adv - penalty)
     metrics = _metrics(c, inputs.mask, (c.pi - c.mu).abs() > delta, "outside")
-    metrics["trust_region/penalty"] = _masked_mean(penalty.detach(), inputs.mask)
+    metrics[f"{TRUST_REGION_PREFIX}penalty"] = _masked_mean(penalty.detach(), inputs.mask)
     return PolicyOutput(loss, metrics)
 
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, get_type_hints
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from results.store.config_nodes import plain, refuse_unknown_keys, typed_node
 
 if TYPE_CHECKING:
     from inner_loop.sandbox.pool import SandboxConfig
@@ -17,64 +19,11 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-def plain(value: Any) -> Any:
-    """Nested mappings / sequences (OmegaConf containers included) as plain dicts and lists."""
-    if isinstance(value, Mapping):
-        return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)) or type(value).__name__ == "ListConfig":
-        return [plain(v) for v in value]
-    return value
-
-
-def _check_type(task: str, key: str, value: Any, hint: Any) -> Any:
-    """Coerce/validate one value against the simple annotations used in task configs."""
-    text = str(hint)
-    optional = "None" in text
-    if value is None:
-        if optional:
-            return None
-        raise ValueError(f"task {task!r}: task.{key} must not be null")
-    if text.startswith("dict"):
-        if not isinstance(value, Mapping):
-            raise ValueError(f"task {task!r}: task.{key} must be a mapping, got {value!r}")
-        return dict(value)
-    if "list[str]" in text:
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ValueError(f"task {task!r}: task.{key} must be a list of strings, got {value!r}")
-        return list(value)
-    if "bool" in text:
-        if not isinstance(value, bool):
-            raise ValueError(f"task {task!r}: task.{key} must be true or false, got {value!r}")
-        return value
-    if "int" in text:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"task {task!r}: task.{key} must be an integer, got {value!r}")
-        return value
-    if "float" in text:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"task {task!r}: task.{key} must be a number, got {value!r}")
-        return float(value)
-    if "str" in text:
-        if not isinstance(value, (str, Path)):
-            raise ValueError(f"task {task!r}: task.{key} must be a string, got {value!r}")
-        return str(value)
-    return value
-
-
 def config_from_mapping(cls: type[T], task: str, cfg: Mapping[str, Any]) -> T:
-    """Build dataclass ``cls`` from ``cfg`` (minus its ``name``), failing on unknown keys and wrong types."""
-    data = plain(cfg)
-    data.pop("name", None)
-    fields = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(data) - fields)
-    if unknown:
-        raise ValueError(
-            f"task {task!r}: unknown key(s) {['task.' + k for k in unknown]}; known keys are {sorted(fields)} "
-            f"(see conf/task/{task}.yaml)"
-        )
-    hints = get_type_hints(cls)
-    values = {key: _check_type(task, key, value, hints[key]) for key, value in data.items()}
-    return cls(**values)
+    """Build dataclass ``cls`` from ``cfg`` (minus its ``name``), failing on unknown keys and wrong types: the same
+    reading as the inner config's nodes (results/store/config_nodes.py), each message led by the task's name."""
+    settings = {key: value for key, value in plain(cfg).items() if key != "name"}
+    return typed_node(cls, settings, "task", prefix=f"task {task!r}: ", see=f" (see conf/task/{task}.yaml)")
 
 
 def require_non_negative(task: str, **sizes: int | None) -> None:
@@ -116,11 +65,8 @@ def sandbox_config(task: str, settings: Mapping[str, Any]) -> "SandboxConfig":
     built, so a typo fails before any job is submitted instead of every member running with the defaults."""
     from inner_loop.sandbox.pool import SandboxConfig
 
-    known = {f.name for f in dataclasses.fields(SandboxConfig)}
-    unknown = sorted(set(settings) - known)
-    if unknown:
-        raise ValueError(f"task {task!r}: unknown key(s) {['task.sandbox.' + k for k in unknown]}; known keys are "
-                         f"{sorted(known)}")
+    refuse_unknown_keys(settings, (f.name for f in dataclasses.fields(SandboxConfig)), "task.sandbox",
+                        prefix=f"task {task!r}: ")
     try:
         return SandboxConfig(**settings)
     except (TypeError, ValueError) as exc:

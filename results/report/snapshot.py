@@ -216,9 +216,12 @@ def generation_table(members: pd.DataFrame, gen_table: pd.DataFrame, populations
     gens |= set(populations) | states
     if len(gen_table) and "generation" in gen_table:
         gens |= set(gen_table["generation"].astype(int))
-    recorded_wall = {}
+    recorded_wall, recorded_saving = {}, {}
     if len(gen_table) and {"generation", "wall_time_s"} <= set(gen_table.columns):
         recorded_wall = dict(zip(gen_table["generation"].astype(int), gen_table["wall_time_s"].astype(float)))
+    if len(gen_table) and {"generation", "member_seconds_saved"} <= set(gen_table.columns):
+        recorded_saving = dict(zip(gen_table["generation"].astype(int),
+                                   gen_table["member_seconds_saved"].astype(float).fillna(0.0)))
     rows = []
     for generation in sorted(gens):
         everyone = members[members["generation"] == generation] if len(members) else members
@@ -243,6 +246,8 @@ def generation_table(members: pd.DataFrame, gen_table: pd.DataFrame, populations
             "unreadable": int((group["status"] == UNREADABLE).sum()),
             "pending": pending,
             "late": int((group["status"] == "late").sum()),
+            "stopped_early": int((group["status"] == "stopped_early").sum()),
+            "member_seconds_saved": recorded_saving.get(generation, 0.0),
             "control_fitness": float(control["fitness"].iloc[0]) if len(control) else float("nan"),
             "mean_fitness": fitness.mean() if len(ok) else float("nan"),
             "median_fitness": fitness.median() if len(ok) else float("nan"),
@@ -259,6 +264,7 @@ def generation_table(members: pd.DataFrame, gen_table: pd.DataFrame, populations
 
 
 GENERATION_COLUMNS = ["generation", "state", "members", "ok", "failed", "unreadable", "pending", "late",
+                      "stopped_early", "member_seconds_saved",
                       "control_fitness", "mean_fitness",
                       "median_fitness", "max_fitness", "std_fitness", "search_spread", "mean_response_tokens",
                       "wall_time_s", "disk_peak_max", "disk_peak_mean", "disk_peak_sum"]

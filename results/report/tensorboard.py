@@ -76,6 +76,8 @@ def generation_scalars(store: "RunStore", generation: int) -> dict[str, float]:
         else math.nan,
         "members/failed": float(row.get("failed", math.nan)) if len(row) else math.nan,
         "members/late": float(row.get("late", 0)) if len(row) else math.nan,
+        "members/stopped_early": float(row.get("stopped_early", 0)) if len(row) else math.nan,
+        "time/member_seconds_saved": float(row.get("member_seconds_saved", 0.0)) if len(row) else math.nan,
         "time/generation_wall_s": float(row.get("wall_time_s", math.nan)) if len(row) else math.nan,
     }
     return {k: float(v) for k, v in scalars.items()}

@@ -7,7 +7,7 @@ lives (tests/test_results_layout.py fails on a layout name spelled anywhere else
 work dir (launch.member, inner_loop.member) use the names directly. Standard library only: every member
 process imports it.
 
-    run_dir/                                  (see docs/architecture.md)
+    run_dir/                                  (see docs/run_directory.md)
       config.yaml                             CONFIG_FILE: the resolved config
       manifest.json                           SEARCH_MANIFEST_FILE: code version, data hashes, seeds, launcher
       LOCK                                    RUN_LOCK_FILE: one orchestrator per run dir
@@ -16,6 +16,7 @@ process imports it.
         population.pt (+ .sha256)             POPULATION_FILE: asked population, written before any submission
         jobs.json                             JOBS_FILE: member -> job map, written right after each submission
         closed.json                           CLOSED_FILE: members closed as late at the quorum (if it closed early)
+        early_stop.json                       EARLY_STOP_FILE: early_stop's decisions (if enabled)
         member_017/                           member_dir_name(17): the member's work dir, below
         submitit/                             LAUNCHER_DIR: submitit's logs and pickles
           cancelled_by_orchestrator.json      CANCELLED_FILE: job ids the orchestrator itself cancelled
@@ -100,6 +101,8 @@ JOBS_FILE = "jobs.json"
 MEMBER_DIR_PREFIX = "member_"
 #: a generation closed at its quorum: which members were cancelled as late (meta/generation_close.py)
 CLOSED_FILE = "closed.json"
+#: early_stop's decisions in a generation (meta/early_stop.py), written before any stopped member is cancelled
+EARLY_STOP_FILE = "early_stop.json"
 
 # -------------------------------------------------------- re-evaluation dir (meta/reevaluate.py)
 REEVALUATE_DIR = "reevaluation"

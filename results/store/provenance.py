@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from results.store.atomic import CorruptFileError, atomic_write_json, sha256_file
+from results.store.config_nodes import plain
 from results.store.layout import RUN_MANIFEST_FILE  # re-exported: importers use results.store.provenance.RUN_MANIFEST_FILE
 
 logger = logging.getLogger(__name__)
@@ -30,16 +31,8 @@ _REPO_ROOT = Path(__file__).resolve().parents[2]
 
 def config_hash(config: Mapping[str, Any]) -> str:
     """Order-independent hash (16 hex digits) of a JSON-like config; equal configs hash equal across runs."""
-    canonical = json.dumps(_plain(config), sort_keys=True, default=str, separators=(",", ":"))
+    canonical = json.dumps(plain(config), sort_keys=True, default=str, separators=(",", ":"))
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
 
 
 def code_version(repo_dir: str | Path | None = None) -> str:
@@ -110,7 +103,7 @@ def build_run_manifest(
 ) -> dict[str, Any]:
     """The manifest of one training run. ``config_hash`` covers the inner config, the mirror-map parameters and
     the init file's content, but not the seed, so the seeds of one method share a hash."""
-    inner = _plain(inner)
+    inner = plain(inner)
     params = [float(x) for x in params]
     init_sha = _init_file_hash(inner)
     hashed: dict[str, Any] = {"inner": inner}

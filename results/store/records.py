@@ -16,13 +16,14 @@ from results.store.atomic import atomic_create_bytes, atomic_write_json, json_by
 from results.store.layout import RESULT_FILE, SPEC_FILE  # re-exported: importers use results.store.records.RESULT_FILE
 
 #: late: cancelled unfinished when its ES generation closed at the quorum (no measurement, never retried);
-#: pruned: stopped by a tuner's pruner (never retried)
-STATUSES = ("ok", "failed", "timeout", "cancelled", "late", "pruned")
+#: pruned: stopped by a tuner's pruner (never retried); stopped_early: stopped at an ES generation's early decision
+#: step, below the reported median beyond noise (meta/early_stop.py; ranked at the bottom, never retried)
+STATUSES = ("ok", "failed", "timeout", "cancelled", "late", "pruned", "stopped_early")
 #: the inner-config key of a member trained on several seeds (``seeds_per_member``): the seeds, one run each in
 #: its own sub-directory (launch/seed_group.py); the member's fitness is their mean
 MEMBER_SEEDS_KEY = "member_seeds"
 #: outcomes the orchestrator decided on purpose: final at once, never retried
-DECIDED_STATUSES = ("cancelled", "late", "pruned")
+DECIDED_STATUSES = ("cancelled", "late", "pruned", "stopped_early")
 
 
 @dataclass
@@ -127,8 +128,27 @@ class ResultRecord:
 
 
 def write_result(work_dir: str | Path, record: ResultRecord) -> Path:
-    """Atomically write ``<work_dir>/result.json``."""
+    """Atomically write ``<work_dir>/result.json`` (the primitive: members go through ``write_final_result``)."""
     return atomic_write_json(Path(work_dir) / RESULT_FILE, record.to_dict())
+
+
+def write_final_result(work_dir: str | Path, record: ResultRecord) -> ResultRecord:
+    """Make ``record`` the member's result unless ``<work_dir>/result.json`` already holds one; return the record
+    that is final now. Every writer of a member's result goes through here, so each member's file is written once.
+
+    The entry point records its own outcome (train_member must: a single run has no job wrapper, and its
+    checkpoints are deleted only after the record is durable); the job wrapper and the seed group then find it and
+    write nothing. They write a record themselves only for what the entry point could not record: an exception it
+    let through, the wall limit, an entry point that only returns its record (synthetic objectives). A final
+    record is never replaced: a member that wrote `ok` and then ran out of time while settling its checkpoints did
+    finish. The caller holds the member's lock (or is the only process on the directory), so reading first does
+    not race another writer; the write is atomic, so a crash leaves no file or a whole one.
+    """
+    existing = read_result(work_dir)
+    if existing is not None:
+        return existing
+    write_result(work_dir, record)
+    return record
 
 
 def write_result_if_absent(work_dir: str | Path, record: ResultRecord) -> bool:

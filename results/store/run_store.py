@@ -29,6 +29,7 @@ from results.store.layout import (
     BEST_MEMBER_FILE,
     CANDIDATES_FILE,
     CLOSED_FILE,
+    EARLY_STOP_FILE,
     CONFIG_FILE,
     GENERATIONS_TABLE_FILE,
     JOBS_FILE,
@@ -123,6 +124,9 @@ class RunStore:
 
     def closed_path(self, generation: int) -> Path:
         return self.generation_dir(generation) / CLOSED_FILE
+
+    def early_stop_path(self, generation: int) -> Path:
+        return self.generation_dir(generation) / EARLY_STOP_FILE
 
     def reevaluate_dir(self, reporting: bool = False) -> Path:
         """The re-evaluation's directory: stage A (selection), or with ``reporting`` stage B's inside it; each laid
@@ -228,6 +232,14 @@ class RunStore:
         """The generation's quorum decision, or None if it did not close early. A file that exists but does not
         parse is an error, not "not closed": settling those members differently would change the update."""
         return _read_json_or_none(self.closed_path(generation))
+
+    def write_early_stop(self, generation: int, record: Mapping[str, Any]) -> None:
+        """early_stop's decisions so far, written before any stopped member is cancelled."""
+        atomic_write_json(self.early_stop_path(generation), dict(record))
+
+    def read_early_stop(self, generation: int) -> dict[str, Any] | None:
+        """The generation's early_stop decisions, or None before the first; an unreadable file is an error."""
+        return _read_json_or_none(self.early_stop_path(generation))
 
     # --------------------------------------------------------- re-evaluation
     def write_candidates(self, record: Mapping[str, Any]) -> None:

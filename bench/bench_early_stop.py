@@ -1,0 +1,211 @@
+"""early_stop: member-seconds per generation and ES progress with and without it, side by side, and its bias.
+
+Part 1 (real runs): two `python -m meta.run` searches, es=snes, launcher=local (every member its own process), the
+synthetic objective (meta/synthetic.py) with intermediate scores blurred by --early-noise and written at their
+step's share of each member's running time, the same seed, early_stop off and on. Printed per arm: member-seconds
+per generation (the members' recorded running times; a stopped member counts the time until its decision), the
+stopped members, and the objective at the centre after each generation (ES progress); then the ratios.
+
+Part 2 (the bias study, in-process with the real searcher and the real early_stop rule, no processes): from the same
+states, the update with stopped members at the bottom is compared with the update from every member's final score
+(cosine), at each margin, over G generations x R repeats; and the objective after G generations with and without.
+The early scores are the final ones plus Gaussian noise calibrated to --early-corr, the within-population correlation
+of early and final scores measured on the embedded default (docs/early_stop.md); the rule's noise is that blur's
+standard deviation (what the pilot's seed spread of an early score estimates) unless --early-noise-rule is given. Printed: per margin, the false-cut rate
+with its 95% interval, the saving of member time with its 95% interval, the mean/min cosine, and the objective
+after G generations; and the saving at the smallest margin whose false-cut rate stays under 10%.
+
+    .venv/bin/python bench/bench_early_stop.py --population 32 --generations 3 --median-s 6
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from meta.early_stop import EarlyStopConfig, EarlyStopJudge, update_fitness  # noqa: E402
+from meta.init import initial_center  # noqa: E402
+from meta.searchers import build_searcher  # noqa: E402
+from meta.synthetic import objective  # noqa: E402
+from results.store.run_store import RunStore  # noqa: E402
+
+ES = {"name": "snes", "stdev_init": 0.01, "center_learning_rate": 1.0, "stdev_learning_rate": None,
+      "ranking_method": "nes"}
+STEPS, EVERY = 60, 10
+
+
+def _run_arm(run_dir: Path, opts: argparse.Namespace, early: bool) -> float:
+    options = (f"{{intermediate_noise:{opts.early_noise},time_median_s:{opts.median_s},time_sigma:0.3,"
+               f"noise:{opts.seed_noise}}}")
+    command = [sys.executable, "-m", "meta.run", f"run_dir={run_dir}", "launcher=local",
+               f"launcher.array_parallelism={opts.population}", "seed=0", "es=snes", "search_radius=0.01",
+               "inner.entrypoint=meta.synthetic:member", f"population={opts.population}",
+               f"generations={opts.generations}", "control_member=false", "reevaluate.top_k=0",
+               f"train.steps={STEPS}", f"train.eval_every={EVERY}", f"+inner.options={options}", "log_level=WARNING"]
+    if early:
+        rule_noise = opts.early_noise_rule if opts.early_noise_rule is not None else opts.early_noise
+        command += ["early_stop.enabled=true", f"early_stop.at_fraction={opts.fraction}",
+                    f"early_stop.noise={rule_noise}", f"early_stop.margin={opts.margin}"]
+    started = time.monotonic()
+    subprocess.run(command, cwd=ROOT, check=True)
+    return time.monotonic() - started
+
+
+def _arm_figures(run_dir: Path, opts: argparse.Namespace) -> list[dict]:
+    store = RunStore(run_dir)
+    members = store.read_members()
+    rows = []
+    for generation in range(opts.generations):
+        group = members[members["generation"] == generation]
+        ok = group[group["status"] == "ok"]
+        stopped = group[group["status"] == "stopped_early"]
+        full_s = float(ok["wall_time_s"].median())
+        # a stopped member ran until its decision: that share of a full run's (median) time
+        used = float(ok["wall_time_s"].sum()) + len(stopped) * full_s * opts.fraction
+        center = store.read_state(generation)["center"]
+        rows.append({"generation": generation, "member_s": used, "stopped": len(stopped),
+                     "objective": objective(center.tolist())})
+    return rows
+
+
+def part_one(opts: argparse.Namespace) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        walls = {arm: _run_arm(Path(tmp) / arm, opts, arm == "early") for arm in ("full", "early")}
+        figures = {arm: _arm_figures(Path(tmp) / arm, opts) for arm in walls}
+    for arm, rows in figures.items():
+        print(f"[{arm}] wall {walls[arm]:.1f} s")
+        for row in rows:
+            print(f"  gen {row['generation']}: member-seconds {row['member_s']:.1f}, stopped {row['stopped']}, "
+                  f"objective at the centre {row['objective']:.4f}")
+    full = sum(r["member_s"] for r in figures["full"])
+    early = sum(r["member_s"] for r in figures["early"])
+    print(f"member-seconds full / early_stop: {full:.1f} / {early:.1f} = {full / early:.2f}x; objective after "
+          f"{opts.generations} generations: {figures['full'][-1]['objective']:.4f} vs {figures['early'][-1]['objective']:.4f}")
+    return {"walls": walls, "figures": figures}
+
+
+def _population(searcher, generation: int, rng: random.Random, opts: argparse.Namespace):
+    values = searcher.ask(generation)
+    final = [objective(row.tolist()) + rng.gauss(0.0, opts.seed_noise) for row in values]
+    spread = statistics.pstdev(final) or 1e-12
+    # early = final + noise with corr(early, final) = early_corr within the population
+    blur = spread * math.sqrt(max(1.0 / opts.early_corr ** 2 - 1.0, 0.0))
+    early = [f + rng.gauss(0.0, blur) for f in final]
+    return values, final, early, blur
+
+
+def part_two(opts: argparse.Namespace) -> dict:
+    """The bias study (see the module docstring)."""
+    n = opts.population
+    step = round(opts.fraction * STEPS)
+    results = {}
+    for margin in opts.margins:
+        false_cuts = weighed = 0
+        savings, cosines, objectives_full, objectives_early = [], [], [], []
+        for repeat in range(opts.repeats):
+            rng = random.Random(f"bench-early-stop:{repeat}")
+            center = initial_center("uniform", repeat).to(torch.float64)
+            full = build_searcher(ES, center, n, repeat)
+            early = build_searcher(ES, center, n, repeat)
+            for generation in range(opts.generations):
+                state = full.state_dict()
+                values, final, early_scores, blur = _population(full, generation, rng, opts)
+                noise = opts.early_noise_rule if opts.early_noise_rule is not None else max(blur, 1e-12)
+                judge = EarlyStopJudge(EarlyStopConfig(enabled=True, at_fraction=opts.fraction, min_reported=1.0,
+                                                       margin=margin, noise=noise), step, n, n // 2)
+                judge.decide(dict(enumerate(early_scores)), set(range(n)))
+                stopped = [i in set(judge.stopped()) for i in range(n)]
+                top = set(sorted(range(n), key=lambda i: final[i], reverse=True)[: n - n // 2])
+                false_cuts += sum(1 for i in top if stopped[i])
+                weighed += len(top)
+                savings.append(sum(stopped) / n * (1.0 - opts.fraction))
+                ok = torch.ones(n, dtype=torch.bool)
+                probe = build_searcher(ES, center, n, repeat)
+                probe.load_state_dict(state)
+                probe.tell(generation, values, torch.tensor(update_fitness(final, stopped), dtype=torch.float64), ok)
+                before = state["mu"]
+                full.tell(generation, values, torch.tensor(final, dtype=torch.float64), ok)
+                a, b = full.center - before, probe.center - before
+                cosines.append(float(a @ b / (a.norm() * b.norm())) if float(a.norm() * b.norm()) > 0 else 1.0)
+                # the search that really stops: its own states, its own populations
+                e_values, e_final, e_early, e_blur = _population(early, generation, rng, opts)
+                e_noise = opts.early_noise_rule if opts.early_noise_rule is not None else max(e_blur, 1e-12)
+                e_judge = EarlyStopJudge(dataclasses.replace(judge.config, noise=e_noise), step, n, n // 2)
+                e_judge.decide(dict(enumerate(e_early)), set(range(n)))
+                e_stopped = [i in set(e_judge.stopped()) for i in range(n)]
+                early.tell(generation, e_values, torch.tensor(update_fitness(e_final, e_stopped),
+                                                              dtype=torch.float64), ok)
+            objectives_full.append(objective(full.center.tolist()))
+            objectives_early.append(objective(early.center.tolist()))
+        from scipy.stats import binomtest, t
+
+        ci = binomtest(false_cuts, weighed).proportion_ci(method="exact") if weighed else None
+        mean_saving = statistics.fmean(savings)
+        half = t.ppf(0.975, len(savings) - 1) * statistics.stdev(savings) / math.sqrt(len(savings))
+        results[margin] = {
+            "false_cut": false_cuts / weighed, "false_cut_ci": (ci.low, ci.high) if ci else None,
+            "saving": mean_saving, "saving_ci": (mean_saving - half, mean_saving + half),
+            "speedup": 1.0 / (1.0 - mean_saving), "cosine_mean": statistics.fmean(cosines), "cosine_min": min(cosines),
+            "objective_full": statistics.fmean(objectives_full), "objective_early": statistics.fmean(objectives_early),
+        }
+        r = results[margin]
+        print(f"margin {margin:g}: false cuts {r['false_cut']:.3f} [{r['false_cut_ci'][0]:.3f}, "
+              f"{r['false_cut_ci'][1]:.3f}] of {weighed} weighed | member time saved {r['saving']:.3f} "
+              f"[{r['saving_ci'][0]:.3f}, {r['saving_ci'][1]:.3f}] ({r['speedup']:.2f}x fewer member-seconds) | "
+              f"cosine to the full update mean {r['cosine_mean']:.3f}, min {r['cosine_min']:.3f} | objective after "
+              f"{opts.generations} generations {r['objective_full']:.4f} full, {r['objective_early']:.4f} early_stop")
+    safe = [m for m in opts.margins if results[m]["false_cut_ci"] and results[m]["false_cut"] < 0.10]
+    if safe:
+        m = min(safe)
+        r = results[m]
+        print(f"smallest margin with false cuts under 10%: {m:g}: saving {r['saving']:.3f} "
+              f"[{r['saving_ci'][0]:.3f}, {r['saving_ci'][1]:.3f}] of member time = {r['speedup']:.2f}x, cosine "
+              f"{r['cosine_mean']:.3f}")
+    else:
+        print("no margin kept the false cuts under 10%")
+    return {str(k): v for k, v in results.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--population", type=int, default=32)
+    parser.add_argument("--generations", type=int, default=3)
+    parser.add_argument("--median-s", type=float, default=6.0, help="part 1: a member's median running time")
+    parser.add_argument("--fraction", type=float, default=1 / 3, help="early_stop.at_fraction")
+    parser.add_argument("--margin", type=float, default=1.0, help="part 1's early_stop.margin")
+    parser.add_argument("--margins", type=float, nargs="+", default=[0.0, 0.5, 1.0, 2.0], help="part 2's margins")
+    parser.add_argument("--early-corr", type=float, default=0.5,
+                        help="part 2: within-population correlation of early and final scores (measured)")
+    parser.add_argument("--early-noise", type=float, default=0.01, help="part 1: std of the synthetic early blur")
+    parser.add_argument("--early-noise-rule", type=float, default=None,
+                        help="early_stop.noise (part 2 default: the early scores' own noise, as the pilot measures it)")
+    parser.add_argument("--seed-noise", type=float, default=0.0, help="seed noise of the final fitness")
+    parser.add_argument("--repeats", type=int, default=20, help="part 2: independent searches per margin")
+    parser.add_argument("--skip-real", action="store_true", help="part 2 only")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    opts = parser.parse_args()
+    out = {}
+    if not opts.skip_real:
+        print("== part 1: real runs (synthetic members, launcher=local), early_stop off vs on ==")
+        out["part_one"] = part_one(opts)
+    print("== part 2: bias study (real searcher and rule, in-process) ==")
+    out["part_two"] = part_two(opts)
+    if opts.json:
+        opts.json.write_text(json.dumps(out, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()

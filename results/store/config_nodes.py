@@ -1,0 +1,117 @@
+"""Config mappings as plain data, and config nodes as typed dataclasses: the one owner of both readings.
+
+Why one owner: the inner config (inner_loop/config.py), the task configs (inner_loop/tasks/) and the stores that
+hash or record a config all take the same YAML / OmegaConf input. Two readers with their own type rules would
+accept a value in one node and refuse it in another, with differently worded errors; here one rule per annotation
+decides, and every error names the key as the user writes it (``<node>.<key>``).
+
+Why in results.store: it is the lowest room that every reader may import (meta and the stores may not import
+inner_loop), and it needs nothing but the standard library. OmegaConf containers are read as the mappings and
+sequences they are; the Hydra entry points resolve interpolations themselves (``OmegaConf.to_container``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def plain(value: Any) -> Any:
+    """Nested mappings and sequences (OmegaConf's DictConfig and ListConfig included) as dicts with string keys and
+    lists, so that what is typed, hashed or compared does not depend on the container it arrived in."""
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) or type(value).__name__ == "ListConfig":
+        return [plain(v) for v in value]
+    return value
+
+
+def refuse_unknown_keys(data: Mapping[str, Any], known: Iterable[str], node: str, *, prefix: str = "",
+                        see: str = "") -> None:
+    """ValueError listing the keys of ``data`` that ``known`` lacks, as ``<node>.<key>``: a typo must fail, not fall
+    back to a default. ``prefix`` opens the message (which task), ``see`` ends it (where the keys are written)."""
+    names = sorted(set(known))
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        raise ValueError(f"{prefix}unknown key(s) {[node + '.' + k for k in unknown]}; known keys are {names}{see}")
+
+
+def _without_none(hint: Any) -> tuple[Any, bool]:
+    """(the annotation with ``None`` taken out, whether ``None`` was allowed)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = typing.get_args(hint)
+        rest = tuple(a for a in args if a is not type(None))
+        if len(rest) == 1:
+            return rest[0], len(rest) < len(args)
+        raise TypeError(f"{hint}: a union of several types has no reading rule in results/store/config_nodes.py")
+    return hint, False
+
+
+def typed_value(where: str, value: Any, hint: Any, *, prefix: str = "") -> Any:
+    """``value`` (plain data) checked and converted for a field annotated ``hint``; ValueError naming ``where``.
+
+    One rule per annotation, for every config node: numbers written as strings (YAML 1.1 reads ``1e-3`` as one)
+    are read as numbers, a list of strings must hold strings, a free-form mapping is kept intact.
+    """
+    hint, optional = _without_none(hint)
+    if value is None:
+        if optional:
+            return None
+        raise ValueError(f"{prefix}{where} must not be null")
+    if hint is Any:
+        return value
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is dict or origin is dict:
+        entries = args[1] if len(args) == 2 else Any
+        if entries is Any:
+            if not isinstance(value, Mapping):
+                raise ValueError(f"{prefix}{where} must be a mapping, got {value!r}")
+            return dict(value)
+        if entries is float:
+            if not isinstance(value, Mapping) or not all(isinstance(v, (int, float)) for v in value.values()):
+                raise ValueError(f"{prefix}{where} must be a mapping of names to numbers, got {value!r}")
+            return {str(k): float(v) for k, v in value.items()}
+    elif hint is list or origin is list:
+        if args and args[0] is str:
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ValueError(f"{prefix}{where} must be a list of strings, got {value!r}")
+        elif not isinstance(value, list):
+            raise ValueError(f"{prefix}{where} must be a list, got {value!r}")
+        return list(value)
+    elif hint is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{prefix}{where} must be true or false, got {value!r}")
+        return value
+    elif hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{prefix}{where} must be an integer, got {value!r}")
+        return value
+    elif hint is float:
+        if isinstance(value, str):  # YAML 1.1 reads "1e-3" (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{prefix}{where} must be a number, got {value!r}")
+        return float(value)
+    elif hint is str:
+        if not isinstance(value, (str, Path)):
+            raise ValueError(f"{prefix}{where} must be a string, got {value!r}")
+        return str(value)
+    raise TypeError(f"{where}: the annotation {hint} has no reading rule in results/store/config_nodes.py")
+
+
+def typed_node(cls: type[T], data: Mapping[str, Any] | None, node: str, *, prefix: str = "", see: str = "") -> T:
+    """Dataclass ``cls`` from the config node ``data`` (None: all defaults), unknown keys and wrong types refused
+    with messages naming ``<node>.<key>`` (``prefix`` and ``see`` as in :func:`refuse_unknown_keys`)."""
+    values = plain(data or {})
+    refuse_unknown_keys(values, (f.name for f in dataclasses.fields(cls)), node,  # type: ignore[arg-type]
+                        prefix=prefix, see=see)
+    hints = typing.get_type_hints(cls)
+    return cls(**{k: typed_value(f"{node}.{k}", v, hints[k], prefix=prefix) for k, v in values.items()})
