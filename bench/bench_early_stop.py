@@ -44,6 +44,9 @@ from results.store.run_store import RunStore  # noqa: E402
 
 ES = {"name": "snes", "stdev_init": 0.01, "center_learning_rate": 1.0, "stdev_learning_rate": None,
       "ranking_method": "nes"}
+#: the presets' searcher (conf/es/pgpe.yaml), whose update early_stop cannot leave unchanged: what moving to snes costs
+PGPE = {"name": "pgpe", "center_learning_rate": 0.005, "stdev_learning_rate": 0.1, "stdev_init": 0.01,
+        "stdev_max_change": 0.2, "ranking_method": "centered", "optimizer": "clipup"}
 STEPS, EVERY = 60, 10
 
 
@@ -167,6 +170,19 @@ def part_two(opts: argparse.Namespace) -> dict:
               f"[{r['saving_ci'][0]:.3f}, {r['saving_ci'][1]:.3f}] ({r['speedup']:.2f}x fewer member-seconds) | "
               f"cosine to the full update mean {r['cosine_mean']:.3f}, min {r['cosine_min']:.3f} | objective after "
               f"{opts.generations} generations {r['objective_full']:.4f} full, {r['objective_early']:.4f} early_stop")
+    pgpe = []
+    for repeat in range(opts.repeats):
+        rng = random.Random(f"bench-early-stop-pgpe:{repeat}")
+        searcher = build_searcher(PGPE, initial_center("uniform", repeat).to(torch.float64), n, repeat)
+        for generation in range(opts.generations):
+            values, final, _, _ = _population(searcher, generation, rng, opts)
+            searcher.tell(generation, values, torch.tensor(final, dtype=torch.float64), torch.ones(n, dtype=torch.bool))
+        pgpe.append(objective(searcher.center.tolist()))
+    snes = results[opts.margins[0]]["objective_full"]
+    print(f"presets' searcher: pgpe (every member runs) reaches {statistics.fmean(pgpe):.4f} after {opts.generations} "
+          f"generations, snes (every member runs) {snes:.4f}: moving to snes changes ES progress by "
+          f"{snes - statistics.fmean(pgpe):+.4f} here")
+    results["pgpe_objective"] = statistics.fmean(pgpe)
     safe = [m for m in opts.margins if results[m]["false_cut_ci"] and results[m]["false_cut"] < 0.10]
     if safe:
         m = min(safe)
