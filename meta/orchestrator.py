@@ -219,7 +219,8 @@ class Orchestrator:
             return
         scores = {}
         for index in range(population):
-            if index in judge.decisions:
+            # decided members carry their score in the judge; a member never submitted has reported nothing
+            if index in judge.decisions or not (index in runner.in_flight or index in runner.final):
                 continue
             score = self._early_scores.get((generation, index))
             if score is None:
@@ -330,6 +331,7 @@ class Orchestrator:
         late: torch.Tensor, wall: float,
     ) -> None:
         population = int(fitness.shape[0])
+        saved = _seconds_saved(records, population)
         control = records.get(population)
         rows = []
         for index, record in records.items():
@@ -349,6 +351,8 @@ class Orchestrator:
                 "steps_done": record.steps_done,
                 "disk_peak_bytes": record.disk_peak_bytes,
                 "error": record.error[-500:],
+                # early_stop: the member's training time not run (an estimate; None for members not stopped)
+                "seconds_saved": saved.get(index),
             }
             row.update({f"diag_{k}": v for k, v in record.diagnostics.items()})
             rows.append(row)
@@ -363,7 +367,7 @@ class Orchestrator:
                 "failed": int((~ok & ~late & ~stopped).sum()),
                 "late": int(late.sum()),
                 "stopped_early": int(stopped.sum()),
-                "member_seconds_saved": _member_seconds_saved(records, population),
+                "member_seconds_saved": sum(saved.values()),
                 "best_fitness": float(ok_fitness.max()) if len(ok_fitness) else float("nan"),
                 "mean_fitness": _measured_mean(fitness, late | stopped),
                 "control_fitness": control.fitness if control is not None and control.ok else float("nan"),
@@ -401,15 +405,13 @@ class Orchestrator:
         )
 
 
-def _member_seconds_saved(records: Mapping[int, ResultRecord], population: int) -> float:
-    """Training time early_stop saved: per stopped member, the share of training it did not run times the median
+def _seconds_saved(records: Mapping[int, ResultRecord], population: int) -> dict[int, float]:
+    """Training time early_stop saved, per stopped member: the share of training it did not run times the median
     wall time of the population's full (ok) runs; an estimate, since a member's time varies with its completions."""
     walls = [r.wall_time_s for i, r in records.items() if i < population and r.ok and r.wall_time_s > 0]
-    if not walls:
-        return 0.0
-    median = statistics.median(walls)
-    return sum(median * r.diagnostics.get("training_not_run", 0.0)
-               for i, r in records.items() if i < population and r.status == STOPPED_STATUS)
+    median = statistics.median(walls) if walls else 0.0
+    return {i: median * r.diagnostics.get("training_not_run", 0.0)
+            for i, r in records.items() if i < population and r.status == STOPPED_STATUS}
 
 
 def _measured_mean(fitness: torch.Tensor, late: torch.Tensor) -> float:

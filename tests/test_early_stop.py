@@ -207,6 +207,8 @@ def test_a_search_stops_its_clear_losers_and_makes_the_update_the_full_generatio
     full_members = full.read_members().set_index("index")
     for index in stopped:
         assert members.loc[index, "status"] == STOPPED_STATUS
+        assert members.loc[index, "diag_early_score"] < members.loc[index, "diag_early_median"]
+        assert members.loc[index, "seconds_saved"] > 0  # half of a full run's ~6 s was not run
         # the member really was in the bottom half of the full generation
         assert full_members.loc[index, "fitness"] < full_members["fitness"].iloc[:8].median()
     assert members.loc[8, "status"] == "ok"  # the control member is never stopped
