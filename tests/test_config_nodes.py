@@ -1,5 +1,5 @@
 """One owner per reading: config nodes become typed objects through results/store/config_nodes.py alone, and our
-keys reach TRL's GRPOConfig through one table (inner_loop/grpo/args.py GRPO_FIELDS).
+keys reach TRL's GRPOConfig through one table (inner_loop/grpo/fields.py GRPO_FIELDS).
 
 Why tests for it: a second reader or a second table creeps back in quietly (a helper written "just for this
 node"), and then the inner config and a task config accept different values, or the build and the error message
@@ -152,7 +152,7 @@ def test_every_table_entry_joins_a_key_of_ours_to_a_real_grpo_config_field():
     for key in grpo_args.GRPO_FIELDS:
         node, _, leaf = key.partition(".")
         assert leaf in {f.name for f in dataclasses.fields(getattr(cfg, node))}, key
-    assert set(grpo_args._FIXED) <= _grpo_config_fields()
+    assert set(grpo_args.FIXED_FIELDS) <= _grpo_config_fields()
 
 
 @pytest.mark.parametrize("trl", [{}, {"gradient_accumulation_steps": 4}])
@@ -161,7 +161,7 @@ def test_every_keyword_built_comes_from_the_table_or_the_fixed_settings(tmp_path
     kwargs, sources = grpo_args.grpo_kwargs(cfg, tmp_path, 0, use_cpu=True, gpu_member=False)
     from_table = {entry.name: key for key, entry in grpo_args.GRPO_FIELDS.items()}
     per_build = {"output_dir", "seed", "data_seed", "use_cpu"}
-    assert set(kwargs) == set(from_table) | set(grpo_args._FIXED) | per_build
+    assert set(kwargs) == set(from_table) | set(grpo_args.FIXED_FIELDS) | per_build
     passed = {field: f"train.trl.{field}" for field in trl}
     split = {"per_device_train_batch_size": "train.batch_size / train.trl.gradient_accumulation_steps"} if trl else {}
     assert sources == {**from_table, **passed, **split}
@@ -183,8 +183,14 @@ def test_a_value_grpo_config_rejects_is_named_by_its_table_key(tmp_path, monkeyp
 
 
 def test_the_refusal_in_train_trl_names_the_key_the_table_sets_the_field_from():
-    """OWNED_FIELDS (train.trl refusals) must agree with the table; bf16 is a default train.trl may change."""
-    changeable = {"bf16"}
-    for key, entry in grpo_args.GRPO_FIELDS.items():
-        if entry.name not in changeable:
-            assert key in OWNED_FIELDS.get(entry.name, ""), (key, entry.name)
+    """train.trl refuses every field the table owns, naming its key, and only those plus the documented others:
+    there is no second listing of which key sets which field (bf16 is a default train.trl may change)."""
+    from inner_loop.grpo import fields
+
+    assert OWNED_FIELDS == fields.owned_fields()
+    for key, entry in fields.GRPO_FIELDS.items():
+        if entry.owned:
+            assert OWNED_FIELDS[entry.name].startswith(key), (key, entry.name)
+        else:
+            assert entry.name not in OWNED_FIELDS
+    assert set(OWNED_FIELDS) - {e.name for e in fields.GRPO_FIELDS.values()} == set(fields.OTHER_OWNED)

@@ -7,8 +7,8 @@ builds, from the same code, so the two cannot drift apart.
 
 `train.trl` reaches every GRPOConfig field (vLLM generation, continuous batching, gradient accumulation, mixed
 precision, ``generation_kwargs``, ...) except those we set from typed keys; grpo/trl_overrides.py
-checks it. Which field each of our keys sets is written once, in ``GRPO_FIELDS``: the keywords are built from it
-and a rejected value is traced back to its key through it.
+checks it. Which field each of our keys sets is written once, in grpo/fields.py's ``GRPO_FIELDS``: the keywords
+are built from it, a rejected value is traced back to its key through it, and train.trl's refusals are read from it.
 """
 from __future__ import annotations
 
@@ -16,11 +16,12 @@ import functools
 import os
 import tempfile
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from inner_loop.grpo.fields import FIXED_FIELDS, GRPO_FIELDS
 from inner_loop.grpo.trl_overrides import trl_version
 
 if TYPE_CHECKING:  # the real imports are lazy: TRL takes seconds to import
@@ -39,59 +40,8 @@ class _Build:
     accumulation: int
 
 
-@dataclass(frozen=True)
-class GrpoField:
-    """The GRPOConfig field one of our keys sets, and how: ``derive`` turns the key's value into the field's
-    (None: the value as it is)."""
-
-    name: str
-    derive: Callable[[Any, _Build], Any] | None = None
-
-
-#: Our dotted key -> the GRPOConfig field it sets: the one table of that mapping. grpo_kwargs builds the keywords
-#: from it, and an error TRL raises names its culprit through it, so the two cannot name different keys.
-GRPO_FIELDS: dict[str, GrpoField] = {
-    "train.steps": GrpoField("max_steps"),
-    # train.batch_size counts the completions of one optimizer step; with gradient accumulation a micro-batch
-    # holds batch_size / k of them
-    "train.batch_size": GrpoField("per_device_train_batch_size", lambda size, build: size // build.accumulation),
-    "train.group_size": GrpoField("num_generations"),
-    "train.num_iterations": GrpoField("num_iterations"),
-    "train.learning_rate": GrpoField("learning_rate"),
-    "train.lr_scheduler": GrpoField("lr_scheduler_type"),
-    "train.lr_warmup_steps": GrpoField("warmup_steps"),
-    "train.weight_decay": GrpoField("weight_decay"),
-    "train.grad_clip": GrpoField("max_grad_norm"),
-    "train.max_completion_length": GrpoField("max_completion_length"),
-    "train.temperature": GrpoField("temperature"),
-    "train.top_p": GrpoField("top_p"),
-    "train.aggregation": GrpoField("loss_type"),
-    "train.scale_rewards": GrpoField("scale_rewards", lambda scale, build: "group" if scale else "none"),
-    "train.epsilon_low": GrpoField("epsilon"),
-    "train.epsilon_high": GrpoField("epsilon_high"),
-    "train.save_every": GrpoField("save_steps"),
-    "train.save_total_limit": GrpoField(
-        "save_total_limit", lambda limit, build: trainer_save_total_limit(build.cfg.train.keep_checkpoints, limit)),
-    "train.logging_steps": GrpoField("logging_steps"),
-    # tensorboard is our own callback (inner_loop/progress_log.py) writing into the member's work dir
-    "train.report_to": GrpoField("report_to", lambda names, build: [n for n in names if n != "tensorboard"]),
-    # bf16 only where the member trains on a GPU; train.trl.bf16 may still override it
-    "model.dtype": GrpoField("bf16", lambda dtype, build: dtype == "bfloat16" and build.gpu_member),
-}
-#: GRPOConfig fields no key of ours sets: fixed by how mirror-es trains (refused in train.trl, see OWNED_FIELDS in
-#: trl_overrides.py), or defaults a user may change through train.trl (gradient accumulation, tqdm, completions).
-_FIXED: dict[str, Any] = {
-    "beta": 0.0, "save_strategy": "steps", "remove_unused_columns": False, "gradient_accumulation_steps": 1,
-    "disable_tqdm": True, "log_completions": False,
-}
-
 #: The up-front check's output_dir: never created (GRPOConfig only records the path).
 _CHECK_OUTPUT_DIR = os.path.join(tempfile.gettempdir(), "mirror-es-grpo-config-check")
-
-
-def trainer_save_total_limit(keep: str, save_total_limit: int | None) -> int | None:
-    """The Trainer's ``save_total_limit`` for a policy: ``all`` keeps every checkpoint, so no rotation."""
-    return None if keep == "all" else save_total_limit
 
 
 def grpo_kwargs(cfg: "InnerConfig", output_dir: str | Path, seed: int, use_cpu: bool,
@@ -103,7 +53,7 @@ def grpo_kwargs(cfg: "InnerConfig", output_dir: str | Path, seed: int, use_cpu: 
     trl = dict(cfg.train.trl)
     build = _Build(cfg=cfg, gpu_member=gpu_member, accumulation=int(trl.get("gradient_accumulation_steps", 1)))
     kwargs: dict[str, Any] = {"output_dir": str(output_dir), "seed": seed, "data_seed": seed, "use_cpu": use_cpu,
-                              **_FIXED}
+                              **FIXED_FIELDS}
     sources: dict[str, str] = {}
     for key, target in GRPO_FIELDS.items():
         value = functools.reduce(getattr, key.split("."), cfg)

@@ -17,41 +17,11 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
+from inner_loop.grpo.fields import owned_fields
 from inner_loop.grpo.trl_contract import unsupported_grpo_fields
 
-#: GRPOConfig fields set from our own keys; in train.trl they are refused, naming the key that sets them.
-OWNED_FIELDS: dict[str, str] = {
-    "output_dir": "work_dir (a member's checkpoints live in <work_dir>/checkpoints)",
-    "max_steps": "train.steps",
-    "per_device_train_batch_size": "train.batch_size (completions per optimizer step; with "
-                                   "train.trl.gradient_accumulation_steps=k each micro-batch holds batch_size/k)",
-    "num_generations": "train.group_size",
-    "num_iterations": "train.num_iterations",
-    "learning_rate": "train.learning_rate",
-    "lr_scheduler_type": "train.lr_scheduler",
-    "warmup_steps": "train.lr_warmup_steps",
-    "weight_decay": "train.weight_decay",
-    "max_grad_norm": "train.grad_clip",
-    "max_completion_length": "train.max_completion_length",
-    "temperature": "train.temperature",
-    "top_p": "train.top_p",
-    "beta": "divergence=kl with divergence.coef (the regularizer toward the reference is ours; TRL's beta stays 0)",
-    "loss_type": "train.aggregation",
-    "scale_rewards": "train.scale_rewards",
-    "epsilon": "train.epsilon_low",
-    "epsilon_high": "train.epsilon_high",
-    "save_strategy": "train.save_every (resuming a preempted member relies on checkpoints every N steps)",
-    "save_steps": "train.save_every",
-    "save_total_limit": "train.save_total_limit and train.keep_checkpoints",
-    "logging_steps": "train.logging_steps",
-    "report_to": "train.report_to",
-    "eval_strategy": "train.eval_every (intermediate validation pass@1, written for meta.tune's pruner)",
-    "eval_steps": "train.eval_every",
-    "seed": "seed",
-    "data_seed": "seed",
-    "chat_template_kwargs": "model.chat_template_kwargs (prompts are formatted by us, identically for evaluation)",
-    "remove_unused_columns": "nothing: the reward reads the dataset's problem_index column, so it stays false",
-}
+#: every GRPOConfig field train.trl may not set -> what to use instead (built from grpo/fields.py's table)
+OWNED_FIELDS: dict[str, str] = owned_fields()
 #: String fields whose value TRL checks only when the trainer starts (their help text lists the choices): checked
 #: here so that a typo fails up front. Fields whose metadata carries ``choices`` are checked the same way.
 _LATE_CHOICES: dict[str, tuple[str, ...]] = {
