@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping, MutableMapping, Sequence
 
 from meta.early_stop import EarlyStopConfig, EarlyStopError, check_early_stop
-from results.store.config_nodes import plain
+from results.store.config_nodes import plain, refuse_unknown_keys
 
 #: the Hydra config tree of every command (conf/)
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -294,10 +294,10 @@ def _reevaluate(raw: Mapping[str, Any]) -> ReevaluateConfig:
         return defaults
     if not isinstance(node, Mapping):
         raise ConfigError(f"reevaluate={node!r} must be a mapping {{top_k: 3, seeds: 3, report_seeds: 3, ...}}")
-    known = list(ReevaluateConfig.__dataclass_fields__)
-    unknown = sorted(set(node) - set(known))
-    if unknown:
-        raise ConfigError(f"reevaluate.{unknown[0]} is not a setting; known: {', '.join(known)}")
+    try:
+        refuse_unknown_keys(node, ReevaluateConfig.__dataclass_fields__, "reevaluate")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     top_k = _int(raw, "reevaluate.top_k", 0) if "top_k" in node else defaults.top_k
     seeds = _int(raw, "reevaluate.seeds", 1) if "seeds" in node else defaults.seeds
     report_seeds = _int(raw, "reevaluate.report_seeds", 0) if "report_seeds" in node else defaults.report_seeds

@@ -49,6 +49,7 @@ from meta.config import (
 )
 from meta.resume import check_resume
 from results.report.pilot import CENTRE, MINUS, PILOT_KIND, PLUS, member_index
+from results.store.config_nodes import refuse_unknown_keys
 from results.store.layout import JOBS_FILE, LAUNCHER_DIR, member_dir_name
 from results.store.records import MemberSpec
 from results.store.run_store import RunStore
@@ -130,10 +131,10 @@ def build_pilot_config(raw: Mapping[str, Any]) -> PilotConfig:
         node = {}
     if not isinstance(node, Mapping):
         raise ConfigError(f"pilot={node!r} must be a mapping (see conf/config.yaml)")
-    known = [f.name for f in fields(PilotConfig)]
-    unknown = sorted(set(node) - set(known))
-    if unknown:
-        raise ConfigError(f"pilot.{unknown[0]} is not a setting; known: {', '.join(known)}")
+    try:
+        refuse_unknown_keys(node, [f.name for f in fields(PilotConfig)], "pilot")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     defaults = PilotConfig()
     target = _get_dotted(raw, "pilot.target_snr") if "target_snr" in node else defaults.target_snr
     if isinstance(target, bool) or not isinstance(target, (int, float)) or not 0 < target < math.inf:

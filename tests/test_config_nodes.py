@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import copy
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -194,3 +195,23 @@ def test_the_refusal_in_train_trl_names_the_key_the_table_sets_the_field_from():
         else:
             assert entry.name not in OWNED_FIELDS
     assert set(OWNED_FIELDS) - {e.name for e in fields.GRPO_FIELDS.values()} == set(fields.OTHER_OWNED)
+
+@pytest.mark.parametrize("node", ["reevaluate", "early_stop", "pilot", "tune", "launcher"])
+def test_every_settings_node_refuses_an_unknown_key_in_the_same_words(node):
+    """One reader of unknown keys (refuse_unknown_keys) for every node the commands build by hand."""
+    from launch.slurm.options import SlurmOptions
+    from meta.compose import CONF_DIR, compose
+    from meta.config import build_search_config
+    from meta.pilot import build_pilot_config
+    from meta.tune.config import build_tune_config
+
+    build = {
+        "reevaluate": lambda: build_search_config(compose(["+reevaluate.bogus=1"])),
+        "early_stop": lambda: build_search_config(compose(["+early_stop.bogus=1"])),
+        "pilot": lambda: build_pilot_config(compose(["+pilot.bogus=1"])),
+        "tune": lambda: build_tune_config(compose(["+tune.bogus=1"], config_name="tune"), CONF_DIR,
+                                          lambda group, value: {}),
+        "launcher": lambda: SlurmOptions.from_options({"bogus": 1}),
+    }[node]
+    with pytest.raises(ValueError, match=re.escape(f"unknown key(s) ['{node}.bogus']; known keys are [")):
+        build()

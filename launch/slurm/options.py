@@ -5,12 +5,12 @@ the cluster, and so that the mapping to submitit's sbatch parameters is one read
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from launch.base import DEFAULT_KILL_GRACE_S, DEFAULT_MAX_LOST_RESUBMITS
+from results.store.config_nodes import typed_node
 
 #: launcher.job_name is a prefix: each array is named ``<job_name>.<run id>.g<generation>.c<chunk>``, and
 #: accounting (slurmdbd) keeps 255 characters of a job name, so the prefix leaves room for the rest.
@@ -49,14 +49,7 @@ class SlurmOptions:
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> "SlurmOptions":
         """Build from the launcher config node; ValueError naming the key and the fix on a bad value."""
-        known = {f.name: f for f in dataclasses.fields(cls)}
-        unknown = sorted(set(options) - set(known))
-        if unknown:
-            raise ValueError(
-                f"launcher.{unknown[0]} is not a slurm launcher setting; valid keys: {', '.join(sorted(known))} "
-                "(extra sbatch options go under launcher.sbatch_extra)"
-            )
-        opts = cls(**dict(options))
+        opts = typed_node(cls, options, "launcher", see=" (extra sbatch options go under launcher.sbatch_extra)")
         opts._validate()
         return opts
 

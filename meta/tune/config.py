@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from meta.config import INNER_NODES, ConfigError, _bool, _float, _get_dotted, _int, check_member_launch, config_hash
 from meta.tune.space import Dimension, leaves_missing_under, parse_space
+from results.store.config_nodes import refuse_unknown_keys
 
 if TYPE_CHECKING:
     import optuna
@@ -128,9 +129,10 @@ def build_tune_config(raw: Mapping[str, Any], conf_dir: Path,
     tune = raw["tune"]
     known = {"space", "default_space", "trials", "parallel", "seeds", "sampler", "sampler_options", "pruner",
              "pruner_options", "storage", "study_name"}
-    unknown = sorted(set(tune) - known)
-    if unknown:
-        raise ConfigError(f"tune.{unknown[0]} is not a setting; known: {', '.join(sorted(known))}")
+    try:
+        refuse_unknown_keys(tune, known, "tune")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     space = tune.get("space") if tune.get("space") is not None else tune.get("default_space")
     dims = parse_space(space, raw, conf_dir)
     study_name = tune.get("study_name")

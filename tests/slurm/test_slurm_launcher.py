@@ -27,7 +27,7 @@ def test_sacct_rows_expand_to_one_state_per_task() -> None:
 
 
 def test_bad_launcher_settings_name_the_key() -> None:
-    with pytest.raises(ValueError, match="launcher.cpus_per_tsk is not a slurm launcher setting"):
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['launcher.cpus_per_tsk'\].*launcher.sbatch_extra"):
         SlurmOptions.from_options({"cpus_per_tsk": 2})
     with pytest.raises(ValueError, match="launcher.query_interval_s"):
         SlurmOptions.from_options({"query_interval_s": 0.1, "poll_interval_s": 2})
