@@ -15,6 +15,9 @@ standard deviation (what the pilot's seed spread of an early score estimates) un
 with its 95% interval, the saving of member time with its 95% interval, the mean/min cosine, and the objective
 after G generations; and the saving at the smallest margin whose false-cut rate stays under 10%.
 
+Part 3 (--embedded, minutes): one generation of the embedded default (real training runs of the tiny model) with
+early_stop off and on, the same seed: member-seconds, the members stopped, and the cosine between the two updates.
+
     .venv/bin/python bench/bench_early_stop.py --population 32 --generations 3 --median-s 6
 """
 from __future__ import annotations
@@ -98,6 +101,44 @@ def part_one(opts: argparse.Namespace) -> dict:
     print(f"member-seconds full / early_stop: {full:.1f} / {early:.1f} = {full / early:.2f}x; objective after "
           f"{opts.generations} generations: {figures['full'][-1]['objective']:.4f} vs {figures['early'][-1]['objective']:.4f}")
     return {"walls": walls, "figures": figures}
+
+
+def part_embedded(opts: argparse.Namespace) -> dict:
+    """The embedded default (the tiny model on arith, real training runs), es=snes, one generation each way from
+    the same seed: member-seconds, members stopped, and the cosine between the two arms' centre moves (1.0: the
+    update early_stop made is the full one)."""
+    figures = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for arm in ("full", "early"):
+            run_dir = Path(tmp) / arm
+            command = [sys.executable, "-m", "meta.run", f"run_dir={run_dir}", "es=snes",
+                       f"population={opts.embedded_population}", "generations=1", "control_member=false",
+                       "reevaluate.top_k=0", "train.eval_every=5", "log_level=WARNING"]
+            if arm == "early":
+                command += ["early_stop.enabled=true", f"early_stop.at_fraction={opts.fraction}",
+                            f"early_stop.noise={opts.embedded_noise}", f"early_stop.margin={opts.margin}"]
+            started = time.monotonic()
+            subprocess.run(command, cwd=ROOT, check=True)
+            wall = time.monotonic() - started
+            store = RunStore(run_dir)
+            members = store.read_members()
+            ok = members[members["status"] == "ok"]
+            stopped = members[members["status"] == "stopped_early"]
+            full_s = float(ok["wall_time_s"].median())
+            used = float(ok["wall_time_s"].sum()) + len(stopped) * full_s * opts.fraction
+            start = initial_center("uniform", 0).to(torch.float64)
+            figures[arm] = {"wall_s": wall, "member_s": used, "stopped": len(stopped),
+                            "mean_fitness_ok": float(ok["fitness"].mean()),
+                            "move": store.read_state(0)["center"].to(torch.float64) - start}
+    a, b = figures["full"]["move"], figures["early"]["move"]
+    cosine = float(a @ b / (a.norm() * b.norm()))
+    for arm, f in figures.items():
+        print(f"[embedded {arm}] wall {f['wall_s']:.1f} s, member-seconds {f['member_s']:.1f}, stopped {f['stopped']}, "
+              f"mean pass@1 of the members that ran to the end {f['mean_fitness_ok']:.4f}")
+    print(f"embedded default: member-seconds full / early_stop = {figures['full']['member_s']:.1f} / "
+          f"{figures['early']['member_s']:.1f} = {figures['full']['member_s'] / figures['early']['member_s']:.2f}x; "
+          f"cosine between the two centre moves {cosine:.3f}")
+    return {arm: {k: v for k, v in f.items() if k != "move"} for arm, f in figures.items()} | {"cosine": cosine}
 
 
 def _population(searcher, generation: int, rng: random.Random, opts: argparse.Namespace):
@@ -211,6 +252,11 @@ def main() -> None:
     parser.add_argument("--seed-noise", type=float, default=0.0, help="seed noise of the final fitness")
     parser.add_argument("--repeats", type=int, default=20, help="part 2: independent searches per margin")
     parser.add_argument("--skip-real", action="store_true", help="part 2 only")
+    parser.add_argument("--embedded", action="store_true",
+                        help="also one generation of the embedded default each way (real training runs, minutes)")
+    parser.add_argument("--embedded-population", type=int, default=8)
+    parser.add_argument("--embedded-noise", type=float, default=0.084,
+                        help="early_stop.noise for the embedded default (the pilot's measured early-score seed std)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     opts = parser.parse_args()
     out = {}
@@ -219,6 +265,9 @@ def main() -> None:
         out["part_one"] = part_one(opts)
     print("== part 2: bias study (real searcher and rule, in-process) ==")
     out["part_two"] = part_two(opts)
+    if opts.embedded:
+        print("== part 3: the embedded default, early_stop off vs on ==")
+        out["embedded"] = part_embedded(opts)
     if opts.json:
         opts.json.write_text(json.dumps(out, indent=2, default=str))
 
