@@ -23,7 +23,6 @@ early_stop off and on, the same seed: member-seconds, the members stopped, and t
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import random
@@ -33,13 +32,18 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from meta.early_stop import EarlyStopConfig, EarlyStopJudge, update_fitness  # noqa: E402
+from meta.early_cuts import rule_stops, weighed_members  # noqa: E402
+from meta.early_stop import update_fitness  # noqa: E402
 from meta.init import initial_center  # noqa: E402
 from meta.searchers import build_searcher  # noqa: E402
 from meta.synthetic import objective  # noqa: E402
@@ -70,19 +74,22 @@ def _run_arm(run_dir: Path, opts: argparse.Namespace, early: bool) -> float:
     return time.monotonic() - started
 
 
+def _member_seconds(group: "pd.DataFrame", fraction: float) -> tuple[float, int]:
+    """(member-seconds, members stopped) of one generation's rows: a stopped member ran until its decision, that
+    share of a full run's (median) time."""
+    ok = group[group["status"] == "ok"]
+    stopped = int((group["status"] == "stopped_early").sum())
+    return float(ok["wall_time_s"].sum()) + stopped * float(ok["wall_time_s"].median()) * fraction, stopped
+
+
 def _arm_figures(run_dir: Path, opts: argparse.Namespace) -> list[dict]:
     store = RunStore(run_dir)
     members = store.read_members()
     rows = []
     for generation in range(opts.generations):
-        group = members[members["generation"] == generation]
-        ok = group[group["status"] == "ok"]
-        stopped = group[group["status"] == "stopped_early"]
-        full_s = float(ok["wall_time_s"].median())
-        # a stopped member ran until its decision: that share of a full run's (median) time
-        used = float(ok["wall_time_s"].sum()) + len(stopped) * full_s * opts.fraction
+        used, stopped = _member_seconds(members[members["generation"] == generation], opts.fraction)
         center = store.read_state(generation)["center"]
-        rows.append({"generation": generation, "member_s": used, "stopped": len(stopped),
+        rows.append({"generation": generation, "member_s": used, "stopped": stopped,
                      "objective": objective(center.tolist())})
     return rows
 
@@ -122,13 +129,10 @@ def part_embedded(opts: argparse.Namespace) -> dict:
             wall = time.monotonic() - started
             store = RunStore(run_dir)
             members = store.read_members()
-            ok = members[members["status"] == "ok"]
-            stopped = members[members["status"] == "stopped_early"]
-            full_s = float(ok["wall_time_s"].median())
-            used = float(ok["wall_time_s"].sum()) + len(stopped) * full_s * opts.fraction
+            used, stopped = _member_seconds(members, opts.fraction)
             start = initial_center("uniform", 0).to(torch.float64)
-            figures[arm] = {"wall_s": wall, "member_s": used, "stopped": len(stopped),
-                            "mean_fitness_ok": float(ok["fitness"].mean()),
+            figures[arm] = {"wall_s": wall, "member_s": used, "stopped": stopped,
+                            "mean_fitness_ok": float(members[members["status"] == "ok"]["fitness"].mean()),
                             "move": store.read_state(0)["center"].to(torch.float64) - start}
     a, b = figures["full"]["move"], figures["early"]["move"]
     cosine = float(a @ b / (a.norm() * b.norm()))
@@ -168,11 +172,8 @@ def part_two(opts: argparse.Namespace) -> dict:
                 state = full.state_dict()
                 values, final, early_scores, blur = _population(full, generation, rng, opts)
                 noise = opts.early_noise_rule if opts.early_noise_rule is not None else max(blur, 1e-12)
-                judge = EarlyStopJudge(EarlyStopConfig(enabled=True, at_fraction=opts.fraction, min_reported=1.0,
-                                                       margin=margin, noise=noise), step, n, n // 2)
-                judge.decide(dict(enumerate(early_scores)), set(range(n)))
-                stopped = [i in set(judge.stopped()) for i in range(n)]
-                top = set(sorted(range(n), key=lambda i: final[i], reverse=True)[: n - n // 2])
+                stopped = rule_stops(early_scores, step, margin, noise)
+                top = weighed_members(final)
                 false_cuts += sum(1 for i in top if stopped[i])
                 weighed += len(top)
                 savings.append(sum(stopped) / n * (1.0 - opts.fraction))
@@ -187,9 +188,7 @@ def part_two(opts: argparse.Namespace) -> dict:
                 # the search that really stops: its own states, its own populations
                 e_values, e_final, e_early, e_blur = _population(early, generation, rng, opts)
                 e_noise = opts.early_noise_rule if opts.early_noise_rule is not None else max(e_blur, 1e-12)
-                e_judge = EarlyStopJudge(dataclasses.replace(judge.config, noise=e_noise), step, n, n // 2)
-                e_judge.decide(dict(enumerate(e_early)), set(range(n)))
-                e_stopped = [i in set(e_judge.stopped()) for i in range(n)]
+                e_stopped = rule_stops(e_early, step, margin, e_noise)
                 early.tell(generation, e_values, torch.tensor(update_fitness(e_final, e_stopped),
                                                               dtype=torch.float64), ok)
             objectives_full.append(objective(full.center.tolist()))

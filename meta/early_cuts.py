@@ -125,6 +125,25 @@ def _pooled_seed_std(inits: list[list[dict[int, float]]]) -> float | None:
     return math.sqrt(squares / dof) if dof else None
 
 
+def weighed_members(final: Sequence[float]) -> set[int]:
+    """The members the update weighs: the top N - floor(N/2) by final fitness (nes's positive ranks, cem's parents
+    at parenthood_ratio 0.5)."""
+    n = len(final)
+    return set(sorted(range(n), key=lambda i: final[i], reverse=True)[: n - n // 2])
+
+
+def rule_stops(early: Sequence[float], step: int, margin: float, noise: float) -> list[bool]:
+    """Which members early_stop's rule stops when every member of a population has reported ``early`` at
+    ``step`` (its judge, capacity floor(N/2)), as a mask."""
+    n = len(early)
+    # at_fraction only names the step in a config; the judge decides at ``step``
+    config = EarlyStopConfig(enabled=True, at_fraction=0.5, min_reported=1.0, margin=margin, noise=noise)
+    judge = EarlyStopJudge(config, step, n, n // 2)
+    judge.decide(dict(enumerate(early)), set(range(n)))
+    stopped = set(judge.stopped())
+    return [i in stopped for i in range(n)]
+
+
 def _update(es: dict[str, Any], population: Population, fitness: Sequence[float]) -> torch.Tensor:
     searcher = build_searcher(es, population.center, len(fitness), 0)
     searcher.tell(0, population.values, torch.tensor(fitness, dtype=torch.float64),
@@ -168,19 +187,14 @@ def study(populations: Sequence[Population], steps: int, fractions: Sequence[flo
                 n = len(population.final)
                 early = [c[step] for c in population.curves]
                 correlations.append(_pearson(early, population.final))
-                order = sorted(range(n), key=lambda i: population.final[i], reverse=True)
-                top = set(order[: n - n // 2])
+                top = weighed_members(population.final)
                 early_median = statistics.median(early)
                 plain_false += sum(1 for i in top if early[i] < early_median)
-                judge = EarlyStopJudge(EarlyStopConfig(enabled=True, at_fraction=fraction, min_reported=1.0,
-                                                       margin=margin, noise=noise), step, n, n // 2)
-                judge.decide(dict(enumerate(early)), set(range(n)))
-                stopped = set(judge.stopped())
+                mask = rule_stops(early, step, margin, noise)
                 weighed += len(top)
                 members += n
-                stopped_total += len(stopped)
-                false_cuts += len(stopped & top)
-                mask = [i in stopped for i in range(n)]
+                stopped_total += sum(mask)
+                false_cuts += sum(1 for i in top if mask[i])
                 for name, es in SEARCHERS.items():
                     full = _update(es, population, population.final)
                     cut = _update(es, population, update_fitness(population.final, mask))
