@@ -47,6 +47,7 @@ from meta.early_stop import update_fitness  # noqa: E402
 from meta.init import initial_center  # noqa: E402
 from meta.searchers import build_searcher  # noqa: E402
 from meta.synthetic import objective  # noqa: E402
+from results.store.records import STOPPED_EARLY  # noqa: E402
 from results.store.run_store import RunStore  # noqa: E402
 
 ES = {"name": "snes", "stdev_init": 0.01, "center_learning_rate": 1.0, "stdev_learning_rate": None,
@@ -78,7 +79,7 @@ def _member_seconds(group: "pd.DataFrame", fraction: float) -> tuple[float, int]
     """(member-seconds, members stopped) of one generation's rows: a stopped member ran until its decision, that
     share of a full run's (median) time."""
     ok = group[group["status"] == "ok"]
-    stopped = int((group["status"] == "stopped_early").sum())
+    stopped = int((group["status"] == STOPPED_EARLY).sum())
     return float(ok["wall_time_s"].sum()) + stopped * float(ok["wall_time_s"].median()) * fraction, stopped
 
 

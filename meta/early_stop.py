@@ -33,9 +33,10 @@ from typing import Any, Collection, Mapping, Sequence
 from results.store.config_nodes import typed_node
 from results.store.intermediate import read_intermediate
 from results.store.layout import seed_dir_name
+from results.store.records import STOPPED_EARLY
 
-#: the status of a member stopped by this rule (results/store/records.py STATUSES)
-STOPPED_STATUS = "stopped_early"
+#: the status of a member stopped by this rule (owned by results/store/records.py)
+STOPPED_STATUS = STOPPED_EARLY
 
 
 class EarlyStopError(ValueError):

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from launch.member import read_ledger
 from results.store.progress import MemberProgress, read_progress
+from results.store.records import STOPPED_EARLY
 
 if TYPE_CHECKING:
     from launch.runner import MemberArrayRunner
@@ -189,6 +190,6 @@ class LiveWatch:
         return GenerationSnapshot(
             generation=generation, total=len(states), done=sum(1 for s in states.values() if s == "ok"),
             running=len(running), queued=queued, late=sum(1 for s in states.values() if s == "late"),
-            failed=sum(1 for s in states.values() if s not in ("ok", "late", "running", "queued", "stopped_early")),
-            stopped_early=sum(1 for s in states.values() if s == "stopped_early"),
+            failed=sum(1 for s in states.values() if s not in ("ok", "late", "running", "queued", STOPPED_EARLY)),
+            stopped_early=sum(1 for s in states.values() if s == STOPPED_EARLY),
             best=max(fitness) if fitness else None, mean=statistics.fmean(fitness) if fitness else None, eta_s=eta)

@@ -20,7 +20,7 @@ import pandas as pd
 from results.store.atomic import CorruptFileError
 from results.store.layout import RESULT_FILE, parse_generation_dir_name, parse_member_dir_name
 from results.store.provenance import read_run_manifest
-from results.store.records import ResultRecord
+from results.store.records import STOPPED_EARLY, ResultRecord
 from results.store.run_store import RunStore
 
 logger = logging.getLogger(__name__)
@@ -246,7 +246,7 @@ def generation_table(members: pd.DataFrame, gen_table: pd.DataFrame, populations
             "unreadable": int((group["status"] == UNREADABLE).sum()),
             "pending": pending,
             "late": int((group["status"] == "late").sum()),
-            "stopped_early": int((group["status"] == "stopped_early").sum()),
+            "stopped_early": int((group["status"] == STOPPED_EARLY).sum()),
             "member_seconds_saved": recorded_saving.get(generation, 0.0),
             "control_fitness": float(control["fitness"].iloc[0]) if len(control) else float("nan"),
             "mean_fitness": fitness.mean() if len(ok) else float("nan"),

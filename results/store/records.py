@@ -18,12 +18,13 @@ from results.store.layout import RESULT_FILE, SPEC_FILE  # re-exported: importer
 #: late: cancelled unfinished when its ES generation closed at the quorum (no measurement, never retried);
 #: pruned: stopped by a tuner's pruner (never retried); stopped_early: stopped at an ES generation's early decision
 #: step, below the reported median beyond noise (meta/early_stop.py; ranked at the bottom, never retried)
-STATUSES = ("ok", "failed", "timeout", "cancelled", "late", "pruned", "stopped_early")
+STOPPED_EARLY = "stopped_early"
+STATUSES = ("ok", "failed", "timeout", "cancelled", "late", "pruned", STOPPED_EARLY)
 #: the inner-config key of a member trained on several seeds (``seeds_per_member``): the seeds, one run each in
 #: its own sub-directory (launch/seed_group.py); the member's fitness is their mean
 MEMBER_SEEDS_KEY = "member_seeds"
 #: outcomes the orchestrator decided on purpose: final at once, never retried
-DECIDED_STATUSES = ("cancelled", "late", "pruned", "stopped_early")
+DECIDED_STATUSES = ("cancelled", "late", "pruned", STOPPED_EARLY)
 
 
 @dataclass
