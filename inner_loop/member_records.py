@@ -51,6 +51,7 @@ def record_failure(work_dir: Path, stage: str, exc: Exception, trainer: MirrorGR
         steps_done=trainer.state.global_step if trainer is not None else 0,
         diagnostics=diagnostics_from_history(trainer.state.log_history) if trainer is not None else {},
         disk_peak_bytes=peak_disk(trainer, work_dir) if trainer is not None else None,
+        generation=trainer.generation_summary() if trainer is not None else {},
     )
     return write_final_result(work_dir, record)
 
@@ -77,5 +78,6 @@ def record_success(work_dir: Path, cfg: InnerConfig, trainer: MirrorGRPOTrainer,
         steps_done=trainer.state.global_step,
         disk_peak_bytes=peak_disk(trainer, work_dir),
         evaluations={name: dict(entry) for name, entry in (evaluations or {}).items()},
+        generation=trainer.generation_summary(),
     )
     return write_final_result(work_dir, record)

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 from inner_loop.checkpoints import CHECKPOINT_DIR, DiskUsageCallback
 from inner_loop.progress_log import ProgressFileCallback, tensorboard_callback
 from inner_loop.config import ExtraEvaluation, InnerConfig
+from inner_loop.generation.continuous_batching import member_continuous_batching_config
 from inner_loop.grpo.args import build_grpo_config, check_grpo_config
 from inner_loop.models.loading import load_policy, resolve_model_dir
 from inner_loop.loss.policy_terms import PolicyParams
@@ -122,6 +123,9 @@ def build_trainer(run: PreparedRun, work_dir: Path, seed: int) -> MirrorGRPOTrai
     prompts = [format_prompt(tokenizer, p.prompt, cfg.model.chat_template, cfg.model.chat_template_kwargs)
                for p in run.train]
     dataset = Dataset.from_dict({"prompt": prompts, "problem_index": list(range(len(run.train)))})
+    if args.use_transformers_continuous_batching:  # a paged cache sized from this member's memory, not the node's
+        args.transformers_continuous_batching_config = member_continuous_batching_config(args, model, tokenizer,
+                                                                                         prompts)
     task, problems = run.task, run.train
 
     def reward(prompts: list[str], completions: list[str], problem_index: list[int], **_: Any) -> list[float]:

@@ -79,6 +79,10 @@ def params_digest(params: Sequence[float]) -> str:
     return hashlib.sha256(struct.pack(f"<{len(params)}d", *(float(x) for x in params))).hexdigest()[:16]
 
 
+#: The longest a member waits for its ``wait_for_file`` option's file: a test that never creates it ends, not hangs.
+WAIT_FOR_FILE_MAX_S = 300.0
+
+
 def _selected(spec: MemberSpec, entries: Sequence[Any] | None) -> bool:
     for entry in entries or ():
         if isinstance(entry, str) and ":" in entry:
@@ -104,6 +108,12 @@ def member(spec: MemberSpec | Mapping[str, Any]) -> dict[str, Any]:
         atomic_write_json(Path(spec.work_dir) / "env.json", seen)
     if options.get("sleep_s"):
         time.sleep(float(options["sleep_s"]))
+    if options.get("wait_for_file") and not _selected(spec, options.get("wait_skip")):
+        # A test's gate: these members stay running until the test creates the file (at most WAIT_FOR_FILE_MAX_S),
+        # so it can act on live jobs however slow the machine is.
+        deadline = time.monotonic() + WAIT_FOR_FILE_MAX_S
+        while not Path(options["wait_for_file"]).exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
     steps_done = _train_steps(Path(spec.work_dir), int(options.get("steps", 0)), float(options.get("step_s", 0.0)))
     injected = spec.attempt < int(options.get("fail_attempts", 1 << 30))
     if injected and _selected(spec, options.get("fail")):

@@ -17,17 +17,20 @@ PACKAGES = ("meta", "inner_loop", "mirror_maps", "launch", "results")
 
 #: Rooms, most specific first; a module belongs to the first room its dotted name starts with.
 ROOMS = (
-    "inner_loop.sandbox", "inner_loop.loss", "inner_loop.grpo", "inner_loop.models", "inner_loop.tasks",
-    "inner_loop.config", "inner_loop", "results.store", "results.report", "results", "launch", "meta", "mirror_maps",
+    "inner_loop.sandbox", "inner_loop.loss", "inner_loop.grpo", "inner_loop.generation", "inner_loop.models",
+    "inner_loop.tasks", "inner_loop.config", "inner_loop", "results.store", "results.report", "results", "launch", "meta", "mirror_maps",
 )
 #: What each room may import besides itself. Data flows down: meta -> launch -> results.store; inner_loop is reached
 #: from meta only through the configured entry point string, never by an import.
 MAY_IMPORT: dict[str, frozenset[str]] = {
     "meta": frozenset({"launch", "results.report", "results.store", "mirror_maps"}),
     "launch": frozenset({"results.store"}),
-    "inner_loop": frozenset({"inner_loop.config", "inner_loop.grpo", "inner_loop.loss", "inner_loop.models",
-                             "inner_loop.tasks", "inner_loop.sandbox", "results.store", "mirror_maps"}),
-    "inner_loop.grpo": frozenset({"inner_loop.config", "inner_loop.loss"}),
+    "inner_loop": frozenset({"inner_loop.config", "inner_loop.grpo", "inner_loop.generation", "inner_loop.loss",
+                             "inner_loop.models", "inner_loop.tasks", "inner_loop.sandbox", "results.store",
+                             "mirror_maps"}),
+    "inner_loop.grpo": frozenset({"inner_loop.config", "inner_loop.loss", "inner_loop.generation"}),
+    # how completions are generated (backend names, cache budgets, vLLM's weight push): below the trainer
+    "inner_loop.generation": frozenset({"inner_loop.config"}),
     "inner_loop.loss": frozenset({"inner_loop.config", "mirror_maps"}),
     "inner_loop.models": frozenset({"inner_loop.config", "results.store"}),
     "inner_loop.tasks": frozenset({"inner_loop.sandbox", "results.store"}),

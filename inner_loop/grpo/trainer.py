@@ -7,6 +7,7 @@ with LoRA the base with the adapter disabled) and its log-probs / logits are com
 from __future__ import annotations
 
 import copy
+import hashlib
 import logging
 import math
 from contextlib import contextmanager
@@ -17,6 +18,9 @@ import torch.utils.checkpoint
 from trl import GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head
 
+from inner_loop.generation.backends import VLLM_COLOCATE, generation_backend
+from inner_loop.generation.vllm_colocate import (claim_rendezvous_port, set_cpu_cache_from_allocation,
+                                                  use_reload_push_on_cpu)
 from inner_loop.loss.grad_share import exact_share, full_form_token_norms, logit_space_share, logp_space_share
 from inner_loop.loss.compose import compose_loss
 from inner_loop.loss.policy_terms import PolicyInputs, PolicyParams
@@ -99,7 +103,23 @@ class MirrorGRPOTrainer(GRPOTrainer):
         if regularizer.active and not _is_peft(model):
             self._frozen_ref = copy.deepcopy(model).eval()
             self._frozen_ref.requires_grad_(False)
+        #: the backend TRL generates with (inner_loop/generation/backends.py), for the result record
+        self.generation_backend = generation_backend(vars(grpo_args)) if grpo_args is not None else None
+        if self.generation_backend == VLLM_COLOCATE:
+            set_cpu_cache_from_allocation()
+            claim_rendezvous_port()
+        #: sha256 over every completion's token ids this process generated, in order; a seed that reproduces
+        #: its completions gives the same digest (the record keeps it with the step it started from)
+        self._completions_sha256 = hashlib.sha256()
+        self._digest_from_step: int | None = None
         super().__init__(*args, **kwargs)
+        if self.generation_backend == VLLM_COLOCATE:
+            use_reload_push_on_cpu(self.vllm_generation, is_peft=_is_peft(self.model))
+            # vLLM's worker seeded this process's RNGs with TRL's engine seed (the same for every member):
+            # back to the member's seed, so that its sampling depends on it as with the other backends.
+            from transformers import set_seed
+
+            set_seed(self.args.seed)
         if self.aux_loss_enabled:
             raise ValueError(
                 f"{type(self.model).__name__} is a Mixture-of-Experts model whose router load-balancing loss TRL adds "
@@ -110,6 +130,22 @@ class MirrorGRPOTrainer(GRPOTrainer):
             add_fused_lm_head(self._frozen_ref, temperature=self.temperature)
             self._frozen_ref.to(self.accelerator.device)
         logger.info("GBMPO loss: %s + %s, aggregation %s", policy_term, regularizer.describe(), self.loss_type)
+
+    def _generate_and_score_completions(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        if self._digest_from_step is None:
+            self._digest_from_step = self.state.global_step
+        output = super()._generate_and_score_completions(*args, **kwargs)
+        ids, mask = output["completion_ids"], output["completion_mask"].bool()
+        for row, keep in zip(ids.tolist(), mask.tolist()):
+            self._completions_sha256.update(repr([t for t, k in zip(row, keep) if k]).encode())
+        return output
+
+    def generation_summary(self) -> dict[str, Any]:
+        """What the result record says about generation: the backend, and the digest of the completions this
+        process generated with the step it started from (a resumed run's digest covers the steps since its restart;
+        two runs of one seed with equal digests reproduced each other's completions)."""
+        return {"backend": self.generation_backend, "completions_sha256": self._completions_sha256.hexdigest(),
+                "from_step": self._digest_from_step}
 
     @contextmanager
     def _reference(self, model: torch.nn.Module) -> Iterator[torch.nn.Module]:

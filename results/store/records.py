@@ -78,6 +78,9 @@ class ResultRecord:
     #: the inner config's extra_evaluations, scored after the fitness on the same model: per name ("test",
     #: "transfer/<task>") {task, split, pass_at_1, size, mean_response_tokens}; empty for ES members and older records
     evaluations: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: how the member generated its completions: {"backend", "completions_sha256", "from_step"}
+    #: (inner_loop/generation/backends.py names the backends); empty for older records and synthetic objectives
+    generation: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.eval_split not in ("validation", "test"):

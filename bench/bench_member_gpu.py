@@ -1,0 +1,563 @@
+"""One mbpp_qwen3 member per generation backend on a model of Qwen3-1.7B's architecture (random weights), then
+1, 2 and 4 such members sharing one device: step time, completion tokens/s and peak memory, side by side with HF
+generate.
+
+Why: the preset's cost estimate and the question "should members share a GPU?" rest on how fast a member
+generates, and that depends on the backend (TRL's HF generate, transformers' continuous batching, vLLM colocate).
+The model is built in code from Qwen3-1.7B's config (inner_loop/models/from_config.py, cached in the model cache):
+its shapes decide a step's cost, its weights do not. Every member is a separate process running the real member
+path (``train_member`` with the preset's inner config; only shapes, data files and the backend's ``train.trl``
+fields are overridden), and writes its measurement to a JSON file; this parent prints the tables.
+
+- Data: the MBPP fixture of the SLURM rehearsal (tests/fixtures/mbpp_rehearsal), no hub.
+- Per member: the steps after the first (which carries the one-off set-up: CUDA/vLLM initialisation, the paged
+  cache) are timed with TRL's ``step_time``; step time = their mean; completion tokens/s = their completion
+  tokens / their total time; peak memory = ``torch.cuda.max_memory_allocated`` on CUDA (the trainer's and a
+  colocated vLLM's torch allocations in that process), the process's peak RSS on CPU.
+- Sharing: N members started at once. Total tokens/s and steps/s = the members' own rates summed; "window" =
+  all timed tokens / the span from the first member's first timed step to the last member's last one (lower when
+  their timed steps did not overlap: "overlap" is the shared share of that span). With vLLM each member's
+  ``vllm_gpu_memory_utilization`` is ``--vllm-memory`` / N, so N engines fit beside each other, and its own
+  MASTER_PORT (TRL would give every member 29500 and all but one fail: ``_free_ports``).
+- A random model's rewards are all 0, so every group is tied, and the trainer would retry its once-per-run exact
+  gradient share (two extra backward passes) at every step; members skip that measurement
+  (``--keep-exact-share`` keeps it) so the timed steps are the steady state of a real run.
+
+    python bench/bench_member_gpu.py --device cuda --steps 5 --members 1,2,4
+    .venv/bin/python bench/bench_member_gpu.py --device cpu --layers 2 --hidden 128 --heads 2 --kv-heads 1 \\
+        --head-dim 64 --intermediate 256 --vocab 512 --steps 3 --group-size 2 --batch-size 4 \\
+        --completion-length 8 --tokenizer tiny --dtype float32 --threads 1 --members 1,2   # plumbing only
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from inner_loop.generation.backends import (  # noqa: E402
+    BACKENDS, CONTINUOUS_BATCHING, HF_GENERATE, VLLM_COLOCATE, VLLM_SERVER)
+
+DATA = ROOT / "tests" / "fixtures" / "mbpp_rehearsal"
+ARCHITECTURE = "qwen3_1_7b"
+#: command-line flag -> the architecture config key it overrides
+SHAPE_FLAGS = {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
+               "kv_heads": "num_key_value_heads", "head_dim": "head_dim", "intermediate": "intermediate_size",
+               "vocab": "vocab_size"}
+DEFAULT_BACKENDS = (HF_GENERATE, CONTINUOUS_BATCHING, VLLM_COLOCATE)
+#: vLLM's CPU attention kernels take head sizes from 64 up (the brief's eligibility rule on CPU)
+VLLM_CPU_MIN_HEAD_DIM = 64
+#: what the vLLM probe runs in a member's environment: the device vLLM's platform would use there
+VLLM_PROBE = "import vllm\nfrom vllm.platforms import current_platform\nprint(current_platform.device_type)"
+#: tokens beyond the longest formatted prompt that vLLM's max_model_len leaves for special tokens
+PROMPT_MARGIN_TOKENS = 16
+#: below this shared share of the members' timed span, the table warns that their summed rates overstate sharing
+MIN_OVERLAP = 0.8
+_MIB = 1 << 20
+
+
+# ------------------------------------------------------------------ which backends can run here
+def backend_unavailable(backend: str, device: str, head_dim: int) -> str | None:
+    """Why ``backend`` cannot be measured on ``device`` (None: it can). vLLM is imported in a child process, so
+    this one never loads it."""
+    if backend == HF_GENERATE:
+        return None
+    if backend == CONTINUOUS_BATCHING:
+        try:
+            importlib.import_module("transformers.generation").ContinuousBatchingConfig  # noqa: B018
+        except (ImportError, AttributeError) as exc:
+            return f"transformers has no continuous batching here ({exc})"
+        return None
+    if backend == VLLM_COLOCATE:
+        probe = subprocess.run([sys.executable, "-c", VLLM_PROBE], capture_output=True, text=True, timeout=600,
+                               env=member_env(device))
+        if probe.returncode:
+            return "`import vllm` fails: " + (probe.stderr.strip().splitlines() or ["?"])[-1][:200]
+        platform = (probe.stdout.strip().splitlines() or [""])[-1]
+        if platform != device:  # a CUDA build with no GPU visible, or a CPU build on a GPU machine
+            return f"vLLM here runs on {platform!r}, not {device!r}"
+        if device == "cpu" and head_dim < VLLM_CPU_MIN_HEAD_DIM:
+            return f"vLLM on CPU needs head_dim >= {VLLM_CPU_MIN_HEAD_DIM} (the model's is {head_dim})"
+        return None
+    if backend == VLLM_SERVER:
+        return "needs a separate vLLM server on its own GPU (docs/trl_options.md): not measured by this bench"
+    return f"unknown backend (one of {list(BACKENDS)})"
+
+
+def backend_trl(backend: str, members: int, opts: argparse.Namespace, max_model_len: int | None) -> dict[str, Any]:
+    """The ``train.trl`` fields that select ``backend`` for one of ``members`` members sharing the device."""
+    if backend == CONTINUOUS_BATCHING:
+        return {"use_transformers_continuous_batching": True}
+    if backend == VLLM_COLOCATE:
+        return {"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": opts.vllm_memory / members,
+                "vllm_max_model_length": max_model_len}
+    return {}
+
+
+# ------------------------------------------------------------------ the member's inner config
+def model_overrides(opts: argparse.Namespace) -> dict[str, int]:
+    """The architecture keys the command line sets (the rest stay Qwen3-1.7B's)."""
+    return {key: getattr(opts, flag) for flag, key in SHAPE_FLAGS.items() if getattr(opts, flag) is not None}
+
+
+def compose_inner(opts: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
+    """The preset's inner config (task, model, divergence, train) with this bench's shapes, data and model."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    data = Path(opts.data)
+    overrides = ["experiment=mbpp_qwen3", f"model.name_or_path={model_dir}", f"task.train_file={data / 'train.jsonl'}",
+                 f"task.validation_file={data / 'validation.jsonl'}", f"task.test_file={data / 'test.jsonl'}",
+                 f"train.steps={opts.steps}", f"train.save_every={opts.steps}", "train.keep_checkpoints=last",
+                 "work_dir=unused"]
+    for flag, key in (("group_size", "group_size"), ("batch_size", "batch_size"),
+                      ("completion_length", "max_completion_length"), ("threads", "num_threads")):
+        if getattr(opts, flag) is not None:
+            overrides.append(f"train.{key}={getattr(opts, flag)}")
+    if opts.dtype:
+        overrides.append(f"model.dtype={opts.dtype}")
+    if opts.no_isolation:
+        overrides.append("task.sandbox.require_isolation=false")
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        cfg = OmegaConf.to_container(compose("inner", overrides=overrides), resolve=True)
+    inner = {k: cfg[k] for k in ("task", "model", "divergence", "train")}
+    if opts.tokenizer == "tiny":  # no chat template: prompts go in as plain text
+        inner["model"]["chat_template"], inner["model"]["chat_template_kwargs"] = False, {}
+    return inner
+
+
+def vllm_max_model_len(inner: dict[str, Any], model_dir: Path) -> int:
+    """The longest formatted training prompt plus the completion budget: vLLM's context, which otherwise defaults to
+    the architecture's 40,960 positions and needs a KV cache for one whole such sequence."""
+    from transformers import AutoTokenizer
+
+    from inner_loop.models.prompts import format_prompt
+    from inner_loop.tasks import build_task
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    model = inner["model"]
+    prompts = [format_prompt(tokenizer, p.prompt, model["chat_template"], model["chat_template_kwargs"])
+               for p in build_task(inner["task"]).load("train")]
+    longest = max(len(tokenizer(p)["input_ids"]) for p in prompts)
+    return longest + inner["train"]["max_completion_length"] + PROMPT_MARGIN_TOKENS
+
+
+# ------------------------------------------------------------------ one member process
+def _skip_exact_share() -> None:
+    """Make the trainer's exact gradient share report "not measurable" (NaN) without its two backward passes."""
+    from inner_loop.grpo import trainer as trainer_module
+
+    if not hasattr(trainer_module, "exact_share"):
+        raise RuntimeError("inner_loop.grpo.trainer no longer calls exact_share: update _skip_exact_share")
+    trainer_module.exact_share = lambda *args, **kwargs: float("nan")
+
+
+def _peak_memory(device: str) -> dict[str, Any]:
+    import resource
+
+    import torch
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    out: dict[str, Any] = {"peak_rss_bytes": rss, "peak_memory_bytes": rss, "peak_memory_kind": "peak RSS"}
+    if device == "cuda":
+        allocated = torch.cuda.max_memory_allocated() if torch.cuda.is_initialized() else 0
+        reserved = torch.cuda.max_memory_reserved() if torch.cuda.is_initialized() else 0
+        out.update(peak_memory_bytes=allocated, peak_memory_kind="torch.cuda.max_memory_allocated",
+                   peak_gpu_reserved_bytes=reserved)
+    return out
+
+
+def _step_figures(work_dir: Path, batch_size: int) -> dict[str, Any]:
+    """Step time, tokens/s and the timed window, from the member's last checkpoint and progress.json."""
+    from inner_loop.checkpoints import CHECKPOINT_DIR
+    from results.store.metric_keys import COMPLETIONS_MEAN_LENGTH, STEP_TIME
+    from results.store.progress import read_progress
+
+    states = sorted((work_dir / CHECKPOINT_DIR).glob("checkpoint-*/trainer_state.json"),
+                    key=lambda p: int(p.parent.name.rsplit("-", 1)[1]))
+    logs = [h for h in json.loads(states[-1].read_text())["log_history"] if STEP_TIME in h]
+    timed = logs[1:] if len(logs) > 1 else logs  # the first step carries the one-off set-up
+    times = [h[STEP_TIME] for h in timed]
+    tokens = [h[COMPLETIONS_MEAN_LENGTH] * batch_size for h in timed]
+    progress = read_progress(work_dir)
+    window = [progress.started_at, progress.updated_at] if progress is not None and len(logs) > 1 else None
+    return {"steps_logged": len(logs), "steps_timed": len(timed), "step_times_s": times,
+            "step_s": sum(times) / len(times), "completion_tokens": sum(tokens),
+            "tokens_per_s": sum(tokens) / sum(times), "mean_completion_length": sum(tokens) / len(tokens) / batch_size,
+            "window": window}
+
+
+def member_job(job_file: Path, out_file: Path) -> None:
+    """Run one member as a member process does and write its measurement to ``out_file``."""
+    job = json.loads(job_file.read_text())
+    started = time.time()
+    from inner_loop.member import train_member
+
+    if job["skip_exact_share"]:
+        _skip_exact_share()
+    record = train_member(job["spec"])
+    out: dict[str, Any] = {"index": job["spec"]["index"], "backend": job["backend"], "members": job["members"],
+                           "status": record.status, "error": record.error, "wall_s": time.time() - started,
+                           "ran_as": (getattr(record, "generation", None) or {}).get("backend"),
+                           "device": job["device"]}
+    out.update(_peak_memory(job["device"]))
+    if record.ok:
+        out.update(_step_figures(Path(job["spec"]["work_dir"]), job["batch_size"]))
+    tmp = out_file.with_suffix(".tmp")
+    tmp.write_text(json.dumps(out, indent=1))
+    tmp.replace(out_file)
+
+
+# ------------------------------------------------------------------ the parent: N members at once
+class GpuSampler:
+    """The device's used memory and utilisation every second while members run (nvidia-smi; none without it):
+    what N processes take together, which no one process's torch counters see."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, float]] = []  # (MiB used, utilisation %)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+        self._query = ["nvidia-smi", "--query-gpu=memory.used,utilization.gpu", "--format=csv,noheader,nounits",
+                       "-i", visible or "0"]
+
+    def __enter__(self) -> "GpuSampler":
+        if shutil.which("nvidia-smi"):
+            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            try:
+                line = subprocess.run(self._query, capture_output=True, text=True, timeout=10).stdout.strip()
+                used, util = (float(x) for x in line.splitlines()[0].split(","))
+            except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+                continue
+            self.samples.append((used, util))
+
+    def summary(self) -> dict[str, float | None]:
+        if not self.samples:
+            return {"device_peak_bytes": None, "gpu_util_mean": None}
+        return {"device_peak_bytes": max(s[0] for s in self.samples) * _MIB,
+                "gpu_util_mean": statistics.mean(s[1] for s in self.samples)}
+
+
+def member_env(device: str) -> dict[str, str]:
+    """A member process's environment: offline (everything is local), and no GPU visible on ``--device cpu``."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct free TCP ports, one per vLLM member: TRL's colocate set-up takes MASTER_PORT 29500 when it
+    finds it free (trl.trainer.utils._find_free_port), so members started at once all pick it and all but one fail
+    with EADDRINUSE; the bench gives each its own (``--shared-master-port`` leaves TRL's choice, to see that)."""
+    import socket
+
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _failure(index: int, backend: str, members: int, why: str) -> dict[str, Any]:
+    return {"index": index, "backend": backend, "members": members, "status": "failed", "error": why}
+
+
+def run_members(backend: str, members: int, inner: dict[str, Any], opts: argparse.Namespace, work: Path,
+                max_model_len: int | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Start ``members`` member processes at once with ``backend``; their measurements and the device's."""
+    group = work / f"{backend}-x{members}"
+    group.mkdir(parents=True)
+    env = member_env(opts.device)
+    trl = backend_trl(backend, members, opts, max_model_len)
+    ports = _free_ports(members) if backend == VLLM_COLOCATE and not opts.shared_master_port else []
+    procs = []
+    for index in range(members):
+        member_inner = json.loads(json.dumps(inner))
+        member_inner["train"]["trl"] = {**member_inner["train"].get("trl", {}), **trl}
+        spec = {"run_id": "bench_member_gpu", "generation": 0, "index": index, "seed": opts.seed + index,
+                "params": [], "work_dir": str(group / f"member-{index}"), "inner": member_inner}
+        job = {"spec": spec, "backend": backend, "members": members, "device": opts.device,
+               "batch_size": inner["train"]["batch_size"], "skip_exact_share": not opts.keep_exact_share}
+        job_file, out_file = group / f"job-{index}.json", group / f"out-{index}.json"
+        log = group / f"member-{index}.log"
+        job_file.write_text(json.dumps(job))
+        with log.open("w") as log_handle:
+            proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--member-job", str(job_file),
+                                     "--member-out", str(out_file)], stdout=log_handle, stderr=subprocess.STDOUT,
+                                    env={**env, "MASTER_PORT": str(ports[index])} if ports else env,
+                                    cwd=str(ROOT), start_new_session=True)
+        procs.append((index, proc, out_file, log))
+    results = []
+    deadline = time.monotonic() + opts.member_timeout
+    with GpuSampler() if opts.device == "cuda" else _NoSampler() as sampler:
+        for index, proc, out_file, log in procs:
+            try:
+                proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)  # the member's own session: it and its sandbox workers
+                except ProcessLookupError:
+                    pass
+                proc.wait()
+            if out_file.is_file():
+                results.append(json.loads(out_file.read_text()))
+            else:
+                tail = log.read_text(errors="replace").strip().splitlines()[-5:]
+                results.append(_failure(index, backend, members, f"exit {proc.returncode}: " + " | ".join(tail)))
+    return results, sampler.summary()
+
+
+class _NoSampler:
+    def __enter__(self) -> "_NoSampler":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def summary(self) -> dict[str, float | None]:
+        return {"device_peak_bytes": None, "gpu_util_mean": None}
+
+
+# ------------------------------------------------------------------ summaries and tables
+def single_row(backend: str, result: dict[str, Any] | None, reason: str | None) -> dict[str, Any]:
+    """One backend's line of the first table: its lone member's figures, or why it was skipped."""
+    if result is None:
+        return {"backend": backend, "status": "skipped", "reason": reason}
+    row = {"backend": backend, "status": result["status"], "reason": result.get("error"),
+           "ran_as": result.get("ran_as")}
+    for key in ("step_s", "tokens_per_s", "peak_memory_bytes", "peak_memory_kind", "peak_rss_bytes",
+                "peak_gpu_reserved_bytes", "mean_completion_length", "steps_timed", "wall_s"):
+        row[key] = result.get(key)
+    return row
+
+
+def with_ratios(rows: list[dict[str, Any]]) -> None:
+    """Each row's figures over HF generate's (the baseline), where both were measured."""
+    base = next((r for r in rows if r["backend"] == HF_GENERATE and r["status"] == "ok"), None)
+    for row in rows:
+        ok = base is not None and row["status"] == "ok"
+        row["step_ratio"] = row["step_s"] / base["step_s"] if ok else None
+        row["tokens_ratio"] = row["tokens_per_s"] / base["tokens_per_s"] if ok else None
+        row["memory_ratio"] = (row["peak_memory_bytes"] / base["peak_memory_bytes"]
+                               if ok and base["peak_memory_bytes"] else None)
+
+
+def sharing_row(backend: str, members: int, results: list[dict[str, Any]], device: dict[str, Any]) -> dict[str, Any]:
+    """One line of the sharing table: the members' summed rates, the common-window rate and their overlap."""
+    ok = [r for r in results if r["status"] == "ok"]
+    row: dict[str, Any] = {"backend": backend, "members": members, "ok": len(ok),
+                           "errors": [r.get("error") for r in results if r["status"] != "ok"], **device}
+    row["tokens_per_s_total"] = sum(r["tokens_per_s"] for r in ok) if ok else None
+    row["steps_per_s_total"] = sum(1.0 / r["step_s"] for r in ok) if ok else None
+    row["peak_memory_max_bytes"] = max(r["peak_memory_bytes"] for r in ok) if ok else None
+    row["peak_memory_sum_bytes"] = sum(r["peak_memory_bytes"] for r in ok) if ok else None
+    windows = [r["window"] for r in ok if r.get("window")]
+    row["tokens_per_s_window"] = row["overlap"] = None
+    if windows and len(windows) == len(ok):
+        span = max(w[1] for w in windows) - min(w[0] for w in windows)
+        shared = min(w[1] for w in windows) - max(w[0] for w in windows)
+        if span > 0:
+            row["tokens_per_s_window"] = sum(r["completion_tokens"] for r in ok) / span
+            row["overlap"] = max(0.0, shared) / span
+    return row
+
+
+def _fmt(value: Any, spec: str, scale: float = 1.0) -> str:
+    return "-" if value is None else format(value / scale, spec)
+
+
+def print_tables(summary: dict[str, Any]) -> None:
+    """The two tables, ratios beside the figures (the repository's bench convention)."""
+    s = summary["settings"]
+    print(f"\nmodel: {ARCHITECTURE} architecture, random weights ({summary['model']['parameters'] / 1e6:.1f}M "
+          f"parameters: {summary['model']['config']}), tokenizer {s['tokenizer']}, dir {summary['model']['dir']}")
+    print(f"member: mbpp_qwen3 preset, device {s['device']}, dtype {s['dtype']}, LoRA r={s['lora_r']}, batch "
+          f"{s['batch_size']} = {s['batch_size'] // s['group_size']} prompts x G={s['group_size']}, completions <= "
+          f"{s['completion_length']} tokens, {s['steps']} steps (first untimed), {s['threads']} threads per member")
+    rows = summary["single"]
+    print(f"\n{'backend (1 member)':34s} {'status':>7s} {'step s':>8s} {'compl. tok/s':>12s} {'peak MiB':>9s} "
+          f"{'step / HF':>9s} {'tok/s / HF':>10s} {'mem / HF':>8s}  ran as")
+    for r in rows:
+        print(f"{r['backend']:34s} {r['status']:>7s} {_fmt(r.get('step_s'), '8.3f')} "
+              f"{_fmt(r.get('tokens_per_s'), '12.1f')} {_fmt(r.get('peak_memory_bytes'), '9.0f', _MIB)} "
+              f"{_fmt(r.get('step_ratio'), '8.2f')}x {_fmt(r.get('tokens_ratio'), '9.2f')}x "
+              f"{_fmt(r.get('memory_ratio'), '7.2f')}x  {r.get('ran_as') or r.get('reason') or ''}")
+    print(f"(peak memory: {rows[0].get('peak_memory_kind') if rows else '-'}; ratios against {HF_GENERATE})")
+    print(f"\n{'backend':34s} {'members':>7s} {'ok':>3s} {'tok/s total':>11s} {'steps/s total':>13s} "
+          f"{'vs 1 member':>11s} {'tok/s window':>12s} {'overlap':>7s} {'peak MiB/member':>15s} "
+          f"{'device MiB':>10s} {'GPU util %':>10s}")
+    for r in summary["sharing"]:
+        print(f"{r['backend']:34s} {r['members']:7d} {r['ok']:3d} {_fmt(r['tokens_per_s_total'], '11.1f')} "
+              f"{_fmt(r['steps_per_s_total'], '13.4f')} {_fmt(r.get('scaling'), '10.2f')}x "
+              f"{_fmt(r['tokens_per_s_window'], '12.1f')} {_fmt(r['overlap'], '7.2f')} "
+              f"{_fmt(r['peak_memory_max_bytes'], '15.0f', _MIB)} {_fmt(r['device_peak_bytes'], '10.0f', _MIB)} "
+              f"{_fmt(r['gpu_util_mean'], '10.0f')}")
+        for error in r["errors"]:
+            print(f"    failed member: {str(error)[-300:]}")
+        if r["members"] > 1 and r["overlap"] is not None and r["overlap"] < MIN_OVERLAP:
+            print(f"    timed steps overlapped for {r['overlap']:.0%} of their span: the summed rates are partly "
+                  "members running alone; trust the window rate, or raise --steps")
+
+
+# ------------------------------------------------------------------ main
+def _csv_ints(text: str) -> list[int]:
+    values = sorted({int(x) for x in text.split(",") if x.strip()})
+    if not values or values[0] < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers separated by commas, got {text!r}")
+    return values
+
+
+def _csv_backends(text: str) -> list[str]:
+    names = list(DEFAULT_BACKENDS) if text == "all" else [x.strip() for x in text.split(",") if x.strip()]
+    unknown = [n for n in names if n not in BACKENDS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown backend(s) {unknown}; choose from {list(BACKENDS)} or all")
+    return list(dict.fromkeys(names))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The bench's options; unset shapes and settings keep the model's and the preset's own."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when visible")
+    parser.add_argument("--steps", type=int, default=5,
+                        help="optimizer steps per member (the first is untimed when there are two or more)")
+    for flag, key in SHAPE_FLAGS.items():
+        parser.add_argument(f"--{flag.replace('_', '-')}", dest=flag, type=int, default=None,
+                            help=f"model {key} (default: Qwen3-1.7B's)")
+    parser.add_argument("--group-size", type=int, default=None, help="default: the preset's (32)")
+    parser.add_argument("--batch-size", type=int, default=None, help="default: the preset's (64)")
+    parser.add_argument("--completion-length", type=int, default=None, help="default: the preset's (256)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads per member (default: the preset's)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                        help="default: the preset's (bfloat16)")
+    parser.add_argument("--members", type=_csv_ints, default=[1, 2, 4], help="members sharing the device, e.g. 1,2,4")
+    parser.add_argument("--backends", type=_csv_backends, default=list(DEFAULT_BACKENDS),
+                        help=f"comma-separated, or all ({','.join(DEFAULT_BACKENDS)})")
+    parser.add_argument("--share-backends", type=_csv_backends, default=None,
+                        help="backends run with every --members count (default: every measured backend)")
+    parser.add_argument("--tokenizer", choices=("smollm2", "tiny"), default="smollm2")
+    parser.add_argument("--vllm-memory", type=float, default=0.3,
+                        help="share of GPU memory the members' vLLM engines take together (each: this / members)")
+    parser.add_argument("--no-isolation", action="store_true",
+                        help="task.sandbox.require_isolation=false (where bubblewrap is missing)")
+    parser.add_argument("--shared-master-port", action="store_true",
+                        help="leave MASTER_PORT to TRL in vLLM members (they race for 29500; see _free_ports)")
+    parser.add_argument("--keep-exact-share", action="store_true",
+                        help="keep the trainer's per-step retries of the exact gradient share (see above)")
+    parser.add_argument("--data", default=str(DATA), help="MBPP files train/validation/test.jsonl")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--member-timeout", type=float, default=3600.0, help="seconds for one group of members")
+    parser.add_argument("--work-dir", default=None, help="keep the members' work dirs here (default: a temp dir)")
+    parser.add_argument("--json", default=None, help="write every measurement here")
+    parser.add_argument("--member-job", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--member-out", default=None, help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def parameter_count(config: dict[str, Any]) -> int:
+    """The model's parameter count, from a weightless copy on the meta device (no memory, no init)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    keys = dict(config)
+    model_config = AutoConfig.for_model(keys.pop("model_type"), **keys)
+    with torch.device("meta"):
+        return sum(p.numel() for p in AutoModelForCausalLM.from_config(model_config).parameters())
+
+
+def run_bench(opts: argparse.Namespace) -> dict[str, Any]:
+    """Build the model, measure every backend alone, then the sharing counts; returns the summary."""
+    import torch
+
+    from inner_loop.models.from_config import architecture_config, random_model_dir
+
+    if opts.device is None:
+        opts.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if opts.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device is visible to torch here")
+    config = architecture_config(ARCHITECTURE, model_overrides(opts))
+    model_dir = random_model_dir(ARCHITECTURE, model_overrides(opts), tokenizer=opts.tokenizer, seed=opts.seed)
+    parameters = parameter_count(config)
+    inner = compose_inner(opts, model_dir)
+    train, model = inner["train"], inner["model"]
+    summary: dict[str, Any] = {
+        "settings": {"device": opts.device, "dtype": model["dtype"], "lora_r": model["lora_r"], "steps": opts.steps,
+                     "batch_size": train["batch_size"], "group_size": train["group_size"],
+                     "completion_length": train["max_completion_length"], "threads": train["num_threads"],
+                     "tokenizer": opts.tokenizer, "members": opts.members, "exact_share_skipped":
+                     not opts.keep_exact_share, "vllm_memory": opts.vllm_memory},
+        "model": {"architecture": ARCHITECTURE, "config": {k: config[k] for k in SHAPE_FLAGS.values()},
+                  "parameters": parameters, "dir": str(model_dir)},
+        "single": [], "sharing": [], "runs": {}}
+    unavailable = {b: backend_unavailable(b, opts.device, config["head_dim"]) for b in opts.backends}
+    max_model_len = vllm_max_model_len(inner, model_dir) if unavailable.get(VLLM_COLOCATE, "x") is None else None
+    share = [b for b in (opts.share_backends or opts.backends) if b in opts.backends]
+    work = Path(opts.work_dir) if opts.work_dir else Path(tempfile.mkdtemp(prefix="bench_member_gpu-"))
+    try:
+        for backend in opts.backends:
+            if unavailable[backend] is not None:
+                summary["single"].append(single_row(backend, None, unavailable[backend]))
+                print(f"{backend}: skipped ({unavailable[backend]})", flush=True)
+                continue
+            counts = sorted({1, *(opts.members if backend in share else [])})
+            for members in counts:
+                print(f"{backend}: {members} member(s) ...", flush=True)
+                results, device = run_members(backend, members, inner, opts, work, max_model_len)
+                summary["runs"][f"{backend}-x{members}"] = results
+                if members == 1:
+                    summary["single"].append(single_row(backend, results[0], None))
+                if members in opts.members and backend in share:
+                    summary["sharing"].append(sharing_row(backend, members, results, device))
+    finally:
+        if not opts.work_dir:
+            shutil.rmtree(work, ignore_errors=True)
+    with_ratios(summary["single"])
+    alone = {r["backend"]: r for r in summary["single"] if r["status"] == "ok"}
+    for row in summary["sharing"]:
+        base = alone.get(row["backend"])
+        row["scaling"] = (row["tokens_per_s_total"] / base["tokens_per_s"]
+                          if base and row["tokens_per_s_total"] is not None else None)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The parent (tables, optional JSON) or, with the hidden --member-job, one member process."""
+    opts = parse_args(argv)
+    if opts.member_job:
+        member_job(Path(opts.member_job), Path(opts.member_out))
+        return
+    summary = run_bench(opts)
+    print_tables(summary)
+    if opts.json:
+        Path(opts.json).write_text(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()

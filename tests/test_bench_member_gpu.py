@@ -1,0 +1,80 @@
+"""bench/bench_member_gpu.py runs end to end on CPU at toy shapes: the model of Qwen3-1.7B's architecture built in
+code and cached, members through the real member path as separate processes, HF generate and continuous batching
+measured alone, 1 and 2 members sharing the device, every figure positive and the table printed.
+
+The shapes are tiny (2 layers, hidden 128, head_dim 64, vocabulary 512) so the run fits ~90 s on 2 cores; what
+the figures say is plumbing only. vLLM is not run here (the bench itself probes `import vllm` when asked to).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from inner_loop.generation.backends import CONTINUOUS_BATCHING, HF_GENERATE
+from inner_loop.models.from_config import ARCHITECTURES, architecture_config
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench" / "bench_member_gpu.py"
+SHAPES = ["--layers", "2", "--hidden", "128", "--heads", "2", "--kv-heads", "1", "--head-dim", "64",
+          "--intermediate", "256", "--vocab", "512", "--steps", "2", "--group-size", "2", "--batch-size", "4",
+          "--completion-length", "8", "--tokenizer", "tiny", "--dtype", "float32", "--threads", "1"]
+
+
+def test_the_named_architecture_is_qwen3_1_7b_and_overrides_are_checked():
+    config = architecture_config("qwen3_1_7b")
+    assert (config["hidden_size"], config["num_hidden_layers"], config["num_attention_heads"],
+            config["num_key_value_heads"], config["head_dim"], config["intermediate_size"], config["vocab_size"],
+            config["tie_word_embeddings"]) == (2048, 28, 16, 8, 128, 6144, 151936, True)
+    assert architecture_config("qwen3_1_7b", {"num_hidden_layers": 2})["num_hidden_layers"] == 2
+    assert ARCHITECTURES["qwen3_1_7b"]["num_hidden_layers"] == 28  # the table itself is not changed
+    with pytest.raises(ValueError, match="no config key"):
+        architecture_config("qwen3_1_7b", {"num_layers": 2})
+    with pytest.raises(ValueError, match="not one of"):
+        architecture_config("qwen3_17b")
+
+
+def _positive(row: dict, *keys: str) -> None:
+    for key in keys:
+        assert isinstance(row[key], (int, float)) and row[key] > 0, (key, row)
+
+
+def test_bench_runs_on_cpu_and_reports_every_figure(tmp_path):
+    out = tmp_path / "summary.json"
+    proc = subprocess.run([sys.executable, str(BENCH), "--device", "cpu", *SHAPES, "--members", "1,2",
+                           "--backends", f"{HF_GENERATE},{CONTINUOUS_BATCHING}", "--share-backends", HF_GENERATE,
+                           "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads(out.read_text())
+
+    model_dir = Path(summary["model"]["dir"])  # built once, in the session's model cache
+    assert model_dir.is_relative_to(Path(os.environ["MIRROR_ES_CACHE"])) and (model_dir / ".complete").is_file()
+    config = json.loads((model_dir / "config.json").read_text())
+    assert (config["model_type"], config["num_hidden_layers"], config["head_dim"], config["vocab_size"],
+            config["tie_word_embeddings"]) == ("qwen3", 2, 64, 512, True)
+
+    single = {row["backend"]: row for row in summary["single"]}
+    assert set(single) == {HF_GENERATE, CONTINUOUS_BATCHING}
+    for backend, row in single.items():
+        assert row["status"] == "ok" and row["ran_as"] == backend, row
+        _positive(row, "step_s", "tokens_per_s", "peak_memory_bytes", "step_ratio", "tokens_ratio", "memory_ratio")
+        assert row["peak_memory_kind"] == "peak RSS" and row["steps_timed"] == 1
+    assert single[HF_GENERATE]["step_ratio"] == single[HF_GENERATE]["tokens_ratio"] == 1.0
+
+    sharing = {(row["backend"], row["members"]): row for row in summary["sharing"]}
+    assert set(sharing) == {(HF_GENERATE, 1), (HF_GENERATE, 2)}
+    for (_, members), row in sharing.items():
+        assert row["ok"] == members and row["errors"] == [], row
+        _positive(row, "tokens_per_s_total", "steps_per_s_total", "tokens_per_s_window", "peak_memory_max_bytes",
+                  "scaling")
+        assert 0.0 <= row["overlap"] <= 1.0
+    assert len(summary["runs"][f"{HF_GENERATE}-x2"]) == 2
+
+    table = proc.stdout
+    assert "backend (1 member)" in table and "tok/s total" in table
+    assert table.count(HF_GENERATE) >= 3 and CONTINUOUS_BATCHING in table
