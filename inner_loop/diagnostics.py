@@ -18,6 +18,10 @@ _DIAGNOSTIC_KEYS = {
     keys.GRAD_SHARE: keys.GRAD_SHARE_DIAGNOSTIC,
     keys.GRAD_SHARE_EXACT: keys.GRAD_SHARE_EXACT_DIAGNOSTIC,
     keys.GRAD_SHARE_EXACT_STEP: keys.GRAD_SHARE_EXACT_STEP_DIAGNOSTIC,
+    keys.STEP_TIME: keys.STEP_TIME_MEAN,
+    # vLLM only: how far the sampler's log-probs were from the trained policy's, and the correction applied
+    keys.SAMPLING_LOGP_DIFFERENCE: keys.SAMPLING_LOGP_DIFFERENCE_MEAN,
+    keys.IMPORTANCE_SAMPLING_RATIO: keys.IMPORTANCE_SAMPLING_RATIO_MEAN,
 }
 #: Policy-term metrics (clipping, trust-region masks, mean ratio) are kept under their own names.
 _POLICY_METRIC_PREFIXES = keys.POLICY_METRIC_PREFIXES

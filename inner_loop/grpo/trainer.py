@@ -19,8 +19,8 @@ from trl import GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head
 
 from inner_loop.generation.backends import VLLM_COLOCATE, generation_backend
-from inner_loop.generation.vllm_colocate import (claim_rendezvous_port, set_cpu_cache_from_allocation,
-                                                  use_reload_push_on_cpu)
+from inner_loop.generation.vllm_colocate import (claim_rendezvous_port, engine_in_policy_dtype,
+                                                  set_cpu_cache_from_allocation, use_reload_push_on_cpu)
 from inner_loop.loss.grad_share import exact_share, full_form_token_norms, logit_space_share, logp_space_share
 from inner_loop.loss.compose import compose_loss
 from inner_loop.loss.policy_terms import PolicyInputs, PolicyParams
@@ -112,7 +112,11 @@ class MirrorGRPOTrainer(GRPOTrainer):
         #: its completions gives the same digest (the record keeps it with the step it started from)
         self._completions_sha256 = hashlib.sha256()
         self._digest_from_step: int | None = None
-        super().__init__(*args, **kwargs)
+        if self.generation_backend == VLLM_COLOCATE:
+            with engine_in_policy_dtype(next(model.parameters()).dtype):
+                super().__init__(*args, **kwargs)
+        else:
+            super().__init__(*args, **kwargs)
         if self.generation_backend == VLLM_COLOCATE:
             use_reload_push_on_cpu(self.vllm_generation, is_peft=_is_peft(self.model))
             # vLLM's worker seeded this process's RNGs with TRL's engine seed (the same for every member):

@@ -21,6 +21,10 @@ COMPLETIONS_CLIPPED_RATIO = "completions/clipped_ratio"
 COMPLETIONS_MEAN_LENGTH = "completions/mean_length"
 #: seconds of one optimizer step (generation, loss, backward, update)
 STEP_TIME = "step_time"
+#: with vLLM generation: mean |log-prob of the sampler - log-prob of the trained policy| of the sampled tokens
+SAMPLING_LOGP_DIFFERENCE = "sampling/sampling_logp_difference/mean"
+#: with vLLM generation: the mean importance-sampling ratio (trained policy / sampler) our loss weights tokens by
+IMPORTANCE_SAMPLING_RATIO = "sampling/importance_sampling_ratio/mean"
 
 # --- our trainer logs these (inner_loop/grpo/trainer.py)
 #: the aggregated policy term
@@ -47,9 +51,13 @@ REGULARIZER_VALUE_MEAN = "regularizer_value"
 GRAD_SHARE_DIAGNOSTIC = "regularizer_grad_share"
 GRAD_SHARE_EXACT_DIAGNOSTIC = "regularizer_grad_share_exact"
 GRAD_SHARE_EXACT_STEP_DIAGNOSTIC = "regularizer_grad_share_exact_step"
+STEP_TIME_MEAN = "step_time_mean"
+SAMPLING_LOGP_DIFFERENCE_MEAN = "sampling_logp_difference"
+IMPORTANCE_SAMPLING_RATIO_MEAN = "importance_sampling_ratio"
 
 #: every name above that is a whole key (the prefixes are matched as prefixes)
 KEYS = (REWARD, FRAC_REWARD_ZERO_STD, COMPLETIONS_CLIPPED_RATIO, COMPLETIONS_MEAN_LENGTH, STEP_TIME, POLICY_LOSS,
         REGULARIZER_VALUE, GRAD_SHARE, GRAD_SHARE_EXACT, GRAD_SHARE_EXACT_STEP, REWARD_MEAN, ZERO_VARIANCE_GROUP_FRAC,
         CLIPPED_COMPLETION_RATIO, REGULARIZER_VALUE_MEAN, GRAD_SHARE_DIAGNOSTIC, GRAD_SHARE_EXACT_DIAGNOSTIC,
-        GRAD_SHARE_EXACT_STEP_DIAGNOSTIC)
+        GRAD_SHARE_EXACT_STEP_DIAGNOSTIC, SAMPLING_LOGP_DIFFERENCE, IMPORTANCE_SAMPLING_RATIO, STEP_TIME_MEAN,
+        SAMPLING_LOGP_DIFFERENCE_MEAN, IMPORTANCE_SAMPLING_RATIO_MEAN)

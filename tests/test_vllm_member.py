@@ -1,0 +1,89 @@
+"""vLLM generation in a member, for real (the CPU build here, `scripts/install_vllm.sh`): TRL's colocate mode trains
+and scores SmolLM2-135M, a weight push changes what vLLM generates (exactly), and a seed reproduces its completions.
+
+Each run is a process of its own (`python -m inner_loop.run`, or the push probe): vLLM's engine seeds the process's
+RNGs, replaces torch.set_num_threads and starts a torch.distributed group, none of which may leak into pytest.
+Without vLLM installed these tests skip; scripts/test.sh installs it and sets MIRROR_ES_REQUIRE_VLLM=1 (CI), under
+which a missing vLLM fails instead.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from results.store.layout import RESULT_FILE
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
+if importlib.util.find_spec("vllm") is None:
+    if os.environ.get("MIRROR_ES_REQUIRE_VLLM"):
+        raise RuntimeError("MIRROR_ES_REQUIRE_VLLM is set but vLLM is not installed (scripts/install_vllm.sh)")
+    pytest.skip("vLLM is not installed (scripts/install_vllm.sh installs it)", allow_module_level=True)
+
+#: vLLM's CPU attention refuses the tiny default's head_dim of 16: the tiny model at 2 heads of 64, warmed up (its
+#: rewards vary, so the policy moves between weight pushes).
+TINY_HEAD_DIM_64 = ["model=tiny", "model.hidden_size=128", "model.num_heads=2"]
+COLOCATE = "++train.trl={use_vllm: true, vllm_mode: colocate, vllm_max_model_length: %d}"
+SMALL_RUN = ["task=arith", "task.validation_size=4", "train.val_size=4", "train.val_batch_size=4", "train.steps=2",
+             "train.batch_size=4", "train.group_size=4", "train.max_completion_length=8", "train.num_threads=2",
+             "train.report_to=[]"]
+
+
+def _run(work_dir: Path, *overrides: str) -> dict:
+    done = subprocess.run([sys.executable, "-m", "inner_loop.run", f"work_dir={work_dir}", *SMALL_RUN, *overrides],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads((work_dir / RESULT_FILE).read_text())
+
+
+def test_smollm2_member_trains_and_scores_with_vllm_colocate(tmp_path):
+    # LoRA: the push merges the adapter into the weights it sends (TRL), and copies them before vLLM reloads
+    record = _run(tmp_path / "run", "model=smollm2_135m", "model.lora_r=8", COLOCATE % 512)
+    assert record["status"] == "ok" and record["steps_done"] == 2, record["error"]
+    assert record["generation"]["backend"] == "vllm_colocate" and record["generation"]["from_step"] == 0
+    assert 0.0 <= record["fitness"] <= 1.0 and record["val_size"] == 4
+    _assert_sampler_is_the_policy(record)
+
+
+def _assert_sampler_is_the_policy(record: dict) -> None:
+    """TRL computed the importance-sampling ratio of the vLLM samples (our loss reads it whenever vLLM generates: a
+    KeyError otherwise); the engine, built in the policy's float32, sampled from the very weights being trained."""
+    diagnostics = record["diagnostics"]
+    assert math.isfinite(diagnostics["importance_sampling_ratio"])
+    assert abs(diagnostics["importance_sampling_ratio"] - 1.0) < 1e-3
+    assert 0.0 <= diagnostics["sampling_logp_difference"] < 1e-3
+
+
+def test_a_weight_push_changes_what_vllm_generates_exactly(tmp_path):
+    from inner_loop.config import ModelConfig
+    from inner_loop.models.tiny import tiny_model_dir
+
+    model_dir = tiny_model_dir(ModelConfig(name="tiny", hidden_size=128, num_heads=2, warmup_max_steps=0))
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "vllm_push_probe.py"), str(model_dir)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["after"] != seen["before"]        # the engine generates with the pushed weights...
+    assert seen["max_logprob_error_after_push"] < 1e-3   # ...exactly those (float32 engine vs the HF model)
+    assert seen["restored"] == seen["before"]     # and pushing the originals back restores its output
+
+
+def test_a_seed_reproduces_its_vllm_completions_and_another_seed_does_not(tmp_path):
+    runs = {name: _run(tmp_path / name, *TINY_HEAD_DIM_64, COLOCATE % 256, f"seed={seed}", "train.batch_size=8",
+                       "train.learning_rate=1e-3")
+            for name, seed in (("first", 0), ("again", 0), ("other", 1))}
+    digests = {name: r["generation"]["completions_sha256"] for name, r in runs.items()}
+    assert all(r["status"] == "ok" and r["generation"]["backend"] == "vllm_colocate" for r in runs.values())
+    assert digests["first"] == digests["again"]
+    assert digests["other"] != digests["first"]
+    assert runs["first"]["fitness"] == runs["again"]["fitness"]
+    # the policy moved (rewards varied) and every step's push reached the engine: it sampled from the trained weights
+    assert runs["first"]["diagnostics"]["zero_variance_group_frac"] < 1.0
+    _assert_sampler_is_the_policy(runs["first"])
