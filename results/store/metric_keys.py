@@ -52,8 +52,8 @@ GRAD_SHARE_DIAGNOSTIC = "regularizer_grad_share"
 GRAD_SHARE_EXACT_DIAGNOSTIC = "regularizer_grad_share_exact"
 GRAD_SHARE_EXACT_STEP_DIAGNOSTIC = "regularizer_grad_share_exact_step"
 STEP_TIME_MEAN = "step_time_mean"
-SAMPLING_LOGP_DIFFERENCE_MEAN = "sampling_logp_difference"
-IMPORTANCE_SAMPLING_RATIO_MEAN = "importance_sampling_ratio"
+SAMPLING_LOGP_DIFFERENCE_MEAN = "sampling_logp_difference_mean"
+IMPORTANCE_SAMPLING_RATIO_MEAN = "importance_sampling_ratio_mean"
 
 #: every name above that is a whole key (the prefixes are matched as prefixes)
 KEYS = (REWARD, FRAC_REWARD_ZERO_STD, COMPLETIONS_CLIPPED_RATIO, COMPLETIONS_MEAN_LENGTH, STEP_TIME, POLICY_LOSS,
