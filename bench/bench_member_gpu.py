@@ -53,6 +53,8 @@ from inner_loop.generation.backends import (  # noqa: E402
 
 DATA = ROOT / "tests" / "fixtures" / "mbpp_rehearsal"
 ARCHITECTURE = "qwen3_1_7b"
+#: ``--model``: the real SmolLM2-135M-Instruct instead of the random Qwen3-architecture model
+SMOLLM2 = "smollm2"
 #: command-line flag -> the architecture config key it overrides
 SHAPE_FLAGS = {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
                "kv_heads": "num_key_value_heads", "head_dim": "head_dim", "intermediate": "intermediate_size",
@@ -396,8 +398,11 @@ def _fmt(value: Any, spec: str, scale: float = 1.0) -> str:
 def print_tables(summary: dict[str, Any]) -> None:
     """The two tables, ratios beside the figures (the repository's bench convention)."""
     s = summary["settings"]
-    print(f"\nmodel: {ARCHITECTURE} architecture, random weights ({summary['model']['parameters'] / 1e6:.1f}M "
-          f"parameters: {summary['model']['config']}), tokenizer {s['tokenizer']}, dir {summary['model']['dir']}")
+    name = summary["model"]["architecture"]
+    what = ("SmolLM2-135M-Instruct, its own weights and tokenizer" if name == SMOLLM2
+            else f"{name} architecture, random weights, tokenizer {s['tokenizer']}")
+    print(f"\nmodel: {what} ({summary['model']['parameters'] / 1e6:.1f}M parameters: {summary['model']['config']}), "
+          f"dir {summary['model']['dir']}")
     print(f"member: mbpp_qwen3 preset, device {s['device']}, dtype {s['dtype']}, LoRA r={s['lora_r']}, batch "
           f"{s['batch_size']} = {s['batch_size'] // s['group_size']} prompts x G={s['group_size']}, completions <= "
           f"{s['completion_length']} tokens, {s['steps']} steps (first untimed), {s['threads']} threads per member")
@@ -462,6 +467,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help=f"comma-separated, or all ({','.join(DEFAULT_BACKENDS)})")
     parser.add_argument("--share-backends", type=_csv_backends, default=None,
                         help="backends run with every --members count (default: every measured backend)")
+    parser.add_argument("--model", choices=(ARCHITECTURE, SMOLLM2), default=ARCHITECTURE,
+                        help=f"{ARCHITECTURE}: its architecture with random weights; {SMOLLM2}: the real SmolLM2-135M")
     parser.add_argument("--tokenizer", choices=("smollm2", "tiny"), default="smollm2")
     parser.add_argument("--vllm-memory", type=float, default=0.3,
                         help="share of GPU memory the members' vLLM engines take together (each: this / members)")
@@ -492,18 +499,37 @@ def parameter_count(config: dict[str, Any]) -> int:
         return sum(p.numel() for p in AutoModelForCausalLM.from_config(model_config).parameters())
 
 
+def model_source(opts: argparse.Namespace) -> tuple[str, Path, dict[str, Any]]:
+    """The measured model: (its name, its directory, its architecture config). ``--model smollm2`` is the real
+    SmolLM2-135M-Instruct (its weights decide the completions' lengths; bench/bench_generation.py), otherwise the
+    Qwen3-1.7B architecture with random weights and this command line's shapes."""
+    if opts.model == SMOLLM2:
+        from inner_loop.config import ModelConfig
+        from inner_loop.models.smollm2 import smollm2_model_dir
+
+        if model_overrides(opts):
+            raise SystemExit(f"--model {SMOLLM2} has its own shapes: drop {sorted(model_overrides(opts))}")
+        model_dir = smollm2_model_dir(ModelConfig(name="smollm2_135m"))
+        config = json.loads((model_dir / "config.json").read_text())
+        config.setdefault("head_dim", config["hidden_size"] // config["num_attention_heads"])
+        keep = ("model_type", *SHAPE_FLAGS.values(), "tie_word_embeddings", "rms_norm_eps", "rope_theta")
+        return SMOLLM2, model_dir, {k: config[k] for k in keep if k in config}
+    from inner_loop.models.from_config import architecture_config, random_model_dir
+
+    config = architecture_config(ARCHITECTURE, model_overrides(opts))
+    return ARCHITECTURE, random_model_dir(ARCHITECTURE, model_overrides(opts), tokenizer=opts.tokenizer,
+                                          seed=opts.seed), config
+
+
 def run_bench(opts: argparse.Namespace) -> dict[str, Any]:
     """Build the model, measure every backend alone, then the sharing counts; returns the summary."""
     import torch
-
-    from inner_loop.models.from_config import architecture_config, random_model_dir
 
     if opts.device is None:
         opts.device = "cuda" if torch.cuda.is_available() else "cpu"
     if opts.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device is visible to torch here")
-    config = architecture_config(ARCHITECTURE, model_overrides(opts))
-    model_dir = random_model_dir(ARCHITECTURE, model_overrides(opts), tokenizer=opts.tokenizer, seed=opts.seed)
+    architecture, model_dir, config = model_source(opts)
     parameters = parameter_count(config)
     inner = compose_inner(opts, model_dir)
     train, model = inner["train"], inner["model"]
@@ -513,7 +539,7 @@ def run_bench(opts: argparse.Namespace) -> dict[str, Any]:
                      "completion_length": train["max_completion_length"], "threads": train["num_threads"],
                      "tokenizer": opts.tokenizer, "members": opts.members, "exact_share_skipped":
                      not opts.keep_exact_share, "vllm_memory": opts.vllm_memory},
-        "model": {"architecture": ARCHITECTURE, "config": {k: config[k] for k in SHAPE_FLAGS.values()},
+        "model": {"architecture": architecture, "config": {k: config[k] for k in SHAPE_FLAGS.values()},
                   "parameters": parameters, "dir": str(model_dir)},
         "single": [], "sharing": [], "runs": {}}
     unavailable = {b: backend_unavailable(b, opts.device, config["head_dim"]) for b in opts.backends}

@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# Set up (idempotent), start the local one-node SLURM cluster for tests/slurm, run the whole test suite, stop
-# the cluster. Extra arguments go to pytest. Where the cluster cannot be started (no root, no apt), the SLURM
-# tests skip with the reason shown in pytest's summary.
+# Set up (idempotent) with vLLM (scripts/install_vllm.sh), start the local one-node SLURM cluster for tests/slurm,
+# run the whole test suite, stop the cluster. Extra arguments go to pytest. Where the cluster cannot be started (no
+# root, no apt), the SLURM tests skip with the reason shown in pytest's summary. MIRROR_ES_WITHOUT_VLLM=1 runs the
+# suite without installing vLLM (its tests then skip, and fail only if vLLM is required).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
+if [ -z "${MIRROR_ES_WITHOUT_VLLM:-}" ]; then
+    ./scripts/install_vllm.sh
+    export MIRROR_ES_REQUIRE_VLLM=1   # installed: a vLLM test that cannot import it fails, never skips
+fi
 if scripts/local_slurm/up.sh; then
     trap 'scripts/local_slurm/down.sh >/dev/null 2>&1 || true' EXIT
     export MIRROR_ES_REQUIRE_SLURM=1   # the cluster is up: a SLURM test that cannot reach it fails, never skips
