@@ -353,6 +353,8 @@ class Orchestrator:
                 "error": record.error[-500:],
                 # early_stop: the member's training time not run (an estimate; None for members not stopped)
                 "seconds_saved": saved.get(index),
+                # how it generated (inner_loop/generation/backends.py): a search mixing backends mixes noise levels
+                "generation_backend": record.generation.get("backend"),
             }
             row.update({f"diag_{k}": v for k, v in record.diagnostics.items()})
             rows.append(row)

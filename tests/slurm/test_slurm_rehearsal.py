@@ -1,10 +1,13 @@
 """Rehearsal of the real path (#14 item 10): the mbpp_qwen3 preset with SmolLM2-135M in place of Qwen3, LoRA as in
 the preset, an MBPP fixture in the hub's `full` format (train / validation / test files), members as SLURM array
 tasks on the local cluster, end to end through TRL generation, the isolated sandbox (the preset requires it) and
-greedy validation on the hub-style validation split. Only what cannot fit a 2-core CPU is shrunk (steps, group
+greedy validation on the hub-style validation split, generating with vLLM in the trainer's process (TRL's colocate
+mode) when vLLM is installed (scripts/install_vllm.sh; CI installs it), HF generate otherwise. Only what cannot fit a 2-core CPU is shrunk (steps, group
 and batch size, completion length); everything else is the preset's."""
 from __future__ import annotations
 
+import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +30,11 @@ SHRUNK = ["train.steps=2", "train.group_size=4", "train.batch_size=8", "train.ma
           # tiny model and synthetic members (test_slurm_default_search.py, test_slurm_status.py); here the two
           # members are the preset's training path end to end
           "control_member=false", "reevaluate.top_k=0"]
+#: the fastest generation backend measured on this CPU (bench/bench_generation.py, docs/benchmarks.md), if installed
+VLLM_INSTALLED = importlib.util.find_spec("vllm") is not None
+if not VLLM_INSTALLED and os.environ.get("MIRROR_ES_REQUIRE_VLLM"):
+    raise RuntimeError("MIRROR_ES_REQUIRE_VLLM is set but vLLM is not installed (scripts/install_vllm.sh)")
+BACKEND = ["++train.trl={use_vllm: true, vllm_mode: colocate, vllm_max_model_length: 1024}"] if VLLM_INSTALLED else []
 
 
 def rehearsal_overrides(run_dir: Path) -> list[str]:
@@ -35,7 +43,7 @@ def rehearsal_overrides(run_dir: Path) -> list[str]:
             f"task.train_file={DATA / 'train.jsonl'}",
             f"task.validation_file={DATA / 'validation.jsonl'}", f"task.test_file={DATA / 'test.jsonl'}",
             "launcher=slurm", "population=2", "generations=1", "launcher.poll_interval_s=1",
-            "launcher.query_interval_s=5", *SHRUNK]
+            "launcher.query_interval_s=5", *SHRUNK, *BACKEND]
 
 
 def test_the_mbpp_qwen3_preset_runs_end_to_end_as_slurm_array_tasks(slurm_cluster: LocalSlurm,
@@ -52,6 +60,7 @@ def test_the_mbpp_qwen3_preset_runs_end_to_end_as_slurm_array_tasks(slurm_cluste
     assert set(members["status"]) == {"ok"}, members[["status", "error"]]
     assert set(members["val_size"]) == {VALIDATION_PROBLEMS}  # the hub-style validation file, nothing carved
     assert set(members["steps_done"]) == {2}
+    assert set(members["generation_backend"]) == {"vllm_colocate" if VLLM_INSTALLED else "hf_generate"}
     assert members["mean_response_tokens"].min() > 0
     # the regularizer's gradient share reached every record (0 at step 0 by construction, where the policy is the
     # reference; a later step whose groups all tie has no policy gradient to compare with)
