@@ -15,14 +15,23 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import yaml
 
-from meta.live_watch import format_duration, generation_eta
-from meta.status_rows import member_row, orchestrator_line, slurm_reasons
+from meta.live_watch import format_duration
+from meta.status_rows import (
+    gpu_hours,
+    member_rows,
+    orchestrator_line,
+    row_line,
+    rows_eta,
+    slurm_parallelism,
+    state_counts,
+)
+from results.report.pilot import is_pilot_dir
+from results.store.atomic import CorruptFileError
 from results.store.layout import parse_generation_dir_name, parse_member_dir_name
-from results.store.records import read_result
 from results.store.run_store import RunStore
 from results.store.study_store import read_study_file
 
@@ -32,21 +41,41 @@ def _generation_dirs(store: RunStore) -> list[int]:
     return sorted(g for g in found if g is not None)
 
 
-def render(run_dir: str | Path, show_all: bool = False, now: float | None = None) -> str:
-    """The status text. ValueError when run_dir is not a search directory."""
-    store = RunStore(run_dir)
-    if not store.exists():
-        raise ValueError(f"{run_dir}: not a search directory (no config.yaml); pass the run_dir of python -m meta.run")
-    if read_study_file(store.root) is not None:  # a meta.tune run
+def _other_view(store: RunStore) -> Callable[[str | Path, bool, float | None], str] | None:
+    """The view of a pilot or a tuning, picked by the run dir's kind; None for a search (its manifest has no kind).
+    ValueError for a run dir of any other kind, which the search's view would misread."""
+    if is_pilot_dir(store.root):  # manifest kind "pilot" (or its plan, should the manifest be unreadable)
+        from meta.pilot_status import render_pilot
+
+        return render_pilot
+    if read_study_file(store.root) is not None:  # a meta.tune run (manifest kind "tune"), from its study
         from meta.tune.status import render_tune
 
-        return render_tune(run_dir, show_all, now)
+        return render_tune
+    try:
+        kind = store.read_manifest().get("kind")
+    except CorruptFileError:
+        kind = None  # a search still shows from its other files
+    if kind is not None:
+        raise ValueError(f"{store.root}: its manifest says kind {kind!r}; meta.status shows a search, a tuning (with "
+                         "its study.json) or a pilot: pass the run_dir of python -m meta.run, meta.tune or meta.pilot")
+    return None
+
+
+def render(run_dir: str | Path, show_all: bool = False, now: float | None = None) -> str:
+    """The status text of a search, a tuning or a pilot. ValueError when run_dir is none of them."""
+    store = RunStore(run_dir)
+    if not store.exists():
+        raise ValueError(f"{run_dir}: not a search, tuning or pilot directory (no config.yaml); pass the run_dir of "
+                         "python -m meta.run, meta.tune or meta.pilot")
+    view = _other_view(store)
+    if view is not None:
+        return view(run_dir, show_all, now)
     now = time.time() if now is None else now
     raw = yaml.safe_load(store.read_config_text()) or {}
     population, generations = int(raw["population"]), int(raw["generations"])
     gpus = int((raw.get("resources") or {}).get("gpus") or 0)
-    slurm = (raw.get("launcher") or {}).get("name") == "slurm"
-    parallel = (raw.get("launcher") or {}).get("array_parallelism") if slurm else None
+    slurm, parallel = slurm_parallelism(raw)
     done = set(store.state_generations())
     gens = _generation_dirs(store)
     seeds = int(raw.get("seeds_per_member") or 1)
@@ -63,34 +92,23 @@ def render(run_dir: str | Path, show_all: bool = False, now: float | None = None
         jobs = store.read_jobs(generation)
         on_disk = {parse_member_dir_name(p.name) for p in store.generation_dir(generation).iterdir() if p.is_dir()}
         indices = sorted(set(range(population)) | set(jobs) | {i for i in on_disk if i is not None})
-        queued_ids = [str(jobs[i]["job_id"]) for i in indices if i in jobs and read_result(store.member_dir(generation, i)) is None]
-        reasons = slurm_reasons(queued_ids) if slurm and generation not in done else {}
-        rows = [member_row(f"member {i:03d}" + (" (control)" if i == population else ""),
-                           store.member_dir(generation, i), jobs.get(i), reasons, now) for i in indices]
-        counts: dict[str, int] = {}
-        for row in rows:
-            counts[row.state] = counts.get(row.state, 0) + 1
+        rows = member_rows([(f"member {i:03d}" + (" (control)" if i == population else ""), i,
+                             store.member_dir(generation, i)) for i in indices],
+                           jobs, slurm and generation not in done, now)
+        _, summary = state_counts(rows)
         fitness = [r.fitness for r in rows[:population] if r.fitness is not None]
-        summary = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
         stats = f" | best {max(fitness):.4f}, mean {statistics.fmean(fitness):.4f}" if fitness else ""
-        finished = [r.wall_s for r in rows if r.state == "ok" and r.wall_s]
-        running = [r.progress for r in rows if r.state == "running"]
-        queued = counts.get("queued", 0) + counts.get("not submitted", 0)
-        eta = None if generation in done else generation_eta(finished, running, queued, int(parallel) if parallel else None)
+        eta = None if generation in done else rows_eta(rows, parallel)
         tag = "done" if generation in done else ("ETA " + format_duration(eta) if eta is not None else "ETA unknown")
-        gpu_h = sum(r.running_s or r.wall_s or 0.0 for r in rows) * gpus / 3600.0
         early = ""
         if saved.get(generation):
             early = (f" | early stop saved ~{saved[generation] * gpus / 3600.0:.2f} GPU-h "
                      f"({format_duration(saved[generation])} of member time)")
-        lines.append(f"gen {generation}: {summary}{stats} | GPU time {gpu_h:.2f} h{early} | {tag}")
+        lines.append(f"gen {generation}: {summary}{stats} | GPU time {gpu_hours(rows, gpus):.2f} h{early} | {tag}")
         if generation not in done:
             current_eta = eta
         if show_all or generation == gens[-1]:
-            for row in rows:
-                used = row.running_s if row.running_s is not None else row.wall_s
-                time_text = f"{format_duration(used)} running, {used * gpus / 3600.0:.2f} GPU-h" if used else ""
-                lines.append(f"  {row.label:<24s} {row.state:<13s} {row.detail:<60s} {time_text}")
+            lines.extend(row_line(row, gpus) for row in rows)
     remaining = generations - max(done, default=-1) - 1 - (1 if current_eta is not None else 0)
     if remaining >= 0 and (walls or current_eta is not None):
         per = statistics.median(walls) if walls else (current_eta or math.nan)

@@ -1,7 +1,9 @@
-"""The lines both status views print (a search's members, a tune run's runs): read from files, never written.
+"""The lines the status views print (a search's members, a tune run's and a pilot's runs): read from files, never
+written.
 
-Apart from meta/status.py (the command, and a search's view) so that the tune view (meta/tune/status.py), which
-the command picks for a tune run, can use them without importing the command back.
+Apart from meta/status.py (the command, and a search's view) so that the tune view (meta/tune/status.py) and the pilot
+view (meta/pilot_status.py), which the command picks by the run dir's kind, can use them without importing the
+command back.
 """
 from __future__ import annotations
 
@@ -10,10 +12,17 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from launch.member import read_ledger
+from meta.live_watch import format_duration, generation_eta
 from meta.lock import RunLock
 from results.store.progress import MemberProgress, read_progress
 from results.store.records import read_result
 from results.store.run_store import RunStore
+
+
+#: the states of a member without a final record (a final one has its record's status: ok, failed, late, ...)
+RUNNING, QUEUED, NOT_SUBMITTED = "running", "queued", "not submitted"
+#: the states of a member that has not started: each counts as queued for an ETA
+WAITING = (QUEUED, NOT_SUBMITTED)
 
 
 @dataclass
@@ -49,12 +58,64 @@ def member_row(label: str, work_dir: Path, job: Mapping[str, Any] | None, reason
             if progress.regularizer_grad_share is not None:
                 parts.append(f"grad share {progress.regularizer_grad_share:.3g}")
             detail = ", ".join(parts)
-        return MemberRow(label, "running", detail, running_s, progress, None)
+        return MemberRow(label, RUNNING, detail, running_s, progress, None)
     job_id = str(job.get("job_id")) if job else None
     if job_id is None:
-        return MemberRow(label, "not submitted", "", running_s, None, None)
+        return MemberRow(label, NOT_SUBMITTED, "", running_s, None, None)
     reason = reasons.get(job_id)
-    return MemberRow(label, "queued", f"job {job_id}" + (f", {reason}" if reason else ""), running_s, None, None)
+    return MemberRow(label, QUEUED, f"job {job_id}" + (f", {reason}" if reason else ""), running_s, None, None)
+
+
+def member_rows(members: Sequence[tuple[str, int, Path]], jobs: Mapping[int, Mapping[str, Any]], ask_slurm: bool,
+                now: float) -> list[MemberRow]:
+    """The rows of (label, job index, work dir) members that share one jobs.json; ``ask_slurm``: one squeue call for
+    the pending reasons of those not final yet (only while their phase runs on SLURM: finished ones need none)."""
+    reasons: dict[str, str] = {}
+    if ask_slurm:
+        reasons = slurm_reasons([str(jobs[i]["job_id"]) for _, i, work_dir in members
+                                 if i in jobs and read_result(work_dir) is None])
+    return [member_row(label, work_dir, jobs.get(i), reasons, now) for label, i, work_dir in members]
+
+
+def state_counts(rows: Sequence[MemberRow]) -> tuple[dict[str, int], str]:
+    """Rows per state, and as the text the views print ("1 failed, 3 ok, 2 running")."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row.state] = counts.get(row.state, 0) + 1
+    return counts, ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+
+
+def is_final(row: MemberRow) -> bool:
+    """Whether the row's member has its final record (any state but running, queued or not submitted)."""
+    return row.state not in (RUNNING, *WAITING)
+
+
+def gpu_hours(rows: Sequence[MemberRow], gpus: int) -> float:
+    """GPU-hours the members used so far: each one's running time (its ledger, else its record's) x resources.gpus."""
+    return sum(r.running_s or r.wall_s or 0.0 for r in rows) * gpus / 3600.0
+
+
+def rows_eta(rows: Sequence[MemberRow], parallel: int | None) -> float | None:
+    """Seconds until the last of these members is final (generation_eta over their measured times), None unknown."""
+    finished = [r.wall_s for r in rows if r.state == "ok" and r.wall_s]
+    running = [r.progress for r in rows if r.state == RUNNING]
+    return generation_eta(finished, running, sum(1 for r in rows if r.state in WAITING), parallel)
+
+
+def row_line(row: MemberRow, gpus: int, label_width: int = 24) -> str:
+    """A member's line: its label, state and detail, then its running time and GPU-hours when it has run."""
+    used = row.running_s if row.running_s is not None else row.wall_s
+    time_text = f"{format_duration(used)} running, {used * gpus / 3600.0:.2f} GPU-h" if used else ""
+    return f"  {row.label:<{label_width}s} {row.state:<13s} {row.detail:<60s} {time_text}"
+
+
+def slurm_parallelism(raw: Mapping[str, Any]) -> tuple[bool, int | None]:
+    """(runs on SLURM, its array_parallelism) from a resolved config: whether to ask squeue, and the slots an ETA
+    may count on (None: as many as there are members)."""
+    launcher = raw.get("launcher") or {}
+    slurm = launcher.get("name") == "slurm"
+    parallel = launcher.get("array_parallelism") if slurm else None
+    return slurm, int(parallel) if parallel else None
 
 
 def slurm_reasons(job_ids: Sequence[str]) -> dict[str, str]:

@@ -6,6 +6,7 @@ GRPOConfig with one function (inner_loop/grpo/args.py), so a value TRL rejects f
 from __future__ import annotations
 
 import copy
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ from inner_loop.grpo.trl_overrides import OWNED_FIELDS
 from inner_loop.run_setup import validate_inner
 from conf_groups import load_group
 
+VLLM_INSTALLED = importlib.util.find_spec("vllm") is not None
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
 
@@ -149,7 +151,8 @@ def test_a_valid_pass_through_reaches_grpo_config_intact(tmp_path):
     cfg = InnerConfig.from_dict(inner)
     assert cfg.train.trl["generation_kwargs"] == trl["generation_kwargs"]  # the nested mapping passed intact
     assert cfg.train.trl["adam_beta2"] == 0.95  # YAML 1.1 reads 9.5e-1 as a string: read as the number
-    check_grpo_config(cfg)
+    if VLLM_INSTALLED:  # without it the check refuses use_vllm (the test below)
+        check_grpo_config(cfg)
     args = build_grpo_config(cfg, tmp_path / "out", seed=1)
     assert (args.use_vllm, args.vllm_mode, args.vllm_gpu_memory_utilization) == (True, "colocate", 0.3)
     assert args.vllm_enable_sleep_mode and args.adam_beta2 == 0.95
@@ -157,6 +160,17 @@ def test_a_valid_pass_through_reaches_grpo_config_intact(tmp_path):
     # train.batch_size stays the completions per optimizer step: 4 micro-batches of 16, one generation batch of 64
     assert (args.gradient_accumulation_steps, args.per_device_train_batch_size) == (4, 16)
     assert args.generation_batch_size == 64
+
+
+def test_vllm_generation_is_refused_up_front_where_vllm_is_not_installed(monkeypatch):
+    import importlib.util
+
+    cfg = InnerConfig.from_dict(_inner(trl={"use_vllm": True, "vllm_mode": "colocate"}))
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    with pytest.raises(ValueError, match=r"^train\.trl\.use_vllm=true, but vLLM is not installed.*install_vllm"):
+        check_grpo_config(cfg)
+    check_grpo_config(InnerConfig.from_dict(_inner(trl={"use_vllm": False})))  # off: nothing to install
 
 
 def test_a_batch_that_does_not_split_into_the_micro_batches_names_both_keys():
@@ -210,7 +224,8 @@ def test_meta_run_with_a_bad_train_trl_exits_2_before_writing_a_run_dir(tmp_path
 
 @pytest.mark.parametrize("override, message", [("train.lr_scheduler=cosin", "train.lr_scheduler: rejected by TRL"),
                                                ("+train.trl.learning_rate=0.1", "use train.learning_rate"),
-                                               ("++train.trl={use_vllm: true, vllm_mode: colocate}", None)])
+                                               ("++train.trl={use_vllm: true, vllm_mode: colocate}",
+                                                None if VLLM_INSTALLED else "vLLM is not installed")])
 def test_meta_run_checks_train_values_before_anything_is_written(tmp_path, capsys, override, message):
     from meta.run import main
 

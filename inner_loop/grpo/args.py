@@ -13,6 +13,7 @@ are built from it, a rejected value is traced back to its key through it, and tr
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import tempfile
 import warnings
@@ -124,5 +125,9 @@ def build_grpo_config(cfg: "InnerConfig", output_dir: str | Path, seed: int, *,
 
 
 def check_grpo_config(cfg: "InnerConfig") -> None:
-    """The up-front check: build the member's GRPOConfig (ValueError naming the key if TRL rejects it)."""
+    """The up-front check: build the member's GRPOConfig (ValueError naming the key if TRL rejects it), and refuse
+    vLLM generation where vLLM is not installed (TRL would fail only in each member, after loading the model)."""
     build_grpo_config(cfg, _CHECK_OUTPUT_DIR, cfg.seed, check_only=True)
+    if cfg.train.trl.get("use_vllm") and importlib.util.find_spec("vllm") is None:
+        raise ValueError("train.trl.use_vllm=true, but vLLM is not installed in this environment: run "
+                         "scripts/install_vllm.sh (members use the same environment)")
