@@ -170,3 +170,8 @@ def test_a_tiny_member_trains_with_continuous_batching_in_its_budget(tmp_path: P
     unbounded = real_sizing(None, config, torch.float32, generation_cache_bytes(None), workload,
                             supports_logits_to_keep=True)
     assert unbounded["num_blocks"] != expected["num_blocks"]  # the cache follows the member's allocation
+    # the record names the backend, and the same seed reproduces the same completions with it
+    assert record.generation["backend"] == "transformers_continuous_batching"
+    again = train_member({"run_id": "cb", "generation": 0, "index": 0, "seed": 0, "params": [],
+                          "work_dir": str(tmp_path / "again"), "inner": inner})
+    assert again.generation["completions_sha256"] == record.generation["completions_sha256"]
