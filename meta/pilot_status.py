@@ -14,18 +14,8 @@ from typing import Any, Mapping
 
 import yaml
 
-from meta.live_watch import format_duration
-from meta.status_rows import (
-    MemberRow,
-    gpu_hours,
-    is_final,
-    member_rows,
-    orchestrator_line,
-    row_line,
-    rows_eta,
-    slurm_parallelism,
-    state_counts,
-)
+from meta.status_rows import (MemberRow, eta_text, gpu_hours, is_final, member_rows, orchestrator_line, row_line,
+                              rows_eta, slurm_parallelism, state_summary)
 from results.report.pilot import CENTRE, PLUS
 from results.store.layout import JOBS_FILE
 from results.store.run_store import RunStore, read_jobs_file
@@ -44,8 +34,8 @@ def _setting(value: float | None) -> str:
 
 def _progress(rows: list[MemberRow], gpus: int) -> str:
     """How far a set of runs got: final of all, per state, and their GPU time."""
-    _, states = state_counts(rows)
-    return f"{sum(map(is_final, rows))}/{len(rows)} final ({states}) | GPU time {gpu_hours(rows, gpus):.2f} h"
+    final = sum(map(is_final, rows))
+    return f"{final}/{len(rows)} final ({state_summary(rows)}) | GPU time {gpu_hours(rows, gpus):.2f} h"
 
 
 def render_pilot(run_dir: str | Path, show_all: bool = False, now: float | None = None) -> str:
@@ -72,9 +62,7 @@ def render_pilot(run_dir: str | Path, show_all: bool = False, now: float | None 
         if show_all or not all(map(is_final, mine)):
             lines.extend(row_line(row, gpus) for row in mine)
     complete = all(map(is_final, rows))
-    eta = None if complete else rows_eta(rows, parallel)
-    tag = "done" if complete else ("ETA " + format_duration(eta) if eta is not None else "ETA unknown")
-    lines.append(f"all runs: {_progress(rows, gpus)} | {tag}")
+    lines.append(f"all runs: {_progress(rows, gpus)} | {'done' if complete else eta_text(rows_eta(rows, parallel))}")
     if store.pilot_path.is_file():
         lines.append(f"findings: {store.pilot_path} (python -m results.report {store.root})")
     else:

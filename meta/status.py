@@ -1,11 +1,14 @@
-"""``python -m meta.status run_dir=... [--all] [--watch [SECONDS]]``: what a search is doing, and when it will finish.
+"""``python -m meta.status run_dir=... [--all] [--watch [SECONDS]]``: what a search, a tuning or a pilot is doing, and
+when it will finish.
 
 Read-only: it never takes the run's LOCK or writes a file, so it is safe while the orchestrator runs and works after
 it died. Per generation a summary line; per member of the current generation (every generation with --all): its
 state (queued, with SLURM's pending reason; running, with its step, last reward and regularizer gradient share from
-progress.json; ok with its fitness; failed, timeout, late, cancelled, stopped_early with its early score), its running time and GPU time (the member's
-ledger x resources.gpus), and an ETA from the members' measured step rates. A ``meta.tune`` run gets its trials
-instead (meta/tune/status.py). Exit 2 when run_dir is not a search.
+progress.json; ok with its fitness; failed, timeout, late, cancelled, stopped_early with its early score), its running
+time and GPU time (the member's ledger x resources.gpus), and an ETA from the members' measured step rates. The run
+dir's kind picks the view: a ``meta.tune`` run gets its trials (meta/tune/status.py), a ``meta.pilot`` run its runs
+per (radius, coef) combination and role (meta/pilot_status.py), both with the same member rows
+(meta/status_rows.py). Exit 2 when run_dir is none of the three.
 """
 from __future__ import annotations
 
@@ -20,15 +23,8 @@ from typing import Callable, Sequence
 import yaml
 
 from meta.live_watch import format_duration
-from meta.status_rows import (
-    gpu_hours,
-    member_rows,
-    orchestrator_line,
-    row_line,
-    rows_eta,
-    slurm_parallelism,
-    state_counts,
-)
+from meta.status_rows import (eta_text, gpu_hours, member_rows, orchestrator_line, row_line, rows_eta,
+                              slurm_parallelism, state_summary)
 from results.report.pilot import is_pilot_dir
 from results.store.atomic import CorruptFileError
 from results.store.layout import parse_generation_dir_name, parse_member_dir_name
@@ -95,11 +91,11 @@ def render(run_dir: str | Path, show_all: bool = False, now: float | None = None
         rows = member_rows([(f"member {i:03d}" + (" (control)" if i == population else ""), i,
                              store.member_dir(generation, i)) for i in indices],
                            jobs, slurm and generation not in done, now)
-        _, summary = state_counts(rows)
+        summary = state_summary(rows)
         fitness = [r.fitness for r in rows[:population] if r.fitness is not None]
         stats = f" | best {max(fitness):.4f}, mean {statistics.fmean(fitness):.4f}" if fitness else ""
         eta = None if generation in done else rows_eta(rows, parallel)
-        tag = "done" if generation in done else ("ETA " + format_duration(eta) if eta is not None else "ETA unknown")
+        tag = "done" if generation in done else eta_text(eta)
         early = ""
         if saved.get(generation):
             early = (f" | early stop saved ~{saved[generation] * gpus / 3600.0:.2f} GPU-h "

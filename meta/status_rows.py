@@ -77,12 +77,12 @@ def member_rows(members: Sequence[tuple[str, int, Path]], jobs: Mapping[int, Map
     return [member_row(label, work_dir, jobs.get(i), reasons, now) for label, i, work_dir in members]
 
 
-def state_counts(rows: Sequence[MemberRow]) -> tuple[dict[str, int], str]:
-    """Rows per state, and as the text the views print ("1 failed, 3 ok, 2 running")."""
+def state_summary(rows: Sequence[MemberRow]) -> str:
+    """Rows per state, as the views print them ("1 failed, 3 ok, 2 running")."""
     counts: dict[str, int] = {}
     for row in rows:
         counts[row.state] = counts.get(row.state, 0) + 1
-    return counts, ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+    return ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
 
 
 def is_final(row: MemberRow) -> bool:
@@ -100,6 +100,11 @@ def rows_eta(rows: Sequence[MemberRow], parallel: int | None) -> float | None:
     finished = [r.wall_s for r in rows if r.state == "ok" and r.wall_s]
     running = [r.progress for r in rows if r.state == RUNNING]
     return generation_eta(finished, running, sum(1 for r in rows if r.state in WAITING), parallel)
+
+
+def eta_text(eta: float | None) -> str:
+    """An ETA as the views print it; unknown before any member measured a rate or finished."""
+    return "ETA " + format_duration(eta) if eta is not None else "ETA unknown"
 
 
 def row_line(row: MemberRow, gpus: int, label_width: int = 24) -> str:
