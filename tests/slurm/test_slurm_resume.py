@@ -77,7 +77,14 @@ def test_sigkill_mid_generation_then_resume_reattaches_and_resubmits_nothing(
         calls = (store.member_dir(0, i) / "calls.log").read_text().splitlines()
         assert calls == ["attempt 0"], f"member {i} ran {len(calls)} times"
     array_name = f"{job_name}.{store.read_manifest()['run_id']}.g0000.c000"  # <job_name>.<run>.g<gen>.c<chunk>
-    rows = run_slurm_command(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "--name", array_name, "-S", "now-1hour"])
-    tasks = [line.split("|") for line in rows.split()]
-    assert sorted(t[0] for t in tasks) == sorted(j["job_id"] for j in jobs_before.values()), tasks
+    expected = sorted(j["job_id"] for j in jobs_before.values())
+    deadline = time.monotonic() + 60
+    while True:  # the accounting database lists a task that just ended only after slurmctld has sent it over
+        rows = run_slurm_command(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "--name", array_name,
+                                  "-S", "now-1hour"])
+        tasks = [line.split("|") for line in rows.split()]
+        if set(expected) <= {t[0] for t in tasks} or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert sorted(t[0] for t in tasks) == expected, tasks  # the first array's tasks, and no other
     assert "re-attached" in err
