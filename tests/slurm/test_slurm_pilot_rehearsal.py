@@ -21,9 +21,11 @@ pytestmark = pytest.mark.slow
 
 def test_the_pilot_runs_the_rehearsal_preset_as_slurm_array_tasks(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:
     run_dir = tmp_path / "pilot"
-    # the pilot's smallest design (2 seeds x (centre + 1 pair) = 6 SmolLM2 runs), each run one step
+    # the pilot's smallest design (2 seeds x (centre + 1 pair) = 6 SmolLM2 runs), each run one step, generating
+    # with HF generate: vLLM's engines (test_slurm_rehearsal.py runs them) bind their threads to every allowed core,
+    # and 6 of them on this machine's 2 cores took 4-5 min a run instead of ~1.5
     overrides = [o for o in rehearsal_overrides(run_dir) if not o.startswith(("generations=", "population=",
-                                                                               "train.steps="))]
+                                                                               "train.steps=", "++train.trl="))]
     done = subprocess.run([sys.executable, "-m", "meta.pilot", *overrides, "train.steps=1", "population=4",
                            "pilot.seeds=2", "pilot.pairs=1"], cwd=ROOT, capture_output=True, text=True, timeout=1500)
     store = RunStore(run_dir)
