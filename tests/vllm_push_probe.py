@@ -30,9 +30,13 @@ def main(model_dir: str) -> None:
     from transformers import AutoModelForCausalLM
     from vllm import LLM, SamplingParams
 
-    from inner_loop.generation.vllm_colocate import claim_rendezvous_port, push_weights_by_reload
+    from inner_loop.generation.vllm_colocate import (claim_rendezvous_port, push_weights_by_reload,
+                                                      set_cpu_cache_from_allocation)
 
     claim_rendezvous_port()
+    # as a member does: a KV cache of its own size (without one, vLLM's CPU worker reserves 92% of the node's memory
+    # and refuses to start when less than that is free)
+    set_cpu_cache_from_allocation()
     llm = LLM(model=model_dir, dtype="float32", max_model_len=128, enforce_eager=True, seed=0,
               distributed_executor_backend="external_launcher")  # in this process, as TRL's colocate mode does
     prompts = ["12+34=", "07+55=", "90+09="]
