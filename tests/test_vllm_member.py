@@ -26,6 +26,11 @@ if importlib.util.find_spec("vllm") is None:
     if os.environ.get("MIRROR_ES_REQUIRE_VLLM"):
         raise RuntimeError("MIRROR_ES_REQUIRE_VLLM is set but vLLM is not installed (scripts/install_vllm.sh)")
     pytest.skip("vLLM is not installed (scripts/install_vllm.sh installs it)", allow_module_level=True)
+if os.environ.get("ATEN_CPU_CAPABILITY") == "default":
+    # vLLM's CPU build needs AVX2; forcing torch's scalar kernels makes the C++ that torch's inductor writes for
+    # vLLM's compiled sampler (gather_logprobs) fail to build ("'at::vec' has not been declared")
+    pytest.skip("vLLM on CPU needs AVX2 kernels; ATEN_CPU_CAPABILITY=default breaks its compiled sampler",
+                allow_module_level=True)
 
 #: vLLM's CPU attention refuses the tiny default's head_dim of 16: the tiny model at 2 heads of 64, warmed up (its
 #: rewards vary, so the policy moves between weight pushes).
