@@ -133,6 +133,9 @@ class MirrorGRPOTrainer(GRPOTrainer):
         if self._frozen_ref is not None:
             add_fused_lm_head(self._frozen_ref, temperature=self.temperature)
             self._frozen_ref.to(self.accelerator.device)
+        # A neural mirror map is a module built on the CPU; on a GPU the divergence meets CUDA log-probs.
+        if isinstance(regularizer.potential, torch.nn.Module):
+            regularizer.potential.to(self.accelerator.device)
         logger.info("GBMPO loss: %s + %s, aggregation %s", policy_term, regularizer.describe(), self.loss_type)
 
     def _generate_and_score_completions(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
