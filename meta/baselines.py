@@ -114,8 +114,6 @@ def build_rows(cfg: SearchConfig, overrides: Sequence[str], exported_params: Seq
                baselines: Sequence[str], transfer: Sequence[str], test: bool) -> list[ReportRow]:
     """Every row of the result table, the exported init first. ``exported_params`` None: a plan (dry run), where
     the exported init is not known yet."""
-    from meta.init import initial_center
-
     search_block = dict(cfg.inner_config["divergence"])
     search_name = str(search_block.get("name"))
     _, search_raw = group_block("divergence", search_name, overrides)
@@ -123,7 +121,7 @@ def build_rows(cfg: SearchConfig, overrides: Sequence[str], exported_params: Seq
     base_inner = cfg.member_inner()
     if extra:
         base_inner["extra_evaluations"] = extra
-    transform = str(search_block.get("param_transform", "abs"))
+    transform = cfg.param_transform
     rows = []
     for name in (EXPORTED, *baselines):
         inner = copy.deepcopy(base_inner)
@@ -137,7 +135,7 @@ def build_rows(cfg: SearchConfig, overrides: Sequence[str], exported_params: Seq
         elif name in (EXPORTED, "center", "nm_random"):
             block, source = search_block, _search_coef_source(overrides, search_raw, search_name)
             if name == "center":
-                params = initial_center(cfg.init, cfg.seed).tolist()
+                params = cfg.center().tolist()
             elif name == "nm_random":
                 params = nm_random_vector(transform)
             elif exported_params is not None:

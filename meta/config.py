@@ -91,6 +91,20 @@ class SearchConfig:
         """The ``inner`` dict of every member spec: resolved task/model/divergence/train plus options."""
         return {**self.inner_config, "options": dict(self.inner_options)}
 
+    @property
+    def param_transform(self) -> str:
+        """How a member's vector becomes map parameters (divergence.param_transform; the default for a search
+        without a divergence block, e.g. a synthetic objective, whose vector is used as it is)."""
+        from mirror_maps.neural import DEFAULT_PARAM_TRANSFORM
+
+        return str((self.inner_config.get("divergence") or {}).get("param_transform") or DEFAULT_PARAM_TRANSFORM)
+
+    def center(self) -> "torch.Tensor":
+        """The search's starting centre (meta/init.py): ``init`` and ``seed`` read through ``param_transform``."""
+        from meta.init import initial_center
+
+        return initial_center(self.init, self.seed, self.param_transform)
+
 
 def config_hash(raw: Mapping[str, Any], keys: Sequence[str] = SEARCH_KEYS) -> str:
     """Hash of the keys that define what a run computes (provenance for exported inits and presets): a search's
@@ -319,11 +333,10 @@ def _reevaluate(raw: Mapping[str, Any]) -> ReevaluateConfig:
 
 def _check_search_components(cfg: SearchConfig) -> None:
     """Import and try-build the search's own pieces (searcher, init)."""
-    from meta.init import initial_center
     from meta.searchers import build_searcher
 
     try:
-        center = initial_center(cfg.init, cfg.seed)
+        center = cfg.center()
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     try:

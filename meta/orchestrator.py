@@ -27,7 +27,6 @@ from launch.runner import ArrayProgress, MemberArrayRunner
 from meta.config import SearchConfig
 from meta.early_stop import STOPPED_STATUS, EarlyStopJudge, reported_score, stop_capacity, update_fitness
 from meta.generation_close import QuorumClock
-from meta.init import initial_center
 from meta.live_watch import LiveWatch, all_same_warning, format_duration
 from meta.searchers import Searcher, build_searcher
 from meta.seeding import member_seed
@@ -55,7 +54,7 @@ class Orchestrator:
         self.launcher = launcher
         self.run_id = run_id
         self.policy = runner_policy(cfg.retries, cfg.inner_timeout_s, cfg.launcher)
-        self.searcher: Searcher = build_searcher(cfg.es, initial_center(cfg.init, cfg.seed), cfg.population, cfg.seed)
+        self.searcher: Searcher = build_searcher(cfg.es, cfg.center(), cfg.population, cfg.seed)
         self.best: dict[str, Any] | None = None
         self.next_generation = 0
         self._durations: list[float] = []

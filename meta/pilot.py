@@ -1,7 +1,7 @@
 """``python -m meta.pilot [key=value ...]``: before a big spend, can a search at these settings see anything?
 
 Takes the same overrides as meta.run. For every (radius, coef) combination of ``pilot.radii`` x ``pilot.coefs`` it
-trains the search's starting centre c (``initial_center(init, seed)``) with k seeds and m antithetic pairs c + e_i,
+trains the search's starting centre c (``SearchConfig.center()``) with k seeds and m antithetic pairs c + e_i,
 c - e_i with e_i ~ N(0, radius^2 I), every init on the same k seeds (common random numbers), so a pair's difference
 on seed s is paired. The directions e_i / radius are drawn once (from derive_seed(seed, "pilot", "direction", i)) and
 shared by all combinations, so combinations are compared on the same directions too. results/report/pilot.py turns
@@ -256,11 +256,11 @@ def make_plan(prepared: Prepared) -> dict[str, Any]:
     """Centre, directions, seeds, combinations and every run's role and work dir: the pilot's fixed design."""
     import torch
 
-    from meta.init import VECTOR_LENGTH, initial_center
+    from meta.init import VECTOR_LENGTH
     from meta.seeding import generator, member_seed
 
     cfg, pilot, store = prepared.cfg, prepared.pilot, prepared.store
-    centre = initial_center(cfg.init, cfg.seed).to(torch.float64)
+    centre = cfg.center().to(torch.float64)
     directions = [torch.randn(VECTOR_LENGTH, generator=generator(cfg.seed, "pilot", "direction", i),
                               dtype=torch.float64).tolist() for i in range(pilot.pairs)]
     members = []

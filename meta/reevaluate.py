@@ -30,6 +30,7 @@ from meta.config import ConfigError, ReevaluateConfig, SearchConfig
 from meta.phase import run_phase
 from meta.reporting import run_reporting
 from meta.seeding import member_seed
+from results.report.paired import pooled_std
 from results.report.result_table import render_markdown
 from results.store.layout import member_dir_name
 from results.store.records import MemberSpec
@@ -127,15 +128,6 @@ def summarize(values: Sequence[float], runs: int) -> dict[str, Any]:
         "std": statistics.stdev(values) if n > 1 else None,
         "n": n, "failed": runs - n, "values": list(values),
     }
-
-
-def pooled_std(groups: Sequence[Sequence[float]]) -> float | None:
-    """The seed-to-seed spread of one init, pooled over candidates: the search's noise floor."""
-    dof = sum(len(g) - 1 for g in groups if len(g) > 1)
-    if dof == 0:
-        return None
-    ss = sum(sum((x - statistics.fmean(g)) ** 2 for x in g) for g in groups if len(g) > 1)
-    return math.sqrt(ss / dof)
 
 
 def lower_bound(result: Mapping[str, Any], pooled: float | None) -> float:

@@ -120,6 +120,19 @@ def test_initial_centres():
         initial_center("nope", 0)
 
 
+def test_the_uniform_centre_is_the_same_map_under_every_transform():
+    """`uniform` documents a map (parameters U(0, 0.01)); under softplus the centre is the vector that gives it,
+    not a vector U(0, 0.01), which softplus would read as parameters near 0.69 (a map ~100x stronger)."""
+    from mirror_maps import NeuralMirrorMap
+
+    maps = {t: NeuralMirrorMap.from_vector(initial_center("uniform", 3, t), param_transform=t)
+            for t in ("abs", "none", "softplus")}
+    params = {t: torch.cat([torch.atleast_1d(x) for x in m.parameters_for(torch.float64)]) for t, m in maps.items()}
+    assert torch.equal(params["abs"], params["none"]) and 0 <= params["abs"].min() and params["abs"].max() <= 0.01
+    assert torch.allclose(params["softplus"], params["abs"], rtol=1e-9, atol=1e-12)
+    assert initial_center("uniform", 3, "softplus").max() < -4  # ~log(p): a perturbation of +-e scales p by e^(+-e)
+
+
 def _cmaes_state_after(generations: int, cfg: dict) -> dict:
     half, _ = _run(cfg, generations)
     buffer = io.BytesIO()
@@ -164,3 +177,17 @@ def test_cmaes_refuses_a_replay_that_is_another_algorithm(monkeypatch):
     _perturb_cma_ask(monkeypatch, 1e-3)
     with pytest.raises(ValueError, match="cma package's algorithm changed"):
         restored.load_state_dict(state)
+
+
+def test_a_search_starts_from_its_init_read_through_its_divergence_transform():
+    """The orchestrator, the pilot and the result table's `center` row all take SearchConfig.center()."""
+    from meta.config import SearchConfig
+
+    def config(inner: dict) -> SearchConfig:
+        return SearchConfig(population=4, generations=1, seed=5, run_dir="unused", es={"name": "pgpe"}, launcher={},
+                            inner_entrypoint="unused", inner_timeout_s=1.0, inner_config=inner)
+
+    softplus = config({"divergence": {"name": "neural_mirror", "param_transform": "softplus"}})
+    assert softplus.param_transform == "softplus"
+    assert torch.equal(softplus.center(), initial_center("uniform", 5, "softplus"))
+    assert torch.equal(config({}).center(), initial_center("uniform", 5))  # a synthetic objective: the vector as is

@@ -210,3 +210,41 @@ def test_format_bytes_picks_readable_units():
 
     assert [format_bytes(v) for v in (0, 1023, 1536, 5 * 2**20, 2.4e12, None, float("nan"))] == [
         "0 B", "1023 B", "1.5 KiB", "5.0 MiB", "2.2 TiB", "n/a", "n/a"]
+
+
+def _noise_lines(run_dir) -> dict[str, str]:
+    """The last noise line that mentions each key (the result table's pooled noise comes after the selection's)."""
+    from results.report.search import format_noise
+
+    lines = format_noise(load_run(run_dir))
+    return {key: [line for line in lines if key in line][-1] for key in ("one init", "ratio across-members")}
+
+
+def test_the_signal_ratio_uses_every_seed_of_the_searchs_own_inits_once_the_result_table_exists(run_dir):
+    """Three inits x 2 selection seeds can agree by chance (std ~0.01, measured) while the same inits spread by
+    ~0.09 over the reporting seeds: the ratio divided by the first claimed signal the second shows is noise."""
+    store = RunStore(run_dir)
+    selection = [{"name": name, "values": values, "n": 2, "mean": sum(values) / 2, "std": 0.0, "failed": 0,
+                  "search_fitness": 0.5, "lower_bound": 0.4}
+                 for name, values in (("g0001_m003", [0.40, 0.41]), ("g0001_m001", [0.38, 0.39]),
+                                      ("center", [0.20, 0.21]))]
+    store.write_reevaluation({"seeds": 2, "candidates": selection, "chosen": "g0001_m003",
+                              "noise_floor_std": 0.0071})
+    across = load_run(run_dir).generations["std_fitness"].median()
+    before = _noise_lines(run_dir)
+    assert f"{across / 0.0071:.2f}" in before["ratio across-members"]  # no result table yet: the selection's figure
+
+    def row(name: str, divergence: str, values: list[float]) -> dict:
+        return {"name": name, "divergence": divergence,
+                "metrics": {"validation": {"values": {str(s): v for s, v in enumerate(values)}}}}
+
+    store.write_result_table({"rows": [row("exported", "neural_mirror", [0.30, 0.50, 0.40, 0.20]),
+                                       row("center", "neural_mirror", [0.10, 0.30, 0.20, 0.20]),
+                                       row("kl", "kl", [0.0, 0.9, 0.0, 0.9]),  # another regularizer: not one init
+                                       row("base", "none", [0.35, 0.35, 0.35, 0.35])]})
+    after = _noise_lines(run_dir)
+    groups = [[0.30, 0.50, 0.40, 0.20], [0.10, 0.30, 0.20, 0.20], *[c["values"] for c in selection]]
+    mean = [sum(g) / len(g) for g in groups]
+    pooled = (sum((x - m) ** 2 for g, m in zip(groups, mean) for x in g) / sum(len(g) - 1 for g in groups)) ** 0.5
+    assert "2 neural_mirror rows" in after["one init"] and f"std {pooled:.4f}" in after["one init"]
+    assert f"{across / pooled:.2f}" in after["ratio across-members"]

@@ -10,12 +10,22 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 #: the confidence of every interval in the result table
 CONFIDENCE = 0.95
 #: the largest n ``seeds_to_exclude_zero`` looks at before it says "more than this"
 MAX_SEEDS = 1000
+
+
+def pooled_std(groups: Sequence[Sequence[float]]) -> float | None:
+    """The seed-to-seed spread of one init, pooled over inits (each group: one init's values on several seeds);
+    None without a group of two or more."""
+    dof = sum(len(g) - 1 for g in groups if len(g) > 1)
+    if dof == 0:
+        return None
+    ss = sum(sum((x - statistics.fmean(g)) ** 2 for x in g) for g in groups if len(g) > 1)
+    return math.sqrt(ss / dof)
 
 
 def t_quantile(degrees_of_freedom: int, confidence: float = CONFIDENCE) -> float:
