@@ -12,10 +12,13 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, MutableMapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, MutableMapping, Sequence
 
 from meta.early_stop import EarlyStopConfig, EarlyStopError, check_early_stop
 from results.store.config_nodes import plain, refuse_unknown_keys
+
+if TYPE_CHECKING:
+    import torch
 
 #: the Hydra config tree of every command (conf/)
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -93,17 +96,22 @@ class SearchConfig:
 
     @property
     def param_transform(self) -> str:
-        """How a member's vector becomes map parameters (divergence.param_transform; the default for a search
-        without a divergence block, e.g. a synthetic objective, whose vector is used as it is)."""
-        from mirror_maps.neural import DEFAULT_PARAM_TRANSFORM
-
-        return str((self.inner_config.get("divergence") or {}).get("param_transform") or DEFAULT_PARAM_TRANSFORM)
+        """How a member's vector becomes map parameters (divergence.param_transform)."""
+        return param_transform_of(self.inner_config)
 
     def center(self) -> "torch.Tensor":
         """The search's starting centre (meta/init.py): ``init`` and ``seed`` read through ``param_transform``."""
         from meta.init import initial_center
 
         return initial_center(self.init, self.seed, self.param_transform)
+
+
+def param_transform_of(config: Mapping[str, Any]) -> str:
+    """divergence.param_transform of a run's config (or of its inner config); the default for a config without a
+    divergence block (a synthetic objective, whose vector is used as it is)."""
+    from mirror_maps.neural import DEFAULT_PARAM_TRANSFORM
+
+    return str((config.get("divergence") or {}).get("param_transform") or DEFAULT_PARAM_TRANSFORM)
 
 
 def config_hash(raw: Mapping[str, Any], keys: Sequence[str] = SEARCH_KEYS) -> str:

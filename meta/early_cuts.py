@@ -34,8 +34,8 @@ import torch
 import yaml
 
 from meta.early_stop import EarlyStopConfig, EarlyStopJudge, update_fitness
+from meta.config import param_transform_of
 from meta.init import initial_center
-from mirror_maps.neural import DEFAULT_PARAM_TRANSFORM
 from meta.searchers import build_searcher
 from results.store.intermediate import read_intermediate
 from results.store.records import read_result
@@ -72,8 +72,8 @@ def search_populations(store: RunStore) -> list[Population]:
     """Every finished generation of a search whose members all finished ok with intermediate scores."""
     raw = _config(store)
     population = int(raw["population"])
-    transform = (raw.get("divergence") or {}).get("param_transform") or DEFAULT_PARAM_TRANSFORM
-    center = initial_center(str(raw.get("init", "uniform")), int(raw.get("seed", 0)), transform).to(torch.float64)
+    center = initial_center(str(raw.get("init", "uniform")), int(raw.get("seed", 0)),
+                            param_transform_of(raw)).to(torch.float64)
     found = []
     for generation in sorted(store.state_generations()):
         values = store.read_population(generation)

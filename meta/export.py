@@ -19,8 +19,7 @@ import yaml
 
 from meta.baselines import EXPORTED
 from meta.cli_args import key_values, run_command
-from meta.config import ConfigError, config_hash
-from mirror_maps.neural import DEFAULT_PARAM_TRANSFORM
+from meta.config import ConfigError, config_hash, param_transform_of
 from results.store.run_store import RunStore
 
 logger = logging.getLogger("meta.export")
@@ -63,7 +62,7 @@ def export_init(run_dir: str | Path, which: str, out: str | Path) -> dict[str, A
         vector = torch.tensor(best["params"], dtype=torch.float64)
         provenance = {"generation": best["generation"], "member": best["index"], "fitness": best["fitness"],
                       "note": "single-run search fitness, the maximum over all members: not re-evaluated"}
-    transform = (raw.get("divergence") or {}).get("param_transform") or DEFAULT_PARAM_TRANSFORM
+    transform = param_transform_of(raw)
     metadata = {
         "source": "meta.export",
         "which": which,
