@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from results.store.config_nodes import plain, refuse_unknown_keys, typed_node
+from inner_loop.numerics import NUMERICS_MODES, PINNED_THREADS
 
 T = TypeVar("T")
 
@@ -55,6 +56,10 @@ class ModelConfig:
     #: opens a <think> block that a short completion never closes); used by training and evaluation alike.
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
+    #: native: this machine's CPU kernels; pinned: the settings of inner_loop/numerics.py, which give the same
+    #: numbers on every x86-64 CPU with AVX2 (one thread; the member and its warm-up run in a process started
+    #: with them). The tiny model's preset pins; GPU presets stay native.
+    cpu_numerics: str = "native"
     # tiny architecture (ignored for loaded models)
     hidden_size: int = 64
     num_layers: int = 2
@@ -86,6 +91,7 @@ class ModelConfig:
         if self.name == "hub" and not self.name_or_path:
             raise ValueError("model.name=hub needs model.name_or_path (a hub id or a local model directory)")
         _one_of("model.dtype", self.dtype, DTYPES)
+        _one_of("model.cpu_numerics", self.cpu_numerics, NUMERICS_MODES)
         if self.chat_template_kwargs and not self.chat_template:
             raise ValueError(
                 f"model.chat_template_kwargs={self.chat_template_kwargs!r} has no effect with model.chat_template=false;"
@@ -332,6 +338,10 @@ class InnerConfig:
         cfg.model.validate()
         cfg.divergence.validate()
         cfg.train.validate()
+        if cfg.model.cpu_numerics == "pinned" and cfg.train.num_threads != PINNED_THREADS:
+            raise ValueError(f"model.cpu_numerics=pinned computes with {PINNED_THREADS} thread (a threaded reduction "
+                             f"sums in another order), but train.num_threads={cfg.train.num_threads}; set "
+                             f"train.num_threads={PINNED_THREADS} or model.cpu_numerics=native")
         return cfg
 
     def to_dict(self) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from typing import Any, Mapping
 
 import torch
 
+import inner_loop.numerics as numerics
 from inner_loop.checkpoints import last_checkpoint, settle_after_final, settle_checkpoints
 from inner_loop.evaluate import EvalResult, evaluate, evaluation_entry
 from inner_loop.final_model import save_final_model
@@ -39,6 +40,19 @@ def _as_spec(spec: MemberSpec | Mapping[str, Any]) -> MemberSpec:
     if isinstance(spec, Mapping):
         return MemberSpec.from_dict(spec)
     raise TypeError(f"train_member expects a MemberSpec or its dict, got {type(spec).__name__}")
+
+
+def _numerics_for(run: PreparedRun) -> dict[str, Any]:
+    """The CPU numerics this member computes with (named in its run manifest). A pinned config reaches here in
+    a pinned process through inner_loop.member_entry; called directly from a process with other numerics, it
+    runs with those, and says so."""
+    if run.cfg.model.cpu_numerics == "pinned" and numerics.can_pin():
+        if numerics.pinned_in_force():
+            return numerics.enter_pinned().as_dict()
+        logger.warning("model.cpu_numerics=pinned, but this process was started with other numerics (call "
+                       "inner_loop.member_entry.train_member to train in a pinned process): its numbers are this "
+                       "machine's own")
+    return numerics.in_force().as_dict()
 
 
 def _evaluate(trainer: MirrorGRPOTrainer, run: PreparedRun, subset: int | None = None) -> EvalResult:
@@ -109,11 +123,12 @@ def train_member(spec: MemberSpec | Mapping[str, Any], save_final: bool = False)
         run = prepare(spec.inner, spec.seed, spec.params)
         stage = "setup"
         torch.set_num_threads(run.cfg.train.num_threads)
+        numerics_used = _numerics_for(run)
         work_dir.mkdir(parents=True, exist_ok=True)
         write_run_manifest(work_dir, build_run_manifest(run_id=spec.run_id, seed=spec.seed, inner=spec.inner,
                                                         splits={"train": run.train,
                                                                 run.cfg.eval_split: run.scored},
-                                                        params=spec.params))
+                                                        params=spec.params, numerics=numerics_used))
         stage = "model and trainer setup"
         trainer = build_trainer(run, work_dir, spec.seed)
         if run.cfg.train.steps:

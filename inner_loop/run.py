@@ -27,7 +27,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from inner_loop.member import train_member
+from inner_loop.member_entry import train_member
 from inner_loop.run_setup import validate_inner
 from results.store.records import MemberSpec
 

@@ -13,6 +13,10 @@ supervised steps at lr 1e-4 on arith). But mid-learning is exactly where the CPU
 checks greedy pass@1 on a probe every ``warmup_check_every`` steps and stops once it is inside ``warmup_band``:
 every machine starts RL from a model of the same skill, whatever step count that takes there.
 
+With ``model.cpu_numerics: pinned`` (the tiny preset) the warm-up is built under the pinned numerics
+(inner_loop/numerics.py), in a child process when the caller runs under others, so it is the same model, bit for
+bit, on every machine with AVX2; the cache key names the numerics a warmed model was built with.
+
 The probe is the last ``warmup_probe_size`` problems of the TRAINING split, held out of the demonstrations the
 warm-up trains on (so it measures skill, not memory); validation and test are never looked at.
 """
@@ -21,12 +25,14 @@ from __future__ import annotations
 import json
 import logging
 import random
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
+import inner_loop.numerics as numerics
 from inner_loop.config import ModelConfig
 from inner_loop.evaluate import evaluate
 from inner_loop.models.cache import build_once, cache_root, config_digest
@@ -36,7 +42,7 @@ from inner_loop.tasks.base import Problem, Task
 logger = logging.getLogger(__name__)
 
 #: Part of the cache key: bump when the warm-up procedure changes so stale warmed models are not reused.
-WARMUP_VERSION = 4
+WARMUP_VERSION = 5
 #: Written into the warmed model's directory: how the warm-up ended (steps, probe pass@1, band, CPU kernels).
 WARMUP_RECORD = "warmup.json"
 
@@ -70,6 +76,7 @@ class WarmupOutcome:
     seconds: float
     cpu_capability: str
     torch_threads: int
+    numerics: str = ""
 
 
 def demonstration_pairs(task: Task, problems: list[Problem]) -> list[tuple[str, str]]:
@@ -146,7 +153,7 @@ def warm_up_to_band(model, tokenizer, pairs: list[tuple[str, str]], task: Task, 
             model.eval()
             return WarmupOutcome(step, probe_value, len(probe), [low, high], loss_value,
                                  time.monotonic() - started, torch.backends.cpu.get_cpu_capability(),
-                                 torch.get_num_threads())
+                                 torch.get_num_threads(), numerics.signature())
     raise WarmupTargetError(
         f"the warm-up of model {cfg.name!r} on task {task.name!r} did not reach greedy pass@1 in "
         f"model.warmup_band=[{low}, {high}] on its {len(probe)}-problem probe within model.warmup_max_steps="
@@ -156,11 +163,17 @@ def warm_up_to_band(model, tokenizer, pairs: list[tuple[str, str]], task: Task, 
     )
 
 
+def _pinned(cfg: ModelConfig) -> bool:
+    return cfg.cpu_numerics == "pinned" and numerics.can_pin()
+
+
 def warmup_key(cfg: ModelConfig, base_dir: str, task_cfg: dict, probe_max_new_tokens: int) -> str:
-    """Cache key of a warmed model: everything that decides which model the warm-up returns."""
+    """Cache key of a warmed model: everything that decides which model the warm-up returns, the numerics it is
+    built with included (pinned, or this process's kernels, MKL path and threads)."""
     settings = [cfg.warmup_max_steps, cfg.warmup_band, cfg.warmup_check_every, cfg.warmup_probe_size,
                 cfg.warmup_lr, cfg.warmup_batch_size, cfg.seed, probe_max_new_tokens]
-    return config_digest([WARMUP_VERSION, base_dir, settings, task_cfg])
+    built_with = f"pinned-{numerics.PINNED_VERSION}" if _pinned(cfg) else numerics.signature()
+    return config_digest([WARMUP_VERSION, base_dir, settings, task_cfg, built_with])
 
 
 def read_warmup_outcome(model_dir: str | Path) -> WarmupOutcome | None:
@@ -175,20 +188,60 @@ def warmed_model_dir(cfg: ModelConfig, base_dir: str, task: Task, task_cfg: dict
     """``base_dir`` itself when no warm-up is configured, else the cached warmed copy (built on first use).
 
     ``probe_max_new_tokens`` is the validation decode length, so the probe scores answers as validation will.
+    A pinned model asked for in a process with other numerics is built in a pinned child process.
     """
     if cfg.warmup_max_steps == 0:
         return base_dir
-    probe, pairs = split_probe(task, task.load("train"), cfg.warmup_probe_size)
     final = cache_root() / "models" / f"{Path(base_dir).name}-warm-{warmup_key(cfg, base_dir, task_cfg, probe_max_new_tokens)}"
+    if (final / ".complete").is_file():
+        return str(final)
+    if _pinned(cfg) and not numerics.pinned_in_force():
+        return _build_in_pinned_child(cfg, base_dir, task_cfg, probe_max_new_tokens, final)
+    probe, pairs = split_probe(task, task.load("train"), cfg.warmup_probe_size)
 
     def build(tmp: Path) -> None:
+        if _pinned(cfg):
+            numerics.enter_pinned()
         model, tokenizer = load_policy(ModelConfig(dtype=cfg.dtype), base_dir)
         outcome = warm_up_to_band(model, tokenizer, pairs, task, probe, cfg, probe_max_new_tokens)
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / WARMUP_RECORD).write_text(json.dumps(asdict(outcome), indent=1) + "\n")
-        logger.info("warm-up: probe pass@1 %.4f (band %s) after %d steps, loss %.3f, %.1fs, CPU kernels %s",
+        logger.info("warm-up: probe pass@1 %.4f (band %s) after %d steps, loss %.3f, %.1fs, numerics %s",
                     outcome.probe_pass_at_1, outcome.band, outcome.steps, outcome.final_loss, outcome.seconds,
-                    outcome.cpu_capability)
+                    outcome.numerics)
 
     return str(build_once(final, build))
+
+
+def _build_in_pinned_child(cfg: ModelConfig, base_dir: str, task_cfg: dict, probe_max_new_tokens: int,
+                           final: Path) -> str:
+    logger.info("warm-up of %s: torch is loaded here under other numerics; building it in a pinned process", final)
+    code, out = numerics.run_pinned_child(__name__, {"model": asdict(cfg), "base_dir": base_dir,
+                                                     "task": task_cfg, "probe_max_new_tokens": probe_max_new_tokens})
+    if code == 0 and (final / ".complete").is_file():
+        return str(final)
+    reply = json.loads(out) if out.strip().startswith("{") else {}
+    if reply.get("error_type") == WarmupTargetError.__name__:
+        raise WarmupTargetError(reply["error"])
+    raise RuntimeError(f"the pinned warm-up process exited with status {code}: "
+                       f"{reply.get('error') or 'see its log above'}")
+
+
+def _child_main() -> int:
+    """Build one warmed model in this (pinned) process; errors go back as JSON on stdout."""
+    from inner_loop.tasks import build_task
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    payload = numerics.read_child_payload()
+    try:
+        warmed_model_dir(ModelConfig(**payload["model"]), payload["base_dir"], build_task(payload["task"]),
+                         payload["task"], int(payload["probe_max_new_tokens"]))
+    except Exception as exc:  # reported to the parent, which raises it there
+        sys.stdout.write(json.dumps({"error_type": type(exc).__name__, "error": str(exc)}))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_child_main())

@@ -49,7 +49,9 @@ MODULE_EXCEPTIONS: dict[str, frozenset[str]] = {
                                     "inner_loop.loss.trust_regions", "inner_loop.grpo.trl_overrides",
                                     "inner_loop.grpo.trl_contract",
                                     # the one reading of config nodes, shared with the task package and the stores
-                                    "results.store.config_nodes"}),
+                                    "results.store.config_nodes",
+                                    # the numerics modes and the pinned thread count (imports nothing of ours)
+                                    "inner_loop.numerics"}),
     "inner_loop.loss": frozenset({"results.store.metric_keys"}),
     "inner_loop.grpo": frozenset({"results.store.metric_keys"}),
     "results.store": frozenset({"mirror_maps.init_file"}),

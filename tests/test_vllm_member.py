@@ -33,12 +33,12 @@ if os.environ.get("ATEN_CPU_CAPABILITY") == "default":
                 allow_module_level=True)
 
 #: vLLM's CPU attention refuses the tiny default's head_dim of 16: the tiny model at 2 heads of 64, warmed up (its
-#: rewards vary, so the policy moves between weight pushes).
+#: rewards vary, so the policy moves between weight pushes). Pinned numerics, like every tiny model: the warm-up is
+#: the same model on every machine, built in a pinned process of its own before anything imports vLLM.
 TINY_HEAD_DIM_64 = ["model=tiny", "model.hidden_size=128", "model.num_heads=2"]
 COLOCATE = "++train.trl={use_vllm: true, vllm_mode: colocate, vllm_max_model_length: %d}"
 SMALL_RUN = ["task=arith", "task.validation_size=4", "train.val_size=4", "train.val_batch_size=4", "train.steps=2",
-             "train.batch_size=4", "train.group_size=4", "train.max_completion_length=8", "train.num_threads=2",
-             "train.report_to=[]"]
+             "train.batch_size=4", "train.group_size=4", "train.max_completion_length=8", "train.report_to=[]"]
 
 
 def _run(work_dir: Path, *overrides: str) -> dict:
@@ -50,7 +50,7 @@ def _run(work_dir: Path, *overrides: str) -> dict:
 
 def test_smollm2_member_trains_and_scores_with_vllm_colocate(tmp_path):
     # LoRA: the push merges the adapter into the weights it sends (TRL), and copies them before vLLM reloads
-    record = _run(tmp_path / "run", "model=smollm2_135m", "model.lora_r=8", COLOCATE % 512)
+    record = _run(tmp_path / "run", "model=smollm2_135m", "model.lora_r=8", "train.num_threads=2", COLOCATE % 512)
     assert record["status"] == "ok" and record["steps_done"] == 2, record["error"]
     assert record["generation"]["backend"] == "vllm_colocate" and record["generation"]["from_step"] == 0
     assert 0.0 <= record["fitness"] <= 1.0 and record["val_size"] == 4

@@ -100,8 +100,10 @@ def build_run_manifest(
     inner: Mapping[str, Any],
     splits: Mapping[str, Iterable[Any]],
     params: Iterable[float] = (),
+    numerics: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The manifest of one training run. ``config_hash`` covers the inner config, the mirror-map parameters and
+    """The manifest of one training run (``numerics``: the CPU settings it computed with, as the member reports
+    them). ``config_hash`` covers the inner config, the mirror-map parameters and
     the init file's content, but not the seed, so the seeds of one method share a hash."""
     inner = plain(inner)
     params = [float(x) for x in params]
@@ -127,6 +129,7 @@ def build_run_manifest(
         "data_hashes": data_hashes(splits),
         "init_file_sha256": init_sha,
         "created": _dt.datetime.now().isoformat(timespec="seconds"),
+        "numerics": dict(numerics) if numerics else None,
         "config": inner,
     }
 

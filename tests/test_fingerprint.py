@@ -1,0 +1,42 @@
+"""`python -m inner_loop.fingerprint --check`: this machine computes the embedded default's warm-up, a 60-step run's
+completions and its final weights bit for bit as the repository records, whatever kernels, MKL path and threads the
+caller's environment asks for (the pinning sets them in the run's own process), each from an empty model cache."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+import inner_loop.numerics as numerics
+from inner_loop.fingerprint import DIGEST_KEYS, FINGERPRINT_FILE
+from inner_loop.warmup import cpu_capabilities
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not numerics.can_pin(), reason="pinned numerics need a CPU with AVX2 and FMA")]
+
+
+def _fingerprint(env: dict[str, str]) -> tuple[int, dict, str]:
+    done = subprocess.run([sys.executable, "-m", "inner_loop.fingerprint", "--check"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=900, env={**os.environ, **env})
+    found = json.loads(done.stdout) if done.stdout.strip().startswith("{") else {}
+    return done.returncode, found, done.stderr[-3000:]
+
+
+def test_the_fingerprint_matches_the_recorded_digests_under_every_kernel_setting_of_the_caller():
+    # every ATen kernel level this CPU offers, each with another MKL path and thread count asked for than the pinned
+    asked = [{"ATEN_CPU_CAPABILITY": capability, "MKL_CBWR": branch, "OMP_NUM_THREADS": threads}
+             for capability, branch, threads in zip(cpu_capabilities(), ("AUTO", "AVX2", "AUTO"), ("2", "1", "2"))]
+    with ThreadPoolExecutor(max_workers=2) as pool:  # each run is one thread
+        results = list(pool.map(_fingerprint, asked))
+    recorded = json.loads(FINGERPRINT_FILE.read_text())
+    for env, (code, found, stderr) in zip(asked, results):
+        assert code == 0, f"{env}: {stderr}"
+        assert {k: found[k] for k in DIGEST_KEYS} == {k: recorded[k] for k in DIGEST_KEYS}, env
+        assert found["numerics"]["pinned"] and found["numerics"]["torch_threads"] == 1, found["numerics"]
+    assert recorded["checked_on"], "the CPUs the digests were checked on are listed"

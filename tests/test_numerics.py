@@ -1,0 +1,89 @@
+"""Pinned CPU numerics (inner_loop/numerics.py): what a tiny-preset run computes with, whoever starts it.
+
+The settings only take effect in a process that starts with them, so these tests look at fresh processes: the
+state torch and MKL report there, and a member asked for from this (unpinned) test process."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conf_groups import load_group
+import inner_loop.numerics as numerics
+from inner_loop.config import InnerConfig, ModelConfig
+from inner_loop.warmup import cpu_capabilities, warmup_key
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(not numerics.can_pin(), reason="pinned numerics need a CPU with AVX2 and FMA")
+
+_REPORT = "import json; from inner_loop import numerics; print(json.dumps(numerics.in_force().as_dict()))"
+_PIN_THEN_REPORT = "from inner_loop import numerics; numerics.pin_this_process(); " + _REPORT
+
+
+def _state(code: str, **env: str) -> dict:
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(ROOT), **env})
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_pinned_process_computes_with_the_pinned_kernels_whatever_its_environment_asked_for():
+    asked = [{"ATEN_CPU_CAPABILITY": capability, "MKL_CBWR": "AUTO", "OMP_NUM_THREADS": "2"}
+             for capability in cpu_capabilities()]
+    for env in asked:
+        state = _state(_PIN_THEN_REPORT, **env)
+        assert state["pinned"] and state["aten_cpu_capability"] == "AVX2", (env, state)
+        assert state["mkl_cbwr_branch"] == "COMPATIBLE" and state["onednn_max_cpu_isa"] == "AVX2", (env, state)
+
+
+def test_an_unpinned_process_is_told_apart_by_what_torch_and_mkl_report():
+    state = _state(_REPORT, ATEN_CPU_CAPABILITY="default")
+    assert not state["pinned"] and state["aten_cpu_capability"] == "DEFAULT"
+    assert state["mkl_cbwr_branch"] != "COMPATIBLE"  # MKL picks its own path unless told
+    mkl_only = _state(_REPORT, ATEN_CPU_CAPABILITY="avx2", MKL_CBWR="COMPATIBLE")  # half the settings is not pinned
+    assert mkl_only["mkl_cbwr_branch"] == "COMPATIBLE" and not mkl_only["pinned"]
+
+
+def test_pinning_refuses_a_process_whose_torch_is_already_loaded():
+    import torch  # noqa: F401  (this test process has loaded it)
+
+    with pytest.raises(RuntimeError, match="before torch is imported"):
+        numerics.pin_this_process()
+
+
+def _tiny_inner(**train: object) -> dict:
+    inner = {"task": load_group("task", "arith"), "model": load_group("model", "tiny"),
+             "divergence": load_group("divergence", "kl"), "train": load_group("train", "default")}
+    inner["train"].update(train)
+    return inner
+
+
+def test_the_tiny_preset_pins_and_a_threaded_pinned_run_is_refused_naming_both_keys():
+    assert InnerConfig.from_dict(_tiny_inner()).model.cpu_numerics == "pinned"
+    with pytest.raises(ValueError, match=r"model.cpu_numerics=pinned .* train.num_threads=2"):
+        InnerConfig.from_dict(_tiny_inner(num_threads=2))
+    inner = _tiny_inner()
+    inner["model"]["cpu_numerics"] = "exact"
+    with pytest.raises(ValueError, match="model.cpu_numerics"):
+        InnerConfig.from_dict(inner)
+    for preset in ("qwen3_1_7b", "smollm2_135m"):  # GPU and CPU presets of real models keep their own numerics
+        assert load_group("model", preset).get("cpu_numerics", "native") == "native"
+
+
+def test_a_warmed_model_is_cached_under_the_numerics_it_was_built_with():
+    pinned, native = ModelConfig(cpu_numerics="pinned"), ModelConfig(cpu_numerics="native")
+    assert warmup_key(pinned, "base", {"name": "arith"}, 8) != warmup_key(native, "base", {"name": "arith"}, 8)
+
+
+def test_the_member_entry_decides_before_torch_or_vllm_is_loaded():
+    """The entry point must not load torch (the pinning would come too late) nor vLLM (TRL imports it whenever it is
+    installed: seconds per member process) before it has read the member's config."""
+    code = ("import sys, inner_loop.member_entry as entry; entry._keep_vllm_out_unless_used({'train': {}}); "
+            "import importlib.util as u; print('torch' in sys.modules, u.find_spec('vllm') is None)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["False", "True"]
