@@ -1,12 +1,13 @@
 """The member process's entry point (``inner.entrypoint``): the numerics a run asks for, then `train_member`.
 
 A run with ``model.cpu_numerics: pinned`` must compute under the pinned settings (inner_loop/numerics.py), which
-only take effect if they are in the process environment before torch loads. A launched member (local or SLURM)
-arrives here in a fresh process that has not imported torch yet: the settings are put in place and the member
-trains in that process. Where torch is already loaded under other settings (the debug launcher, a test, a CLI
-that imported it), the member trains in a child process started with them, and its record is returned here.
+only take effect in a process that starts with them. Unless this process did (it is such a child, or torch runs
+here under the pinned settings already), the member trains in a child process started with them, and its record is
+returned here. The process that calls this stays light (this module imports no torch), so a launched member pays one
+Python start-up more, not a second torch import. The child also keeps vLLM out when the run does not generate with
+it: TRL imports vLLM whenever it is installed, seconds per process.
 
-This module must stay light: no torch at import.
+Runs with native numerics (every GPU preset) train in this process, as before.
 """
 from __future__ import annotations
 
@@ -30,30 +31,34 @@ def _spec_dict(spec: MemberSpec | Mapping[str, Any]) -> dict[str, Any]:
     raise TypeError(f"train_member expects a MemberSpec or its dict, got {type(spec).__name__}")
 
 
+def needs_pinned_child(inner: Mapping[str, Any]) -> bool:
+    """Whether a run with this inner config must train in a pinned child process (it asks for pinned numerics,
+    the CPU can give them, and this process does not compute with them)."""
+    if not numerics.wants_pinned(inner):
+        return False
+    if not numerics.can_pin():
+        logger.warning("model.cpu_numerics=pinned needs a CPU with AVX2 and FMA, which this one lacks: the run "
+                       "uses this machine's own numerics and will not match other machines' runs")
+        return False
+    if numerics.started_pinned():
+        return False
+    return not ("torch" in sys.modules and numerics.pinned_in_force())
+
+
 def train_member(spec: MemberSpec | Mapping[str, Any], save_final: bool = False) -> ResultRecord:
     """Train and validate one member under the numerics its config asks for; returns its ResultRecord."""
     data = _spec_dict(spec)
-    fresh_process = "torch" not in sys.modules
-    if fresh_process:
-        _keep_vllm_out_unless_used(data.get("inner") or {})
-    if numerics.wants_pinned(data.get("inner") or {}):
-        if not numerics.can_pin():
-            logger.warning("model.cpu_numerics=pinned needs a CPU with AVX2 and FMA, which this one lacks: the "
-                           "member runs with this machine's own numerics and will not match other machines' runs")
-        elif fresh_process:
-            numerics.pin_this_process()
-        elif not numerics.pinned_in_force():
-            return _train_in_pinned_child(data, save_final)
+    if needs_pinned_child(data.get("inner") or {}):
+        return _train_in_pinned_child(data, save_final)
     from inner_loop.member import train_member as train
 
     return train(data, save_final=save_final)
 
 
 def _keep_vllm_out_unless_used(inner: Mapping[str, Any]) -> None:
-    """TRL imports vLLM whenever it is installed, which costs a fresh member process 4-8 s (and vLLM's import sets
-    process-wide torch state); a member that does not generate with vLLM never needs it. Hidden from this process
-    only (``sys.modules["vllm"] = None``: find_spec answers None and an import fails), so a process that uses vLLM
-    later, or a test process, is never touched: called only in a fresh member process."""
+    """TRL imports vLLM whenever it is installed, which costs a member process 4-8 s; a member that does not generate
+    with vLLM never needs it. Hidden from this process only (``sys.modules["vllm"] = None``: find_spec answers None
+    and an import fails): called only in the pinned child, a process that exists for this one member."""
     trl_options = (inner.get("train") or {}).get("trl") or {}
     if not trl_options.get("use_vllm") and "vllm" not in sys.modules:
         sys.modules["vllm"] = None  # type: ignore[assignment]
@@ -61,8 +66,7 @@ def _keep_vllm_out_unless_used(inner: Mapping[str, Any]) -> None:
 
 def _train_in_pinned_child(data: dict[str, Any], save_final: bool) -> ResultRecord:
     work_dir = Path(data["work_dir"])
-    logger.info("member %s: torch is loaded here under other numerics; training in a pinned child process",
-                work_dir)
+    logger.info("member %s: training in a pinned child process", work_dir)
     code, _ = numerics.run_pinned_child(__name__, {"spec": data, "save_final": save_final})
     record = read_result(work_dir)
     if record is None:
@@ -92,6 +96,7 @@ def _child_main() -> int:
     logging.basicConfig(level=os.environ.get("MIRROR_ES_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     payload = numerics.read_child_payload()
+    _keep_vllm_out_unless_used(payload["spec"].get("inner") or {})
     record = train_member(payload["spec"], save_final=bool(payload.get("save_final")))
     return 0 if record is not None else 1
 

@@ -72,6 +72,17 @@ def wants_pinned(inner: Mapping[str, Any]) -> bool:
     return (model.get("cpu_numerics") or "native") == "pinned"
 
 
+def started_pinned() -> bool:
+    """This process was started with PINNED_ENV (its environment at exec, /proc/self/environ: what torch, MKL and
+    OpenMP read), without importing torch to ask."""
+    try:
+        raw = Path("/proc/self/environ").read_bytes()
+    except OSError:
+        return False
+    initial = dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return all(initial.get(key.encode()) == value.encode() for key, value in PINNED_ENV.items())
+
+
 def pin_this_process() -> None:
     """Set PINNED_ENV in this process before torch is imported; RuntimeError if torch is already loaded (its
     kernels and MKL would keep the settings they started with)."""

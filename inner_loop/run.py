@@ -28,7 +28,6 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from inner_loop.member_entry import train_member
-from inner_loop.run_setup import validate_inner
 from results.store.records import MemberSpec
 
 logger = logging.getLogger("inner_loop.run")
@@ -49,6 +48,8 @@ def spec_from_config(cfg: DictConfig) -> MemberSpec:
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="inner")
 def main(cfg: DictConfig) -> None:
     spec = spec_from_config(cfg)
+    from inner_loop.run_setup import validate_inner
+
     try:
         # Config and data errors stop here, before anything is trained or written (inside train_member the same
         # error would become a `failed` result record, as it must for an unattended ES member).

@@ -373,13 +373,13 @@ def _prepare_program(command: Documented, program: Program, outcome: Outcome,
     assert program.name.startswith("python -m "), f"{command.source}: no check for {program.name!r}"
     module = program.name.removeprefix("python -m ")
     if module == "inner_loop.run":
-        import inner_loop.member
+        import inner_loop.run
 
         def record(spec: Any, save_final: bool = False) -> _Validated:
             outcome.trained.append(spec)
             return _Validated(spec)
 
-        patch.setattr(inner_loop.member, "train_member", record)
+        patch.setattr(inner_loop.run, "train_member", record)
     elif module == "inner_loop.evaluate":
         import inner_loop.transfer
 
