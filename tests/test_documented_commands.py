@@ -104,6 +104,8 @@ DRY_RUN = ("python -m meta.run", "python -m meta.pilot", "python -m meta.tune")
 #: entry points run for real on the prepared run directories (cheap: they read, report or export)
 RUN_ON_PREPARED = ("python -m meta.status", "python -m meta.export", "python -m meta.reevaluate",
                    "python -m results.report", "python -m results.compare", "python -m meta.early_cuts")
+#: entry points whose whole run is their work (tests/test_fingerprint.py runs it): their arguments are checked
+PARSE_ONLY = ("python -m inner_loop.fingerprint",)
 MAIN_SH_EXEC = re.compile(r'^exec \.venv/bin/python -m (\S+) "\$@"$', re.MULTILINE)
 SANDBOX_OVERRIDE = "+task.sandbox.require_isolation=true"
 
@@ -248,6 +250,7 @@ class Outcome:
     stdout: str
     trained: list[Any] = field(default_factory=list)   # the specs inner_loop.run would have trained
     evaluation: Any = None                             # the checked plan inner_loop.evaluate would have scored
+    parsed: Any = None                                 # the arguments a parse-only check accepted
 
 
 class ReachedWork(Exception):
@@ -353,7 +356,8 @@ def check(command: Documented, prepared: Prepared, monkeypatch: pytest.MonkeyPat
             outcome.exit_code = run_python(module, script, args)
         except ReachedWork:
             # the bench's parser accepted the arguments / inner_loop.evaluate checked everything and loads the model
-            outcome.exit_code = 0 if script is not None or outcome.evaluation is not None else 1
+            outcome.exit_code = 0 if (script is not None or outcome.evaluation is not None
+                                      or outcome.parsed is not None) else 1
         outcome.stdout = capsys.readouterr().out
     _CHECKED[checked] = outcome
     return outcome
@@ -362,24 +366,27 @@ def check(command: Documented, prepared: Prepared, monkeypatch: pytest.MonkeyPat
 def _prepare_program(command: Documented, program: Program, outcome: Outcome,
                      patch: pytest.MonkeyPatch) -> tuple[str | None, Path | None]:
     """(module, script) to run for ``program``, with the stand-ins that stop it before its work patched in."""
-    if program.name.startswith("python bench/"):
+    if program.name.startswith("python bench/") or program.name in PARSE_ONLY:
         parse_args = argparse.ArgumentParser.parse_args
 
         def parse_then_stop(self: argparse.ArgumentParser, *a: Any, **k: Any) -> argparse.Namespace:
-            raise ReachedWork(parse_args(self, *a, **k))
+            outcome.parsed = parse_args(self, *a, **k)
+            raise ReachedWork(outcome.parsed)
 
         patch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
+        if program.name in PARSE_ONLY:
+            return program.name.removeprefix("python -m "), None
         return None, ROOT / program.name.split(" ", 1)[1]
     assert program.name.startswith("python -m "), f"{command.source}: no check for {program.name!r}"
     module = program.name.removeprefix("python -m ")
     if module == "inner_loop.run":
-        import inner_loop.run
+        import inner_loop.member_entry
 
         def record(spec: Any, save_final: bool = False) -> _Validated:
             outcome.trained.append(spec)
             return _Validated(spec)
 
-        patch.setattr(inner_loop.run, "train_member", record)
+        patch.setattr(inner_loop.member_entry, "train_member", record)
     elif module == "inner_loop.evaluate":
         import inner_loop.transfer
 

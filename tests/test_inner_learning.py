@@ -23,6 +23,7 @@ import pytest
 
 from inner_loop.member_entry import train_member
 from results.report.paired import mean_interval
+from results.store.provenance import read_run_manifest
 from results.store.records import ResultRecord
 from conf_groups import load_group
 
@@ -62,12 +63,17 @@ def _spec(work_dir: Path, inner: dict, seed: int) -> dict:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[tuple[str, int], ResultRecord]:
+def learning_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("learning")
+
+
+@pytest.fixture(scope="module")
+def runs(learning_root) -> dict[tuple[str, int], ResultRecord]:
     """Every run of this module, two at a time (each is one pinned, single-threaded process): the untrained model
     (0 steps, which also builds the shared warm-up first), then each divergence and each trust-region host per seed.
     A trust-region host runs two optimiser passes per generation batch, so the policy moves away from the rollout's
     behaviour policy and the trust region acts."""
-    root = tmp_path_factory.mktemp("learning")
+    root = learning_root
     base = train_member(_spec(root / "untrained", _default_inner("kl", steps=0), 0))
     jobs = {(name, seed): _spec(root / f"{name}_{seed}", _default_inner(name), seed)
             for name in DIVERGENCES for seed in SEEDS}
@@ -82,10 +88,13 @@ def runs(tmp_path_factory) -> dict[tuple[str, int], ResultRecord]:
 
 
 @pytest.fixture(scope="module")
-def step0_pass_at_1(runs) -> float:
+def step0_pass_at_1(runs, learning_root) -> float:
     """Greedy validation pass@1 of the warmed tiny model before any RL."""
     record = runs[("untrained", 0)]
     assert record.status == "ok" and record.steps_done == 0, record.error
+    # trained in a pinned process of its own (this test process computes with other kernels), and says so
+    numerics = read_run_manifest(learning_root / "untrained")["numerics"]
+    assert numerics["pinned"] and numerics["torch_threads"] == 1, numerics
     assert record.val_size >= 200
     # Not saturated and not zero: there must be room to improve and a reward to learn from.
     assert 0.1 <= record.fitness <= 0.8, record.fitness
