@@ -22,6 +22,9 @@ from results.store.records import MemberSpec, ResultRecord, read_result
 
 logger = logging.getLogger(__name__)
 
+#: submitit's SUBMITIT_EXECUTOR in the process of a job it started (a process that exists to run one member)
+JOB_PROCESS_EXECUTORS = ("local", "slurm")
+
 
 def _spec_dict(spec: MemberSpec | Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(spec, MemberSpec):
@@ -48,6 +51,8 @@ def needs_pinned_child(inner: Mapping[str, Any]) -> bool:
 def train_member(spec: MemberSpec | Mapping[str, Any], save_final: bool = False) -> ResultRecord:
     """Train and validate one member under the numerics its config asks for; returns its ResultRecord."""
     data = _spec_dict(spec)
+    if "torch" not in sys.modules and os.environ.get("SUBMITIT_EXECUTOR") in JOB_PROCESS_EXECUTORS:
+        _keep_vllm_out_unless_used(data.get("inner") or {})  # a job's own process, there for this member alone
     if needs_pinned_child(data.get("inner") or {}):
         return _train_in_pinned_child(data, save_final)
     from inner_loop.member import train_member as train
@@ -58,7 +63,8 @@ def train_member(spec: MemberSpec | Mapping[str, Any], save_final: bool = False)
 def _keep_vllm_out_unless_used(inner: Mapping[str, Any]) -> None:
     """TRL imports vLLM whenever it is installed, which costs a member process 4-8 s; a member that does not generate
     with vLLM never needs it. Hidden from this process only (``sys.modules["vllm"] = None``: find_spec answers None
-    and an import fails): called only in the pinned child, a process that exists for this one member."""
+    and an import fails): called only in a process that exists for this one member (the pinned child, a job's
+    process), never in one that may use vLLM for something else later (a test session, an orchestrator)."""
     trl_options = (inner.get("train") or {}).get("trl") or {}
     if not trl_options.get("use_vllm") and "vllm" not in sys.modules:
         sys.modules["vllm"] = None  # type: ignore[assignment]

@@ -4,6 +4,7 @@ The settings only take effect in a process that starts with them, so these tests
 state torch and MKL report there, and a member asked for from this (unpinned) test process."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -87,3 +88,26 @@ def test_the_member_entry_decides_before_torch_or_vllm_is_loaded():
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["False", "True"]
+
+
+_JOB_PROCESS = """
+import json, sys, importlib.util
+from inner_loop.member_entry import train_member
+spec = {"run_id": "r", "generation": 0, "index": 0, "seed": 0, "params": [], "work_dir": sys.argv[1],
+        "inner": {"model": {"name": "no_such_model"}, "train": {}, "task": {"name": "arith"}, "divergence": {}}}
+record = train_member(spec)
+print(json.dumps([record.status, "trl" in sys.modules, importlib.util.find_spec("vllm") is None]))
+"""
+
+
+def test_a_job_process_of_a_member_that_does_not_use_vllm_never_imports_it(tmp_path):
+    """TRL imports vLLM whenever it is installed (seconds per member process); in a submitit job's own process the
+    entry point keeps it out for a member that does not generate with it (here one whose config is refused)."""
+    for executor, hidden in (("local", True), ("", False)):
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(ROOT), "SUBMITIT_EXECUTOR": executor}
+        done = subprocess.run([sys.executable, "-c", _JOB_PROCESS, str(tmp_path / executor)], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        status, trl_loaded, vllm_hidden = json.loads(done.stdout.strip().splitlines()[-1])
+        assert status == "failed" and trl_loaded, done.stdout[-2000:]
+        assert vllm_hidden == (hidden or importlib.util.find_spec("vllm") is None), executor
