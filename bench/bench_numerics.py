@@ -20,6 +20,10 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from results.store.metric_keys import STEP_TIME_MEAN  # noqa: E402
+
 logger = logging.getLogger("bench_numerics")
 VARIANTS = ("native", "pinned")
 
@@ -47,7 +51,7 @@ def main() -> None:
         for round_ in range(opts.rounds):
             for variant in VARIANTS if round_ % 2 == 0 else VARIANTS[::-1]:
                 record = _member(variant, Path(tmp) / f"{variant}-{round_}", opts.steps, cache)
-                step[variant].append(record["diagnostics"]["step_time_mean"])
+                step[variant].append(record["diagnostics"][STEP_TIME_MEAN])
                 wall[variant].append(record["wall_time_s"])
                 logger.info("round %d %-6s step %.3f s, member wall %.1f s, fitness %.3f", round_, variant,
                             step[variant][-1], wall[variant][-1], record["fitness"])

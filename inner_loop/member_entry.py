@@ -52,7 +52,7 @@ def train_member(spec: MemberSpec | Mapping[str, Any], save_final: bool = False)
     """Train and validate one member under the numerics its config asks for; returns its ResultRecord."""
     data = _spec_dict(spec)
     if "torch" not in sys.modules and os.environ.get("SUBMITIT_EXECUTOR") in JOB_PROCESS_EXECUTORS:
-        _keep_vllm_out_unless_used(data.get("inner") or {})  # a job's own process, there for this member alone
+        keep_vllm_out_unless_used(data.get("inner") or {})  # a job's own process, there for this member alone
     if needs_pinned_child(data.get("inner") or {}):
         return _train_in_pinned_child(data, save_final)
     from inner_loop.member import train_member as train
@@ -60,11 +60,12 @@ def train_member(spec: MemberSpec | Mapping[str, Any], save_final: bool = False)
     return train(data, save_final=save_final)
 
 
-def _keep_vllm_out_unless_used(inner: Mapping[str, Any]) -> None:
+def keep_vllm_out_unless_used(inner: Mapping[str, Any]) -> None:
     """TRL imports vLLM whenever it is installed, which costs a member process 4-8 s; a member that does not generate
     with vLLM never needs it. Hidden from this process only (``sys.modules["vllm"] = None``: find_spec answers None
     and an import fails): called only in a process that exists for this one member (the pinned child, a job's
-    process), never in one that may use vLLM for something else later (a test session, an orchestrator)."""
+    process, `python -m inner_loop.run` for one run), never in one that may use vLLM for something else later (a
+    test session, an orchestrator, a sweep)."""
     trl_options = (inner.get("train") or {}).get("trl") or {}
     if not trl_options.get("use_vllm") and "vllm" not in sys.modules:
         sys.modules["vllm"] = None  # type: ignore[assignment]
@@ -102,7 +103,7 @@ def _child_main() -> int:
     logging.basicConfig(level=os.environ.get("MIRROR_ES_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     payload = numerics.read_child_payload()
-    _keep_vllm_out_unless_used(payload["spec"].get("inner") or {})
+    keep_vllm_out_unless_used(payload["spec"].get("inner") or {})
     record = train_member(payload["spec"], save_final=bool(payload.get("save_final")))
     return 0 if record is not None else 1
 

@@ -27,7 +27,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from inner_loop.member_entry import train_member
+from inner_loop.member_entry import keep_vllm_out_unless_used, train_member
 from results.store.records import MemberSpec
 
 logger = logging.getLogger("inner_loop.run")
@@ -48,6 +48,8 @@ def spec_from_config(cfg: DictConfig) -> MemberSpec:
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="inner")
 def main(cfg: DictConfig) -> None:
     spec = spec_from_config(cfg)
+    if HydraConfig.get().mode == RunMode.RUN and "torch" not in sys.modules:
+        keep_vllm_out_unless_used(spec.inner)  # a process of its own for this one run (a sweep's next may want vLLM)
     from inner_loop.run_setup import validate_inner
 
     try:

@@ -16,4 +16,6 @@ if scripts/local_slurm/up.sh; then
 else
     echo "test: the local SLURM cluster could not start; tests/slurm will skip" >&2
 fi
-.venv/bin/python -m pytest -q "$@"
+# One worker per core (pytest-xdist); the SLURM tests share one worker (tests/conftest.py). MIRROR_ES_TEST_WORKERS=0
+# runs everything in this process, one test after another.
+.venv/bin/python -m pytest -q -n "${MIRROR_ES_TEST_WORKERS:-auto}" --dist loadgroup "$@"

@@ -3,6 +3,10 @@
 Every test session starts from an empty model cache, as a new machine (or CI) would: a warmed model cached by
 an earlier run, perhaps built by other code or on a CPU with other kernels, must never decide a verdict. Set
 MIRROR_ES_TEST_CACHE=<dir> to opt in to reusing a cache across sessions (faster local iteration).
+
+scripts/test.sh runs the suite in parallel workers (pytest-xdist, one per core): the workers of one session share
+its empty cache (every cache entry is built once under a lock, models/cache.py), and every test under tests/slurm/
+runs in one worker, one after another, as they share one cluster whose nodes some of them take down.
 """
 from __future__ import annotations
 
@@ -20,7 +24,13 @@ logger = logging.getLogger(__name__)
 def fresh_model_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """MIRROR_ES_CACHE for the whole session (subprocesses and SLURM jobs inherit it): a new empty directory."""
     reuse = os.environ.get("MIRROR_ES_TEST_CACHE")
-    path = Path(reuse).resolve() if reuse else tmp_path_factory.mktemp("model-cache")
+    if reuse:
+        path = Path(reuse).resolve()
+    elif os.environ.get("PYTEST_XDIST_WORKER"):  # one cache for the session's workers: beside their temp dirs
+        path = tmp_path_factory.getbasetemp().parent / "model-cache"
+        path.mkdir(exist_ok=True)
+    else:
+        path = tmp_path_factory.mktemp("model-cache")
     if reuse:
         logger.warning("reusing the model cache %s (MIRROR_ES_TEST_CACHE)", path)
     old = os.environ.get("MIRROR_ES_CACHE")
@@ -32,3 +42,14 @@ def fresh_model_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path
             os.environ.pop("MIRROR_ES_CACHE", None)
         else:
             os.environ["MIRROR_ES_CACHE"] = old
+
+
+#: the xdist group of every test that uses the local SLURM cluster (run one after another in one worker)
+SLURM_GROUP = "slurm"
+SLURM_TESTS = Path(__file__).resolve().parent / "slurm"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if SLURM_TESTS in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.xdist_group(SLURM_GROUP))
