@@ -104,8 +104,8 @@ def _child_main() -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     payload = numerics.read_child_payload()
     keep_vllm_out_unless_used(payload["spec"].get("inner") or {})
-    record = train_member(payload["spec"], save_final=bool(payload.get("save_final")))
-    return 0 if record is not None else 1
+    train_member(payload["spec"], save_final=bool(payload.get("save_final")))  # the record is in its work dir
+    return 0
 
 
 if __name__ == "__main__":

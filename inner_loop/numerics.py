@@ -49,15 +49,21 @@ _MKL_BRANCHES = {0: "OFF", 1: "BRANCH_OFF", 2: "AUTO", 3: "COMPATIBLE", 4: "SSE2
                  8: "AVX", 9: "AVX2", 10: "AVX512_MIC", 11: "AVX512", 12: "AVX512_MIC_E1", 13: "AVX512_E1"}
 
 
-def cpu_flags() -> set[str]:
-    """This CPU's feature flags (/proc/cpuinfo), read without torch; empty where the file is not there."""
+def _cpuinfo(key: str) -> str:
+    """The first ``key : value`` of /proc/cpuinfo (read without torch); '' where there is none."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
+            name, _, value = line.partition(":")
+            if name.strip() == key:
+                return value.strip()
     except OSError:
         pass
-    return set()
+    return ""
+
+
+def cpu_flags() -> set[str]:
+    """This CPU's feature flags (/proc/cpuinfo), read without torch; empty where the file is not there."""
+    return set(_cpuinfo("flags").split())
 
 
 def can_pin() -> bool:
@@ -119,21 +125,6 @@ def _mkl_branch() -> str:
     return _MKL_BRANCHES.get(code, str(code))
 
 
-def _cpu_identity() -> tuple[str, str]:
-    vendor = model = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "vendor_id":
-                vendor = value.strip()
-            elif key.strip() == "model name":
-                model = value.strip()
-                break
-    except OSError:
-        pass
-    return vendor, model
-
-
 def in_force() -> NumericsInForce:
     """The settings this process computes with (imports torch; the capability is fixed from here on)."""
     import torch
@@ -144,8 +135,8 @@ def in_force() -> NumericsInForce:
     isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "")
     pinned = (capability.lower() == PINNED_ENV["ATEN_CPU_CAPABILITY"] and branch == PINNED_ENV["MKL_CBWR"]
               and isa == PINNED_ENV["ONEDNN_MAX_CPU_ISA"])
-    vendor, model = _cpu_identity()
-    return NumericsInForce(capability, branch, threads, isa, vendor, model, pinned)
+    return NumericsInForce(capability, branch, threads, isa, _cpuinfo("vendor_id") or "unknown",
+                           _cpuinfo("model name") or "unknown", pinned)
 
 
 def pinned_in_force() -> bool:
