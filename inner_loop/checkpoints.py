@@ -17,6 +17,7 @@ from typing import Any, Mapping
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
+import inner_loop.notice as notice
 from inner_loop.config import KEEP_CHECKPOINTS, InnerConfig
 # the Trainer's output_dir in a member's work dir, and where a checkpoint goes while it is deleted (re-exported)
 from results.store.layout import CHECKPOINT_DIR
@@ -188,3 +189,36 @@ class DiskUsageCallback(TrainerCallback, ExportableState):
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.measure()
+
+
+class SaveOnNoticeCallback(TrainerCallback):
+    """Saves a checkpoint at the end of the step under way once the member's job was told it ends
+    (inner_loop/notice.py), then stops the run with NoticeHonoured; the requeued run resumes from that step.
+
+    The save waits for the end of a rollout (``num_iterations`` optimizer steps reuse one generation's completions,
+    which a checkpoint does not hold): a run resumed there repeats the uninterrupted run exactly. Put it last
+    among the callbacks, so that the others see the save before the run stops."""
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        notice.training(True)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        notice.training(False)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if notice.requested() is not None and state.global_step % _rollout_steps(args) == 0:
+            control.should_save = True
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        signum = notice.requested()
+        if signum is not None and state.global_step % _rollout_steps(args) == 0:
+            logger.warning("saved checkpoint-%d on notice; stopping", state.global_step)
+            notice.training(False)
+            raise notice.NoticeHonoured(signum)
+
+
+def _rollout_steps(args: Any) -> int:
+    """Optimizer steps that train on one generation's completions (TRL: steps_per_generation micro-batches,
+    each ``num_iterations`` times, ``gradient_accumulation_steps`` micro-batches a step)."""
+    micro = int(getattr(args, "steps_per_generation", None) or args.gradient_accumulation_steps)
+    return max(1, micro * int(getattr(args, "num_iterations", 1) or 1) // int(args.gradient_accumulation_steps))

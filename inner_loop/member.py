@@ -20,6 +20,7 @@ from typing import Any, Mapping
 import torch
 
 import inner_loop.numerics as numerics
+import inner_loop.notice as notice
 from inner_loop.checkpoints import last_checkpoint, settle_after_final, settle_checkpoints
 from inner_loop.evaluate import EvalResult, evaluate, evaluation_entry
 from inner_loop.final_model import save_final_model
@@ -138,7 +139,10 @@ def train_member(spec: MemberSpec | Mapping[str, Any], save_final: bool = False)
             if resume:
                 logger.info("member %s: resuming from %s", work_dir, resume)
             stage = "training"
-            trainer.train(resume_from_checkpoint=resume)
+            try:
+                trainer.train(resume_from_checkpoint=resume)
+            finally:
+                notice.training(False)  # a later notice to this process is not waited for
         else:  # a base-model row: the Trainer would read max_steps=0 as "train by epochs", so it is not started
             logger.info("member %s: train.steps=0, scoring the untouched model", work_dir)
         stage = "evaluation"

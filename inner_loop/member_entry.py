@@ -8,22 +8,29 @@ Python start-up more, not a second torch import. The child also keeps vLLM out w
 it: TRL imports vLLM whenever it is installed, seconds per process.
 
 Runs with native numerics (every GPU preset) train in this process, as before.
+
+In a SLURM array task it also handles the job's end notices (inner_loop/notice.py): SIGTERM or the time-limit
+USR2 makes the trainer (here or in the pinned child, to which the notice is forwarded) save a checkpoint at the end
+of its step before submitit requeues the job or the process exits.
 """
 from __future__ import annotations
 
 import logging
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Mapping
 
 import inner_loop.numerics as numerics
+import inner_loop.notice as notice
 from results.store.records import MemberSpec, ResultRecord, read_result
 
 logger = logging.getLogger(__name__)
 
 #: submitit's SUBMITIT_EXECUTOR in the process of a job it started (a process that exists to run one member)
-JOB_PROCESS_EXECUTORS = ("local", "slurm")
+SLURM_EXECUTOR = "slurm"
+JOB_PROCESS_EXECUTORS = ("local", SLURM_EXECUTOR)
 
 
 def _spec_dict(spec: MemberSpec | Mapping[str, Any]) -> dict[str, Any]:
@@ -51,8 +58,16 @@ def needs_pinned_child(inner: Mapping[str, Any]) -> bool:
 def train_member(spec: MemberSpec | Mapping[str, Any], save_final: bool = False) -> ResultRecord:
     """Train and validate one member under the numerics its config asks for; returns its ResultRecord."""
     data = _spec_dict(spec)
-    if "torch" not in sys.modules and os.environ.get("SUBMITIT_EXECUTOR") in JOB_PROCESS_EXECUTORS:
+    executor = os.environ.get("SUBMITIT_EXECUTOR")
+    if "torch" not in sys.modules and executor in JOB_PROCESS_EXECUTORS:
         keep_vllm_out_unless_used(data.get("inner") or {})  # a job's own process, there for this member alone
+    if executor == SLURM_EXECUTOR and threading.current_thread() is threading.main_thread():
+        notice.install()  # after submitit's handlers, which run once the checkpoint is saved
+        return notice.run_handing_on(lambda: _train_here_or_pinned(data, save_final))
+    return _train_here_or_pinned(data, save_final)
+
+
+def _train_here_or_pinned(data: dict[str, Any], save_final: bool) -> ResultRecord:
     if needs_pinned_child(data.get("inner") or {}):
         return _train_in_pinned_child(data, save_final)
     from inner_loop.member import train_member as train
@@ -74,7 +89,11 @@ def keep_vllm_out_unless_used(inner: Mapping[str, Any]) -> None:
 def _train_in_pinned_child(data: dict[str, Any], save_final: bool) -> ResultRecord:
     work_dir = Path(data["work_dir"])
     logger.info("member %s: training in a pinned child process", work_dir)
-    code, _ = numerics.run_pinned_child(__name__, {"spec": data, "save_final": save_final})
+    try:
+        code, _ = numerics.run_pinned_child(__name__, {"spec": data, "save_final": save_final},
+                                            started=notice.attach_child)
+    finally:
+        notice.attach_child(None)
     record = read_result(work_dir)
     if record is None:
         raise RuntimeError(f"the pinned member process for {work_dir} exited with status {code} without a result")
@@ -104,7 +123,11 @@ def _child_main() -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     payload = numerics.read_child_payload()
     keep_vllm_out_unless_used(payload["spec"].get("inner") or {})
-    train_member(payload["spec"], save_final=bool(payload.get("save_final")))  # the record is in its work dir
+    notice.install()  # a notice forwarded by the job process: save at the end of the step, then stop
+    try:
+        train_member(payload["spec"], save_final=bool(payload.get("save_final")))  # the record is in its work dir
+    except notice.NoticeHonoured:
+        return notice.SAVED_ON_NOTICE_EXIT
     return 0
 
 

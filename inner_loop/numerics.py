@@ -25,7 +25,7 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 logger = logging.getLogger(__name__)
 
@@ -175,17 +175,21 @@ def _die_with_parent() -> None:
         pass
 
 
-def run_pinned_child(module: str, payload: Mapping[str, Any], kill_grace_s: float = 10.0) -> tuple[int, str]:
+def run_pinned_child(module: str, payload: Mapping[str, Any], kill_grace_s: float = 10.0,
+                     started: Callable[[subprocess.Popen], None] | None = None) -> tuple[int, str]:
     """Run ``python -m module`` with PINNED_ENV, ``payload`` as JSON on its stdin; (exit status, its stdout).
 
     For a pinned run asked of a process that already loaded torch under other settings (a test, the debug
     launcher, a CLI). Its log goes to this process's stderr. Whatever interrupts the wait (a member's wall-time
-    alarm, Ctrl-C, a cancel) stops the child first, then propagates."""
+    alarm, Ctrl-C, a cancel) stops the child first, then propagates. ``started`` is told the child's process
+    (a member forwards its job's end notice to it)."""
     env = {**os.environ, **PINNED_ENV}
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
     proc = subprocess.Popen([sys.executable, "-m", module], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             env=env, preexec_fn=_die_with_parent)
+    if started is not None:
+        started(proc)
     try:
         out, _ = proc.communicate(json.dumps(payload).encode())
         return proc.returncode, out.decode(errors="replace")

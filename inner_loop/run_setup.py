@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from inner_loop.checkpoints import CHECKPOINT_DIR, DiskUsageCallback
+from inner_loop.checkpoints import CHECKPOINT_DIR, DiskUsageCallback, SaveOnNoticeCallback
 from inner_loop.progress_log import ProgressFileCallback, tensorboard_callback
 from inner_loop.config import ExtraEvaluation, InnerConfig
 from inner_loop.generation.continuous_batching import member_continuous_batching_config
@@ -143,5 +143,6 @@ def build_trainer(run: PreparedRun, work_dir: Path, seed: int) -> MirrorGRPOTrai
         policy_params=PolicyParams(tcfg.epsilon_low, tcfg.epsilon_high, dict(tcfg.policy_extra)),
         full_form_rows=tcfg.full_form_rows,
         callbacks=[DiskUsageCallback(str(work_dir)), ProgressFileCallback(work_dir),
-                   *([tensorboard_callback(work_dir)] if "tensorboard" in tcfg.report_to else [])],
+                   *([tensorboard_callback(work_dir)] if "tensorboard" in tcfg.report_to else []),
+                   SaveOnNoticeCallback()],  # last: the others see its save before it stops the run
     )

@@ -1,5 +1,7 @@
 """The embedded default end to end: tiny model, arith, population 4, 2 generations through the local
-launcher, export of the best init, and a single NM-GRPO run that loads it."""
+launcher, export of the best init, and a single NM-GRPO run that loads it. Members save a checkpoint at every step
+and, finished, keep none of them (the default checkpoint policy), while their records carry their peak disk use,
+which the report shows."""
 from __future__ import annotations
 
 import json
@@ -13,7 +15,7 @@ from mirror_maps import load_init
 from results.store.run_store import RunStore
 
 ROOT = Path(__file__).resolve().parent.parent
-SHORT = ["train.steps=2", "train.val_size=8"]
+SHORT = ["train.steps=2", "train.val_size=8", "train.save_every=1"]
 
 
 def _python(*args: str, timeout: float) -> subprocess.CompletedProcess:
@@ -36,6 +38,13 @@ def test_embedded_default_search_export_and_single_run(tmp_path):
     assert len(members) == 10 and set(members["status"]) == {"ok"}, members[["status", "error"]]
     assert members["val_size"].min() > 0
     assert (members["role"] == "control").sum() == 2
+    for member_dir in sorted(p for p in run_dir.glob("gen_*/member_*") if p.is_dir()):
+        leftovers = [str(p.relative_to(member_dir)) for p in member_dir.rglob("checkpoint-*")]
+        assert leftovers == [], f"{member_dir} kept checkpoints {leftovers}"
+    assert (members["disk_peak_bytes"] > 0).all()
+    report = _python("-m", "results.report", str(run_dir), timeout=300)
+    assert report.returncode == 0, report.stderr[-3000:]
+    assert "disk" in report.stdout and "disk_peak_bytes" in (run_dir / "report" / "members.csv").read_text()
     summary = store.read_reevaluation()
     assert [c["n"] for c in summary["candidates"]] == [2, 2]
     for index in range(4):

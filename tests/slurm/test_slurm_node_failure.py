@@ -118,7 +118,7 @@ def test_node_out_of_service_for_good_ends_the_member_after_max_pending_s(
     began = time.monotonic()  # the job cannot be pending before the node goes down
     _set_node(node, "down")  # kills and requeues the job ...
     _set_node(node, "drain")  # ... and keeps the node from taking it back
-    thread.join(timeout=90)
+    thread.join(timeout=240)  # a deadline, not a wait: under load slurmctld requeues late
     assert not thread.is_alive(), "the runner kept waiting for a job that can never start"
     waited = time.monotonic() - began
     record = outcome["records"][0]

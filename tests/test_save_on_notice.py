@@ -1,0 +1,86 @@
+"""Save on notice (inner_loop/notice.py) without a cluster: a member's job process told that its job ends (SIGTERM,
+as SLURM sends on a requeue or a preemption) has its pinned training process save a checkpoint at the end of the
+step under way and stop without a record; run again, it resumes from that step and ends with the uninterrupted
+run's record. tests/slurm/test_slurm_save_on_notice.py does the same through `scontrol requeue` on the cluster."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import inner_loop.numerics as numerics
+from inner_loop.checkpoints import checkpoint_folders
+from results.store.progress import read_progress
+from results.store.records import read_result
+from conf_groups import load_group
+
+pytestmark = pytest.mark.skipif(not numerics.can_pin(), reason="the tiny preset's pinned numerics need AVX2 and FMA")
+
+ROOT = Path(__file__).resolve().parent.parent
+STEPS = 24
+#: the job process of a SLURM array task runs the member (submitit sets SUBMITIT_EXECUTOR there)
+JOB_PROCESS = "import json, sys\nfrom inner_loop.member_entry import train_member\ntrain_member(json.loads(sys.argv[1]))"
+SMALL_MODEL = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64, "warmup_max_steps": 200,
+               "warmup_band": [0.0, 1.0], "warmup_check_every": 200, "warmup_probe_size": 32, "warmup_lr": 3e-3,
+               "warmup_batch_size": 32}
+
+
+def notice_spec(work_dir: Path) -> dict:
+    """A tiny pinned member of STEPS steps that saves no periodic checkpoint before its last step."""
+    inner = {"task": load_group("task", "arith"), "model": {**load_group("model", "tiny"), **SMALL_MODEL},
+             "divergence": load_group("divergence", "neural_mirror"), "train": load_group("train", "default")}
+    inner["train"].update({"steps": STEPS, "batch_size": 16, "group_size": 4, "save_every": STEPS, "val_size": 32,
+                           "max_completion_length": 6})
+    return {"run_id": "notice", "generation": 0, "index": 0, "seed": 3, "params": [], "work_dir": str(work_dir),
+            "inner": inner}
+
+
+def _job(spec: dict) -> subprocess.Popen:
+    env = {**os.environ, "SUBMITIT_EXECUTOR": "slurm", "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-c", JOB_PROCESS, json.dumps(spec)], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _wait(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not {what} within {timeout:.0f} s")
+        time.sleep(0.05)
+
+
+def same_outcome(record, reference) -> tuple:
+    return (record.fitness, record.mean_response_tokens, record.diagnostics.get("reward_mean")), \
+        (reference.fitness, reference.mean_response_tokens, reference.diagnostics.get("reward_mean"))
+
+
+def test_a_notice_saves_the_step_under_way_and_the_rerun_ends_as_the_uninterrupted_run(tmp_path):
+    reference_job = _job(notice_spec(tmp_path / "straight"))
+    spec = notice_spec(tmp_path / "noticed")
+    work = Path(spec["work_dir"])
+    job = _job(spec)
+    _wait(lambda: (progress := read_progress(work)) is not None and progress.step >= 3, 300, "the member at step 3")
+    seen = read_progress(work).step
+    job.send_signal(signal.SIGTERM)
+    _, stderr = job.communicate(timeout=120)
+    assert job.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert read_result(work) is None  # stopped for a requeue: no record, nothing charged
+    saved = [int(p.name.rpartition("-")[2]) for p in checkpoint_folders(work)]
+    assert len(saved) == 1 and seen <= saved[0] < STEPS, (seen, saved)  # the step under way, at most one later
+    assert "on notice" in stderr
+
+    rerun = _job(spec)
+    _, rerun_err = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, rerun_err[-3000:]
+    assert f"checkpoint-{saved[0]}" in rerun_err  # resumed from the notice's checkpoint
+    reference_job.communicate(timeout=300)
+    record, reference = read_result(work), read_result(tmp_path / "straight")
+    assert record.status == reference.status == "ok" and record.steps_done == STEPS, record.error
+    mine, theirs = same_outcome(record, reference)
+    assert mine == theirs
