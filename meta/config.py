@@ -388,3 +388,16 @@ def check_member_launch(raw: Mapping[str, Any], launcher: Mapping[str, Any], inn
             LocalLauncher.check_training_member_gpus(launcher)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def check_members_can_start(launcher: Mapping[str, Any]) -> None:
+    """Before a real run submits (meta.run, meta.tune, meta.pilot; not their dry runs, which plan a GPU machine from
+    anywhere and warn): local members that ask for a GPU need a GPU slot on this machine, else none could start."""
+    from launch.factory import launcher_class
+    from launch.local.launchers import LocalLauncher
+
+    try:
+        if issubclass(launcher_class(launcher), LocalLauncher):
+            LocalLauncher.check_gpu_slots(launcher)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None

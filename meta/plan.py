@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shlex
 import sys
 from dataclasses import dataclass
@@ -182,10 +181,40 @@ def _concurrent(cfg: SearchConfig) -> int:
     per_generation = members_per_generation(cfg)
     if name == "debug":
         return 1
+    if name == "local":
+        from launch.local.launchers import LocalLauncher
+
+        return min(per_generation, LocalLauncher.members_at_once(cfg.launcher))
     parallel = cfg.launcher.get("array_parallelism")
-    if name == "local" and parallel is None:
-        parallel = os.cpu_count() or 1
     return min(per_generation, int(parallel or per_generation))
+
+
+def _local_gpus_per_member(cfg: SearchConfig) -> int:
+    """GPUs a local member holds: its slot's (gpus_per_node), or with null every GPU this process sees."""
+    from launch.local.launchers import LocalLauncher, parent_gpu_indices
+
+    per = cfg.launcher.get("gpus_per_node")
+    if per is None:
+        return len(parent_gpu_indices())
+    return int(per) if LocalLauncher.gpu_slots(cfg.launcher) else 0
+
+
+def _local_gpu_view(cfg: SearchConfig) -> str:
+    """What each local member's CUDA_VISIBLE_DEVICES will be, and a warning where no member could get a GPU."""
+    from launch.local.launchers import LocalLauncher
+
+    per = cfg.launcher.get("gpus_per_node")
+    if per is None:
+        return "this process's GPUs (launcher.gpus_per_node=null: CUDA_VISIBLE_DEVICES passed through, shared)"
+    if int(per) == 0:
+        return "no GPU (launcher.gpus_per_node=0)"
+    slots = LocalLauncher.gpu_slots(cfg.launcher)
+    if not slots:
+        return (f"WARNING: no GPU: launcher.gpus_per_node={per} asks for a GPU per member and this process sees none "
+                "(a real run refuses to start; set launcher.visible_gpus or run on the GPU machine)")
+    listed = ", ".join(",".join(str(g) for g in slot) for slot in slots)
+    return (f"their own GPU slot, CUDA_VISIBLE_DEVICES one of [{listed}] ({len(slots)} slot(s) of "
+            f"launcher.gpus_per_node={per}; a member waits for a free one)")
 
 
 def _arrays(cfg: SearchConfig) -> tuple[list[int], str]:
@@ -252,7 +281,7 @@ def build_plan(
     ]
     concurrent = _concurrent(cfg)
     if launcher == "slurm":
-        gpus = int(cfg.launcher.get("gpus_per_node") or 0)
+        gpus = held = int(cfg.launcher.get("gpus_per_node") or 0)
         cpus = int(cfg.launcher.get("cpus_per_task") or 1)
         mem = cfg.launcher.get("mem_gb")
         sizes, source = _arrays(cfg)
@@ -274,19 +303,19 @@ def build_plan(
         ]
         mem_text = f"{mem:g} GB" if mem is not None else "the cluster's default (launcher.mem_gb=null)"
     else:
-        local_gpus = cfg.launcher.get("gpus_per_node")
-        gpus = int(cfg.resources.get("gpus") or 0)
+        gpus = held = int(cfg.resources.get("gpus") or 0)
         cpus = threads
         mem = cfg.resources.get("mem_gb")
         mem_text = f"{mem:g} GB (resources.mem_gb; not enforced on this machine)" if mem is not None else "not limited"
         how = "one after another in this process" if launcher == "debug" else f"{concurrent} processes at once"
-        gpu_view = ("this process's GPUs (CUDA_VISIBLE_DEVICES passed through)" if local_gpus is None
-                    else f"launcher.gpus_per_node={local_gpus}")
-        lines += ["", f"launcher={launcher}: each member on this machine, {how}; members see {gpu_view}"]
+        view = "this process's GPUs"
+        if launcher == "local":
+            view, held = _local_gpu_view(cfg), _local_gpus_per_member(cfg)
+        lines += ["", f"launcher={launcher}: each member on this machine, {how}; members see {view}"]
     lines += [
         "",
         f"per member: {gpus} GPU, {cpus} CPU (train.num_threads={threads}), memory {mem_text}",
-        f"at once: {concurrent * gpus} GPUs, {concurrent * cpus} CPUs"
+        f"at once: {concurrent * held} GPUs, {concurrent * cpus} CPUs"
         + (f", {concurrent * mem:g} GB memory" if mem is not None else ""),
     ]
     member_h = member_min / 60.0

@@ -80,7 +80,7 @@ def test_every_preset_states_its_time_per_member_and_says_how_it_was_reached(exp
 def test_the_embedded_default_asks_for_no_gpu_and_derives_its_timeout():
     raw = compose([])
     assert raw["resources"]["gpus"] == 0 and raw["launcher"]["name"] == "local"
-    assert raw["launcher"]["gpus_per_node"] is None  # local: members see this process's GPUs
+    assert raw["launcher"]["gpus_per_node"] == 0  # local too: resources.gpus per member, here none
     assert raw["inner"]["timeout_s"] == 2 * 60 * 5.0
     assert compose(["launcher=slurm"])["launcher"]["gpus_per_node"] == 0
 

@@ -69,7 +69,7 @@ def test_dry_run_splits_at_the_configured_array_size_and_shows_local_gpu_pass_th
     assert main([f"run_dir={tmp_path / 'b'}", *synth, "launcher.array_parallelism=7"]) == 0
     out = capsys.readouterr().out
     assert "launcher=local: each member on this machine, 7 processes at once" in out
-    assert "CUDA_VISIBLE_DEVICES passed through" in out and "#SBATCH" not in out
+    assert "members see no GPU (launcher.gpus_per_node=0)" in out and "#SBATCH" not in out
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
