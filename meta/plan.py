@@ -15,12 +15,15 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from meta.config import SearchConfig
+from meta.config import SearchConfig, member_time_text
 from meta.early_stop import stop_capacity
 from results.store.run_store import RunStore
 
 #: SLURM's default MaxArraySize; a dry run asks no scheduler, so without launcher.max_array_size it assumes this
 DEFAULT_MAX_ARRAY_SIZE = 1001
+#: a member's running-time limit should leave at least this multiple of its expected time (seed spread, slower
+#: nodes, a requeue's reload); the plan warns below it
+TIMEOUT_HEADROOM = 1.3
 #: bytes per parameter of a saved checkpoint: the weights plus Adam's two moments, all in the parameter dtype
 #: (torch's Adam keeps its state in the parameter's dtype; PEFT keeps LoRA adapters in float32)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -276,8 +279,10 @@ def build_plan(
         f"search: population {cfg.population} x generations {first}..{cfg.generations - 1} ({generations} to run), "
         f"es={cfg.es.get('name')}, retries={cfg.retries}; task={raw['task'].get('name')} "
         f"model={raw['model'].get('name')} train.steps={raw['train'].get('steps')}",
-        f"time per member: {member_min:g} min expected (resources.member_time_min); inner.timeout_s="
-        f"{cfg.inner_timeout_s:g} s ({cfg.inner_timeout_s / 3600:.2f} h) of running time, summed over requeues",
+        f"time per member: {member_min:g} min expected ({member_time_text(cfg.resources, raw['train'].get('steps'))}); "
+        f"inner.timeout_s={cfg.inner_timeout_s:g} s ({cfg.inner_timeout_s / 3600:.2f} h) of running time, summed over "
+        "requeues",
+        *timeout_headroom_lines(cfg.inner_timeout_s, member_min * cfg.seeds_per_member),
     ]
     concurrent = _concurrent(cfg)
     if launcher == "slurm":
@@ -344,6 +349,17 @@ def build_plan(
     lines += ["", *reporting_lines(cfg, overrides)]
     lines += ["", *_disk_lines(raw, cfg, concurrent, generations)]
     return "\n".join(lines)
+
+
+def timeout_headroom_lines(timeout_s: float, expected_min: float) -> list[str]:
+    """A warning when a member's running-time limit leaves less than TIMEOUT_HEADROOM x its expected time: a
+    member slower than expected (seed spread, a slower node, a requeue's reload) would be killed near its end."""
+    expected_s = expected_min * 60.0
+    if expected_s <= 0 or timeout_s >= TIMEOUT_HEADROOM * expected_s:
+        return []
+    return [f"WARNING: inner.timeout_s={timeout_s:g} s is {timeout_s / expected_s:.2f}x the expected {expected_s:g} s "
+            f"per member, less than {TIMEOUT_HEADROOM:g}x: members slower than expected are killed near the end. "
+            f"Raise resources.timeout_factor (or inner.timeout_s) to at least {TIMEOUT_HEADROOM:g}"]
 
 
 def early_stop_lines(cfg: SearchConfig, generations: int, member_h: float, gpus: int) -> list[str]:
