@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, MutableMapping, Sequence
 
 from meta.early_stop import EarlyStopConfig, EarlyStopError, check_early_stop
+from results.store.records import gpus_entry
 from results.store.config_nodes import plain, refuse_unknown_keys
 
 if TYPE_CHECKING:
@@ -91,8 +92,9 @@ class SearchConfig:
     early_stop_step: int | None = None
 
     def member_inner(self) -> dict[str, Any]:
-        """The ``inner`` dict of every member spec: resolved task/model/divergence/train plus options."""
-        return {**self.inner_config, "options": dict(self.inner_options)}
+        """The ``inner`` dict of every member spec: resolved task/model/divergence/train plus options (and the GPUs
+        its resources ask for, which the member insists on)."""
+        return {**self.inner_config, "options": dict(self.inner_options), **gpus_entry(self.resources)}
 
     @property
     def param_transform(self) -> str:
