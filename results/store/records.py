@@ -26,17 +26,23 @@ MEMBER_SEEDS_KEY = "member_seeds"
 #: the inner-config key of a member whose resources ask for GPUs (resources.gpus >= 1): how many. The member refuses
 #: to train without a usable GPU (inner_loop/device.py); absent: a CPU member, or one that takes what it finds
 MEMBER_GPUS_KEY = "gpus"
+#: the inner-config key of a GPU member's share of its GPU's memory (resources.gpu_memory_fraction; absent: all of it,
+#: one member per GPU): its generation cache and the full form's chunks are sized from that budget, never from what
+#: the device has free (members packed on one GPU would each take the others' memory)
+MEMBER_GPU_MEMORY_KEY = "gpu_memory_fraction"
 #: outcomes the orchestrator decided on purpose: final at once, never retried
 DECIDED_STATUSES = ("cancelled", "late", "pruned", STOPPED_EARLY)
 
 
 def gpus_entry(resources: Mapping[str, Any]) -> dict[str, int]:
-    """What a member's inner config carries of its resources.gpus: nothing for a CPU member (its config stays as it
-    was), else {MEMBER_GPUS_KEY: n}, which makes the member refuse to train without a usable GPU."""
+    """What a member's inner config carries of its resources: nothing for a CPU member (its config stays as it was),
+    else {MEMBER_GPUS_KEY: n} (the member refuses to train without a usable GPU) and, where set, its share of the
+    GPU's memory (MEMBER_GPU_MEMORY_KEY)."""
     gpus = resources.get("gpus")
-    if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus >= 1:
-        return {MEMBER_GPUS_KEY: gpus}
-    return {}
+    if not (isinstance(gpus, int) and not isinstance(gpus, bool) and gpus >= 1):
+        return {}
+    fraction = resources.get(MEMBER_GPU_MEMORY_KEY)
+    return {MEMBER_GPUS_KEY: gpus, **({MEMBER_GPU_MEMORY_KEY: fraction} if fraction is not None else {})}
 
 
 @dataclass
