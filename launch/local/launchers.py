@@ -58,7 +58,10 @@ class LocalLauncher(SubmititLauncher):
 
     @property
     def max_in_flight(self) -> int | None:
-        return self.members_at_once(self.options)
+        """Asked every poll round: the slots cut once at start-up, not this process's GPUs looked up again."""
+        if self._book is None:
+            return self.members_at_once(self.options)
+        return _slot_cap(self.options.get("array_parallelism"), len(self._book.slots))
 
     @classmethod
     def members_at_once(cls, options: Mapping[str, Any]) -> int:
@@ -67,8 +70,7 @@ class LocalLauncher(SubmititLauncher):
         more than there are GPU slots (null: one member per slot)."""
         parallel = options.get("array_parallelism")
         if cls._slot_mode(options):
-            slots = len(cls.gpu_slots(options))
-            return slots if parallel is None else min(int(parallel), slots)
+            return _slot_cap(parallel, len(cls.gpu_slots(options)))
         return int(parallel) if parallel is not None else (os.cpu_count() or 1)
 
     @staticmethod
@@ -196,6 +198,11 @@ class LocalLauncher(SubmititLauncher):
     def cancel(self, refs: Sequence[JobRef]) -> None:
         """Ours or an earlier orchestrator's: stopped through the controller's pid (launch/local_controllers)."""
         stop_controllers([ref.job_id for ref in refs])
+
+
+def _slot_cap(parallel: int | None, slots: int) -> int:
+    """Members at once with GPU slots: one per slot, and at most launcher.array_parallelism when it is set."""
+    return slots if parallel is None else min(int(parallel), slots)
 
 
 def parent_gpu_indices() -> tuple[int, ...]:
