@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from results.store.config_nodes import plain, refuse_unknown_keys, typed_node
+from results.store.records import MEMBER_GPU_MEMORY_KEY
 from inner_loop.numerics import NUMERICS_MODES, PINNED_THREADS
 
 T = TypeVar("T")
@@ -297,6 +298,14 @@ def _extra_evaluations(value: Any) -> list[ExtraEvaluation]:
     return out
 
 
+def _fraction(value: Any) -> float:
+    """resources.gpu_memory_fraction as the member gets it: in (0, 1]; ValueError naming the key otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ValueError(f"resources.{MEMBER_GPU_MEMORY_KEY}={value!r} must be in (0, 1]: the member's share of its "
+                         "GPU's memory (1: one member per GPU; 0.5: two members packed on one)")
+    return float(value)
+
+
 @dataclass
 class InnerConfig:
     """One training run: task mapping (validated by the task package), model, divergence, train, seed."""
@@ -310,6 +319,9 @@ class InnerConfig:
     eval_split: str = "validation"
     #: scored after the fitness, on the same trained model (a single run's paper numbers; ES members have none)
     extra_evaluations: list[ExtraEvaluation] = field(default_factory=list)
+    #: the member's share of its GPU's memory (resources.gpu_memory_fraction): its generation cache and full-form
+    #: chunks are sized from it (inner_loop/generation/memory.py), never from the device's free memory
+    gpu_memory_fraction: float = 1.0
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], seed: int | None = None) -> "InnerConfig":
@@ -330,6 +342,7 @@ class InnerConfig:
             options=dict(data.get("options") or {}),
             eval_split=str(data.get("eval_split") or "validation"),
             extra_evaluations=_extra_evaluations(data.get("extra_evaluations")),
+            gpu_memory_fraction=_fraction(data.get(MEMBER_GPU_MEMORY_KEY, 1.0)),
         )
         _one_of("eval_split", cfg.eval_split, EVAL_SPLITS)
         if cfg.eval_split != "validation" and cfg.train.eval_every is not None:

@@ -22,6 +22,7 @@ import torch
 import inner_loop.numerics as numerics
 import inner_loop.notice as notice
 from inner_loop.checkpoints import last_checkpoint, settle_after_final, settle_checkpoints
+from inner_loop.device import require_device
 from inner_loop.evaluate import EvalResult, evaluate, evaluation_entry
 from inner_loop.final_model import save_final_model
 from inner_loop.intermediate_eval import IntermediateEvalCallback
@@ -119,10 +120,12 @@ def train_member(spec: MemberSpec | Mapping[str, Any], save_final: bool = False)
         return existing
     started = time.monotonic()
     trainer: MirrorGRPOTrainer | None = None
+    device: dict[str, Any] = {}
     stage = "config and data"
     try:
         run = prepare(spec.inner, spec.seed, spec.params)
         stage = "setup"
+        device = require_device(spec.inner)  # a GPU member without a usable GPU ends here, before the model loads
         torch.set_num_threads(run.cfg.train.num_threads)
         numerics_used = _numerics_for(run)
         work_dir.mkdir(parents=True, exist_ok=True)
@@ -155,8 +158,8 @@ def train_member(spec: MemberSpec | Mapping[str, Any], save_final: bool = False)
             stage = "saving the final model"
             save_final_model(trainer, work_dir)
     except Exception as exc:  # a failure is a member outcome with a record, not an orchestrator crash
-        return record_failure(work_dir, stage, exc, trainer, started)
-    record = record_success(work_dir, run.cfg, trainer, evaluation, started, evaluations)
+        return record_failure(work_dir, stage, exc, trainer, started, device)
+    record = record_success(work_dir, run.cfg, trainer, evaluation, started, evaluations, device)
     settle_checkpoints(work_dir, run.cfg.train.keep_checkpoints)
     logger.info("member %s: fitness %.4f after %d steps in %.1fs, peak disk %s bytes", work_dir, record.fitness,
                 record.steps_done, record.wall_time_s, record.disk_peak_bytes)

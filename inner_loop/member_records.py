@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 from inner_loop.checkpoints import DiskUsageCallback, dir_bytes
 from inner_loop.config import InnerConfig
+from inner_loop.device import with_peak_memory
 from inner_loop.diagnostics import diagnostics_from_history
 from inner_loop.evaluate import EvalResult
 from inner_loop.loss.regularizers import warn_if_inert
@@ -36,7 +37,7 @@ def peak_disk(trainer: MirrorGRPOTrainer, work_dir: Path) -> int | None:
 
 
 def record_failure(work_dir: Path, stage: str, exc: Exception, trainer: MirrorGRPOTrainer | None,
-                   started: float) -> ResultRecord:
+                   started: float, device: Mapping[str, Any] | None = None) -> ResultRecord:
     """Write and return the `failed` record of a member that raised in ``stage``, with what it got done (steps,
     diagnostics, disk) where a trainer exists. Called inside the ``except`` block (it logs the traceback)."""
     if isinstance(exc, NonFiniteLossError):  # an outcome of the mirror map, not a bug: no traceback
@@ -52,12 +53,14 @@ def record_failure(work_dir: Path, stage: str, exc: Exception, trainer: MirrorGR
         diagnostics=diagnostics_from_history(trainer.state.log_history) if trainer is not None else {},
         disk_peak_bytes=peak_disk(trainer, work_dir) if trainer is not None else None,
         generation=trainer.generation_summary() if trainer is not None else {},
+        device=with_peak_memory(device) if device else {},
     )
     return write_final_result(work_dir, record)
 
 
 def record_success(work_dir: Path, cfg: InnerConfig, trainer: MirrorGRPOTrainer, evaluation: EvalResult,
-                   started: float, evaluations: Mapping[str, Mapping[str, Any]] | None = None) -> ResultRecord:
+                   started: float, evaluations: Mapping[str, Mapping[str, Any]] | None = None,
+                   device: Mapping[str, Any] | None = None) -> ResultRecord:
     """Write and return the `ok` record of a trained and evaluated member: fitness is its validation pass@1, the
     diagnostics its training log's means plus wall time, steps and every pass@k, ``evaluations`` its extra
     evaluations by name; warns when the regularizer's gradient share is below ``divergence.grad_share_floor`` (a
@@ -79,5 +82,6 @@ def record_success(work_dir: Path, cfg: InnerConfig, trainer: MirrorGRPOTrainer,
         disk_peak_bytes=peak_disk(trainer, work_dir),
         evaluations={name: dict(entry) for name, entry in (evaluations or {}).items()},
         generation=trainer.generation_summary(),
+        device=with_peak_memory(device) if device else {},
     )
     return write_final_result(work_dir, record)

@@ -61,6 +61,11 @@ def _cpuinfo(key: str) -> str:
     return ""
 
 
+def cpu_name() -> str:
+    """This CPU's model name (/proc/cpuinfo), read without torch; 'unknown' where the file does not say."""
+    return _cpuinfo("model name") or "unknown"
+
+
 def cpu_flags() -> set[str]:
     """This CPU's feature flags (/proc/cpuinfo), read without torch; empty where the file is not there."""
     return set(_cpuinfo("flags").split())
@@ -136,7 +141,7 @@ def in_force() -> NumericsInForce:
     pinned = (capability.lower() == PINNED_ENV["ATEN_CPU_CAPABILITY"] and branch == PINNED_ENV["MKL_CBWR"]
               and isa == PINNED_ENV["ONEDNN_MAX_CPU_ISA"])
     return NumericsInForce(capability, branch, threads, isa, _cpuinfo("vendor_id") or "unknown",
-                           _cpuinfo("model name") or "unknown", pinned)
+                           cpu_name(), pinned)
 
 
 def pinned_in_force() -> bool:

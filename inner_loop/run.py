@@ -28,7 +28,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from inner_loop.member_entry import keep_vllm_out_unless_used, train_member
-from results.store.records import MemberSpec
+from results.store.records import MemberSpec, gpus_entry
 
 logger = logging.getLogger("inner_loop.run")
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
@@ -41,6 +41,7 @@ def spec_from_config(cfg: DictConfig) -> MemberSpec:
     inner = {k: resolved[k] for k in ("task", "model", "divergence", "train")}
     inner["options"] = resolved.get("options") or {}
     inner["eval_split"] = resolved.get("eval_split") or "validation"
+    inner.update(gpus_entry(resolved.get("resources") or {}))  # a preset's GPU run refuses to fall back to the CPU
     return MemberSpec(run_id="single", generation=0, index=0, seed=int(resolved.get("seed", 0)), params=[],
                       work_dir=str(resolved["work_dir"]), inner=inner)
 

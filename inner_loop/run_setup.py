@@ -15,6 +15,8 @@ from inner_loop.checkpoints import CHECKPOINT_DIR, DiskUsageCallback, SaveOnNoti
 from inner_loop.progress_log import ProgressFileCallback, tensorboard_callback
 from inner_loop.config import ExtraEvaluation, InnerConfig
 from inner_loop.generation.continuous_batching import member_continuous_batching_config
+from inner_loop.generation.memory import member_gpu_budget_bytes
+from inner_loop.generation.vllm_colocate import member_vllm_max_model_length
 from inner_loop.grpo.args import build_grpo_config, check_grpo_config
 from inner_loop.models.loading import load_policy, resolve_model_dir
 from inner_loop.loss.policy_terms import PolicyParams
@@ -110,6 +112,7 @@ def validate_inner(inner: Mapping[str, Any]) -> None:
 
 def build_trainer(run: PreparedRun, work_dir: Path, seed: int) -> MirrorGRPOTrainer:
     """The member's trainer: its GRPOConfig, the (warmed) policy, the formatted train prompts and the reward."""
+    import torch
     from datasets import Dataset
 
     cfg, tcfg = run.cfg, run.cfg.train
@@ -123,9 +126,14 @@ def build_trainer(run: PreparedRun, work_dir: Path, seed: int) -> MirrorGRPOTrai
     prompts = [format_prompt(tokenizer, p.prompt, cfg.model.chat_template, cfg.model.chat_template_kwargs)
                for p in run.train]
     dataset = Dataset.from_dict({"prompt": prompts, "problem_index": list(range(len(run.train)))})
+    gpu_budget = None
+    if args.device.type == "cuda":  # the member's share of its GPU, never what the device has free
+        gpu_budget = member_gpu_budget_bytes(torch.cuda.get_device_properties(args.device).total_memory,
+                                             cfg.gpu_memory_fraction)
     if args.use_transformers_continuous_batching:  # a paged cache sized from this member's memory, not the node's
         args.transformers_continuous_batching_config = member_continuous_batching_config(args, model, tokenizer,
-                                                                                         prompts)
+                                                                                         prompts, gpu_budget)
+    args.vllm_max_model_length = member_vllm_max_model_length(args, tokenizer, prompts)  # not the model's context
     task, problems = run.task, run.train
 
     def reward(prompts: list[str], completions: list[str], problem_index: list[int], **_: Any) -> list[float]:
@@ -142,6 +150,7 @@ def build_trainer(run: PreparedRun, work_dir: Path, seed: int) -> MirrorGRPOTrai
         policy_term=tcfg.policy_loss,
         policy_params=PolicyParams(tcfg.epsilon_low, tcfg.epsilon_high, dict(tcfg.policy_extra)),
         full_form_rows=tcfg.full_form_rows,
+        gpu_budget_bytes=gpu_budget,
         callbacks=[DiskUsageCallback(str(work_dir)), ProgressFileCallback(work_dir),
                    *([tensorboard_callback(work_dir)] if "tensorboard" in tcfg.report_to else []),
                    SaveOnNoticeCallback()],  # last: the others see its save before it stops the run

@@ -145,7 +145,7 @@ class MemberArrayRunner:
             pause = self.launcher.poll_interval_s
             if self.in_flight and len(self.ended_at) == len(self.in_flight):
                 pause = max(pause, min(0.5, self.policy.result_scan_interval_s))  # all in their result grace
-            if self.in_flight and pause > 0:
+            if (self.in_flight or self.queue) and pause > 0:  # members queued for a slot wait here too
                 time.sleep(pause)
         return dict(sorted(self.final.items()))
 
@@ -439,13 +439,16 @@ class MemberArrayRunner:
                 done += len(refs)
                 self.save_jobs(self.jobs)
         except SubmissionError as exc:
-            self.queue = batch[done:]
+            self.queue = batch[done:] + self.queue
             raise AbortRun(
                 f"{exc}. The {done} member(s) of this generation submitted before it are recorded in jobs.json and "
                 f"stay queued; fix the cause and resume the run (python -m meta.run run_dir=<this run>): it "
                 f"re-attaches to them and submits the remaining {len(batch) - done}"
             ) from exc
-        logger.info("submitted %d member(s) to %s", done, self.folder)
+        if done < len(batch):  # the launcher had room for fewer (GPU slots still held): the rest wait their turn
+            self.queue = batch[done:] + self.queue
+        if done:
+            logger.info("submitted %d member(s) to %s", done, self.folder)
 
 
 def _fresh_read(work_dir: Path) -> ResultRecord | None:

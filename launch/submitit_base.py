@@ -29,8 +29,8 @@ def check_gpus_per_member(key: str, gpus: int) -> None:
         raise ValueError(
             f"{key}={gpus}: a member trains on ONE GPU (with more visible, HF Trainer falls back to DataParallel, "
             "which TRL's GRPO refuses, and every member would crash; multi-GPU DDP members are not supported). "
-            f"Set {key}=1 (conf/launcher/slurm.yaml takes launcher.gpus_per_node from resources.gpus) and run "
-            "more members at once instead (one member per GPU); LoRA fits a 1.7B model on one GPU"
+            f"Set {key}=1 (conf/launcher/local.yaml and slurm.yaml take launcher.gpus_per_node from resources.gpus) "
+            "and run more members at once instead (one member per GPU); LoRA fits a 1.7B model on one GPU"
         )
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from meta.config import CONF_DIR, ConfigError, derive_inner_timeout
+from meta.config import CONF_DIR, ConfigError, derive_inner_timeout, derive_member_time
 
 
 def compose(overrides: Sequence[str], config_name: str = "config") -> dict[str, Any]:
@@ -39,6 +39,7 @@ def compose_with_choices(overrides: Sequence[str], config_name: str = "config") 
             f"{message}\n(check the key against conf/{config_name}.yaml; a new key needs a leading '+', "
             "a config group is chosen with group=name)"
         ) from None
+    derive_member_time(raw)
     derive_inner_timeout(raw)
     return raw, choices
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, MutableMapping, Sequence
 
 from meta.early_stop import EarlyStopConfig, EarlyStopError, check_early_stop
+from results.store.records import gpus_entry
 from results.store.config_nodes import plain, refuse_unknown_keys
 
 if TYPE_CHECKING:
@@ -91,8 +92,9 @@ class SearchConfig:
     early_stop_step: int | None = None
 
     def member_inner(self) -> dict[str, Any]:
-        """The ``inner`` dict of every member spec: resolved task/model/divergence/train plus options."""
-        return {**self.inner_config, "options": dict(self.inner_options)}
+        """The ``inner`` dict of every member spec: resolved task/model/divergence/train plus options (and the GPUs
+        its resources ask for, which the member insists on)."""
+        return {**self.inner_config, "options": dict(self.inner_options), **gpus_entry(self.resources)}
 
     @property
     def param_transform(self) -> str:
@@ -166,6 +168,34 @@ def _bool(raw: Mapping[str, Any], key: str) -> bool:
 
 
 # ------------------------------------------------------------------ time budget and resources
+def derive_member_time(raw: MutableMapping[str, Any]) -> None:
+    """Fill ``resources.member_time_min: null`` from a measured step time, in place: train.steps x
+    resources.step_time_s + resources.overhead_min (model load, checkpoints, validations), rounded up. So the
+    time budget of a preset follows its measurement, and a command-line ``train.steps`` moves it along."""
+    resources = raw.get("resources")
+    if not isinstance(resources, MutableMapping) or resources.get("member_time_min") is not None:
+        return
+    if resources.get("step_time_s") is None:
+        raise ConfigError("resources.member_time_min is null and resources.step_time_s is not set: give the time of "
+                          "one member in minutes (resources.member_time_min=360) or a measured step time "
+                          "(resources.step_time_s=15.0, with resources.step_time_source saying where it was measured)")
+    step_s = _float(raw, "resources.step_time_s", 1e-6)
+    overhead = _float(raw, "resources.overhead_min", 0.0) if resources.get("overhead_min") is not None else 0.0
+    steps = _int(raw, "train.steps", 0)
+    resources["member_time_min"] = float(math.ceil(steps * step_s / 60.0 + overhead))
+
+
+def member_time_text(resources: Mapping[str, Any], steps: Any) -> str:
+    """Where the expected time per member comes from, for the plans: the preset's minutes, or its measured step
+    time and the source of that figure (resources.step_time_source)."""
+    step_s = resources.get("step_time_s")
+    if step_s is None:
+        return "resources.member_time_min"
+    source = resources.get("step_time_source") or "no source given (resources.step_time_source)"
+    return (f"resources.step_time_s={step_s:g} s/step x train.steps={steps} + resources.overhead_min="
+            f"{resources.get('overhead_min') or 0:g} min; step time measured: {source}")
+
+
 def derive_inner_timeout(raw: MutableMapping[str, Any]) -> None:
     """Fill ``inner.timeout_s: null`` from the preset's time per member (member_time_min x 60 x
     timeout_factor), in place, so that the stored config says the number the members ran under."""
@@ -386,5 +416,18 @@ def check_member_launch(raw: Mapping[str, Any], launcher: Mapping[str, Any], inn
             check_gpus_per_member("resources.gpus", gpus)
         if issubclass(launcher_class(launcher), LocalLauncher):
             LocalLauncher.check_training_member_gpus(launcher)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def check_members_can_start(launcher: Mapping[str, Any]) -> None:
+    """Before a real run submits (meta.run, meta.tune, meta.pilot; not their dry runs, which plan a GPU machine from
+    anywhere and warn): local members that ask for a GPU need a GPU slot on this machine, else none could start."""
+    from launch.factory import launcher_class
+    from launch.local.launchers import LocalLauncher
+
+    try:
+        if issubclass(launcher_class(launcher), LocalLauncher):
+            LocalLauncher.check_gpu_slots(launcher)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None

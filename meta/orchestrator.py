@@ -30,7 +30,7 @@ from meta.generation_close import QuorumClock
 from meta.live_watch import LiveWatch, all_same_warning, format_duration
 from meta.searchers import Searcher, build_searcher
 from meta.seeding import member_seed
-from results.store.records import MEMBER_SEEDS_KEY, MemberSpec, ResultRecord, read_result
+from results.store.records import MEMBER_SEEDS_KEY, MemberSpec, ResultRecord, device_text, read_result
 from results.store.run_store import RunStore
 
 logger = logging.getLogger(__name__)
@@ -354,6 +354,9 @@ class Orchestrator:
                 "seconds_saved": saved.get(index),
                 # how it generated (inner_loop/generation/backends.py): a search mixing backends mixes noise levels
                 "generation_backend": record.generation.get("backend"),
+                # where it trained (inner_loop/device.py): a GPU's name and memory, or the CPU's; and its peak GPU use
+                "device": device_text(record.device),
+                "peak_gpu_memory_bytes": record.device.get("peak_memory_bytes"),
             }
             row.update({f"diag_{k}": v for k, v in record.diagnostics.items()})
             rows.append(row)

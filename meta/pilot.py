@@ -38,6 +38,7 @@ from meta.config import (
     INNER_NODES,
     SEARCH_KEYS,
     ConfigError,
+    check_members_can_start,
     SearchConfig,
     _get_dotted,
     _int,
@@ -469,6 +470,7 @@ def run(argv: Sequence[str]) -> int:
         sys.stdout.write(build_dry_run_plan(prepared) + "\n")
         sys.stdout.flush()
         return 0
+    check_members_can_start(cfg.launcher)
     prepared.manifest.update(check_job_namespace(prepared.raw, prepared.manifest))
 
     def body() -> int:

@@ -10,18 +10,20 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shlex
 import sys
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from meta.config import SearchConfig
+from meta.config import SearchConfig, member_time_text
 from meta.early_stop import stop_capacity
 from results.store.run_store import RunStore
 
 #: SLURM's default MaxArraySize; a dry run asks no scheduler, so without launcher.max_array_size it assumes this
 DEFAULT_MAX_ARRAY_SIZE = 1001
+#: a member's running-time limit should leave at least this multiple of its expected time (seed spread, slower
+#: nodes, a requeue's reload); the plan warns below it
+TIMEOUT_HEADROOM = 1.3
 #: bytes per parameter of a saved checkpoint: the weights plus Adam's two moments, all in the parameter dtype
 #: (torch's Adam keeps its state in the parameter's dtype; PEFT keeps LoRA adapters in float32)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -182,10 +184,40 @@ def _concurrent(cfg: SearchConfig) -> int:
     per_generation = members_per_generation(cfg)
     if name == "debug":
         return 1
+    if name == "local":
+        from launch.local.launchers import LocalLauncher
+
+        return min(per_generation, LocalLauncher.members_at_once(cfg.launcher))
     parallel = cfg.launcher.get("array_parallelism")
-    if name == "local" and parallel is None:
-        parallel = os.cpu_count() or 1
     return min(per_generation, int(parallel or per_generation))
+
+
+def _local_gpus_per_member(cfg: SearchConfig) -> int:
+    """GPUs a local member holds: its slot's (gpus_per_node), or with null every GPU this process sees."""
+    from launch.local.launchers import LocalLauncher, parent_gpu_indices
+
+    per = cfg.launcher.get("gpus_per_node")
+    if per is None:
+        return len(parent_gpu_indices())
+    return int(per) if LocalLauncher.gpu_slots(cfg.launcher) else 0
+
+
+def _local_gpu_view(cfg: SearchConfig) -> str:
+    """What each local member's CUDA_VISIBLE_DEVICES will be, and a warning where no member could get a GPU."""
+    from launch.local.launchers import LocalLauncher
+
+    per = cfg.launcher.get("gpus_per_node")
+    if per is None:
+        return "this process's GPUs (launcher.gpus_per_node=null: CUDA_VISIBLE_DEVICES passed through, shared)"
+    if int(per) == 0:
+        return "no GPU (launcher.gpus_per_node=0)"
+    slots = LocalLauncher.gpu_slots(cfg.launcher)
+    if not slots:
+        return (f"WARNING: no GPU: launcher.gpus_per_node={per} asks for a GPU per member and this process sees none "
+                "(a real run refuses to start; set launcher.visible_gpus or run on the GPU machine)")
+    listed = ", ".join(",".join(str(g) for g in slot) for slot in slots)
+    return (f"their own GPU slot, CUDA_VISIBLE_DEVICES one of [{listed}] ({len(slots)} slot(s) of "
+            f"launcher.gpus_per_node={per}; a member waits for a free one)")
 
 
 def _arrays(cfg: SearchConfig) -> tuple[list[int], str]:
@@ -247,12 +279,14 @@ def build_plan(
         f"search: population {cfg.population} x generations {first}..{cfg.generations - 1} ({generations} to run), "
         f"es={cfg.es.get('name')}, retries={cfg.retries}; task={raw['task'].get('name')} "
         f"model={raw['model'].get('name')} train.steps={raw['train'].get('steps')}",
-        f"time per member: {member_min:g} min expected (resources.member_time_min); inner.timeout_s="
-        f"{cfg.inner_timeout_s:g} s ({cfg.inner_timeout_s / 3600:.2f} h) of running time, summed over requeues",
+        f"time per member: {member_min:g} min expected ({member_time_text(cfg.resources, raw['train'].get('steps'))}); "
+        f"inner.timeout_s={cfg.inner_timeout_s:g} s ({cfg.inner_timeout_s / 3600:.2f} h) of running time, summed over "
+        "requeues",
+        *timeout_headroom_lines(cfg.inner_timeout_s, member_min * cfg.seeds_per_member),
     ]
     concurrent = _concurrent(cfg)
     if launcher == "slurm":
-        gpus = int(cfg.launcher.get("gpus_per_node") or 0)
+        gpus = held = int(cfg.launcher.get("gpus_per_node") or 0)
         cpus = int(cfg.launcher.get("cpus_per_task") or 1)
         mem = cfg.launcher.get("mem_gb")
         sizes, source = _arrays(cfg)
@@ -274,19 +308,19 @@ def build_plan(
         ]
         mem_text = f"{mem:g} GB" if mem is not None else "the cluster's default (launcher.mem_gb=null)"
     else:
-        local_gpus = cfg.launcher.get("gpus_per_node")
-        gpus = int(cfg.resources.get("gpus") or 0)
+        gpus = held = int(cfg.resources.get("gpus") or 0)
         cpus = threads
         mem = cfg.resources.get("mem_gb")
         mem_text = f"{mem:g} GB (resources.mem_gb; not enforced on this machine)" if mem is not None else "not limited"
         how = "one after another in this process" if launcher == "debug" else f"{concurrent} processes at once"
-        gpu_view = ("this process's GPUs (CUDA_VISIBLE_DEVICES passed through)" if local_gpus is None
-                    else f"launcher.gpus_per_node={local_gpus}")
-        lines += ["", f"launcher={launcher}: each member on this machine, {how}; members see {gpu_view}"]
+        view = "this process's GPUs"
+        if launcher == "local":
+            view, held = _local_gpu_view(cfg), _local_gpus_per_member(cfg)
+        lines += ["", f"launcher={launcher}: each member on this machine, {how}; members see {view}"]
     lines += [
         "",
         f"per member: {gpus} GPU, {cpus} CPU (train.num_threads={threads}), memory {mem_text}",
-        f"at once: {concurrent * gpus} GPUs, {concurrent * cpus} CPUs"
+        f"at once: {concurrent * held} GPUs, {concurrent * cpus} CPUs"
         + (f", {concurrent * mem:g} GB memory" if mem is not None else ""),
     ]
     member_h = member_min / 60.0
@@ -315,6 +349,17 @@ def build_plan(
     lines += ["", *reporting_lines(cfg, overrides)]
     lines += ["", *_disk_lines(raw, cfg, concurrent, generations)]
     return "\n".join(lines)
+
+
+def timeout_headroom_lines(timeout_s: float, expected_min: float) -> list[str]:
+    """A warning when a member's running-time limit leaves less than TIMEOUT_HEADROOM x its expected time: a
+    member slower than expected (seed spread, a slower node, a requeue's reload) would be killed near its end."""
+    expected_s = expected_min * 60.0
+    if expected_s <= 0 or timeout_s >= TIMEOUT_HEADROOM * expected_s:
+        return []
+    return [f"WARNING: inner.timeout_s={timeout_s:g} s is {timeout_s / expected_s:.2f}x the expected {expected_s:g} s "
+            f"per member, less than {TIMEOUT_HEADROOM:g}x: members slower than expected are killed near the end. "
+            f"Raise resources.timeout_factor (or inner.timeout_s) to at least {TIMEOUT_HEADROOM:g}"]
 
 
 def early_stop_lines(cfg: SearchConfig, generations: int, member_h: float, gpus: int) -> list[str]:

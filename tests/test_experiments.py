@@ -73,14 +73,16 @@ def test_gpu_presets_ask_slurm_for_one_gpu_their_threads_memory_and_time(experim
 def test_every_preset_states_its_time_per_member_and_says_how_it_was_reached(experiment):
     text = (CONF / "experiment" / f"{experiment}.yaml").read_text()
     preset = yaml.safe_load(text)
-    assert preset["resources"]["member_time_min"] > 0 and "member_time_min" in text
+    resources = preset["resources"]
+    assert (resources["member_time_min"] or 0) > 0 or (resources.get("step_time_s") or 0) > 0, resources
+    assert "member_time_min" in text or "step_time_source" in text
     assert "measured" in text or "estimate" in text  # the comment says where the figure comes from
 
 
 def test_the_embedded_default_asks_for_no_gpu_and_derives_its_timeout():
     raw = compose([])
     assert raw["resources"]["gpus"] == 0 and raw["launcher"]["name"] == "local"
-    assert raw["launcher"]["gpus_per_node"] is None  # local: members see this process's GPUs
+    assert raw["launcher"]["gpus_per_node"] == 0  # local too: resources.gpus per member, here none
     assert raw["inner"]["timeout_s"] == 2 * 60 * 5.0
     assert compose(["launcher=slurm"])["launcher"]["gpus_per_node"] == 0
 
@@ -103,10 +105,19 @@ def test_slurm_cpus_below_the_member_threads_are_rejected_naming_both_keys():
 
 
 def test_a_member_that_could_never_finish_within_its_requeues_is_rejected():
-    # 9 h of running time; 4 runs of 2 h cannot cover it, 5 runs can.
-    raw = compose(["experiment=mbpp_qwen3", "launcher=slurm", "launcher.time_min=120", "launcher.requeues=3"])
-    assert raw["inner"]["timeout_s"] == 9 * 3600
-    with pytest.raises(ConfigError, match=r"launcher.requeues=3 \+ 1\) x launcher.time_min=120.*inner.timeout_s"):
+    # 10.3 h of running time (412 min x 1.5); 5 runs of 2 h cannot cover it, 6 runs can.
+    raw = compose(["experiment=mbpp_qwen3", "launcher=slurm", "launcher.time_min=120", "launcher.requeues=4"])
+    assert raw["inner"]["timeout_s"] == 412 * 60 * 1.5
+    with pytest.raises(ConfigError, match=r"launcher.requeues=4 \+ 1\) x launcher.time_min=120.*inner.timeout_s"):
         build_search_config(_synthetic(raw))
-    ok = compose(["experiment=mbpp_qwen3", "launcher=slurm", "launcher.time_min=120", "launcher.requeues=4"])
-    assert build_search_config(_synthetic(ok)).inner_timeout_s == 9 * 3600
+    ok = compose(["experiment=mbpp_qwen3", "launcher=slurm", "launcher.time_min=120", "launcher.requeues=5"])
+    assert build_search_config(_synthetic(ok)).inner_timeout_s == 412 * 60 * 1.5
+
+
+def test_the_mbpp_preset_derives_its_time_from_the_measured_step_time():
+    raw = compose(["experiment=mbpp_qwen3"])
+    assert raw["resources"]["member_time_min"] == 412  # 1600 x 15.0 s = 400 min + 12 min
+    assert raw["inner"]["timeout_s"] >= 1.3 * 412 * 60
+    assert "H200" in raw["resources"]["step_time_source"]
+    assert compose(["experiment=mbpp_qwen3", "train.steps=800"])["resources"]["member_time_min"] == 212
+    assert compose(["experiment=mbpp_qwen3", "resources.member_time_min=500"])["resources"]["member_time_min"] == 500

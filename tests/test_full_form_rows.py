@@ -1,4 +1,5 @@
-"""The full form's row chunk is sized from free CUDA memory, so Qwen3's vocabulary is not one row at a time."""
+"""The full form's row chunk is sized from the member's own GPU budget (never the device's free memory, which counts
+the members packed beside it), so Qwen3's vocabulary is not one row at a time."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -14,31 +15,38 @@ QWEN3_VOCAB = 151_936
 GIB = 2**30
 
 
-def _fake_cuda(monkeypatch: pytest.MonkeyPatch, free: int, reserved: int = 0, allocated: int = 0) -> None:
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, 80 * GIB))
-    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: reserved)
+def _fake_cuda(monkeypatch: pytest.MonkeyPatch, total: int = 80 * GIB, allocated: int = 0) -> None:
+    """A GPU of ``total`` bytes on which this member holds ``allocated``; its free memory is never to be asked."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the device's free memory was asked: it counts the other members packed on it")
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", refuse)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: SimpleNamespace(total_memory=total))
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: allocated)
 
 
 def _trainer_stub(device: str, vocab: int, rows: int | None = None) -> SimpleNamespace:
     config = SimpleNamespace(get_text_config=lambda: SimpleNamespace(vocab_size=vocab))
     accelerator = SimpleNamespace(device=torch.device(device), unwrap_model=lambda model: model)
-    return SimpleNamespace(full_form_rows=rows, accelerator=accelerator, model=SimpleNamespace(config=config))
+    return SimpleNamespace(full_form_rows=rows, accelerator=accelerator, model=SimpleNamespace(config=config),
+                           gpu_budget_bytes=None)
 
 
 def test_cpu_keeps_the_fixed_budget(monkeypatch):
-    _fake_cuda(monkeypatch, free=40 * GIB)  # must not be consulted for the CPU
+    _fake_cuda(monkeypatch)  # must not be consulted for the CPU
     assert full_form_budget_bytes(torch.device("cpu")) == FULL_FORM_BUDGET_BYTES
     assert MirrorGRPOTrainer._full_form_rows(_trainer_stub("cpu", QWEN3_VOCAB), 256) == 1
 
 
-def test_cuda_budget_is_a_fraction_of_free_plus_cached_unused_memory(monkeypatch):
-    _fake_cuda(monkeypatch, free=30 * GIB, reserved=12 * GIB, allocated=2 * GIB)
-    assert full_form_budget_bytes(torch.device("cuda")) == int(FULL_FORM_CUDA_FREE_FRACTION * 40 * GIB)
+def test_cuda_budget_is_a_fraction_of_what_the_members_own_budget_leaves(monkeypatch):
+    _fake_cuda(monkeypatch, total=80 * GIB, allocated=2 * GIB)
+    assert full_form_budget_bytes(torch.device("cuda")) == int(FULL_FORM_CUDA_FREE_FRACTION * 78 * GIB)  # all of it
+    assert full_form_budget_bytes(torch.device("cuda"), 40 * GIB) == int(FULL_FORM_CUDA_FREE_FRACTION * 38 * GIB)
+    assert full_form_budget_bytes(torch.device("cuda"), GIB) == 0  # over its budget already: one row (below)
 
 
 def test_qwen3_vocabulary_gets_many_rows_per_chunk_on_a_roomy_gpu(monkeypatch):
-    _fake_cuda(monkeypatch, free=40 * GIB)
+    _fake_cuda(monkeypatch, total=40 * GIB)
     rows = MirrorGRPOTrainer._full_form_rows(_trainer_stub("cuda", QWEN3_VOCAB), 256)
     per_row = 2 * 256 * QWEN3_VOCAB * 4
     assert rows == int(FULL_FORM_CUDA_FREE_FRACTION * 40 * GIB) // per_row
@@ -46,8 +54,8 @@ def test_qwen3_vocabulary_gets_many_rows_per_chunk_on_a_roomy_gpu(monkeypatch):
     assert rows * per_row <= 40 * GIB * FULL_FORM_CUDA_FREE_FRACTION
 
 
-def test_a_nearly_full_gpu_still_gets_one_row_and_config_wins(monkeypatch):
-    _fake_cuda(monkeypatch, free=64 * 2**20)
+def test_a_nearly_full_budget_still_gets_one_row_and_config_wins(monkeypatch):
+    _fake_cuda(monkeypatch, total=80 * GIB, allocated=80 * GIB - 64 * 2**20)
     assert MirrorGRPOTrainer._full_form_rows(_trainer_stub("cuda", QWEN3_VOCAB), 256) == 1
     assert MirrorGRPOTrainer._full_form_rows(_trainer_stub("cuda", QWEN3_VOCAB, rows=3), 256) == 3
 

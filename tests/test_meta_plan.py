@@ -47,12 +47,16 @@ def test_mbpp_dry_run_at_population_180_prints_the_plan_and_touches_nothing(tmp_
     assert "#SBATCH --gpus-per-node=1" in out and "#SBATCH --cpus-per-task=4" in out
     # 180 members + the control member (the centre) per generation
     assert "#SBATCH --array=0-180%181" in out and "#SBATCH --mem=32768M" in out
-    assert "#SBATCH --job-name=mirror-es.RUNID.g0000.c000" in out and "#SBATCH --time=541" in out
+    assert "#SBATCH --job-name=mirror-es.RUNID.g0000.c000" in out and "#SBATCH --time=619" in out
     assert "assumed 1001 (SLURM's default; set launcher.max_array_size" in out
-    # (181 members x 15 generations + (3 + 1) x 3 selection runs + 7 rows x 3 reporting runs) x 6 h x 1 GPU
-    assert "= 2748" in out and "= 16,488.0 GPU-h" in out
-    # worst case: every run uses its 9 h budget twice (retries=1)
-    assert "retried retries=1 time(s) = 49,464.0 GPU-h" in out
+    # (181 members x 15 generations + (3 + 1) x 3 selection runs + 7 rows x 3 reporting runs) x 412 min x 1 GPU
+    assert "= 2748" in out and "= 18,869.6 GPU-h" in out
+    # the time per member follows from the measured step time, and says where that was measured
+    assert ("time per member: 412 min expected (resources.step_time_s=15 s/step x train.steps=1600 + "
+            "resources.overhead_min=12 min; step time measured: bench/bench_member_gpu.py, one H200") in out
+    assert "WARNING: inner.timeout_s" not in out  # 1.5x the expected time
+    # worst case: every run uses its 10.3 h budget twice (retries=1)
+    assert "retried retries=1 time(s) = 56,608.8 GPU-h" in out
     assert "69,730,304 trainable parameters" in out and "= 0.84 GB and 11 files per checkpoint" in out
     assert "16 written per member" in out
     assert "disk per generation: peak 151.45 GB (181 checkpoints" in out
@@ -69,7 +73,7 @@ def test_dry_run_splits_at_the_configured_array_size_and_shows_local_gpu_pass_th
     assert main([f"run_dir={tmp_path / 'b'}", *synth, "launcher.array_parallelism=7"]) == 0
     out = capsys.readouterr().out
     assert "launcher=local: each member on this machine, 7 processes at once" in out
-    assert "CUDA_VISIBLE_DEVICES passed through" in out and "#SBATCH" not in out
+    assert "members see no GPU (launcher.gpus_per_node=0)" in out and "#SBATCH" not in out
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
@@ -127,3 +131,17 @@ def test_disk_plan_counts_the_final_save_and_the_trainers_rotation(steps, save_e
     raw["train"].update(steps=steps, save_every=save_every, save_total_limit=limit, keep_checkpoints="none")
     disk = disk_plan(raw)
     assert disk is not None and (disk.written, disk.steady, disk.kept) == (written, steady, 0)
+
+
+def test_the_plan_warns_when_the_timeout_leaves_less_than_1_3x_the_expected_time(tmp_path, capsys):
+    synth = ["inner.entrypoint=meta.synthetic:member", "dry_run=true", "launcher=debug", "resources.member_time_min=null",
+             "resources.step_time_s=6", "train.steps=100", "resources.overhead_min=0"]
+    assert main([f"run_dir={tmp_path / 'a'}", *synth, "resources.timeout_factor=1.2"]) == 0
+    out = capsys.readouterr().out
+    assert "time per member: 10 min expected (resources.step_time_s=6 s/step x train.steps=100" in out
+    assert "step time measured: no source given (resources.step_time_source)" in out
+    assert "WARNING: inner.timeout_s=720 s is 1.20x the expected 600 s per member, less than 1.3x" in out
+    assert main([f"run_dir={tmp_path / 'b'}", *synth, "resources.timeout_factor=1.3"]) == 0
+    assert "WARNING: inner.timeout_s" not in capsys.readouterr().out
+    assert main([f"run_dir={tmp_path / 'c'}", *synth[:-3]]) == 2  # neither minutes nor a step time
+    assert "resources.member_time_min is null and resources.step_time_s is not set" in capsys.readouterr().err

@@ -178,13 +178,17 @@ def bounded_continuous_batching_config(user_config: Mapping[str, Any] | None, mo
         f"max_memory_percent in {CONFIG_KEY}")
 
 
-def member_continuous_batching_config(args: "GRPOConfig", model: Any, tokenizer: Any,
-                                      prompts: Sequence[str]) -> dict[str, Any] | None:
-    """The continuous-batching config a member's trainer is built with (``args`` is its GRPOConfig, ``prompts`` its
-    formatted training prompts): bounded by the member's allocation where the cache lives in host memory.
+def longest_prompt_tokens(tokenizer: Any, prompts: Sequence[str]) -> int:
+    """The longest of ``prompts`` in tokens, tokenized as TRL tokenizes them (special tokens included)."""
+    return max(len(ids) for ids in tokenizer(text=list(prompts))["input_ids"])
 
-    Where generation runs on an accelerator, the cache is on the member's own device, and TRL's default (half of
-    that device's free memory) is left alone: the member's allocation is host memory and says nothing about it.
+
+def member_continuous_batching_config(args: "GRPOConfig", model: Any, tokenizer: Any, prompts: Sequence[str],
+                                      gpu_budget_bytes: int | None = None) -> dict[str, Any] | None:
+    """The continuous-batching config a member's trainer is built with (``args`` is its GRPOConfig, ``prompts`` its
+    formatted training prompts): the paged cache bounded by the member's own memory, never by what its device has
+    free. On the CPU that is its host allocation; on a GPU its GPU budget (``gpu_budget_bytes``,
+    inner_loop/generation/memory.py: its share of the GPU), of which the cache takes ``generation_cache_bytes``.
     With vLLM on, TRL generates with vLLM and never reads this config.
     """
     import torch
@@ -192,18 +196,16 @@ def member_continuous_batching_config(args: "GRPOConfig", model: Any, tokenizer:
     user = args.transformers_continuous_batching_config
     if args.use_vllm:
         return user
-    if args.device.type != "cpu":
-        logger.info("continuous batching on %s: the paged cache takes TRL's share of that device's free memory "
-                    "unless %s sets num_blocks or max_memory_percent", args.device, CONFIG_KEY)
-        return user
+    allocation = gpu_budget_bytes if args.device.type != "cpu" else member_memory_bytes()
+    if args.device.type != "cpu" and allocation is None:
+        raise ValueError(f"continuous batching on {args.device}: the member's GPU budget is unknown")
     # The dtype the cache will have: TRL casts the model to bf16 / fp16 before generate_batch when asked to.
     dtype = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else model.dtype
     workload = GenerationWorkload(
         group_size=args.num_generations,
-        max_prompt_tokens=max(len(ids) for ids in tokenizer(text=list(prompts))["input_ids"]),  # as TRL tokenizes
+        max_prompt_tokens=longest_prompt_tokens(tokenizer, prompts),
         max_completion_tokens=args.max_completion_length,
         requests=args.generation_batch_size)
     supports = getattr(model, "_supports_logits_to_keep", None)  # as transformers' manager reads it
-    return bounded_continuous_batching_config(user, model.config, dtype,
-                                              generation_cache_bytes(member_memory_bytes()), workload,
+    return bounded_continuous_batching_config(user, model.config, dtype, generation_cache_bytes(allocation), workload,
                                               supports_logits_to_keep=callable(supports) and bool(supports()))

@@ -84,3 +84,10 @@ def generation_cache_bytes(allocation: int | None) -> int:
     if allocation is None:
         return UNBOUNDED_MEMBER_CACHE_BYTES
     return max(MIN_CACHE_BYTES, int(allocation * CACHE_SHARE_OF_ALLOCATION))
+
+
+def member_gpu_budget_bytes(total_bytes: int, fraction: float) -> int:
+    """The GPU memory this member may use: its share (resources.gpu_memory_fraction, 1 for one member per GPU) of its
+    GPU's total memory. Never what the device has free: that counts the memory of members packed beside it, and
+    whatever this member already holds, so the sizes it gives change from one moment to the next."""
+    return int(total_bytes * fraction)

@@ -19,10 +19,11 @@ import functools
 import logging
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from inner_loop.generation.continuous_batching import longest_prompt_tokens
 from inner_loop.generation.memory import generation_cache_bytes, member_memory_bytes
 
 logger = logging.getLogger(__name__)
@@ -30,6 +31,18 @@ logger = logging.getLogger(__name__)
 #: vLLM's CPU KV cache size, in whole GiB (vLLM reads an int); set from the member's allocation unless the user set it.
 KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 _GIB = 1 << 30
+
+
+def member_vllm_max_model_length(args: Any, tokenizer: Any, prompts: Sequence[str]) -> int | None:
+    """vLLM's context for a member: the user's ``train.trl.vllm_max_model_length``, else the longest training prompt
+    plus ``max_completion_length``. Left unset, vLLM reserves KV cache for the model's whole context (Qwen3: 40,960
+    tokens), most of the member's cache budget for tokens no completion reaches. Without vLLM: as it was."""
+    if not args.use_vllm or args.vllm_max_model_length is not None:
+        return args.vllm_max_model_length
+    length = longest_prompt_tokens(tokenizer, prompts) + int(args.max_completion_length)
+    logger.info("vLLM: max_model_len %d (longest training prompt + train.max_completion_length; "
+                "train.trl.vllm_max_model_length sets it)", length)
+    return length
 
 
 def set_cpu_cache_from_allocation(environ: Any = None) -> int:

@@ -19,6 +19,7 @@ from trl import GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head
 
 from inner_loop.generation.backends import VLLM_COLOCATE, generation_backend
+from inner_loop.generation.memory import member_gpu_budget_bytes
 from inner_loop.generation.vllm_colocate import (claim_rendezvous_port, engine_in_policy_dtype,
                                                   set_cpu_cache_from_allocation, use_reload_push_on_cpu)
 from inner_loop.loss.grad_share import exact_share, full_form_token_norms, logit_space_share, logp_space_share
@@ -34,10 +35,10 @@ logger = logging.getLogger(__name__)
 #: Memory for one chunk of the full form's policy + reference logits when train.full_form_rows is null, on
 #: the CPU (and any non-CUDA device): fixed, since host memory is not ours alone to measure and take.
 FULL_FORM_BUDGET_BYTES = 512 * 2**20
-#: On CUDA the budget is this share of the memory the allocator could still hand out. A quarter, because the
-#: two logit tensors the budget counts are not the whole chunk: log_softmax's output, their gradients in the
-#: checkpointed backward and mirror_maps.full_divergence's own vocabulary workspace (2 GiB on CUDA, its
-#: divergence.chunk_size) come on top. A fixed 512 MiB would make a chunk ONE row at V=151,936 and T=256.
+#: On CUDA the budget is this share of what the member's own GPU budget leaves beside the tensors it holds. A
+#: quarter, because the two logit tensors the budget counts are not the whole chunk: log_softmax's output, their
+#: gradients in the checkpointed backward and mirror_maps.full_divergence's own vocabulary workspace (2 GiB on CUDA,
+#: its divergence.chunk_size) come on top. A fixed 512 MiB would make a chunk ONE row at V=151,936 and T=256.
 FULL_FORM_CUDA_FREE_FRACTION = 0.25
 
 
@@ -47,17 +48,20 @@ def full_form_rows_for(budget_bytes: int, n_completion: int, vocab: int) -> int:
     return max(1, budget_bytes // max(per_row, 1))
 
 
-def full_form_budget_bytes(device: torch.device) -> int:
+def full_form_budget_bytes(device: torch.device, gpu_budget_bytes: int | None = None) -> int:
     """Bytes one full-form chunk's policy + reference logits may take on `device`.
 
-    CUDA: a fraction of what is free now, counting memory PyTorch's caching allocator holds but does not use
-    (it would reuse that before asking the driver), so the previous step's chunks do not shrink the next one.
+    CUDA: a fraction of what the member's GPU budget (``gpu_budget_bytes``, inner_loop/generation/memory.py; None:
+    the whole device) leaves beside the tensors it holds now. Memory the caching allocator keeps but does not use
+    counts as room (it is reused before the driver is asked), so the previous step's chunks do not shrink the next.
+    Never the device's free memory: members packed on one GPU would each size their chunks from the others' room.
     """
     if device.type != "cuda":
         return FULL_FORM_BUDGET_BYTES
-    free, _total = torch.cuda.mem_get_info(device)
-    cached_unused = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    return int(FULL_FORM_CUDA_FREE_FRACTION * (free + max(cached_unused, 0)))
+    if gpu_budget_bytes is None:
+        gpu_budget_bytes = member_gpu_budget_bytes(torch.cuda.get_device_properties(device).total_memory, 1.0)
+    room = gpu_budget_bytes - torch.cuda.memory_allocated(device)
+    return int(FULL_FORM_CUDA_FREE_FRACTION * max(room, 0))
 
 
 class NonFiniteLossError(RuntimeError):
@@ -78,6 +82,7 @@ class MirrorGRPOTrainer(GRPOTrainer):
         policy_term: str = "clip",
         policy_params: PolicyParams | None = None,
         full_form_rows: int | None = None,
+        gpu_budget_bytes: int | None = None,
         **kwargs: Any,
     ) -> None:
         model = kwargs.get("model", args[0] if args else None)
@@ -94,6 +99,8 @@ class MirrorGRPOTrainer(GRPOTrainer):
         self.regularizer = regularizer
         self.policy_term = policy_term
         self.full_form_rows = full_form_rows
+        #: the member's GPU memory budget (inner_loop/generation/memory.py); None: all of its device's
+        self.gpu_budget_bytes = gpu_budget_bytes
         #: optimizer step whose first batch gets the exact (parameter-space) gradient share; None once measured
         self._exact_share_step: int | None = 1
         #: per-chunk (policy, divergence) logit-space gradient norms of the full form, filled while logits exist
@@ -176,7 +183,8 @@ class MirrorGRPOTrainer(GRPOTrainer):
         if self.full_form_rows is not None:
             return self.full_form_rows
         vocab = self.accelerator.unwrap_model(self.model).config.get_text_config().vocab_size
-        return full_form_rows_for(full_form_budget_bytes(self.accelerator.device), n_completion, vocab)
+        budget = full_form_budget_bytes(self.accelerator.device, self.gpu_budget_bytes)
+        return full_form_rows_for(budget, n_completion, vocab)
 
     def _full_form(self, model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    completion_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
-from launch.base import DEFAULT_KILL_GRACE_S, JobRef
+from launch.base import DEFAULT_KILL_GRACE_S, JobRef, SubmissionError
 from launch.local.controllers import controller_running, sigint_deliverable_to_children, stop_controllers
+from launch.local.gpu_slots import GpuSlotBook, Slot, cut_slots
+from launch.member import run_member
 from launch.submitit_base import MAX_GPUS_PER_MEMBER, SubmititLauncher, check_gpus_per_member
 from results.store.records import MemberSpec
 
@@ -16,10 +18,15 @@ class LocalLauncher(SubmititLauncher):
 
     Jobs survive the orchestrator: a restarted orchestrator finds them by the controller's process id.
     The executor's own wall limit is set a grace period past inner.timeout_s, so a member that hangs in C
-    code (where the in-process alarm cannot fire) is still killed.
+    code (where the in-process alarm cannot fire) is still killed. With ``gpus_per_node`` >= 1 every member in
+    flight holds its own slot of ``visible_gpus`` (launch/local/gpu_slots.py) and members wait for a free one.
     """
 
     poll_interval_s = 0.2
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self._book = GpuSlotBook(self.gpu_slots(options)) if self._slot_mode(options) else None
 
     @classmethod
     def validate_options(cls, options: Mapping[str, Any]) -> None:
@@ -34,6 +41,8 @@ class LocalLauncher(SubmititLauncher):
                 "or an integer >= 0"
             )
         visible = options.get("visible_gpus") or []
+        if isinstance(visible, (list, tuple)) and len(set(visible)) != len(visible):
+            raise ValueError(f"launcher.visible_gpus={list(visible)!r} names a GPU twice: list each GPU index once")
         if not isinstance(visible, (list, tuple)) or not all(
             isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in visible
         ):
@@ -45,23 +54,58 @@ class LocalLauncher(SubmititLauncher):
         if gpus is not None:
             check_gpus_per_member("launcher.gpus_per_node", gpus)
         else:
-            _parent_gpu_indices()
+            parent_gpu_indices()
 
     @property
     def max_in_flight(self) -> int | None:
-        """launcher.array_parallelism, null: this machine's cores. Members beyond it would only share the cores
-        (and hold memory) while each one's running-time budget counts."""
-        parallel = self.options.get("array_parallelism")
+        """Asked every poll round: the slots cut once at start-up, not this process's GPUs looked up again."""
+        if self._book is None:
+            return self.members_at_once(self.options)
+        return _slot_cap(self.options.get("array_parallelism"), len(self._book.slots))
+
+    @classmethod
+    def members_at_once(cls, options: Mapping[str, Any]) -> int:
+        """Members in flight at most: launcher.array_parallelism (null: this machine's cores; members beyond it
+        would only share the cores while each one's running-time budget counts), and with GPUs per member never
+        more than there are GPU slots (null: one member per slot)."""
+        parallel = options.get("array_parallelism")
+        if cls._slot_mode(options):
+            return _slot_cap(parallel, len(cls.gpu_slots(options)))
         return int(parallel) if parallel is not None else (os.cpu_count() or 1)
+
+    @staticmethod
+    def _slot_mode(options: Mapping[str, Any]) -> bool:
+        gpus = options.get("gpus_per_node")
+        return gpus is not None and int(gpus) >= 1
+
+    @classmethod
+    def gpu_slots(cls, options: Mapping[str, Any]) -> list[Slot]:
+        """The GPU slots members are given: launcher.visible_gpus (empty: the GPUs this process sees) cut into
+        groups of launcher.gpus_per_node; none when members get no GPU or every GPU this process sees."""
+        if not cls._slot_mode(options):
+            return []
+        visible = tuple(options.get("visible_gpus") or ()) or parent_gpu_indices()
+        return cut_slots(visible, int(options["gpus_per_node"]))
+
+    @classmethod
+    def check_gpu_slots(cls, options: Mapping[str, Any]) -> None:
+        """Before a real run: members that ask for a GPU need at least one slot, else none could ever start."""
+        if cls._slot_mode(options) and not cls.gpu_slots(options):
+            raise ValueError(
+                f"launcher.gpus_per_node={options['gpus_per_node']} (resources.gpus) asks for a GPU per member, but "
+                f"this process sees no GPU (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')!r}, "
+                "launcher.visible_gpus empty): run on a GPU machine, name the GPUs with launcher.visible_gpus=[0,1], or "
+                "train on the CPU with resources.gpus=0"
+            )
 
     @classmethod
     def check_training_member_gpus(cls, options: Mapping[str, Any]) -> None:
         """A search's up-front check, on top of validate_options: with gpus_per_node null every member is handed
         all of this process's GPUs (the pass-through itself is right for entry points that want it), and a
         training member cannot use more than one."""
-        if options.get("gpus_per_node") is None and len(_parent_gpu_indices()) > MAX_GPUS_PER_MEMBER:
+        if options.get("gpus_per_node") is None and len(parent_gpu_indices()) > MAX_GPUS_PER_MEMBER:
             raise ValueError(
-                f"launcher.gpus_per_node=null passes this process's {len(_parent_gpu_indices())} GPUs to every "
+                f"launcher.gpus_per_node=null passes this process's {len(parent_gpu_indices())} GPUs to every "
                 "member, and a member trains on ONE GPU (with more, HF Trainer falls back to DataParallel, which "
                 "TRL's GRPO refuses). Set launcher.gpus_per_node=1 and launcher.visible_gpus=[index], or "
                 "CUDA_VISIBLE_DEVICES to one GPU"
@@ -70,10 +114,51 @@ class LocalLauncher(SubmititLauncher):
     def submit(
         self, entrypoint: str, specs: Sequence[MemberSpec], folder: Path, timeout_s: float
     ) -> list[JobRef]:
+        """Every spec at once; with GPU slots, SubmissionError (nothing submitted) unless each gets a free slot."""
+        if self._book is not None:
+            self._book.load(folder)
+            free = self._book.free(self._job_alive)
+            if len(free) < len(specs):
+                raise SubmissionError(f"{len(specs)} member(s) need a GPU slot each and {len(free)} of "
+                                      f"{len(self._book.slots)} are free")
+            return [ref for part in self.submit_chunks(entrypoint, specs, folder, timeout_s) for ref in part]
         with sigint_deliverable_to_children():  # so that cancel can stop them (launch/local/controllers.py)
             return super().submit(entrypoint, specs, folder, timeout_s)
 
-    def _make_executor(self, folder: Path, timeout_s: float) -> Any:
+    def submit_chunks(
+        self, entrypoint: str, specs: Sequence[MemberSpec], folder: Path, timeout_s: float,
+        submissions: Sequence[int] | None = None,
+    ) -> Iterator[list[JobRef]]:
+        """With GPU slots: one job per free slot, in the order of ``specs``, each yielded (and its slot recorded)
+        as soon as it runs; specs beyond the free slots are not submitted (the runner keeps them queued)."""
+        if self._book is None:
+            yield self.submit(entrypoint, specs, folder, timeout_s)
+            return
+        if not self._book.slots:
+            raise SubmissionError("no GPU slot on this machine for members that ask for a GPU (launcher.gpus_per_node="
+                                  f"{self.options.get('gpus_per_node')}, no GPU visible)")
+        folder.mkdir(parents=True, exist_ok=True)
+        self._book.load(folder)
+        for spec, slot in zip(specs, self._book.free(self._job_alive)):
+            executor = self._make_executor(folder, timeout_s, slot)
+            with sigint_deliverable_to_children():
+                job = executor.submit(run_member, entrypoint, spec.to_dict(), timeout_s)
+            job_id = str(job.job_id)
+            self._jobs[job_id] = job
+            self._book.take(folder, job_id, slot)
+            yield [JobRef(job_id=job_id, folder=str(folder), attempt=spec.attempt)]
+
+    def gpus_of(self, ref: JobRef) -> Slot | None:
+        """The GPUs a job of this launcher holds (its slot), or None without slots or once it ended."""
+        if self._book is None:
+            return None
+        self._book.load(Path(ref.folder))
+        return self._book.gpus_of(ref.job_id)
+
+    def _job_alive(self, job_id: str) -> bool:
+        return self.is_alive(JobRef(job_id=job_id, folder=""))
+
+    def _make_executor(self, folder: Path, timeout_s: float, slot: Slot | None = None) -> Any:
         import submitit
 
         grace = float(self.options.get("kill_grace_s", DEFAULT_KILL_GRACE_S))
@@ -81,18 +166,20 @@ class LocalLauncher(SubmititLauncher):
         executor.update_parameters(
             timeout_min=(timeout_s + grace) / 60.0,
             signal_delay_s=max(1, int(grace // 2)),
-            **self._gpu_parameters(),
+            **self._gpu_parameters(slot),
         )
         return executor
 
-    def _gpu_parameters(self) -> dict[str, Any]:
-        """LocalExecutor always sets the member's CUDA_VISIBLE_DEVICES to the first gpus_per_node of visible_gpus
-        (default 0: every GPU hidden). With gpus_per_node null both are set to what this process sees, so the
-        member gets the same devices in the same order."""
+    def _gpu_parameters(self, slot: Slot | None) -> dict[str, Any]:
+        """LocalExecutor sets the member's CUDA_VISIBLE_DEVICES to the first gpus_per_node of visible_gpus: the
+        member's own slot when it has one; 0 GPUs hides them all; with gpus_per_node null both are set to what this
+        process sees, so the member gets the same devices in the same order."""
+        if slot is not None:
+            return {"gpus_per_node": len(slot), "visible_gpus": tuple(slot)}
         gpus = self.options.get("gpus_per_node")
         if gpus is not None:
             return {"gpus_per_node": int(gpus), "visible_gpus": tuple(self.options.get("visible_gpus") or ())}
-        indices = _parent_gpu_indices()
+        indices = parent_gpu_indices()
         return {"gpus_per_node": len(indices), "visible_gpus": indices}
 
     def is_alive(self, ref: JobRef) -> bool:
@@ -113,7 +200,12 @@ class LocalLauncher(SubmititLauncher):
         stop_controllers([ref.job_id for ref in refs])
 
 
-def _parent_gpu_indices() -> tuple[int, ...]:
+def _slot_cap(parallel: int | None, slots: int) -> int:
+    """Members at once with GPU slots: one per slot, and at most launcher.array_parallelism when it is set."""
+    return slots if parallel is None else min(int(parallel), slots)
+
+
+def parent_gpu_indices() -> tuple[int, ...]:
     """The GPUs this process sees, as the indices submitit's LocalExecutor takes: CUDA_VISIBLE_DEVICES as set
     here, or, when it is unset, every device torch can see (a CPU build sees none, and neither would a member).
     ValueError for GPUs named by UUID (GPU-..., MIG-...), which LocalExecutor cannot pass on."""

@@ -24,6 +24,7 @@ from meta.config import (
     CONF_DIR,
     INNER_NODES,
     ConfigError,
+    check_members_can_start,
     absolute_overrides,
     absolute_path,
     absolute_paths,
@@ -198,6 +199,7 @@ def run(argv: Sequence[str]) -> int:
     if cfg.dry_run:
         sys.stdout.write(build_plan(cfg, prepared.store.root, prepared.resuming) + "\n")
         return 0
+    check_members_can_start(cfg.launcher)
     if export and prepared.resuming:
         from results.store.study_store import load_study
 

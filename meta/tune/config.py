@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 from meta.config import INNER_NODES, ConfigError, _bool, _float, _get_dotted, _int, check_member_launch, config_hash
 from meta.tune.space import Dimension, leaves_missing_under, parse_space
 from results.store.config_nodes import refuse_unknown_keys
+from results.store.records import gpus_entry
 
 if TYPE_CHECKING:
     import optuna
@@ -60,7 +61,7 @@ class TuneConfig:
     def member_inner(self, inner_config: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """A trial member's ``inner`` dict: its task/model/divergence/train, options, and the validation split."""
         return {**(inner_config or self.inner_config), "options": dict(self.inner_options),
-                "eval_split": "validation"}
+                "eval_split": "validation", **gpus_entry(self.resources)}
 
 
 def build_sampler(name: str, options: Mapping[str, Any], seed: int | None) -> "optuna.samplers.BaseSampler":

@@ -20,7 +20,7 @@ import pandas as pd
 from results.store.atomic import CorruptFileError
 from results.store.layout import RESULT_FILE, parse_generation_dir_name, parse_member_dir_name
 from results.store.provenance import read_run_manifest
-from results.store.records import STOPPED_EARLY, ResultRecord
+from results.store.records import STOPPED_EARLY, ResultRecord, device_text
 from results.store.run_store import RunStore
 
 logger = logging.getLogger(__name__)
@@ -85,7 +85,9 @@ def _member_row_from_dir(generation: int, index: int, member_dir: Path, skipped:
     row.update(status=record.status, fitness=record.fitness if record.ok else float("nan"),
                mean_response_tokens=record.mean_response_tokens if record.ok else float("nan"),
                wall_time_s=record.wall_time_s, steps_done=record.steps_done, error=record.error[-500:],
-               disk_peak_bytes=_bytes_or_nan(record.disk_peak_bytes), source=RESULT_FILE)
+               disk_peak_bytes=_bytes_or_nan(record.disk_peak_bytes), source=RESULT_FILE,
+               device=device_text(record.device),
+               peak_gpu_memory_bytes=_bytes_or_nan(record.device.get("peak_memory_bytes")))
     return row
 
 

@@ -21,6 +21,7 @@ process imports it.
         submitit/                             LAUNCHER_DIR: submitit's logs and pickles
           cancelled_by_orchestrator.json      CANCELLED_FILE: job ids the orchestrator itself cancelled
           submissions/chunk_000.json          SUBMISSIONS_DIR / chunk_marker_name(0): one marker per sbatch chunk
+          gpu_slots.json                      GPU_SLOTS_FILE: launcher=local's job id -> the GPUs it holds
       reevaluation/                           REEVALUATE_DIR: re-evaluation before export (meta.reevaluate)
         candidates.json, reevaluation.json    CANDIDATES_FILE, REEVALUATION_FILE
         jobs.json, member_005/, submitit/     as in a generation dir (member index = candidate x seeds + seed)
@@ -126,6 +127,9 @@ LAUNCHER_DIR = "submitit"
 CANCELLED_FILE = "cancelled_by_orchestrator.json"
 #: one marker file per submitted sbatch array chunk (launch/slurm/chunks.py)
 SUBMISSIONS_DIR = "submissions"
+#: launcher=local: which GPUs each local job was given (launch/local/gpu_slots.py), so a resumed orchestrator
+#: hands no GPU still held by a running member to another
+GPU_SLOTS_FILE = "gpu_slots.json"
 
 # ------------------------------------------------------------ member dir
 RESULT_FILE = "result.json"

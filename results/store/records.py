@@ -23,8 +23,26 @@ STATUSES = ("ok", "failed", "timeout", "cancelled", "late", "pruned", STOPPED_EA
 #: the inner-config key of a member trained on several seeds (``seeds_per_member``): the seeds, one run each in
 #: its own sub-directory (launch/seed_group.py); the member's fitness is their mean
 MEMBER_SEEDS_KEY = "member_seeds"
+#: the inner-config key of a member whose resources ask for GPUs (resources.gpus >= 1): how many. The member refuses
+#: to train without a usable GPU (inner_loop/device.py); absent: a CPU member, or one that takes what it finds
+MEMBER_GPUS_KEY = "gpus"
+#: the inner-config key of a GPU member's share of its GPU's memory (resources.gpu_memory_fraction; absent: all of it,
+#: one member per GPU): its generation cache and the full form's chunks are sized from that budget, never from what
+#: the device has free (members packed on one GPU would each take the others' memory)
+MEMBER_GPU_MEMORY_KEY = "gpu_memory_fraction"
 #: outcomes the orchestrator decided on purpose: final at once, never retried
 DECIDED_STATUSES = ("cancelled", "late", "pruned", STOPPED_EARLY)
+
+
+def gpus_entry(resources: Mapping[str, Any]) -> dict[str, int]:
+    """What a member's inner config carries of its resources: nothing for a CPU member (its config stays as it was),
+    else {MEMBER_GPUS_KEY: n} (the member refuses to train without a usable GPU) and, where set, its share of the
+    GPU's memory (MEMBER_GPU_MEMORY_KEY)."""
+    gpus = resources.get("gpus")
+    if not (isinstance(gpus, int) and not isinstance(gpus, bool) and gpus >= 1):
+        return {}
+    fraction = resources.get(MEMBER_GPU_MEMORY_KEY)
+    return {MEMBER_GPUS_KEY: gpus, **({MEMBER_GPU_MEMORY_KEY: fraction} if fraction is not None else {})}
 
 
 @dataclass
@@ -81,6 +99,10 @@ class ResultRecord:
     #: how the member generated its completions: {"backend", "completions_sha256", "from_step"}
     #: (inner_loop/generation/backends.py names the backends); empty for older records and synthetic objectives
     generation: dict[str, Any] = field(default_factory=dict)
+    #: the device the member trained on (inner_loop/device.py): type (cuda / cpu), name, memory_bytes, torch, cuda
+    #: (torch's CUDA version), peak_memory_bytes (torch's peak GPU allocation); empty where not recorded (older
+    #: records, records the launcher wrote, synthetic objectives)
+    device: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.eval_split not in ("validation", "test"):
@@ -104,6 +126,7 @@ class ResultRecord:
                 isinstance(k, str) and isinstance(v, Mapping) for k, v in self.evaluations.items()):
             raise ValueError(f"result evaluations must map names to mappings, got {self.evaluations!r}")
         self.evaluations = {name: dict(entry) for name, entry in self.evaluations.items()}
+        self.device = dict(self.device) if isinstance(self.device, Mapping) else {}  # a diagnostic: never fatal
 
     @property
     def ok(self) -> bool:
@@ -129,6 +152,22 @@ class ResultRecord:
         if hasattr(value, "__dataclass_fields__"):
             return cls.from_dict(asdict(value))
         raise TypeError(f"member entry point returned {type(value).__name__}, expected a record or dict")
+
+
+def device_text(device: Mapping[str, Any] | None) -> str:
+    """A record's device in one cell (members table, meta.status): 'NVIDIA H200 139.8 GiB, peak 11.0 GiB', or
+    'cpu (<CPU name>)'; '' when the record names none."""
+    if not device:
+        return ""
+    if device.get("type") != "cuda":
+        return f"cpu ({device.get('name') or 'unknown'})"
+    text = f"{device.get('name') or 'unknown GPU'} {_gib(device.get('memory_bytes'))}"
+    peak = device.get("peak_memory_bytes")
+    return text + (f", peak {_gib(peak)}" if peak is not None else "")
+
+
+def _gib(value: Any) -> str:
+    return f"{value / 2**30:.1f} GiB" if isinstance(value, (int, float)) and not isinstance(value, bool) else "?"
 
 
 def write_result(work_dir: str | Path, record: ResultRecord) -> Path:

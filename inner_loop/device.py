@@ -1,0 +1,96 @@
+"""The device a member trains on: refuse a GPU member without a usable GPU, and name the device in its record.
+
+Why: a member's device used to follow ``torch.cuda.is_available()`` alone, so a GPU member on a node with a CPU build
+of torch, a driver older than the wheel, or an empty ``CUDA_VISIBLE_DEVICES`` trained on a few CPU threads until its
+timeout, and nothing said so. A member whose resources ask for a GPU (``resources.gpus``, carried in its inner config
+as ``gpus``) checks here, before its model is loaded, and a node that cannot give one ends the job with
+``DeviceUnavailableError``: a BaseException, so it passes the member's own ``except Exception`` and the job wrapper,
+and the job ends without a result, like a lost node (the launcher resubmits it, the init is not charged).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from typing import Any, Mapping
+
+from results.store.records import MEMBER_GPUS_KEY
+
+logger = logging.getLogger(__name__)
+
+
+class DeviceUnavailableError(BaseException):
+    """The node cannot give this member the GPU its resources ask for: the node's failure, not the member's."""
+
+
+def gpus_asked(inner: Mapping[str, Any]) -> int:
+    """GPUs a member's inner config asks for (0 without the key); ValueError naming the key for a bad value."""
+    value = inner.get(MEMBER_GPUS_KEY, 0) or 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"inner {MEMBER_GPUS_KEY}={value!r} must be a GPU count >= 0 (resources.gpus)")
+    return value
+
+
+def require_device(inner: Mapping[str, Any]) -> dict[str, Any]:
+    """The device this member will train on (``describe_device``); DeviceUnavailableError, naming torch's build, its
+    CUDA version, what the driver said and CUDA_VISIBLE_DEVICES, when the member asks for a GPU and CUDA is not
+    usable. Call it before the model is loaded: a refusal then costs seconds, not a timeout."""
+    import torch
+
+    asked = gpus_asked(inner)
+    if asked >= 1:
+        problem = _cuda_problem(torch)
+        if problem:
+            raise DeviceUnavailableError(
+                f"node {socket.gethostname()}: this member asks for {asked} GPU (resources.gpus) and CUDA is not "
+                f"usable: {problem}. torch {torch.__version__} built with CUDA {torch.version.cuda or 'none (a CPU build)'}"
+                f"; CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')!r}. It refused to train on "
+                "the CPU; fix the node (driver, torch build, GPU allocation) or set resources.gpus=0 for a CPU run"
+            )
+    return describe_device()
+
+
+def _cuda_problem(torch: Any) -> str:
+    """Why CUDA cannot be used here, in torch's and the driver's words; '' when it can."""
+    if not torch.version.cuda:
+        return "this torch is a CPU build (install a CUDA wheel of torch)"
+    try:
+        torch.cuda.init()  # raises with the driver's own message (too old, no device, not loaded)
+    except Exception as exc:  # noqa: BLE001 - whatever the driver says is the cause to report
+        return f"the driver said: {type(exc).__name__}: {exc}"
+    if torch.cuda.device_count() < 1:
+        return "the driver reports no device (CUDA_VISIBLE_DEVICES empty or naming no GPU)"
+    return ""
+
+
+def describe_device() -> dict[str, Any]:
+    """The device this process trains on, for the record: type, name, total memory, torch and CUDA versions. On the
+    CPU: ``cpu`` and the CPU's model name."""
+    import torch
+
+    from inner_loop.numerics import cpu_name
+
+    info: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda}
+    if torch.cuda.is_available():
+        index = torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(index)
+        info.update(type="cuda", name=str(props.name), memory_bytes=int(props.total_memory),
+                    cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
+    else:
+        info.update(type="cpu", name=cpu_name(), memory_bytes=None)
+    return info
+
+
+def with_peak_memory(device: Mapping[str, Any]) -> dict[str, Any]:
+    """``device`` plus the peak GPU memory torch's allocator held in this process (bytes; None on the CPU)."""
+    info = dict(device)
+    peak = None
+    if info.get("type") == "cuda":
+        import torch
+
+        try:
+            peak = int(torch.cuda.max_memory_allocated())
+        except Exception as exc:  # noqa: BLE001 - a diagnostic must never fail a finished member
+            logger.warning("could not read the peak GPU memory: %s", exc)
+    info["peak_memory_bytes"] = peak
+    return info

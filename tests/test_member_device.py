@@ -1,0 +1,125 @@
+"""No silent CPU training (issue 37, item 2): a member whose resources ask for a GPU refuses to start without a usable
+one, before its model loads, naming the cause; every record names its device. CUDA is simulated by monkeypatching
+what torch reports in this process: no test here needs a GPU."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import inner_loop.device as device
+from inner_loop.numerics import cpu_name
+from meta.config import build_search_config
+from meta.compose import compose
+from results.store.records import MEMBER_GPUS_KEY, ResultRecord, device_text, read_result
+from test_inner_member import _inner, _spec
+
+H200 = SimpleNamespace(name="NVIDIA H200", total_memory=150_754_820_096)
+
+
+def _gpu_torch(monkeypatch: pytest.MonkeyPatch, *, cuda: str | None = "12.8", init_error: str | None = None,
+               count: int = 1) -> None:
+    """Make this process's torch report a CUDA build (or not), a driver that fails (or not), and ``count`` devices."""
+    monkeypatch.setattr(torch.version, "cuda", cuda)
+
+    def init() -> None:
+        if init_error:
+            raise RuntimeError(init_error)
+
+    monkeypatch.setattr(torch.cuda, "init", init)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    usable = bool(cuda) and not init_error and count > 0
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: usable)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: H200)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: 11_808_000_000)
+
+
+@pytest.mark.parametrize("cuda, init_error, count, visible, cause", [
+    (None, None, 0, "0", "this torch is a CPU build"),
+    ("12.8", "The NVIDIA driver on your system is too old (found version 11040)", 0, "0",
+     "the driver said: RuntimeError: The NVIDIA driver on your system is too old (found version 11040)"),
+    ("12.8", None, 0, "", "the driver reports no device"),
+])
+def test_a_gpu_member_without_a_usable_gpu_is_refused_naming_the_cause(monkeypatch, cuda, init_error, count, visible,
+                                                                       cause):
+    _gpu_torch(monkeypatch, cuda=cuda, init_error=init_error, count=count)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    with pytest.raises(device.DeviceUnavailableError) as caught:
+        device.require_device({MEMBER_GPUS_KEY: 1})
+    text = str(caught.value)
+    assert cause in text and f"torch {torch.__version__} built with CUDA {cuda or 'none (a CPU build)'}" in text
+    assert f"CUDA_VISIBLE_DEVICES={visible!r}" in text and "refused to train on the CPU" in text
+    assert not isinstance(caught.value, Exception)  # passes every `except Exception`: the job ends without a result
+
+
+def test_the_device_is_described_on_a_gpu_and_on_the_cpu(monkeypatch):
+    cpu = device.require_device({})  # a CPU member, on this machine
+    assert cpu["type"] == "cpu" and cpu["name"] == cpu_name() and cpu["torch"] == torch.__version__
+    assert device_text(device.with_peak_memory(cpu)) == f"cpu ({cpu_name()})"
+    _gpu_torch(monkeypatch)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    gpu = device.with_peak_memory(device.require_device({MEMBER_GPUS_KEY: 1}))
+    assert gpu == {"type": "cuda", "name": "NVIDIA H200", "memory_bytes": H200.total_memory, "torch": torch.__version__,
+                   "cuda": "12.8", "cuda_visible_devices": "3", "peak_memory_bytes": 11_808_000_000}
+    assert device_text(gpu) == "NVIDIA H200 140.4 GiB, peak 11.0 GiB"
+    again = ResultRecord.from_dict(json.loads(json.dumps(ResultRecord(status="ok", device=gpu).to_dict())))
+    assert again.device == gpu and ResultRecord(status="ok", device="garbage").device == {}  # type: ignore[arg-type]
+
+
+def test_a_gpu_member_on_a_cpu_node_stops_before_its_model_loads_and_writes_no_result(monkeypatch, tmp_path):
+    import inner_loop.member as member
+
+    _gpu_torch(monkeypatch, cuda=None, count=0)
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(member, "build_trainer", never)
+    inner = {**_inner(), MEMBER_GPUS_KEY: 1}
+    with pytest.raises(device.DeviceUnavailableError, match="CPU build"):
+        member.train_member(_spec(tmp_path / "m", inner))
+    assert read_result(tmp_path / "m") is None  # the node's failure: the launcher resubmits, the init is not charged
+
+
+def test_a_search_whose_resources_ask_for_a_gpu_tells_its_members(tmp_path):
+    raw = compose(["experiment=mbpp_qwen3", "launcher=slurm", "inner.entrypoint=meta.synthetic:member"])
+    assert build_search_config(raw).member_inner()[MEMBER_GPUS_KEY] == 1
+    assert MEMBER_GPUS_KEY not in build_search_config(compose(["inner.entrypoint=meta.synthetic:member"])).member_inner()
+
+
+def test_a_bad_gpu_count_in_the_inner_config_names_the_key():
+    with pytest.raises(ValueError, match="inner gpus='one'"):
+        device.gpus_asked({MEMBER_GPUS_KEY: "one"})
+    assert device.gpus_asked({}) == 0
+
+
+def test_a_member_that_fails_after_the_check_names_its_device_in_the_record(monkeypatch, tmp_path):
+    import inner_loop.member as member
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the model would not load")
+
+    monkeypatch.setattr(member, "build_trainer", broken)
+    record = member.train_member(_spec(tmp_path / "m", _inner()))
+    assert record.status == "failed" and "the model would not load" in record.error
+    assert read_result(tmp_path / "m").device == {**device.describe_device(), "peak_memory_bytes": None}
+    assert record.device["type"] == "cpu" and record.device["name"] == cpu_name()
+
+
+def test_the_members_table_and_status_show_the_device_and_peak_memory(tmp_path):
+    from meta.status_rows import member_row
+    from results.report.snapshot import _member_row_from_dir
+    from results.store.records import write_result
+
+    gpu = {"type": "cuda", "name": "NVIDIA H200", "memory_bytes": H200.total_memory, "torch": "2.13.0", "cuda": "12.8",
+           "peak_memory_bytes": 11_808_000_000}
+    write_result(tmp_path, ResultRecord(status="ok", fitness=0.5, device=gpu))
+    row = member_row("gen 0 member 000", tmp_path, None, {}, 0.0)
+    assert row.detail == "fitness 0.5000, on NVIDIA H200 140.4 GiB, peak 11.0 GiB"
+    table_row = _member_row_from_dir(0, 0, tmp_path, [])
+    assert table_row["device"] == "NVIDIA H200 140.4 GiB, peak 11.0 GiB"
+    assert table_row["peak_gpu_memory_bytes"] == 11_808_000_000
