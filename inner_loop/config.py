@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from results.store.config_nodes import plain, refuse_unknown_keys, typed_node
-from results.store.records import MEMBER_GPU_MEMORY_KEY
+from results.store.member_keys import MEMBER_GPU_MEMORY_KEY
 from inner_loop.numerics import NUMERICS_MODES, PINNED_THREADS
 
 T = TypeVar("T")

@@ -50,6 +50,8 @@ MODULE_EXCEPTIONS: dict[str, frozenset[str]] = {
                                     "inner_loop.grpo.trl_contract",
                                     # the one reading of config nodes, shared with the task package and the stores
                                     "results.store.config_nodes",
+                                    # the keys a member's inner config carries from its resources (imports nothing)
+                                    "results.store.member_keys",
                                     # the numerics modes and the pinned thread count (imports nothing of ours)
                                     "inner_loop.numerics"}),
     "inner_loop.loss": frozenset({"results.store.metric_keys"}),

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from results.store.member_keys import MEMBER_GPU_MEMORY_KEY, MEMBER_GPUS_KEY  # re-exported
 from results.store.atomic import atomic_create_bytes, atomic_write_json, json_bytes
 from results.store.layout import RESULT_FILE, SPEC_FILE  # re-exported: importers use results.store.records.RESULT_FILE
 
@@ -23,13 +24,6 @@ STATUSES = ("ok", "failed", "timeout", "cancelled", "late", "pruned", STOPPED_EA
 #: the inner-config key of a member trained on several seeds (``seeds_per_member``): the seeds, one run each in
 #: its own sub-directory (launch/seed_group.py); the member's fitness is their mean
 MEMBER_SEEDS_KEY = "member_seeds"
-#: the inner-config key of a member whose resources ask for GPUs (resources.gpus >= 1): how many. The member refuses
-#: to train without a usable GPU (inner_loop/device.py); absent: a CPU member, or one that takes what it finds
-MEMBER_GPUS_KEY = "gpus"
-#: the inner-config key of a GPU member's share of its GPU's memory (resources.gpu_memory_fraction; absent: all of it,
-#: one member per GPU): its generation cache and the full form's chunks are sized from that budget, never from what
-#: the device has free (members packed on one GPU would each take the others' memory)
-MEMBER_GPU_MEMORY_KEY = "gpu_memory_fraction"
 #: outcomes the orchestrator decided on purpose: final at once, never retried
 DECIDED_STATUSES = ("cancelled", "late", "pruned", STOPPED_EARLY)
 

@@ -1,0 +1,10 @@
+"""Keys a member's inner config carries from its resources (one owner; imports nothing, so that the typed inner
+config can read them without the run store)."""
+
+#: the inner-config key of a member whose resources ask for GPUs (resources.gpus >= 1): how many. The member refuses
+#: to train without a usable GPU (inner_loop/device.py); absent: a CPU member, or one that takes what it finds
+MEMBER_GPUS_KEY = "gpus"
+#: the inner-config key of a GPU member's share of its GPU's memory (resources.gpu_memory_fraction; absent: all of it,
+#: one member per GPU): its generation cache and the full form's chunks are sized from that budget, never from what
+#: the device has free (members packed on one GPU would each take the others' memory)
+MEMBER_GPU_MEMORY_KEY = "gpu_memory_fraction"
