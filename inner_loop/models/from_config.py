@@ -35,6 +35,9 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
 }
 #: smollm2: SmolLM2-135M-Instruct's tokenizer; tiny: the character tokenizer of inner_loop/models/tiny.py.
 TOKENIZERS = ("smollm2", "tiny")
+#: The tiny tokenizer's chat template in these models: the messages' text, one a line, so that a preset that formats
+#: prompts as chats (Qwen3's, with its template's keyword arguments) runs on such a model as it would on the real one
+TINY_CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}\n{% endfor %}"
 #: Part of the cache key: bump when the way these models are built changes.
 FROM_CONFIG_BUILD_VERSION = 1
 #: The dtype the weights are saved in (the real checkpoints'); a member loads them in its model.dtype.
@@ -59,14 +62,16 @@ def _tokenizer_key(kind: str) -> str:
         gguf = smollm2_gguf(ModelConfig(name="smollm2_135m"))
         return f"smollm2:{Path(gguf).name}:{os.path.getsize(gguf)}"
     if kind == "tiny":
-        return "tiny"
+        return f"tiny:{TINY_CHAT_TEMPLATE}"
     raise ValueError(f"tokenizer {kind!r} is not one of {list(TOKENIZERS)}")
 
 
 def _load_tokenizer(kind: str) -> Any:
     if kind == "smollm2":
         return smollm2_tokenizer(smollm2_gguf(ModelConfig(name="smollm2_135m")))
-    return build_tiny_tokenizer()
+    tokenizer = build_tiny_tokenizer()
+    tokenizer.chat_template = TINY_CHAT_TEMPLATE  # a preset's chat formatting (model.chat_template) runs unchanged
+    return tokenizer
 
 
 def build_random_model(config: Mapping[str, Any], tokenizer: Any, seed: int) -> torch.nn.Module:

@@ -1,0 +1,157 @@
+"""The GPU acceptance run: the project's main job, for real, on this machine's GPU, offline, in a few minutes.
+
+Why: every part of the project is tested on CPUs, and the first GPU member ever run failed at its first step on
+something no CPU test could see. This runs what a user runs, on the GPU: the CUDA tests, then ``meta.run`` with
+``launcher=local`` on the mbpp_qwen3 preset (bf16, LoRA, the sampled neural-mirror form, the sandbox) with a model of
+Qwen3-1.7B's architecture at reduced depth with random weights (built in code: no hub), the tiny tokenizer and the
+MBPP fixture; 2 generations of 2 members plus the control member, a minimal re-evaluation (the top member and the
+centre on 2 seeds, the exported init and the base model on 2 reporting seeds), ``meta.export``, and
+``inner_loop.run`` with the exported init. It then checks that every record names the device it should (``cuda``
+on a GPU machine) and prints each member's step time and peak GPU memory.
+
+Without CUDA it runs the same path on the CPU at small shapes (``--device cpu``, what tests/test_gpu_check.py
+runs), the CUDA tests skipped with the reason printed.
+
+    scripts/gpu_check.sh                    # on a GPU machine: at most ~8 minutes on one H100
+    scripts/gpu_check.sh --device cpu       # the same path on the CPU, small shapes
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from results.store.layout import PROGRESS_FILE, RESULT_FILE  # noqa: E402
+
+logger = logging.getLogger("gpu_check")
+
+DATA = ROOT / "tests" / "fixtures" / "mbpp_rehearsal"
+CUDA_TESTS = ["tests/test_mirror_maps_cuda.py", "tests/test_trainer_cuda.py"]
+ARCHITECTURE = "qwen3_1_7b"
+#: Qwen3-1.7B's shapes at reduced depth on a GPU; small shapes on the CPU (what a step costs is not the point there)
+SHAPES = {"cuda": {"num_hidden_layers": 4},
+          "cpu": {"num_hidden_layers": 2, "hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1,
+                  "head_dim": 64, "intermediate_size": 256, "vocab_size": 512}}
+#: the preset's training shrunk to a few steps; the rest (LoRA, the form, temperature, clipping, sandbox) is the preset's
+SHRUNK = ["train.steps=3", "train.group_size=4", "train.batch_size=8", "train.max_completion_length=32",
+          "train.val_batch_size=6", "train.save_every=2", "train.eval_every=null", "resources.member_time_min=20"]
+PER_DEVICE = {"cuda": ["resources.gpus=1", "model.dtype=bfloat16"],
+              "cpu": ["resources.gpus=0", "model.dtype=float32", "train.num_threads=1", "resources.mem_gb=null"]}
+#: straggler_grace: with fewer slots than members (one GPU), the control member starts only when a member ends; the
+#: default grace (0.5 x the median member time after the quorum) would cancel it as late
+SEARCH = ["population=2", "generations=2", "control_member=true", "straggler_grace=5", "reevaluate.top_k=1", "reevaluate.seeds=2",
+          "reevaluate.report_seeds=2", "reevaluate.baselines=[base]", "launcher=local"]
+
+
+def cuda_device() -> str | None:
+    """The GPU's name, or None (with the reason logged) where CUDA is not usable here."""
+    import torch
+
+    if not torch.cuda.is_available():
+        logger.info("no usable CUDA device (torch %s, CUDA build %s, CUDA_VISIBLE_DEVICES=%r)", torch.__version__,
+                    torch.version.cuda, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        return None
+    return torch.cuda.get_device_name(0)
+
+
+def run(args: list[str], env: dict[str, str], what: str, timeout: float) -> float:
+    """Run a command of the main job; its seconds. A failure stops the check with its output's tail."""
+    started = time.monotonic()
+    logger.info("%s: %s", what, " ".join(args))
+    done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise SystemExit(f"gpu_check: {what} failed (exit {done.returncode}):\n{done.stdout[-3000:]}\n"
+                         f"{done.stderr[-5000:]}")
+    return time.monotonic() - started
+
+
+def model_overrides(device: str, model_dir: Path) -> list[str]:
+    return [f"model.name_or_path={model_dir}",
+            f"task.train_file={DATA / 'train.jsonl'}", f"task.validation_file={DATA / 'validation.jsonl'}",
+            f"task.test_file={DATA / 'test.jsonl'}", *SHRUNK, *PER_DEVICE[device]]
+
+
+def member_rows(work: Path) -> list[dict[str, Any]]:
+    """One row per record the job wrote under ``work``: where, status, device, step time, peak GPU memory."""
+    rows = []
+    for result in sorted(work.rglob(RESULT_FILE)):
+        record = json.loads(result.read_text())
+        if "status" not in record:
+            continue
+        progress_file = result.parent / PROGRESS_FILE
+        progress = json.loads(progress_file.read_text()) if progress_file.is_file() else {}
+        device = record.get("device") or {}
+        rows.append({"record": str(result.parent.relative_to(work)), "status": record["status"],
+                     "steps": record.get("steps_done"), "device_type": device.get("type"),
+                     "device": device.get("name"), "step_s": progress.get("seconds_per_step"),
+                     "peak_gpu_gib": (device.get("peak_memory_bytes") or 0) / 2**30})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                        help="auto: cuda where usable, else cpu (small shapes)")
+    parser.add_argument("--work", type=Path, default=None, help="where the job writes (default: a temp dir)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the rows and timings here")
+    opts = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s gpu_check: %(message)s")
+    started = time.monotonic()
+    gpu = cuda_device()
+    device = opts.device if opts.device != "auto" else ("cuda" if gpu else "cpu")
+    if device == "cuda" and gpu is None:
+        raise SystemExit("gpu_check: --device cuda, but CUDA is not usable here (see the line above)")
+    logger.info("device: %s", gpu if device == "cuda" else "cpu (CUDA parts skipped: no usable CUDA device)")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    timings: dict[str, float] = {}
+    if device == "cuda":
+        timings["cuda tests"] = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *CUDA_TESTS],
+                                    env, "the CUDA tests", 300)
+    else:
+        logger.info("the CUDA tests (%s) skipped: no usable CUDA device", ", ".join(CUDA_TESTS))
+
+    from inner_loop.models.from_config import random_model_dir
+
+    model_dir = random_model_dir(ARCHITECTURE, SHAPES[device], tokenizer="tiny")
+    work = opts.work or Path(tempfile.mkdtemp(prefix="gpu_check-"))
+    run_dir, init, single_dir = work / "search", work / "exported.safetensors", work / "single"
+    overrides = ["experiment=mbpp_qwen3", *model_overrides(device, model_dir)]
+    timings["meta.run"] = run([sys.executable, "-m", "meta.run", f"run_dir={run_dir}", *overrides, *SEARCH], env,
+                              "the search (meta.run)", 1800)
+    timings["meta.export"] = run([sys.executable, "-m", "meta.export", f"run_dir={run_dir}", f"out={init}"], env,
+                                 "the export", 300)
+    timings["inner_loop.run"] = run([sys.executable, "-m", "inner_loop.run", *overrides, f"divergence.init={init}",
+                                     f"work_dir={single_dir}"], env, "a single run with the exported init", 900)
+    rows = member_rows(work)
+    print(f"{'record':<44} {'status':<8} {'steps':>5} {'device':<28} {'s/step':>7} {'peak GPU GiB':>12}")
+    for row in rows:
+        step = f"{row['step_s']:.2f}" if row["step_s"] else "-"
+        print(f"{row['record']:<44} {row['status']:<8} {row['steps'] or 0:>5} {(row['device'] or '-')[:28]:<28} "
+              f"{step:>7} {row['peak_gpu_gib']:>12.2f}")
+    for what, seconds in timings.items():
+        print(f"{what}: {seconds:.0f} s")
+    print(f"total: {time.monotonic() - started:.0f} s")
+    if opts.json:
+        opts.json.write_text(json.dumps({"device": device, "gpu": gpu, "rows": rows, "timings": timings}, indent=1))
+    wrong = [r for r in rows if r["status"] != "ok" or r["device_type"] != device]
+    if not rows or wrong:
+        print(f"gpu_check: FAILED: {len(wrong)} record(s) not ok on {device}: {wrong}", file=sys.stderr)
+        return 1
+    print(f"gpu_check: OK: {len(rows)} records, every one trained on {device}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
