@@ -95,8 +95,28 @@ def finalize_member(spec: MemberSpec | Mapping[str, Any]) -> None:
     finalize(spec)
 
 
+def stage_inner(inner: Mapping[str, Any], **options: Any) -> list[dict[str, Any]]:
+    """What a member of ``inner`` reads from the hub, staged: see inner_loop.staging.stage_inner."""
+    from inner_loop.staging import stage_inner as stage
+
+    return stage(inner, **options)
+
+
+def preflight_host(inner: Mapping[str, Any], directory: str | Path, probe_sandbox: bool) -> None:
+    """The members' pre-flight (inner_loop/preflight.py) on the submitting host, before the first submission:
+    ValueError naming this host and the cause. ``probe_sandbox``: the members run on this host (local launchers)."""
+    from inner_loop.preflight import PreflightError, run_preflight
+
+    try:
+        run_preflight(inner, Path(directory), probe_sandbox=probe_sandbox, member=False)
+    except PreflightError as exc:
+        raise ValueError(str(exc)) from None
+
+
 train_member.validate = validate_inner  # type: ignore[attr-defined]
 train_member.finalize = finalize_member  # type: ignore[attr-defined]
+train_member.stage = stage_inner  # type: ignore[attr-defined]
+train_member.preflight = preflight_host  # type: ignore[attr-defined]
 
 
 def _child_main() -> int:

@@ -1,0 +1,157 @@
+"""Staged, offline members (inner_loop/staging.py, meta/stage.py): a search stages the hub repositories its members
+read into a stage cache, pins them in the manifest, and its members train from the staged snapshots with the hub and
+the network out of reach; what is not staged is refused up front, before anything is written.
+
+The fixture "hub" is a stage cache in the hub's own layout (models--org--name/snapshots/<commit>, refs/main): the tiny
+model and tokenizer built from their config in code, and MBPP rows from tests/fixtures as the hub's parquet files.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from inner_loop.config import ModelConfig
+from inner_loop.models.tiny import build_tiny_model, build_tiny_tokenizer
+from inner_loop.staging import hub_references, stage_inner
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+MODEL_REPO, DATA_REPO = "fixture/tiny-llama", "fixture/mbpp"
+MODEL_COMMIT, DATA_COMMIT = "1" * 40, "2" * 40
+#: the overrides of a search whose members read the fixture repositories by hub name
+SEARCH = ["experiment=tiny_arith", "task=mbpp", f"task.hub_id={DATA_REPO}", "model=hub",
+          f"model.name_or_path={MODEL_REPO}", "model.chat_template=false",
+          "train.num_threads=1", "population=2", "generations=1", "control_member=false", "reevaluate.top_k=0",
+          "train.steps=1", "train.batch_size=4", "train.group_size=2", "train.max_completion_length=8",
+          "train.save_every=1", "train.val_max_new_tokens=8"]
+#: blocks every network connection of a Python process that starts with this directory on PYTHONPATH
+BLOCK_NETWORK = """
+import socket
+def _refuse(self, address, *args, **kwargs):
+    if self.family in (socket.AF_INET, socket.AF_INET6):
+        raise OSError("network blocked by the test")
+    return _connect(self, address, *args, **kwargs)
+_connect = socket.socket.connect
+socket.socket.connect = _refuse
+"""
+
+
+def _repo_dir(cache: Path, kind: str, repo: str, commit: str) -> Path:
+    base = cache / f"{kind}s--{repo.replace('/', '--')}"
+    (base / "refs").mkdir(parents=True, exist_ok=True)
+    (base / "refs" / "main").write_text(commit)
+    snapshot = base / "snapshots" / commit
+    snapshot.mkdir(parents=True, exist_ok=True)
+    return snapshot
+
+
+def stage_fixtures(cache: Path) -> None:
+    """The fixture model and dataset as a download into the stage cache would leave them."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    model_dir = _repo_dir(cache, "model", MODEL_REPO, MODEL_COMMIT)
+    tokenizer = build_tiny_tokenizer()
+    build_tiny_model(ModelConfig(), len(tokenizer), tokenizer).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    data_dir = _repo_dir(cache, "dataset", DATA_REPO, DATA_COMMIT)
+    (data_dir / "full").mkdir()
+    for split in ("train", "validation", "test"):
+        rows = [json.loads(line) for line in (FIXTURES / f"mbpp_{split}.jsonl").read_text().splitlines() if line]
+        pq.write_table(pa.Table.from_pylist(rows), data_dir / "full" / f"{split}-00000-of-00001.parquet")
+    (data_dir / "README.md").write_text(
+        "---\nconfigs:\n- config_name: full\n  data_files:\n" + "".join(
+            f"  - split: {s}\n    path: full/{s}-*\n" for s in ("train", "validation", "test")) + "---\n")
+
+
+@pytest.fixture
+def offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """HF offline as a user sets it, and any network connection of this process is an error."""
+    from huggingface_hub import constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+
+    def refuse(self: socket.socket, address: object, *args: object) -> None:
+        raise AssertionError(f"the test tried to reach the network: {address}")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+
+
+def test_the_tiny_preset_needs_nothing_from_the_hub():
+    from meta.compose import compose
+
+    raw = compose([])
+    assert hub_references({n: raw[n] for n in ("task", "model", "divergence", "train")}) == []
+
+
+def test_the_qwen3_preset_reads_its_model_and_mbpp_from_the_hub():
+    from meta.compose import compose
+
+    raw = compose(["experiment=mbpp_qwen3"])
+    refs = hub_references({n: raw[n] for n in ("task", "model", "divergence", "train")})
+    assert [(r.kind, r.repo_id, r.key) for r in refs] == [("model", "Qwen/Qwen3-1.7B", "model.name_or_path"),
+                                                         ("dataset", "google-research-datasets/mbpp", "task.hub_id")]
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_unstaged_repositories_are_refused_up_front_offline(tmp_path, capsys, caplog, offline, dry_run):
+    from meta.run import main
+
+    caplog.set_level(logging.INFO)
+    run_dir = tmp_path / "run"
+    code = main([*SEARCH, f"stage.cache_dir={tmp_path / 'empty-cache'}", f"run_dir={run_dir}",
+                 f"dry_run={str(dry_run).lower()}"])
+    assert code == 2
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("staging:")]
+    assert len(lines) == 2, lines  # one line per item
+    assert lines[0].startswith(f"staging: missing: model {MODEL_REPO}") and "not in the stage cache" in lines[0]
+    assert lines[1].startswith(f"staging: missing: dataset {DATA_REPO}")
+    err = capsys.readouterr().err
+    assert "2 of 2 hub item(s) not staged" in err and "python -m meta.stage" in err
+    assert not run_dir.exists()  # nothing written
+
+
+def test_a_changed_snapshot_is_not_taken_for_the_pinned_one(tmp_path, offline):
+    cache = tmp_path / "cache"
+    stage_fixtures(cache)
+    inner = {"task": {"name": "mbpp", "hub_id": DATA_REPO}, "model": {"name": "tiny"}}
+    [pin] = stage_inner(inner, cache_dir=cache)
+    assert (pin["status"], pin["revision"]) == ("staged", DATA_COMMIT)
+    readme = Path(pin["path"]) / "README.md"
+    readme.write_text(readme.read_text() + "\n")  # the bytes under the pinned commit changed
+    [again] = stage_inner(inner, cache_dir=cache, pins=[pin])
+    assert again["status"] == "missing" and "no longer holds the pinned content" in again["detail"]
+
+
+def test_staged_fixtures_train_with_the_network_blocked(tmp_path):
+    """meta.run in a process (and members in theirs) where every network connection fails: the search stages from
+    the cache, pins the commits, and its members train from the snapshots."""
+    cache, run_dir, blocker = tmp_path / "cache", tmp_path / "run", tmp_path / "blocker"
+    stage_fixtures(cache)
+    blocker.mkdir()
+    (blocker / "sitecustomize.py").write_text(BLOCK_NETWORK)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(blocker), str(ROOT)]), "HF_HUB_OFFLINE": "1",
+           "HF_DATASETS_OFFLINE": "1", "HF_DATASETS_CACHE": str(tmp_path / "datasets-cache")}
+    done = subprocess.run([sys.executable, "-m", "meta.run", *SEARCH, f"stage.cache_dir={cache}", f"run_dir={run_dir}",
+                           "launcher=debug"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    pins = {item["repo_id"]: item for item in manifest["staged"]["items"]}
+    assert pins[MODEL_REPO]["revision"] == MODEL_COMMIT and pins[DATA_REPO]["revision"] == DATA_COMMIT
+    assert all(len(item["sha256"]) == 64 and item["bytes"] > 0 for item in pins.values())
+    for member in ("member_000", "member_001"):
+        record = json.loads((run_dir / "gen_0000" / member / "result.json").read_text())
+        assert record["status"] == "ok" and record["steps_done"] == 1, record
+        inner = json.loads((run_dir / "gen_0000" / member / "spec.json").read_text())["inner"]
+        assert inner["model"]["name_or_path"] == pins[MODEL_REPO]["path"]
+        assert inner["task"]["hub_id"] == pins[DATA_REPO]["path"]
+    assert f"staging: staged:  model {MODEL_REPO} (model.name_or_path) @ {MODEL_COMMIT}" in done.stderr
