@@ -76,6 +76,12 @@ def _train_in_pinned_child(data: dict[str, Any], save_final: bool) -> ResultReco
     logger.info("member %s: training in a pinned child process", work_dir)
     code, _ = numerics.run_pinned_child(__name__, {"spec": data, "save_final": save_final})
     record = read_result(work_dir)
+    if record is None and code != 0:
+        from inner_loop.preflight import PreflightError, preflight_failure
+
+        failure = preflight_failure(work_dir)
+        if failure is not None:  # the child's node failed its pre-flight: the job must end without a result too
+            raise PreflightError(failure)
     if record is None:
         raise RuntimeError(f"the pinned member process for {work_dir} exited with status {code} without a result")
     return record

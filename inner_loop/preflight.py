@@ -12,6 +12,7 @@ init is never charged for the node's fault. The failure is also written to the m
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import platform
@@ -135,7 +136,8 @@ def local_inputs(inner: Mapping[str, Any]) -> list[Path]:
 def check_readable(paths: list[Path]) -> str:
     """Open and read the first byte of every file under ``paths``; the first failure, or ""."""
     for root in paths:
-        for file in [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file()):
+        # symlinks too: a hub cache's snapshot links to blobs, and a missing blob is a dangling link
+        for file in [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file() or p.is_symlink()):
             try:
                 with file.open("rb") as handle:
                     handle.read(1)
@@ -168,6 +170,20 @@ def check_room(directory: Path, needed: int) -> str:
     return ""
 
 
+def failure_message(host: str, cause: str) -> str:
+    """What a failed pre-flight says: the node, then the cause."""
+    return f"pre-flight failed on node {host}: {cause}"
+
+
+def preflight_failure(work_dir: Path) -> str | None:
+    """The message of the failed pre-flight a member left in ``work_dir`` (None when its last one passed)."""
+    try:
+        failure = json.loads((work_dir / PREFLIGHT_FILE).read_text())
+        return failure_message(failure["host"], failure["cause"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def run_preflight(inner: Mapping[str, Any], work_dir: Path, probe_sandbox: bool = True, member: bool = True) -> None:
     """Every check, the cheap ones first; PreflightError naming this node and the cause on the first failure.
 
@@ -193,4 +209,4 @@ def run_preflight(inner: Mapping[str, Any], work_dir: Path, probe_sandbox: bool 
     if member:
         work_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_json(marker, {"host": host, "cause": cause, "time": time.time()})
-    raise PreflightError(f"pre-flight failed on node {host}: {cause}")
+    raise PreflightError(failure_message(host, cause))

@@ -24,7 +24,6 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from inner_loop.config import ModelConfig, node_config
 from inner_loop.models.cache import cache_root
-from inner_loop.models.loading import QWEN3_1_7B
 from results.store.atomic import atomic_write_json
 
 logger = logging.getLogger(__name__)
@@ -76,6 +75,7 @@ def _is_local(name: str) -> bool:
 
 def hub_references(inner: Mapping[str, Any]) -> list[StageItem]:
     """The hub repositories an inner config loads by name (none for the tiny model, a local path or local data files)."""
+    from inner_loop.models.loading import QWEN3_1_7B
     from inner_loop.tasks import build_task
 
     items = []
