@@ -123,3 +123,27 @@ def test_a_pinned_child_that_failed_its_preflight_fails_its_parent_the_same_way(
     monkeypatch.setattr(member_entry.numerics, "run_pinned_child", child_failing_preflight)
     with pytest.raises(PreflightError, match="pre-flight failed on node node7: no room"):
         member_entry._train_in_pinned_child({"work_dir": str(tmp_path / "m")}, save_final=False)
+
+
+def unfit_node_member(spec: object) -> None:
+    """The entry point of the runner test below: a member whose node fails its pre-flight every time."""
+    work_dir = Path(spec.work_dir)  # type: ignore[attr-defined]
+    work_dir.mkdir(parents=True, exist_ok=True)
+    with (work_dir / "calls.log").open("a") as log:
+        log.write("call\n")
+    raise PreflightError(preflight.failure_message("node9", "no room"))
+
+
+def test_a_member_whose_node_fails_preflight_is_resubmitted_then_given_up_without_a_crash(tmp_path):
+    """Lost, not failed: resubmitted at most max_lost_resubmits times, then failed with the reason; the in-process
+    debug launcher survives the BaseException."""
+    from launch.factory import build_launcher
+    from launch.runner import MemberArrayRunner, RunnerPolicy
+    from results.store.records import MemberSpec
+
+    spec = MemberSpec(run_id="t", generation=0, index=0, seed=0, params=[0.0] * 380, work_dir=str(tmp_path / "m"))
+    launcher = build_launcher({"name": "debug", "cls": "launch.local.launchers:DebugLauncher"})
+    records = MemberArrayRunner(launcher, f"{__name__}:unfit_node_member", [spec], {}, lambda jobs: None,
+                                tmp_path / "submitit", RunnerPolicy(retries=0, timeout_s=30, max_lost_resubmits=2)).run()
+    assert records[0].status == "failed" and "after 3 submissions" in records[0].error
+    assert (tmp_path / "m" / "calls.log").read_text().count("call") == 3
