@@ -176,8 +176,9 @@ def offline_requested() -> bool:
     """Whether this process was told to stay off the network (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE)."""
     from huggingface_hub import constants
 
-    datasets_offline = os.environ.get("HF_DATASETS_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
-    return bool(constants.HF_HUB_OFFLINE) or datasets_offline
+    said = [os.environ.get(name, "").upper() in ("1", "ON", "YES", "TRUE")
+            for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")]
+    return bool(constants.HF_HUB_OFFLINE) or any(said)
 
 
 def go_offline() -> None:

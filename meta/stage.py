@@ -31,9 +31,18 @@ def stage_command(argv: Sequence[str]) -> int:
     from meta.run import prepare
 
     cfg, _raw, _store, manifest, _resuming = prepare(argv)
-    staged = (manifest.get(MANIFEST_KEY) or {}).get("items")
-    if staged is not None and not cfg.dry_run:
-        logger.info("%d item(s) staged; start the search with: python -m meta.run %s", len(staged), " ".join(argv))
+    items = (manifest.get(MANIFEST_KEY) or {}).get("items")
+    if items is None:
+        sys.stdout.write("nothing to stage: the entry point reads nothing from the hub\n")
+        return 0
+    # The pins are this command's output (for pipes and files), as the plan is a dry run's.
+    rows = [f"{item['status']:<8} {item['kind']:<8} {item['repo_id']} @ {item['revision'] or '-'}  "
+            f"{item['path'] if item['status'] == 'staged' else item['detail']}" for item in items]
+    sys.stdout.write("\n".join(rows or ["nothing to stage: the model and the data are built here or local files"])
+                     + "\n")
+    sys.stdout.flush()
+    if items and not cfg.dry_run:
+        logger.info("start the search with: python -m meta.run %s", " ".join(argv))
     return 0
 
 

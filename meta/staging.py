@@ -71,6 +71,8 @@ def stage_run(raw: MutableMapping[str, Any], manifest: MutableMapping[str, Any],
     if not items:
         logger.info("staging: nothing to fetch (the model and the data are built here or are local files)")
     missing = [item for item in items if item["status"] != "staged"]
+    # what was found, for meta.stage to print; persisted only with the run's files, which need every item staged
+    manifest[MANIFEST_KEY] = {"cache_dir": str(Path(cache_dir).expanduser()) if cache_dir else None, "items": items}
     if missing and (fetch or offline):
         raise ConfigError(f"{len(missing)} of {len(items)} hub item(s) not staged ("
                           + ", ".join(f"{m['kind']} {m['repo_id']}" for m in missing) + "; the lines above say why): "
@@ -81,7 +83,6 @@ def stage_run(raw: MutableMapping[str, Any], manifest: MutableMapping[str, Any],
         return
     for item in items:
         _set_dotted(raw, item["key"], item["path"])
-    manifest[MANIFEST_KEY] = {"cache_dir": str(Path(cache_dir).expanduser()) if cache_dir else None, "items": items}
 
 
 def preflight_run(cfg: "SearchConfig") -> None:

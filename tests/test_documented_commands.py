@@ -12,7 +12,7 @@ Where the commands come from, mechanically, so that a newly documented command i
 What "runs" means, per program: everything the command checks before it starts working, through its own entry point,
 in this process, and no work (nothing trains, nothing is submitted, nothing waits):
 
-- ``meta.run``, ``meta.pilot``, ``meta.tune``: the command with ``dry_run=true`` added (its own dry run: compose,
+- ``meta.run``, ``meta.pilot``, ``meta.tune``, ``meta.stage``: the command with ``dry_run=true`` added (its own dry run: compose,
   validate every member's config, print the plan; it writes and submits nothing);
 - ``inner_loop.run``: the real entry point (Hydra's composition, ``-m`` sweeps included, and ``validate_inner``) with
   the training function replaced by a recorder, which must have been reached;
@@ -100,7 +100,7 @@ UNCHECKABLE: dict[str, str] = {
     "python -m pytest": "it runs test files of this suite (the CUDA ones on a GPU), which the suite itself runs",
 }
 #: entry points checked through their own dry run
-DRY_RUN = ("python -m meta.run", "python -m meta.pilot", "python -m meta.tune")
+DRY_RUN = ("python -m meta.run", "python -m meta.pilot", "python -m meta.tune", "python -m meta.stage")
 #: entry points run for real on the prepared run directories (cheap: they read, report or export)
 RUN_ON_PREPARED = ("python -m meta.status", "python -m meta.export", "python -m meta.reevaluate",
                    "python -m results.report", "python -m results.compare", "python -m meta.early_cuts")

@@ -155,3 +155,16 @@ def test_staged_fixtures_train_with_the_network_blocked(tmp_path):
         assert inner["model"]["name_or_path"] == pins[MODEL_REPO]["path"]
         assert inner["task"]["hub_id"] == pins[DATA_REPO]["path"]
     assert f"staging: staged:  model {MODEL_REPO} (model.name_or_path) @ {MODEL_COMMIT}" in done.stderr
+
+
+def test_meta_stage_prints_each_pin_and_writes_no_run_directory(tmp_path, capsys, offline):
+    from meta.stage import main
+
+    cache, run_dir = tmp_path / "cache", tmp_path / "run"
+    stage_fixtures(cache)
+    assert main([*SEARCH, f"stage.cache_dir={cache}", f"run_dir={run_dir}"]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert [row.split()[:4] for row in rows] == [["staged", "model", MODEL_REPO, "@"],
+                                                 ["staged", "dataset", DATA_REPO, "@"]]
+    assert rows[0].split()[4] == MODEL_COMMIT and rows[1].endswith(DATA_COMMIT)
+    assert not run_dir.exists()

@@ -207,6 +207,8 @@ class SlurmLauncher(SubmititLauncher):
                 raise SubmissionError(
                     f"sbatch of array {marker.name} ({len(part)} member(s)) failed {attempts} time(s) "
                     f"(launcher.submit_attempts={attempts}); last error: {error}"
+                    + (f"; its members may not run on node(s) {excluded} (a failed pre-flight or "
+                       "launcher.sbatch_extra.exclude), which may leave no node that can take them" if excluded else "")
                 )
             delay = self.config.submit_backoff_s * 2 ** (attempt - 1)
             logger.warning("sbatch of array %s failed (try %d/%d): %s; retrying in %g s",
