@@ -52,12 +52,27 @@ def train_member(spec: MemberSpec | Mapping[str, Any], save_final: bool = False)
     """Train and validate one member under the numerics its config asks for; returns its ResultRecord."""
     data = _spec_dict(spec)
     if "torch" not in sys.modules and os.environ.get("SUBMITIT_EXECUTOR") in JOB_PROCESS_EXECUTORS:
-        keep_vllm_out_unless_used(data.get("inner") or {})  # a job's own process, there for this member alone
+        settle_member_process(data.get("inner") or {})  # a job's own process, there for this member alone
     if needs_pinned_child(data.get("inner") or {}):
         return _train_in_pinned_child(data, save_final)
     from inner_loop.member import train_member as train
 
     return train(data, save_final=save_final)
+
+
+def settle_member_process(inner: Mapping[str, Any]) -> None:
+    """A process that exists for this one member: vLLM out unless used, and offline (HF_HUB_OFFLINE,
+    HF_DATASETS_OFFLINE) when the member reads nothing from the hub (a staged run: inner_loop/staging.py). Never in a
+    process that may do other work later (a test session, an in-process debug member, an orchestrator)."""
+    from inner_loop.staging import go_offline, hub_references
+
+    keep_vllm_out_unless_used(inner)
+    try:
+        local = not hub_references(inner)
+    except (ValueError, KeyError, TypeError):  # a bad config: the member records that as its failure
+        return
+    if local:
+        go_offline()
 
 
 def keep_vllm_out_unless_used(inner: Mapping[str, Any]) -> None:
@@ -129,7 +144,7 @@ def _child_main() -> int:
     logging.basicConfig(level=os.environ.get("MIRROR_ES_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     payload = numerics.read_child_payload()
-    keep_vllm_out_unless_used(payload["spec"].get("inner") or {})
+    settle_member_process(payload["spec"].get("inner") or {})
     train_member(payload["spec"], save_final=bool(payload.get("save_final")))  # the record is in its work dir
     return 0
 

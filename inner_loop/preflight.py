@@ -23,7 +23,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from inner_loop.staging import go_offline, hub_references
 from results.store.atomic import atomic_write_json
 from results.store.layout import PREFLIGHT_FILE
 
@@ -187,13 +186,11 @@ def preflight_failure(work_dir: Path) -> str | None:
 def run_preflight(inner: Mapping[str, Any], work_dir: Path, probe_sandbox: bool = True, member: bool = True) -> None:
     """Every check, the cheap ones first; PreflightError naming this node and the cause on the first failure.
 
-    ``member``: this process is the member's own: a run that reads nothing from the hub goes offline here, and the
-    outcome is kept in ``work_dir``'s PREFLIGHT_FILE (written on a failure, removed on a pass)."""
+    ``member``: the checks are a member's: the outcome is kept in ``work_dir``'s PREFLIGHT_FILE (written on a failure,
+    removed on a pass)."""
     from inner_loop.tasks import build_task
 
     host = socket.gethostname()
-    if member and not hub_references(inner):
-        go_offline()
     paths = local_inputs(inner)
     cause = check_readable(paths) or check_room(work_dir, checkpoint_bytes(inner, paths))
     sandbox = getattr(build_task(inner["task"]), "sandbox", None)

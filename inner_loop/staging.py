@@ -75,7 +75,7 @@ def _is_local(name: str) -> bool:
 
 def hub_references(inner: Mapping[str, Any]) -> list[StageItem]:
     """The hub repositories an inner config loads by name (none for the tiny model, a local path or local data files)."""
-    from inner_loop.models.loading import QWEN3_1_7B
+    from inner_loop.models.hub_ids import QWEN3_1_7B
     from inner_loop.tasks import build_task
 
     items = []

@@ -37,8 +37,7 @@ def test_a_sandbox_whose_programs_cannot_fork_fails_the_preflight_naming_the_nod
     assert "max_processes=1" in message and platform.release() in message
 
 
-def test_a_member_records_its_failure_and_a_later_pass_clears_it(tmp_path, monkeypatch):
-    monkeypatch.setattr(preflight, "go_offline", lambda: None)  # this test process must stay as it is
+def test_a_member_records_its_failure_and_a_later_pass_clears_it(tmp_path):
     with pytest.raises(PreflightError):
         run_preflight(_inner(sandbox={"max_processes": 1}), tmp_path)
     failure = json.loads((tmp_path / PREFLIGHT_FILE).read_text())
@@ -97,7 +96,6 @@ def test_a_member_that_fails_its_preflight_ends_without_a_result(tmp_path, monke
     from meta.compose import compose
     from results.store.records import MemberSpec
 
-    monkeypatch.setattr(preflight, "go_offline", lambda: None)  # the member runs in this test's process
     raw = compose(["task=mbpp", f"task.train_file={FIXTURES / 'mbpp_train.jsonl'}",
                    f"task.test_file={FIXTURES / 'mbpp_test.jsonl'}", "task.validation_size=1",
                    "+task.sandbox.max_processes=1", "model.cpu_numerics=native"])

@@ -168,3 +168,25 @@ def test_meta_stage_prints_each_pin_and_writes_no_run_directory(tmp_path, capsys
                                                  ["staged", "dataset", DATA_REPO, "@"]]
     assert rows[0].split()[4] == MODEL_COMMIT and rows[1].endswith(DATA_COMMIT)
     assert not run_dir.exists()
+
+
+def test_a_member_process_reading_nothing_from_the_hub_goes_offline_without_importing_torch(tmp_path):
+    code = (
+        "import os, sys, json, huggingface_hub.constants as hub\n"
+        "import inner_loop.member_entry as entry\n"
+        "local = {'task': {'name': 'mbpp', 'hub_id': sys.argv[1]}, 'model': {'name': 'hub', 'name_or_path': "
+        "sys.argv[1]}, 'train': {}}\n"
+        "by_name = {**local, 'model': {'name': 'qwen3_1_7b'}}\n"
+        "entry.settle_member_process(by_name)\n"
+        "before = (os.environ.get('HF_HUB_OFFLINE'), hub.HF_HUB_OFFLINE)\n"
+        "entry.settle_member_process(local)\n"
+        "print(json.dumps([before, (os.environ.get('HF_HUB_OFFLINE'), os.environ.get('HF_DATASETS_OFFLINE'),"
+        " hub.HF_HUB_OFFLINE), 'torch' in sys.modules]))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_OFFLINE"))}
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    before, after, torch_imported = json.loads(done.stdout.splitlines()[-1])
+    assert before == [None, False]  # a member that loads Qwen3 by hub name keeps the network
+    assert after == ["1", "1", True] and not torch_imported
