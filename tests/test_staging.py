@@ -190,3 +190,11 @@ def test_a_member_process_reading_nothing_from_the_hub_goes_offline_without_impo
     before, after, torch_imported = json.loads(done.stdout.splitlines()[-1])
     assert before == [None, False]  # a member that loads Qwen3 by hub name keeps the network
     assert after == ["1", "1", True] and not torch_imported
+
+
+def test_the_pilot_stages_as_the_search_does(tmp_path, capsys, offline):
+    from meta.pilot import main
+
+    run_dir = tmp_path / "pilot"
+    assert main([*SEARCH, f"stage.cache_dir={tmp_path / 'empty-cache'}", f"run_dir={run_dir}", "dry_run=true"]) == 2
+    assert "2 of 2 hub item(s) not staged" in capsys.readouterr().err and not run_dir.exists()
