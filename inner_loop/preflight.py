@@ -193,7 +193,10 @@ def run_preflight(inner: Mapping[str, Any], work_dir: Path, probe_sandbox: bool 
     host = socket.gethostname()
     paths = local_inputs(inner)
     cause = check_readable(paths) or check_room(work_dir, checkpoint_bytes(inner, paths))
-    sandbox = getattr(build_task(inner["task"]), "sandbox", None)
+    try:
+        sandbox = getattr(build_task(inner["task"]), "sandbox", None)
+    except (ValueError, KeyError, TypeError):  # a bad task config is the member's own failure, recorded right after
+        sandbox = None
     if not cause and probe_sandbox and sandbox is not None:
         cause = check_sandbox(sandbox)
     marker = work_dir / PREFLIGHT_FILE
