@@ -7,7 +7,7 @@ members. Staging resolves each hub reference of the inner config to one commit, 
 stage cache (an ordinary hub cache: ``huggingface_hub.snapshot_download(cache_dir=...)``), and hands back the
 snapshot's local directory, which replaces the hub name in the members' config: transformers, vLLM and
 ``datasets.load_dataset`` then all read the same local files. The pin (commit, content hash, bytes) goes into the
-run's manifest (meta/stage.py); later checks compare against it.
+run's manifest (meta/staging.py); later checks compare against it.
 
 This module knows which inner-config keys name hub repositories; the outer loop only rewrites the keys it is given.
 """
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
+import socket
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,8 +25,6 @@ from typing import Any, Iterable, Mapping, Sequence
 from inner_loop.config import ModelConfig, node_config
 from inner_loop.models.cache import cache_root
 from results.store.atomic import atomic_write_json
-
-logger = logging.getLogger(__name__)
 
 #: the files of a model snapshot a run reads: weights (safetensors), configs, tokenizer and chat template
 MODEL_PATTERNS = ("*.json", "*.safetensors", "*.txt", "*.jinja", "*.model", "*.tiktoken")
@@ -59,9 +57,9 @@ class StageItem:
             return f"staged:  {name} @ {self.revision} -> {self.path}"
         return f"missing: {name}: {self.detail}"
 
-    def as_dict(self) -> dict[str, Any]:
-        """The pin a manifest keeps, plus its ``line`` and whether this process is ``offline`` (cannot fetch it)."""
-        return {**asdict(self), "line": self.line(), "offline": offline_requested()}
+    def as_dict(self, offline: bool = False) -> dict[str, Any]:
+        """The pin a manifest keeps, plus its ``line`` and whether this host is ``offline`` (cannot fetch it)."""
+        return {**asdict(self), "line": self.line(), "offline": offline}
 
 
 def default_cache_dir() -> Path:
@@ -138,15 +136,21 @@ def stage_inner(inner: Mapping[str, Any], cache_dir: str | Path | None = None,
     ``pins``: the items of an earlier staging (a run's manifest); a pinned repository is looked up at its pinned
     commit and must still hold the same bytes, so a resumed run never reads another revision. ``revisions``: the
     revision per repo id to stage when nothing is pinned yet (default ``main``). Returns the items as dicts
-    (``StageItem`` fields), staged or missing with the reason; nothing here raises for a missing repository.
+    (``StageItem`` fields, with ``line`` and ``offline``: this host can fetch nothing, as it was told (HF_HUB_OFFLINE)
+    or finds by one connection to the hub before fetching, or in a dry run when something is missing), staged or
+    missing with the reason; nothing here raises for a missing repository.
     """
     import httpx
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     cache = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
     pinned = {(p.get("kind"), p.get("repo_id")): p for p in pins}
+    references = hub_references(inner)
+    # A host without network is found out once, here, not by huggingface_hub's retries per file (a minute or more)
+    offline = bool(references) and fetch and (offline_requested() or not hub_reachable())
+    fetch = fetch and not offline
     out = []
-    for item in hub_references(inner):
+    for item in references:
         pin = pinned.get((item.kind, item.repo_id))
         revision = (pin or {}).get("revision") or (revisions or {}).get(item.repo_id) or "main"
         try:
@@ -163,8 +167,13 @@ def stage_inner(inner: Mapping[str, Any], cache_dir: str | Path | None = None,
                 item.status = MISSING
                 item.detail = (f"the snapshot {snapshot} no longer holds the pinned content (sha256 {pin.get('sha256')}, "
                                f"{pin.get('bytes')} bytes; found {item.sha256}, {item.bytes} bytes)")
-        out.append(item.as_dict())
-    return out
+        out.append(item)
+    if not offline and not fetch and any(i.status == MISSING for i in out):  # a dry run: could this host fetch it?
+        offline = offline_requested() or not hub_reachable()
+    for item in out:
+        if offline and item.status == MISSING:
+            item.detail += "; this host is offline (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE, or no connection to the hub)"
+    return [item.as_dict(offline) for item in out]
 
 
 def is_offline_ready(inner: Mapping[str, Any]) -> bool:
@@ -179,6 +188,21 @@ def offline_requested() -> bool:
     said = [os.environ.get(name, "").upper() in ("1", "ON", "YES", "TRUE")
             for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")]
     return bool(constants.HF_HUB_OFFLINE) or any(said)
+
+
+def hub_reachable(timeout_s: float = 3.0) -> bool:
+    """Whether a TCP connection to the hub's endpoint opens within ``timeout_s`` (one try: a node without network
+    answers at once or not at all, where huggingface_hub and datasets would retry for a minute)."""
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    endpoint = urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((endpoint.hostname or "", endpoint.port or 443), timeout=timeout_s).close()
+    except OSError:
+        return False
+    return True
 
 
 def go_offline() -> None:

@@ -102,6 +102,39 @@ def test_the_qwen3_preset_reads_its_model_and_mbpp_from_the_hub():
                                                          ("dataset", "google-research-datasets/mbpp", "task.hub_id")]
 
 
+@pytest.fixture
+def unreachable(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """No offline setting, but no connection opens either (a compute node without network); the addresses tried."""
+    from huggingface_hub import constants
+
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    tried: list[object] = []
+
+    def refuse(self: socket.socket, address: object, *args: object) -> None:
+        tried.append(address)
+        raise OSError("network unreachable (test)")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", lambda host, port, *a, **k: [
+        (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("192.0.2.1", port))])  # resolves, as DNS would on a cluster
+    return tried
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_without_network_unstaged_repositories_are_refused_after_one_connection_try(tmp_path, capsys, caplog,
+                                                                                    unreachable, dry_run):
+    from meta.run import main
+
+    caplog.set_level(logging.INFO)
+    code = main([*SEARCH, f"stage.cache_dir={tmp_path / 'empty-cache'}", f"run_dir={tmp_path / 'run'}",
+                 f"dry_run={str(dry_run).lower()}"])
+    assert code == 2 and len(unreachable) == 1  # one try, not huggingface_hub's retries per file
+    assert "this host is offline" in caplog.text and "2 of 2 hub item(s) not staged" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("dry_run", [True, False])
 def test_unstaged_repositories_are_refused_up_front_offline(tmp_path, capsys, caplog, offline, dry_run):
     from meta.run import main
