@@ -72,7 +72,7 @@ def _is_local(name: str) -> bool:
 
 
 def hub_references(inner: Mapping[str, Any]) -> list[StageItem]:
-    """The hub repositories an inner config loads by name (none for the tiny model, a local path or local data files)."""
+    """The hub repositories an inner config loads by name (none for the tiny model, local paths or local data)."""
     from inner_loop.models.hub_ids import QWEN3_1_7B
     from inner_loop.tasks import build_task
 
@@ -165,8 +165,9 @@ def stage_inner(inner: Mapping[str, Any], cache_dir: str | Path | None = None,
             item.status = STAGED
             if pin and (pin.get("sha256"), pin.get("bytes")) != (item.sha256, item.bytes):
                 item.status = MISSING
-                item.detail = (f"the snapshot {snapshot} no longer holds the pinned content (sha256 {pin.get('sha256')}, "
-                               f"{pin.get('bytes')} bytes; found {item.sha256}, {item.bytes} bytes)")
+                item.detail = (f"the snapshot {snapshot} no longer holds the pinned content (sha256 "
+                               f"{pin.get('sha256')}, {pin.get('bytes')} bytes; found {item.sha256}, "
+                               f"{item.bytes} bytes)")
         out.append(item)
     if not offline and not fetch and any(i.status == MISSING for i in out):  # a dry run: could this host fetch it?
         offline = offline_requested() or not hub_reachable()

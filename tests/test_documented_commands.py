@@ -12,8 +12,8 @@ Where the commands come from, mechanically, so that a newly documented command i
 What "runs" means, per program: everything the command checks before it starts working, through its own entry point,
 in this process, and no work (nothing trains, nothing is submitted, nothing waits):
 
-- ``meta.run``, ``meta.pilot``, ``meta.tune``, ``meta.stage``: the command with ``dry_run=true`` added (its own dry run: compose,
-  validate every member's config, print the plan; it writes and submits nothing);
+- ``meta.run``, ``meta.pilot``, ``meta.tune``, ``meta.stage``: the command with ``dry_run=true`` added (its own dry
+  run: compose, validate every member's config, print the plan; it writes and submits nothing);
 - ``inner_loop.run``: the real entry point (Hydra's composition, ``-m`` sweeps included, and ``validate_inner``) with
   the training function replaced by a recorder, which must have been reached;
 - ``inner_loop.evaluate``: the real entry point up to loading the trained model (the arguments, the finished run, the

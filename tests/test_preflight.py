@@ -141,7 +141,8 @@ def test_a_member_whose_node_fails_preflight_is_resubmitted_then_given_up_withou
 
     spec = MemberSpec(run_id="t", generation=0, index=0, seed=0, params=[0.0] * 380, work_dir=str(tmp_path / "m"))
     launcher = build_launcher({"name": "debug", "cls": "launch.local.launchers:DebugLauncher"})
+    policy = RunnerPolicy(retries=0, timeout_s=30, max_lost_resubmits=2)
     records = MemberArrayRunner(launcher, f"{__name__}:unfit_node_member", [spec], {}, lambda jobs: None,
-                                tmp_path / "submitit", RunnerPolicy(retries=0, timeout_s=30, max_lost_resubmits=2)).run()
+                                tmp_path / "submitit", policy).run()
     assert records[0].status == "failed" and "after 3 submissions" in records[0].error
     assert (tmp_path / "m" / "calls.log").read_text().count("call") == 3
