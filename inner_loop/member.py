@@ -27,6 +27,7 @@ from inner_loop.evaluate import EvalResult, evaluate, evaluation_entry
 from inner_loop.final_model import save_final_model
 from inner_loop.intermediate_eval import IntermediateEvalCallback
 from inner_loop.member_records import record_failure, record_success
+from inner_loop.preflight import run_preflight
 from inner_loop.run_setup import ExtraRun, PreparedRun, build_trainer, prepare, validate_inner
 from inner_loop.grpo.trainer import MirrorGRPOTrainer
 from results.store.layout import FINAL_MODEL_DIR  # a single run's trained model, whatever keep_checkpoints says
@@ -118,6 +119,9 @@ def train_member(spec: MemberSpec | Mapping[str, Any], save_final: bool = False)
             logger.warning("member %s: finished without a %s/ model (trained by an ES run or an older version)",
                            work_dir, FINAL_MODEL_DIR)
         return existing
+    # This node's own checks, before any data or model is read; a failure ends the job without a result (the
+    # launcher resubmits it and the init is not charged): inner_loop/preflight.py
+    run_preflight(spec.inner, work_dir)
     started = time.monotonic()
     trainer: MirrorGRPOTrainer | None = None
     device: dict[str, Any] = {}

@@ -60,7 +60,7 @@ def train_member(spec: MemberSpec | Mapping[str, Any], save_final: bool = False)
     data = _spec_dict(spec)
     executor = os.environ.get("SUBMITIT_EXECUTOR")
     if "torch" not in sys.modules and executor in JOB_PROCESS_EXECUTORS:
-        keep_vllm_out_unless_used(data.get("inner") or {})  # a job's own process, there for this member alone
+        settle_member_process(data.get("inner") or {})  # a job's own process, there for this member alone
     if executor == SLURM_EXECUTOR and threading.current_thread() is threading.main_thread():
         notice.install()  # after submitit's handlers, which run once the checkpoint is saved
         return notice.run_handing_on(lambda: _train_here_or_pinned(data, save_final))
@@ -73,6 +73,21 @@ def _train_here_or_pinned(data: dict[str, Any], save_final: bool) -> ResultRecor
     from inner_loop.member import train_member as train
 
     return train(data, save_final=save_final)
+
+
+def settle_member_process(inner: Mapping[str, Any]) -> None:
+    """A process that exists for this one member: vLLM out unless used, and offline (HF_HUB_OFFLINE,
+    HF_DATASETS_OFFLINE) when the member reads nothing from the hub (a staged run: inner_loop/staging.py). Never in a
+    process that may do other work later (a test session, an in-process debug member, an orchestrator)."""
+    from inner_loop.staging import go_offline, hub_references
+
+    keep_vllm_out_unless_used(inner)
+    try:
+        local = not hub_references(inner)
+    except (ValueError, KeyError, TypeError):  # a bad config: the member records that as its failure
+        return
+    if local:
+        go_offline()
 
 
 def keep_vllm_out_unless_used(inner: Mapping[str, Any]) -> None:
@@ -95,6 +110,12 @@ def _train_in_pinned_child(data: dict[str, Any], save_final: bool) -> ResultReco
     finally:
         notice.attach_child(None)
     record = read_result(work_dir)
+    if record is None and code != 0:
+        from inner_loop.preflight import PreflightError, preflight_failure
+
+        failure = preflight_failure(work_dir)
+        if failure is not None:  # the child's node failed its pre-flight: the job must end without a result too
+            raise PreflightError(failure)
     if record is None:
         raise RuntimeError(f"the pinned member process for {work_dir} exited with status {code} without a result")
     return record
@@ -114,15 +135,35 @@ def finalize_member(spec: MemberSpec | Mapping[str, Any]) -> None:
     finalize(spec)
 
 
+def stage_inner(inner: Mapping[str, Any], **options: Any) -> list[dict[str, Any]]:
+    """What a member of ``inner`` reads from the hub, staged: see inner_loop.staging.stage_inner."""
+    from inner_loop.staging import stage_inner as stage
+
+    return stage(inner, **options)
+
+
+def preflight_host(inner: Mapping[str, Any], directory: str | Path, probe_sandbox: bool) -> None:
+    """The members' pre-flight (inner_loop/preflight.py) on the submitting host, before the first submission:
+    ValueError naming this host and the cause. ``probe_sandbox``: the members run on this host (local launchers)."""
+    from inner_loop.preflight import PreflightError, run_preflight
+
+    try:
+        run_preflight(inner, Path(directory), probe_sandbox=probe_sandbox, member=False)
+    except PreflightError as exc:
+        raise ValueError(str(exc)) from None
+
+
 train_member.validate = validate_inner  # type: ignore[attr-defined]
 train_member.finalize = finalize_member  # type: ignore[attr-defined]
+train_member.stage = stage_inner  # type: ignore[attr-defined]
+train_member.preflight = preflight_host  # type: ignore[attr-defined]
 
 
 def _child_main() -> int:
     logging.basicConfig(level=os.environ.get("MIRROR_ES_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     payload = numerics.read_child_payload()
-    keep_vllm_out_unless_used(payload["spec"].get("inner") or {})
+    settle_member_process(payload["spec"].get("inner") or {})
     notice.install()  # a notice forwarded by the job process: save at the end of the step, then stop
     try:
         train_member(payload["spec"], save_final=bool(payload.get("save_final")))  # the record is in its work dir

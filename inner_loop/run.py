@@ -61,7 +61,13 @@ def main(cfg: DictConfig) -> None:
         logger.error("configuration error: %s", exc)
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
-    record = train_member(spec, save_final=True)
+    from inner_loop.preflight import PreflightError
+
+    try:
+        record = train_member(spec, save_final=True)
+    except PreflightError as exc:  # this node cannot run it (inner_loop/preflight.py): one line, not a traceback
+        logger.error("%s", exc)
+        sys.exit(1)
     print(json.dumps(record.to_dict(), indent=2))
     if HydraConfig.get().mode == RunMode.MULTIRUN:
         return  # sys.exit here would end the sweep after its first job; result.json records the outcome

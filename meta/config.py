@@ -237,7 +237,7 @@ def _check_resources(raw: Mapping[str, Any], launcher: Mapping[str, Any], inner_
 # Keys holding a filesystem path. A run records them absolute (resolved against the directory the user ran
 # in), so that a resume from another directory, and every member on every node, reads the same files.
 PATH_KEYS = ("run_dir", "init", "task.train_file", "task.test_file", "task.problems_file", "divergence.init",
-             "model.gguf_file", "model.name_or_path")
+             "model.gguf_file", "model.name_or_path", "stage.cache_dir")
 # Values of these keys that are names, not paths.
 _NOT_PATHS = {"init": ("uniform", "gaussian")}
 

@@ -49,6 +49,7 @@ from meta.config import (
     check_member_launch,
 )
 from meta.resume import check_resume
+from meta.staging import stage_run
 from results.report.pilot import CENTRE, MINUS, PILOT_KIND, PLUS, member_index
 from results.store.config_nodes import refuse_unknown_keys
 from results.store.layout import JOBS_FILE, LAUNCHER_DIR, member_dir_name
@@ -229,6 +230,7 @@ def prepare(argv: Sequence[str]) -> Prepared:
     if isinstance(raw.get("pilot"), dict):
         export = export or raw["pilot"].get("export")
         raw["pilot"]["export"] = None
+    stage_run(raw, manifest, resuming, fetch=not raw.get("dry_run"))  # as meta.run: hub names -> staged snapshots
     if resuming:
         stored = yaml.safe_load(store.read_config_text()) or {}
         check_resume(stored, raw, PILOT_KEYS, run_dir, "pilot")

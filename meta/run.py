@@ -36,6 +36,7 @@ from meta.config import (
 from meta.cli_args import run_command
 from meta.compose import compose, merge_overrides
 from meta.resume import check_job_namespace, check_resume
+from meta.staging import preflight_run, stage_run
 from results.store.provenance import code_version
 from results.store.run_store import RunStore
 
@@ -73,14 +74,16 @@ def prepare(argv: Sequence[str]) -> tuple[SearchConfig, dict[str, Any], RunStore
                               f"python -m meta.{manifest['kind']} run_dir={run_dir}")
         combined = merge_overrides(manifest.get("overrides", []), overrides)
         raw = compose(combined)
-        absolute_paths(raw, cwd)
+    else:
+        raw = fresh
+        manifest = {"overrides": merge_overrides([], overrides)}
+    absolute_paths(raw, cwd)
+    # hub names -> staged local snapshots (fetched unless a dry run), before anything reads data or compares configs
+    stage_run(raw, manifest, resuming, fetch=not raw.get("dry_run"))
+    if resuming:
         stored = yaml.safe_load(store.read_config_text()) or {}
         check_resume(stored, raw, SEARCH_KEYS, run_dir, "search")
         manifest["overrides"] = combined
-    else:
-        raw = fresh
-        absolute_paths(raw, cwd)
-        manifest = {"overrides": merge_overrides([], overrides)}
     raw["run_dir"] = run_dir
     cfg = build_search_config(raw)
     return cfg, raw, store, manifest, resuming
@@ -134,6 +137,7 @@ def run(argv: Sequence[str]) -> int:
         sys.stdout.flush()
         return 0
     check_members_can_start(cfg.launcher)
+    preflight_run(cfg)  # this host's checks of what the members need, before anything is written or submitted
     manifest.update(check_job_namespace(raw, manifest))
 
     def body() -> int:

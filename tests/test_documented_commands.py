@@ -12,8 +12,8 @@ Where the commands come from, mechanically, so that a newly documented command i
 What "runs" means, per program: everything the command checks before it starts working, through its own entry point,
 in this process, and no work (nothing trains, nothing is submitted, nothing waits):
 
-- ``meta.run``, ``meta.pilot``, ``meta.tune``: the command with ``dry_run=true`` added (its own dry run: compose,
-  validate every member's config, print the plan; it writes and submits nothing);
+- ``meta.run``, ``meta.pilot``, ``meta.tune``, ``meta.stage``: the command with ``dry_run=true`` added (its own dry
+  run: compose, validate every member's config, print the plan; it writes and submits nothing);
 - ``inner_loop.run``: the real entry point (Hydra's composition, ``-m`` sweeps included, and ``validate_inner``) with
   the training function replaced by a recorder, which must have been reached;
 - ``inner_loop.evaluate``: the real entry point up to loading the trained model (the arguments, the finished run, the
@@ -25,7 +25,7 @@ in this process, and no work (nothing trains, nothing is submitted, nothing wait
 - ``scripts/main.sh``: the command the script execs, read from the script, with the documented arguments, as above.
 
 Placeholders in the docs (``outputs/meta_...``, ``<pilot dir>``, ...) are replaced by the prepared directories
-(PLACEHOLDERS); commands whose task reads a hub dataset get the repository's fixtures instead (HUB_DATA: there is no
+(PLACEHOLDERS); commands that read a hub dataset or model get the repository's fixtures instead (HUB_DATA: there is no
 network here). Commands this test cannot run cheaply are listed in UNCHECKABLE with the reason. Each table is checked
 to be in use, so none of them grows entries that hide nothing.
 """
@@ -74,13 +74,16 @@ PLACEHOLDERS_BY_PROGRAM: dict[tuple[str, str], str] = {
     ("python -m meta.run", "<run dir>"): "search",
     ("python -m meta.tune", "<run dir>"): "tune",
 }
-#: hub dataset -> (the overrides that select it, the overrides that put the repository's fixtures in the hub's format
-#: in its place; tests/test_experiments.py composes the presets the same way)
+#: hub repository -> (the overrides that select it, the overrides that put the repository's fixtures in the hub's format
+#: in its place; tests/test_experiments.py composes the presets the same way). A hub model gets a local directory in
+#: place of its staged snapshot (docs/usage.md "Staged, offline members"): no command checked here reads its weights.
 HUB_DATA: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "google-research-datasets/mbpp": (
         ("experiment=mbpp_qwen3", "task=mbpp"),
         (f"task.train_file={FIXTURES / 'mbpp_train.jsonl'}", f"task.test_file={FIXTURES / 'mbpp_test.jsonl'}",
          "task.validation_size=2")),
+    "Qwen/Qwen3-1.7B": (("experiment=mbpp_qwen3", "experiment=gsm8k_qwen3", "model=qwen3_1_7b"),
+                        (f"model.name_or_path={FIXTURES}",)),
     "openai/gsm8k": (
         ("experiment=gsm8k_qwen3", "task=gsm8k"),
         (f"task.train_file={FIXTURES / 'gsm8k_train.jsonl'}", f"task.test_file={FIXTURES / 'gsm8k_test.jsonl'}",
@@ -100,7 +103,7 @@ UNCHECKABLE: dict[str, str] = {
     "python -m pytest": "it runs test files of this suite (the CUDA ones on a GPU), which the suite itself runs",
 }
 #: entry points checked through their own dry run
-DRY_RUN = ("python -m meta.run", "python -m meta.pilot", "python -m meta.tune")
+DRY_RUN = ("python -m meta.run", "python -m meta.pilot", "python -m meta.tune", "python -m meta.stage")
 #: entry points run for real on the prepared run directories (cheap: they read, report or export)
 RUN_ON_PREPARED = ("python -m meta.status", "python -m meta.export", "python -m meta.reevaluate",
                    "python -m results.report", "python -m results.compare", "python -m meta.early_cuts")

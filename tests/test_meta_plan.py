@@ -17,6 +17,9 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 MBPP_LOCAL = [f"task.train_file={FIXTURES / 'mbpp_train.jsonl'}", f"task.test_file={FIXTURES / 'mbpp_test.jsonl'}",
               "task.validation_size=2"]
+#: a local directory where staging would put Qwen3's snapshot: the hub is out of reach here, and a dry run with the
+#: model unstaged offline exits 2 (docs/usage.md "Staged, offline members"); a plan reads no weights
+STAGED_MODEL = [f"model.name_or_path={FIXTURES}"]
 SCHEDULER_COMMANDS = ("sbatch", "sacct", "squeue", "scontrol", "scancel", "srun", "sacctmgr", "sinfo")
 
 
@@ -36,7 +39,7 @@ def test_mbpp_dry_run_at_population_180_prints_the_plan_and_touches_nothing(tmp_
     run_dir = tmp_path / "would_be_run"
     proc = subprocess.run(
         [sys.executable, "-m", "meta.run", "experiment=mbpp_qwen3", "launcher=slurm", "population=180",
-         "generations=15", "dry_run=true", f"run_dir={run_dir}", *MBPP_LOCAL],
+         "generations=15", "dry_run=true", f"run_dir={run_dir}", *MBPP_LOCAL, *STAGED_MODEL],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -202,3 +202,34 @@ def test_names_stay_parseable_and_within_accounting_length() -> None:
     assert parse_chunk_job_name(name) == ("x" * 160, "run-with-odd-chars", 12345, 999)
     longest = chunk_job_name("x" * 160, "r" * 500, 99999, 9999)
     assert len(longest) <= 255 and parse_chunk_job_name(longest) == ("x" * 160, "r" * 64, 99999, 9999)
+
+
+def test_a_member_that_failed_its_preflight_is_lost_and_resubmitted_without_that_node(tmp_path: Path) -> None:
+    """A job that ended FAILED with the member's pre-flight failure in its work dir is the node's fault: lost (the
+    runner resubmits it, at most max_lost_resubmits times, the init not charged), and its next array excludes that
+    node (with the user's own --exclude kept); other arrays are not restricted; a plain crash stays a failure."""
+    import json
+
+    from launch.slurm.queries import TaskState
+    from results.store.layout import PREFLIGHT_FILE
+
+    sbatch = _FakeSbatch()
+    launcher = _launcher(sbatch)
+    first, second = _specs(tmp_path, 2)
+    [ref] = launcher.submit(ENTRY, [first], tmp_path / "sub", 60.0)
+    assert sbatch.parameters["exclude"] is None
+    Path(first.work_dir).mkdir(parents=True)
+    (Path(first.work_dir) / PREFLIGHT_FILE).write_text(json.dumps({"host": "gpu17", "cause": "bwrap failed"}))
+    launcher._states[ref.job_id] = TaskState(ref.job_id, "FAILED", "1:0")
+    assert launcher.ended_status(ref) is None
+    [again] = launcher.submit(ENTRY, [first], tmp_path / "sub", 60.0)
+    assert sbatch.parameters["exclude"] == "gpu17"
+    (Path(first.work_dir) / PREFLIGHT_FILE).write_text(json.dumps({"host": "gpu03", "cause": "no room"}))
+    launcher._states[again.job_id] = TaskState(again.job_id, "FAILED", "1:0")
+    assert launcher.ended_status(again) is None
+    [third] = launcher.submit(ENTRY, [first], tmp_path / "sub", 60.0)
+    assert sbatch.parameters["exclude"] == "gpu03,gpu17"
+    [other] = launcher.submit(ENTRY, [second], tmp_path / "sub", 60.0)
+    assert sbatch.parameters["exclude"] is None
+    launcher._states[other.job_id] = TaskState(other.job_id, "FAILED", "1:0")  # no pre-flight file: its own crash
+    assert launcher.ended_status(other)[0] == "failed"

@@ -12,12 +12,12 @@ from pathlib import Path
 import torch
 
 from inner_loop.config import ModelConfig
+from inner_loop.models.hub_ids import QWEN3_1_7B
 from inner_loop.models.smollm2 import smollm2_model_dir
 from inner_loop.models.tiny import tiny_model_dir
 
 logger = logging.getLogger(__name__)
 
-QWEN3_1_7B = "Qwen/Qwen3-1.7B"
 #: what a trained model's folder (a single run's final/) holds: a PEFT adapter, or a full transformers model
 ADAPTER_CONFIG_FILE = "adapter_config.json"
 FULL_MODEL_CONFIG_FILE = "config.json"

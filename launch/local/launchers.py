@@ -1,6 +1,7 @@
 """The launchers of this machine: ``local`` (one process per member) and ``debug`` (in-process, for tests)."""
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
@@ -11,6 +12,8 @@ from launch.local.gpu_slots import GpuSlotBook, Slot, cut_slots
 from launch.member import run_member
 from launch.submitit_base import MAX_GPUS_PER_MEMBER, SubmititLauncher, check_gpus_per_member
 from results.store.records import MemberSpec
+
+logger = logging.getLogger(__name__)
 
 
 class LocalLauncher(SubmititLauncher):
@@ -234,6 +237,7 @@ class DebugLauncher(SubmititLauncher):
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         self._pending: list[str] = []
+        self._ended: dict[str, str] = {}  # job id -> what ended it without a result (not an Exception: not rerun)
 
     def _make_executor(self, folder: Path, timeout_s: float) -> Any:
         import submitit
@@ -254,10 +258,17 @@ class DebugLauncher(SubmititLauncher):
     def progress(self) -> None:
         """Run the next pending member; ``exception()`` executes it without DebugJob's pdb hook."""
         while self._pending:
-            job = self._jobs.get(self._pending.pop(0))
+            job_id = self._pending.pop(0)
+            job = self._jobs.get(job_id)
             if job is None or job.cancelled:
                 continue
-            job.exception()
+            try:
+                job.exception()
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as exc:  # e.g. a failed pre-flight: a job that ends without a result, not a crash
+                logger.warning("debug job ended without a result: %s", exc)  # of the orchestrator; resubmitted
+                self._ended[job_id] = str(exc)
             return
 
     def is_alive(self, ref: JobRef) -> bool:
@@ -268,4 +279,6 @@ class DebugLauncher(SubmititLauncher):
         job = self._job(ref)
         if job is None:
             return "job was lost with the orchestrator process (debug launcher)"
+        if ref.job_id in self._ended:  # asking the DebugJob again would run the member again
+            return f"job ended without writing a result: {self._ended[ref.job_id]}"
         return super().failure_reason(ref)

@@ -13,6 +13,10 @@ and how a dead job without a result ended. Here:
   timeout, out of memory or a crash -> failed); node failures and unknown jobs are "lost" (None), which the
   runner resubmits. Jobs cancelled by the orchestrator itself (abort) are remembered in the launcher
   folder, so a resumed run resubmits them instead of recording them as cancelled.
+- pre-flight: a member whose node failed its pre-flight (inner_loop/preflight.py) ends FAILED without a result and
+  with the node and cause in its PREFLIGHT_FILE; that job is lost, not failed: the runner resubmits it (at most
+  ``max_lost_resubmits`` times, the init never charged) and its next array excludes every node it failed on
+  (``sbatch --exclude``). Which member a job ran is known to the process that submitted it.
 - waiting: tasks sacct sees queued for a reason that means they may never start (partition down, a node
   down for good after a requeue, bad constraints); the runner cancels one pending like that longer than
   ``max_pending_s``. Tasks waiting their turn (priority, resources, QOS limits) are never given up on.
@@ -22,6 +26,7 @@ Re-attach needs no extra state: job ids in jobs.json are SLURM ids that sacct an
 """
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
@@ -35,7 +40,7 @@ from launch.slurm.options import SlurmOptions
 from launch.slurm.queries import SlurmQueries, SlurmQueryError, TaskState, base_job_id, pending_may_never_start
 from launch.submitit_base import SubmititLauncher, check_gpus_per_member
 from results.store.atomic import atomic_write_json
-from results.store.layout import CANCELLED_FILE
+from results.store.layout import CANCELLED_FILE, PREFLIGHT_FILE
 from results.store.records import MemberSpec
 
 logger = logging.getLogger(__name__)
@@ -87,6 +92,8 @@ class SlurmLauncher(SubmititLauncher):
         self._time_min: int | None = None
         self._queue_logged_at = float("-inf")
         self._reasons_logged: set[tuple[str, bool]] = set()
+        self._work_dirs: dict[str, str] = {}  # job id -> the work dir of the member it runs (submitted here)
+        self._excluded: dict[str, set[str]] = {}  # member work dir -> nodes it failed its pre-flight on
 
     # ------------------------------------------------------------ submit
     def _make_executor(self, folder: Path, timeout_s: float) -> Any:
@@ -157,6 +164,7 @@ class SlurmLauncher(SubmititLauncher):
                 self._jobs[job_id] = job
                 self._submitted_at[job_id] = now
                 self._queried_at.setdefault(base_job_id(job_id), now)  # known alive: no query needed yet
+                self._work_dirs[job_id] = spec.work_dir
                 refs.append(JobRef(job_id=job_id, folder=str(folder), attempt=spec.attempt))
             logger.info("submitted %d member(s) as SLURM array %s (%s)", len(part), marker.job_id, marker.name)
             yield refs
@@ -173,6 +181,15 @@ class SlurmLauncher(SubmititLauncher):
         from launch.slurm.member import CheckpointableMember
 
         attempts = self.config.submit_attempts
+        excluded = self._nodes_to_exclude(part)
+        if excluded:
+            logger.info("array %s excludes node(s) %s, where its members failed their pre-flight", marker.name,
+                        excluded)
+        extra = dict(getattr(executor, "parameters", {}).get("additional_parameters") or {})
+        if "exclude" in extra:  # the user's own --exclude, widened in place: a second line would lose to it
+            executor.update_parameters(additional_parameters={**extra, "exclude": excluded})
+        else:
+            executor.update_parameters(exclude=excluded or None)
         for attempt in range(1, attempts + 1):
             executor.update_parameters(job_name=marker.name)
             try:
@@ -190,12 +207,33 @@ class SlurmLauncher(SubmititLauncher):
                 raise SubmissionError(
                     f"sbatch of array {marker.name} ({len(part)} member(s)) failed {attempts} time(s) "
                     f"(launcher.submit_attempts={attempts}); last error: {error}"
+                    + (f"; its members may not run on node(s) {excluded} (a failed pre-flight or "
+                       "launcher.sbatch_extra.exclude), which may leave no node that can take them" if excluded else "")
                 )
             delay = self.config.submit_backoff_s * 2 ** (attempt - 1)
             logger.warning("sbatch of array %s failed (try %d/%d): %s; retrying in %g s",
                            marker.name, attempt, attempts, error, delay)
             time.sleep(delay)
         raise AssertionError("unreachable")
+
+    def _nodes_to_exclude(self, part: Sequence[MemberSpec]) -> str:
+        """``sbatch --exclude`` of one array: the nodes any of its members failed a pre-flight on, plus those of
+        launcher.sbatch_extra.exclude (one array holds one option for all its tasks)."""
+        nodes = set(filter(None, str(self.config.sbatch_extra.get("exclude") or "").split(",")))
+        for spec in part:
+            nodes |= self._excluded.get(spec.work_dir, set())
+        return ",".join(sorted(nodes))
+
+    def _preflight_failure(self, ref: JobRef) -> dict[str, Any] | None:
+        """The pre-flight failure the member of ``ref`` left in its work dir ({host, cause}), if it left one."""
+        work_dir = self._work_dirs.get(ref.job_id)
+        if work_dir is None:
+            return None
+        try:
+            failure = json.loads((Path(work_dir) / PREFLIGHT_FILE).read_text())
+        except (OSError, ValueError):  # none (the usual case), or half-read over NFS: a plain failure then
+            return None
+        return failure if isinstance(failure, dict) and failure.get("host") else None
 
     def _cancel_orphans(self, name: str) -> None:
         try:
@@ -407,6 +445,12 @@ class SlurmLauncher(SubmititLauncher):
             )
         if state.state == "OUT_OF_MEMORY":
             return "failed", f"{where}: out of memory; raise launcher.mem_gb{self._stderr_tail(ref)}"
+        if state.state == "FAILED" and (failure := self._preflight_failure(ref)) is not None:
+            work_dir = self._work_dirs[ref.job_id]
+            self._excluded.setdefault(work_dir, set()).add(str(failure["host"]))
+            logger.warning("SLURM job %s failed its pre-flight on node %s (%s); resubmitting it without that node",
+                           ref.job_id, failure["host"], failure.get("cause"))
+            return None  # the node's fault: lost, resubmitted elsewhere, the init not charged
         if state.state in ("FAILED", "COMPLETED"):
             return "failed", f"{where}{self._stderr_tail(ref)}"
         return None  # NODE_FAIL, BOOT_FAIL, PREEMPTED, REVOKED: the member did nothing wrong; run it again

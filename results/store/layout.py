@@ -59,6 +59,7 @@ process imports it.
       spec.json                               SPEC_FILE: the member spec
       manifest.json                           RUN_MANIFEST_FILE: provenance of this training run
       started.json                            STARTED_FILE: the running-time ledger (launch.member)
+      preflight.json                          PREFLIGHT_FILE: the node and cause of the last failed pre-flight
       .member.lock                            MEMBER_LOCK_FILE: one job per member at a time
       result.json                             RESULT_FILE: the final record
       result.attempt0.json, ...               archived_result_name(k): records of earlier (retried) attempts
@@ -136,6 +137,9 @@ RESULT_FILE = "result.json"
 SPEC_FILE = "spec.json"
 #: the running-time ledger, also the orchestrator's "this attempt has started" marker
 STARTED_FILE = "started.json"
+#: the last failed pre-flight of a member (inner_loop/preflight.py): {host, cause, time}; the job ended without a
+#: result, and a launcher that can exclude nodes resubmits it elsewhere
+PREFLIGHT_FILE = "preflight.json"
 MEMBER_LOCK_FILE = ".member.lock"
 #: a training run's provenance (results/store/provenance.py), in a member dir or a single run's work dir
 RUN_MANIFEST_FILE = "manifest.json"

@@ -1,0 +1,212 @@
+"""Pre-flight: what a member checks on its node before it loads a model, and the submitting host checks before the
+first submission: the sandbox isolates (a real program through the real sandbox), the staged files are readable, and
+the checkpoint directory has room for a checkpoint.
+
+Why before the model: a node that cannot isolate the sandbox used to fail every member only after the model load and
+the first batch of completions, GPU-minutes later, and then the member was retried on the same node. A failure here
+names the node and the cause, and ends the job WITHOUT a result (``PreflightError`` is a BaseException, so it passes
+the ``except Exception`` of the member's own error handling and of the job wrapper): the launcher counts the job as
+lost, resubmits it (on SLURM with this node excluded, at most ``launcher.max_lost_resubmits`` times) and the member's
+init is never charged for the node's fault. The failure is also written to the member directory
+(results.store.layout.PREFLIGHT_FILE) so that the launcher can tell which node to exclude.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import shutil
+import socket
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Mapping
+
+from results.store.atomic import atomic_write_json
+from results.store.layout import PREFLIGHT_FILE
+
+logger = logging.getLogger(__name__)
+
+#: forks the probe program makes inside the sandbox (a program that spawns a helper process needs at least this)
+PROBE_FORKS = 2
+#: the kernel from which RLIMIT_NPROC counts processes per user namespace (ucounts); before, every thread of the user
+#: on the node counts, the member's own torch / CUDA threads included
+PER_NAMESPACE_NPROC_KERNEL = (5, 14)
+#: room kept free beyond one checkpoint (logs, progress files, a result), bytes
+ROOM_MARGIN_BYTES = 512 << 20
+#: one checkpoint as a multiple of the base weights' bytes: full fine-tuning saves the weights and Adam's two
+#: moments in float32 (up to 5x bfloat16 weights); a LoRA checkpoint holds the adapter and its moments (a LoRA of
+#: r=64 on every projection of Qwen3-1.7B is ~2% of the weights; 0.5 leaves room for larger ranks)
+CHECKPOINT_FACTOR_FULL = 5.0
+CHECKPOINT_FACTOR_LORA = 0.5
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
+
+_PROBE_PROGRAM = f"""
+import os
+children = []
+for _ in range({PROBE_FORKS}):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    children.append(pid)
+for pid in children:
+    os.waitpid(pid, 0)
+FORKED = len(children)
+"""
+
+
+class PreflightError(BaseException):
+    """This node cannot run the member; not the member's fault (see the module's docstring for why a BaseException)."""
+
+
+def kernel_version(release: str | None = None) -> tuple[int, int]:
+    """(major, minor) of this node's kernel (``platform.release()``: "4.18.0-513.el8.x86_64" -> (4, 18))."""
+    parts = (release or platform.release()).split(".")
+    try:
+        return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or 0)
+    except (IndexError, ValueError):
+        return (0, 0)
+
+
+def user_threads(uid: int | None = None) -> int:
+    """Threads of ``uid`` (default: this process's real uid) on this node, as a kernel before 5.14 counts them
+    against RLIMIT_NPROC."""
+    uid = os.getuid() if uid is None else uid
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = dict(line.split(":", 1) for line in Path(f"/proc/{entry}/status").read_text().splitlines()
+                          if ":" in line)
+        except OSError:
+            continue  # ended meanwhile
+        if int(fields.get("Uid", "-1").split()[0]) == uid:
+            total += int(fields.get("Threads", "1").strip())
+    return total
+
+
+def nproc_note(max_processes: int) -> str:
+    """How this node's kernel counts the sandbox's process limit, with the numbers that decide it."""
+    kernel = kernel_version()
+    if kernel >= PER_NAMESPACE_NPROC_KERNEL:
+        return (f"kernel {platform.release()} counts RLIMIT_NPROC per user namespace: the sandboxed program's own "
+                f"processes against max_processes={max_processes}")
+    return (f"kernel {platform.release()} (older than 5.14) counts RLIMIT_NPROC over every thread of uid {os.getuid()} "
+            f"on this node: {user_threads()} now, against the sandbox's max_processes={max_processes}; raise "
+            "task.sandbox.max_processes above the user's thread count or run on a node with kernel >= 5.14")
+
+
+def check_sandbox(sandbox: Any) -> str:
+    """Run a program that forks through the task's own sandbox (bubblewrap namespaces when it isolates, the same
+    RLIMIT_NPROC), in this process with its threads alive; the cause of a failure, or "" when it works."""
+    from inner_loop.sandbox.pool import SandboxPool, SandboxUnavailableError
+
+    try:
+        pool = SandboxPool(replace(sandbox, workers=1))
+    except (SandboxUnavailableError, OSError) as exc:
+        return f"the sandbox cannot start: {exc}"
+    try:
+        outcome = pool.run(_PROBE_PROGRAM, [f"assert FORKED == {PROBE_FORKS}"], timeout_s=30.0)
+    finally:
+        pool.close()
+    if outcome.solved:
+        logger.info("pre-flight: the sandbox (%s) ran a program that forks %d processes",
+                    "isolated with bubblewrap" if pool.isolated else "not isolated: limits only", PROBE_FORKS)
+        return ""
+    tail = outcome.stderr_tail.strip().splitlines()
+    return (f"a program that forks {PROBE_FORKS} processes failed in the sandbox ({outcome.status}: "
+            f"{tail[-1] if tail else 'no error output'}); {nproc_note(sandbox.max_processes)}")
+
+
+def local_inputs(inner: Mapping[str, Any]) -> list[Path]:
+    """The local files and directories the config reads its model and data from (staged snapshots included)."""
+    paths = []
+    model = inner.get("model") or {}
+    task = inner.get("task") or {}
+    for value in (model.get("name_or_path"), model.get("gguf_file"), task.get("hub_id"), task.get("train_file"),
+                  task.get("validation_file"), task.get("test_file")):
+        if isinstance(value, str) and value and Path(value).expanduser().exists():
+            paths.append(Path(value).expanduser())
+    return paths
+
+
+def check_readable(paths: list[Path]) -> str:
+    """Open and read the first byte of every file under ``paths``; the first failure, or ""."""
+    for root in paths:
+        # symlinks too: a hub cache's snapshot links to blobs, and a missing blob is a dangling link
+        for file in [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file() or p.is_symlink()):
+            try:
+                with file.open("rb") as handle:
+                    handle.read(1)
+            except OSError as exc:
+                return f"the staged file {file} is not readable here: {exc}"
+    return ""
+
+
+def checkpoint_bytes(inner: Mapping[str, Any], paths: list[Path]) -> int:
+    """An estimate of one checkpoint of this run, from the base weights' size on disk (0 when they are not local:
+    built here or loaded by hub name), plus ROOM_MARGIN_BYTES."""
+    model_path = (inner.get("model") or {}).get("name_or_path")
+    weights = 0
+    for root in paths:
+        if isinstance(model_path, str) and root == Path(model_path).expanduser() and root.is_dir():
+            weights = sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and p.suffix in _WEIGHT_SUFFIXES)
+    lora = int((inner.get("model") or {}).get("lora_r") or 0) > 0
+    return int(weights * (CHECKPOINT_FACTOR_LORA if lora else CHECKPOINT_FACTOR_FULL)) + ROOM_MARGIN_BYTES
+
+
+def check_room(directory: Path, needed: int) -> str:
+    """Whether the filesystem of ``directory`` (or its nearest existing parent) has ``needed`` bytes free."""
+    probe = directory
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if free < needed:
+        return (f"the checkpoint directory {directory} has {free / 2**30:.2f} GiB free, a checkpoint of this run needs "
+                f"about {needed / 2**30:.2f} GiB")
+    return ""
+
+
+def failure_message(host: str, cause: str) -> str:
+    """What a failed pre-flight says: the node, then the cause."""
+    return f"pre-flight failed on node {host}: {cause}"
+
+
+def preflight_failure(work_dir: Path) -> str | None:
+    """The message of the failed pre-flight a member left in ``work_dir`` (None when its last one passed)."""
+    try:
+        failure = json.loads((work_dir / PREFLIGHT_FILE).read_text())
+        return failure_message(failure["host"], failure["cause"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def run_preflight(inner: Mapping[str, Any], work_dir: Path, probe_sandbox: bool = True, member: bool = True) -> None:
+    """Every check, the cheap ones first; PreflightError naming this node and the cause on the first failure.
+
+    ``member``: the checks are a member's: the outcome is kept in ``work_dir``'s PREFLIGHT_FILE (written on a failure,
+    removed on a pass)."""
+    from inner_loop.tasks import build_task
+
+    host = socket.gethostname()
+    paths = local_inputs(inner)
+    cause = check_readable(paths) or check_room(work_dir, checkpoint_bytes(inner, paths))
+    try:
+        sandbox = getattr(build_task(inner["task"]), "sandbox", None)
+    except (ValueError, KeyError, TypeError):  # a bad task config is the member's own failure, recorded right after
+        sandbox = None
+    if not cause and probe_sandbox and sandbox is not None:
+        cause = check_sandbox(sandbox)
+    marker = work_dir / PREFLIGHT_FILE
+    if not cause:
+        logger.info("pre-flight on %s: ok (%d local input(s) readable, room for a checkpoint in %s%s)", host,
+                    len(paths), work_dir, ", the sandbox works" if probe_sandbox and sandbox is not None else "")
+        if member:
+            marker.unlink(missing_ok=True)
+        return
+    if member:
+        work_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(marker, {"host": host, "cause": cause, "time": time.time()})
+    raise PreflightError(failure_message(host, cause))

@@ -1,0 +1,148 @@
+"""Pre-flight (inner_loop/preflight.py): on the member's node, before any data or model is read, the sandbox runs a
+program that forks under its real limits, the staged files are readable and the checkpoint directory has room; a
+failure names the node and the cause, ends the job without a result (so the init is not charged) and, on SLURM, sends
+the member to another node (``--exclude``)."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+
+from inner_loop import preflight
+from inner_loop.preflight import PreflightError, check_room, checkpoint_bytes, run_preflight
+from results.store.layout import PREFLIGHT_FILE, RESULT_FILE
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+HOST = socket.gethostname()
+
+
+def _inner(sandbox: dict | None = None, model: dict | None = None) -> dict:
+    return {"task": {"name": "mbpp", "train_file": str(FIXTURES / "mbpp_train.jsonl"),
+                     "test_file": str(FIXTURES / "mbpp_test.jsonl"), "validation_size": 1, "sandbox": sandbox or {}},
+            "model": model or {"name": "tiny"}}
+
+
+def test_a_sandbox_whose_programs_cannot_fork_fails_the_preflight_naming_the_node(tmp_path):
+    assert not isinstance(PreflightError("x"), Exception)  # passes every `except Exception` to end the job
+    with pytest.raises(PreflightError) as caught:
+        run_preflight(_inner(sandbox={"max_processes": 1}), tmp_path, member=False)
+    message = str(caught.value)
+    assert message.startswith(f"pre-flight failed on node {HOST}: a program that forks 2 processes failed")
+    assert "max_processes=1" in message and platform.release() in message
+
+
+def test_a_member_records_its_failure_and_a_later_pass_clears_it(tmp_path):
+    with pytest.raises(PreflightError):
+        run_preflight(_inner(sandbox={"max_processes": 1}), tmp_path)
+    failure = json.loads((tmp_path / PREFLIGHT_FILE).read_text())
+    assert failure["host"] == HOST and "forks" in failure["cause"]
+    run_preflight(_inner(), tmp_path)  # the task's own limits: the same probe passes here
+    assert not (tmp_path / PREFLIGHT_FILE).exists()
+
+
+def test_an_unreadable_staged_file_fails_the_preflight(tmp_path):
+    model = tmp_path / "snapshot"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").symlink_to(tmp_path / "blobs" / "gone")  # a hub cache whose blob is missing
+    with pytest.raises(PreflightError, match=f"on node {HOST}: the staged file .*model.safetensors is not readable"):
+        run_preflight(_inner(model={"name": "hub", "name_or_path": str(model)}), tmp_path / "work", member=False)
+
+
+def test_a_checkpoint_directory_without_room_fails_and_the_need_follows_the_weights(tmp_path):
+    free = shutil.disk_usage(tmp_path).free
+    assert check_room(tmp_path / "not" / "yet", free // 2) == ""  # the nearest existing parent is asked
+    assert "GiB free, a checkpoint of this run needs about" in check_room(tmp_path, free + (1 << 30))
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"\0" * 1000)
+    (model / "tokenizer.json").write_bytes(b"\0" * 10**6)  # not weights
+    full = {"model": {"name": "hub", "name_or_path": str(model)}}
+    lora = {"model": {"name": "hub", "name_or_path": str(model), "lora_r": 8}}
+    assert checkpoint_bytes(full, [model]) == 5000 + preflight.ROOM_MARGIN_BYTES
+    assert checkpoint_bytes(lora, [model]) == 500 + preflight.ROOM_MARGIN_BYTES
+
+
+def test_before_5_14_the_process_limit_counts_every_thread_of_the_user(monkeypatch):
+    stop = threading.Event()
+    threads = [threading.Thread(target=stop.wait) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    try:
+        own = len(os.listdir(f"/proc/{os.getpid()}/task"))
+        assert preflight.user_threads() >= own >= 4
+        monkeypatch.setattr(platform, "release", lambda: "4.18.0-513.el8.x86_64")
+        note = preflight.nproc_note(32)
+        assert "older than 5.14" in note and "every thread of uid" in note
+        counted = int(note.split("on this node: ")[1].split()[0])
+        assert counted >= own
+        monkeypatch.setattr(platform, "release", lambda: "5.14.0-362.el9.x86_64")
+        assert "per user namespace" in preflight.nproc_note(32)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+
+
+def test_a_member_that_fails_its_preflight_ends_without_a_result(tmp_path, monkeypatch):
+    """Through the job wrapper: no result.json (nothing charged to the init), the node and cause in its work dir."""
+    from launch.member import run_member
+    from meta.compose import compose
+    from results.store.records import MemberSpec
+
+    raw = compose(["task=mbpp", f"task.train_file={FIXTURES / 'mbpp_train.jsonl'}",
+                   f"task.test_file={FIXTURES / 'mbpp_test.jsonl'}", "task.validation_size=1",
+                   "+task.sandbox.max_processes=1", "model.cpu_numerics=native"])
+    spec = MemberSpec(run_id="r", generation=0, index=0, seed=0, params=[0.0] * 380, work_dir=str(tmp_path / "m"),
+                      inner={n: raw[n] for n in ("task", "model", "divergence", "train")})
+    with pytest.raises(PreflightError, match=f"on node {HOST}"):
+        run_member("inner_loop.member_entry:train_member", spec.to_dict(), timeout_s=0)
+    assert not (tmp_path / "m" / RESULT_FILE).exists()
+    assert json.loads((tmp_path / "m" / PREFLIGHT_FILE).read_text())["host"] == HOST
+
+
+def test_a_pinned_child_that_failed_its_preflight_fails_its_parent_the_same_way(tmp_path, monkeypatch):
+    """The tiny preset trains in a pinned child process: its pre-flight failure must not become an ordinary error
+    (a failed record, charged) in the job's process."""
+    import inner_loop.member_entry as member_entry
+
+    def child_failing_preflight(module: str, payload: dict) -> tuple[int, None]:
+        work_dir = Path(payload["spec"]["work_dir"])
+        work_dir.mkdir(parents=True)
+        (work_dir / PREFLIGHT_FILE).write_text(json.dumps({"host": "node7", "cause": "no room"}))
+        return 1, None
+
+    monkeypatch.setattr(member_entry.numerics, "run_pinned_child", child_failing_preflight)
+    with pytest.raises(PreflightError, match="pre-flight failed on node node7: no room"):
+        member_entry._train_in_pinned_child({"work_dir": str(tmp_path / "m")}, save_final=False)
+
+
+def unfit_node_member(spec: object) -> None:
+    """The entry point of the runner test below: a member whose node fails its pre-flight every time."""
+    work_dir = Path(spec.work_dir)  # type: ignore[attr-defined]
+    work_dir.mkdir(parents=True, exist_ok=True)
+    with (work_dir / "calls.log").open("a") as log:
+        log.write("call\n")
+    raise PreflightError(preflight.failure_message("node9", "no room"))
+
+
+def test_a_member_whose_node_fails_preflight_is_resubmitted_then_given_up_without_a_crash(tmp_path):
+    """Lost, not failed: resubmitted at most max_lost_resubmits times, then failed with the reason; the in-process
+    debug launcher survives the BaseException."""
+    from launch.factory import build_launcher
+    from launch.runner import MemberArrayRunner, RunnerPolicy
+    from results.store.records import MemberSpec
+
+    spec = MemberSpec(run_id="t", generation=0, index=0, seed=0, params=[0.0] * 380, work_dir=str(tmp_path / "m"))
+    launcher = build_launcher({"name": "debug", "cls": "launch.local.launchers:DebugLauncher"})
+    policy = RunnerPolicy(retries=0, timeout_s=30, max_lost_resubmits=2)
+    records = MemberArrayRunner(launcher, f"{__name__}:unfit_node_member", [spec], {}, lambda jobs: None,
+                                tmp_path / "submitit", policy).run()
+    assert records[0].status == "failed" and "after 3 submissions" in records[0].error
+    assert (tmp_path / "m" / "calls.log").read_text().count("call") == 3
