@@ -112,7 +112,7 @@ def test_a_pinned_child_that_failed_its_preflight_fails_its_parent_the_same_way(
     (a failed record, charged) in the job's process."""
     import inner_loop.member_entry as member_entry
 
-    def child_failing_preflight(module: str, payload: dict) -> tuple[int, None]:
+    def child_failing_preflight(module: str, payload: dict, **_: object) -> tuple[int, None]:
         work_dir = Path(payload["spec"]["work_dir"])
         work_dir.mkdir(parents=True)
         (work_dir / PREFLIGHT_FILE).write_text(json.dumps({"host": "node7", "cause": "no room"}))
