@@ -18,6 +18,7 @@ from typing import Any, Mapping, Sequence
 
 from meta.config import SearchConfig
 from meta.early_stop import stop_capacity
+from meta.resume import run_dir_label
 from results.store.run_store import RunStore
 
 #: SLURM's default MaxArraySize; a dry run asks no scheduler, so without launcher.max_array_size it assumes this
@@ -243,7 +244,7 @@ def build_plan(
     threads = int(raw["train"].get("num_threads") or 1)
     member_min = float(cfg.resources.get("member_time_min") or cfg.inner_timeout_s / 60.0)
     lines = [
-        f"DRY RUN: nothing is submitted or written. run_dir={cfg.run_dir}" + (" (resume)" if resuming else ""),
+        f"DRY RUN: nothing is submitted or written. {run_dir_label(cfg.run_dir, resuming, 'search')}",
         f"search: population {cfg.population} x generations {first}..{cfg.generations - 1} ({generations} to run), "
         f"es={cfg.es.get('name')}, retries={cfg.retries}; task={raw['task'].get('name')} "
         f"model={raw['model'].get('name')} train.steps={raw['train'].get('steps')}",

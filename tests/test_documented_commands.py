@@ -425,14 +425,14 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prepared]:
     work.mkdir()
     search, tune, pilot, runs = base / "meta_search", base / "tune_run", base / "pilot_run", base / "inner"
     with contextlib.chdir(work), separate_process_state():
-        assert run_main([f"run_dir={search}", "launcher=debug", "inner.entrypoint=meta.synthetic:member",
+        assert run_main([f"run_dir={search}", "new=true", "launcher=debug", "inner.entrypoint=meta.synthetic:member",
                          "population=2", "generations=1", "reevaluate.top_k=1", "reevaluate.seeds=2",
                          "reevaluate.report_seeds=2", "train.eval_every=20",
                          "+inner.options={noise: 0.05, intermediate_noise: 0.01}"]) == 0
-        assert tune_main([f"run_dir={tune}", "launcher=debug", "inner.entrypoint=meta.tune.synthetic:run",
+        assert tune_main([f"run_dir={tune}", "new=true", "launcher=debug", "inner.entrypoint=meta.tune.synthetic:run",
                           "tune.sampler=random", "tune.pruner=none", "tune.trials=2", "tune.seeds=1",
                           "+inner.options={step_s: 0.0}"]) == 0
-        assert pilot_main([f"run_dir={pilot}", "launcher=debug", "inner.entrypoint=meta.synthetic:member",
+        assert pilot_main([f"run_dir={pilot}", "new=true", "launcher=debug", "inner.entrypoint=meta.synthetic:member",
                            "pilot.seeds=2", "pilot.pairs=2", "train.eval_every=20",
                            "+inner.options={slope: 1.0, param_noise: 0.05, noise: 0.02, intermediate_noise: 0.01}"]) == 0
         # the init file the documented single runs load, where they look for it

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_embedded_search_leaves_no_checkpoints_in_member_dirs(tmp_path):
     run_dir = tmp_path / "search"
     # save_every=4: each member writes checkpoints 4, 8 and 10 (the Trainer also saves at the last step).
-    done = subprocess.run([sys.executable, "-m", "meta.run", f"run_dir={run_dir}", "population=4", "generations=1",
+    done = subprocess.run([sys.executable, "-m", "meta.run", f"run_dir={run_dir}", "new=true", "population=4", "generations=1",
                            "launcher=debug", "control_member=false", "reevaluate.top_k=0", "train.steps=10", "train.save_every=4", "train.val_size=8"],
                           cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -24,7 +24,7 @@ PILOT = ["launcher=debug", "inner.entrypoint=meta.synthetic:member", "pilot.seed
 @pytest.fixture(scope="module")
 def pilot(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run_dir = tmp_path_factory.mktemp("status") / "pilot"
-    assert pilot_main([f"run_dir={run_dir}", *PILOT]) == 0
+    assert pilot_main([f"run_dir={run_dir}", "new=true", *PILOT]) == 0
     return run_dir
 
 

@@ -95,7 +95,7 @@ def test_the_random_init_row_has_the_authors_parameters_whatever_the_transform()
 
 
 def test_the_dry_run_plan_prints_every_row_with_its_divergence_and_counts_every_run(tmp_path, capsys):
-    assert main([f"run_dir={tmp_path / 'plan'}", "dry_run=true", "experiment=mbpp_qwen3", *MBPP_LOCAL,
+    assert main([f"run_dir={tmp_path / 'plan'}", "new=true", "dry_run=true", "experiment=mbpp_qwen3", *MBPP_LOCAL,
                  "reevaluate.report_seeds=4"]) == 0
     out = capsys.readouterr().out
     assert "result table: 7 rows x report_seeds=4" in out and "= 28 runs" in out
@@ -111,7 +111,7 @@ def test_the_dry_run_plan_prints_every_row_with_its_divergence_and_counts_every_
     ("+reevaluate.rows=3", "unknown key(s) ['reevaluate.rows']"),
 ])
 def test_bad_reevaluation_settings_exit_2_before_anything_is_written(tmp_path, capsys, override, fragment):
-    assert main([f"run_dir={tmp_path / 'r'}", "launcher=debug", "inner.entrypoint=meta.synthetic:member",
+    assert main([f"run_dir={tmp_path / 'r'}", "new=true", "launcher=debug", "inner.entrypoint=meta.synthetic:member",
                  override]) == 2
     assert fragment in capsys.readouterr().err and not (tmp_path / "r").exists()
 

@@ -175,7 +175,7 @@ def test_report_agrees_with_the_orchestrators_own_tables(tmp_path):
 
     run = tmp_path / "es"
     assert meta_main(["inner.entrypoint=meta.synthetic:member", "launcher=debug", "population=4", "generations=2",
-                      f"run_dir={run}", "+inner.options.fail=['1:2']", "max_failed_fraction=0.5", "retries=0"]) == 0
+                      f"run_dir={run}", "new=true", "+inner.options.fail=['1:2']", "max_failed_fraction=0.5", "retries=0"]) == 0
     report = build_report(run)
     ours = report.generations.set_index("generation")
     theirs = RunStore(run).read_generations().set_index("generation")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from meta.resume import run_dir_label
 from meta.tune.config import TuneConfig
 
 
@@ -13,7 +14,7 @@ def build_plan(cfg: TuneConfig, run_dir: Path, resuming: bool) -> str:
     gpus = int(cfg.resources.get("gpus") or 0)
     hours = runs * minutes / 60.0
     lines = [
-        f"meta.tune plan ({'resume of' if resuming else 'new run in'} {run_dir}); nothing written or submitted",
+        f"meta.tune plan ({run_dir_label(run_dir, resuming, 'tuning run')}); nothing written or submitted",
         f"launcher: {cfg.launcher.get('name')}; sampler: {cfg.sampler} {cfg.sampler_options or ''}; pruner: "
         f"{cfg.pruner} {cfg.pruner_options or ''}; storage: {cfg.storage or 'journal file in the run dir'}",
         "space:",
