@@ -28,7 +28,7 @@ from meta.status_rows import (eta_text, gpu_hours, member_rows, orchestrator_lin
 from results.report.arguments import run_dir_argument
 from results.report.pilot import is_pilot_dir
 from results.store.atomic import CorruptFileError
-from results.store.layout import RESULT_FILE, parse_generation_dir_name, parse_member_dir_name
+from results.store.layout import parse_generation_dir_name, parse_member_dir_name
 from results.store.run_store import RunStore
 from results.store.study_store import read_study_file
 
@@ -118,12 +118,6 @@ def render(run_dir: str | Path, show_all: bool = False, now: float | None = None
     return "\n".join(lines) + "\n"
 
 
-def _stage_progress(folder: Path) -> tuple[int, int]:
-    """(runs with their final record, runs) of a re-evaluation stage's folder (laid out like a generation's)."""
-    members = [p for p in folder.glob("member_*") if parse_member_dir_name(p.name) is not None] if folder.is_dir() else []
-    return sum(1 for p in members if (p / RESULT_FILE).is_file()), len(members)
-
-
 def _after_search(store: RunStore, raw: Mapping[str, Any]) -> list[str]:
     """What follows the generations (meta/reevaluate.py): the selection stage, then the result table, each done,
     under way (runs final of runs) or not started; or why it does not run at all."""
@@ -131,14 +125,14 @@ def _after_search(store: RunStore, raw: Mapping[str, Any]) -> list[str]:
     if not int(settings.get("top_k", 0) or 0):
         return ["selection: none (reevaluate.top_k=0); export which=center"]
     summary = store.read_reevaluation()
-    done, total = _stage_progress(store.reevaluate_dir())
+    done, total = store.reevaluation_progress()
     if summary is not None:
         lines = [f"selection: done ({done} runs), exported init: {summary.get('chosen')}"]
     else:
         lines = [f"selection: {done} of {total} runs final" if total else "selection: not started"]
     if not int(settings.get("report_seeds", 0) or 0):
         return lines + ["result table: none (reevaluate.report_seeds=0)"]
-    done, total = _stage_progress(store.reevaluate_dir(reporting=True))
+    done, total = store.reevaluation_progress(reporting=True)
     if store.read_result_table() is not None:
         return lines + [f"result table: done ({done} runs): {store.result_table_path.with_suffix('.md')}"]
     return lines + [f"result table: {done} of {total} runs final" if total else "result table: not started"]

@@ -100,3 +100,28 @@ def test_status_of_an_unfinished_search_is_not_finished(search, tmp_path):
     with contextlib.suppress(FileNotFoundError):
         (copy / "reevaluation" / "reporting" / "result_table.json").unlink()
     assert not finished(copy)
+
+
+def test_the_plan_of_a_finished_search_counts_nothing_left(search, capsys):
+    """A resume's plan counts what is left: no generation range running backwards, no selection or reporting runs
+    that exist already."""
+    assert run_main([f"run_dir={search}", "dry_run=true"]) == 0
+    out = capsys.readouterr().out
+    assert "generations: all 1 done (0 to run)" in out and "..0" not in out
+    assert "+ 0 selection runs" in out and "+ 0 reporting runs (below) = 0 left to run" in out
+    assert "selection done (4 runs); result table done (14 runs)" in out
+    assert "GPU-hours, what is left of the search: 0 runs" in out
+
+
+def test_the_plan_of_a_partly_reevaluated_search_does_not_count_final_runs_again(search, tmp_path, capsys):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(search, copy)
+    (copy / "reevaluation" / "reevaluation.json").unlink()
+    (copy / "reevaluation" / "reporting" / "result_table.json").unlink()
+    shutil.rmtree(copy / "reevaluation" / "reporting" / "member_000")
+    assert run_main([f"run_dir={copy}", "dry_run=true"]) == 0
+    out = capsys.readouterr().out
+    assert "+ 0 selection runs" in out and "+ 1 reporting runs (below) = 1 left to run" in out
+    assert "4 selection runs final; 13 reporting runs final" in out

@@ -108,7 +108,7 @@ def test_the_dry_run_plan_prints_every_row_with_its_divergence_and_counts_every_
     ("reevaluate.baselines=[kl,oracle]", "'oracle' is not one of"),
     ("reevaluate.transfer=[no_such_task]", "'no_such_task' is not a task"),
     ("reevaluate.report_seeds=1", "report_seeds=1 gives no interval"),
-    ("+reevaluate.rows=3", "unknown key(s) ['reevaluate.rows']"),
+    ("+reevaluate.rows=3", "conf/config.yaml has no key 'reevaluate.rows'"),
 ])
 def test_bad_reevaluation_settings_exit_2_before_anything_is_written(tmp_path, capsys, override, fragment):
     assert main([f"run_dir={tmp_path / 'r'}", "new=true", "launcher=debug", "inner.entrypoint=meta.synthetic:member",

@@ -110,3 +110,17 @@ def test_a_tune_runs_config_hash_follows_its_study_not_the_es_keys():
         "tune.pruner=successive_halving")]
     assert len({study_hash(raw) for raw in (base, *changed)}) == 5
     assert study_hash(compose(["tune.trials=7", "tune.parallel=3"], "tune")) == study_hash(base)
+
+
+@pytest.mark.parametrize(("coef", "shown"), [("10.0", "divergence.coef: log [0.1, 1000]"),
+                                             ("0.01", "divergence.coef: log [0.0001, 1]")])
+def test_the_default_ranges_contain_the_presets_value_and_the_plan_counts_validations(tmp_path, capsys, coef, shown):
+    """mbpp_qwen3 runs divergence.coef 10, outside a fixed [1e-4, 1]: the default range moves to contain it; a value
+    inside leaves the range as written. Each run's intermediate validations are counted (the tiny preset: 60 steps,
+    eval_every 15: at 15, 30, 45)."""
+    assert main([f"run_dir={tmp_path / 'run'}", "new=true", *SYNTH, "dry_run=true", f"divergence.coef={coef}",
+                 "tune.trials=4"]) == 0
+    out = capsys.readouterr().out
+    assert shown in out
+    assert "intermediate validations: 3 per run (every train.eval_every=15 of train.steps=60" in out
+    assert "= 12 in all" in out

@@ -75,3 +75,12 @@ def test_inner_loop_run_checks_groups_and_keeps_hydra_flags():
         checked_command_line(["divergence=kl,prob_ll"])
     assert checked_command_line(["-m", "+seed=2", "task=mbpp", "+task.sandbox.require_isolation=true"]) == [
         "-m", "++seed=2", "task=mbpp", "+task.sandbox.require_isolation=true"]
+
+
+def test_a_coefficient_per_divergence_takes_divergence_names_only():
+    from meta.compose import compose
+    from meta.config import ConfigError
+
+    assert compose(["+coef_by_divergence.kl=0.2"])["coef_by_divergence"]["kl"] == 0.2
+    with pytest.raises(ConfigError, match=r"options of the config group 'divergence' as keys \(kl, neural_mirror"):
+        compose(["+coef_by_divergence.kll=0.2"])

@@ -29,7 +29,7 @@ from meta.config import (
     absolute_paths,
 )
 from meta.cli_args import run_command
-from meta.resume import NEW_KEY, check_job_namespace, check_resume, open_run_dir
+from meta.resume import NEW_KEY, check_job_namespace, check_resume, open_run_dir, run_dir_label
 from meta.compose import compose_with_choices, merge_overrides
 from meta.tune.config import STUDY_KEYS, TuneConfig, build_pruner, build_sampler, build_tune_config, study_hash
 from results.store.provenance import code_version

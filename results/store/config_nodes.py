@@ -78,6 +78,11 @@ def _lookup(tree: Mapping[str, Any], key: str) -> tuple[bool, bool, Any]:
     return True, False, node
 
 
+#: mappings whose keys are the options of a config group (a preset's coefficient per divergence, which
+#: conf/divergence/*.yaml read): ``+coef_by_divergence.kl=0.2`` adds a key there, and only an option's name may
+KEYED_BY_GROUP = {"coef_by_divergence": "divergence"}
+
+
 def config_groups(conf_dir: Path) -> dict[str, list[str]]:
     """Each config group of a Hydra config tree (a folder of ``conf_dir``) with its options (the YAML files)."""
     return {d.name: sorted(p.stem for p in d.glob("*.yaml")) for d in sorted(conf_dir.iterdir()) if d.is_dir()}
@@ -116,6 +121,13 @@ def checked_overrides(overrides: Sequence[str], tree: Mapping[str, Any], groups:
             result.append(override)
             continue
         exists, free_form, current = _lookup(tree, bare)
+        node, _, option = bare.partition(".")
+        if not exists and node in KEYED_BY_GROUP and option and "." not in option:
+            choices = groups.get(KEYED_BY_GROUP[node], [])
+            if option not in choices:
+                raise ValueError(f"{override}: {node} takes the options of the config group "
+                                 f"{KEYED_BY_GROUP[node]!r} as keys ({', '.join(choices)}), not {option!r}")
+            free_form = True
         if not exists and not free_form:
             near = closest_keys(bare, known)
             hint = f"; did you mean {', '.join(near)}?" if near else ""
