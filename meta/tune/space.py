@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from meta.config import INNER_NODES, ConfigError
+from meta.config import INNER_NODES, ConfigError, _get_dotted
 
 if TYPE_CHECKING:
     import optuna
@@ -21,7 +21,6 @@ if TYPE_CHECKING:
 KINDS = ("log", "float", "int", "choice")
 #: the config groups a trial may choose between (their options are the YAML files of conf/<group>/)
 TUNABLE_GROUPS = INNER_NODES
-_MISSING = object()
 
 
 @dataclass(frozen=True)
@@ -47,8 +46,12 @@ class Dimension:
 
 
 def _leaf_exists(raw: Mapping[str, Any], key: str) -> bool:
-    node = _value(raw, key, _MISSING)
-    return node is not _MISSING and not isinstance(node, Mapping)
+    node: Any = raw
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return False
+        node = node[part]
+    return not isinstance(node, Mapping)
 
 
 def _number(key: str, value: Any, what: str) -> float:
@@ -111,7 +114,7 @@ def around_the_preset(dims: Sequence[Dimension], raw: Mapping[str, Any]) -> list
     it already stays. So tuning a preset never leaves out the setting the preset runs."""
     moved = []
     for dim in dims:
-        value = _value(raw, dim.key)
+        value = _get_dotted(raw, dim.key)
         if dim.kind in ("log", "float") and isinstance(value, (int, float)) and not isinstance(value, bool) \
                 and not dim.low <= value <= dim.high and (dim.kind == "float" or value > 0):  # type: ignore[operator]
             if dim.kind == "log":
@@ -122,16 +125,6 @@ def around_the_preset(dims: Sequence[Dimension], raw: Mapping[str, Any]) -> list
                 dim = Dimension(dim.key, dim.kind, value - half, value + half)
         moved.append(dim)
     return moved
-
-
-def _value(raw: Mapping[str, Any], key: str, missing: Any = None) -> Any:
-    """The composed config's value at the dotted ``key``; ``missing`` where it has none."""
-    node: Any = raw
-    for part in key.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return missing
-        node = node[part]
-    return node
 
 
 def leaves_missing_under(dims: Sequence[Dimension], group: str, raw: Mapping[str, Any]) -> list[str]:
