@@ -74,8 +74,8 @@ def checked_command_line(argv: list[str]) -> list[str]:
     (``-m divergence=kl,prob_l2``) is checked against each group's first option."""
     from hydra import compose, initialize_config_dir
 
-    groups = config_groups(Path(CONF_DIR))
     overrides = [a for a in argv if not a.startswith("-") and ("=" in a or a.startswith("~"))]
+    groups = config_groups(Path(CONF_DIR), overrides)
     for override in overrides:
         check_group_choice(override, groups, "inner")
     picked = []
@@ -83,6 +83,8 @@ def checked_command_line(argv: list[str]) -> list[str]:
         key, _, value = override.partition("=")
         if key.lstrip("+~").split("@", 1)[0] in groups:
             picked.append(f"{key}={value.split(',')[0]}")
+        elif key.lstrip("+").startswith("hydra."):
+            picked.append(override)
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None, job_name="inner_check"):
         tree = OmegaConf.to_container(compose(config_name="inner", overrides=picked), resolve=False)
     assert isinstance(tree, dict)

@@ -26,8 +26,8 @@ def compose_with_choices(overrides: Sequence[str], config_name: str = "config") 
     plain key Hydra cannot find, or a group option that does not exist is a ConfigError naming the closest known
     keys or the group's choices. The check composes the groups alone, so it runs only where it is needed: when an
     override adds (``+``) or deletes (``~``), or when Hydra refused the command line."""
-    groups = config_groups(CONF_DIR)
     overrides = list(overrides)
+    groups = config_groups(CONF_DIR, overrides)
     checked = False
     try:
         for override in overrides:
@@ -51,7 +51,8 @@ def compose_with_choices(overrides: Sequence[str], config_name: str = "config") 
 
 
 def _checked(overrides: list[str], groups: dict[str, list[str]], config_name: str) -> list[str]:
-    picked = [o for o in overrides if o.partition("=")[0].lstrip("+~").split("@", 1)[0] in groups]
+    picked = [o for o in overrides if o.partition("=")[0].lstrip("+~").split("@", 1)[0] in groups
+              or o.lstrip("+").startswith("hydra.")]  # the groups, and where Hydra finds them
     tree, _ = _hydra_compose(picked, config_name)
     return checked_overrides(overrides, tree, groups, config_name)
 

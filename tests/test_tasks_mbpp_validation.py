@@ -30,7 +30,7 @@ def test_hub_source_reads_the_hubs_validation_split(monkeypatch):
     files = {"train": TRAIN, "test": TEST, "validation": VALIDATION}
     asked = []
 
-    def fake_hub(hub_id: str, config: str | None, split: str):  # the local fixtures stand in for the hub
+    def fake_hub(hub_id: str, config: str | None, split: str, file_keys=()):  # the local fixtures stand in for the hub
         asked.append(split)
         return read_local_rows(files[split])
 

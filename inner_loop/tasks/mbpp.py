@@ -112,8 +112,8 @@ class MBPPTask(SplitTask):
         c = self.config
         if c.train_file is None:
             names = c.train_splits if split == "train" else [split]
-            return [(load_hub_rows(c.hub_id, c.hub_config, name), f"hub dataset {c.hub_id!r} split {name!r}")
-                    for name in names]
+            return [(load_hub_rows(c.hub_id, c.hub_config, name, ("train_file", "test_file", "validation_file")),
+                     f"hub dataset {c.hub_id!r} split {name!r}") for name in names]
         path = {"train": c.train_file, "test": c.test_file, "validation": c.validation_file}[split]
         return [] if path is None else [(read_local_rows(path), f"data file {path!r}")]
 

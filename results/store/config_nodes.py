@@ -83,9 +83,20 @@ def _lookup(tree: Mapping[str, Any], key: str) -> tuple[bool, bool, Any]:
 KEYED_BY_GROUP = {"coef_by_divergence": "divergence"}
 
 
-def config_groups(conf_dir: Path) -> dict[str, list[str]]:
-    """Each config group of a Hydra config tree (a folder of ``conf_dir``) with its options (the YAML files)."""
-    return {d.name: sorted(p.stem for p in d.glob("*.yaml")) for d in sorted(conf_dir.iterdir()) if d.is_dir()}
+def config_groups(conf_dir: Path, overrides: Sequence[str] = ()) -> dict[str, list[str]]:
+    """Each config group of a Hydra config tree (a folder of ``conf_dir``, or of a ``file://`` folder that a
+    ``hydra.searchpath=[...]`` override adds) with its options (the YAML files)."""
+    roots = [conf_dir]
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if key.lstrip("+") == "hydra.searchpath":
+            roots += [Path(item.strip().strip("'\"")[len("file://"):]) for item in value.strip("[]").split(",")
+                      if item.strip().strip("'\"").startswith("file://")]
+    groups: dict[str, set[str]] = {}
+    for root in roots:
+        for folder in (d for d in sorted(root.iterdir()) if d.is_dir()) if root.is_dir() else ():
+            groups.setdefault(folder.name, set()).update(p.stem for p in folder.glob("*.yaml"))
+    return {name: sorted(options) for name, options in groups.items()}
 
 
 def check_group_choice(override: str, groups: Mapping[str, Sequence[str]], config: str) -> None:
