@@ -18,7 +18,7 @@ from inner_loop.sandbox.grading import Job
 from inner_loop.tasks.base import Problem, SplitTask, check_disjoint, prompt_hash
 from inner_loop.tasks.code_extract import extract_code
 from inner_loop.tasks.data_files import load_hub_rows, read_local_rows, require_fields
-from inner_loop.tasks.splits import carve_splits, dedupe
+from inner_loop.tasks.splits import carve_splits, dedupe, log_splits
 from inner_loop.tasks.task_config import fill_prompt_template, require_existing_file, require_split_data, sandbox_config
 
 if TYPE_CHECKING:
@@ -162,10 +162,10 @@ class MBPPTask(SplitTask):
             logger.warning("task mbpp: dropped %d training prompt(s) that also appear in the validation split",
                            len(pool) - len(clean))
         splits = carve_splits(self.name, clean, self._problems("test"), validation_size=0,
-                              train_size=c.train_size, test_size=c.test_size, seed=c.split_seed)
+                              train_size=c.train_size, test_size=c.test_size, seed=c.split_seed, log=False)
         splits["validation"] = validation
         check_disjoint(self.name, splits)
-        logger.info("task mbpp: validation = the source's validation split (%d problems)", len(validation))
+        log_splits(self.name, splits, " (validation: the source's own validation split)")
         return splits
 
     def program(self, problem: Problem, completion: str) -> str:
