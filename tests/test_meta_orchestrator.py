@@ -155,7 +155,7 @@ def test_export_center_and_best_member(tmp_path):
     assert meta["run_id"] == json.loads((tmp_path / "manifest.json").read_text())["run_id"]
     assert torch.equal(mirror_map.to_vector().double(), torch.tensor(best["params"], dtype=torch.float64))
     assert export_main([f"run_dir={tmp_path}", "which=center", f"out={tmp_path / 'c.safetensors'}"]) == 0
-    center_map, meta = load_init(tmp_path / "c.pt")
+    center_map, meta = load_init(tmp_path / "c.safetensors")
     assert meta["which"] == "center" and meta["generation"] == 2
     assert torch.equal(center_map.to_vector().double(), _states(tmp_path)[-1]["center"])
     assert export_main([f"run_dir={tmp_path / 'none'}", "which=center", "out=x.safetensors"]) == 2
