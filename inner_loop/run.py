@@ -3,9 +3,9 @@
     python -m inner_loop.run divergence=neural_mirror divergence.init=best_mirror.safetensors
     python -m inner_loop.run divergence=kl train.steps=100 work_dir=outputs/kl_seed1 seed=1
 
-Re-running with the same work_dir returns the finished result or resumes the partial run. A bad value exits with
-status 2 and a one-line message naming the key, before anything is trained or written; a key that does not exist
-is Hydra's own error (status 1).
+Re-running with the same work_dir returns the finished result or resumes the partial run. A bad value, a key that
+does not exist (with or without ``+``) or a group option that does not exist exits with status 2 and a one-line
+message naming the key and the closest known ones (or the group's choices), before anything is trained or written.
 
 ``eval_split=test`` scores the finished run on the task's test split instead of validation (final numbers of a
 chosen method or init; the record says which split). ES members are always scored on validation.
@@ -28,6 +28,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from inner_loop.member_entry import keep_vllm_out_unless_used, train_member
+from results.store.config_nodes import check_group_choice, checked_overrides, config_groups
 from results.store.records import MemberSpec, gpus_entry
 
 logger = logging.getLogger("inner_loop.run")
@@ -74,5 +75,35 @@ def main(cfg: DictConfig) -> None:
     sys.exit(0 if record.ok else 1)
 
 
+def checked_command_line(argv: list[str]) -> list[str]:
+    """``argv`` with its overrides checked against conf/inner.yaml before Hydra runs (ValueError naming the key and
+    the closest known ones), ``+key`` of an existing key made ``++key``; Hydra's own flags pass untouched. A sweep
+    (``-m divergence=kl,prob_l2``) is checked against each group's first option."""
+    from hydra import compose, initialize_config_dir
+
+    overrides = [a for a in argv if not a.startswith("-") and ("=" in a or a.startswith("~"))]
+    groups = config_groups(Path(CONF_DIR), overrides)
+    for override in overrides:
+        check_group_choice(override, groups, "inner")
+    picked = []
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if key.lstrip("+~").split("@", 1)[0] in groups:
+            picked.append(f"{key}={value.split(',')[0]}")
+        elif key.lstrip("+").startswith("hydra."):
+            picked.append(override)
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None, job_name="inner_check"):
+        tree = OmegaConf.to_container(compose(config_name="inner", overrides=picked), resolve=False)
+    assert isinstance(tree, dict)
+    normalised = iter(checked_overrides(overrides, tree, groups, "inner"))
+    return [next(normalised) if a in overrides else a for a in argv]
+
+
 if __name__ == "__main__":
+    if not any(a.startswith(("--config", "-c")) for a in sys.argv[1:]):  # another config tree: Hydra's own checks
+        try:
+            sys.argv[1:] = checked_command_line(sys.argv[1:])
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            sys.exit(2)
     main()

@@ -8,6 +8,8 @@ import sys
 from typing import Callable, Mapping, Sequence
 
 from meta.config import ConfigError
+from results.report.arguments import RUN_DIR_KEY
+from results.store.config_nodes import closest_keys
 
 LOG_LEVEL_ENV = "MIRROR_ES_LOG_LEVEL"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -33,12 +35,17 @@ def run_command(argv: Sequence[str] | None, usage: str, body: Callable[[list[str
 
 
 def key_values(argv: Sequence[str], defaults: Mapping[str, str], allowed: Sequence[str], usage: str) -> dict[str, str]:
-    """``defaults`` updated from ``argv``; ConfigError naming an unknown or malformed argument, or a missing run_dir."""
+    """``defaults`` updated from ``argv``; ConfigError naming an unknown or malformed argument, or a missing run_dir.
+    A bare path is the run_dir, as in every command that reads a run directory (results/report/arguments.py)."""
     args = dict(defaults)
     for item in argv:
         key, sep, value = item.partition("=")
+        if not sep and RUN_DIR_KEY in allowed and not args.get(RUN_DIR_KEY):
+            key, sep, value = RUN_DIR_KEY, "=", item
         if not sep or key not in allowed:
-            raise ConfigError(f"argument {item!r} is not one of {', '.join(k + '=' for k in allowed)}\n{usage}")
+            near = closest_keys(key, allowed)
+            hint = f" (did you mean {near[0]}=?)" if near and sep else ""
+            raise ConfigError(f"argument {item!r} is not one of {', '.join(k + '=' for k in allowed)}{hint}\n{usage}")
         args[key] = value
     if not args.get("run_dir"):
         raise ConfigError(f"run_dir= is required\n{usage}")

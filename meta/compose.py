@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from meta.config import CONF_DIR, ConfigError, derive_inner_timeout, derive_member_time
+from meta.resume import NEW_KEY
+from results.store.config_nodes import check_group_choice, checked_overrides, config_groups
 
 
 def compose(overrides: Sequence[str], config_name: str = "config") -> dict[str, Any]:
@@ -18,7 +20,44 @@ def compose(overrides: Sequence[str], config_name: str = "config") -> dict[str, 
 
 
 def compose_with_choices(overrides: Sequence[str], config_name: str = "config") -> tuple[dict[str, Any], dict[str, str]]:
-    """``compose``, plus the option Hydra chose in each config group (``{"divergence": "kl", ...}``)."""
+    """``compose``, plus the option Hydra chose in each config group (``{"divergence": "kl", ...}``).
+
+    Every key is checked first (results/store/config_nodes.py): a ``+`` that would quietly add a misspelled key, a
+    plain key Hydra cannot find, or a group option that does not exist is a ConfigError naming the closest known
+    keys or the group's choices. The check composes the groups alone, so it runs only where it is needed: when an
+    override adds (``+``) or deletes (``~``), or when Hydra refused the command line."""
+    overrides = list(overrides)
+    groups = config_groups(CONF_DIR, overrides)
+    checked = False
+    try:
+        for override in overrides:
+            check_group_choice(override, groups, config_name)
+        if any(o.lstrip().startswith(("+", "~")) for o in overrides):
+            overrides, checked = _checked(overrides, groups, config_name), True
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    try:
+        return _hydra_compose(overrides, config_name)
+    except ConfigError:
+        if checked:
+            raise
+        try:
+            normalised = _checked(overrides, groups, config_name)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if normalised == overrides:
+            raise
+        return _hydra_compose(normalised, config_name)
+
+
+def _checked(overrides: list[str], groups: dict[str, list[str]], config_name: str) -> list[str]:
+    picked = [o for o in overrides if o.partition("=")[0].lstrip("+~").split("@", 1)[0] in groups
+              or o.lstrip("+").startswith("hydra.")]  # the groups, and where Hydra finds them
+    tree, _ = _hydra_compose(picked, config_name)
+    return checked_overrides(overrides, tree, groups, config_name)
+
+
+def _hydra_compose(overrides: Sequence[str], config_name: str) -> tuple[dict[str, Any], dict[str, str]]:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
@@ -36,8 +75,7 @@ def compose_with_choices(overrides: Sequence[str], config_name: str = "config") 
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(
-            f"{message}\n(check the key against conf/{config_name}.yaml; a new key needs a leading '+', "
-            "a config group is chosen with group=name)"
+            f"{message}\n(check the key against conf/{config_name}.yaml; a config group is chosen with group=name)"
         ) from None
     derive_member_time(raw)
     derive_inner_timeout(raw)
@@ -49,11 +87,11 @@ def _override_key(override: str) -> str:
 
 
 def merge_overrides(old: Sequence[str], new: Sequence[str]) -> list[str]:
-    """Old overrides with those re-set in ``new`` replaced (later wins), run_dir dropped."""
+    """Old overrides with those re-set in ``new`` replaced (later wins), run_dir and new (meta/resume.py) dropped."""
     merged: dict[str, str] = {}
     for override in [*old, *new]:
         key = _override_key(override)
-        if key == "run_dir":
+        if key in ("run_dir", NEW_KEY):  # where and whether new: this invocation's, never replayed
             continue
         merged.pop(key, None)
         merged[key] = override

@@ -25,13 +25,22 @@ from results.store.run_store import RunStore
 logger = logging.getLogger("meta.export")
 
 WHICH = ("best", "center", "best_member")
-USAGE = "usage: python -m meta.export run_dir=<run dir> [which=best|center|best_member] [out=best_mirror.safetensors]"
+#: names that say "a torch.save file"; the export writes safetensors, so such a name would misdescribe the file
+TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".pkl")
+USAGE = ("usage: python -m meta.export run_dir=<run dir> (or the bare path) [which=best|center|best_member] "
+         "[out=best_mirror.safetensors]")
 
 
 def parse_args(argv: Sequence[str]) -> dict[str, str]:
     args = key_values(argv, {"which": "best", "out": "best_mirror.safetensors"}, ("run_dir", "which", "out"), USAGE)
     if args["which"] not in WHICH:
         raise ConfigError(f"which={args['which']!r} must be one of {WHICH}")
+    out = Path(args["out"])
+    if out.is_dir():
+        raise ConfigError(f"out={out} is a directory; name the file to write, e.g. out={out / 'best_mirror.safetensors'}")
+    if out.suffix in TORCH_SUFFIXES:
+        raise ConfigError(f"out={out}: an init file is written in safetensors format, which a {out.suffix} name would "
+                          f"hide; name it out={out.with_suffix('.safetensors')} (divergence.init reads it by content)")
     return args
 
 

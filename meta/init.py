@@ -28,6 +28,9 @@ def initial_center(init: str, seed: int, param_transform: str = DEFAULT_PARAM_TR
     if init == "gaussian":
         return torch.randn(VECTOR_LENGTH, generator=generator(seed, "init"), dtype=torch.float64) * INIT_SCALE
     path = Path(init)
+    if path.is_dir():
+        raise ValueError(f"init={init!r} is a directory; name an init file in it (meta.export writes one: "
+                         "python -m meta.export run_dir=<run> out=<file>.safetensors)")
     if not path.is_file():
         raise ValueError(f"init={init!r} is neither one of {NAMED_INITS} nor an existing init file")
     from mirror_maps import load_init

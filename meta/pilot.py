@@ -21,7 +21,6 @@ Exit status: 0 done, 1 aborted (too many failed runs, launcher gave up) or nothi
 from __future__ import annotations
 
 import copy
-import datetime as _dt
 import logging
 import math
 import re
@@ -48,7 +47,7 @@ from meta.config import (
     build_search_config,
     check_member_launch,
 )
-from meta.resume import check_resume
+from meta.resume import NEW_KEY, check_resume, open_run_dir, run_dir_label
 from meta.staging import stage_run
 from results.report.pilot import CENTRE, MINUS, PILOT_KIND, PLUS, member_index
 from results.store.config_nodes import refuse_unknown_keys
@@ -213,10 +212,8 @@ def prepare(argv: Sequence[str]) -> Prepared:
     overrides, export = _split_export(overrides)
     overrides = absolute_overrides(overrides, cwd)
     raw, choices = compose_with_choices(overrides)
-    run_dir = absolute_path(raw.get("run_dir") or f"outputs/pilot_{_dt.datetime.now().strftime('%Y-%m-%d_%H-%M-%S')}",
-                            cwd)
+    run_dir, resuming = open_run_dir(raw, cwd, "pilot", "pilot")
     store = RunStore(run_dir)
-    resuming = store.exists()
     manifest: dict[str, Any] = {}
     if resuming:
         manifest = store.read_manifest()
@@ -226,6 +223,7 @@ def prepare(argv: Sequence[str]) -> Prepared:
                               f"meta.{kind or 'run'} run_dir={run_dir}")
         overrides = merge_overrides(manifest.get("overrides", []), overrides)
         raw, choices = compose_with_choices(overrides)
+        raw.pop(NEW_KEY, None)
     absolute_paths(raw, cwd)
     if isinstance(raw.get("pilot"), dict):
         export = export or raw["pilot"].get("export")
@@ -361,7 +359,8 @@ def build_dry_run_plan(prepared: Prepared) -> str:
         finished = f" (resume: {done} of {runs} runs already final, never trained again)"
     key = radius_key(cfg.es)
     lines = [
-        f"DRY RUN (meta.pilot): nothing is submitted or written. run_dir={cfg.run_dir}{finished}",
+        f"DRY RUN (meta.pilot): nothing is submitted or written. {run_dir_label(cfg.run_dir, prepared.resuming, 'pilot')}"
+        f"{finished}",
         f"centre: init={cfg.init}, seed={cfg.seed}; k={k} seeds per init (the same for every init), m={m} antithetic "
         f"pairs c +- e_i, e_i ~ N(0, radius^2 I), directions shared by every combination",
         f"radius: es.{key} of es={cfg.es.get('name')}" + ("" if pilot.radii is None else " (scanned: pilot.radii)")
@@ -485,8 +484,8 @@ def run(argv: Sequence[str]) -> int:
             store.write_pilot_plan(plan)
         _check_plan(plan, prepared)
         specs = member_specs(plan, cfg, manifest["run_id"])
-        logger.info("%s pilot %s in %s: %d combination(s) x %d runs", "resuming" if prepared.resuming else "starting",
-                    manifest["run_id"], store.root, len(plan["combinations"]), runs_per_combination(prepared.pilot))
+        logger.info("%s (run %s): %d combination(s) x %d runs", run_dir_label(store.root, prepared.resuming, "pilot"),
+                    manifest["run_id"], len(plan["combinations"]), runs_per_combination(prepared.pilot))
         launcher = build_launcher(cfg.launcher)
         try:
             run_members(prepared, specs, launcher)

@@ -17,6 +17,7 @@ from typing import Any, Mapping, Sequence
 
 from meta.config import SearchConfig, member_time_text
 from meta.early_stop import stop_capacity
+from meta.resume import run_dir_label
 from results.store.run_store import RunStore
 
 #: SLURM's default MaxArraySize; a dry run asks no scheduler, so without launcher.max_array_size it assumes this
@@ -152,9 +153,28 @@ def reporting_runs(cfg: SearchConfig) -> int:
     return (1 + len(settings.baselines)) * settings.report_seeds if settings.top_k > 0 else 0
 
 
-def reevaluation_runs(cfg: SearchConfig) -> int:
-    """Training runs after the search: both stages."""
-    return selection_runs(cfg) + reporting_runs(cfg)
+def runs_left(cfg: SearchConfig, store: RunStore, resuming: bool) -> tuple[int, int, str]:
+    """(selection runs, reporting runs) still to train, and what of them is done already, in words: a resume's plan
+    counts only what is left (a stage that wrote its result is done; otherwise its final runs are not retrained)."""
+    selection, reporting = selection_runs(cfg), reporting_runs(cfg)
+    if not resuming:
+        return selection, reporting, ""
+    done: list[str] = []
+    if selection and store.read_reevaluation() is not None:
+        done.append(f"selection done ({selection} runs)")
+        selection = 0
+    elif selection:
+        final, _ = store.reevaluation_progress()
+        selection = max(0, selection - final)
+        done += [f"{final} selection runs final"] if final else []
+    if reporting and store.read_result_table() is not None:
+        done.append(f"result table done ({reporting} runs)")
+        reporting = 0
+    elif reporting:
+        final, _ = store.reevaluation_progress(reporting=True)
+        reporting = max(0, reporting - final)
+        done += [f"{final} reporting runs final"] if final else []
+    return selection, reporting, "; ".join(done)
 
 
 def reporting_lines(cfg: SearchConfig, overrides: Sequence[str]) -> list[str]:
@@ -275,8 +295,10 @@ def build_plan(
     threads = int(raw["train"].get("num_threads") or 1)
     member_min = float(cfg.resources.get("member_time_min") or cfg.inner_timeout_s / 60.0)
     lines = [
-        f"DRY RUN: nothing is submitted or written. run_dir={cfg.run_dir}" + (" (resume)" if resuming else ""),
-        f"search: population {cfg.population} x generations {first}..{cfg.generations - 1} ({generations} to run), "
+        f"DRY RUN: nothing is submitted or written. {run_dir_label(cfg.run_dir, resuming, 'search')}",
+        f"search: population {cfg.population} x "
+        + (f"generations {first}..{cfg.generations - 1} ({generations} to run), " if generations else
+           f"generations: all {cfg.generations} done (0 to run), ") +
         f"es={cfg.es.get('name')}, retries={cfg.retries}; task={raw['task'].get('name')} "
         f"model={raw['model'].get('name')} train.steps={raw['train'].get('steps')}",
         f"time per member: {member_min:g} min expected ({member_time_text(cfg.resources, raw['train'].get('steps'))}); "
@@ -326,25 +348,29 @@ def build_plan(
     member_h = member_min / 60.0
     per_generation = members_per_generation(cfg)
     k = cfg.seeds_per_member
-    runs = per_generation * generations * k + reevaluation_runs(cfg)
+    selection, reporting, done = runs_left(cfg, store, resuming)
+    runs = per_generation * generations * k + selection + reporting
     gpu_h = runs * member_h * gpus
     worst_h = runs * (cfg.retries + 1) * (cfg.inner_timeout_s / 3600.0) * gpus
     control = " (population + the control member)" if cfg.control_member else ""
+    scope = "what is left of the search" if resuming else "whole search"
     lines += [
         f"training runs: {per_generation} per generation{control} x {generations} generations"
         + (f" x seeds_per_member={k} (the same {k} seeds for every member of a generation; a member trains them one "
            "after another)" if k > 1 else "") + " + "
-        f"{selection_runs(cfg)} selection runs (reevaluate: top_k={cfg.reevaluate.top_k} + centre, x "
-        f"seeds={cfg.reevaluate.seeds}) + {reporting_runs(cfg)} reporting runs (below) = {runs}",
+        f"{selection} selection runs (reevaluate: top_k={cfg.reevaluate.top_k} + centre, x "
+        f"seeds={cfg.reevaluate.seeds}) + {reporting} reporting runs (below) = {runs}"
+        + (f" left to run (done already: {first} generation(s)" + (f"; {done}" if done else "") + ")"
+           if resuming else ""),
         f"quorum={cfg.quorum:g}" + (" (every generation waits for all its members)" if cfg.quorum >= 1.0 else
                                     f": a generation closes {cfg.straggler_grace:g} x its median member time after "
                                     f"{math.ceil(cfg.quorum * cfg.population - 1e-9)} of {cfg.population} members "
                                     "finished; the rest are cancelled as late (the GPU-hours below are an upper bound)"),
-        f"GPU-hours, whole search: {runs} runs x {member_h:.2f} h x {gpus} GPU = {gpu_h:,.1f} GPU-h",
+        f"GPU-hours, {scope}: {runs} runs x {member_h:.2f} h x {gpus} GPU = {gpu_h:,.1f} GPU-h",
         *early_stop_lines(cfg, generations, member_h, gpus),
         f"GPU-hours, worst case with retries: every member failing at inner.timeout_s and retried "
         f"retries={cfg.retries} time(s) = {worst_h:,.1f} GPU-h",
-        f"CPU-hours, whole search: {runs * member_h * cpus:,.1f} CPU-h",
+        f"CPU-hours, {scope}: {runs * member_h * cpus:,.1f} CPU-h",
     ]
     lines += ["", *reporting_lines(cfg, overrides)]
     lines += ["", *_disk_lines(raw, cfg, concurrent, generations)]

@@ -8,14 +8,60 @@ scheduler that issued them.
 """
 from __future__ import annotations
 
+import datetime as _dt
+import difflib
 import logging
-from typing import Any, Mapping, Sequence
+import os
+from pathlib import Path
+from typing import Any, Mapping, MutableMapping, Sequence
 
-from meta.config import ADDED_SEARCH_KEYS, HOUSEKEEPING_KEYS, SEARCH_KEYS, ConfigError
+from meta.config import ADDED_SEARCH_KEYS, HOUSEKEEPING_KEYS, SEARCH_KEYS, ConfigError, absolute_path
+from results.store.run_store import RunStore
 
 logger = logging.getLogger(__name__)
 
-IGNORED_KEYS = ("run_dir",)
+#: the key of conf/config.yaml and conf/tune.yaml that says run_dir names a new run; never recorded nor replayed
+NEW_KEY = "new"
+#: keys of a run's command that say how this invocation runs, not what the run is: never a change on resume
+IGNORED_KEYS = ("run_dir", "dry_run", NEW_KEY)
+
+
+def open_run_dir(raw: MutableMapping[str, Any], cwd: Path, prefix: str, what: str) -> tuple[str, bool]:
+    """(the absolute run_dir, whether it resumes a run) of a command's composed config, with ``new`` taken out of
+    ``raw``. A run_dir that does not exist (or a folder that holds something else) starts a new ``what`` only with
+    new=true (or with no run_dir at all: ``outputs/<prefix>_<timestamp>``; or an empty folder); otherwise it is refused naming the closest existing run directories, so that a
+    mistyped resume path never starts a search. An existing run_dir resumes, new=true or not: the same command line
+    run again (a requeued job) goes on with its run."""
+    new = raw.pop(NEW_KEY, False)
+    if not isinstance(new, bool):
+        raise ConfigError(f"{NEW_KEY}={new!r} must be true or false")
+    given = raw.get("run_dir")
+    run_dir = absolute_path(given or f"outputs/{prefix}_{_dt.datetime.now().strftime('%Y-%m-%d_%H-%M-%S')}", cwd)
+    exists = RunStore(run_dir).exists()
+    empty = os.path.isdir(run_dir) and not os.listdir(run_dir)  # made for this run: a new run is what it is for
+    if given and not exists and not new and not empty:
+        near = nearest_run_dirs(Path(run_dir))
+        named = ("; the closest existing run directories: " + ", ".join(near)) if near else ""
+        raise ConfigError(f"run_dir={run_dir} holds no run to resume{named}. To start a new {what} there, add "
+                          f"{NEW_KEY}=true")
+    return run_dir, exists
+
+
+def run_dir_label(run_dir: str | Path, resuming: bool, what: str) -> str:
+    """What a command does with its run_dir, in the words of its plan and its log: a new run is said so."""
+    return f"resume of the {what} in {run_dir}" if resuming else f"new {what} in {run_dir}"
+
+
+def nearest_run_dirs(missing: Path, n: int = 3) -> list[str]:
+    """The run directories (two levels below the nearest existing parent of ``missing``) whose paths read closest
+    to it, best first."""
+    parent = missing.parent
+    while not parent.is_dir() and parent != parent.parent:
+        parent = parent.parent
+    found = {str(p.relative_to(parent)): str(p) for p in [*parent.glob("*"), *parent.glob("*/*")]
+             if p.is_dir() and RunStore(p).exists()}
+    near = difflib.get_close_matches(str(missing.relative_to(parent)), list(found), n=n, cutoff=0.6)
+    return [found[name] for name in near]
 
 
 def config_differences(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any, Any]]:

@@ -28,14 +28,13 @@ from meta.config import (
     check_members_can_start,
     SearchConfig,
     absolute_overrides,
-    absolute_path,
     absolute_paths,
     build_search_config,
     config_hash,
 )
 from meta.cli_args import run_command
 from meta.compose import compose, merge_overrides
-from meta.resume import check_job_namespace, check_resume
+from meta.resume import NEW_KEY, check_job_namespace, check_resume, open_run_dir, run_dir_label
 from meta.staging import preflight_run, stage_run
 from results.store.provenance import code_version
 from results.store.run_store import RunStore
@@ -61,11 +60,8 @@ def prepare(argv: Sequence[str]) -> tuple[SearchConfig, dict[str, Any], RunStore
     cwd = Path.cwd()
     overrides = absolute_overrides(overrides, cwd)
     fresh = compose(overrides)
-    run_dir = absolute_path(
-        fresh.get("run_dir") or f"outputs/meta_{_dt.datetime.now().strftime('%Y-%m-%d_%H-%M-%S')}", cwd
-    )
+    run_dir, resuming = open_run_dir(fresh, cwd, "meta", "search")
     store = RunStore(run_dir)
-    resuming = store.exists()
     manifest: dict[str, Any] = {}
     if resuming:
         manifest = store.read_manifest()
@@ -74,6 +70,7 @@ def prepare(argv: Sequence[str]) -> tuple[SearchConfig, dict[str, Any], RunStore
                               f"python -m meta.{manifest['kind']} run_dir={run_dir}")
         combined = merge_overrides(manifest.get("overrides", []), overrides)
         raw = compose(combined)
+        raw.pop(NEW_KEY, None)
     else:
         raw = fresh
         manifest = {"overrides": merge_overrides([], overrides)}
@@ -143,7 +140,7 @@ def run(argv: Sequence[str]) -> int:
     def body() -> int:
         write_run_files(store, raw, manifest, resuming)  # updates manifest in place (run_id, hashes)
         launcher = build_launcher(cfg.launcher)
-        logger.info("%s run %s in %s", "resuming" if resuming else "starting", manifest["run_id"], store.root)
+        logger.info("%s (run %s)", run_dir_label(store.root, resuming, "search"), manifest["run_id"])
         try:
             summary = Orchestrator(cfg, store, launcher, manifest["run_id"]).run()
             best = summary.best

@@ -18,13 +18,14 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
 from meta.live_watch import format_duration
 from meta.status_rows import (eta_text, gpu_hours, member_rows, orchestrator_line, row_line, rows_eta,
                               slurm_parallelism, state_summary)
+from results.report.arguments import run_dir_argument
 from results.report.pilot import is_pilot_dir
 from results.store.atomic import CorruptFileError
 from results.store.layout import parse_generation_dir_name, parse_member_dir_name
@@ -106,7 +107,10 @@ def render(run_dir: str | Path, show_all: bool = False, now: float | None = None
         if show_all or generation == gens[-1]:
             lines.extend(row_line(row, gpus) for row in rows)
     remaining = generations - max(done, default=-1) - 1 - (1 if current_eta is not None else 0)
-    if remaining >= 0 and (walls or current_eta is not None):
+    if len(done) >= generations:
+        lines.append(f"search finished: {generations} generation(s) done")
+        lines.extend(_after_search(store, raw))
+    elif remaining >= 0 and (walls or current_eta is not None):
         per = statistics.median(walls) if walls else (current_eta or math.nan)
         total = (current_eta or 0.0) + max(0, remaining) * per
         lines.append(f"search ETA: {format_duration(total)} ({max(0, remaining)} more generation(s) at "
@@ -114,14 +118,52 @@ def render(run_dir: str | Path, show_all: bool = False, now: float | None = None
     return "\n".join(lines) + "\n"
 
 
+def _after_search(store: RunStore, raw: Mapping[str, Any]) -> list[str]:
+    """What follows the generations (meta/reevaluate.py): the selection stage, then the result table, each done,
+    under way (runs final of runs) or not started; or why it does not run at all."""
+    settings = raw.get("reevaluate") or {}
+    if not int(settings.get("top_k", 0) or 0):
+        return ["selection: none (reevaluate.top_k=0); export which=center"]
+    summary = store.read_reevaluation()
+    done, total = store.reevaluation_progress()
+    if summary is not None:
+        lines = [f"selection: done ({done} runs), exported init: {summary.get('chosen')}"]
+    else:
+        lines = [f"selection: {done} of {total} runs final" if total else "selection: not started"]
+    if not int(settings.get("report_seeds", 0) or 0):
+        return lines + ["result table: none (reevaluate.report_seeds=0)"]
+    done, total = store.reevaluation_progress(reporting=True)
+    if store.read_result_table() is not None:
+        return lines + [f"result table: done ({done} runs): {store.result_table_path.with_suffix('.md')}"]
+    return lines + [f"result table: {done} of {total} runs final" if total else "result table: not started"]
+
+
+def finished(run_dir: str | Path) -> bool:
+    """Whether the run has nothing left to do: a search's generations, selection and result table (as configured),
+    a pilot's summary; a tuning is watched until interrupted."""
+    store = RunStore(run_dir)
+    if is_pilot_dir(store.root):
+        return store.read_pilot() is not None
+    if read_study_file(store.root) is not None:
+        return False
+    raw = yaml.safe_load(store.read_config_text()) or {}
+    if len(store.state_generations()) < int(raw["generations"]):
+        return False
+    settings = raw.get("reevaluate") or {}
+    if int(settings.get("top_k", 0) or 0) and store.read_reevaluation() is None:
+        return False
+    return not (int(settings.get("top_k", 0) or 0) and int(settings.get("report_seeds", 0) or 0)
+                and store.read_result_table() is None)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m meta.status", description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", help="run_dir=<dir> (or just the directory)")
     parser.add_argument("--all", action="store_true", help="member rows of every generation, not just the current")
     parser.add_argument("--watch", nargs="?", type=float, const=30.0, default=None, metavar="SECONDS",
-                        help="refresh every SECONDS (default 30) until interrupted")
+                        help="refresh every SECONDS (default 30) until the run has finished or is interrupted")
     args = parser.parse_args(argv)
-    run_dir = args.run_dir.partition("=")[2] if args.run_dir.startswith("run_dir=") else args.run_dir
+    run_dir = run_dir_argument(args.run_dir)
     while True:
         try:
             text = render(run_dir, args.all)
@@ -133,6 +175,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(text)
         sys.stdout.flush()
         if not args.watch:
+            return 0
+        if finished(run_dir):
+            sys.stdout.write("finished: nothing more to watch\n")
             return 0
         try:
             time.sleep(args.watch)

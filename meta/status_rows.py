@@ -112,7 +112,8 @@ def eta_text(eta: float | None) -> str:
 def row_line(row: MemberRow, gpus: int, label_width: int = 24) -> str:
     """A member's line: its label, state and detail, then its running time and GPU-hours when it has run."""
     used = row.running_s if row.running_s is not None else row.wall_s
-    time_text = f"{format_duration(used)} running, {used * gpus / 3600.0:.2f} GPU-h" if used else ""
+    how_long = f"{format_duration(used)} running" if row.state == RUNNING else f"ran {format_duration(used or 0.0)}"
+    time_text = f"{how_long}, {used * gpus / 3600.0:.2f} GPU-h" if used else ""
     return f"  {row.label:<{label_width}s} {row.state:<13s} {row.detail:<60s} {time_text}"
 
 

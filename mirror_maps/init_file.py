@@ -18,7 +18,7 @@ import json
 import logging
 import os
 import struct
-import tempfile
+import uuid
 from pathlib import Path
 from typing import IO, Any
 
@@ -40,7 +40,9 @@ _TORCH_MAGIC = (b"PK\x03\x04", b"\x80")  # torch.save's zip container; its older
 
 def _atomic_write(path: Path, payload: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # not mkstemp (always 0600): created 0666 so the umask decides, as for any file the user writes
+    temp_name = str(path.parent / f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+    handle = os.open(temp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(handle, "wb") as stream:
             stream.write(payload)

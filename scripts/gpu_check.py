@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     work = opts.work or Path(tempfile.mkdtemp(prefix="gpu_check-"))
     run_dir, init, single_dir = work / "search", work / "exported.safetensors", work / "single"
     overrides = ["experiment=mbpp_qwen3", *model_overrides(device, model_dir)]
-    timings["meta.run"] = run([sys.executable, "-m", "meta.run", f"run_dir={run_dir}", *overrides, *SEARCH], env,
+    timings["meta.run"] = run([sys.executable, "-m", "meta.run", f"run_dir={run_dir}", "new=true", *overrides, *SEARCH],
+                              env,
                               "the search (meta.run)", 1800)
     timings["meta.export"] = run([sys.executable, "-m", "meta.export", f"run_dir={run_dir}", f"out={init}"], env,
                                  "the export", 300)

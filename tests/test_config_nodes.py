@@ -77,7 +77,8 @@ def test_both_readers_read_a_number_yaml_left_as_a_string():
 
 def test_both_readers_name_an_unknown_key_in_the_same_words():
     known = sorted(f.name for f in dataclasses.fields(TrainConfig))
-    assert _config_error("train", "stepz", 3) == f"unknown key(s) ['train.stepz']; known keys are {known}"
+    assert _config_error("train", "stepz", 3) == (f"unknown key(s) ['train.stepz'] (did you mean train.steps?); "
+                                                  f"known keys are {known}")
     known = sorted(f.name for f in dataclasses.fields(TASK_CONFIGS["arith"]))
     assert _task_error("arith", "stepz", 3) == (f"task 'arith': unknown key(s) ['task.stepz']; known keys are {known}"
                                                 " (see conf/task/arith.yaml)")
@@ -205,12 +206,17 @@ def test_every_settings_node_refuses_an_unknown_key_in_the_same_words(node):
     from meta.pilot import build_pilot_config
     from meta.tune.config import build_tune_config
 
+    def bogus(config_name: str = "config") -> dict:
+        """The composed config with the bogus key in the node (the command line refuses it earlier, in compose)."""
+        raw = compose([], config_name=config_name)
+        raw[node]["bogus"] = 1
+        return raw
+
     build = {
-        "reevaluate": lambda: build_search_config(compose(["+reevaluate.bogus=1"])),
-        "early_stop": lambda: build_search_config(compose(["+early_stop.bogus=1"])),
-        "pilot": lambda: build_pilot_config(compose(["+pilot.bogus=1"])),
-        "tune": lambda: build_tune_config(compose(["+tune.bogus=1"], config_name="tune"), CONF_DIR,
-                                          lambda group, value: {}),
+        "reevaluate": lambda: build_search_config(bogus()),
+        "early_stop": lambda: build_search_config(bogus()),
+        "pilot": lambda: build_pilot_config(bogus()),
+        "tune": lambda: build_tune_config(bogus("tune"), CONF_DIR, lambda group, value: {}),
         "launcher": lambda: SlurmOptions.from_options({"bogus": 1}),
     }[node]
     with pytest.raises(ValueError, match=re.escape(f"unknown key(s) ['{node}.bogus']; known keys are [")):

@@ -251,6 +251,7 @@ class Prepared:
 class Outcome:
     exit_code: int
     stdout: str
+    stderr: str = ""
     trained: list[Any] = field(default_factory=list)   # the specs inner_loop.run would have trained
     evaluation: Any = None                             # the checked plan inner_loop.evaluate would have scored
     parsed: Any = None                                 # the arguments a parse-only check accepted
@@ -361,7 +362,8 @@ def check(command: Documented, prepared: Prepared, monkeypatch: pytest.MonkeyPat
             # the bench's parser accepted the arguments / inner_loop.evaluate checked everything and loads the model
             outcome.exit_code = 0 if (script is not None or outcome.evaluation is not None
                                       or outcome.parsed is not None) else 1
-        outcome.stdout = capsys.readouterr().out
+        captured = capsys.readouterr()
+        outcome.stdout, outcome.stderr = captured.out, captured.err
     _CHECKED[checked] = outcome
     return outcome
 
@@ -428,14 +430,14 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prepared]:
     work.mkdir()
     search, tune, pilot, runs = base / "meta_search", base / "tune_run", base / "pilot_run", base / "inner"
     with contextlib.chdir(work), separate_process_state():
-        assert run_main([f"run_dir={search}", "launcher=debug", "inner.entrypoint=meta.synthetic:member",
+        assert run_main([f"run_dir={search}", "new=true", "launcher=debug", "inner.entrypoint=meta.synthetic:member",
                          "population=2", "generations=1", "reevaluate.top_k=1", "reevaluate.seeds=2",
                          "reevaluate.report_seeds=2", "train.eval_every=20",
                          "+inner.options={noise: 0.05, intermediate_noise: 0.01}"]) == 0
-        assert tune_main([f"run_dir={tune}", "launcher=debug", "inner.entrypoint=meta.tune.synthetic:run",
+        assert tune_main([f"run_dir={tune}", "new=true", "launcher=debug", "inner.entrypoint=meta.tune.synthetic:run",
                           "tune.sampler=random", "tune.pruner=none", "tune.trials=2", "tune.seeds=1",
                           "+inner.options={step_s: 0.0}"]) == 0
-        assert pilot_main([f"run_dir={pilot}", "launcher=debug", "inner.entrypoint=meta.synthetic:member",
+        assert pilot_main([f"run_dir={pilot}", "new=true", "launcher=debug", "inner.entrypoint=meta.synthetic:member",
                            "pilot.seeds=2", "pilot.pairs=2", "train.eval_every=20",
                            "+inner.options={slope: 1.0, param_noise: 0.05, noise: 0.02, intermediate_noise: 0.01}"]) == 0
         # the init file the documented single runs load, where they look for it
@@ -447,6 +449,27 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prepared]:
                                                    "task.test_size=8"]) == 0
     assert (single / "final").is_dir()
     yield Prepared(search, tune, pilot, single, runs, work)
+
+
+def plan_disagreements(name: str, tokens: list[str], plan: str) -> list[str]:
+    """What a dry run's plan says against the command it was printed for: the population, the generations, the
+    tuning's trials, and a new run said to be one."""
+    values = dict(t.lstrip("+").split("=", 1) for t in tokens if "=" in t and not t.startswith("~"))
+    wrong = []
+    if name == "python -m meta.run" and "population" in values and f"population {values['population']} x" not in plan:
+        wrong.append(f"population {values['population']}")
+    if name == "python -m meta.pilot" and "population" in values \
+            and f"population={values['population']}," not in plan:
+        wrong.append(f"the SNR at population {values['population']}")
+    if name == "python -m meta.run" and "generations" in values:
+        count = int(values["generations"])
+        if f"..{count - 1} ({count} to run)" not in plan and f"all {count} done" not in plan:
+            wrong.append(f"generations {count}")
+    if name == "python -m meta.tune" and "tune.trials" in values and f"trials: {values['tune.trials']} x" not in plan:
+        wrong.append(f"tune.trials {values['tune.trials']}")
+    if values.get("new") == "true" and not re.search(r"\bnew (search|pilot|tuning run) in ", plan.splitlines()[0]):
+        wrong.append("a new run, not said to be one")
+    return wrong
 
 
 # ------------------------------------------------------------------ the tests
@@ -505,9 +528,12 @@ def test_documented_command_runs(command: Documented, prepared: Prepared, monkey
         pytest.skip(f"{command.source} generates with vLLM, which is not installed (scripts/install_vllm.sh)")
     outcome = check(command, prepared, monkeypatch, capsys)
     assert outcome.exit_code == 0, f"{command.source}: `{command.text}` exited {outcome.exit_code}"
+    assert "Traceback" not in outcome.stderr + outcome.stdout, f"{command.source}: a traceback"
     name = delegated(program).name
     if name in DRY_RUN:
         assert outcome.stdout.strip(), f"{command.source}: the dry run printed no plan"
+        disagreements = plan_disagreements(name, command.tokens, outcome.stdout)
+        assert not disagreements, f"{command.source}: the plan of `{command.text}` says otherwise: {disagreements}"
     if name == "python -m inner_loop.run":
         assert outcome.trained, f"{command.source}: inner_loop.run never reached training"
     if name == "python -m inner_loop.evaluate":
@@ -537,6 +563,15 @@ def test_the_sandbox_isolation_override_reaches_the_task_it_is_documented_for(pr
         else:
             assert outcome.evaluation.task_node["sandbox"]["require_isolation"] is True, command.source
     logger.info("checked %s in %d documented command(s)", SANDBOX_OVERRIDE, len(documented))
+
+
+def test_a_plan_that_disagrees_with_its_command_is_found():
+    plan = "DRY RUN: nothing is submitted or written. new search in /x\nsearch: population 4 x generations 0..1 (2 to run)"
+    assert plan_disagreements("python -m meta.run", ["population=4", "generations=2", "new=true"], plan) == []
+    assert plan_disagreements("python -m meta.run", ["population=180", "generations=15"], plan) == [
+        "population 180", "generations 15"]
+    assert plan_disagreements("python -m meta.pilot", ["population=180"], "SNR at population=4, seeds") == [
+        "the SNR at population 180"]
 
 
 def test_a_broken_documented_command_fails_its_check(prepared, monkeypatch, capsys):

@@ -120,7 +120,7 @@ def test_early_stop_settings_are_checked_before_anything_runs():
 
 def test_a_bad_early_stop_exits_2_before_any_member_is_submitted(tmp_path, capsys):
     run_dir = tmp_path / "run"
-    code = main([f"run_dir={run_dir}", "launcher=debug", "inner.entrypoint=meta.synthetic:member",
+    code = main([f"run_dir={run_dir}", "new=true", "launcher=debug", "inner.entrypoint=meta.synthetic:member",
                  "early_stop.enabled=true", "early_stop.noise=0.01", "train.eval_every=10"])
     assert code == 2
     assert "es=pgpe" in capsys.readouterr().err
@@ -132,7 +132,7 @@ def test_the_config_yaml_early_stop_node_is_the_dataclass_defaults():
 
 
 def test_the_dry_run_plan_prints_the_most_early_stop_can_save(tmp_path, capsys):
-    assert main([f"run_dir={tmp_path / 'plan'}", "dry_run=true", "es=snes", "train.eval_every=10", *EARLY]) == 0
+    assert main([f"run_dir={tmp_path / 'plan'}", "new=true", "dry_run=true", "es=snes", "train.eval_every=10", *EARLY]) == 0
     out = capsys.readouterr().out
     assert "early_stop: decided at step 30 of 60" in out and "at most 2 of 4 per generation" in out
     assert "early_stop saves at most 2 generations x 2 members x 0.50 of a run" in out
@@ -197,8 +197,8 @@ EARLY = ["early_stop.enabled=true", "early_stop.at_fraction=0.5", "early_stop.no
 
 
 def test_a_search_stops_its_clear_losers_and_makes_the_update_the_full_generation_makes(tmp_path):
-    assert main([f"run_dir={tmp_path / 'early'}", *SEARCH, *EARLY]) == 0
-    assert main([f"run_dir={tmp_path / 'full'}", *SEARCH]) == 0
+    assert main([f"run_dir={tmp_path / 'early'}", "new=true", *SEARCH, *EARLY]) == 0
+    assert main([f"run_dir={tmp_path / 'full'}", "new=true", *SEARCH]) == 0
     early, full = RunStore(tmp_path / "early"), RunStore(tmp_path / "full")
     decisions = early.read_early_stop(0)
     stopped = sorted(int(i) for i, d in decisions["decisions"].items() if d["stop"])
@@ -230,7 +230,7 @@ def test_a_search_killed_after_its_decisions_resumes_with_the_same_members_stopp
     """A crash after early_stop.json, before the state: the resume settles the same members as stopped (even one
     whose job wrote a result before its cancel landed) and makes the same update."""
     run_dir = tmp_path / "crash"
-    assert main([f"run_dir={run_dir}", *SEARCH, *EARLY]) == 0
+    assert main([f"run_dir={run_dir}", "new=true", *SEARCH, *EARLY]) == 0
     store = RunStore(run_dir)
     reference = store.read_state(0)
     stopped = sorted(int(i) for i, d in store.read_early_stop(0)["decisions"].items() if d["stop"])
@@ -238,7 +238,7 @@ def test_a_search_killed_after_its_decisions_resumes_with_the_same_members_stopp
     store.state_path(0).with_name(store.state_path(0).name + ".sha256").unlink()
     store.members_table_path.unlink()
     write_result(store.member_dir(0, stopped[0]), ResultRecord(status="ok", fitness=0.99, wall_time_s=1.0))
-    assert main([f"run_dir={run_dir}", *SEARCH, *EARLY]) == 0
+    assert main([f"run_dir={run_dir}", "new=true", *SEARCH, *EARLY]) == 0
     members = store.read_members().set_index("index")
     assert sorted(members.index[members["status"] == STOPPED_STATUS]) == stopped
     assert _same(store.read_state(0)["searcher"], reference["searcher"])

@@ -41,7 +41,7 @@ def test_local_null_with_several_visible_gpus_is_refused_for_a_training_search(m
                                            ("launcher.gpus_per_node=4", "launcher.gpus_per_node=4")])
 def test_slurm_search_with_multi_gpu_members_exits_2_before_writing(tmp_path, capsys, override, key):
     run_dir = tmp_path / "run"
-    assert main([f"run_dir={run_dir}", "launcher=slurm", override, *SYNTH]) == 2
+    assert main([f"run_dir={run_dir}", "new=true", "launcher=slurm", override, *SYNTH]) == 2
     err = capsys.readouterr().err
     assert f"{key}: a member trains on ONE GPU" in err and "resources.gpus" in err, err
     assert not run_dir.exists()
@@ -49,7 +49,7 @@ def test_slurm_search_with_multi_gpu_members_exits_2_before_writing(tmp_path, ca
 
 def test_local_search_with_two_gpus_in_resources_exits_2(tmp_path, capsys):
     run_dir = tmp_path / "run"
-    assert main([f"run_dir={run_dir}", "resources.gpus=2", *SYNTH]) == 2
+    assert main([f"run_dir={run_dir}", "new=true", "resources.gpus=2", *SYNTH]) == 2
     err = capsys.readouterr().err
     assert "launcher.gpus_per_node=2: a member trains on ONE GPU" in err and "from resources.gpus" in err, err
     assert not run_dir.exists()
@@ -57,10 +57,10 @@ def test_local_search_with_two_gpus_in_resources_exits_2(tmp_path, capsys):
 
 def test_local_search_with_null_and_two_visible_gpus_exits_2(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
-    assert main([f"run_dir={tmp_path / 'run'}", "launcher.gpus_per_node=null", *SYNTH]) == 2
+    assert main([f"run_dir={tmp_path / 'run'}", "new=true", "launcher.gpus_per_node=null", *SYNTH]) == 2
     assert "passes this process's 2 GPUs" in capsys.readouterr().err
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
-    assert main([f"run_dir={tmp_path / 'one'}", "launcher.gpus_per_node=1", "launcher.visible_gpus=[1]", *SYNTH]) == 0
+    assert main([f"run_dir={tmp_path / 'one'}", "new=true", "launcher.gpus_per_node=1", "launcher.visible_gpus=[1]", *SYNTH]) == 0
 
 
 def test_slurm_validate_options_refuses_directly():

@@ -215,7 +215,7 @@ def test_the_up_front_check_writes_nothing_and_opens_no_gpu(tmp_path, monkeypatc
 
 def test_meta_run_with_a_bad_train_trl_exits_2_before_writing_a_run_dir(tmp_path):
     run_dir = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "meta.run", f"run_dir={run_dir}", "+train.trl.use_vlm=true"],
+    proc = subprocess.run([sys.executable, "-m", "meta.run", f"run_dir={run_dir}", "new=true", "+train.trl.use_vlm=true"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "train.trl.use_vlm is not a field of TRL's GRPOConfig" in proc.stderr
@@ -230,7 +230,7 @@ def test_meta_run_checks_train_values_before_anything_is_written(tmp_path, capsy
     from meta.run import main
 
     run_dir = tmp_path / "run"
-    code = main([f"run_dir={run_dir}", override, "dry_run=true"])
+    code = main([f"run_dir={run_dir}", "new=true", override, "dry_run=true"])
     err = capsys.readouterr().err
     if message is None:  # a valid pass-through: the dry run plans it
         assert code == 0, err

@@ -84,7 +84,7 @@ def _submit_hanging_member(launcher, tmp_path: Path) -> JobRef:
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads /proc")
 def test_a_search_started_with_sigint_ignored_still_stops_its_late_member(tmp_path):
     with sigint_ignored():
-        assert main([f"run_dir={tmp_path}", "launcher=local", "inner.entrypoint=meta.synthetic:member",
+        assert main([f"run_dir={tmp_path}", "new=true", "launcher=local", "inner.entrypoint=meta.synthetic:member",
                      "population=4", "generations=1", "reevaluate.top_k=0", "control_member=false", "quorum=0.75",
                      "straggler_grace=1.0", "inner.timeout_s=600", "+inner.options={hang:[2],sleep_s:0.5}"]) == 0
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # the orchestrator's own setting is left alone

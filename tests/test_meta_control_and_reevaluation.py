@@ -20,7 +20,7 @@ SYNTH = ["launcher=debug", "inner.entrypoint=meta.synthetic:member", "population
 
 
 def _run(run_dir, *extra):
-    return main([f"run_dir={run_dir}", *SYNTH, *extra])
+    return main([f"run_dir={run_dir}", "new=true", *SYNTH, *extra])
 
 
 def _spec(store: RunStore, generation: int, index: int) -> MemberSpec:

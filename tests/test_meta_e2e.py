@@ -28,7 +28,7 @@ def test_embedded_default_search_export_and_single_run(tmp_path):
     result table (the exported init and the 6 baselines on 2 other seeds, with the test split), exported by its
     lower bound, then trained by a single run exactly as its reporting run was."""
     run_dir = tmp_path / "search"
-    done = _python("-m", "meta.run", f"run_dir={run_dir}", "population=4", "generations=2", "launcher=local",
+    done = _python("-m", "meta.run", f"run_dir={run_dir}", "new=true", "population=4", "generations=2", "launcher=local",
                    "reevaluate.top_k=1", "reevaluate.seeds=2", "reevaluate.report_seeds=2", *SHORT, timeout=1200)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "NM-GRPO-ES (exported init) minus each baseline" in done.stdout  # the table ends the run

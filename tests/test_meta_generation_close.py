@@ -20,7 +20,7 @@ SYNTH = ["launcher=debug", "inner.entrypoint=meta.synthetic:member", "population
 
 
 def _run(run_dir, *extra):
-    return main([f"run_dir={run_dir}", *SYNTH, *extra])
+    return main([f"run_dir={run_dir}", "new=true", *SYNTH, *extra])
 
 
 def _calls(store: RunStore, generation: int, index: int) -> int:
@@ -95,7 +95,7 @@ def test_a_hung_member_is_cancelled_as_late_instead_of_holding_the_generation(tm
     """Local processes: one member hangs; the generation closes 3 of 4 + grace later, long before the member's
     time limit, and its process is gone."""
     started = time.monotonic()
-    assert main([f"run_dir={tmp_path}", "launcher=local", "inner.entrypoint=meta.synthetic:member",
+    assert main([f"run_dir={tmp_path}", "new=true", "launcher=local", "inner.entrypoint=meta.synthetic:member",
                  "population=4", "generations=1", "reevaluate.top_k=0", "control_member=false", "quorum=0.75",
                  "straggler_grace=1.0", "inner.timeout_s=600", "+inner.options={hang:[2],sleep_s:0.5}"]) == 0
     assert time.monotonic() - started < 120

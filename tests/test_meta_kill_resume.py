@@ -24,7 +24,7 @@ ARGS = ["inner.entrypoint=meta.synthetic:member", "population=4", "generations=3
 
 def _start(run_dir: Path) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "meta.run", f"run_dir={run_dir}", "launcher=local", *ARGS],
+        [sys.executable, "-m", "meta.run", f"run_dir={run_dir}", "new=true", "launcher=local", *ARGS],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=False,
     )
 
@@ -38,7 +38,7 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120.0) -> Non
 @pytest.mark.slow
 def test_sigkill_at_random_points_then_resume_matches_an_uninterrupted_run(tmp_path):
     reference = tmp_path / "reference"
-    assert main([f"run_dir={reference}", "launcher=debug", *ARGS]) == 0
+    assert main([f"run_dir={reference}", "new=true", "launcher=debug", *ARGS]) == 0
 
     run_dir = tmp_path / "killed"
     store = RunStore(run_dir)

@@ -38,7 +38,7 @@ def _foreign_orchestrator(lock_path, heartbeat_age_s: float) -> None:
 
 def test_a_search_completes_on_a_filesystem_without_flock(tmp_path, no_flock, caplog):
     run_dir = tmp_path / "run"
-    assert main([f"run_dir={run_dir}", *SYNTH]) == 0
+    assert main([f"run_dir={run_dir}", "new=true", *SYNTH]) == 0
     store = RunStore(run_dir)
     assert store.state_generations() == [0, 1]
     members = store.read_members()
@@ -50,10 +50,10 @@ def test_a_search_completes_on_a_filesystem_without_flock(tmp_path, no_flock, ca
 def test_a_second_orchestrator_is_refused_without_flock_and_told_who_holds_the_run(tmp_path, no_flock, caplog):
     run_dir = tmp_path / "run"
     with RunLock(RunStore(run_dir).lock_path):
-        assert main([f"run_dir={run_dir}", *SYNTH]) == 3
+        assert main([f"run_dir={run_dir}", "new=true", *SYNTH]) == 3
     assert "in use by another orchestrator" in caplog.text
     assert f"pid {os.getpid()} on {socket.gethostname()}" in caplog.text and "last heartbeat" in caplog.text
-    assert main([f"run_dir={run_dir}", *SYNTH]) == 0
+    assert main([f"run_dir={run_dir}", "new=true", *SYNTH]) == 0
 
 
 @pytest.mark.parametrize("flock_available", [True, False])

@@ -17,7 +17,7 @@ SYNTH = ["launcher=debug", "inner.entrypoint=meta.synthetic:member", "population
 
 
 def _run(run_dir, *extra):
-    return main([f"run_dir={run_dir}", *SYNTH, *extra])
+    return main([f"run_dir={run_dir}", "new=true", *SYNTH, *extra])
 
 
 def _states(run_dir):
@@ -103,22 +103,22 @@ def test_bad_inner_configs_are_refused_before_any_member_is_submitted(tmp_path, 
     if fragment is None:  # a valid inner override passes validation (the run itself is not started here)
         from meta.run import prepare
 
-        prepare([f"run_dir={tmp_path / 'run'}", override])
+        prepare([f"run_dir={tmp_path / 'run'}", "new=true", override])
         return
-    assert main([f"run_dir={tmp_path / 'run'}", override]) == 2
+    assert main([f"run_dir={tmp_path / 'run'}", "new=true", override]) == 2
     assert fragment in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
 
 
 def test_resume_refuses_search_changes_and_accepts_safe_ones(tmp_path, capsys):
     assert _run(tmp_path, "generations=1") == 0
-    assert main([f"run_dir={tmp_path}", "population=6", "es=snes"]) == 2
+    assert main([f"run_dir={tmp_path}", "new=true", "population=6", "es=snes"]) == 2
     err = capsys.readouterr().err
     assert "population: 4 -> 6" in err and "es.name: 'pgpe' -> 'snes'" in err
     # Only run_dir plus safe changes: the stored overrides are replayed, the run continues. What members keep on
     # disk is housekeeping, not the search: it may change, and it leaves the config hash alone.
     before = config_hash(yaml.safe_load((tmp_path / "config.yaml").read_text()))
-    assert main([f"run_dir={tmp_path}", "generations=3", "retries=2", "train.keep_checkpoints=last"]) == 0
+    assert main([f"run_dir={tmp_path}", "new=true", "generations=3", "retries=2", "train.keep_checkpoints=last"]) == 0
     assert config_hash(yaml.safe_load((tmp_path / "config.yaml").read_text())) == before
     assert RunStore(tmp_path).state_generations() == [0, 1, 2]
     assert _run(tmp_path / "ref") == 0
@@ -130,7 +130,7 @@ def test_corrupt_newest_state_falls_back_and_redoes_the_generation_identically(t
     reference = _states(tmp_path)
     state = RunStore(tmp_path).state_path(2)
     state.write_bytes(state.read_bytes()[:100])
-    assert main([f"run_dir={tmp_path}"]) == 0
+    assert main([f"run_dir={tmp_path}", "new=true"]) == 0
     assert "skipping corrupt state file" in caplog.text
     _assert_same_states(_states(tmp_path), reference)
     calls = (RunStore(tmp_path).member_dir(2, 0) / "calls.log").read_text().splitlines()
@@ -148,17 +148,17 @@ def test_export_center_and_best_member(tmp_path):
     from mirror_maps import load_init
 
     assert _run(tmp_path) == 0
-    assert export_main([f"run_dir={tmp_path}", "which=best_member", f"out={tmp_path / 'best.pt'}"]) == 0
-    mirror_map, meta = load_init(tmp_path / "best.pt")
+    assert export_main([f"run_dir={tmp_path}", "which=best_member", f"out={tmp_path / 'best.safetensors'}"]) == 0
+    mirror_map, meta = load_init(tmp_path / "best.safetensors")
     best = RunStore(tmp_path).read_best()
     assert meta["fitness"] == best["fitness"] and meta["generation"] == best["generation"]
     assert meta["run_id"] == json.loads((tmp_path / "manifest.json").read_text())["run_id"]
     assert torch.equal(mirror_map.to_vector().double(), torch.tensor(best["params"], dtype=torch.float64))
-    assert export_main([f"run_dir={tmp_path}", "which=center", f"out={tmp_path / 'c.pt'}"]) == 0
-    center_map, meta = load_init(tmp_path / "c.pt")
+    assert export_main([f"run_dir={tmp_path}", "which=center", f"out={tmp_path / 'c.safetensors'}"]) == 0
+    center_map, meta = load_init(tmp_path / "c.safetensors")
     assert meta["which"] == "center" and meta["generation"] == 2
     assert torch.equal(center_map.to_vector().double(), _states(tmp_path)[-1]["center"])
-    assert export_main([f"run_dir={tmp_path / 'none'}", "which=center", "out=x.pt"]) == 2
+    assert export_main([f"run_dir={tmp_path / 'none'}", "which=center", "out=x.safetensors"]) == 2
 
 
 def test_a_stale_lock_left_by_a_dead_orchestrator_is_detected_and_taken_over(tmp_path, caplog):

@@ -58,7 +58,7 @@ def _calls(run_dir: Path) -> list[list[str]]:
 @pytest.fixture(scope="module")
 def slope_pilot(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run_dir = tmp_path_factory.mktemp("slope") / "pilot"
-    assert main([f"run_dir={run_dir}", *SLOPE_ARGS]) == 0
+    assert main([f"run_dir={run_dir}", "new=true", *SLOPE_ARGS]) == 0
     return run_dir
 
 
@@ -99,7 +99,7 @@ def test_the_recommendation_follows_from_the_snr_and_a_resume_retrains_nothing(s
     per_pair = snr / (POPULATION / 2)  # SNR(P) = (P/2) per_pair with r = 1
     populations = {}
     for target in (1.0, 40.0, 160.0):
-        assert main([f"run_dir={slope_pilot}", f"pilot.target_snr={target}"]) == 0
+        assert main([f"run_dir={slope_pilot}", "new=true", f"pilot.target_snr={target}"]) == 0
         rec = _summary(slope_pilot)["recommendation"]
         population = rec["population"]
         assert population % 2 == 0 and population / 2 * per_pair >= target
@@ -127,16 +127,16 @@ def test_the_report_of_a_pilot_dir_shows_the_findings_of_pilot_json(slope_pilot,
 
 def test_export_writes_a_preset_that_meta_run_composes(slope_pilot, tmp_path):
     out = tmp_path / "presets" / "experiment" / "rec.yaml"
-    assert main([f"run_dir={slope_pilot}", "pilot.target_snr=40", f"pilot.export={out}"]) == 0
+    assert main([f"run_dir={slope_pilot}", "new=true", "pilot.target_snr=40", f"pilot.export={out}"]) == 0
     rec = _summary(slope_pilot)["recommendation"]
     raw = compose(["experiment=rec", f"hydra.searchpath=[file://{tmp_path / 'presets'}]"])
     assert raw["population"] == rec["population"] and raw["es"]["stdev_init"] == rec["radius"]
     assert raw["divergence"]["coef"] == rec["coef"] and raw["train"]["eval_every"] is None
     assert out.read_text().startswith("# @package _global_\n# Exported by python -m meta.pilot")
-    assert main([f"run_dir={slope_pilot}", f"pilot.export={out}"]) == 0  # the same file again: fine
+    assert main([f"run_dir={slope_pilot}", "new=true", f"pilot.export={out}"]) == 0  # the same file again: fine
     other = tmp_path / "mine.yaml"
     other.write_text("# @package _global_\npopulation: 8\n")
-    assert main([f"run_dir={slope_pilot}", f"pilot.export={other}"]) == 1  # never overwritten
+    assert main([f"run_dir={slope_pilot}", "new=true", f"pilot.export={other}"]) == 1  # never overwritten
     assert other.read_text() == "# @package _global_\npopulation: 8\n"
 
 
@@ -144,20 +144,20 @@ def test_without_a_slope_it_reports_no_signal_and_exports_nothing(tmp_path, caps
     run_dir = tmp_path / "flat"
     # A 5% test says "signal" for 1 in 20 flat objectives (seed 0 here: p = 0.043; seeds 1..5: 0.80, 0.08, 0.89, 0.62,
     # 0.36; and 4.5% of 2000 simulated flat pilots of this size): a fixed seed outside that 5%
-    args = [f"run_dir={run_dir}", *SYNTH, *PINNED, "+inner.options={slope: 0.0, param_noise: 0.05}", "pilot.seeds=3",
+    args = [f"run_dir={run_dir}", "new=true", *SYNTH, *PINNED, "+inner.options={slope: 0.0, param_noise: 0.05}", "pilot.seeds=3",
             "pilot.pairs=6", "seed=1"]
     assert main(args) == 0
     (combo,) = _summary(run_dir)["combinations"]
     assert not combo["signal"] and combo["snr"] is None and combo["p_value"] >= 0.05
     out = capsys.readouterr().out
     assert "no signal" in out and "none: no combination shows signal" in out
-    assert main([f"run_dir={run_dir}", f"pilot.export={tmp_path / 'x.yaml'}"]) == 1
+    assert main([f"run_dir={run_dir}", "new=true", f"pilot.export={tmp_path / 'x.yaml'}"]) == 1
     assert not (tmp_path / "x.yaml").exists()
 
 
 def test_radii_and_coefs_are_scanned_as_combinations_on_shared_directions(tmp_path):
     run_dir = tmp_path / "scan"
-    assert main([f"run_dir={run_dir}", *SYNTH, "+inner.options={slope: 1.0}", "pilot.seeds=2", "pilot.pairs=1",
+    assert main([f"run_dir={run_dir}", "new=true", *SYNTH, "+inner.options={slope: 1.0}", "pilot.seeds=2", "pilot.pairs=1",
                  "pilot.radii=[0.005,0.02]", "pilot.coefs=[0.5,2.0]"]) == 0
     plan = RunStore(run_dir).read_pilot_plan()
     assert plan["combinations"] == [{"radius": 0.005, "coef": 0.5}, {"radius": 0.005, "coef": 2.0},
@@ -178,7 +178,7 @@ def test_radii_and_coefs_are_scanned_as_combinations_on_shared_directions(tmp_pa
 
 def test_intermediate_scores_that_rank_like_the_final_ones_correlate_fully(tmp_path, capsys):
     run_dir = tmp_path / "early"
-    assert main([f"run_dir={run_dir}", *SYNTH, "+inner.options={slope: 10.0, param_noise: 0.05, intermediate_noise: 0}",
+    assert main([f"run_dir={run_dir}", "new=true", *SYNTH, "+inner.options={slope: 10.0, param_noise: 0.05, intermediate_noise: 0}",
                  "train.eval_every=20", "pilot.seeds=2", "pilot.pairs=2"]) == 0
     inter = _summary(run_dir)["combinations"][0]["intermediate"]
     assert inter["measured"] and [s["step"] for s in inter["steps"]] == [20, 40]
@@ -193,7 +193,7 @@ def test_intermediate_scores_that_rank_like_the_final_ones_correlate_fully(tmp_p
 
 def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path, capsys):
     run_dir = tmp_path / "dry"
-    assert main([f"run_dir={run_dir}", *SYNTH, "dry_run=true", "resources.gpus=1", "resources.member_time_min=30",
+    assert main([f"run_dir={run_dir}", "new=true", *SYNTH, "dry_run=true", "resources.gpus=1", "resources.member_time_min=30",
                  "pilot.radii=[0.005,0.01]", "pilot.coefs=[0.5,1.0]"]) == 0
     text = capsys.readouterr().out
     assert "4 combination(s) x (k + 2 m k) = 4 x (3 + 2 x 4 x 3) = 108" in text
@@ -211,7 +211,7 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path, capsys):
 ])
 def test_bad_input_exits_2_before_anything_runs(tmp_path, capsys, override, fragment):
     run_dir = tmp_path / "bad"
-    assert main([f"run_dir={run_dir}", *SYNTH, *override.split()]) == 2
+    assert main([f"run_dir={run_dir}", "new=true", *SYNTH, *override.split()]) == 2
     assert fragment in capsys.readouterr().err
     assert not run_dir.exists()
 
@@ -245,7 +245,7 @@ def test_synthetic_slope_and_per_params_noise(tmp_path):
 
 
 def _start(run_dir: Path, extra: list[str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "meta.pilot", f"run_dir={run_dir}", *extra], cwd=ROOT,
+    return subprocess.Popen([sys.executable, "-m", "meta.pilot", f"run_dir={run_dir}", "new=true", *extra], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
@@ -254,7 +254,7 @@ def test_kill_and_resume_finishes_without_retraining_finished_runs(tmp_path):
     options = "slope: 10.0, param_noise: 0.05, count_calls: true"
     args = ["inner.entrypoint=meta.synthetic:member", *PINNED, "pilot.seeds=2", "pilot.pairs=1"]
     reference = tmp_path / "reference"  # the same runs uninterrupted (sleeping changes no fitness)
-    assert main([f"run_dir={reference}", "launcher=debug", *args, f"+inner.options={{{options}}}"]) == 0
+    assert main([f"run_dir={reference}", "new=true", "launcher=debug", *args, f"+inner.options={{{options}}}"]) == 0
     args.append(f"+inner.options={{{options}, sleep_s: 0.5}}")
 
     run_dir = tmp_path / "killed"
@@ -278,7 +278,7 @@ def test_the_report_of_an_unfinished_pilot_shows_the_runs_final_so_far(tmp_path,
     from results.report.pilot import main as report_main
 
     run_dir = tmp_path / "pilot"
-    assert main([f"run_dir={run_dir}", *SYNTH, "+inner.options={slope: 10.0, param_noise: 0.05}", "pilot.seeds=2",
+    assert main([f"run_dir={run_dir}", "new=true", *SYNTH, "+inner.options={slope: 10.0, param_noise: 0.05}", "pilot.seeds=2",
                  "pilot.pairs=2"]) == 0
     store = RunStore(run_dir)
     store.pilot_path.unlink()  # as if killed before the end, with two runs not final

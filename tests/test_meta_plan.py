@@ -2,6 +2,8 @@
 GPU-hours and disk, and neither writes a run dir nor calls the scheduler."""
 from __future__ import annotations
 
+import logging
+
 import os
 import subprocess
 import sys
@@ -39,7 +41,7 @@ def test_mbpp_dry_run_at_population_180_prints_the_plan_and_touches_nothing(tmp_
     run_dir = tmp_path / "would_be_run"
     proc = subprocess.run(
         [sys.executable, "-m", "meta.run", "experiment=mbpp_qwen3", "launcher=slurm", "population=180",
-         "generations=15", "dry_run=true", f"run_dir={run_dir}", *MBPP_LOCAL, *STAGED_MODEL],
+         "generations=15", "dry_run=true", f"run_dir={run_dir}", "new=true", *MBPP_LOCAL, *STAGED_MODEL],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -67,13 +69,13 @@ def test_mbpp_dry_run_at_population_180_prints_the_plan_and_touches_nothing(tmp_
 
 def test_dry_run_splits_at_the_configured_array_size_and_shows_local_gpu_pass_through(tmp_path, capsys):
     synth = ["inner.entrypoint=meta.synthetic:member", "dry_run=true", "population=130", "control_member=false"]
-    assert main([f"run_dir={tmp_path / 'a'}", "launcher=slurm", "launcher.max_array_size=50",
+    assert main([f"run_dir={tmp_path / 'a'}", "new=true", "launcher=slurm", "launcher.max_array_size=50",
                  "launcher.array_parallelism=20", *synth]) == 0
     out = capsys.readouterr().out
     assert ("arrays per generation: 3: 50 tasks (--array=0-49%20), 50 tasks (--array=0-49%20), "
             "30 tasks (--array=0-29%20); split size from launcher.max_array_size") in out
     assert "at most 20 members of a generation run at once" in out
-    assert main([f"run_dir={tmp_path / 'b'}", *synth, "launcher.array_parallelism=7"]) == 0
+    assert main([f"run_dir={tmp_path / 'b'}", "new=true", *synth, "launcher.array_parallelism=7"]) == 0
     out = capsys.readouterr().out
     assert "launcher=local: each member on this machine, 7 processes at once" in out
     assert "members see no GPU (launcher.gpus_per_node=0)" in out and "#SBATCH" not in out
@@ -81,7 +83,7 @@ def test_dry_run_splits_at_the_configured_array_size_and_shows_local_gpu_pass_th
 
 
 def test_a_bad_config_still_fails_in_a_dry_run(tmp_path, capsys):
-    assert main([f"run_dir={tmp_path / 'r'}", "dry_run=true", "launcher=slurm", "launcher.cpus_per_task=0"]) == 2
+    assert main([f"run_dir={tmp_path / 'r'}", "new=true", "dry_run=true", "launcher=slurm", "launcher.cpus_per_task=0"]) == 2
     assert "launcher.cpus_per_task" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
 
@@ -112,15 +114,19 @@ def test_disk_plan_follows_the_checkpoint_policy(policy, steady, kept):
     assert disk_plan({**raw, "model": {**raw["model"], "name": "hub"}}) is None
 
 
-def test_a_dry_run_of_a_resume_plans_the_remaining_generations_and_changes_nothing(tmp_path, capsys):
+def test_a_dry_run_of_a_resume_plans_the_remaining_generations_and_changes_nothing(tmp_path, capsys, caplog):
     run_dir = tmp_path / "run"
     synth = ["inner.entrypoint=meta.synthetic:member", "population=4"]
-    assert main([f"run_dir={run_dir}", "launcher=debug", "generations=1", *synth]) == 0
+    assert main([f"run_dir={run_dir}", "new=true", "launcher=debug", "generations=1", *synth]) == 0
     before = {p: p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
     capsys.readouterr()
-    assert main([f"run_dir={run_dir}", "generations=3", "dry_run=true"]) == 0
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="meta.resume"):
+        assert main([f"run_dir={run_dir}", "generations=3", "dry_run=true"]) == 0
     out = capsys.readouterr().out
-    assert f"run_dir={run_dir} (resume)" in out and "generations 1..2 (2 to run)" in out
+    assert f"resume of the search in {run_dir}" in out and "generations 1..2 (2 to run)" in out
+    # how this invocation runs is no changed setting of the search; generations is
+    assert "generations: 1 -> 3" in caplog.text and "dry_run:" not in caplog.text
     assert {p: p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()} == before
 
 

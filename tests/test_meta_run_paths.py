@@ -38,7 +38,7 @@ def test_a_run_started_with_relative_paths_records_them_absolute_and_resumes_fro
     (start / "inits").mkdir(parents=True)
     elsewhere.mkdir()
     save_init(start / "inits" / "c.safetensors", NeuralMirrorMap.from_vector(torch.full((380,), 0.005)))
-    first = _meta_run(start, "run_dir=runs/r1", "launcher=local", "generations=1", "init=inits/c.safetensors",
+    first = _meta_run(start, "run_dir=runs/r1", "new=true", "launcher=local", "generations=1", "init=inits/c.safetensors",
                       "task=mbpp", "task.train_file=data/train.jsonl", *SYNTH)
     assert first.returncode == 0, first.stderr[-3000:]
     run_dir = start / "runs" / "r1"
@@ -70,10 +70,10 @@ def test_a_run_started_with_relative_paths_records_them_absolute_and_resumes_fro
 
 def test_a_resume_with_another_launcher_kind_is_refused_and_writes_nothing(tmp_path, capsys):
     run_dir = tmp_path / "run"
-    assert main([f"run_dir={run_dir}", "launcher=debug", "generations=1", *SYNTH]) == 0
+    assert main([f"run_dir={run_dir}", "new=true", "launcher=debug", "generations=1", *SYNTH]) == 0
     before = _snapshot(run_dir)
     capsys.readouterr()
-    assert main([f"run_dir={run_dir}", "launcher=local", "generations=2"]) == 2
+    assert main([f"run_dir={run_dir}", "new=true", "launcher=local", "generations=2"]) == 2
     err = capsys.readouterr().err
     assert "started with launcher=debug and cannot be resumed with launcher=local" in err
     assert _snapshot(run_dir) == before
@@ -82,7 +82,7 @@ def test_a_resume_with_another_launcher_kind_is_refused_and_writes_nothing(tmp_p
 def test_a_resume_on_another_cluster_is_refused_naming_old_and_new(tmp_path, capsys, monkeypatch):
     """A run recorded as started on SLURM cluster 'alpha'; this machine's scontrol says 'beta'."""
     run_dir = tmp_path / "run"
-    assert main([f"run_dir={run_dir}", "launcher=debug", "generations=1", *SYNTH]) == 0
+    assert main([f"run_dir={run_dir}", "new=true", "launcher=debug", "generations=1", *SYNTH]) == 0
     store = RunStore(run_dir)
     manifest = store.read_manifest()
     assert manifest["launcher"] == "debug" and manifest["cluster"]
@@ -96,7 +96,7 @@ def test_a_resume_on_another_cluster_is_refused_naming_old_and_new(tmp_path, cap
     capsys.readouterr()
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     assert job_namespace({"name": "slurm", "cls": "launch.slurm.launcher:SlurmLauncher"}) == "beta"
-    assert main([f"run_dir={run_dir}", "launcher=slurm", "generations=2"]) == 2
+    assert main([f"run_dir={run_dir}", "new=true", "launcher=slurm", "generations=2"]) == 2
     err = capsys.readouterr().err
     assert "started on SLURM cluster 'alpha' and this is SLURM cluster 'beta'" in err
     assert _snapshot(run_dir) == before
@@ -104,12 +104,12 @@ def test_a_resume_on_another_cluster_is_refused_naming_old_and_new(tmp_path, cap
 
 def test_a_resume_on_another_host_is_refused_for_local_jobs(tmp_path, capsys):
     run_dir = tmp_path / "run"
-    assert main([f"run_dir={run_dir}", "launcher=debug", "generations=1", *SYNTH]) == 0
+    assert main([f"run_dir={run_dir}", "new=true", "launcher=debug", "generations=1", *SYNTH]) == 0
     store = RunStore(run_dir)
     store.write_manifest({**store.read_manifest(), "cluster": "some-other-host"})
     before = _snapshot(run_dir)
     capsys.readouterr()
-    assert main([f"run_dir={run_dir}", "generations=2"]) == 2
+    assert main([f"run_dir={run_dir}", "new=true", "generations=2"]) == 2
     assert "started on host 'some-other-host'" in capsys.readouterr().err
     assert _snapshot(run_dir) == before
 

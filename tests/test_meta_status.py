@@ -57,7 +57,7 @@ def _child(script: str, arg: Path, ready: str) -> subprocess.Popen:
 
 def test_status_of_a_finished_search_and_of_a_generation_in_flight(tmp_path, capsys):
     run_dir = tmp_path / "run"
-    assert run_main([f"run_dir={run_dir}", *SYNTH, "generations=1"]) == 0
+    assert run_main([f"run_dir={run_dir}", "new=true", *SYNTH, "generations=1"]) == 0
     store = RunStore(run_dir)
     text = render(run_dir)
     assert "generation 1 of 1 done" in text and "gen 0: 5 ok" in text and "(control)" in text
@@ -93,7 +93,7 @@ def test_status_of_a_finished_search_and_of_a_generation_in_flight(tmp_path, cap
 
 def test_status_tells_a_live_orchestrator_from_a_dead_one(tmp_path):
     run_dir = tmp_path / "run"
-    assert run_main([f"run_dir={run_dir}", *SYNTH, "generations=1"]) == 0
+    assert run_main([f"run_dir={run_dir}", "new=true", *SYNTH, "generations=1"]) == 0
     holder = _child(HOLD_LOCK, RunStore(run_dir).lock_path, "held")
     try:
         assert f"orchestrator: alive (held by another orchestrator (pid {holder.pid}" in render(run_dir)
@@ -109,7 +109,7 @@ def test_the_search_writes_its_scalars_per_generation_once(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     run_dir = tmp_path / "run"
-    assert run_main([f"run_dir={run_dir}", *SYNTH, "generations=2"]) == 0
+    assert run_main([f"run_dir={run_dir}", "new=true", *SYNTH, "generations=2"]) == 0
     store = RunStore(run_dir)
     assert logged_generations(run_dir) == {0, 1}
     assert log_missing(store) == []  # a resume writes nothing twice...

@@ -24,7 +24,7 @@ PILOT = ["launcher=debug", "inner.entrypoint=meta.synthetic:member", "pilot.seed
 @pytest.fixture(scope="module")
 def pilot(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run_dir = tmp_path_factory.mktemp("status") / "pilot"
-    assert pilot_main([f"run_dir={run_dir}", *PILOT]) == 0
+    assert pilot_main([f"run_dir={run_dir}", "new=true", *PILOT]) == 0
     return run_dir
 
 
@@ -91,7 +91,7 @@ def test_a_pilot_in_flight_shows_each_runs_state_and_the_counts(pilot, tmp_path)
     assert sorted(rows) == [f"{i:03d}" for i in range(6, 12)]  # the finished combination's runs only with --all
     assert "running" in rows["006"] and "step 3/10, reward 0.250, grad share 0.05" in rows["006"]
     assert "failed" in rows["007"] and "CUDA out of memory" in rows["007"]
-    assert "30m00s running, 0.50 GPU-h" in rows["007"]
+    assert "ran 30m00s, 0.50 GPU-h" in rows["007"]  # a failed run is over: it ran, it is not running
     assert "queued" in rows["008"] and "job 1008" in rows["008"]
     assert "not submitted" in rows["009"]
     assert "ok" in rows["010"] and "fitness 0." in rows["010"]

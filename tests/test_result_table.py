@@ -98,7 +98,8 @@ def test_the_random_init_row_has_the_authors_parameters_whatever_the_transform()
 
 
 def test_the_dry_run_plan_prints_every_row_with_its_divergence_and_counts_every_run(tmp_path, capsys):
-    assert main([f"run_dir={tmp_path / 'plan'}", "dry_run=true", "experiment=mbpp_qwen3", *MBPP_LOCAL, *STAGED_MODEL,
+    assert main([f"run_dir={tmp_path / 'plan'}", "new=true", "dry_run=true", "experiment=mbpp_qwen3", *MBPP_LOCAL,
+                 *STAGED_MODEL,
                  "reevaluate.report_seeds=4"]) == 0
     out = capsys.readouterr().out
     assert "result table: 7 rows x report_seeds=4" in out and "= 28 runs" in out
@@ -111,10 +112,10 @@ def test_the_dry_run_plan_prints_every_row_with_its_divergence_and_counts_every_
     ("reevaluate.baselines=[kl,oracle]", "'oracle' is not one of"),
     ("reevaluate.transfer=[no_such_task]", "'no_such_task' is not a task"),
     ("reevaluate.report_seeds=1", "report_seeds=1 gives no interval"),
-    ("+reevaluate.rows=3", "unknown key(s) ['reevaluate.rows']"),
+    ("+reevaluate.rows=3", "conf/config.yaml has no key 'reevaluate.rows'"),
 ])
 def test_bad_reevaluation_settings_exit_2_before_anything_is_written(tmp_path, capsys, override, fragment):
-    assert main([f"run_dir={tmp_path / 'r'}", "launcher=debug", "inner.entrypoint=meta.synthetic:member",
+    assert main([f"run_dir={tmp_path / 'r'}", "new=true", "launcher=debug", "inner.entrypoint=meta.synthetic:member",
                  override]) == 2
     assert fragment in capsys.readouterr().err and not (tmp_path / "r").exists()
 

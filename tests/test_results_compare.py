@@ -102,7 +102,7 @@ def test_cli_writes_markdown_and_csv_and_rejects_bad_dirs(multirun, tmp_path, ca
     assert "not a directory" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
     assert main([str(tmp_path / "empty")]) == 2
-    assert "no single-run directories" in capsys.readouterr().err
+    assert "no single runs of python -m inner_loop.run" in capsys.readouterr().err
 
 
 def test_config_hash_ignores_key_order_and_data_hash_tracks_prompts():

@@ -19,7 +19,7 @@ SYNTH = ["launcher=debug", "inner.entrypoint=meta.synthetic:member", "population
 
 
 def test_members_share_their_generations_seeds_and_score_the_mean(tmp_path):
-    assert main([f"run_dir={tmp_path}", *SYNTH, "generations=2", "seeds_per_member=3", "reevaluate.top_k=1",
+    assert main([f"run_dir={tmp_path}", "new=true", *SYNTH, "generations=2", "seeds_per_member=3", "reevaluate.top_k=1",
                  "reevaluate.seeds=2", "reevaluate.report_seeds=0"]) == 0
     store = RunStore(tmp_path)
     members = store.read_members().set_index(["generation", "index"])
@@ -43,7 +43,7 @@ def test_members_share_their_generations_seeds_and_score_the_mean(tmp_path):
     assert first != seeds  # fresh seeds per generation
     # The first seed is the one a single-seed search uses: seeds_per_member=1 runs are unchanged
     single = tmp_path.parent / "single"
-    assert main([f"run_dir={single}", *SYNTH, "generations=1", "reevaluate.top_k=0"]) == 0
+    assert main([f"run_dir={single}", "new=true", *SYNTH, "generations=1", "reevaluate.top_k=0"]) == 0
     assert MemberSpec.from_dict(json.loads((RunStore(single).member_dir(0, 0) / "spec.json").read_text())).seed == first[0]
     # Re-evaluation runs are single runs on their own seeds, whatever seeds_per_member says
     spec = json.loads((store.reevaluate_dir() / "member_000" / "spec.json").read_text())
@@ -51,7 +51,7 @@ def test_members_share_their_generations_seeds_and_score_the_mean(tmp_path):
 
 
 def test_a_lost_seed_run_is_the_only_one_run_again(tmp_path):
-    args = [f"run_dir={tmp_path}", *SYNTH, "generations=1", "seeds_per_member=3", "reevaluate.top_k=0"]
+    args = [f"run_dir={tmp_path}", "new=true", *SYNTH, "generations=1", "seeds_per_member=3", "reevaluate.top_k=0"]
     assert main(args) == 0
     store = RunStore(tmp_path)
     member = store.member_dir(0, 1)
@@ -65,7 +65,7 @@ def test_a_lost_seed_run_is_the_only_one_run_again(tmp_path):
 
 
 def test_a_hung_seed_makes_its_member_late_at_the_quorum(tmp_path):
-    assert main([f"run_dir={tmp_path}", "launcher=local", "inner.entrypoint=meta.synthetic:member", "population=4",
+    assert main([f"run_dir={tmp_path}", "new=true", "launcher=local", "inner.entrypoint=meta.synthetic:member", "population=4",
                  "generations=1", "reevaluate.top_k=0", "control_member=false", "quorum=0.75",
                  "straggler_grace=1.0", "inner.timeout_s=600", "seeds_per_member=2",
                  "+inner.options={hang:[2],sleep_s:0.2}"]) == 0
@@ -75,15 +75,15 @@ def test_a_hung_seed_makes_its_member_late_at_the_quorum(tmp_path):
 
 
 def test_changing_seeds_per_member_on_resume_is_refused_and_old_runs_resume(tmp_path, capsys):
-    assert main([f"run_dir={tmp_path}", *SYNTH, "generations=1", "reevaluate.top_k=0"]) == 0
-    assert main([f"run_dir={tmp_path}", "generations=2", "seeds_per_member=2"]) == 2
+    assert main([f"run_dir={tmp_path}", "new=true", *SYNTH, "generations=1", "reevaluate.top_k=0"]) == 0
+    assert main([f"run_dir={tmp_path}", "new=true", "generations=2", "seeds_per_member=2"]) == 2
     assert "seeds_per_member: 1 -> 2" in capsys.readouterr().err
     # A run written before the setting existed has no seeds_per_member in its config: it resumes as 1
     store = RunStore(tmp_path)
     stored = yaml.safe_load(store.read_config_text())
     del stored["seeds_per_member"]
     store.write_config(yaml.safe_dump(stored))
-    assert main([f"run_dir={tmp_path}", "generations=2"]) == 0
+    assert main([f"run_dir={tmp_path}", "new=true", "generations=2"]) == 0
     raw = compose([])
     assert config_hash(raw) == config_hash({k: v for k, v in raw.items() if k != "seeds_per_member"})
     assert config_hash(raw) != config_hash({**raw, "seeds_per_member": 2})
@@ -92,7 +92,7 @@ def test_changing_seeds_per_member_on_resume_is_refused_and_old_runs_resume(tmp_
 def test_a_seed_that_recorded_its_own_failure_is_run_again_when_the_member_is_retried(tmp_path):
     """A seed's entry point that writes its failed record itself (train_member does) left it final: the member's
     retry re-read it and failed again without running the seed."""
-    assert main([f"run_dir={tmp_path}", "launcher=debug", "inner.entrypoint=meta.synthetic:member", "population=4",
+    assert main([f"run_dir={tmp_path}", "new=true", "launcher=debug", "inner.entrypoint=meta.synthetic:member", "population=4",
                  "generations=1", "seeds_per_member=2", "retries=1", "reevaluate.top_k=0",
                  "+inner.options={nan_fitness:['0:1'],fail_attempts:1,count_calls:true}"]) == 0
     store = RunStore(tmp_path)

@@ -30,7 +30,7 @@ def test_hub_source_reads_the_hubs_validation_split(monkeypatch):
     files = {"train": TRAIN, "test": TEST, "validation": VALIDATION}
     asked = []
 
-    def fake_hub(hub_id: str, config: str | None, split: str):  # the local fixtures stand in for the hub
+    def fake_hub(hub_id: str, config: str | None, split: str, file_keys=()):  # the local fixtures stand in for the hub
         asked.append(split)
         return read_local_rows(files[split])
 
@@ -76,3 +76,17 @@ def test_bad_validation_settings_are_refused_up_front(extra, message):
 def test_training_on_the_hub_validation_split_is_refused():
     with pytest.raises(ValueError, match="train_splits contains 'validation'"):
         build_task({"name": "mbpp", "train_splits": ["train", "validation"]})
+
+
+def test_the_split_sizes_are_logged_once_and_say_where_validation_comes_from(caplog):
+    """A dry run builds the task for every row it checks: one line, with the validation split's true size."""
+    import logging
+
+    from inner_loop.tasks import splits
+
+    splits._LOGGED.clear()
+    with caplog.at_level(logging.INFO, logger="inner_loop.tasks"):
+        for _ in range(3):
+            build_task({**LOCAL, "validation_file": VALIDATION}).load("train")
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("task mbpp: ")]
+    assert lines == ["task mbpp: test=1, train=5, validation=2 (validation: the source's own validation split)"]

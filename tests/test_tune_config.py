@@ -40,7 +40,7 @@ SYNTH = ["inner.entrypoint=meta.tune.synthetic:run"]
 ])
 def test_bad_input_exits_2_naming_the_key_before_anything_exists(tmp_path, capsys, override, named):
     run_dir = tmp_path / "run"
-    assert main([f"run_dir={run_dir}", *SYNTH, override]) == 2
+    assert main([f"run_dir={run_dir}", "new=true", *SYNTH, override]) == 2
     err = capsys.readouterr().err
     assert named in err, err
     assert not run_dir.exists()
@@ -50,7 +50,7 @@ def test_a_trial_value_that_the_run_config_refuses_is_caught_up_front_for_a_grou
     """Each tuned group choice is composed and validated by the entry point before the first trial: a choice whose
     run config the member would refuse fails the whole tuning with exit 2, not trial after trial on the cluster."""
     run_dir = tmp_path / "run"
-    code = main([f"run_dir={run_dir}", "tune.space={divergence: [choice, kl, neural_mirror]}",
+    code = main([f"run_dir={run_dir}", "new=true", "tune.space={divergence: [choice, kl, neural_mirror]}",
                  "divergence.init=/no/such/init.safetensors"])
     assert code == 2
     assert "divergence.init" in capsys.readouterr().err
@@ -59,7 +59,7 @@ def test_a_trial_value_that_the_run_config_refuses_is_caught_up_front_for_a_grou
 
 def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path, capsys):
     run_dir = tmp_path / "run"
-    assert main([f"run_dir={run_dir}", "dry_run=true", "tune.trials=12", "tune.seeds=3", "tune.parallel=4"]) == 0
+    assert main([f"run_dir={run_dir}", "new=true", "dry_run=true", "tune.trials=12", "tune.seeds=3", "tune.parallel=4"]) == 0
     out = capsys.readouterr().out
     assert "12 x 3 seed(s) = 36 training runs, at most 12 at once" in out
     assert "divergence.coef: log [0.0001, 1]" in out
@@ -90,12 +90,12 @@ def test_meta_run_and_meta_tune_refuse_each_others_run_dirs(tmp_path, capsys):
     from meta.run import main as run_main
 
     tune_dir, search_dir = tmp_path / "tune", tmp_path / "search"
-    assert main([f"run_dir={tune_dir}", *SYNTH, "launcher=debug", "tune.trials=1", "+inner.options={step_s: 0.0}"]) == 0
-    assert run_main([f"run_dir={tune_dir}"]) == 2
+    assert main([f"run_dir={tune_dir}", "new=true", *SYNTH, "launcher=debug", "tune.trials=1", "+inner.options={step_s: 0.0}"]) == 0
+    assert run_main([f"run_dir={tune_dir}", "new=true"]) == 2
     assert "is a meta.tune run" in capsys.readouterr().err
-    assert run_main([f"run_dir={search_dir}", "inner.entrypoint=meta.synthetic:member", "generations=1",
+    assert run_main([f"run_dir={search_dir}", "new=true", "inner.entrypoint=meta.synthetic:member", "generations=1",
                      "reevaluate.top_k=0", "launcher=debug"]) == 0
-    assert main([f"run_dir={search_dir}"]) == 2
+    assert main([f"run_dir={search_dir}", "new=true"]) == 2
     assert "is not a meta.tune run" in capsys.readouterr().err
 
 
@@ -110,3 +110,17 @@ def test_a_tune_runs_config_hash_follows_its_study_not_the_es_keys():
         "tune.pruner=successive_halving")]
     assert len({study_hash(raw) for raw in (base, *changed)}) == 5
     assert study_hash(compose(["tune.trials=7", "tune.parallel=3"], "tune")) == study_hash(base)
+
+
+@pytest.mark.parametrize(("coef", "shown"), [("10.0", "divergence.coef: log [0.1, 1000]"),
+                                             ("0.01", "divergence.coef: log [0.0001, 1]")])
+def test_the_default_ranges_contain_the_presets_value_and_the_plan_counts_validations(tmp_path, capsys, coef, shown):
+    """mbpp_qwen3 runs divergence.coef 10, outside a fixed [1e-4, 1]: the default range moves to contain it; a value
+    inside leaves the range as written. Each run's intermediate validations are counted (the tiny preset: 60 steps,
+    eval_every 15: at 15, 30, 45)."""
+    assert main([f"run_dir={tmp_path / 'run'}", "new=true", *SYNTH, "dry_run=true", f"divergence.coef={coef}",
+                 "tune.trials=4"]) == 0
+    out = capsys.readouterr().out
+    assert shown in out
+    assert "intermediate validations: 3 per run (every train.eval_every=15 of train.steps=60" in out
+    assert "= 12 in all" in out

@@ -41,7 +41,7 @@ def _counted(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
 
 def test_a_tuning_finishes_and_its_journal_study_opens_with_plain_optuna(tmp_path):
     run_dir = tmp_path / "run"
-    args = [f"run_dir={run_dir}", *SYNTH, "launcher=local", "tune.trials=4", "tune.parallel=2", "tune.seeds=2",
+    args = [f"run_dir={run_dir}", "new=true", *SYNTH, "launcher=local", "tune.trials=4", "tune.parallel=2", "tune.seeds=2",
             "+inner.options={step_s: 0.005, noise: 0.02}"]
     assert main(args) == 0
     path = str(run_dir / JOURNAL_FILE)
@@ -62,7 +62,7 @@ def test_a_tuning_finishes_and_its_journal_study_opens_with_plain_optuna(tmp_pat
 def test_an_sqlite_study_store_works_and_opens_with_optuna(tmp_path):
     url = f"sqlite:///{tmp_path / 'studies.db'}"
     run_dir = tmp_path / "run"
-    assert main([f"run_dir={run_dir}", *SYNTH, "launcher=debug", "tune.trials=3", f"tune.storage={url}",
+    assert main([f"run_dir={run_dir}", "new=true", *SYNTH, "launcher=debug", "tune.trials=3", f"tune.storage={url}",
                  "tune.study_name=coef_lr", "+inner.options={step_s: 0.0}"]) == 0
     study = optuna.load_study(study_name="coef_lr", storage=url)
     assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 3
@@ -72,25 +72,25 @@ def test_a_new_run_may_not_take_over_another_runs_study(tmp_path, capsys):
     """Refused before anything is written: a run dir left behind would resume straight into the other study."""
     url = f"sqlite:///{tmp_path / 'studies.db'}"
     args = [*SYNTH, "launcher=debug", "tune.trials=2", f"tune.storage={url}", "+inner.options={step_s: 0.0}"]
-    assert main([f"run_dir={tmp_path / 'first'}", *args, "tune.study_name=coef_lr"]) == 0
+    assert main([f"run_dir={tmp_path / 'first'}", "new=true", *args, "tune.study_name=coef_lr"]) == 0
     capsys.readouterr()
-    assert main([f"run_dir={tmp_path / 'other'}", *args, "tune.study_name=coef_lr"]) == 2
+    assert main([f"run_dir={tmp_path / 'other'}", "new=true", *args, "tune.study_name=coef_lr"]) == 2
     assert "tune.study_name=coef_lr: the storage" in capsys.readouterr().err
     assert not (tmp_path / "other").exists()
 
     # a run dir whose study.json names another run's study (edited by hand, or copied): its resume is refused
-    assert main([f"run_dir={tmp_path / 'second'}", *args, "tune.study_name=second"]) == 0
+    assert main([f"run_dir={tmp_path / 'second'}", "new=true", *args, "tune.study_name=second"]) == 0
     study_file = tmp_path / "second" / STUDY_FILE
     study_file.write_text(study_file.read_text().replace('"second"', '"coef_lr"'))
     capsys.readouterr()
-    assert main([f"run_dir={tmp_path / 'second'}", "tune.trials=3"]) == 2
+    assert main([f"run_dir={tmp_path / 'second'}", "new=true", "tune.trials=3"]) == 2
     assert "belongs to run" in capsys.readouterr().err
     assert len(optuna.load_study(study_name="coef_lr", storage=url).trials) == 2
 
 
 def test_pruning_stops_runs_early_and_records_the_running_time_it_saved(tmp_path):
     run_dir = tmp_path / "run"
-    args = [f"run_dir={run_dir}", "inner.entrypoint=meta.tune.synthetic:run", "tune.sampler=random",
+    args = [f"run_dir={run_dir}", "new=true", "inner.entrypoint=meta.tune.synthetic:run", "tune.sampler=random",
             "launcher=local", "tune.trials=6", "tune.parallel=2", "tune.pruner=median",
             "tune.pruner_options={n_startup_trials: 1}", "train.steps=40", "train.eval_every=4",
             "+inner.options={step_s: 0.08}"]
@@ -115,7 +115,7 @@ def test_a_complete_trial_carries_every_intermediate_score_even_if_its_runs_ende
     within one scan of the tuner must still leave all its scores in the study (they were missing, so whether a
     later trial was pruned depended on timing)."""
     run_dir = tmp_path / "run"
-    assert main([f"run_dir={run_dir}", *SYNTH, "launcher=debug", "tune.trials=3", "tune.parallel=1",
+    assert main([f"run_dir={run_dir}", "new=true", *SYNTH, "launcher=debug", "tune.trials=3", "tune.parallel=1",
                  "tune.seeds=2", "train.steps=6", "train.eval_every=2", "+inner.options={step_s: 0.0}"]) == 0
     study = load_study(run_dir)
     assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 3
@@ -129,7 +129,7 @@ def test_a_complete_trial_carries_every_intermediate_score_even_if_its_runs_ende
 
 def test_a_run_that_fails_fails_its_trial_stops_its_sibling_and_counts(tmp_path):
     run_dir = tmp_path / "run"
-    assert main([f"run_dir={run_dir}", *SYNTH, "launcher=local", "tune.trials=5", "tune.seeds=2", "retries=0",
+    assert main([f"run_dir={run_dir}", "new=true", *SYNTH, "launcher=local", "tune.trials=5", "tune.seeds=2", "retries=0",
                  "+inner.options={step_s: 0.01, fail_above_coef: 0.01}"]) == 0
     study = load_study(run_dir)
     assert len(study.trials) == 5
@@ -141,7 +141,7 @@ def test_a_run_that_fails_fails_its_trial_stops_its_sibling_and_counts(tmp_path)
 
 
 def _start(run_dir: Path, extra: list[str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "meta.tune", f"run_dir={run_dir}", *extra], cwd=ROOT,
+    return subprocess.Popen([sys.executable, "-m", "meta.tune", f"run_dir={run_dir}", "new=true", *extra], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
@@ -155,7 +155,7 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120.0) -> Non
 def test_sigkill_at_random_points_then_resume_gives_the_uninterrupted_study(tmp_path):
     args = [*SYNTH, "tune.trials=6", "tune.parallel=2", "+inner.options={step_s: 0.03, count_calls: true}"]
     reference = tmp_path / "reference"
-    assert main([f"run_dir={reference}", "launcher=debug", *args]) == 0
+    assert main([f"run_dir={reference}", "new=true", "launcher=debug", *args]) == 0
 
     run_dir = tmp_path / "killed"
     rng = random.Random(20261124)
@@ -192,13 +192,13 @@ def test_a_lost_trial_is_failed_and_replaced_by_the_same_draw(tmp_path):
     reason, not counted, and the slot is drawn again with the same sampler seed (random: the same params)."""
     args = [*SYNTH, "launcher=debug", "+inner.options={step_s: 0.0}"]
     reference = tmp_path / "reference"
-    assert main([f"run_dir={reference}", "tune.trials=3", *args]) == 0
+    assert main([f"run_dir={reference}", "new=true", "tune.trials=3", *args]) == 0
     run_dir = tmp_path / "run"
-    assert main([f"run_dir={run_dir}", "tune.trials=2", *args]) == 0
+    assert main([f"run_dir={run_dir}", "new=true", "tune.trials=2", *args]) == 0
     study = load_study(run_dir)
     orphan = study.ask()  # what a tuner killed right after its ask leaves behind: RUNNING, no trial.json
     orphan.suggest_float("divergence.coef", 1e-4, 1.0, log=True)
-    assert main([f"run_dir={run_dir}", "tune.trials=3", *args]) == 0
+    assert main([f"run_dir={run_dir}", "new=true", "tune.trials=3", *args]) == 0
 
     study = load_study(run_dir)
     lost = study.trials[orphan.number]
@@ -211,7 +211,7 @@ def test_a_lost_trial_is_failed_and_replaced_by_the_same_draw(tmp_path):
 def test_a_running_trial_whose_trial_file_is_damaged_is_failed_naming_the_file_and_replaced(tmp_path, caplog):
     args = [*SYNTH, "launcher=debug", "+inner.options={step_s: 0.0}"]
     run_dir = tmp_path / "run"
-    assert main([f"run_dir={run_dir}", "tune.trials=1", *args]) == 0
+    assert main([f"run_dir={run_dir}", "new=true", "tune.trials=1", *args]) == 0
     study = load_study(run_dir)
     damaged = study.ask()
     damaged.suggest_float("divergence.coef", 1e-4, 1.0, log=True)
@@ -219,7 +219,7 @@ def test_a_running_trial_whose_trial_file_is_damaged_is_failed_naming_the_file_a
     path.parent.mkdir(parents=True)
     path.write_text('{"number": 1, "members": [')  # a torn write the atomic writer never leaves: disk damage
     with caplog.at_level("WARNING", logger="meta.tune"):
-        assert main([f"run_dir={run_dir}", "tune.trials=2", *args]) == 0
+        assert main([f"run_dir={run_dir}", "new=true", "tune.trials=2", *args]) == 0
 
     study = load_study(run_dir)
     failed = study.trials[damaged.number]
@@ -232,7 +232,7 @@ def test_a_running_trial_whose_trial_file_is_damaged_is_failed_naming_the_file_a
 def test_a_pruned_trial_whose_runs_outlived_the_tuner_is_settled_as_pruned_on_resume(tmp_path):
     run_dir = tmp_path / "run"
     args = [*SYNTH, "launcher=debug", "tune.trials=1", "+inner.options={step_s: 0.0, count_calls: true}"]
-    assert main([f"run_dir={run_dir}", *args]) == 0
+    assert main([f"run_dir={run_dir}", "new=true", *args]) == 0
     study = load_study(run_dir)
     done = study.trials[0]
     trial = study.ask()  # told PRUNED, runs never settled: the tuner died between the tell and the cancel
@@ -240,7 +240,7 @@ def test_a_pruned_trial_whose_runs_outlived_the_tuner_is_settled_as_pruned_on_re
                       json.loads((trial_dir(run_dir, 0) / TRIAL_FILE).read_text())["members"][0]["inner"], 1)
     write_trial(run_dir, plan)
     study.tell(trial, state=TrialState.PRUNED)
-    assert main([f"run_dir={run_dir}", *[a for a in args if a != "tune.trials=1"], "tune.trials=2"]) == 0
+    assert main([f"run_dir={run_dir}", "new=true", *[a for a in args if a != "tune.trials=1"], "tune.trials=2"]) == 0
     record = read_result(plan.specs[0].work_dir)
     assert record.status == "pruned" and "cancelled on resume" in record.error
     assert not (Path(plan.specs[0].work_dir) / "calls.log").exists()
@@ -250,11 +250,11 @@ def test_a_pruned_trial_whose_runs_outlived_the_tuner_is_settled_as_pruned_on_re
 def test_resume_refuses_another_study_but_may_run_more_trials(tmp_path, capsys):
     run_dir = tmp_path / "run"
     args = [*SYNTH, "launcher=debug", "+inner.options={step_s: 0.0}"]
-    assert main([f"run_dir={run_dir}", "tune.trials=2", *args]) == 0
-    assert main([f"run_dir={run_dir}", "tune.trials=2", "tune.space={divergence.coef: [log, 1e-3, 1.0]}",
+    assert main([f"run_dir={run_dir}", "new=true", "tune.trials=2", *args]) == 0
+    assert main([f"run_dir={run_dir}", "new=true", "tune.trials=2", "tune.space={divergence.coef: [log, 1e-3, 1.0]}",
                  *args]) == 2
     assert "tune.space" in capsys.readouterr().err
-    assert main([f"run_dir={run_dir}", "tune.trials=3", *args]) == 0
+    assert main([f"run_dir={run_dir}", "new=true", "tune.trials=3", *args]) == 0
     assert [t.state for t in load_study(run_dir).trials] == [TrialState.COMPLETE] * 3
 
 
@@ -267,11 +267,11 @@ def test_the_exported_preset_reproduces_the_best_trial_in_inner_loop_and_meta_ru
     run_dir = tmp_path / "run"
     space = "tune.space={divergence: [choice, kl, prob_l2], divergence.coef: [log, 1e-3, 1.0], " \
             "train.learning_rate: [log, 1e-5, 1e-3]}"
-    assert main([f"run_dir={run_dir}", *SYNTH, "launcher=debug", "tune.trials=4", space,
+    assert main([f"run_dir={run_dir}", "new=true", *SYNTH, "launcher=debug", "tune.trials=4", space,
                  "+inner.options={step_s: 0.0, bonus: {kl: 0.5}}"]) == 0
     search_path = tmp_path / "presets"
     out = search_path / "experiment" / "tuned.yaml"
-    assert main([f"run_dir={run_dir}", f"export={out}"]) == 0
+    assert main([f"run_dir={run_dir}", "new=true", f"export={out}"]) == 0
     study = load_study(run_dir)
     best = max((t for t in study.trials if t.state == TrialState.COMPLETE), key=lambda t: t.value)
     want = json.loads((trial_dir(run_dir, best.number) / TRIAL_FILE).read_text())["members"][0]["inner"]
@@ -285,10 +285,10 @@ def test_the_exported_preset_reproduces_the_best_trial_in_inner_loop_and_meta_ru
     assert want["divergence"]["name"] == best.params["divergence"]
 
     # exporting again gives the same file; a different file at that path is never overwritten
-    assert main([f"run_dir={run_dir}", f"export={out}"]) == 0
+    assert main([f"run_dir={run_dir}", "new=true", f"export={out}"]) == 0
     mine = search_path / "experiment" / "mine.yaml"
     mine.write_text("# @package _global_\ntrain:\n  steps: 3\n")
-    assert main([f"run_dir={run_dir}", f"export={mine}"]) == 1
+    assert main([f"run_dir={run_dir}", "new=true", f"export={mine}"]) == 1
     assert mine.read_text() == "# @package _global_\ntrain:\n  steps: 3\n"
 
 
@@ -296,7 +296,7 @@ def test_the_report_of_a_tune_run_has_the_trials_importances_and_plots(tmp_path,
     from results.report.search import main as report_main
 
     run_dir = tmp_path / "run"
-    assert main([f"run_dir={run_dir}", *SYNTH, "launcher=debug", "tune.trials=5",
+    assert main([f"run_dir={run_dir}", "new=true", *SYNTH, "launcher=debug", "tune.trials=5",
                  "+inner.options={step_s: 0.0}"]) == 0
     out = tmp_path / "report"
     assert report_main([str(run_dir), "--out", str(out)]) == 0
@@ -315,7 +315,7 @@ def test_the_report_of_a_tune_run_has_the_trials_importances_and_plots(tmp_path,
 
 def test_a_run_that_fails_once_is_retried_like_an_es_member(tmp_path):
     run_dir = tmp_path / "run"
-    assert main([f"run_dir={run_dir}", *SYNTH, "launcher=debug", "tune.trials=2", "retries=1",
+    assert main([f"run_dir={run_dir}", "new=true", *SYNTH, "launcher=debug", "tune.trials=2", "retries=1",
                  "+inner.options={step_s: 0.0, fail_attempts: 1, count_calls: true}"]) == 0
     study = load_study(run_dir)
     assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2
@@ -329,7 +329,7 @@ def test_status_shows_the_trials_the_best_and_a_trial_without_runs(tmp_path):
     from meta.status import render
 
     run_dir = tmp_path / "run"
-    assert main([f"run_dir={run_dir}", *SYNTH, "launcher=debug", "tune.trials=3",
+    assert main([f"run_dir={run_dir}", "new=true", *SYNTH, "launcher=debug", "tune.trials=3",
                  "+inner.options={step_s: 0.0}"]) == 0
     study = load_study(run_dir)
     best = max(study.trials, key=lambda t: t.value)
@@ -344,14 +344,14 @@ def test_status_shows_the_trials_the_best_and_a_trial_without_runs(tmp_path):
 
 def test_a_storage_that_does_not_open_exits_2_before_anything_is_written(tmp_path, capsys):
     run_dir = tmp_path / "run"
-    assert main([f"run_dir={run_dir}", *SYNTH, "tune.storage=sqlite:////no/such/dir/study.db"]) == 2
+    assert main([f"run_dir={run_dir}", "new=true", *SYNTH, "tune.storage=sqlite:////no/such/dir/study.db"]) == 2
     assert "tune.storage=sqlite:////no/such/dir/study.db: cannot open it" in capsys.readouterr().err
     assert not run_dir.exists()
 
 
 def test_a_tuning_whose_first_trials_all_fail_stops_and_resumes_once_fixed(tmp_path):
     run_dir, needed = tmp_path / "run", tmp_path / "data.txt"
-    args = [f"run_dir={run_dir}", *SYNTH, "launcher=debug", "tune.trials=6", "retries=0",
+    args = [f"run_dir={run_dir}", "new=true", *SYNTH, "launcher=debug", "tune.trials=6", "retries=0",
             f"+inner.options={{step_s: 0.0, fail_unless: {needed}}}"]
     assert main(args) == 1
     study = load_study(run_dir)
@@ -368,7 +368,7 @@ def test_optuna_dashboard_serves_the_journal_study(tmp_path):
     import urllib.request
 
     run_dir = tmp_path / "run"
-    assert main([f"run_dir={run_dir}", *SYNTH, "launcher=debug", "tune.trials=2", "+inner.options={step_s: 0.0}"]) == 0
+    assert main([f"run_dir={run_dir}", "new=true", *SYNTH, "launcher=debug", "tune.trials=2", "+inner.options={step_s: 0.0}"]) == 0
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]

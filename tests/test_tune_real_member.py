@@ -60,7 +60,7 @@ def test_eval_every_with_the_test_split_is_refused():
 @pytest.mark.slow
 def test_a_coef_x_learning_rate_tuning_of_the_embedded_default_runs_real_members(tmp_path):
     run_dir = tmp_path / "run"
-    assert main([f"run_dir={run_dir}", "launcher=local", "tune.trials=2", "tune.parallel=2", "tune.pruner=median",
+    assert main([f"run_dir={run_dir}", "new=true", "launcher=local", "tune.trials=2", "tune.parallel=2", "tune.pruner=median",
                  "train.steps=8", "train.eval_every=4", "train.eval_subset=16", "train.val_size=40"]) == 0
     study = load_study(run_dir)
     assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2

@@ -12,7 +12,7 @@ import json
 import logging
 import os
 import shutil
-import tempfile
+import uuid
 from pathlib import Path
 from typing import Callable
 
@@ -58,7 +58,9 @@ def build_once(final_dir: Path, build: Callable[[Path], None]) -> Path:
 
 
 def _build_and_rename(final_dir: Path, build: Callable[[Path], None]) -> None:
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final_dir.name}.", dir=final_dir.parent))
+    # not mkdtemp (always 0700): the cache is shared by every member, so the umask decides who may read it
+    tmp = final_dir.parent / f".{final_dir.name}.{uuid.uuid4().hex[:12]}"
+    tmp.mkdir(mode=0o777)
     try:
         build(tmp)
         (tmp / ".complete").write_text("ok\n")

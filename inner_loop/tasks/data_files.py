@@ -6,10 +6,13 @@ an Arrow traceback.
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import socket
+import urllib.parse
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 logger = logging.getLogger(__name__)
 
@@ -60,19 +63,51 @@ def _read_json_rows(file: Path) -> list[Any]:
     return rows
 
 
-def load_hub_rows(hub_id: str, hub_config: str | None, split: str) -> list[dict[str, Any]]:
-    """Rows of one split of a hub dataset (uses the local ``datasets`` cache when offline)."""
+#: seconds the one connection attempt to the hub may take before the hub counts as unreachable
+HUB_PROBE_TIMEOUT_S = 3.0
+
+
+def load_hub_rows(hub_id: str, hub_config: str | None, split: str,
+                  file_keys: Sequence[str] = ("train_file", "test_file")) -> list[dict[str, Any]]:
+    """Rows of one split of a hub dataset (uses the local ``datasets`` cache when offline). ``file_keys``: the
+    task's settings that replace the hub with local files, named in the error when the split cannot be had."""
     import datasets
 
-    logger.info("loading %s (%s) split %s from the hub or its cache", hub_id, hub_config, split)
+    offline = _offline_unless_reachable()
+    logger.info("loading %s (%s) split %s from %s", hub_id, hub_config, split,
+                "the local cache only (offline)" if offline else "the hub or its cache")
     try:
         dataset = datasets.load_dataset(hub_id, hub_config, split=split)
     except Exception as exc:  # network, missing cache, unknown config: all mean "data not reachable"
+        files = ", ".join(f"task.{key}=<file>" for key in file_keys)
         raise ValueError(
             f"could not load hub dataset {hub_id!r} (config {hub_config!r}, split {split!r}): {exc}. "
-            "Without network access, point the task's train_file / test_file at local files in the same format"
+            f"Without the hub, give local files in the hub's format (JSON, JSONL or parquet): {files}"
         ) from exc
     return [dict(row) for row in dataset]
+
+
+@functools.cache
+def _offline_unless_reachable() -> bool:
+    """Whether hub loading runs offline: HF_HUB_OFFLINE / HF_DATASETS_OFFLINE set, or the hub's endpoint refused
+    one connection (HUB_PROBE_TIMEOUT_S, once per process). Then ``datasets`` reads its cache alone instead of
+    retrying every file for half a minute, and a missing split fails at once."""
+    import datasets
+    import huggingface_hub.constants as hub_constants
+
+    if datasets.config.HF_HUB_OFFLINE or datasets.config.HF_DATASETS_OFFLINE:
+        return True
+    endpoint = urllib.parse.urlsplit(hub_constants.ENDPOINT)
+    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    try:
+        socket.create_connection((endpoint.hostname or "", port), timeout=HUB_PROBE_TIMEOUT_S).close()
+        return False
+    except OSError as exc:
+        logger.warning("the hub (%s) cannot be reached (%s): reading its local cache only, without retries",
+                       hub_constants.ENDPOINT, exc)
+    datasets.config.HF_HUB_OFFLINE = datasets.config.HF_DATASETS_OFFLINE = True
+    hub_constants.HF_HUB_OFFLINE = True
+    return True
 
 
 def require_fields(rows: Iterable[dict[str, Any]], fields: dict[str, type | tuple[type, ...]], where: str) -> None:

@@ -18,7 +18,7 @@ from inner_loop.sandbox.grading import Job
 from inner_loop.tasks.base import Problem, SplitTask, check_disjoint, prompt_hash
 from inner_loop.tasks.code_extract import extract_code
 from inner_loop.tasks.data_files import load_hub_rows, read_local_rows, require_fields
-from inner_loop.tasks.splits import carve_splits, dedupe
+from inner_loop.tasks.splits import carve_splits, dedupe, log_splits
 from inner_loop.tasks.task_config import fill_prompt_template, require_existing_file, require_split_data, sandbox_config
 
 if TYPE_CHECKING:
@@ -112,8 +112,8 @@ class MBPPTask(SplitTask):
         c = self.config
         if c.train_file is None:
             names = c.train_splits if split == "train" else [split]
-            return [(load_hub_rows(c.hub_id, c.hub_config, name), f"hub dataset {c.hub_id!r} split {name!r}")
-                    for name in names]
+            return [(load_hub_rows(c.hub_id, c.hub_config, name, ("train_file", "test_file", "validation_file")),
+                     f"hub dataset {c.hub_id!r} split {name!r}") for name in names]
         path = {"train": c.train_file, "test": c.test_file, "validation": c.validation_file}[split]
         return [] if path is None else [(read_local_rows(path), f"data file {path!r}")]
 
@@ -162,10 +162,10 @@ class MBPPTask(SplitTask):
             logger.warning("task mbpp: dropped %d training prompt(s) that also appear in the validation split",
                            len(pool) - len(clean))
         splits = carve_splits(self.name, clean, self._problems("test"), validation_size=0,
-                              train_size=c.train_size, test_size=c.test_size, seed=c.split_seed)
+                              train_size=c.train_size, test_size=c.test_size, seed=c.split_seed, log=False)
         splits["validation"] = validation
         check_disjoint(self.name, splits)
-        logger.info("task mbpp: validation = the source's validation split (%d problems)", len(validation))
+        log_splits(self.name, splits, " (validation: the source's own validation split)")
         return splits
 
     def program(self, problem: Problem, completion: str) -> str:

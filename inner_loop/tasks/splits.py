@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import random
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from inner_loop.tasks.base import Problem, check_disjoint, prompt_hash
 
@@ -41,6 +41,7 @@ def carve_splits(
     train_size: int | None,
     test_size: int | None,
     seed: int,
+    log: bool = True,
 ) -> dict[str, list[Problem]]:
     """Split ``pool`` into disjoint train / validation (seeded shuffle) and cut ``test`` to size.
 
@@ -80,5 +81,18 @@ def carve_splits(
     splits["train"] = rest if train_size is None else rest[:train_size]
     splits["validation"] = validation
     check_disjoint(task_name, splits)
-    logger.info("task %s: %s", task_name, ", ".join(f"{k}={len(v)}" for k, v in splits.items()))
+    if log:
+        log_splits(task_name, splits)
     return splits
+
+
+_LOGGED: set[str] = set()
+
+
+def log_splits(task_name: str, splits: Mapping[str, Sequence[Problem]], note: str = "") -> None:
+    """One line of the split sizes, once per process for the same line: a dry run builds the task for every run
+    configuration it checks, and the sizes are the same each time."""
+    line = f"task {task_name}: " + ", ".join(f"{k}={len(v)}" for k, v in splits.items()) + note
+    if line not in _LOGGED:
+        _LOGGED.add(line)
+        logger.info("%s", line)

@@ -30,7 +30,7 @@ from meta.config import (
     absolute_paths,
 )
 from meta.cli_args import run_command
-from meta.resume import check_job_namespace, check_resume
+from meta.resume import NEW_KEY, check_job_namespace, check_resume, open_run_dir, run_dir_label
 from meta.compose import compose_with_choices, merge_overrides
 from meta.tune.config import STUDY_KEYS, TuneConfig, build_pruner, build_sampler, build_tune_config, study_hash
 from results.store.provenance import code_version
@@ -92,10 +92,8 @@ def prepare(argv: Sequence[str]) -> tuple[Prepared, str | None]:
     export = next((a.split("=", 1)[1] for a in overrides if a.split("=", 1)[0] == "export"), None)
     overrides = absolute_overrides([a for a in overrides if a.split("=", 1)[0] != "export"], cwd)
     fresh, choices = compose_with_choices(overrides, CONFIG_NAME)
-    run_dir = absolute_path(
-        fresh.get("run_dir") or f"outputs/tune_{_dt.datetime.now().strftime('%Y-%m-%d_%H-%M-%S')}", cwd)
+    run_dir, resuming = open_run_dir(fresh, cwd, "tune", "tuning run")
     store = RunStore(run_dir)
-    resuming = store.exists()
     manifest: dict[str, Any] = {}
     raw = fresh
     if resuming:
@@ -104,6 +102,7 @@ def prepare(argv: Sequence[str]) -> tuple[Prepared, str | None]:
             raise ConfigError(f"run_dir={run_dir} is not a meta.tune run (an ES search resumes with meta.run)")
         overrides = merge_overrides(manifest.get("overrides", []), overrides)
         raw, choices = compose_with_choices(overrides, CONFIG_NAME)
+        raw.pop(NEW_KEY, None)
         absolute_paths(raw, cwd)
         stored = yaml.safe_load(store.read_config_text()) or {}
         check_resume(stored, raw, STUDY_KEYS, run_dir, "study")
@@ -218,8 +217,8 @@ def run(argv: Sequence[str]) -> int:
         manifest = write_run_files(prepared)
         study = open_study(prepared)
         launcher = build_launcher(cfg.launcher)
-        logger.info("%s tuning %s (study %s) in %s", "resuming" if prepared.resuming else "starting",
-                    manifest["run_id"], study.study_name, prepared.store.root)
+        logger.info("%s (run %s, study %s)", run_dir_label(prepared.store.root, prepared.resuming, "tuning run"),
+                    manifest["run_id"], study.study_name)
         try:
             summary = Tuner(cfg, prepared.store.root, launcher, manifest["run_id"], study, prepared.trial_inner).run()
         except AbortRun as exc:

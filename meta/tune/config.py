@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from meta.config import INNER_NODES, ConfigError, _bool, _float, _get_dotted, _int, check_member_launch, config_hash
-from meta.tune.space import Dimension, leaves_missing_under, parse_space
+from meta.tune.space import Dimension, around_the_preset, leaves_missing_under, parse_space
 from results.store.config_nodes import refuse_unknown_keys
 from results.store.records import gpus_entry
 
@@ -134,8 +134,10 @@ def build_tune_config(raw: Mapping[str, Any], conf_dir: Path,
         refuse_unknown_keys(tune, known, "tune")
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    space = tune.get("space") if tune.get("space") is not None else tune.get("default_space")
-    dims = parse_space(space, raw, conf_dir)
+    if tune.get("space") is not None:
+        dims = parse_space(tune["space"], raw, conf_dir)
+    else:  # the default ranges follow the preset: each contains the value the composed config runs
+        dims = around_the_preset(parse_space(tune.get("default_space"), raw, conf_dir), raw)
     study_name = tune.get("study_name")
     if study_name is not None and (not isinstance(study_name, str) or not study_name.strip()):
         raise ConfigError(f"tune.study_name={study_name!r} must be a non-empty string or null")

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Mapping
 
+from meta.resume import run_dir_label
 from meta.tune.config import TuneConfig
 
 
@@ -13,7 +15,7 @@ def build_plan(cfg: TuneConfig, run_dir: Path, resuming: bool) -> str:
     gpus = int(cfg.resources.get("gpus") or 0)
     hours = runs * minutes / 60.0
     lines = [
-        f"meta.tune plan ({'resume of' if resuming else 'new run in'} {run_dir}); nothing written or submitted",
+        f"meta.tune plan ({run_dir_label(run_dir, resuming, 'tuning run')}); nothing written or submitted",
         f"launcher: {cfg.launcher.get('name')}; sampler: {cfg.sampler} {cfg.sampler_options or ''}; pruner: "
         f"{cfg.pruner} {cfg.pruner_options or ''}; storage: {cfg.storage or 'journal file in the run dir'}",
         "space:",
@@ -23,8 +25,22 @@ def build_plan(cfg: TuneConfig, run_dir: Path, resuming: bool) -> str:
         f"({cfg.parallel} trial(s) in flight); objective: mean validation pass@1",
         f"each run: ~{minutes:g} min (resources.member_time_min), {gpus} GPU, limit inner.timeout_s="
         f"{cfg.inner_timeout_s:g} s, retries {cfg.retries}",
+        *_validation_lines(cfg.inner_config["train"], runs),
         f"GPU-hours without pruning: {runs} runs x {minutes / 60:.2f} h x {gpus} GPU = {hours * gpus:,.1f} GPU-h "
         f"(wall ~{hours / max(1, cfg.parallel * cfg.seeds):,.1f} h if the cluster runs {cfg.parallel * cfg.seeds} at "
         "once); pruning stops runs early, so this is an upper bound before retries",
     ]
     return "\n".join(lines)
+
+
+def _validation_lines(train: Mapping[str, Any], runs: int) -> list[str]:
+    """The intermediate validations the pruner reads: how many a run scores besides its final one, and that its
+    time per run (member_time_min) must include them."""
+    every, steps = train.get("eval_every"), int(train.get("steps") or 0)
+    if not every:
+        return ["intermediate validations: none (train.eval_every=null; the pruner has nothing to read)"]
+    count = max(0, (steps - 1) // int(every))
+    subset = train.get("eval_subset")
+    return [f"intermediate validations: {count} per run (every train.eval_every={every} of train.steps={steps}, "
+            f"greedy on the first {subset} validation problems) = {count * runs} in all, besides each run's final "
+            "validation; resources.member_time_min must include their time"]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from meta.config import INNER_NODES, ConfigError
+from meta.config import INNER_NODES, ConfigError, _get_dotted
 
 if TYPE_CHECKING:
     import optuna
@@ -106,6 +106,25 @@ def parse_space(space: Any, raw: Mapping[str, Any], conf_dir: Path) -> list[Dime
     if not isinstance(space, Mapping) or not space:
         raise ConfigError(f"tune.space={space!r} must be a non-empty mapping key: [kind, ...]")
     return [parse_dimension(str(key), spec, raw, conf_dir) for key, spec in space.items()]
+
+
+def around_the_preset(dims: Sequence[Dimension], raw: Mapping[str, Any]) -> list[Dimension]:
+    """The default space's number ranges moved, at the same width, to contain the composed config's own value (the
+    preset's: mbpp_qwen3's divergence.coef 10 lies outside a default [1e-4, 1]), centred on it; a range that contains
+    it already stays. So tuning a preset never leaves out the setting the preset runs."""
+    moved = []
+    for dim in dims:
+        value = _get_dotted(raw, dim.key)
+        if dim.kind in ("log", "float") and isinstance(value, (int, float)) and not isinstance(value, bool) \
+                and not dim.low <= value <= dim.high and (dim.kind == "float" or value > 0):  # type: ignore[operator]
+            if dim.kind == "log":
+                half = math.sqrt(dim.high / dim.low)  # type: ignore[operator]
+                dim = Dimension(dim.key, dim.kind, value / half, value * half)
+            else:
+                half = (dim.high - dim.low) / 2.0  # type: ignore[operator]
+                dim = Dimension(dim.key, dim.kind, value - half, value + half)
+        moved.append(dim)
+    return moved
 
 
 def leaves_missing_under(dims: Sequence[Dimension], group: str, raw: Mapping[str, Any]) -> list[str]:

@@ -26,6 +26,7 @@ from typing import Any, Sequence
 
 import pandas as pd
 
+from results.report.arguments import check_output_folder, run_dir_argument
 from results.store.atomic import atomic_write_text
 from results.store.layout import RESULT_FILE, parse_evaluation_file_name
 from results.store.provenance import config_hash
@@ -240,7 +241,8 @@ def write_outputs(result: Comparison, out_dir: str | Path) -> list[Path]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m results.compare", description=__doc__.split("\n\n")[0])
-    parser.add_argument("dirs", nargs="+", help="single-run dirs or folders holding them (e.g. a multirun dir)")
+    parser.add_argument("dirs", nargs="+", type=run_dir_argument,
+                        help="single-run dirs or folders holding them (e.g. a multirun dir): paths or run_dir=<path>")
     parser.add_argument("--out", default=None, help="where to write comparison.md/.csv (default: common parent)")
     parser.add_argument("--baseline", default="kl", help="method the response length is compared against")
     args = parser.parse_args(argv)
@@ -250,10 +252,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if missing:
         sys.stderr.write(f"error: not a directory: {', '.join(missing)} (pass run dirs or their parent folder)\n")
         return 2
+    try:
+        check_output_folder(args.out)
+    except ValueError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 2
     result = compare(args.dirs, baseline=args.baseline)
     if result.runs.empty:
-        sys.stderr.write(f"error: no single-run directories (with manifest.json or result.json) under "
-                         f"{', '.join(args.dirs)}\n")
+        why = "".join(f"\n  {path}: {reason}" for path, reason in result.skipped[:10])
+        more = f"\n  ... and {len(result.skipped) - 10} more" if len(result.skipped) > 10 else ""
+        sys.stderr.write(f"error: no single runs of python -m inner_loop.run under {', '.join(args.dirs)}"
+                         + (f"; left out:{why}{more}" if why else " (none holds a result.json)") + "\n")
         return 2
     out = args.out or os.path.commonpath([str(Path(d).resolve()) for d in args.dirs])
     sys.stdout.write(to_markdown(result))

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from results.report.arguments import check_output_folder, run_dir_argument
 from results.store.atomic import CorruptFileError, atomic_write_text
 from results.store.intermediate import read_intermediate
 from results.store.layout import REPORT_DIR
@@ -476,7 +477,7 @@ def build_pilot_report(run_dir: str | Path, out_dir: str | Path | None = None) -
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m results.report", add_help=False)
-    parser.add_argument("run_dir", nargs="?")
+    parser.add_argument("run_dir", nargs="?", type=run_dir_argument)
     parser.add_argument("--out", default=None)
     parser.add_argument("--top", default=None)
     return parser
@@ -497,6 +498,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=os.environ.get("MIRROR_ES_LOG_LEVEL", "WARNING"),
                         format="%(levelname)s %(name)s: %(message)s")
     try:
+        check_output_folder(args.out)
         text, files = build_pilot_report(args.run_dir, args.out)
     except (ValueError, FileNotFoundError) as exc:  # CorruptFileError included
         sys.stderr.write(f"error: {exc}\n")

@@ -19,7 +19,7 @@ from results.store.atomic import atomic_write_bytes
 
 logger = logging.getLogger(__name__)
 
-SIZE_IN = (6.4, 4.0)
+SIZE_IN = (7.6, 4.0)  # wide enough for a legend beside the axes
 DPI = 100
 
 
@@ -42,12 +42,36 @@ def _save(fig: Figure, path: str | Path) -> Path:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # generations are whole numbers
     fig.tight_layout()
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=DPI)
+    fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight")  # the legend beside the axes included
     return atomic_write_bytes(path, buffer.getvalue())
 
 
 def _no_data(ax: object, what: str) -> None:
-    ax.text(0.5, 0.5, f"no {what} yet", ha="center", va="center", transform=ax.transAxes)  # type: ignore[attr-defined]
+    _say(ax, f"no {what} yet")
+
+
+def _say(ax: Any, text: str) -> None:
+    """A sentence in place of an empty chart (no axis ticks that would suggest a measured range)."""
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes)
+    ax.set_yticks([])
+
+
+def _legend_beside(ax: Any, handles: list[Any] | None = None, below: bool = False) -> None:
+    """The legend right of the axes (``below`` them where a right-hand axis takes that side), where it can cover no
+    point, line, band or axis label."""
+    kwargs: dict[str, Any] = {"handles": handles} if handles is not None else {}
+    if below:
+        kwargs.update(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2)
+    else:
+        kwargs.update(loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    ax.legend(borderaxespad=0.0, fontsize=8, **kwargs)
+
+
+def _from_zero(ax: Any) -> None:
+    """A y axis that starts at zero (for quantities that are never negative), with room above the highest point,
+    so that a small change looks small and no marker sits on the border."""
+    low, high = ax.get_ylim()
+    ax.set_ylim(min(0.0, low), high + 0.08 * (high - min(0.0, low)))
 
 
 def plot_fitness(generations: pd.DataFrame, members: pd.DataFrame, path: str | Path) -> Path:
@@ -69,7 +93,8 @@ def plot_fitness(generations: pd.DataFrame, members: pd.DataFrame, path: str | P
                         color="tab:blue", label="mean ± std")
         ax.plot(has["generation"], has["mean_fitness"], marker="o", color="tab:blue", label="mean")
         ax.plot(has["generation"], has["max_fitness"], marker="^", color="tab:green", label="max")
-        ax.legend(loc="best", fontsize=8)
+        _legend_beside(ax)
+        _from_zero(ax)
     else:
         _no_data(ax, "finished members")
     return _finish_per_generation(fig, ax, "fitness (validation pass@1)", "Fitness per generation", path)
@@ -87,7 +112,7 @@ def plot_fitness_vs_control(members: pd.DataFrame, path: str | Path) -> Path:
         diff = rel["fitness"].astype(float) - rel["generation"].map(control).astype(float)
         ax.scatter(rel["generation"], diff, s=10, alpha=0.5, color="tab:gray", label="member - control")
         ax.axhline(0.0, color="tab:red", linewidth=1, label="control")
-        ax.legend(loc="best", fontsize=8)
+        _legend_beside(ax)
     else:
         _no_data(ax, "members with a finished control")
     return _finish_per_generation(fig, ax, "fitness - control fitness", "Members relative to the control", path)
@@ -99,21 +124,25 @@ def plot_response_length(generations: pd.DataFrame, path: str | Path) -> Path:
     has = generations.dropna(subset=["mean_response_tokens"]) if len(generations) else generations
     if len(has):
         ax.plot(has["generation"], has["mean_response_tokens"], marker="o", color="tab:orange")
+        _from_zero(ax)  # a 0.02-token change must not draw as a steep rise
     else:
         _no_data(ax, "response lengths")
     return _finish_per_generation(fig, ax, "mean response length (tokens)", "Response length per generation", path)
 
 
 def plot_failures(generations: pd.DataFrame, path: str | Path) -> Path:
-    """Failed, unreadable and still-pending members per generation, stacked."""
+    """Failed, unreadable and still-pending members per generation, stacked; a sentence when there are none."""
     fig, ax = _new_figure()
-    if len(generations):
+    counted = ("failed", "unreadable", "pending")
+    if len(generations) and not generations[list(counted)].astype(float).to_numpy().any():
+        _say(ax, f"no failures ({len(generations)} generation(s), every member finished ok)")
+    elif len(generations):
         bottom = pd.Series(0, index=generations.index, dtype=float)
         for column, color in (("failed", "tab:red"), ("unreadable", "tab:purple"), ("pending", "tab:gray")):
             values = generations[column].astype(float)
             ax.bar(generations["generation"], values, bottom=bottom, color=color, label=column)
             bottom = bottom + values
-        ax.legend(loc="best", fontsize=8)
+        _legend_beside(ax)
     else:
         _no_data(ax, "generations")
     return _finish_per_generation(fig, ax, "members", "Failures per generation", path)
@@ -138,15 +167,17 @@ def plot_disk(generations: pd.DataFrame, path: str | Path) -> Path:
         scale, unit = _byte_unit(float(has["disk_peak_max"].max()))
         ax.plot(has["generation"], has["disk_peak_max"] / scale, marker="^", color="tab:red", label="member max")
         ax.plot(has["generation"], has["disk_peak_mean"] / scale, marker="o", color="tab:blue", label="member mean")
-        ax.set_ylim(bottom=0)
-        ax.legend(loc="upper left", fontsize=8)
-        ylabel = f"peak per member ({unit})"
+        _from_zero(ax)
+        ylabel = f"peak disk of one member ({unit}): lines"
         total = ax.twinx()
         sum_scale, sum_unit = _byte_unit(float(has["disk_peak_sum"].max()))
-        total.bar(has["generation"], has["disk_peak_sum"] / sum_scale, alpha=0.2, color="tab:gray")
-        total.set_ylabel(f"generation sum, bars ({sum_unit})")
+        bars = total.bar(has["generation"], has["disk_peak_sum"] / sum_scale, alpha=0.2, color="tab:gray",
+                         label="all members of the generation (right axis)")
+        total.set_ylabel(f"all members together ({sum_unit}): bars")
+        _from_zero(total)
         ax.set_zorder(total.get_zorder() + 1)  # the lines in front of the bars
         ax.patch.set_visible(False)
+        _legend_beside(ax, [*ax.get_legend_handles_labels()[0], bars], below=True)
     else:
         _no_data(ax, "disk measurements")
         ylabel = "peak per member"

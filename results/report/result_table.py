@@ -212,11 +212,17 @@ def plot_table(table: Mapping[str, Any], path: Path) -> Path:
     return atomic_write_bytes(path, buffer.getvalue())
 
 
+def table_file_paths(folder: Path) -> dict[str, Path]:
+    """Where the table's files lie in the reporting stage's folder (what write_table_files writes, and the JSON)."""
+    return {"json": folder / result_table_file(".json"), "markdown": folder / result_table_file(".md"),
+            "csv": folder / result_table_file(".csv"), "differences": folder / RESULT_DIFFERENCES_FILE,
+            "plot": folder / result_table_file(".png")}
+
+
 def write_table_files(table: Mapping[str, Any], folder: Path) -> dict[str, Path]:
     """Markdown, CSV (rows and differences) and PNG beside the table's JSON; returns their paths."""
     rows, differences = table_frames(table)
-    paths = {"markdown": folder / result_table_file(".md"), "csv": folder / result_table_file(".csv"),
-             "differences": folder / RESULT_DIFFERENCES_FILE, "plot": folder / result_table_file(".png")}
+    paths = {k: v for k, v in table_file_paths(folder).items() if k != "json"}
     atomic_write_text(paths["markdown"], render_markdown(table))
     atomic_write_text(paths["csv"], rows.to_csv(index=False))
     atomic_write_text(paths["differences"], differences.to_csv(index=False))

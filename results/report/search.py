@@ -23,13 +23,14 @@ import pandas as pd
 from results.store.atomic import atomic_write_text
 from results.store.layout import REPORT_DIR
 from results.store.atomic import CorruptFileError
+from results.report.arguments import check_output_folder, run_dir_argument
 from results.report.paired import pooled_std
 from results.report.plots import plot_disk, plot_failures, plot_fitness, plot_fitness_vs_control, plot_response_length
 from results.store.run_store import RunStore
 from results.report.snapshot import RunSnapshot, load_run, top_members
 from results.store.study_store import read_study_file
 from results.report.tune import build_tune_report, format_tune_report
-from results.report.result_table import render_markdown
+from results.report.result_table import render_markdown, table_file_paths
 
 logger = logging.getLogger(__name__)
 
@@ -202,8 +203,10 @@ def format_result_table(root: Path) -> list[str]:
         return [f"result table unreadable: {exc}"]
     if table is None:
         return ["no result table yet (the reporting stage of `python -m meta.reevaluate run_dir=...` writes it)"]
+    folder = RunStore(root).result_table_path.parent
+    files = [f"  {path}" for path in table_file_paths(folder).values() if path.is_file()]
     return [f"Result table ({len(table['seeds'])} reporting seeds, paired, used for nothing else):", "",
-            render_markdown(table)]
+            render_markdown(table), "", "the result table's files (written by the reporting stage):", *files]
 
 
 def format_report(report: Report) -> str:
@@ -240,7 +243,8 @@ def format_report(report: Report) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m results.report", description=__doc__.split("\n\n")[0])
-    parser.add_argument("run_dir", help="the run_dir of python -m meta.run (may still be running)")
+    parser.add_argument("run_dir", type=run_dir_argument,
+                        help="the run_dir of python -m meta.run (may still be running): the path or run_dir=<path>")
     parser.add_argument("--out", default=None, help="output folder (default: RUN_DIR/report)")
     parser.add_argument("--top", type=int, default=10, help="how many top members to list (default 10)")
     args = parser.parse_args(argv)
@@ -250,6 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"error: --top must be >= 1, got {args.top}\n")
         return 2
     try:
+        check_output_folder(args.out)
         if read_study_file(args.run_dir) is not None:  # a meta.tune run
             sys.stdout.write(format_tune_report(build_tune_report(args.run_dir, args.out)))
             return 0

@@ -15,7 +15,7 @@ from typing import Any, Iterable
 
 from results.store.atomic import CorruptFileError
 from results.store.layout import (CHECKPOINT_DIR, CONFIG_FILE, GENERATION_DIR_PREFIX, LAUNCHER_DIR, RESULT_FILE,
-                            RUN_MANIFEST_FILE)
+                            RUN_MANIFEST_FILE, parse_member_dir_name)
 from results.store.provenance import ES_MEMBER, read_run_manifest
 from results.store.records import ResultRecord
 
@@ -60,6 +60,12 @@ def _is_es_run_root(path: Path) -> bool:
         p.name.startswith(GENERATION_DIR_PREFIX) for p in path.iterdir() if p.is_dir())
 
 
+def _in_es_run(path: Path) -> bool:
+    """A member dir of a search (a generation's, the selection's or the reporting stage's), whatever its entry point
+    wrote in its record: its name is a member's and an ES run root is at most three levels above."""
+    return parse_member_dir_name(path.name) is not None and any(_is_es_run_root(p) for p in path.parents[:3])
+
+
 def find_run_dirs(roots: Iterable[str | Path]) -> Scan:
     """All single-run dirs under ``roots`` (a root may itself be one). ES run dirs are skipped with a reason."""
     found: list[Path] = []
@@ -84,7 +90,7 @@ def find_run_dirs(roots: Iterable[str | Path]) -> Scan:
     rows = []
     for path in unique:
         row = read_run_dir(path)
-        if row.extra.get("kind") == ES_MEMBER:
+        if row.extra.get("kind") == ES_MEMBER or _in_es_run(path):
             skipped.append((str(path), "an ES population member, not a single run"))
             continue
         rows.append(row)

@@ -9,7 +9,7 @@ import errno
 import hashlib
 import json
 import os
-import tempfile
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +41,22 @@ def _write_synced(fd: int, data: bytes) -> None:
         os.fsync(handle.fileno())
 
 
+def _temp_beside(path: Path, suffix: str) -> tuple[int, str]:
+    """An open, new, hidden file beside ``path``, created with mode 0666 so the kernel applies the umask: a run's
+    files are as readable as the user's own (group-readable under 0022), not mkstemp's owner-only 0600."""
+    while True:
+        tmp = str(path.parent / f".{path.name}.{secrets.token_hex(6)}{suffix}")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+        except FileExistsError:
+            continue
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """Write ``data`` to ``path`` via temp file + fsync + os.replace (readers never see a partial file)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _temp_beside(path, ".tmp")
     try:
         _write_synced(fd, data)
         os.replace(tmp, path)
@@ -72,7 +83,7 @@ def atomic_create_bytes(path: str | os.PathLike, data: bytes) -> bool:
     the fallback (equally exclusive; a reader may briefly see a partial file there)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".create.tmp", dir=path.parent)
+    fd, tmp = _temp_beside(path, ".create.tmp")
     try:
         _write_synced(fd, data)
         try:
@@ -94,7 +105,7 @@ def atomic_create_bytes(path: str | os.PathLike, data: bytes) -> bool:
 
 def _create_exclusive(path: Path, data: bytes) -> bool:
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     except FileExistsError:
         return False
     _write_synced(fd, data)

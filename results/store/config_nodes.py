@@ -12,9 +12,10 @@ sequences they are; the Hydra entry points resolve interpolations themselves (``
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import types
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -38,7 +39,117 @@ def refuse_unknown_keys(data: Mapping[str, Any], known: Iterable[str], node: str
     names = sorted(set(known))
     unknown = sorted(set(data) - set(names))
     if unknown:
-        raise ValueError(f"{prefix}unknown key(s) {[node + '.' + k for k in unknown]}; known keys are {names}{see}")
+        near = closest_keys(unknown[0], names)
+        hint = f" (did you mean {', '.join(node + '.' + k for k in near)}?)" if near else ""
+        raise ValueError(f"{prefix}unknown key(s) {[node + '.' + k for k in unknown]}{hint}; known keys are {names}{see}")
+
+
+def closest_keys(key: str, known: Iterable[str], n: int = 3) -> list[str]:
+    """The known (dotted) keys nearest to a mistyped ``key``: by the whole path, or by the last part alone (``seeds``
+    finds ``pilot.seeds``), best first."""
+    leaf = key.rsplit(".", 1)[-1]
+    scored = []
+    for name in set(known):
+        whole = difflib.SequenceMatcher(None, key, name).ratio()
+        last = difflib.SequenceMatcher(None, leaf, name.rsplit(".", 1)[-1]).ratio()
+        score = max(whole, last - 0.05)  # an equal last part ranks below an equal whole path
+        if score >= 0.6:
+            scored.append((-score, name))
+    return [name for _, name in sorted(scored)[:n]]
+
+
+def _dotted_keys(tree: Mapping[str, Any], prefix: str = "") -> Iterable[str]:
+    for key, value in tree.items():
+        yield prefix + str(key)
+        if isinstance(value, Mapping):
+            yield from _dotted_keys(value, f"{prefix}{key}.")
+
+
+def _lookup(tree: Mapping[str, Any], key: str) -> tuple[bool, bool, Any]:
+    """(``key`` exists in ``tree``, it lies under a free-form node: an empty mapping such as ``train.trl: {}``, its
+    value)."""
+    node: Any = tree
+    for part in key.split("."):
+        if not isinstance(node, Mapping):
+            return False, False, None
+        if part not in node:
+            return False, not node and node is not tree, None
+        node = node[part]
+    return True, False, node
+
+
+#: mappings whose keys are the options of a config group (a preset's coefficient per divergence, which
+#: conf/divergence/*.yaml read): ``+coef_by_divergence.kl=0.2`` adds a key there, and only an option's name may
+KEYED_BY_GROUP = {"coef_by_divergence": "divergence"}
+
+
+def config_groups(conf_dir: Path, overrides: Sequence[str] = ()) -> dict[str, list[str]]:
+    """Each config group of a Hydra config tree (a folder of ``conf_dir``, or of a ``file://`` folder that a
+    ``hydra.searchpath=[...]`` override adds) with its options (the YAML files)."""
+    roots = [conf_dir]
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if key.lstrip("+") == "hydra.searchpath":
+            roots += [Path(item.strip().strip("'\"")[len("file://"):]) for item in value.strip("[]").split(",")
+                      if item.strip().strip("'\"").startswith("file://")]
+    groups: dict[str, set[str]] = {}
+    for root in roots:
+        for folder in (d for d in sorted(root.iterdir()) if d.is_dir()) if root.is_dir() else ():
+            groups.setdefault(folder.name, set()).update(p.stem for p in folder.glob("*.yaml"))
+    return {name: sorted(options) for name, options in groups.items()}
+
+
+def check_group_choice(override: str, groups: Mapping[str, Sequence[str]], config: str) -> None:
+    """ValueError for ``group=option`` naming an option the group lacks (a sweep's ``a,b`` is checked per item), with
+    the group's choices; other overrides pass."""
+    key, sep, value = override.partition("=")
+    group = key.lstrip("+~").split("@", 1)[0]
+    if not sep or group not in groups or any(c in value for c in "()[]{}$"):
+        return
+    for option in value.split(","):
+        option = option.strip()
+        if option not in groups[group] and option != "null":
+            near = difflib.get_close_matches(option, groups[group], n=1)
+            hint = f" (did you mean {group}={near[0]}?)" if near else ""
+            raise ValueError(f"{group}={option}: no such option of the config group {group!r}{hint}; the choices are "
+                             f"{', '.join(groups[group])} (conf/{group}/*.yaml, in conf/{config}.yaml's defaults)")
+
+
+def checked_overrides(overrides: Sequence[str], tree: Mapping[str, Any], groups: Mapping[str, Sequence[str]],
+                      config: str) -> list[str]:
+    """Command-line overrides checked against ``tree`` (the config composed with the group choices alone) before
+    anything runs: a key the config lacks is refused, with or without ``+``, naming the closest known keys, unless it
+    goes under a free-form node (``+train.trl.<field>=...``, ``+inner.options.<key>=...``); a misspelled group choice
+    lists the choices. Returned with ``+key`` of an existing key as ``++key`` (set it, as the user meant)."""
+    result = []
+    known = [k for k in _dotted_keys(tree) if not k.startswith("hydra")] + list(groups)
+    for override in overrides:
+        check_group_choice(override, groups, config)
+        key, sep, value = override.partition("=")
+        bare = key.lstrip("+~")
+        prefix = key[:len(key) - len(bare)]
+        if bare.split("@", 1)[0] in groups or bare.startswith("hydra"):
+            result.append(override)
+            continue
+        exists, free_form, current = _lookup(tree, bare)
+        node, _, option = bare.partition(".")
+        if not exists and node in KEYED_BY_GROUP and option and "." not in option:
+            choices = groups.get(KEYED_BY_GROUP[node], [])
+            if option not in choices:
+                raise ValueError(f"{override}: {node} takes the options of the config group "
+                                 f"{KEYED_BY_GROUP[node]!r} as keys ({', '.join(choices)}), not {option!r}")
+            free_form = True
+        if not exists and not free_form:
+            near = closest_keys(bare, known)
+            hint = f"; did you mean {', '.join(near)}?" if near else ""
+            raise ValueError(f"{override}: conf/{config}.yaml has no key {bare!r}{hint} (a '+' adds keys only under "
+                             "the free-form nodes, e.g. +train.trl.<GRPOConfig field>=...)")
+        if sep and exists and (prefix == "+" or (not prefix and isinstance(current, Mapping))):
+            override = f"++{bare}={value}"  # Hydra refuses '+' on a key that exists, and a mapping set without '++'
+        elif sep and free_form and not prefix:
+            override = f"+{bare}={value}"  # a new field of a free-form node: what Hydra calls appending
+        result.append(override)
+    return result
 
 
 def _without_none(hint: Any) -> tuple[Any, bool]:

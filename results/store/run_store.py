@@ -47,11 +47,13 @@ from results.store.layout import (
     TABLES_DIR,
     REPORT_ROWS_FILE,
     REPORTING_DIR,
+    RESULT_FILE,
     RESULT_TABLE_FILE,
     archived_reevaluate_dir_name,
     archived_reporting_dir_name,
     generation_dir_name,
     member_dir_name,
+    parse_member_dir_name,
     parse_state_file_name,
     state_file_name,
 )
@@ -133,6 +135,12 @@ class RunStore:
         out like a generation dir: jobs.json, member_NNN/, submitit/."""
         root = self.root / REEVALUATE_DIR
         return root / REPORTING_DIR if reporting else root
+
+    def reevaluation_progress(self, reporting: bool = False) -> tuple[int, int]:
+        """(runs with their final record, runs on disk) of a re-evaluation stage (``reevaluate_dir``)."""
+        folder = self.reevaluate_dir(reporting)
+        members = [p for p in folder.iterdir() if parse_member_dir_name(p.name) is not None] if folder.is_dir() else []
+        return sum(1 for p in members if (p / RESULT_FILE).is_file()), len(members)
 
     @property
     def report_rows_path(self) -> Path:

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_default_search_runs_its_members_as_slurm_array_tasks(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:
     run_dir = tmp_path / "search"
     done = subprocess.run(
-        [sys.executable, "-m", "meta.run", f"run_dir={run_dir}", "launcher=slurm", "population=2", "generations=1",
+        [sys.executable, "-m", "meta.run", f"run_dir={run_dir}", "new=true", "launcher=slurm", "population=2", "generations=1",
          "train.steps=2", "train.val_size=8", "reevaluate.top_k=0", "launcher.poll_interval_s=1", "launcher.query_interval_s=5"],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )

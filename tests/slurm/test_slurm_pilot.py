@@ -25,7 +25,7 @@ VALIDATION_PROBLEMS = 8
 def test_the_pilot_runs_its_design_as_slurm_array_tasks(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:
     run_dir = tmp_path / "pilot"
     # the pilot's smallest design: 2 seeds x (centre + 1 antithetic pair) = 6 runs, one step each
-    done = subprocess.run([sys.executable, "-m", "meta.pilot", f"run_dir={run_dir}", "launcher=slurm",
+    done = subprocess.run([sys.executable, "-m", "meta.pilot", f"run_dir={run_dir}", "new=true", "launcher=slurm",
                            "launcher.poll_interval_s=1", "launcher.query_interval_s=5", "train.steps=1",
                            f"train.val_size={VALIDATION_PROBLEMS}", "population=4", "pilot.seeds=2", "pilot.pairs=1"],
                           cwd=ROOT, capture_output=True, text=True, timeout=900)

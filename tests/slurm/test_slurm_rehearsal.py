@@ -41,7 +41,7 @@ BACKEND = ["++train.trl={use_vllm: true, vllm_mode: colocate, vllm_max_model_len
 
 def rehearsal_overrides(run_dir: Path) -> list[str]:
     """The command line of the rehearsal: the real preset, SmolLM2 with the preset's LoRA, the local data files."""
-    return [f"run_dir={run_dir}", "experiment=mbpp_qwen3", "model=smollm2_135m", "model.lora_r=64",
+    return [f"run_dir={run_dir}", "new=true", "experiment=mbpp_qwen3", "model=smollm2_135m", "model.lora_r=64",
             f"task.train_file={DATA / 'train.jsonl'}",
             f"task.validation_file={DATA / 'validation.jsonl'}", f"task.test_file={DATA / 'test.jsonl'}",
             "launcher=slurm", "population=2", "generations=1", "launcher.poll_interval_s=1",

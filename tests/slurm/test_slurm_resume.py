@@ -26,7 +26,7 @@ def _meta_run(run_dir: Path, job_name: str, gate: Path, stderr: Path) -> subproc
     # resumed orchestrator looks, however slow the machine.
     options = f"{{count_calls:true,wait_for_file:'{gate}',wait_skip:[0]}}"
     args = [
-        f"run_dir={run_dir}", "launcher=slurm", "inner.entrypoint=meta.synthetic:member",
+        f"run_dir={run_dir}", "new=true", "launcher=slurm", "inner.entrypoint=meta.synthetic:member",
         f"population={POPULATION}", "generations=1", "es=cmaes", f"+inner.options={options}",
         "launcher.array_parallelism=3", "launcher.poll_interval_s=0.5", "launcher.query_interval_s=2",
         f"launcher.job_name={job_name}", "control_member=false", "reevaluate.top_k=0",  # the population's jobs only

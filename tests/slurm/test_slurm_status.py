@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_a_queued_member_shows_the_schedulers_pending_reason(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:
     run_dir = tmp_path / "search"
     done = subprocess.run(
-        [sys.executable, "-m", "meta.run", f"run_dir={run_dir}", "launcher=slurm", "population=2", "generations=1",
+        [sys.executable, "-m", "meta.run", f"run_dir={run_dir}", "new=true", "launcher=slurm", "population=2", "generations=1",
          "inner.entrypoint=meta.synthetic:member", "reevaluate.top_k=1", "reevaluate.seeds=2", "reevaluate.report_seeds=2",
          "reevaluate.baselines=[kl]", "control_member=false",
          "launcher.poll_interval_s=1", "launcher.query_interval_s=5"],

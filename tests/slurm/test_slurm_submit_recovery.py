@@ -61,7 +61,7 @@ def _wrapped_env(tmp_path: Path, log: Path, **settings: int) -> dict[str, str]:
 
 def _meta_run(run_dir: Path, job_name: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     args = [
-        f"run_dir={run_dir}", "launcher=slurm", "inner.entrypoint=meta.synthetic:member",
+        f"run_dir={run_dir}", "new=true", "launcher=slurm", "inner.entrypoint=meta.synthetic:member",
         f"population={POPULATION}", "generations=1", "es=cmaes", "+inner.options={count_calls:true,sleep_s:15}",
         "launcher.max_array_size=2", "launcher.poll_interval_s=0.5", "launcher.query_interval_s=2",
         "launcher.submit_attempts=2", "launcher.submit_backoff_s=0.5", f"launcher.job_name={job_name}",

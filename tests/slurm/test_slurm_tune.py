@@ -28,7 +28,7 @@ SLURM = ["launcher=slurm", "launcher.poll_interval_s=0.5", "launcher.query_inter
 
 
 def _tune(run_dir: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "meta.tune", f"run_dir={run_dir}", *SLURM, *args], cwd=ROOT,
+    return subprocess.Popen([sys.executable, "-m", "meta.tune", f"run_dir={run_dir}", "new=true", *SLURM, *args], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
@@ -81,7 +81,7 @@ def test_a_pruned_tuning_survives_a_sigkill_and_resumes_on_slurm(slurm_cluster: 
 def test_the_embedded_default_tuning_runs_its_trials_as_slurm_jobs(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:
     run_dir = tmp_path / "tune"
     done = subprocess.run(
-        [sys.executable, "-m", "meta.tune", f"run_dir={run_dir}", *SLURM, "tune.trials=2", "tune.parallel=2",
+        [sys.executable, "-m", "meta.tune", f"run_dir={run_dir}", "new=true", *SLURM, "tune.trials=2", "tune.parallel=2",
          "train.steps=4", "train.eval_every=2", "train.eval_subset=8", "train.val_size=16"],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     slurm_cluster.submitted.extend(_job_ids(run_dir))
