@@ -39,7 +39,7 @@ class ConfigError(ValueError):
 
 
 #: the baselines of the result table (meta/baselines.py says what each row is)
-BASELINES = ("center", "nm_random", "kl", "prob_l2", "none", "base")
+BASELINES = ("center", "nm_random", "radius_random", "kl", "prob_l2", "none", "base")
 
 
 @dataclass(frozen=True)
@@ -309,6 +309,27 @@ def _names(raw: Mapping[str, Any], key: str, known: Sequence[str] | None) -> tup
     return tuple(value)
 
 
+def _baselines(raw: Mapping[str, Any]) -> tuple[str, ...]:
+    """reevaluate.baselines: known rows, or ``<row>@<preset file>`` with an existing file (meta/baselines.py reads
+    it); the untrained model has no training settings to take from a preset."""
+    key = "reevaluate.baselines"
+    value = _get_dotted(raw, key)
+    plain = [v.partition("@")[0] if isinstance(v, str) else v for v in (value if isinstance(value, (list, tuple))
+                                                                        else [])]
+    _names({"reevaluate": {"baselines": plain}}, key, BASELINES)
+    names = _names(raw, key, None)
+    for name in names:
+        row, mark, path = name.partition("@")
+        if not mark:
+            continue
+        if row == "base":
+            raise ConfigError(f"{key}: {name!r}: the untrained model (base) trains nothing a preset could set")
+        if not Path(path).is_file():
+            raise ConfigError(f"{key}: {name!r}: no preset file {path} (what meta.tune ... export= writes, or a YAML "
+                              "of divergence/train settings)")
+    return names
+
+
 def _reevaluate(raw: Mapping[str, Any]) -> ReevaluateConfig:
     node = raw.get("reevaluate")
     defaults = ReevaluateConfig()
@@ -335,7 +356,7 @@ def _reevaluate(raw: Mapping[str, Any]) -> ReevaluateConfig:
         raise ConfigError(f"reevaluate.transfer: {missing[0]!r} is not a task (conf/task/{missing[0]}.yaml)")
     return ReevaluateConfig(
         top_k=top_k, seeds=seeds, report_seeds=report_seeds,
-        baselines=_names(raw, "reevaluate.baselines", BASELINES) if "baselines" in node else defaults.baselines,
+        baselines=_baselines(raw) if "baselines" in node else defaults.baselines,
         transfer=transfer, test=_bool(raw, "reevaluate.test") if "test" in node else defaults.test)
 
 
