@@ -51,10 +51,11 @@ def test_the_control_member_trains_the_centre_with_the_generations_seed_and_stay
     assert len(plain.read_members()) == 8
 
 
-def test_selection_retrains_top_members_and_centre_and_reporting_uses_other_seeds_for_every_row(tmp_path):
+def test_selection_retrains_top_members_and_centre_and_reporting_uses_other_seeds_for_every_row(tmp_path, capsys):
     assert _run(tmp_path, "reevaluate.top_k=2", "reevaluate.seeds=3", "reevaluate.report_seeds=3",
                 "+inner.options.baseline_fitness={kl:0.3,prob_l2:0.2,base:0.1}",
                 "+inner.options.evaluation_shift={test:-0.05}") == 0
+    run_out = capsys.readouterr().out
     store = RunStore(tmp_path)
     summary = store.read_reevaluation()
     names = [c["name"] for c in summary["candidates"]]
@@ -107,6 +108,12 @@ def test_selection_retrains_top_members_and_centre_and_reporting_uses_other_seed
     markdown = (folder / "result_table.md").read_text()
     assert "NM-GRPO-ES (exported init) minus each baseline" in markdown
     assert len(table["verdict"]) >= 4 and all(sentence in markdown for sentence in table["verdict"])
+    # meta.run and results.report end with the verdict's sentences
+    assert run_out.rstrip().endswith("\n".join(table["verdict"]))
+    from results.report.search import main as report_main
+
+    assert report_main([str(tmp_path)]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("\n".join(table["verdict"]))
     # export which=best: the selection stage's choice, with its numbers there and the table's rows and differences
     out = tmp_path / "best.safetensors"
     assert export_main([f"run_dir={tmp_path}", f"out={out}"]) == 0
