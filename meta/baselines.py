@@ -26,17 +26,16 @@ from __future__ import annotations
 import copy
 import dataclasses
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from meta.config import BASELINES, ConfigError, SearchConfig
+from meta.config import BASELINES, PRESET_MARK, ConfigError, SearchConfig
 from results.report.result_table import ROLE_BASE, ROLE_COMPARED, ROLE_RADIUS, ROLE_START
 
 EXPORTED = "exported"
 RADIUS_RANDOM = "radius_random"
 #: the purpose the radius_random row's searcher seeds are derived under: derive_seed(run seed, this, seed index)
 RADIUS_RANDOM_PURPOSE = "radius_random"
-#: separates a baseline's name from the preset file it takes its settings from (``kl@kl_tuned.yaml``)
-PRESET_MARK = "@"
 #: the nodes a preset file may set for a row: what a tune tunes
 PRESET_NODES = ("divergence", "train")
 #: nodes a preset may carry but must agree with the search on: a row on another task or model compares nothing
@@ -161,7 +160,7 @@ def read_preset(path: str, name: str, cfg: SearchConfig) -> dict[str, dict[str, 
 
     where = f"reevaluate.baselines: {name}{PRESET_MARK}{path}"
     try:
-        body = yaml.safe_load(open(path, encoding="utf-8").read())
+        body = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"{where}: cannot read the preset file ({exc.strerror})") from None
     except yaml.YAMLError as exc:

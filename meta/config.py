@@ -40,6 +40,8 @@ class ConfigError(ValueError):
 
 #: the baselines of the result table (meta/baselines.py says what each row is)
 BASELINES = ("center", "nm_random", "radius_random", "kl", "prob_l2", "none", "base")
+#: separates a baseline's name from the preset file it takes its settings from (``kl@kl_tuned.yaml``)
+PRESET_MARK = "@"
 
 
 @dataclass(frozen=True)
@@ -314,12 +316,13 @@ def _baselines(raw: Mapping[str, Any]) -> tuple[str, ...]:
     it); the untrained model has no training settings to take from a preset."""
     key = "reevaluate.baselines"
     value = _get_dotted(raw, key)
-    plain = [v.partition("@")[0] if isinstance(v, str) else v for v in (value if isinstance(value, (list, tuple))
-                                                                        else [])]
-    _names({"reevaluate": {"baselines": plain}}, key, BASELINES)
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{key}={value!r} must be a list of rows, e.g. {key}=[{', '.join(BASELINES)}]")
     names = _names(raw, key, None)
     for name in names:
-        row, mark, path = name.partition("@")
+        row, mark, path = name.partition(PRESET_MARK)
+        if row not in BASELINES:
+            raise ConfigError(f"{key}: {row!r} is not one of {', '.join(BASELINES)} (a tuned row: <row>@<file>)")
         if not mark:
             continue
         if row == "base":

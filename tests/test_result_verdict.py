@@ -167,9 +167,20 @@ def test_a_bad_tuned_baseline_exits_2_before_anything_is_written(tmp_path, capsy
     assert fragment in capsys.readouterr().err and not (tmp_path / "r").exists()
 
 
+def test_a_row_and_its_tuned_twin_sit_side_by_side_in_the_plan(tmp_path, capsys):
+    preset = tmp_path / "kl_tuned.yaml"
+    preset.write_text("divergence: {coef: 0.25}\n")
+    assert main([f"run_dir={tmp_path / 'plan'}", "dry_run=true", f"inner.entrypoint={SYNTHETIC}",
+                 f"reevaluate.baselines=[center,radius_random,kl,kl@{preset}]"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.strip().startswith("result table: 5 rows x report_seeds=6") for line in lines)
+    tuned = next(line for line in lines if line.strip().startswith(f"kl@{preset}"))
+    assert '"coef": 0.25' in tuned and f"preset {preset}" in tuned
+
+
 def test_the_dry_run_counts_the_random_radius_rows_runs(tmp_path, capsys):
     assert main([f"run_dir={tmp_path / 'plan'}", "dry_run=true", f"inner.entrypoint={SYNTHETIC}"]) == 0
     out = capsys.readouterr().out
     assert "result table: 8 rows x report_seeds=6" in out and "= 48 runs" in out
     line = next(line for line in out.splitlines() if line.strip().startswith("radius_random"))
-    assert "random maps at the search's radius" in line
+    assert "random maps at the search's radius" in line and "maps: one per reporting seed (6)" in line
