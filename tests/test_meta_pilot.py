@@ -332,5 +332,6 @@ def test_the_pilot_reports_the_scale_effect_apart_from_the_direction(tmp_path, c
     assert f"a search buys {buys}: a search at radius {SCALE_RADIUS:g} would buy" in out
     if buys == "scale":
         assert "Tune the coefficient instead" in out and "radius_random" in out
+        assert "The maps gain by their scale alone at radius 0.1: tune the coefficient there instead" in out
     else:
         assert "Search at this radius" in out

@@ -305,9 +305,13 @@ def recommend(combinations: Sequence[Mapping[str, Any]], ctx: PilotContext, memb
                            "member_hours": member_hours, "reachable": False}
     with_signal = [c for c in combinations if c["signal"]]
     if not with_signal:
+        scale = [c for c in combinations if c.get("buys") == "scale"]
         out["reason"] = ("no combination shows signal: the members' differences are not distinguishable from seed "
-                         "noise. A larger radius or divergence.coef, a larger validation set, or more pilot pairs "
-                         "may show one")
+                         "noise. " + ("The maps gain by their scale alone at radius "
+                                      + ", ".join(f"{c['radius']:g}" for c in scale)
+                                      + ": tune the coefficient there instead of searching" if scale else
+                                      "A larger radius or divergence.coef, a larger validation set, or more pilot "
+                                      "pairs may show one"))
         return out
     best = max(with_signal, key=lambda c: (c["noise_free"], c["snr"] or 0.0, -c["combination"]))
     r, pop, target = ctx.seeds_per_member, ctx.population, ctx.target_snr
