@@ -40,7 +40,9 @@ class ConfigError(ValueError):
 
 
 #: the baselines of the result table (meta/baselines.py says what each row is)
-BASELINES = ("center", "nm_random", "kl", "prob_l2", "none", "base")
+BASELINES = ("center", "nm_random", "radius_random", "kl", "prob_l2", "none", "base")
+#: separates a baseline's name from the preset file it takes its settings from (``kl@kl_tuned.yaml``)
+PRESET_MARK = "@"
 
 
 @dataclass(frozen=True)
@@ -339,6 +341,28 @@ def _names(raw: Mapping[str, Any], key: str, known: Sequence[str] | None) -> tup
     return tuple(value)
 
 
+def _baselines(raw: Mapping[str, Any]) -> tuple[str, ...]:
+    """reevaluate.baselines: known rows, or ``<row>@<preset file>`` with an existing file (meta/baselines.py reads
+    it); the untrained model has no training settings to take from a preset."""
+    key = "reevaluate.baselines"
+    value = _get_dotted(raw, key)
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{key}={value!r} must be a list of rows, e.g. {key}=[{', '.join(BASELINES)}]")
+    names = _names(raw, key, None)
+    for name in names:
+        row, mark, path = name.partition(PRESET_MARK)
+        if row not in BASELINES:
+            raise ConfigError(f"{key}: {row!r} is not one of {', '.join(BASELINES)} (a tuned row: <row>@<file>)")
+        if not mark:
+            continue
+        if row == "base":
+            raise ConfigError(f"{key}: {name!r}: the untrained model (base) trains nothing a preset could set")
+        if not Path(path).is_file():
+            raise ConfigError(f"{key}: {name!r}: no preset file {path} (what meta.tune ... export= writes, or a YAML "
+                              "of divergence/train settings)")
+    return names
+
+
 def _reevaluate(raw: Mapping[str, Any]) -> ReevaluateConfig:
     node = raw.get("reevaluate")
     defaults = ReevaluateConfig()
@@ -365,7 +389,7 @@ def _reevaluate(raw: Mapping[str, Any]) -> ReevaluateConfig:
         raise ConfigError(f"reevaluate.transfer: {missing[0]!r} is not a task (conf/task/{missing[0]}.yaml)")
     return ReevaluateConfig(
         top_k=top_k, seeds=seeds, report_seeds=report_seeds,
-        baselines=_names(raw, "reevaluate.baselines", BASELINES) if "baselines" in node else defaults.baselines,
+        baselines=_baselines(raw) if "baselines" in node else defaults.baselines,
         transfer=transfer, test=_bool(raw, "reevaluate.test") if "test" in node else defaults.test)
 
 

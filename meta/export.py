@@ -118,6 +118,7 @@ def _reevaluated_best(store: RunStore, run_dir: str | Path) -> tuple[Any, dict[s
                         for metric, summary_ in row["metrics"].items()} for row in table["rows"]],
             "exported_minus_baselines": [d for d in table["differences"] if d["row"] == EXPORTED],
         }
+        provenance["verdict"] = list(table.get("verdict") or [])
     return torch.tensor(summary["chosen_params"], dtype=torch.float64), provenance
 
 

@@ -193,7 +193,9 @@ def reporting_lines(cfg: SearchConfig, overrides: Sequence[str]) -> list[str]:
         steps = row.inner["train"].get("steps")
         lines.append(f"  {row.name:<10} {row.label}: divergence {json.dumps(row.divergence, sort_keys=True)} "
                      f"(coef from {row.coef_source}), train.steps={steps}"
-                     + (", map: the init chosen by the selection stage" if row.name == "exported" else ""))
+                     + (", map: the init chosen by the selection stage" if row.name == "exported" else "")
+                     + (f", maps: one per reporting seed ({len(row.params_per_seed)}), drawn as the search's "
+                        "generation 0 draws them" if row.params_per_seed else ""))
     return lines
 
 

@@ -15,7 +15,7 @@ import logging
 from typing import Any, Sequence
 
 from launch.base import Launcher
-from meta.baselines import EXPORTED, ReportRow, build_rows
+from meta.baselines import EXPORTED, ReportRow, build_rows, verdict_roles
 from meta.config import ConfigError, ReevaluateConfig, SearchConfig
 from meta.phase import run_phase
 from meta.seeding import member_seed
@@ -53,7 +53,8 @@ def _rows(cfg: SearchConfig, store: RunStore, overrides: Sequence[str], settings
         old = store.archive_reporting()
         logger.info("reporting rows changed (exported init, baselines, seeds or transfer); earlier runs moved to %s",
                     old)
-    rows = build_rows(cfg, overrides, exported["params"], settings.baselines, settings.transfer, settings.test)
+    rows = build_rows(cfg, overrides, exported["params"], settings.baselines, settings.transfer, settings.test,
+                      settings.report_seeds)
     record = wanted | {"rows": [row.to_dict() for row in rows]}
     store.write_report_rows(record)
     return record
@@ -61,14 +62,16 @@ def _rows(cfg: SearchConfig, store: RunStore, overrides: Sequence[str], settings
 
 def _specs(cfg: SearchConfig, store: RunStore, run_id: str, rows: Sequence[dict[str, Any]],
            seeds: Sequence[int]) -> list[MemberSpec]:
-    """Member ``r * len(seeds) + s`` trains row r with reporting seed s (the same seed for every row: paired)."""
+    """Member ``r * len(seeds) + s`` trains row r with reporting seed s (the same seed for every row: paired); a row
+    with a map per seed (radius_random) trains map s with seed s."""
     folder = store.reevaluate_dir(reporting=True)
     specs = []
     for r, row in enumerate(rows):
+        per_seed = row.get("params_per_seed")
         for s, seed in enumerate(seeds):
             index = r * len(seeds) + s
             specs.append(MemberSpec(run_id=run_id, generation=REPORT_GENERATION, index=index, seed=seed,
-                                    params=list(row["params"] or []),
+                                    params=list(per_seed[s] if per_seed else row["params"] or []),
                                     work_dir=str(folder / member_dir_name(index)), inner=row["inner"]))
     return specs
 
@@ -87,18 +90,22 @@ def run_reporting(cfg: SearchConfig, store: RunStore, launcher: Launcher, run_id
     for r, row in enumerate(rows):
         runs = [records[r * len(seeds) + s].to_dict() for s in range(len(seeds))]
         table_rows.append({key: row[key] for key in ("name", "label", "divergence", "coef_source")} | {"runs": runs})
-    table = build_table(table_rows, seeds, [row["name"] for row in rows if row["name"] != EXPORTED], EXPORTED)
+    baselines = [row["name"] for row in rows if row["name"] != EXPORTED]
+    table = build_table(table_rows, seeds, baselines, EXPORTED, verdict_roles(baselines))
     table["exported"] = exported["name"]
     store.write_result_table(table)
     paths = write_table_files(table, store.reevaluate_dir(reporting=True))
     logger.info("result table written: %s", ", ".join(str(p) for p in paths.values()))
+    for sentence in table["verdict"]:
+        logger.info("verdict: %s", sentence)
     return table
 
 
 def plan_rows(cfg: SearchConfig, overrides: Sequence[str]) -> list[ReportRow]:
     """The reporting rows as a dry run shows them (the exported init is not known before the search)."""
     settings = cfg.reevaluate
-    return build_rows(cfg, overrides, None, settings.baselines, settings.transfer, settings.test)
+    return build_rows(cfg, overrides, None, settings.baselines, settings.transfer, settings.test,
+                      settings.report_seeds)
 
 
 def check_rows(cfg: SearchConfig, overrides: Sequence[str]) -> None:

@@ -14,6 +14,8 @@ Used through ``inner.entrypoint=meta.synthetic:member``; its behaviour is steere
       training run's seed-to-seed spread: same seed and params, same fitness);
   slope, base (0.5): a linear objective instead, fitness = base + slope * w.(x - target) with w a fixed unit vector
       (drawn from a fixed seed): the fitness difference of c + e and c - e is 2 slope w.e, a known signal (meta.pilot);
+  radial: adds radial * sqrt(mean((x - target)^2)) to the linear objective (slope 0 when only radial is given): a
+      gain with the perturbation's size whatever its direction, c + e and c - e alike (meta.pilot's scale effect);
   param_noise: standard deviation of a second Gaussian noise, drawn from (seed, params): two inits trained on the
       same seed share the `noise` part and differ by this one (paired but not identical, as real training runs);
   val_size (1): the validation size the record reports;
@@ -68,10 +70,15 @@ def slope_direction(dim: int) -> tuple[float, ...]:
     return tuple(x / norm for x in raw)
 
 
-def linear_objective(params: Sequence[float], slope: float, base: float = 0.5, target: float = 0.02) -> float:
-    """base + slope * w.(x - target): a straight ramp along w, so antithetic differences are known exactly."""
+def linear_objective(params: Sequence[float], slope: float, base: float = 0.5, target: float = 0.02,
+                     radial: float = 0.0) -> float:
+    """base + slope * w.(x - target) + radial * rms(x - target): a straight ramp along w, so antithetic differences
+    are known exactly, plus (``radial``) a gain with the distance from ``target`` that every direction shares."""
     w = slope_direction(len(params))
-    return base + slope * sum(wi * (float(x) - target) for wi, x in zip(w, params))
+    ramp = base + slope * sum(wi * (float(x) - target) for wi, x in zip(w, params))
+    if not radial:
+        return ramp
+    return ramp + radial * math.sqrt(sum((float(x) - target) ** 2 for x in params) / len(params))
 
 
 def params_digest(params: Sequence[float]) -> str:
@@ -123,9 +130,9 @@ def member(spec: MemberSpec | Mapping[str, Any]) -> dict[str, Any]:
             time.sleep(0.05)
     if not spec.params:  # a result-table row without a map (KL, ProbL2, Dr. GRPO, the base model)
         fitness = _baseline_fitness(spec, options)
-    elif options.get("slope") is not None:
-        fitness = linear_objective(spec.params, float(options["slope"]), float(options.get("base", 0.5)),
-                                   float(options.get("target", 0.02)))
+    elif options.get("slope") is not None or options.get("radial") is not None:
+        fitness = linear_objective(spec.params, float(options.get("slope") or 0.0), float(options.get("base", 0.5)),
+                                   float(options.get("target", 0.02)), float(options.get("radial") or 0.0))
     else:
         fitness = objective(spec.params, float(options.get("target", 0.02)), float(options.get("width", 0.01)))
     running_s = member_time_s(spec, options, fitness) if options.get("time_median_s") else 0.0

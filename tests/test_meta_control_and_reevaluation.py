@@ -51,10 +51,11 @@ def test_the_control_member_trains_the_centre_with_the_generations_seed_and_stay
     assert len(plain.read_members()) == 8
 
 
-def test_selection_retrains_top_members_and_centre_and_reporting_uses_other_seeds_for_every_row(tmp_path):
+def test_selection_retrains_top_members_and_centre_and_reporting_uses_other_seeds_for_every_row(tmp_path, capsys):
     assert _run(tmp_path, "reevaluate.top_k=2", "reevaluate.seeds=3", "reevaluate.report_seeds=3",
                 "+inner.options.baseline_fitness={kl:0.3,prob_l2:0.2,base:0.1}",
                 "+inner.options.evaluation_shift={test:-0.05}") == 0
+    run_out = capsys.readouterr().out
     store = RunStore(tmp_path)
     summary = store.read_reevaluation()
     names = [c["name"] for c in summary["candidates"]]
@@ -73,19 +74,22 @@ def test_selection_retrains_top_members_and_centre_and_reporting_uses_other_seed
     floor = summary["noise_floor_std"]
     bound = {c["name"]: c["mean"] - max(c["std"], floor) / 3 ** 0.5 for c in summary["candidates"]}
     assert summary["chosen"] == max(bound, key=bound.get) and floor > 0
-    # Reporting: 7 rows x 3 seeds, the same 3 seeds for every row, none a search or selection seed
+    # Reporting: 8 rows x 3 seeds, the same 3 seeds for every row, none a search or selection seed
     folder = store.reevaluate_dir(reporting=True)
     report_specs = [MemberSpec.from_dict(json.loads((folder / f"member_{i:03d}" / "spec.json").read_text()))
-                    for i in range(21)]
-    assert not (folder / "member_021").exists()
+                    for i in range(24)]
+    assert not (folder / "member_024").exists()
     seeds = [s.seed for s in report_specs[0:3]]
-    assert all([s.seed for s in report_specs[r * 3:r * 3 + 3]] == seeds for r in range(7))
+    assert all([s.seed for s in report_specs[r * 3:r * 3 + 3]] == seeds for r in range(8))
+    # the random-radius row trains a fresh map on each seed, none of them the start or another row's map
+    radius_maps = [tuple(s.params) for s in report_specs[9:12]]
+    assert len(set(radius_maps)) == 3 and tuple(report_specs[3].params) not in radius_maps
     assert set(seeds).isdisjoint(search_seeds | {s.seed for s in specs})
     assert report_specs[0].params == pytest.approx(summary["chosen_params"])  # the exported init is row 0
     # The table's numbers are the runs' own records
     table = store.read_result_table()
-    assert [row["name"] for row in table["rows"]] == ["exported", "center", "nm_random", "kl", "prob_l2", "none",
-                                                      "base"]
+    assert [row["name"] for row in table["rows"]] == ["exported", "center", "nm_random", "radius_random", "kl",
+                                                      "prob_l2", "none", "base"]
     for r, row in enumerate(table["rows"]):
         records = [json.loads((folder / f"member_{r * 3 + s:03d}" / "result.json").read_text()) for s in range(3)]
         fitness = [rec["fitness"] for rec in records]
@@ -93,15 +97,23 @@ def test_selection_retrains_top_members_and_centre_and_reporting_uses_other_seed
         assert row["metrics"]["validation"]["std"] == pytest.approx(statistics.stdev(fitness))
         assert row["metrics"]["test"]["mean"] == pytest.approx(statistics.fmean(
             rec["evaluations"]["test"]["pass_at_1"] for rec in records))
-    assert table["rows"][3]["metrics"]["validation"]["mean"] == pytest.approx(0.3 + statistics.fmean(
+    assert table["rows"][4]["metrics"]["validation"]["mean"] == pytest.approx(0.3 + statistics.fmean(
         0.05 * __import__("random").Random(seed).gauss(0.0, 1.0) for seed in seeds))
-    base_spec = report_specs[18]
+    base_spec = report_specs[21]
     assert base_spec.inner["train"]["steps"] == 0 and base_spec.params == []
-    kl_spec = report_specs[9]
+    kl_spec = report_specs[12]
     assert kl_spec.inner["divergence"]["name"] == "kl" and kl_spec.inner["divergence"]["coef"] == 0.04
     for suffix in (".md", ".csv", ".png"):
         assert (folder / f"result_table{suffix}").stat().st_size > 0
-    assert "NM-GRPO-ES (exported init) minus each baseline" in (folder / "result_table.md").read_text()
+    markdown = (folder / "result_table.md").read_text()
+    assert "NM-GRPO-ES (exported init) minus each baseline" in markdown
+    assert len(table["verdict"]) >= 4 and all(sentence in markdown for sentence in table["verdict"])
+    # meta.run and results.report end with the verdict's sentences
+    assert run_out.rstrip().endswith("\n".join(table["verdict"]))
+    from results.report.search import main as report_main
+
+    assert report_main([str(tmp_path)]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("\n".join(table["verdict"]))
     # export which=best: the selection stage's choice, with its numbers there and the table's rows and differences
     out = tmp_path / "best.safetensors"
     assert export_main([f"run_dir={tmp_path}", f"out={out}"]) == 0
@@ -112,7 +124,8 @@ def test_selection_retrains_top_members_and_centre_and_reporting_uses_other_seed
         pytest.approx(chosen["mean"]), pytest.approx(chosen["std"]), 3)
     assert [row["name"] for row in meta["result_table"]["rows"]] == [row["name"] for row in table["rows"]]
     assert {d["baseline"] for d in meta["result_table"]["exported_minus_baselines"] if d["metric"] == "validation"} \
-        == {"center", "nm_random", "kl", "prob_l2", "none", "base"}
+        == {"center", "nm_random", "radius_random", "kl", "prob_l2", "none", "base"}
+    assert meta["verdict"] == table["verdict"]
     assert torch.allclose(mirror_map.to_vector().double(), torch.tensor(summary["chosen_params"], dtype=torch.float64),
                           atol=1e-6)
 

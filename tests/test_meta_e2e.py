@@ -25,7 +25,7 @@ def _python(*args: str, timeout: float) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_embedded_default_search_export_and_single_run(tmp_path):
     """The embedded default with its control member, selection (top 1 member + centre, 2 seeds each) and the
-    result table (the exported init and the 6 baselines on 2 other seeds, with the test split), exported by its
+    result table (the exported init and the 7 baselines on 2 other seeds, with the test split), exported by its
     lower bound, then trained by a single run exactly as its reporting run was."""
     run_dir = tmp_path / "search"
     done = _python("-m", "meta.run", f"run_dir={run_dir}", "new=true", "population=4", "generations=2", "launcher=local",
@@ -51,10 +51,11 @@ def test_embedded_default_search_export_and_single_run(tmp_path):
         record = json.loads((store.reevaluate_dir() / f"member_{index:03d}" / "result.json").read_text())
         assert record["eval_split"] == "validation" and not record.get("evaluations")
     reporting = store.reevaluate_dir(reporting=True)
-    records = [json.loads((reporting / f"member_{index:03d}" / "result.json").read_text()) for index in range(14)]
+    records = [json.loads((reporting / f"member_{index:03d}" / "result.json").read_text()) for index in range(16)]
     assert all(r["status"] == "ok" and r["evaluations"]["test"]["size"] > 0 for r in records)
-    assert records[12]["steps_done"] == 0  # the base model: scored untrained
+    assert records[14]["steps_done"] == 0  # the base model: scored untrained
     table = store.read_result_table()
+    assert table["verdict"] and done.stdout.rstrip().endswith(table["verdict"][-1])  # the verdict ends the run
     assert table["rows"][0]["metrics"]["test"]["mean"] == pytest.approx(
         (records[0]["evaluations"]["test"]["pass_at_1"] + records[1]["evaluations"]["test"]["pass_at_1"]) / 2)
 

@@ -8,6 +8,7 @@ import math
 import os
 import runpy
 import signal
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -296,3 +297,41 @@ def test_help_prints_the_usage(capsys):
 
     assert main(["--help"]) == 0
     assert capsys.readouterr().out == USAGE + "\n"
+
+
+# Scale apart from direction: f = base + slope w.(x - target) + RADIAL rms(x - target) + noise. The radial term gains
+# with a map's distance from target whatever the direction (c + e and c - e alike, to ~1e-3 here): a scale effect of
+# RADIAL (mean over members of rms(x - t) - rms(c - t)), known from the plan's own maps; slope adds a direction.
+RADIAL, SCALE_RADIUS = 2.0, 0.1
+SCALE_ARGS = [*SYNTH, "es=pgpe", f"es.stdev_init={SCALE_RADIUS}", "init=uniform", "pilot.seeds=3", "pilot.pairs=4",
+              "seed=2"]
+
+
+def _known_scale(run_dir: Path) -> float:
+    plan = RunStore(run_dir).read_pilot_plan()
+
+    def rms(x):
+        return math.sqrt(sum((v - 0.02) ** 2 for v in x) / len(x))
+
+    centre = plan["centre"]
+    maps = [[c + sign * SCALE_RADIUS * z for c, z in zip(centre, d)] for d in plan["directions"] for sign in (1, -1)]
+    return RADIAL * (statistics.fmean(rms(m) for m in maps) - rms(centre))
+
+
+@pytest.mark.parametrize("slope,buys", [(0.0, "scale"), (1.0, "both")])
+def test_the_pilot_reports_the_scale_effect_apart_from_the_direction(tmp_path, capsys, slope, buys):
+    run_dir = tmp_path / "scale"
+    options = f"+inner.options={{slope: {slope}, radial: {RADIAL}, param_noise: 0.02, noise: 0.05}}"
+    assert main([f"run_dir={run_dir}", *SCALE_ARGS, options]) == 0
+    (combo,) = _summary(run_dir)["combinations"]
+    scale, known = combo["scale"], _known_scale(run_dir)
+    assert known > 0.1 and scale["n"] == 3 and scale["low"] < known < scale["high"] and scale["low"] > 0
+    assert combo["signal"] is (slope > 0) and combo["buys"] == buys
+    out = capsys.readouterr().out
+    assert f"  scale: the maps at the radius minus the centre, per seed: {scale['mean']:+.4f} [" in out
+    assert f"a search buys {buys}: a search at radius {SCALE_RADIUS:g} would buy" in out
+    if buys == "scale":
+        assert "Tune the coefficient instead" in out and "radius_random" in out
+        assert "The maps gain by their scale alone at radius 0.1: tune the coefficient there instead" in out
+    else:
+        assert "Search at this radius" in out

@@ -54,14 +54,14 @@ def test_mbpp_dry_run_at_population_180_prints_the_plan_and_touches_nothing(tmp_
     assert "#SBATCH --array=0-180%181" in out and "#SBATCH --mem=32768M" in out
     assert "#SBATCH --job-name=mirror-es.RUNID.g0000.c000" in out and "#SBATCH --time=619" in out
     assert "assumed 1001 (SLURM's default; set launcher.max_array_size" in out
-    # (181 members x 15 generations + (3 + 1) x 3 selection runs + 7 rows x 3 reporting runs) x 412 min x 1 GPU
-    assert "= 2748" in out and "= 18,869.6 GPU-h" in out
+    # (181 members x 15 generations + (3 + 1) x 3 selection runs + 8 rows x 3 reporting runs) x 412 min x 1 GPU
+    assert "= 2751" in out and "= 18,890.2 GPU-h" in out
     # the time per member follows from the measured step time, and says where that was measured
     assert ("time per member: 412 min expected (resources.step_time_s=15 s/step x train.steps=1600 + "
             "resources.overhead_min=12 min; step time measured: bench/bench_member_gpu.py, one H200") in out
     assert "WARNING: inner.timeout_s" not in out  # 1.5x the expected time
     # worst case: every run uses its 10.3 h budget twice (retries=1)
-    assert "retried retries=1 time(s) = 56,608.8 GPU-h" in out
+    assert "retried retries=1 time(s) = 56,670.6 GPU-h" in out
     assert "69,730,304 trainable parameters" in out and "= 0.84 GB and 11 files per checkpoint" in out
     assert "16 written per member" in out
     assert "disk per generation: peak 151.45 GB (181 checkpoints" in out

@@ -71,7 +71,7 @@ def _mbpp_rows(*extra):
     raw = compose(overrides)
     cfg = build_search_config({**raw, "inner": {**raw["inner"], "entrypoint": "meta.synthetic:member"}})
     return {row.name: row for row in build_rows(cfg, overrides, None, cfg.reevaluate.baselines, ("humaneval",),
-                                                True)}
+                                                True, cfg.reevaluate.report_seeds)}
 
 
 def test_the_kl_row_under_mbpp_qwen3_runs_at_kl_coefficient_and_says_where_it_comes_from():
@@ -102,10 +102,10 @@ def test_the_dry_run_plan_prints_every_row_with_its_divergence_and_counts_every_
                  *STAGED_MODEL,
                  "reevaluate.report_seeds=4"]) == 0
     out = capsys.readouterr().out
-    assert "result table: 7 rows x report_seeds=4" in out and "= 28 runs" in out
+    assert "result table: 8 rows x report_seeds=4" in out and "= 32 runs" in out
     kl_line = next(line for line in out.splitlines() if line.strip().startswith("kl "))
     assert '"coef": 0.04' in kl_line and "conf/divergence/kl.yaml" in kl_line
-    assert "+ 28 reporting runs" in out and not (tmp_path / "plan").exists()
+    assert "+ 32 reporting runs" in out and not (tmp_path / "plan").exists()
 
 
 @pytest.mark.parametrize("override,fragment", [

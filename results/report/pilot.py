@@ -16,6 +16,12 @@ both inits train on seed s, so whatever the seed does to both cancels. Per pair,
 - "no signal" when sigma_s^2 is 0 or not distinguishable from 0 by an F-test at 5%: under no signal every m_i is
   N(0, sigma_n^2 / k_i), so F = (sum_i k_i m_i^2 / m) / sigma_n^2 follows F(m, nu); signal only when
   P(F(m, nu) >= F) < 5%.
+
+Scale apart from direction. Every perturbed init is a map drawn at the search's radius around the centre; per seed s,
+the mean of their fitness minus the centre's (both on seed s) is what a step of that size gives whatever its direction
+(the map's scale: a larger neural map is partly a stronger regularizer); its t interval is over the k seeds. The pair
+differences above are what a direction adds, the only part a search can read. Which of the two a search at that
+radius would buy decides the advice: a radius to search at, or a coefficient to tune instead.
 """
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from results.report.arguments import check_output_folder, run_dir_argument
+from results.report.paired import CONFIDENCE, mean_interval
 from results.store.atomic import CorruptFileError, atomic_write_text
 from results.store.intermediate import read_intermediate
 from results.store.layout import REPORT_DIR
@@ -143,6 +150,50 @@ def _pairs(plan: Mapping[str, Any], combination: int, records: Mapping[int, Resu
     return out
 
 
+def _scale(plan: Mapping[str, Any], combination: int, records: Mapping[int, ResultRecord]) -> dict[str, Any]:
+    """The scale effect: per seed, the mean fitness of the maps at the radius minus the centre's on that seed; its
+    mean and t interval over the seeds where the centre and at least one perturbed init finished."""
+    seeds, pairs = len(plan["seeds"]), len(plan["directions"])
+    diffs: list[float] = []
+    for s in range(seeds):
+        centre = records.get(member_index(combination, CENTRE, None, s, seeds, pairs))
+        around = [records.get(member_index(combination, role, i, s, seeds, pairs))
+                  for i in range(pairs) for role in (PLUS, MINUS)]
+        values = [r.fitness for r in around if r is not None and r.ok]
+        if centre is not None and centre.ok and values:
+            diffs.append(statistics.fmean(values) - centre.fitness)
+    interval = mean_interval(diffs)
+    return {"n": len(diffs), "diffs": diffs, "mean": statistics.fmean(diffs) if diffs else None,
+            "low": interval[0] if interval else None, "high": interval[1] if interval else None}
+
+
+def what_a_search_buys(scale: Mapping[str, Any], direction: bool, radius: float) -> tuple[str, str]:
+    """(``scale``, ``direction``, ``both`` or ``neither``, the advice that follows) from the scale effect's interval
+    and the pairs' signal test."""
+    up = scale["low"] is not None and scale["low"] > 0
+    down = scale["high"] is not None and scale["high"] < 0
+    gain = (f"{scale['mean']:+.4f} [{scale['low']:+.4f}, {scale['high']:+.4f}] over the centre" if
+            scale["low"] is not None else "")
+    if up and not direction:
+        return "scale", (f"a search at radius {radius:g} would buy the scale: maps at that radius gain {gain} "
+                         "whatever their direction, and the pairs show no direction to follow. Tune the coefficient "
+                         "instead (divergence.coef, e.g. with meta.tune) or start from a map of that scale; a search "
+                         "here would gain what its result table's radius_random row gains")
+    if up:
+        return "both", (f"a search at radius {radius:g} would buy both: the scale ({gain}, which any direction gives) "
+                        "and a direction the pairs show. Search at this radius, and judge its gain against the "
+                        "radius_random row of its result table, not against the start")
+    if direction:
+        extra = f" (the radius itself costs: {gain}; a smaller one may keep the direction)" if down else ""
+        return "direction", (f"a search at radius {radius:g} would buy a direction: the pairs' differences exceed "
+                             f"seed noise and the scale alone gives no resolved gain{extra}. Search at this radius")
+    if down:
+        return "neither", (f"at radius {radius:g} the maps lose {gain} and the pairs show no direction: try a smaller "
+                           "radius")
+    return "neither", (f"at radius {radius:g} neither a scale effect nor a direction is resolved at this pilot's size: "
+                       "more pilot seeds or pairs, or another radius, before a search")
+
+
 def _snr(pairs: Sequence[Mapping[str, Any]], ctx: PilotContext) -> dict[str, Any]:
     """Noise and signal variance of the pair differences, the F-test and the generation's SNR (module docstring)."""
     within = [p for p in pairs if p["n"] >= 2]
@@ -218,6 +269,8 @@ def summarize_combination(plan: Mapping[str, Any], combination: int, records: Ma
     ok_centre = [r for r in centre if r and r.ok]
     pair_rows = _pairs(plan, combination, records)
     snr = _snr(pair_rows, ctx)
+    scale = _scale(plan, combination, records)
+    buys, advice = what_a_search_buys(scale, snr["signal"], plan["combinations"][combination]["radius"])
     finals = [records[i] for i in indices if i in records]
     perturbed = [records[i].fitness for i in indices if i not in centre_indices and i in records and records[i].ok]
     return {
@@ -226,6 +279,7 @@ def summarize_combination(plan: Mapping[str, Any], combination: int, records: Ma
         "centre": _centre_noise([r.fitness for r in ok_centre], [r.val_size for r in ok_centre]),
         "perturbed_mean": statistics.fmean(perturbed) if perturbed else None,
         "pairs": pair_rows, **snr, "noise_split": _noise_split(finals, snr["noise_var"]),
+        "scale": scale, "buys": buys, "advice": advice,
         "intermediate": _intermediate(indices, records, work_dirs, ctx),
     }
 
@@ -252,9 +306,13 @@ def recommend(combinations: Sequence[Mapping[str, Any]], ctx: PilotContext, memb
                            "member_hours": member_hours, "reachable": False}
     with_signal = [c for c in combinations if c["signal"]]
     if not with_signal:
+        scale = [c for c in combinations if c.get("buys") == "scale"]
         out["reason"] = ("no combination shows signal: the members' differences are not distinguishable from seed "
-                         "noise. A larger radius or divergence.coef, a larger validation set, or more pilot pairs "
-                         "may show one")
+                         "noise. " + ("The maps gain by their scale alone at radius "
+                                      + ", ".join(f"{c['radius']:g}" for c in scale)
+                                      + ": tune the coefficient there instead of searching" if scale else
+                                      "A larger radius or divergence.coef, a larger validation set, or more pilot "
+                                      "pairs may show one"))
         return out
     best = max(with_signal, key=lambda c: (c["noise_free"], c["snr"] or 0.0, -c["combination"]))
     r, pop, target = ctx.seeds_per_member, ctx.population, ctx.target_snr
@@ -378,7 +436,7 @@ def format_combination(c: Mapping[str, Any], summary: Mapping[str, Any]) -> list
                      f"per seed {' '.join(_signed(d) for d in p['diffs'])}")
     if c["noise_var"] is None:
         lines.append(f"  SNR: {c['reason']}")
-        return lines
+        return lines + _scale_lines(c)
     lines += [
         f"  noise variance of a single-seed difference sigma_n^2 (pooled within pairs, {c['noise_dof']} dof): "
         f"{_num(c['noise_var'], 4)}",
@@ -395,6 +453,7 @@ def format_combination(c: Mapping[str, Any], summary: Mapping[str, Any]) -> list
     else:
         lines.append(f"  SNR of one generation's ES step at P={pop}, r={r}: (P/2) sigma_s^2 / (sigma_n^2/r) = "
                      f"{_num(c['snr'], 4)}")
+    lines += _scale_lines(c)
     inter = c["intermediate"]
     if not inter["measured"]:
         lines.append(f"  early intermediate vs final scores: {inter['reason']}")
@@ -406,11 +465,35 @@ def format_combination(c: Mapping[str, Any], summary: Mapping[str, Any]) -> list
     return lines
 
 
+def _scale_lines(c: Mapping[str, Any]) -> list[str]:
+    """Scale apart from direction (absent from pilot.json files written before it existed)."""
+    scale = c.get("scale")
+    if scale is None:
+        return []
+    level = int(round(CONFIDENCE * 100))
+    if scale["low"] is not None:
+        effect = (f"{scale['mean']:+.4f} [{scale['low']:+.4f}, {scale['high']:+.4f}] ({level}% t interval over "
+                  f"{scale['n']} seeds)")
+    else:
+        effect = f"{_num(scale['mean'])} (n={scale['n']}, no interval)"
+    spread = math.sqrt(c["signal_var"]) if c.get("signal_var") is not None else None
+    direction = ("signal" if c["signal"] else "no signal") + (
+        f", p = {_num(c['p_value'], 3)}" if c.get("p_value") is not None else "")
+    return [
+        f"  scale: the maps at the radius minus the centre, per seed: {effect}",
+        f"  direction: the pairs' seed-free differences spread sqrt(sigma_s^2) = {_num(spread)} ({direction})",
+        f"  a search buys {c['buys']}: {c['advice']}",
+    ]
+
+
 def format_recommendation(rec: Mapping[str, Any], summary: Mapping[str, Any]) -> list[str]:
     lines = [f"recommendation (target SNR {_num(rec['target_snr'], 3)}):"]
     unit = rec["unit"]
     cost = f"  pilot cost: {_num(rec['pilot_hours'], 3)} {unit} (measured: the finished runs' wall time"
     cost += f" x {'resources.gpus' if unit == 'GPU-h' else 'resources.cpus'})"
+    bought = [f"  radius {_g(c['radius'])}, coef {_g(c['coef'])}: a search buys {c['buys']}"
+              for c in summary["combinations"] if c.get("buys")]
+    lines += bought
     if not rec["reachable"]:
         return lines + [f"  none: {rec['reason']}", cost]
     r, pop = summary["seeds_per_member"], summary["population"]
@@ -469,7 +552,8 @@ def build_pilot_report(run_dir: str | Path, out_dir: str | Path | None = None) -
     keys = ("combination", "radius", "coef", "finished", "failed", "noise_var", "signal_var", "f", "p_value", "signal",
             "snr")
     rows = [{**{k: c[k] for k in keys}, "centre_mean": c["centre"]["mean"], "centre_std": c["centre"]["total_std"],
-             "run_id": summary["run_id"]} for c in summary["combinations"]]
+             **{f"scale_{k}": (c.get("scale") or {}).get(k) for k in ("mean", "low", "high", "n")},
+             "buys": c.get("buys"), "run_id": summary["run_id"]} for c in summary["combinations"]]
     files = [atomic_write_text(out / "pilot.txt", text),
              atomic_write_text(out / "pilot_combinations.csv", pd.DataFrame(rows).to_csv(index=False))]
     return text, files

@@ -15,7 +15,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from results.report.paired import CONFIDENCE, mean_interval, paired_difference
+from results.report.paired import CONFIDENCE, MAX_SEEDS, mean_interval, paired_difference
 from results.store.atomic import atomic_write_bytes, atomic_write_text
 from results.store.layout import RESULT_DIFFERENCES_FILE, result_table_file
 
@@ -26,6 +26,11 @@ logger = logging.getLogger(__name__)
 VALIDATION = "validation"
 #: the row that anchors the response-length comparison (the paper reports lengths relative to KL)
 LENGTH_REFERENCE = "kl"
+#: what a baseline row is to the verdict (meta/baselines.py gives each of its rows one): the search's start, maps
+#: drawn at the search's radius with no selection, a regularizer or tuned row compared with, the untrained model
+ROLE_START, ROLE_RADIUS, ROLE_COMPARED, ROLE_BASE = "start", "radius", "compared", "base"
+#: the order of the verdict's sentences
+_ROLE_ORDER = (ROLE_START, ROLE_RADIUS, ROLE_COMPARED, ROLE_BASE)
 
 
 def _summary(values: Mapping[int, float]) -> dict[str, Any]:
@@ -63,10 +68,11 @@ def metrics_of(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def build_table(rows: Sequence[Mapping[str, Any]], seeds: Sequence[int], baselines: Sequence[str],
-                first: str | None = None) -> dict[str, Any]:
+                first: str | None = None, roles: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The table's data (JSON-able). ``rows``: dicts with name, label, divergence, coef_source and ``runs`` (one
     per reporting seed, in ``seeds`` order; None for a run that has no record). ``first``: the row the table is
-    about (the exported init), whose differences to each baseline are shown first."""
+    about (the exported init), whose differences to each baseline are shown first. ``roles``: baseline name ->
+    ROLE_*, the comparisons the verdict speaks of (``verdict``)."""
     metrics = metrics_of(rows)
     table_rows = []
     for row in rows:
@@ -95,8 +101,77 @@ def build_table(rows: Sequence[Mapping[str, Any]], seeds: Sequence[int], baselin
                 diff = paired_difference(row["name"], _metric_values(row["runs"], metric), baseline,
                                          _metric_values(by_name[baseline]["runs"], metric))
                 differences.append({"metric": metric, **diff.to_dict()})
-    return {"confidence": CONFIDENCE, "seeds": list(seeds), "metrics": metrics, "baselines": list(baselines),
-            "first": first, "rows": table_rows, "differences": differences}
+    table = {"confidence": CONFIDENCE, "seeds": list(seeds), "metrics": metrics, "baselines": list(baselines),
+             "first": first, "rows": table_rows, "differences": differences, "roles": dict(roles or {})}
+    table["verdict"] = verdict(table)
+    return table
+
+
+# ------------------------------------------------------------------ the verdict
+def _difference(table: Mapping[str, Any], row: str, baseline: str) -> Mapping[str, Any] | None:
+    return next((d for d in table["differences"] if d["metric"] == VALIDATION and d["row"] == row
+                 and d["baseline"] == baseline), None)
+
+
+def _numbers(diff: Mapping[str, Any], level: int) -> str:
+    return (f"{diff['mean']:+.3f} [{diff['low']:+.3f}, {diff['high']:+.3f}], {diff['n']} paired seeds, "
+            f"{level}% t interval")
+
+
+def _resolve_clause(diff: Mapping[str, Any]) -> str:
+    needed = diff["seeds_to_exclude_zero"]
+    if needed is not None:
+        return f"about {needed} paired seeds would resolve it at the observed spread"
+    if diff["mean"] == 0.0:
+        return "the observed mean difference is 0, so no number of seeds would resolve it"
+    return f"more than {MAX_SEEDS} paired seeds would be needed at the observed spread"
+
+
+def comparison_sentence(subject: str, what: str, diff: Mapping[str, Any] | None, level: int) -> str:
+    """One sentence on ``subject`` minus ``what`` (validation pass@1), read from the paired interval alone."""
+    if diff is None or diff["low"] is None:
+        n = 0 if diff is None else diff["n"]
+        return f"{subject} against {what}: no interval ({n} paired seed(s) finished in both rows)."
+    if diff["low"] > 0:
+        return f"{subject} beats {what} on validation pass@1: {_numbers(diff, level)}."
+    if diff["high"] < 0:
+        return f"{subject} is below {what} on validation pass@1: {_numbers(diff, level)}."
+    return (f"{subject} against {what}: not resolved at {diff['n']} seeds ({_numbers(diff, level)}); "
+            f"{_resolve_clause(diff)}.")
+
+
+def verdict(table: Mapping[str, Any]) -> list[str]:
+    """The sentences a user can copy: one per comparison that matters (the first row against its start, the random
+    maps at the search's radius, the regularizers and tuned rows, the untrained model), and where the exported init
+    beats its start but not the random-radius maps, that its gain is the radius (the map's scale), not the direction
+    the search found. Empty without a first row or roles."""
+    first, roles = table.get("first"), table.get("roles") or {}
+    if first is None or not roles:
+        return []
+    level = int(round(table["confidence"] * 100))
+    labels = {row["name"]: row["label"] for row in table["rows"]}
+    subject = labels.get(first, first)
+    ordered = sorted((name for name in table["baselines"] if name in roles),
+                     key=lambda name: _ROLE_ORDER.index(roles[name]))
+    sentences = [comparison_sentence(subject, labels.get(name, name), _difference(table, first, name), level)
+                 for name in ordered]
+    start = next((n for n in ordered if roles[n] == ROLE_START), None)
+    radius = next((n for n in ordered if roles[n] == ROLE_RADIUS), None)
+    over_start = _difference(table, first, start) if start else None
+    over_radius = _difference(table, first, radius) if radius else None
+    if not (over_start and over_start["low"] is not None and over_start["low"] > 0 and over_radius):
+        return sentences
+    if over_radius["low"] is not None and over_radius["low"] > 0:
+        sentences.append("The gain over the start is more than the search's radius gives: the exported init also "
+                         "beats maps drawn at random at that radius, so the search found a direction.")
+        return sentences
+    radius_gain = _difference(table, radius, start)
+    measured = f" (random-radius maps minus the start: {_numbers(radius_gain, level)})" if (
+        radius_gain and radius_gain["low"] is not None) else ""
+    sentences.append("The gain over the start comes from the radius (the map's scale), not from the direction the "
+                     "search found: maps drawn at random at the search's radius, with no selection, are not beaten"
+                     f"{measured}.")
+    return sentences
 
 
 # ------------------------------------------------------------------ rendering
@@ -155,6 +230,9 @@ def render_markdown(table: Mapping[str, Any], all_pairs: bool = True) -> str:
             cells = [labels.get(baseline, baseline), *[_interval(found[m]) if m in found else "n/a" for m in metrics],
                      val["verdict"] if val else "n/a", _seeds_needed(val) if val else "-"]
             lines.append("| " + " | ".join(cells) + " |")
+    sentences = table.get("verdict") or []
+    if sentences:
+        lines += ["", "**Verdict** (validation pass@1, from the intervals above)", "", *sentences]
     if not all_pairs:
         return "\n".join(lines) + "\n"
     lines += ["", f"**Every row minus each baseline (validation pass@1, {level}% CI)**", "",
@@ -163,6 +241,8 @@ def render_markdown(table: Mapping[str, Any], all_pairs: bool = True) -> str:
         if d["metric"] == VALIDATION:
             lines.append(f"| {labels.get(d['row'], d['row'])} | {labels.get(d['baseline'], d['baseline'])} | "
                          f"{_interval(d)} | {d['verdict']} | {_seeds_needed(d)} |")
+    if sentences:
+        lines += ["", "**Verdict**", "", *sentences]
     return "\n".join(lines) + "\n"
 
 

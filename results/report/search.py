@@ -209,6 +209,16 @@ def format_result_table(root: Path) -> list[str]:
             render_markdown(table), "", "the result table's files (written by the reporting stage):", *files]
 
 
+def format_verdict(root: Path) -> list[str]:
+    """The result table's verdict sentences, to end the report with (none before the table exists)."""
+    try:
+        table = RunStore(root).read_result_table()
+    except CorruptFileError:
+        return []
+    sentences = (table or {}).get("verdict") or []
+    return ["", "verdict (the result table's, validation pass@1):", *sentences] if sentences else []
+
+
 def format_report(report: Report) -> str:
     """Human-readable text: provenance, generations table, disk per generation, top members, skipped files."""
     p = report.provenance
@@ -238,6 +248,7 @@ def format_report(report: Report) -> str:
     if report.snapshot.skipped:
         lines += ["", f"skipped ({len(report.snapshot.skipped)}):"] + [f"  {s}" for s in report.snapshot.skipped]
     lines += ["", "wrote:"] + [f"  {f}" for f in report.files]
+    lines += format_verdict(report.snapshot.root)
     return "\n".join(lines) + "\n"
 
 
