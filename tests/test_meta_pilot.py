@@ -322,7 +322,7 @@ def _known_scale(run_dir: Path) -> float:
 def test_the_pilot_reports_the_scale_effect_apart_from_the_direction(tmp_path, capsys, slope, buys):
     run_dir = tmp_path / "scale"
     options = f"+inner.options={{slope: {slope}, radial: {RADIAL}, param_noise: 0.02, noise: 0.05}}"
-    assert main([f"run_dir={run_dir}", *SCALE_ARGS, options]) == 0
+    assert main([f"run_dir={run_dir}", "new=true", *SCALE_ARGS, options]) == 0
     (combo,) = _summary(run_dir)["combinations"]
     scale, known = combo["scale"], _known_scale(run_dir)
     assert known > 0.1 and scale["n"] == 3 and scale["low"] < known < scale["high"] and scale["low"] > 0

@@ -143,7 +143,7 @@ def test_disk_plan_counts_the_final_save_and_the_trainers_rotation(steps, save_e
 
 
 def test_the_plan_warns_when_the_timeout_leaves_less_than_1_3x_the_expected_time(tmp_path, capsys):
-    synth = ["inner.entrypoint=meta.synthetic:member", "dry_run=true", "launcher=debug", "resources.member_time_min=null",
+    synth = ["inner.entrypoint=meta.synthetic:member", "new=true", "dry_run=true", "launcher=debug", "resources.member_time_min=null",
              "resources.step_time_s=6", "train.steps=100", "resources.overhead_min=0"]
     assert main([f"run_dir={tmp_path / 'a'}", *synth, "resources.timeout_factor=1.2"]) == 0
     out = capsys.readouterr().out

@@ -138,7 +138,7 @@ def test_a_baseline_from_a_small_tune_on_the_tiny_preset_trains_at_the_tuned_coe
     from meta.tune.cli import main as tune_main
 
     run_dir, out = tmp_path / "tune", tmp_path / "kl_tuned.yaml"
-    assert tune_main([f"run_dir={run_dir}", "inner.entrypoint=meta.tune.synthetic:run", "tune.sampler=random",
+    assert tune_main([f"run_dir={run_dir}", "new=true", "inner.entrypoint=meta.tune.synthetic:run", "tune.sampler=random",
                       "tune.pruner=none", "launcher=debug", "tune.trials=2", "divergence=kl",
                       "tune.space={divergence.coef: [log, 1e-3, 1.0]}", "+inner.options={step_s: 0.0}"]) == 0
     assert tune_main([f"run_dir={run_dir}", f"export={out}"]) == 0
@@ -162,7 +162,7 @@ def test_a_baseline_from_a_small_tune_on_the_tiny_preset_trains_at_the_tuned_coe
 def test_a_bad_tuned_baseline_exits_2_before_anything_is_written(tmp_path, capsys, entry, fragment):
     preset = tmp_path / "p.yaml"
     preset.write_text("divergence: {coef: 0.1}\n")
-    assert main([f"run_dir={tmp_path / 'r'}", "launcher=debug", f"inner.entrypoint={SYNTHETIC}",
+    assert main([f"run_dir={tmp_path / 'r'}", "new=true", "launcher=debug", f"inner.entrypoint={SYNTHETIC}",
                  f"reevaluate.baselines=[center,{entry.format(file=preset)}]"]) == 2
     assert fragment in capsys.readouterr().err and not (tmp_path / "r").exists()
 
@@ -170,7 +170,7 @@ def test_a_bad_tuned_baseline_exits_2_before_anything_is_written(tmp_path, capsy
 def test_a_row_and_its_tuned_twin_sit_side_by_side_in_the_plan(tmp_path, capsys):
     preset = tmp_path / "kl_tuned.yaml"
     preset.write_text("divergence: {coef: 0.25}\n")
-    assert main([f"run_dir={tmp_path / 'plan'}", "dry_run=true", f"inner.entrypoint={SYNTHETIC}",
+    assert main([f"run_dir={tmp_path / 'plan'}", "new=true", "dry_run=true", f"inner.entrypoint={SYNTHETIC}",
                  f"reevaluate.baselines=[center,radius_random,kl,kl@{preset}]"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert any(line.strip().startswith("result table: 5 rows x report_seeds=6") for line in lines)
@@ -179,7 +179,7 @@ def test_a_row_and_its_tuned_twin_sit_side_by_side_in_the_plan(tmp_path, capsys)
 
 
 def test_the_dry_run_counts_the_random_radius_rows_runs(tmp_path, capsys):
-    assert main([f"run_dir={tmp_path / 'plan'}", "dry_run=true", f"inner.entrypoint={SYNTHETIC}"]) == 0
+    assert main([f"run_dir={tmp_path / 'plan'}", "new=true", "dry_run=true", f"inner.entrypoint={SYNTHETIC}"]) == 0
     out = capsys.readouterr().out
     assert "result table: 8 rows x report_seeds=6" in out and "= 48 runs" in out
     line = next(line for line in out.splitlines() if line.strip().startswith("radius_random"))
