@@ -22,12 +22,12 @@ import torch
 import inner_loop.numerics as numerics
 import inner_loop.notice as notice
 from inner_loop.checkpoints import last_checkpoint, settle_after_final, settle_checkpoints
-from inner_loop.device import require_device
+from inner_loop.device import DeviceUnavailableError, require_device
 from inner_loop.evaluate import EvalResult, evaluate, evaluation_entry
 from inner_loop.final_model import save_final_model
 from inner_loop.intermediate_eval import IntermediateEvalCallback
 from inner_loop.member_records import record_failure, record_success
-from inner_loop.preflight import run_preflight
+from inner_loop.preflight import record_node_failure, run_preflight
 from inner_loop.run_setup import ExtraRun, PreparedRun, build_trainer, prepare, validate_inner
 from inner_loop.grpo.trainer import MirrorGRPOTrainer
 from results.store.layout import FINAL_MODEL_DIR  # a single run's trained model, whatever keep_checkpoints says
@@ -129,7 +129,11 @@ def train_member(spec: MemberSpec | Mapping[str, Any], save_final: bool = False)
     try:
         run = prepare(spec.inner, spec.seed, spec.params)
         stage = "setup"
-        device = require_device(spec.inner)  # a GPU member without a usable GPU ends here, before the model loads
+        try:
+            device = require_device(spec.inner)  # a GPU member without a usable GPU ends here, before the model loads
+        except DeviceUnavailableError as exc:
+            record_node_failure(work_dir, str(exc))  # as a failed pre-flight: the launcher excludes the node
+            raise
         torch.set_num_threads(run.cfg.train.num_threads)
         numerics_used = _numerics_for(run)
         work_dir.mkdir(parents=True, exist_ok=True)

@@ -207,6 +207,12 @@ def run_preflight(inner: Mapping[str, Any], work_dir: Path, probe_sandbox: bool 
             marker.unlink(missing_ok=True)
         return
     if member:
-        work_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(marker, {"host": host, "cause": cause, "time": time.time()})
+        record_node_failure(work_dir, cause)
     raise PreflightError(failure_message(host, cause))
+
+
+def record_node_failure(work_dir: Path, cause: str) -> None:
+    """Keep this node and why it cannot run the member in ``work_dir``'s PREFLIGHT_FILE: the launcher excludes the
+    node from the member's next submission, and the runner ends a member no node could run as node_failed."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(work_dir / PREFLIGHT_FILE, {"host": socket.gethostname(), "cause": cause, "time": time.time()})

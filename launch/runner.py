@@ -18,6 +18,7 @@ applied to a job the scheduler reports as queued (e.g. requeued and waiting for 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import time
@@ -27,8 +28,9 @@ from typing import Callable, Mapping, Sequence
 
 from launch.base import DEFAULT_KILL_GRACE_S, DEFAULT_MAX_LOST_RESUBMITS, JobRef, Launcher
 from launch.member import RunLedger, read_ledger
-from results.store.layout import RESULT_FILE, archived_result_name
-from results.store.records import DECIDED_STATUSES, MemberSpec, ResultRecord, read_result, write_result_if_absent
+from results.store.layout import PREFLIGHT_FILE, RESULT_FILE, archived_result_name
+from results.store.records import (DECIDED_STATUSES, NODE_FAILED, MemberSpec, ResultRecord, read_result,
+                                   write_result_if_absent)
 
 logger = logging.getLogger(__name__)
 
@@ -311,6 +313,12 @@ class MemberArrayRunner:
             )
             self.queue.append((spec, ref.submissions))
             return
+        node_failure = _node_failure(spec)
+        if node_failure is not None:  # no node could run it: the nodes' failure, never charged to the init
+            self._conclude(spec, ResultRecord(status=NODE_FAILED, error=(
+                f"every node it was sent to could not run it; the last: {node_failure} "
+                f"(after {ref.submissions} submissions)")))
+            return
         reason = self.launcher.failure_reason(ref)
         self._conclude(spec, ResultRecord(status="failed", error=f"{reason} (after {ref.submissions} submissions)"))
 
@@ -479,3 +487,13 @@ def _read_existing(work_dir: Path) -> ResultRecord:
 def _first_line(text: str) -> str:
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[-1][:200] if lines else ""
+
+
+def _node_failure(spec: MemberSpec) -> str | None:
+    """'<node>: <cause>' when the member's last run ended because its node could not run it (a failed pre-flight or
+    no usable GPU: inner_loop/preflight.py keeps that in the member's PREFLIGHT_FILE); None otherwise."""
+    try:
+        failure = json.loads((Path(spec.work_dir) / PREFLIGHT_FILE).read_text())
+        return f"{failure['host']}: {failure['cause']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

@@ -30,7 +30,8 @@ from meta.generation_close import QuorumClock
 from meta.live_watch import LiveWatch, all_same_warning, format_duration
 from meta.searchers import Searcher, build_searcher
 from meta.seeding import member_seed
-from results.store.records import MEMBER_SEEDS_KEY, MemberSpec, ResultRecord, device_text, read_result
+from results.store.records import (MEMBER_SEEDS_KEY, NODE_FAILED, UNMEASURED_STATUSES, MemberSpec, ResultRecord,
+                                   device_text, read_result)
 from results.store.run_store import RunStore
 
 logger = logging.getLogger(__name__)
@@ -114,7 +115,8 @@ class Orchestrator:
         self._finalize_members(specs)
         members = range(population)
         ok = torch.tensor([records[i].ok for i in members], dtype=torch.bool)
-        late = torch.tensor([records[i].status == "late" for i in members], dtype=torch.bool)
+        # no measurement of the init: closed as late, or no node could run it (never charged fitness_on_failure)
+        late = torch.tensor([records[i].status in UNMEASURED_STATUSES for i in members], dtype=torch.bool)
         stopped = torch.tensor([records[i].status == STOPPED_STATUS for i in members], dtype=torch.bool)
         # stopped members: tied below every other member, the bottom ranks their final fitness would have had
         fitness = torch.tensor(update_fitness(
@@ -341,8 +343,10 @@ class Orchestrator:
                 "role": "member" if is_member else "control",
                 "status": record.status,
                 "fitness": record.fitness,
-                # what the searcher was told; None for the control member and late members (no measurement)
-                "fitness_used": float(fitness[index]) if is_member and record.status != "late" else None,
+                # what the searcher was told; None for the control member and late or node-failed members (no
+                # measurement)
+                "fitness_used": float(fitness[index]) if is_member and record.status not in UNMEASURED_STATUSES
+                else None,
                 "fitness_vs_control": record.fitness - control.fitness if record.ok and control and control.ok else None,
                 "val_size": record.val_size,
                 "mean_response_tokens": record.mean_response_tokens,
@@ -369,7 +373,8 @@ class Orchestrator:
                 "generation": generation,
                 "done": int(ok.sum()),
                 "failed": int((~ok & ~late & ~stopped).sum()),
-                "late": int(late.sum()),
+                "late": sum(1 for i in range(population) if records[i].status == "late"),
+                "node_failed": sum(1 for i in range(population) if records[i].status == NODE_FAILED),
                 "stopped_early": int(stopped.sum()),
                 "member_seconds_saved": sum(saved.values()),
                 "best_fitness": float(ok_fitness.max()) if len(ok_fitness) else float("nan"),

@@ -17,6 +17,7 @@ import pytest
 from inner_loop import preflight
 from inner_loop.preflight import PreflightError, check_room, checkpoint_bytes, run_preflight
 from results.store.layout import PREFLIGHT_FILE, RESULT_FILE
+from results.store.records import NODE_FAILED, ResultRecord
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 HOST = socket.gethostname()
@@ -129,12 +130,13 @@ def unfit_node_member(spec: object) -> None:
     work_dir.mkdir(parents=True, exist_ok=True)
     with (work_dir / "calls.log").open("a") as log:
         log.write("call\n")
+    preflight.record_node_failure(work_dir, "no room")  # what run_preflight keeps of a failed check
     raise PreflightError(preflight.failure_message("node9", "no room"))
 
 
 def test_a_member_whose_node_fails_preflight_is_resubmitted_then_given_up_without_a_crash(tmp_path):
-    """Lost, not failed: resubmitted at most max_lost_resubmits times, then failed with the reason; the in-process
-    debug launcher survives the BaseException."""
+    """Lost, not failed: resubmitted at most max_lost_resubmits times, then node_failed with the node and the reason
+    (the nodes' failure, never charged to the init); the in-process debug launcher survives the BaseException."""
     from launch.factory import build_launcher
     from launch.runner import MemberArrayRunner, RunnerPolicy
     from results.store.records import MemberSpec
@@ -144,5 +146,33 @@ def test_a_member_whose_node_fails_preflight_is_resubmitted_then_given_up_withou
     policy = RunnerPolicy(retries=0, timeout_s=30, max_lost_resubmits=2)
     records = MemberArrayRunner(launcher, f"{__name__}:unfit_node_member", [spec], {}, lambda jobs: None,
                                 tmp_path / "submitit", policy).run()
-    assert records[0].status == "failed" and "after 3 submissions" in records[0].error
+    assert records[0].status == NODE_FAILED and "after 3 submissions" in records[0].error
+    assert "no room" in records[0].error and socket.gethostname() in records[0].error
     assert (tmp_path / "m" / "calls.log").read_text().count("call") == 3
+
+
+def node_fails_for_member_1(spec: object) -> ResultRecord:
+    """The entry point of the search test below: member 1's node cannot run it (no usable GPU, say); the others score
+    by their index."""
+    work_dir = Path(spec.work_dir)  # type: ignore[attr-defined]
+    if spec.index == 1:  # type: ignore[attr-defined]
+        preflight.record_node_failure(work_dir, "no usable GPU")
+        raise PreflightError(preflight.failure_message(socket.gethostname(), "no usable GPU"))
+    return ResultRecord(status="ok", fitness=0.1 * (1 + spec.index), val_size=10)  # type: ignore[attr-defined]
+
+
+def test_a_member_no_node_could_run_is_left_out_of_the_update_not_charged(tmp_path):
+    from meta.run import main
+    from results.store.run_store import RunStore
+
+    run_dir = tmp_path / "search"
+    assert main([f"run_dir={run_dir}", "new=true", "launcher=debug", f"inner.entrypoint={__name__}:node_fails_for_member_1",
+                 "population=4", "generations=1", "control_member=false", "reevaluate.top_k=0",
+                 "launcher.max_lost_resubmits=1", "fitness_on_failure=-5"]) == 0
+    store = RunStore(run_dir)
+    members = store.read_members().set_index("index")
+    assert members.loc[1, "status"] == NODE_FAILED
+    assert members["fitness_used"].isna().tolist() == [False, True, False, False]  # not told fitness_on_failure
+    generation = store.read_generations().iloc[0]
+    assert (generation["node_failed"], generation["failed"]) == (1, 0)
+    assert generation["mean_fitness"] == pytest.approx((0.1 + 0.3 + 0.4) / 3)

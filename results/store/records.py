@@ -20,7 +20,14 @@ from results.store.layout import RESULT_FILE, SPEC_FILE  # re-exported: importer
 #: pruned: stopped by a tuner's pruner (never retried); stopped_early: stopped at an ES generation's early decision
 #: step, below the reported median beyond noise (meta/early_stop.py; ranked at the bottom, never retried)
 STOPPED_EARLY = "stopped_early"
-STATUSES = ("ok", "failed", "timeout", "cancelled", "late", "pruned", STOPPED_EARLY)
+#: node_failed: every node the member was sent to failed its pre-flight or could not give it its GPU (the job ended
+#: without a result each time, up to launcher.max_lost_resubmits resubmits): the node's failure, not the init's, so
+#: the member has no measurement and is left out of the update, like a late one
+NODE_FAILED = "node_failed"
+STATUSES = ("ok", "failed", "timeout", "cancelled", "late", "pruned", STOPPED_EARLY, NODE_FAILED)
+#: outcomes without a measurement of the member's init: left out of the searcher's update (never charged
+#: fitness_on_failure)
+UNMEASURED_STATUSES = ("late", NODE_FAILED)
 #: the inner-config key of a member trained on several seeds (``seeds_per_member``): the seeds, one run each in
 #: its own sub-directory (launch/seed_group.py); the member's fitness is their mean
 MEMBER_SEEDS_KEY = "member_seeds"
