@@ -140,12 +140,14 @@ def _after_search(store: RunStore, raw: Mapping[str, Any]) -> list[str]:
 
 def finished(run_dir: str | Path) -> bool:
     """Whether the run has nothing left to do: a search's generations, selection and result table (as configured),
-    a pilot's summary; a tuning is watched until interrupted."""
+    a pilot's summary, a tuning's trials."""
     store = RunStore(run_dir)
     if is_pilot_dir(store.root):
         return store.read_pilot() is not None
     if read_study_file(store.root) is not None:
-        return False
+        from meta.tune.status import tune_finished
+
+        return tune_finished(store.root)
     raw = yaml.safe_load(store.read_config_text()) or {}
     if len(store.state_generations()) < int(raw["generations"]):
         return False

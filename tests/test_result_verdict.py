@@ -134,7 +134,8 @@ def test_a_baseline_takes_its_settings_from_a_yaml_of_overrides_and_names_it(tmp
         _tiny_rows([f"kl@{empty}"])
 
 
-def test_a_baseline_from_a_small_tune_on_the_tiny_preset_trains_at_the_tuned_coefficient(tmp_path):
+def test_a_baseline_from_a_small_tune_on_the_tiny_preset_trains_at_the_tuned_coefficient(tmp_path, capsys):
+    from meta.status import finished, main as status_main
     from meta.tune.cli import main as tune_main
 
     run_dir, out = tmp_path / "tune", tmp_path / "kl_tuned.yaml"
@@ -142,6 +143,10 @@ def test_a_baseline_from_a_small_tune_on_the_tiny_preset_trains_at_the_tuned_coe
                       "tune.pruner=none", "launcher=debug", "tune.trials=2", "divergence=kl",
                       "tune.space={divergence.coef: [log, 1e-3, 1.0]}", "+inner.options={step_s: 0.0}"]) == 0
     assert tune_main([f"run_dir={run_dir}", f"export={out}"]) == 0
+    # its status says so, and --watch ends instead of refreshing a finished tuning forever
+    assert finished(run_dir)
+    assert status_main([str(run_dir), "--watch", "0.01"]) == 0
+    assert "finished: nothing more to watch" in capsys.readouterr().out
     tuned_coef = yaml.safe_load(out.read_text())["divergence"]["coef"]
     rows = _tiny_rows(["kl", f"kl@{out}", "radius_random"])
     assert rows[f"kl@{out}"].divergence["coef"] == tuned_coef != rows["kl"].divergence["coef"]

@@ -55,3 +55,16 @@ def render_tune(run_dir: str | Path, show_all: bool = False, now: float | None =
             row = member_row(f"run {k}", Path(spec.work_dir), jobs.get(spec.index), reasons, now)
             lines.append(f"  {row.label:<8s} {row.state:<13s} {row.detail}")
     return "\n".join(lines) + "\n"
+
+
+def tune_finished(run_dir: str | Path) -> bool:
+    """Whether a tuning has nothing left to run: tune.trials trials asked and none of them running (a lost trial,
+    asked again by the tuner, does not count)."""
+    from optuna.trial import TrialState
+
+    raw = yaml.safe_load(RunStore(run_dir).read_config_text()) or {}
+    target = int((raw.get("tune") or {}).get("trials", 0))
+    trials = load_study(run_dir).get_trials(deepcopy=False)
+    final = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)]
+    return len(final) >= target and not any(t.state == TrialState.RUNNING for t in trials)
+
