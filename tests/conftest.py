@@ -4,10 +4,10 @@ Every test session starts from an empty model cache, as a new machine (or CI) wo
 an earlier run, perhaps built by other code or on a CPU with other kernels, must never decide a verdict. Set
 MIRROR_ES_TEST_CACHE=<dir> to opt in to reusing a cache across sessions (faster local iteration).
 
-With MIRROR_ES_TEST_WORKERS=N, scripts/test.sh runs the suite in N parallel workers (pytest-xdist): the workers of
-one session share its empty cache (every cache entry is built once under a lock, models/cache.py), each test file
-runs whole in one worker (its module fixtures, e.g. a set of training runs, are built once), and every test under
-tests/slurm/ runs in one worker, one after another, as they share one cluster whose nodes some of them take down.
+scripts/test.sh runs tests/slurm/ in a session of its own (one test after another: they share one cluster whose
+nodes some of them take down) beside the rest, which MIRROR_ES_TEST_WORKERS pytest-xdist workers share file by file
+(``--dist loadfile``: a file's module fixtures, e.g. a set of training runs, are built once). The workers of one
+session share its empty cache (every cache entry is built once under a lock, models/cache.py).
 """
 from __future__ import annotations
 
@@ -43,15 +43,3 @@ def fresh_model_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path
             os.environ.pop("MIRROR_ES_CACHE", None)
         else:
             os.environ["MIRROR_ES_CACHE"] = old
-
-
-#: the xdist group of every test that uses the local SLURM cluster (run one after another in one worker); any other
-#: test's group is its file
-SLURM_GROUP = "slurm"
-SLURM_TESTS = Path(__file__).resolve().parent / "slurm"
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        path = Path(str(item.fspath))
-        item.add_marker(pytest.mark.xdist_group(SLURM_GROUP if SLURM_TESTS in path.parents else path.name))
