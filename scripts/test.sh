@@ -19,12 +19,12 @@ fi
 # The SLURM tests (tests/slurm, one after another: they share one cluster whose nodes some of them take down) run in
 # a pytest session of their own beside the rest, which MIRROR_ES_TEST_WORKERS pytest-xdist workers share file by file
 # (default 2; 0: one process). Most SLURM tests wait on the scheduler, so the two sessions overlap well on 2 cores.
-# Arguments that name tests (anything not starting with '-') run in one session, as given.
+# Arguments that name tests (an existing file or folder, with or without ::test) run in one session, as given.
 WORKERS=${MIRROR_ES_TEST_WORKERS:-2}
 PYTEST=(.venv/bin/python -m pytest -q)
 if [ "$WORKERS" != 0 ]; then SPREAD=(-n "$WORKERS" --dist loadfile); else SPREAD=(); fi
 for arg in "$@"; do
-    case "$arg" in -*) ;; *) "${PYTEST[@]}" "${SPREAD[@]}" "$@"; exit $? ;; esac
+    if [ -e "${arg%%::*}" ]; then "${PYTEST[@]}" "${SPREAD[@]}" "$@"; exit $?; fi
 done
 BASE=$(mktemp -d "${TMPDIR:-/tmp}/mirror-es-tests.XXXXXX")
 "${PYTEST[@]}" --basetemp="$BASE/slurm" "$@" tests/slurm >"$BASE/slurm.log" 2>&1 &

@@ -168,7 +168,7 @@ def test_a_member_asking_for_a_gpu_on_a_machine_without_one_is_refused_before_an
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     run_dir = tmp_path / "run"
-    synth = ["inner.entrypoint=meta.synthetic:member", "population=2", "generations=1", "resources.gpus=1"]
+    synth = ["new=true", "inner.entrypoint=meta.synthetic:member", "population=2", "generations=1", "resources.gpus=1"]
     assert main([f"run_dir={run_dir}", *synth]) == 2
     assert "launcher.gpus_per_node=1 (resources.gpus) asks for a GPU per member" in capsys.readouterr().err
     assert not run_dir.exists()
@@ -178,7 +178,7 @@ def test_the_plan_says_how_many_members_run_at_once_on_their_own_gpus(tmp_path, 
     from meta.run import main
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # this process sees no GPU (also on a GPU machine)
-    synth = ["inner.entrypoint=meta.synthetic:member", "population=8", "resources.gpus=1", "dry_run=true",
+    synth = ["new=true", "inner.entrypoint=meta.synthetic:member", "population=8", "resources.gpus=1", "dry_run=true",
              "launcher.visible_gpus=[0,1,2,3]"]
     assert main([f"run_dir={tmp_path / 'plan'}", *synth]) == 0
     out = capsys.readouterr().out

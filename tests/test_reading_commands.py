@@ -109,7 +109,7 @@ def test_the_plan_of_a_finished_search_counts_nothing_left(search, capsys):
     out = capsys.readouterr().out
     assert "generations: all 1 done (0 to run)" in out and "..0" not in out
     assert "+ 0 selection runs" in out and "+ 0 reporting runs (below) = 0 left to run" in out
-    assert "selection done (4 runs); result table done (14 runs)" in out
+    assert "selection done (4 runs); result table done (16 runs)" in out
     assert "GPU-hours, what is left of the search: 0 runs" in out
 
 
@@ -124,4 +124,4 @@ def test_the_plan_of_a_partly_reevaluated_search_does_not_count_final_runs_again
     assert run_main([f"run_dir={copy}", "dry_run=true"]) == 0
     out = capsys.readouterr().out
     assert "+ 0 selection runs" in out and "+ 1 reporting runs (below) = 1 left to run" in out
-    assert "4 selection runs final; 13 reporting runs final" in out
+    assert "4 selection runs final; 15 reporting runs final" in out

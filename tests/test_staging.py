@@ -26,7 +26,7 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 MODEL_REPO, DATA_REPO = "fixture/tiny-llama", "fixture/mbpp"
 MODEL_COMMIT, DATA_COMMIT = "1" * 40, "2" * 40
 #: the overrides of a search whose members read the fixture repositories by hub name
-SEARCH = ["experiment=tiny_arith", "task=mbpp", f"task.hub_id={DATA_REPO}", "model=hub",
+SEARCH = ["new=true", "experiment=tiny_arith", "task=mbpp", f"task.hub_id={DATA_REPO}", "model=hub",
           f"model.name_or_path={MODEL_REPO}", "model.chat_template=false",
           "train.num_threads=1", "population=2", "generations=1", "control_member=false", "reevaluate.top_k=0",
           "train.steps=1", "train.batch_size=4", "train.group_size=2", "train.max_completion_length=8",
