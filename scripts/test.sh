@@ -26,16 +26,17 @@ if [ "$WORKERS" != 0 ]; then SPREAD=(-n "$WORKERS" --dist loadfile); else SPREAD
 for arg in "$@"; do
     if [ -e "${arg%%::*}" ]; then "${PYTEST[@]}" "${SPREAD[@]}" "$@"; exit $?; fi
 done
-BASE=$(mktemp -d "${TMPDIR:-/tmp}/mirror-es-tests.XXXXXX")
-"${PYTEST[@]}" --basetemp="$BASE/slurm" "$@" tests/slurm >"$BASE/slurm.log" 2>&1 &
+# (each session in pytest's own numbered temp dir: the SLURM tests recognise an interrupted session's jobs by it)
+SLURM_LOG=$(mktemp "${TMPDIR:-/tmp}/mirror-es-slurm-tests.XXXXXX.log")
+"${PYTEST[@]}" "$@" tests/slurm >"$SLURM_LOG" 2>&1 &
 SLURM_PID=$!
 set +e
-"${PYTEST[@]}" "${SPREAD[@]}" --basetemp="$BASE/main" --ignore=tests/slurm "$@"
+"${PYTEST[@]}" "${SPREAD[@]}" --ignore=tests/slurm "$@"
 MAIN=$?
 wait "$SLURM_PID"
 SLURM=$?
 set -e
 echo "=================================== tests/slurm (its own session, run alongside) ==================================="
-cat "$BASE/slurm.log"
+cat "$SLURM_LOG"
 [ "$SLURM" = 5 ] && SLURM=0   # 5: no test collected
 [ "$MAIN" = 0 ] && [ "$SLURM" = 0 ]

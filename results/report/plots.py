@@ -61,7 +61,7 @@ def _legend_beside(ax: Any, handles: list[Any] | None = None, below: bool = Fals
     point, line, band or axis label."""
     kwargs: dict[str, Any] = {"handles": handles} if handles is not None else {}
     if below:
-        kwargs.update(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2)
+        kwargs.update(loc="upper center", bbox_to_anchor=(0.5, -0.26), ncol=2)
     else:
         kwargs.update(loc="upper left", bbox_to_anchor=(1.02, 1.0))
     ax.legend(borderaxespad=0.0, fontsize=8, **kwargs)
