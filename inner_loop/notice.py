@@ -74,10 +74,6 @@ def install(grace_s: float = DEFAULT_GRACE_S) -> None:
             signal.signal(signum, _on_notice)
 
 
-def installed() -> bool:
-    return signal.getsignal(signal.SIGTERM) is _on_notice
-
-
 def attach_child(child: subprocess.Popen | None) -> None:
     """The pinned child now training this member (None: it ended); a notice is forwarded to it."""
     _state.child = child

@@ -12,7 +12,6 @@ init is never charged for the node's fault. The failure is also written to the m
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import platform
@@ -25,6 +24,7 @@ from typing import Any, Mapping
 
 from results.store.atomic import atomic_write_json
 from results.store.layout import PREFLIGHT_FILE
+from results.store.node_failure import read_node_failure
 
 logger = logging.getLogger(__name__)
 
@@ -176,11 +176,8 @@ def failure_message(host: str, cause: str) -> str:
 
 def preflight_failure(work_dir: Path) -> str | None:
     """The message of the failed pre-flight a member left in ``work_dir`` (None when its last one passed)."""
-    try:
-        failure = json.loads((work_dir / PREFLIGHT_FILE).read_text())
-        return failure_message(failure["host"], failure["cause"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    failure = read_node_failure(work_dir)
+    return failure_message(failure["host"], failure["cause"]) if failure else None
 
 
 def run_preflight(inner: Mapping[str, Any], work_dir: Path, probe_sandbox: bool = True, member: bool = True) -> None:

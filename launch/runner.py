@@ -18,7 +18,6 @@ applied to a job the scheduler reports as queued (e.g. requeued and waiting for 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import time
@@ -28,7 +27,8 @@ from typing import Callable, Mapping, Sequence
 
 from launch.base import DEFAULT_KILL_GRACE_S, DEFAULT_MAX_LOST_RESUBMITS, JobRef, Launcher
 from launch.member import RunLedger, read_ledger
-from results.store.layout import PREFLIGHT_FILE, RESULT_FILE, archived_result_name
+from results.store.layout import RESULT_FILE, archived_result_name
+from results.store.node_failure import read_node_failure
 from results.store.records import (DECIDED_STATUSES, NODE_FAILED, MemberSpec, ResultRecord, read_result,
                                    write_result_if_absent)
 
@@ -492,8 +492,5 @@ def _first_line(text: str) -> str:
 def _node_failure(spec: MemberSpec) -> str | None:
     """'<node>: <cause>' when the member's last run ended because its node could not run it (a failed pre-flight or
     no usable GPU: inner_loop/preflight.py keeps that in the member's PREFLIGHT_FILE); None otherwise."""
-    try:
-        failure = json.loads((Path(spec.work_dir) / PREFLIGHT_FILE).read_text())
-        return f"{failure['host']}: {failure['cause']}"
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    failure = read_node_failure(spec.work_dir)
+    return f"{failure['host']}: {failure['cause']}" if failure else None

@@ -40,7 +40,8 @@ from launch.slurm.options import SlurmOptions
 from launch.slurm.queries import SlurmQueries, SlurmQueryError, TaskState, base_job_id, pending_may_never_start
 from launch.submitit_base import SubmititLauncher, check_gpus_per_member
 from results.store.atomic import atomic_write_json
-from results.store.layout import CANCELLED_FILE, PREFLIGHT_FILE
+from results.store.layout import CANCELLED_FILE
+from results.store.node_failure import read_node_failure
 from results.store.records import MemberSpec
 
 logger = logging.getLogger(__name__)
@@ -229,11 +230,7 @@ class SlurmLauncher(SubmititLauncher):
         work_dir = self._work_dirs.get(ref.job_id)
         if work_dir is None:
             return None
-        try:
-            failure = json.loads((Path(work_dir) / PREFLIGHT_FILE).read_text())
-        except (OSError, ValueError):  # none (the usual case), or half-read over NFS: a plain failure then
-            return None
-        return failure if isinstance(failure, dict) and failure.get("host") else None
+        return read_node_failure(work_dir)
 
     def _cancel_orphans(self, name: str) -> None:
         try:
