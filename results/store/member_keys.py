@@ -8,3 +8,7 @@ MEMBER_GPUS_KEY = "gpus"
 #: one member per GPU): its generation cache and the full form's chunks are sized from that budget, never from what
 #: the device has free (members packed on one GPU would each take the others' memory)
 MEMBER_GPU_MEMORY_KEY = "gpu_memory_fraction"
+#: the inner-config key of a GPU member that shares its GPU with others (resources.members_per_gpu >= 2): how many
+#: members share it. Its memory share (MEMBER_GPU_MEMORY_KEY) is already divided by it; the member names both when
+#: it runs out of memory, and staggers its vLLM engine's start with the others on the card
+MEMBER_GPU_SHARERS_KEY = "members_per_gpu"
