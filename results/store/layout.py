@@ -141,6 +141,11 @@ STARTED_FILE = "started.json"
 #: result, and a launcher that can exclude nodes resubmits it elsewhere
 PREFLIGHT_FILE = "preflight.json"
 MEMBER_LOCK_FILE = ".member.lock"
+#: which task and GPU a member shared with which other members (resources.members_per_gpu >= 2;
+#: results/store/gpu_share.py): written by the launcher side before the member starts, shown in the members table
+GPU_SHARE_FILE = "gpu_share.json"
+#: a request to stop this one member of a packed SLURM task (launch/slurm/packed.py), naming the task it is for
+CANCEL_REQUEST_FILE = "cancel_request.json"
 #: a training run's provenance (results/store/provenance.py), in a member dir or a single run's work dir
 RUN_MANIFEST_FILE = "manifest.json"
 #: the Trainer's output_dir
