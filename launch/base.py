@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import abc
 import platform
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -24,9 +24,18 @@ class JobRef:
     folder: str
     attempt: int = 0
     submissions: int = 1
+    #: the member's work dir (where a launcher looks for what its job left: a failed pre-flight, a member's log)
+    work_dir: str = ""
+    #: the work dirs of the other members run by the same job (a packed task: resources.members_per_gpu >= 2)
+    packed_with: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        if not self.packed_with:  # jobs.json of unpacked runs stays as it was
+            del data["packed_with"]
+        if not self.work_dir:
+            del data["work_dir"]
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "JobRef":
@@ -35,6 +44,8 @@ class JobRef:
             folder=str(data["folder"]),
             attempt=int(data.get("attempt", 0)),
             submissions=int(data.get("submissions", 1)),
+            work_dir=str(data.get("work_dir") or ""),
+            packed_with=[str(d) for d in data.get("packed_with") or []],
         )
 
 
@@ -43,6 +54,8 @@ class SubmissionError(RuntimeError):
     to the runner, so the run can stop cleanly and a resume re-attaches to them."""
 
 
+#: members that may share one GPU (resources.members_per_gpu): 2 and 4 divide a card evenly
+MEMBERS_PER_GPU = (1, 2, 4)
 #: defaults of the launcher keys every backend reads (conf/launcher/*.yaml spell the same values)
 #: a member still running this long after inner.timeout_s is killed or cancelled
 DEFAULT_KILL_GRACE_S = 30.0

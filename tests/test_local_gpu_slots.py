@@ -17,6 +17,7 @@ from launch.base import JobRef
 from launch.local.gpu_slots import cut_slots
 from launch.local.launchers import LocalLauncher
 from launch.runner import MemberArrayRunner, RunnerPolicy
+from results.store.gpu_share import read_gpu_share
 from results.store.layout import GPU_SLOTS_FILE
 from results.store.records import MemberSpec
 
@@ -195,3 +196,43 @@ def test_a_job_ref_from_another_folder_loads_that_folders_slots(tmp_path):
     (folder / GPU_SLOTS_FILE).write_text(json.dumps({"123": [1]}))
     launcher = LocalLauncher(gpus_per_node=1, visible_gpus=[0, 1])
     assert launcher.gpus_of(JobRef(job_id="123", folder=str(folder))) == (1,)
+
+
+def test_with_two_members_per_gpu_each_slot_takes_a_pair_and_the_members_know_their_partner(tmp_path, member_path):
+    """resources.members_per_gpu=2 (issue 38): two GPUs take four members at once, consecutive members (an
+    antithetic pair) on the same GPU, never three on one; a member's end frees its place for the next one, and each
+    member's gpu_share.json names its GPU and partner."""
+    options = {"gpus_per_node": 1, "visible_gpus": [0, 1], "kill_grace_s": 30, "members_per_gpu": 2}
+    LocalLauncher.validate_options(options)
+    assert LocalLauncher.members_at_once(options) == 4
+    launcher = LocalLauncher(**options)
+    specs = _specs(tmp_path, 5)
+    checks: dict[str, Any] = {}
+
+    def drive(runner: MemberArrayRunner) -> None:
+        seen = {s.index: _seen(s) for s in specs}
+        started = {i for i, s in seen.items() if s is not None}
+        if "full" not in checks and {0, 1, 2, 3} <= started:
+            checks["full"] = sorted(started)
+            checks["pairs"] = [(seen[0]["gpus"], seen[1]["gpus"]), (seen[2]["gpus"], seen[3]["gpus"])]
+            _release(specs[2])
+        if 4 in started and "next" not in checks:
+            checks["next"] = (seen[4]["gpus"], seen[2]["gpus"])
+            for i in started:
+                _release(specs[i])
+
+    runner = MemberArrayRunner(launcher, ENTRY, specs, {}, lambda jobs: None, tmp_path / "submitit",
+                               RunnerPolicy(retries=0, timeout_s=120, result_scan_interval_s=0.05), on_tick=drive)
+    try:
+        final = runner.run()
+    finally:
+        launcher.close()
+    assert all(r.status == "ok" for r in final.values()) and len(final) == 5
+    assert checks["full"] == [0, 1, 2, 3]
+    assert checks["pairs"] == [("0", "0"), ("1", "1")]
+    assert checks["next"][0] == checks["next"][1] == "1"  # member 2's place on GPU 1, beside member 3
+    shares = {s.index: read_gpu_share(s.work_dir) for s in specs}
+    assert shares[0]["gpus"] == "0" and shares[0]["shared_with"] == [1] and shares[1]["shared_with"] == [0]
+    assert shares[3]["shared_with"] == [2, 4] and shares[4]["shared_with"] == [3]
+    with pytest.raises(ValueError, match="members_per_gpu=3"):
+        LocalLauncher.validate_options({**options, "members_per_gpu": 3})

@@ -1,4 +1,5 @@
 """GPU slots of ``launcher=local``: each member in flight holds its own GPU(s), and gives them back when it ends.
+With ``resources.members_per_gpu`` = k a slot takes k members at once.
 
 submitit's LocalExecutor hands every job the same first ``gpus_per_node`` of ``visible_gpus``; on a machine with
 several GPUs all members would crowd onto the first one. So the launcher cuts the visible GPUs into slots of
@@ -35,8 +36,9 @@ def cut_slots(visible: Sequence[int], per_member: int) -> list[Slot]:
 class GpuSlotBook:
     """Which live local job holds which slot; persisted per launcher folder (one array's submitit folder)."""
 
-    def __init__(self, slots: Sequence[Slot]) -> None:
+    def __init__(self, slots: Sequence[Slot], per_slot: int = 1) -> None:
         self.slots = [tuple(slot) for slot in slots]
+        self.per_slot = int(per_slot)  # members one slot takes at once (resources.members_per_gpu)
         self.held: dict[str, tuple[Path, Slot]] = {}  # job id -> (its folder, its GPUs)
         self._loaded: set[Path] = set()
 
@@ -60,11 +62,20 @@ class GpuSlotBook:
             self.held.setdefault(job_id, (folder, gpus))
 
     def free(self, alive: Callable[[str], bool]) -> list[Slot]:
-        """Slots no live job holds, in order; jobs that ended give theirs back here."""
+        """The places left, in slot order: each slot once per member it can still take (``per_slot`` minus the live
+        jobs on it), so members given places in order fill a slot before the next (an antithetic pair shares
+        its GPU); jobs that ended give theirs back here."""
         for job_id in [job_id for job_id in self.held if not alive(job_id)]:
             del self.held[job_id]
-        taken = {gpu for _, gpus in self.held.values() for gpu in gpus}
-        return [slot for slot in self.slots if not taken.intersection(slot)]
+        places = []
+        for slot in self.slots:
+            on_it = sum(1 for _, gpus in self.held.values() if set(gpus).intersection(slot))
+            places += [slot] * max(0, self.per_slot - on_it)
+        return places
+
+    def holders(self, slot: Slot) -> list[str]:
+        """The live jobs (as last seen by ``free``) on ``slot``."""
+        return [job_id for job_id, (_, gpus) in self.held.items() if set(gpus).intersection(slot)]
 
     def take(self, folder: Path, job_id: str, slot: Slot) -> None:
         """Record that ``job_id`` holds ``slot``; written at once, so a crash right after loses nothing."""

@@ -6,11 +6,12 @@ import os
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from launch.base import DEFAULT_KILL_GRACE_S, JobRef, SubmissionError
+from launch.base import DEFAULT_KILL_GRACE_S, MEMBERS_PER_GPU, JobRef, SubmissionError
 from launch.local.controllers import controller_running, sigint_deliverable_to_children, stop_controllers
 from launch.local.gpu_slots import GpuSlotBook, Slot, cut_slots
 from launch.member import run_member
 from launch.submitit_base import MAX_GPUS_PER_MEMBER, SubmititLauncher, check_gpus_per_member
+from results.store.gpu_share import read_gpu_share, write_gpu_share
 from results.store.records import MemberSpec
 
 logger = logging.getLogger(__name__)
@@ -29,7 +30,9 @@ class LocalLauncher(SubmititLauncher):
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        self._book = GpuSlotBook(self.gpu_slots(options)) if self._slot_mode(options) else None
+        self._book = GpuSlotBook(self.gpu_slots(options), self.members_per_gpu(options)) if self._slot_mode(
+            options) else None
+        self._members: dict[str, MemberSpec] = {}  # job id -> the member it runs (submitted by this process)
 
     @classmethod
     def validate_options(cls, options: Mapping[str, Any]) -> None:
@@ -50,6 +53,10 @@ class LocalLauncher(SubmititLauncher):
             isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in visible
         ):
             raise ValueError(f"launcher.visible_gpus={visible!r} is invalid: use a list of GPU indices, e.g. [0, 1]")
+        sharing = options.get("members_per_gpu", 1)
+        if sharing not in MEMBERS_PER_GPU:
+            raise ValueError(f"launcher.members_per_gpu={sharing!r} is invalid: use one of {list(MEMBERS_PER_GPU)} "
+                             "(resources.members_per_gpu: members sharing one GPU)")
         if gpus and visible and gpus > len(visible):
             raise ValueError(
                 f"launcher.gpus_per_node={gpus} is more than the {len(visible)} GPU(s) in launcher.visible_gpus"
@@ -64,7 +71,7 @@ class LocalLauncher(SubmititLauncher):
         """Asked every poll round: the slots cut once at start-up, not this process's GPUs looked up again."""
         if self._book is None:
             return self.members_at_once(self.options)
-        return _slot_cap(self.options.get("array_parallelism"), len(self._book.slots))
+        return _slot_cap(self.options.get("array_parallelism"), len(self._book.slots) * self._book.per_slot)
 
     @classmethod
     def members_at_once(cls, options: Mapping[str, Any]) -> int:
@@ -73,8 +80,13 @@ class LocalLauncher(SubmititLauncher):
         more than there are GPU slots (null: one member per slot)."""
         parallel = options.get("array_parallelism")
         if cls._slot_mode(options):
-            return _slot_cap(parallel, len(cls.gpu_slots(options)))
+            return _slot_cap(parallel, len(cls.gpu_slots(options)) * cls.members_per_gpu(options))
         return int(parallel) if parallel is not None else (os.cpu_count() or 1)
+
+    @staticmethod
+    def members_per_gpu(options: Mapping[str, Any]) -> int:
+        """Members one GPU slot takes at once (launcher.members_per_gpu, from resources.members_per_gpu)."""
+        return int(options.get("members_per_gpu") or 1)
 
     @staticmethod
     def _slot_mode(options: Mapping[str, Any]) -> bool:
@@ -148,8 +160,23 @@ class LocalLauncher(SubmititLauncher):
                 job = executor.submit(run_member, entrypoint, spec.to_dict(), timeout_s)
             job_id = str(job.job_id)
             self._jobs[job_id] = job
+            partners = self._book.holders(slot)
             self._book.take(folder, job_id, slot)
-            yield [JobRef(job_id=job_id, folder=str(folder), attempt=spec.attempt)]
+            self._members[job_id] = spec
+            if self._book.per_slot > 1:
+                self._record_share(job_id, spec, slot, partners)
+            yield [JobRef(job_id=job_id, folder=str(folder), attempt=spec.attempt, work_dir=spec.work_dir)]
+
+    def _record_share(self, job_id: str, spec: MemberSpec, slot: Slot, partners: Sequence[str]) -> None:
+        """gpu_share.json of a member put on a slot beside others, and the others' files widened with it (partners
+        started by an earlier orchestrator process are not known by their member and left out)."""
+        gpus = ",".join(str(g) for g in slot)
+        known = [self._members[j] for j in partners if j in self._members]
+        write_gpu_share(spec.work_dir, job_id, gpus, [p.index for p in known], self._book.per_slot)
+        for partner_id, partner in zip([j for j in partners if j in self._members], known):
+            share = read_gpu_share(partner.work_dir) or {}
+            write_gpu_share(partner.work_dir, partner_id, gpus, [*(share.get("shared_with") or []), spec.index],
+                            self._book.per_slot)
 
     def gpus_of(self, ref: JobRef) -> Slot | None:
         """The GPUs a job of this launcher holds (its slot), or None without slots or once it ended."""

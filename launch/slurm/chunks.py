@@ -6,7 +6,8 @@ resume can find what was submitted instead of submitting it twice, each chunk
 - is named ``<launcher.job_name>.<run id>.g<generation>.c<chunk>`` (``squeue -n`` finds it; parseable from
   the right, so the user's prefix may contain dots), and
 - has a marker ``<launcher folder>/submissions/chunk_<chunk>.json`` written BEFORE its sbatch: the name and
-  the member order (array task k runs ``members[k]``: index, attempt, submission number), plus the array's
+  the member order (array task k runs ``members[k]``: index, attempt, submission number; a packed array names each
+  member's task in ``tasks``), plus the array's
   job id once sbatch answered. A marker without a job id means "maybe submitted": ask squeue by name.
 """
 from __future__ import annotations
@@ -49,20 +50,33 @@ class ChunkMarker:
 
     chunk: int
     name: str
-    members: list[tuple[int, int, int]] = field(default_factory=list)  # (index, attempt, submission) per task
+    members: list[tuple[int, int, int]] = field(default_factory=list)  # (index, attempt, submission) per member
     job_id: str | None = None
+    #: the array task of each entry of ``members`` (packed tasks run several members); None: entry k is task k
+    tasks: list[int] | None = None
+
+    def task_of(self, position: int) -> int:
+        """The array task that runs ``members[position]``."""
+        return position if self.tasks is None else self.tasks[position]
 
     def to_dict(self) -> dict:
-        return {"chunk": self.chunk, "name": self.name, "job_id": self.job_id,
+        data = {"chunk": self.chunk, "name": self.name, "job_id": self.job_id,
                 "members": [list(m) for m in self.members]}
+        if self.tasks is not None:
+            data["tasks"] = list(self.tasks)
+        return data
 
     @classmethod
     def from_dict(cls, data: dict, path: Path) -> "ChunkMarker":
         try:
             members = [(int(i), int(a), int(s)) for i, a, s in data["members"]]
             job_id = data["job_id"]
+            tasks = data.get("tasks")
             marker = cls(chunk=int(data["chunk"]), name=str(data["name"]), members=members,
-                         job_id=None if job_id is None else str(job_id))
+                         job_id=None if job_id is None else str(job_id),
+                         tasks=None if tasks is None else [int(t) for t in tasks])
+            if marker.tasks is not None and len(marker.tasks) != len(members):
+                raise ValueError(f"{len(marker.tasks)} tasks for {len(members)} members")
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptFileError(_corrupt(path, f"unexpected content ({exc!r})")) from exc
         return marker

@@ -40,9 +40,9 @@ from launch.slurm.options import SlurmOptions
 from launch.slurm.queries import SlurmQueries, SlurmQueryError, TaskState, base_job_id, pending_may_never_start
 from launch.submitit_base import SubmititLauncher, check_gpus_per_member
 from results.store.atomic import atomic_write_json
-from results.store.layout import CANCELLED_FILE
+from results.store.layout import CANCELLED_FILE, MEMBER_LOG_FILE
 from results.store.node_failure import read_node_failure
-from results.store.records import MemberSpec
+from results.store.records import MemberSpec, read_result
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +93,6 @@ class SlurmLauncher(SubmititLauncher):
         self._time_min: int | None = None
         self._queue_logged_at = float("-inf")
         self._reasons_logged: set[tuple[str, bool]] = set()
-        self._work_dirs: dict[str, str] = {}  # job id -> the work dir of the member it runs (submitted here)
         self._excluded: dict[str, set[str]] = {}  # member work dir -> nodes it failed its pre-flight on
 
     # ------------------------------------------------------------ submit
@@ -145,43 +144,51 @@ class SlurmLauncher(SubmititLauncher):
         folder.mkdir(parents=True, exist_ok=True)
         executor = self._make_executor(folder, timeout_s)
         self._time_min = self.config.time_limit_min(timeout_s)
-        size = self.max_array_size()
+        per_task = self.config.members_per_task
+        size = self.max_array_size() * per_task
         chunk = next_chunk_number(folder)
         for start in range(0, len(specs), size):
             part = specs[start:start + size]
             marker = ChunkMarker(
                 chunk=chunk, name=chunk_job_name(self.config.job_name, run_id, generation, chunk),
                 members=[(s.index, s.attempt, n + 1) for s, n in zip(part, counts[start:start + size])],
+                tasks=[k // per_task for k in range(len(part))] if per_task > 1 else None,
             )
             chunk += 1
             write_marker(folder, marker)  # before sbatch: a crash after it is found by name on resume
-            jobs = self._sbatch_chunk(executor, marker, entrypoint, part, timeout_s)
+            packs = [list(part[k:k + per_task]) for k in range(0, len(part), per_task)]
+            jobs = self._sbatch_chunk(executor, marker, entrypoint, packs, timeout_s)
             marker.job_id = base_job_id(str(jobs[0].job_id))
             write_marker(folder, marker)
             now = time.monotonic()
             refs = []
-            for spec, job in zip(part, jobs):
+            for pack, job in zip(packs, jobs):
                 job_id = str(job.job_id)
                 self._jobs[job_id] = job
                 self._submitted_at[job_id] = now
                 self._queried_at.setdefault(base_job_id(job_id), now)  # known alive: no query needed yet
-                self._work_dirs[job_id] = spec.work_dir
-                refs.append(JobRef(job_id=job_id, folder=str(folder), attempt=spec.attempt))
-            logger.info("submitted %d member(s) as SLURM array %s (%s)", len(part), marker.job_id, marker.name)
+                for spec in pack:
+                    refs.append(JobRef(job_id=job_id, folder=str(folder), attempt=spec.attempt, work_dir=spec.work_dir,
+                                       packed_with=[s.work_dir for s in pack if s is not spec]))
+            logger.info("submitted %d member(s) as SLURM array %s (%s)%s", len(part), marker.job_id, marker.name,
+                        f", {per_task} per task" if per_task > 1 else "")
             yield refs
 
     def _sbatch_chunk(
-        self, executor: Any, marker: ChunkMarker, entrypoint: str, part: Sequence[MemberSpec], timeout_s: float
+        self, executor: Any, marker: ChunkMarker, entrypoint: str, packs: Sequence[Sequence[MemberSpec]],
+        timeout_s: float,
     ) -> list[Any]:
-        """sbatch one chunk, retried with exponential backoff. A failed sbatch may still have queued the array
-        (e.g. the controller answered too late): such tasks have no pickled call and would only fail, so they
-        are found by name and cancelled before the next try."""
+        """sbatch one chunk (one array task per pack of members), retried with exponential backoff. A failed sbatch
+        may still have queued the array (e.g. the controller answered too late): such tasks have no pickled call
+        and would only fail, so they are found by name and cancelled before the next try."""
         import submitit
         from submitit.core.utils import FailedJobError, FailedSubmissionError
 
         from launch.slurm.member import CheckpointableMember
+        from launch.slurm.packed import PackedMembers
 
         attempts = self.config.submit_attempts
+        part = [spec for pack in packs for spec in pack]
         excluded = self._nodes_to_exclude(part)
         if excluded:
             logger.info("array %s excludes node(s) %s, where its members failed their pre-flight", marker.name,
@@ -197,9 +204,14 @@ class SlurmLauncher(SubmititLauncher):
                 # A job submitted from inside a SLURM job inherits its SLURM_*/SBATCH_* variables, and sbatch
                 # reads SBATCH_* as options: members must not get the orchestrator's allocation settings.
                 with submitit.helpers.clean_env():
+                    if self.config.members_per_task == 1:
+                        return executor.map_array(
+                            CheckpointableMember(), [entrypoint] * len(part), [s.to_dict() for s in part],
+                            [timeout_s] * len(part),
+                        )
                     return executor.map_array(
-                        CheckpointableMember(), [entrypoint] * len(part), [s.to_dict() for s in part],
-                        [timeout_s] * len(part),
+                        PackedMembers(), [entrypoint] * len(packs), [[s.to_dict() for s in p] for p in packs],
+                        [timeout_s] * len(packs),
                     )
             except (FailedJobError, FailedSubmissionError, OSError) as exc:
                 error = " ".join(str(exc).split())[-500:] or type(exc).__name__
@@ -227,10 +239,7 @@ class SlurmLauncher(SubmititLauncher):
 
     def _preflight_failure(self, ref: JobRef) -> dict[str, Any] | None:
         """The pre-flight failure the member of ``ref`` left in its work dir ({host, cause}), if it left one."""
-        work_dir = self._work_dirs.get(ref.job_id)
-        if work_dir is None:
-            return None
-        return read_node_failure(work_dir)
+        return read_node_failure(ref.work_dir) if ref.work_dir else None
 
     def _cancel_orphans(self, name: str) -> None:
         try:
@@ -250,14 +259,14 @@ class SlurmLauncher(SubmititLauncher):
         markers = read_markers(folder)
         if not markers or not queued:
             return {}
-        found: dict[int, tuple[ChunkMarker, int, int]] = {}  # member index -> (marker, task, submission)
+        found: dict[int, tuple[ChunkMarker, int, int]] = {}  # member index -> (marker, its position, submission)
         for spec, recorded in queued:
             best: tuple[ChunkMarker, int, int] | None = None
             for marker in markers:
-                for task, (index, attempt, submission) in enumerate(marker.members):
+                for position, (index, attempt, submission) in enumerate(marker.members):
                     if index == spec.index and attempt == spec.attempt and submission > recorded:
                         if best is None or submission >= best[2]:
-                            best = (marker, task, submission)
+                            best = (marker, position, submission)
             if best is not None:
                 found[spec.index] = best
         if not found:
@@ -271,7 +280,9 @@ class SlurmLauncher(SubmititLauncher):
                 raise SubmissionError(f"could not look for arrays submitted before the restart ({exc})") from exc
         refs: dict[int, JobRef] = {}
         orphans: set[str] = set()
-        for index, (marker, task, submission) in sorted(found.items()):
+        dirs = {spec.index: spec.work_dir for spec, _ in queued}
+        for index, (marker, position, submission) in sorted(found.items()):
+            task = marker.task_of(position)
             job_id = f"{marker.job_id}_{task}" if marker.job_id is not None else None
             if job_id is None:
                 tasks = live.get(marker.name, set())
@@ -283,8 +294,10 @@ class SlurmLauncher(SubmititLauncher):
                     if job_id in tasks:
                         orphans.add(job_id)
                     continue
-            refs[index] = JobRef(job_id=job_id, folder=str(folder), attempt=marker.members[task][1],
-                                 submissions=submission)
+            partners = [dirs[i] for k, (i, _, _) in enumerate(marker.members)
+                        if marker.task_of(k) == task and i != index and i in dirs]
+            refs[index] = JobRef(job_id=job_id, folder=str(folder), attempt=marker.members[position][1],
+                                 submissions=submission, work_dir=dirs[index], packed_with=partners)
         for marker in unnamed.values():
             ids = {base_job_id(r.job_id) for i, r in refs.items() if found[i][0] is marker}
             if len(ids) == 1:
@@ -442,9 +455,9 @@ class SlurmLauncher(SubmititLauncher):
             )
         if state.state == "OUT_OF_MEMORY":
             return "failed", f"{where}: out of memory; raise launcher.mem_gb{self._stderr_tail(ref)}"
-        if state.state == "FAILED" and (failure := self._preflight_failure(ref)) is not None:
-            work_dir = self._work_dirs[ref.job_id]
-            self._excluded.setdefault(work_dir, set()).add(str(failure["host"]))
+        if state.state in ("FAILED", "COMPLETED") and (failure := self._preflight_failure(ref)) is not None:
+            # a packed task whose other members finished ends COMPLETED, without this member's result
+            self._excluded.setdefault(ref.work_dir, set()).add(str(failure["host"]))
             logger.warning("SLURM job %s failed its pre-flight on node %s (%s); resubmitting it without that node",
                            ref.job_id, failure["host"], failure.get("cause"))
             return None  # the node's fault: lost, resubmitted elsewhere, the init not charged
@@ -461,6 +474,8 @@ class SlurmLauncher(SubmititLauncher):
         from submitit.core.utils import JobPaths
 
         path = JobPaths(ref.folder, job_id=ref.job_id, task_id=0).stderr
+        if ref.packed_with:  # a packed task's own stderr is the task's; the member wrote its own log
+            path = Path(ref.work_dir) / MEMBER_LOG_FILE
         try:
             text = path.read_text(errors="replace")
         except OSError:
@@ -470,7 +485,10 @@ class SlurmLauncher(SubmititLauncher):
 
     # ------------------------------------------------------------ cancel / close
     def cancel(self, refs: Sequence[JobRef]) -> None:
-        """One scancel for all ``refs``; remembered so a resumed run resubmits them rather than giving up."""
+        """One scancel for all ``refs``; remembered so a resumed run resubmits them rather than giving up. A member of
+        a packed task whose partners go on is stopped alone, through a cancel request its task acts on
+        (launch/slurm/packed.py); the task is cancelled once none of its members is left to run."""
+        refs = self._cancel_packed_members(refs)
         if not refs:
             return
         by_folder: dict[str, set[str]] = {}
@@ -483,6 +501,26 @@ class SlurmLauncher(SubmititLauncher):
             self.queries.scancel(ref.job_id for ref in refs)
         except SlurmQueryError as exc:
             logger.warning("could not cancel %d job(s): %s", len(refs), exc)
+
+    def _cancel_packed_members(self, refs: Sequence[JobRef]) -> list[JobRef]:
+        """Write a cancel request for each packed member whose task still has a member that is not being cancelled
+        and has no result; the refs whose whole task can go are returned for scancel."""
+        from launch.slurm.packed import write_cancel_request
+
+        stopping = {ref.work_dir for ref in refs}
+        whole: list[JobRef] = []
+        for ref in refs:
+            partners_left = [d for d in ref.packed_with if d not in stopping and read_result(d) is None]
+            if not partners_left:
+                whole.append(ref)
+                continue
+            logger.info("stopping the member in %s alone: task %s goes on with %d other member(s)", ref.work_dir,
+                        ref.job_id, len(partners_left))
+            try:
+                write_cancel_request(ref.work_dir, ref.job_id)
+            except OSError as exc:
+                logger.warning("could not ask task %s to stop the member in %s: %s", ref.job_id, ref.work_dir, exc)
+        return whole
 
     def close(self) -> None:
         logger.info("SLURM launcher made %d scheduler queries (%s)", sum(self.queries.calls.values()),

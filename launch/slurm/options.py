@@ -9,8 +9,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from launch.base import DEFAULT_KILL_GRACE_S, DEFAULT_MAX_LOST_RESUBMITS
+from launch.base import DEFAULT_KILL_GRACE_S, DEFAULT_MAX_LOST_RESUBMITS, MEMBERS_PER_GPU
 from results.store.config_nodes import typed_node
+
+#: how members share a GPU: ``packed`` (k members in one array task holding the GPU: works on any cluster) or
+#: ``shard`` (one member per task asking for its part of the GPU's shards: needs the site's gres shard set-up)
+GPU_SHARING = ("packed", "shard")
 
 #: launcher.job_name is a prefix: each array is named ``<job_name>.<run id>.g<generation>.c<chunk>``, and
 #: accounting (slurmdbd) keeps 255 characters of a job name, so the prefix leaves room for the rest.
@@ -19,7 +23,8 @@ JOB_NAME_PREFIX_MAX = 160
 
 @dataclass
 class SlurmOptions:
-    """One member = one array task with these resources; see conf/launcher/slurm.yaml for the meaning."""
+    """One array task = one member (or members_per_gpu packed members) with these resources; see
+    conf/launcher/slurm.yaml for the meaning."""
 
     partition: str | None = None
     time_min: int | None = None
@@ -45,6 +50,9 @@ class SlurmOptions:
     submit_backoff_s: float = 10.0
     python: str | None = None
     use_srun: bool = False
+    members_per_gpu: int = 1
+    gpu_sharing: str = "packed"
+    shards_per_gpu: int | None = None
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> "SlurmOptions":
@@ -108,9 +116,30 @@ class SlurmOptions:
             raise bad("python", self.python,
                       "with use_srun=false it is exec'ed in place of the batch shell, so it must be one command "
                       "(put environment and module lines in launcher.setup)")
+        if self.members_per_gpu not in MEMBERS_PER_GPU:
+            raise bad("members_per_gpu", self.members_per_gpu,
+                      f"use one of {list(MEMBERS_PER_GPU)} (resources.members_per_gpu: members sharing one GPU)")
+        if self.gpu_sharing not in GPU_SHARING:
+            raise bad("gpu_sharing", self.gpu_sharing, f"use one of {list(GPU_SHARING)}")
+        if self.gpu_sharing == "shard" and self.members_per_gpu > 1 and self.gpus_per_node != 1:
+            raise bad("gpu_sharing", self.gpu_sharing, f"shards are parts of a GPU: members must ask for one "
+                      f"(gpus_per_node={self.gpus_per_node}; resources.gpus=1)")
+        if self.gpu_sharing == "shard" and self.members_per_gpu > 1 and (
+                not isinstance(self.shards_per_gpu, int) or isinstance(self.shards_per_gpu, bool)
+                or self.shards_per_gpu < self.members_per_gpu or self.shards_per_gpu % self.members_per_gpu):
+            raise bad("shards_per_gpu", self.shards_per_gpu,
+                      f"gpu_sharing=shard needs the shards each GPU of the site has (its gres.conf: Name=shard "
+                      f"Count=...), a multiple of members_per_gpu={self.members_per_gpu}; each member asks for "
+                      "shards_per_gpu / members_per_gpu of them")
         if self.time_min is not None and self.signal_delay_s >= self.time_min * 60:
             raise bad("signal_delay_s", self.signal_delay_s,
                       f"the requeue signal must come before the time limit (time_min={self.time_min} min)")
+
+    @property
+    def members_per_task(self) -> int:
+        """Members one array task runs: members_per_gpu when they are packed into the task, else one (one member per
+        task, sharing the GPU through the site's shards)."""
+        return self.members_per_gpu if self.gpu_sharing == "packed" else 1
 
     def time_limit_min(self, timeout_s: float) -> int:
         """SLURM --time per run: time_min, or inner.timeout_s plus the kill grace, rounded up to minutes."""
@@ -137,10 +166,11 @@ class SlurmOptions:
         ``signal_name``: the signal submitit's job environment requeues on (submitit's USR_SIG)."""
         time_min = self.time_limit_min(timeout_s)
         delay = self.signal_delay(timeout_s)
+        packed = self.members_per_task
         params: dict[str, Any] = {
             "job_name": self.job_name,
             "time": time_min,
-            "cpus_per_task": self.cpus_per_task,
+            "cpus_per_task": self.cpus_per_task * packed,
             "array_parallelism": self.array_parallelism,
             "signal_delay_s": delay,
             "use_srun": self.use_srun,
@@ -149,12 +179,15 @@ class SlurmOptions:
         if self.partition:
             params["partition"] = self.partition
         if self.mem_gb is not None:
-            params["mem"] = f"{int(self.mem_gb * 1024)}M"
-        if self.gpus_per_node:
+            params["mem"] = f"{int(self.mem_gb * 1024 * packed)}M"
+        extra = dict(self.sbatch_extra)
+        if self.gpus_per_node and self.gpu_sharing == "shard" and self.members_per_gpu > 1:
+            assert self.shards_per_gpu is not None  # _validate
+            extra.setdefault("gres", f"shard:{self.shards_per_gpu // self.members_per_gpu}")
+        elif self.gpus_per_node:
             params["gpus_per_node"] = self.gpus_per_node
         if self.setup:
             params["setup"] = list(self.setup)
-        extra = dict(self.sbatch_extra)
         if not self.use_srun:
             # submitit writes --signal=USR2@delay, which SLURM sends to job steps only; without srun there is
             # no step, so the signal goes to the batch shell (B:), which is the member's Python (exec).

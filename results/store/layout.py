@@ -141,6 +141,9 @@ STARTED_FILE = "started.json"
 #: result, and a launcher that can exclude nodes resubmits it elsewhere
 PREFLIGHT_FILE = "preflight.json"
 MEMBER_LOCK_FILE = ".member.lock"
+#: the output of a member that runs in its own process inside a packed task (launch/slurm/packed.py); an unpacked
+#: member's output is its job's submitit log
+MEMBER_LOG_FILE = "member.log"
 #: which task and GPU a member shared with which other members (resources.members_per_gpu >= 2;
 #: results/store/gpu_share.py): written by the launcher side before the member starts, shown in the members table
 GPU_SHARE_FILE = "gpu_share.json"
