@@ -3,11 +3,14 @@
 generate.
 
 Why: the preset's cost estimate and the question "should members share a GPU?" rest on how fast a member
-generates, and that depends on the backend (TRL's HF generate, transformers' continuous batching, vLLM colocate).
+generates, and that depends on the backend (TRL's HF generate, transformers' continuous batching, vLLM colocate)
+and, for HF generate, on its KV cache (``train.decode_cache``: ``hf_generate_static`` and
+``hf_generate_static_compiled`` are HF generate with a static cache, eager or with transformers' compiled decode
+step; issue 38: HF generate's decode is bound by kernel launches, which a compiled step over a static cache cuts).
 The model is built in code from Qwen3-1.7B's config (inner_loop/models/from_config.py, cached in the model cache):
 its shapes decide a step's cost, its weights do not. Every member is a separate process running the real member
-path (``train_member`` with the preset's inner config; only shapes, data files and the backend's ``train.trl``
-fields are overridden), and writes its measurement to a JSON file; this parent prints the tables.
+path (``train_member`` with the preset's inner config; only shapes, data files, the backend's ``train.trl``
+fields and ``train.decode_cache`` are overridden), and writes its measurement to a JSON file; this parent prints the tables.
 
 - Data: the MBPP fixture of the SLURM rehearsal (tests/fixtures/mbpp_rehearsal), no hub.
 - Per member: the steps after the first (which carries the one-off set-up: CUDA/vLLM initialisation, the paged
@@ -24,6 +27,8 @@ fields are overridden), and writes its measurement to a JSON file; this parent p
   (``--keep-exact-share`` keeps it) so the timed steps are the steady state of a real run.
 
     python bench/bench_member_gpu.py --device cuda --steps 5 --members 1,2,4
+    python bench/bench_member_gpu.py --device cuda --steps 5 --members 1,2 \
+        --backends hf_generate,hf_generate_static,hf_generate_static_compiled,transformers_continuous_batching
     .venv/bin/python bench/bench_member_gpu.py --device cpu --layers 2 --hidden 128 --heads 2 --kv-heads 1 \\
         --head-dim 64 --intermediate 256 --vocab 512 --steps 3 --group-size 2 --batch-size 4 \\
         --completion-length 8 --tokenizer tiny --dtype float32 --threads 1 --members 1,2   # plumbing only
@@ -49,7 +54,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from inner_loop.generation.backends import (  # noqa: E402
-    BACKENDS, CONTINUOUS_BATCHING, HF_GENERATE, VLLM_COLOCATE, VLLM_SERVER)
+    BACKENDS, CONTINUOUS_BATCHING, DYNAMIC_CACHE, HF_GENERATE, STATIC_CACHE, STATIC_COMPILED, VLLM_COLOCATE,
+    VLLM_SERVER)
 
 DATA = ROOT / "tests" / "fixtures" / "mbpp_rehearsal"
 ARCHITECTURE = "qwen3_1_7b"
@@ -59,7 +65,11 @@ SMOLLM2 = "smollm2"
 SHAPE_FLAGS = {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
                "kv_heads": "num_key_value_heads", "head_dim": "head_dim", "intermediate": "intermediate_size",
                "vocab": "vocab_size"}
-DEFAULT_BACKENDS = (HF_GENERATE, CONTINUOUS_BATCHING, VLLM_COLOCATE)
+#: HF generate with a static KV cache, measured as backends of their own: name -> its train.decode_cache
+DECODE_CACHE_VARIANTS = {f"{HF_GENERATE}_{cache}": cache for cache in (STATIC_CACHE, STATIC_COMPILED)}
+#: every name --backends takes
+MEASURED = (*BACKENDS, *DECODE_CACHE_VARIANTS)
+DEFAULT_BACKENDS = (HF_GENERATE, *DECODE_CACHE_VARIANTS, CONTINUOUS_BATCHING, VLLM_COLOCATE)
 #: vLLM's CPU attention kernels take head sizes from 64 up (the brief's eligibility rule on CPU)
 VLLM_CPU_MIN_HEAD_DIM = 64
 #: what the vLLM probe runs in a member's environment: the device vLLM's platform would use there
@@ -72,11 +82,19 @@ _MIB = 1 << 20
 
 
 # ------------------------------------------------------------------ which backends can run here
+def measured_name(backend: str | None, decode_cache: str | None) -> str | None:
+    """The bench's name for what a member ran: its backend, with HF generate's cache where it is not the default
+    (the inverse of ``DECODE_CACHE_VARIANTS``; the record's ``generation`` holds both)."""
+    if backend == HF_GENERATE and decode_cache not in (None, DYNAMIC_CACHE):
+        return f"{backend}_{decode_cache}"
+    return backend
+
+
 def backend_unavailable(backend: str, device: str, head_dim: int) -> str | None:
     """Why ``backend`` cannot be measured on ``device`` (None: it can). vLLM is imported in a child process, so
     this one never loads it."""
-    if backend == HF_GENERATE:
-        return None
+    if backend == HF_GENERATE or backend in DECODE_CACHE_VARIANTS:  # static_compiled on the CPU: eager, as transformers
+        return None                                                # compiles the decode step on CUDA-class devices only
     if backend == CONTINUOUS_BATCHING:
         try:
             importlib.import_module("transformers.generation").ContinuousBatchingConfig  # noqa: B018
@@ -96,7 +114,7 @@ def backend_unavailable(backend: str, device: str, head_dim: int) -> str | None:
         return None
     if backend == VLLM_SERVER:
         return "needs a separate vLLM server on its own GPU (docs/trl_options.md): not measured by this bench"
-    return f"unknown backend (one of {list(BACKENDS)})"
+    return f"unknown backend (one of {list(MEASURED)})"
 
 
 def backend_trl(backend: str, members: int, opts: argparse.Namespace, max_model_len: int | None) -> dict[str, Any]:
@@ -211,9 +229,10 @@ def member_job(job_file: Path, out_file: Path) -> None:
     if job["skip_exact_share"]:
         _skip_exact_share()
     record = train_member(job["spec"])
+    generation = getattr(record, "generation", None) or {}
     out: dict[str, Any] = {"index": job["spec"]["index"], "backend": job["backend"], "members": job["members"],
                            "status": record.status, "error": record.error, "wall_s": time.time() - started,
-                           "ran_as": (getattr(record, "generation", None) or {}).get("backend"),
+                           "ran_as": measured_name(generation.get("backend"), generation.get("decode_cache")),
                            "device": job["device"]}
     out.update(_peak_memory(job["device"]))
     if record.ok:
@@ -303,6 +322,7 @@ def run_members(backend: str, members: int, inner: dict[str, Any], opts: argpars
     for index in range(members):
         member_inner = json.loads(json.dumps(inner))
         member_inner["train"]["trl"] = {**member_inner["train"].get("trl", {}), **trl}
+        member_inner["train"]["decode_cache"] = DECODE_CACHE_VARIANTS.get(backend, DYNAMIC_CACHE)
         spec = {"run_id": "bench_member_gpu", "generation": 0, "index": index, "seed": opts.seed + index,
                 "params": [], "work_dir": str(group / f"member-{index}"), "inner": member_inner}
         job = {"spec": spec, "backend": backend, "members": members, "device": opts.device,
@@ -441,9 +461,9 @@ def _csv_ints(text: str) -> list[int]:
 
 def _csv_backends(text: str) -> list[str]:
     names = list(DEFAULT_BACKENDS) if text == "all" else [x.strip() for x in text.split(",") if x.strip()]
-    unknown = [n for n in names if n not in BACKENDS]
+    unknown = [n for n in names if n not in MEASURED]
     if unknown:
-        raise argparse.ArgumentTypeError(f"unknown backend(s) {unknown}; choose from {list(BACKENDS)} or all")
+        raise argparse.ArgumentTypeError(f"unknown backend(s) {unknown}; choose from {list(MEASURED)} or all")
     return list(dict.fromkeys(names))
 
 

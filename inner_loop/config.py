@@ -176,6 +176,9 @@ class TrainConfig:
     max_completion_length: int = 8
     temperature: float = 1.0
     top_p: float = 1.0
+    #: HF generate's KV cache: dynamic | static | static_compiled (inner_loop/generation/backends.py); dynamic
+    #: until bench/bench_member_gpu.py measures a static cache faster on the card (docs/trl_options.md)
+    decode_cache: str = "dynamic"
     policy_loss: str = "clip"
     epsilon_low: float = 0.2
     epsilon_high: float = 0.2
@@ -254,6 +257,11 @@ class TrainConfig:
         self.report_to = check_report_to(self.report_to)
 
         self.trl = check_trl_overrides(self.trl, batch_size=self.batch_size)
+        from inner_loop.generation.backends import decode_cache_refusal
+
+        refusal = decode_cache_refusal(self.decode_cache, self.trl)  # after train.trl's own check: its fields are sound
+        if refusal:
+            raise ValueError(refusal)
 
 
 #: extra_evaluations[i].name of the run's own task's test split; a transfer task's is TRANSFER_PREFIX + its name

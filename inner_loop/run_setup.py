@@ -151,6 +151,7 @@ def build_trainer(run: PreparedRun, work_dir: Path, seed: int) -> MirrorGRPOTrai
         policy_params=PolicyParams(tcfg.epsilon_low, tcfg.epsilon_high, dict(tcfg.policy_extra)),
         full_form_rows=tcfg.full_form_rows,
         gpu_budget_bytes=gpu_budget,
+        decode_cache=tcfg.decode_cache,
         callbacks=[DiskUsageCallback(str(work_dir)), ProgressFileCallback(work_dir),
                    *([tensorboard_callback(work_dir)] if "tensorboard" in tcfg.report_to else []),
                    SaveOnNoticeCallback()],  # last: the others see its save before it stops the run

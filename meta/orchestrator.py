@@ -358,6 +358,8 @@ class Orchestrator:
                 "seconds_saved": saved.get(index),
                 # how it generated (inner_loop/generation/backends.py): a search mixing backends mixes noise levels
                 "generation_backend": record.generation.get("backend"),
+                # HF generate's KV cache (train.decode_cache; None with other backends): mixed caches, mixed numerics
+                "decode_cache": record.generation.get("decode_cache"),
                 # where it trained (inner_loop/device.py): a GPU's name and memory, or the CPU's; and its peak GPU use
                 "device": device_text(record.device),
                 "peak_gpu_memory_bytes": record.device.get("peak_memory_bytes"),

@@ -6,7 +6,8 @@ something no CPU test could see. This runs what a user runs, on the GPU: the CUD
 Qwen3-1.7B's architecture at reduced depth with random weights (built in code: no hub), the tiny tokenizer and the
 MBPP fixture; 2 generations of 2 members plus the control member, a minimal re-evaluation (the top member and the
 centre on 2 seeds, the exported init and the base model on 2 reporting seeds), ``meta.export``, and
-``inner_loop.run`` with the exported init. It then checks that every record names the device it should (``cuda``
+``inner_loop.run`` with the exported init, decoding with a static KV cache (``train.decode_cache=static``: the
+setting's one run on the GPU here; eager, as compiling the decode step would cost more than this check's minutes). It then checks that every record names the device it should (``cuda``
 on a GPU machine) and prints each member's step time and peak GPU memory.
 
 Without CUDA it runs the same path on the CPU at small shapes (``--device cpu``, what tests/test_gpu_check.py
@@ -38,6 +39,8 @@ logger = logging.getLogger("gpu_check")
 DATA = ROOT / "tests" / "fixtures" / "mbpp_rehearsal"
 CUDA_TESTS = ["tests/test_mirror_maps_cuda.py", "tests/test_trainer_cuda.py"]
 ARCHITECTURE = "qwen3_1_7b"
+#: train.decode_cache of the single run (the search keeps the preset's)
+SINGLE_DECODE_CACHE = "static"
 #: Qwen3-1.7B's shapes at reduced depth on a GPU; small shapes on the CPU (what a step costs is not the point there)
 SHAPES = {"cuda": {"num_hidden_layers": 4},
           "cpu": {"num_hidden_layers": 2, "hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1,
@@ -134,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     timings["meta.export"] = run([sys.executable, "-m", "meta.export", f"run_dir={run_dir}", f"out={init}"], env,
                                  "the export", 300)
     timings["inner_loop.run"] = run([sys.executable, "-m", "inner_loop.run", *overrides, f"divergence.init={init}",
-                                     f"work_dir={single_dir}"], env, "a single run with the exported init", 900)
+                                     f"work_dir={single_dir}", f"train.decode_cache={SINGLE_DECODE_CACHE}"], env,
+                                    "a single run with the exported init", 900)
     rows = member_rows(work)
     print(f"{'record':<44} {'status':<8} {'steps':>5} {'device':<28} {'s/step':>7} {'peak GPU GiB':>12}")
     for row in rows:
@@ -147,6 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     if opts.json:
         opts.json.write_text(json.dumps({"device": device, "gpu": gpu, "rows": rows, "timings": timings}, indent=1))
     wrong = [r for r in rows if r["status"] != "ok" or r["device_type"] != device]
+    single_cache = (json.loads((single_dir / RESULT_FILE).read_text()).get("generation") or {}).get("decode_cache")
+    if single_cache != SINGLE_DECODE_CACHE:
+        print(f"gpu_check: FAILED: the single run decoded with {single_cache!r}, not {SINGLE_DECODE_CACHE!r}",
+              file=sys.stderr)
+        return 1
     if not rows or wrong:
         print(f"gpu_check: FAILED: {len(wrong)} record(s) not ok on {device}: {wrong}", file=sys.stderr)
         return 1

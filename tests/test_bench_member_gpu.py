@@ -1,6 +1,7 @@
 """bench/bench_member_gpu.py runs end to end on CPU at toy shapes: the model of Qwen3-1.7B's architecture built in
-code and cached, members through the real member path as separate processes, HF generate and continuous batching
-measured alone, 1 and 2 members sharing the device, every figure positive and the table printed.
+code and cached, members through the real member path as separate processes, HF generate (also with a static KV
+cache, train.decode_cache) and continuous batching measured alone, 1 and 2 members sharing the device, every
+figure positive and the table printed.
 
 The shapes are tiny (2 layers, hidden 128, head_dim 64, vocabulary 512) so the run fits ~90 s on 2 cores; what
 the figures say is plumbing only. vLLM is not run here (the bench itself probes `import vllm` when asked to).
@@ -15,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from inner_loop.generation.backends import CONTINUOUS_BATCHING, HF_GENERATE
+from inner_loop.generation.backends import CONTINUOUS_BATCHING, HF_GENERATE, STATIC_CACHE
 from inner_loop.models.from_config import ARCHITECTURES, architecture_config
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench" / "bench_member_gpu.py"
+HF_STATIC = f"{HF_GENERATE}_{STATIC_CACHE}"  # the bench's name for HF generate with train.decode_cache=static
 SHAPES = ["--layers", "2", "--hidden", "128", "--heads", "2", "--kv-heads", "1", "--head-dim", "64",
           "--intermediate", "256", "--vocab", "512", "--steps", "2", "--group-size", "2", "--batch-size", "4",
           "--completion-length", "8", "--tokenizer", "tiny", "--dtype", "float32", "--threads", "1"]
@@ -46,7 +48,8 @@ def _positive(row: dict, *keys: str) -> None:
 def test_bench_runs_on_cpu_and_reports_every_figure(tmp_path):
     out = tmp_path / "summary.json"
     proc = subprocess.run([sys.executable, str(BENCH), "--device", "cpu", *SHAPES, "--members", "1,2",
-                           "--backends", f"{HF_GENERATE},{CONTINUOUS_BATCHING}", "--share-backends", HF_GENERATE,
+                           "--backends", f"{HF_GENERATE},{HF_STATIC},{CONTINUOUS_BATCHING}",
+                           "--share-backends", HF_GENERATE,
                            "--json", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -59,7 +62,7 @@ def test_bench_runs_on_cpu_and_reports_every_figure(tmp_path):
             config["tie_word_embeddings"]) == ("qwen3", 2, 64, 512, True)
 
     single = {row["backend"]: row for row in summary["single"]}
-    assert set(single) == {HF_GENERATE, CONTINUOUS_BATCHING}
+    assert set(single) == {HF_GENERATE, HF_STATIC, CONTINUOUS_BATCHING}
     for backend, row in single.items():
         assert row["status"] == "ok" and row["ran_as"] == backend, row
         _positive(row, "step_s", "tokens_per_s", "peak_memory_bytes", "step_ratio", "tokens_ratio", "memory_ratio")

@@ -53,7 +53,9 @@ MODULE_EXCEPTIONS: dict[str, frozenset[str]] = {
                                     # the keys a member's inner config carries from its resources (imports nothing)
                                     "results.store.member_keys",
                                     # the numerics modes and the pinned thread count (imports nothing of ours)
-                                    "inner_loop.numerics"}),
+                                    "inner_loop.numerics",
+                                    # the backend names and train.decode_cache's values (imports nothing of ours)
+                                    "inner_loop.generation.backends"}),
     "inner_loop.loss": frozenset({"results.store.metric_keys"}),
     "inner_loop.grpo": frozenset({"results.store.metric_keys"}),
     "results.store": frozenset({"mirror_maps.init_file"}),

@@ -2,7 +2,8 @@
 
 TRL picks the backend from three GRPOConfig fields (``use_vllm``, ``vllm_mode``,
 ``use_transformers_continuous_batching``); the result record names the one that ran, because the seed noise and
-the common random numbers of a search assume one backend throughout.
+the common random numbers of a search assume one backend throughout. HF generate's KV cache (``train.decode_cache``)
+is named here too, and recorded beside the backend for the same reason.
 """
 from __future__ import annotations
 
@@ -27,3 +28,32 @@ def generation_backend(trl_fields: Mapping[str, Any]) -> str:
     if trl_fields.get(_USE_CB):
         return CONTINUOUS_BATCHING
     return HF_GENERATE
+
+
+#: train.decode_cache: the KV cache HF generate decodes with. dynamic: transformers' default, grown token by token
+#: (what every run used before the key existed). static: one cache preallocated at prompt + completion length (TRL's
+#: ``cache_implementation="static"``); TRL builds its GenerationConfig with ``disable_compile=True``, so the decode
+#: step still runs eagerly. static_compiled: the static cache with transformers' automatic ``torch.compile`` of
+#: the decode step allowed again (transformers compiles only on CUDA/XPU-class devices; on the CPU it is static).
+DYNAMIC_CACHE, STATIC_CACHE, STATIC_COMPILED = "dynamic", "static", "static_compiled"
+DECODE_CACHES = (DYNAMIC_CACHE, STATIC_CACHE, STATIC_COMPILED)
+
+
+def cache_implementation(decode_cache: str) -> str | None:
+    """TRL's GRPOConfig ``cache_implementation`` for a ``train.decode_cache`` value (None: transformers' dynamic
+    cache)."""
+    if decode_cache not in DECODE_CACHES:
+        raise ValueError(f"train.decode_cache={decode_cache!r} is not one of {list(DECODE_CACHES)}")
+    return None if decode_cache == DYNAMIC_CACHE else "static"
+
+
+def decode_cache_refusal(decode_cache: str, trl_fields: Mapping[str, Any]) -> str | None:
+    """Why ``decode_cache`` cannot apply with the backend ``trl_fields`` select (None: it can): only HF generate
+    decodes with transformers' KV cache; vLLM and continuous batching keep paged caches of their own, and a
+    static cache asked for there would be silently ignored while the record claimed it."""
+    cache_implementation(decode_cache)  # a value outside DECODE_CACHES: the error naming the key
+    backend = generation_backend(trl_fields)
+    if decode_cache == DYNAMIC_CACHE or backend == HF_GENERATE:
+        return None
+    return (f"train.decode_cache={decode_cache!r} applies to HF generate only, but train.trl selects {backend} "
+            f"(which keeps its own paged KV cache): set train.decode_cache={DYNAMIC_CACHE} with it")

@@ -2,13 +2,16 @@
 
 Read by the keyword builder (grpo/args.py: the keywords come from it, and a value TRL rejects is traced back to its
 key through it) and by the `train.trl` check (grpo/trl_overrides.py: a field set from one of our keys is refused
-there, naming the key), so the three can never name different keys for one field. Imports nothing of ours.
+there, naming the key), so the three can never name different keys for one field. Imports nothing of ours but the
+generation names (inner_loop/generation/backends.py, which imports nothing).
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from inner_loop.generation.backends import cache_implementation
 
 
 def trainer_save_total_limit(keep: str, save_total_limit: int | None) -> int | None:
@@ -47,6 +50,8 @@ GRPO_FIELDS: dict[str, GrpoField] = {
     "train.max_completion_length": GrpoField("max_completion_length"),
     "train.temperature": GrpoField("temperature"),
     "train.top_p": GrpoField("top_p"),
+    # dynamic -> None (transformers' default cache); the compile half of static_compiled is the trainer's
+    "train.decode_cache": GrpoField("cache_implementation", lambda cache, build: cache_implementation(cache)),
     "train.aggregation": GrpoField("loss_type"),
     "train.scale_rewards": GrpoField("scale_rewards", lambda scale, build: "group" if scale else "none"),
     "train.epsilon_low": GrpoField("epsilon"),

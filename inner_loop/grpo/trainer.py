@@ -18,7 +18,8 @@ import torch.utils.checkpoint
 from trl import GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head
 
-from inner_loop.generation.backends import VLLM_COLOCATE, generation_backend
+from inner_loop.generation.backends import (DYNAMIC_CACHE, HF_GENERATE, STATIC_COMPILED, VLLM_COLOCATE,
+                                            cache_implementation, decode_cache_refusal, generation_backend)
 from inner_loop.generation.memory import member_gpu_budget_bytes
 from inner_loop.generation.vllm_colocate import (claim_rendezvous_port, engine_in_policy_dtype,
                                                   set_cpu_cache_from_allocation, use_reload_push_on_cpu)
@@ -83,6 +84,7 @@ class MirrorGRPOTrainer(GRPOTrainer):
         policy_params: PolicyParams | None = None,
         full_form_rows: int | None = None,
         gpu_budget_bytes: int | None = None,
+        decode_cache: str = DYNAMIC_CACHE,
         **kwargs: Any,
     ) -> None:
         model = kwargs.get("model", args[0] if args else None)
@@ -96,6 +98,15 @@ class MirrorGRPOTrainer(GRPOTrainer):
             raise ValueError("MirrorGRPOTrainer needs a loaded model (so the reference copy is the initial weights)")
         if full_form_rows is not None and full_form_rows < 1:
             raise ValueError(f"train.full_form_rows must be >= 1 or null (sized from memory), got {full_form_rows}")
+        if grpo_args is not None:  # the GRPOConfig must carry the cache the record will name
+            refusal = decode_cache_refusal(decode_cache, vars(grpo_args))
+            if refusal is None and grpo_args.cache_implementation != cache_implementation(decode_cache):
+                refusal = (f"decode_cache={decode_cache!r} needs GRPOConfig.cache_implementation="
+                           f"{cache_implementation(decode_cache)!r}, got {grpo_args.cache_implementation!r}")
+            if refusal:
+                raise ValueError(refusal)
+        #: train.decode_cache: HF generate's KV cache (inner_loop/generation/backends.py), for the result record
+        self.decode_cache = decode_cache
         self.regularizer = regularizer
         self.policy_term = policy_term
         self.full_form_rows = full_form_rows
@@ -131,6 +142,10 @@ class MirrorGRPOTrainer(GRPOTrainer):
             from transformers import set_seed
 
             set_seed(self.args.seed)
+        if decode_cache == STATIC_COMPILED:
+            # TRL builds its GenerationConfig with disable_compile=True; allowing it lets transformers compile the
+            # decode step over the static cache (on CUDA; its own criteria keep the CPU eager)
+            self.generation_config.disable_compile = False
         if self.aux_loss_enabled:
             raise ValueError(
                 f"{type(self.model).__name__} is a Mixture-of-Experts model whose router load-balancing loss TRL adds "
@@ -157,8 +172,11 @@ class MirrorGRPOTrainer(GRPOTrainer):
     def generation_summary(self) -> dict[str, Any]:
         """What the result record says about generation: the backend, and the digest of the completions this
         process generated with the step it started from (a resumed run's digest covers the steps since its restart;
-        two runs of one seed with equal digests reproduced each other's completions)."""
-        return {"backend": self.generation_backend, "completions_sha256": self._completions_sha256.hexdigest(),
+        two runs of one seed with equal digests reproduced each other's completions). ``decode_cache``: HF generate's
+        KV cache (None with another backend), so a search that mixes caches shows it."""
+        return {"backend": self.generation_backend,
+                "decode_cache": self.decode_cache if self.generation_backend == HF_GENERATE else None,
+                "completions_sha256": self._completions_sha256.hexdigest(),
                 "from_step": self._digest_from_step}
 
     @contextmanager

@@ -22,6 +22,9 @@ from inner_loop.grpo.trl_contract import unsupported_grpo_fields
 
 #: every GRPOConfig field train.trl may not set -> what to use instead (built from grpo/fields.py's table)
 OWNED_FIELDS: dict[str, str] = owned_fields()
+#: train.trl.generation_kwargs entries that would choose HF generate's cache or its compilation behind
+#: train.decode_cache (TRL passes generation_kwargs over its own; disable_compile there even breaks TRL's init)
+DECODE_CACHE_KWARGS = ("cache_implementation", "disable_compile", "compile_config")
 #: String fields whose value TRL checks only when the trainer starts (their help text lists the choices): checked
 #: here so that a typo fails up front. Fields whose metadata carries ``choices`` are checked the same way.
 _LATE_CHOICES: dict[str, tuple[str, ...]] = {
@@ -173,6 +176,10 @@ def check_trl_overrides(trl: Mapping[str, Any], batch_size: int | None = None) -
         if choices and isinstance(value, str) and value not in choices:
             raise ValueError(f"{where}={value!r} is not one of {list(choices)}")
         out[str(key)] = value
+    cache_kwargs = [k for k in DECODE_CACHE_KWARGS if k in (out.get("generation_kwargs") or {})]
+    if cache_kwargs:
+        raise ValueError(f"train.trl.generation_kwargs.{cache_kwargs[0]} is set by mirror-es itself; use "
+                         "train.decode_cache instead (dynamic | static | static_compiled)")
     ignored = unsupported_grpo_fields(out)  # loss options our loss would silently not apply
     if ignored:
         raise ValueError("; ".join(ignored))
