@@ -36,7 +36,7 @@ from results.store.layout import PROGRESS_FILE, RESULT_FILE  # noqa: E402
 logger = logging.getLogger("gpu_check")
 
 DATA = ROOT / "tests" / "fixtures" / "mbpp_rehearsal"
-CUDA_TESTS = ["tests/test_mirror_maps_cuda.py", "tests/test_trainer_cuda.py"]
+CUDA_TESTS = ["tests/test_mirror_maps_cuda.py", "tests/test_trainer_cuda.py", "tests/test_gpu_share_cuda.py"]
 ARCHITECTURE = "qwen3_1_7b"
 #: Qwen3-1.7B's shapes at reduced depth on a GPU; small shapes on the CPU (what a step costs is not the point there)
 SHAPES = {"cuda": {"num_hidden_layers": 4},
