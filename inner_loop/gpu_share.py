@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import traceback
+from pathlib import Path
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Mapping
 
@@ -24,9 +25,16 @@ logger = logging.getLogger(__name__)
 
 _GIB = 1 << 30
 #: what vLLM raises, as a ValueError, when its engine cannot get its memory at start-up (v1: the free-memory check
-#: of ``request_memory`` and ``_check_enough_kv_cache_memory``)
-VLLM_MEMORY_ERRORS = ("No available memory for the cache blocks", "less than desired GPU memory utilization",
-                      "larger than the available KV cache memory")
+#: of ``request_memory``, then ``_check_enough_kv_cache_memory``), each with what to change
+VLLM_MEMORY_ERRORS = {
+    "less than desired GPU memory utilization": "lower train.trl.vllm_gpu_memory_utilization",
+    "No available memory for the cache blocks": "raise train.trl.vllm_gpu_memory_utilization (within the share)",
+    "larger than the available KV cache memory": "raise train.trl.vllm_gpu_memory_utilization (within the share) "
+                                                 "or lower train.max_completion_length",
+}
+#: what to change when torch's allocator ran out within the share
+TORCH_MEMORY_FIX = "lower train.batch_size or train.max_completion_length"
+_PROJECT_ROOT = str(Path(__file__).resolve().parents[1])
 #: frames of the traceback kept in a record's error (the full traceback is in the member's log)
 TRACEBACK_FRAMES = 3
 
@@ -60,32 +68,41 @@ def share_text(device: Mapping[str, Any]) -> str:
     return f"{fraction:.2f} of {card} ({share_keys(sharers)})"
 
 
-def is_out_of_memory(exc: BaseException) -> bool:
-    """Whether ``exc`` is the GPU running out of memory: torch's OutOfMemoryError, or vLLM's refusal to start its
-    engine for want of memory."""
+def _memory_fix(exc: BaseException) -> str | None:
+    """What to change when ``exc`` is the GPU running out of memory (torch's OutOfMemoryError, or vLLM's refusal to
+    start its engine for want of memory); None when it is another error."""
     import torch
 
     if isinstance(exc, torch.OutOfMemoryError):
-        return True
-    return isinstance(exc, ValueError) and any(text in str(exc) for text in VLLM_MEMORY_ERRORS)
+        return TORCH_MEMORY_FIX
+    if isinstance(exc, ValueError):
+        return next((fix for text, fix in VLLM_MEMORY_ERRORS.items() if text in str(exc)), None)
+    return None
 
 
 def _traceback_tail(exc: BaseException) -> str:
     """The innermost frames of ``exc``'s traceback, innermost last: 'file:line in function <- ...'."""
     frames = traceback.extract_tb(exc.__traceback__)[-TRACEBACK_FRAMES:]
-    return " <- ".join(f"{f.filename}:{f.lineno} in {f.name}" for f in reversed(frames))
+    return " <- ".join(f"{_short(f.filename)}:{f.lineno} in {f.name}" for f in reversed(frames))
+
+
+def _short(filename: str) -> str:
+    """A frame's file as a reader finds it: from the package (``vllm/v1/...``) or from this project's root."""
+    for root in ("site-packages/", "dist-packages/", f"{_PROJECT_ROOT}/"):
+        if root in filename:
+            return filename.split(root, 1)[1]
+    return filename
 
 
 def out_of_memory_reason(exc: BaseException, device: Mapping[str, Any]) -> str | None:
     """The reason a GPU member's record gives when it ran out of memory: its share, what to change, then the error
     and the innermost frames; None when ``exc`` is no out-of-memory error or the member did not train on a GPU."""
-    if device.get("type") != "cuda" or not is_out_of_memory(exc):
+    fix = _memory_fix(exc) if device.get("type") == "cuda" else None
+    if fix is None:
         return None
     sharers = int(device.get(MEMBER_GPU_SHARERS_KEY) or 1)
     fraction = float(device.get(MEMBER_GPU_MEMORY_KEY) or 1.0)
-    fixes = ["lower train.batch_size or train.max_completion_length"]
-    if isinstance(exc, ValueError):  # vLLM's engine start
-        fixes.append("lower train.trl.vllm_gpu_memory_utilization")
+    fixes = [fix]
     if sharers > 1:
         fixes.append("set resources.members_per_gpu=1")
     elif fraction < 1:

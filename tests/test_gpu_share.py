@@ -104,7 +104,7 @@ def test_a_member_out_of_gpu_memory_fails_alone_naming_its_share(tmp_path, monke
                                    "lower train.batch_size or train.max_completion_length, or set "
                                    "resources.members_per_gpu=1. OutOfMemoryError: CUDA out of memory. Tried to "
                                    "allocate 2.00 GiB [at "), record.error
-    assert "in load_policy <- " in record.error and "run_setup.py" in record.error  # the traceback's tail
+    assert "in load_policy <- inner_loop/run_setup.py:" in record.error  # the traceback's tail
     assert record.device[MEMBER_GPU_MEMORY_KEY] == 0.5 and record.device[MEMBER_GPU_SHARERS_KEY] == 2
     assert read_result(work) == record
 
@@ -115,7 +115,13 @@ def test_vllm_refusing_to_start_for_memory_names_the_share_and_its_utilization()
     except ValueError as exc:
         reason = out_of_memory_reason(exc, {**H100, MEMBER_GPU_MEMORY_KEY: 0.5, MEMBER_GPU_SHARERS_KEY: 2})
     assert reason is not None and reason.startswith(f"out of GPU memory within its share: {H100_HALF}; ")
-    assert "lower train.trl.vllm_gpu_memory_utilization" in reason and "No available memory" in reason
+    assert ("; raise train.trl.vllm_gpu_memory_utilization (within the share), or set resources.members_per_gpu=1. "
+            "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` [at "
+            "tests/test_gpu_share.py:") in reason, reason
+    busy = ValueError("Free memory on device cuda:0 (10.0/79.2 GiB) on startup is less than desired GPU memory "
+                      "utilization (0.15, 11.9 GiB).")
+    assert "; lower train.trl.vllm_gpu_memory_utilization, or set" in out_of_memory_reason(busy, {
+        **H100, MEMBER_GPU_MEMORY_KEY: 0.5, MEMBER_GPU_SHARERS_KEY: 2})
     alone = {**H100, MEMBER_GPU_MEMORY_KEY: 0.25, MEMBER_GPU_SHARERS_KEY: 1}
     assert "(resources.gpu_memory_fraction); " in out_of_memory_reason(torch.OutOfMemoryError("x"), alone)
     assert "raise resources.gpu_memory_fraction" in out_of_memory_reason(torch.OutOfMemoryError("x"), alone)
