@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from results.store.config_nodes import plain, refuse_unknown_keys, typed_node
-from results.store.member_keys import MEMBER_GPU_MEMORY_KEY
+from results.store.member_keys import MEMBER_GPU_MEMORY_KEY, MEMBER_GPU_SHARERS_KEY
 from inner_loop.numerics import NUMERICS_MODES, PINNED_THREADS
 
 T = TypeVar("T")
@@ -314,6 +314,22 @@ def _fraction(value: Any) -> float:
     return float(value)
 
 
+def _sharers(value: Any) -> int:
+    """resources.members_per_gpu as the member gets it: a count >= 1; ValueError naming the key otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"resources.{MEMBER_GPU_SHARERS_KEY}={value!r} must be a count >= 1: how many members "
+                         "share this member's GPU")
+    return value
+
+
+def share_keys(sharers: int) -> str:
+    """The keys a member's GPU memory share comes from, as messages name them (its inner fraction is already the
+    resources' fraction divided by the members sharing the card)."""
+    if sharers > 1:
+        return f"resources.{MEMBER_GPU_MEMORY_KEY} / resources.{MEMBER_GPU_SHARERS_KEY}={sharers}"
+    return f"resources.{MEMBER_GPU_MEMORY_KEY}"
+
+
 @dataclass
 class InnerConfig:
     """One training run: task mapping (validated by the task package), model, divergence, train, seed."""
@@ -330,6 +346,9 @@ class InnerConfig:
     #: the member's share of its GPU's memory (resources.gpu_memory_fraction): its generation cache and full-form
     #: chunks are sized from it (inner_loop/generation/memory.py), never from the device's free memory
     gpu_memory_fraction: float = 1.0
+    #: how many members share this member's GPU (resources.members_per_gpu; 1: it has the card alone). Its vLLM
+    #: engine gets 1/k of the configured utilization and starts while the others on the card wait
+    members_per_gpu: int = 1
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], seed: int | None = None) -> "InnerConfig":
@@ -351,6 +370,7 @@ class InnerConfig:
             eval_split=str(data.get("eval_split") or "validation"),
             extra_evaluations=_extra_evaluations(data.get("extra_evaluations")),
             gpu_memory_fraction=_fraction(data.get(MEMBER_GPU_MEMORY_KEY, 1.0)),
+            members_per_gpu=_sharers(data.get(MEMBER_GPU_SHARERS_KEY, 1)),
         )
         _one_of("eval_split", cfg.eval_split, EVAL_SPLITS)
         if cfg.eval_split != "validation" and cfg.train.eval_every is not None:

@@ -25,6 +25,7 @@ from inner_loop.checkpoints import last_checkpoint, settle_after_final, settle_c
 from inner_loop.device import DeviceUnavailableError, require_device
 from inner_loop.evaluate import EvalResult, evaluate, evaluation_entry
 from inner_loop.final_model import save_final_model
+from inner_loop.gpu_share import apply_memory_share
 from inner_loop.intermediate_eval import IntermediateEvalCallback
 from inner_loop.member_records import record_failure, record_success
 from inner_loop.preflight import record_node_failure, run_preflight
@@ -134,6 +135,7 @@ def train_member(spec: MemberSpec | Mapping[str, Any], save_final: bool = False)
         except DeviceUnavailableError as exc:
             record_node_failure(work_dir, str(exc))  # as a failed pre-flight: the launcher excludes the node
             raise
+        device = apply_memory_share(device, run.cfg.gpu_memory_fraction, run.cfg.members_per_gpu)  # before the model
         torch.set_num_threads(run.cfg.train.num_threads)
         numerics_used = _numerics_for(run)
         work_dir.mkdir(parents=True, exist_ok=True)

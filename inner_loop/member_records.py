@@ -18,6 +18,7 @@ from inner_loop.config import InnerConfig
 from inner_loop.device import with_peak_memory
 from inner_loop.diagnostics import diagnostics_from_history
 from inner_loop.evaluate import EvalResult
+from inner_loop.gpu_share import out_of_memory_reason
 from inner_loop.loss.regularizers import warn_if_inert
 from inner_loop.grpo.trainer import MirrorGRPOTrainer, NonFiniteLossError
 from results.store.records import ResultRecord, write_final_result
@@ -45,7 +46,9 @@ def record_failure(work_dir: Path, stage: str, exc: Exception, trainer: MirrorGR
         reason = str(exc)
     else:
         logger.error("member %s failed in %s:\n%s", work_dir, stage, traceback.format_exc())
-        reason = f"{type(exc).__name__}: {exc}"
+        # out of GPU memory: the record names the member's share of the card, so a packed member's failure reads
+        # as its own (inner_loop/gpu_share.py)
+        reason = out_of_memory_reason(exc, device or {}) or f"{type(exc).__name__}: {exc}"
     work_dir.mkdir(parents=True, exist_ok=True)
     record = ResultRecord(
         status="failed", error=f"{stage}: {reason}", wall_time_s=time.monotonic() - started,

@@ -14,9 +14,11 @@ from typing import Any, Mapping
 from inner_loop.checkpoints import CHECKPOINT_DIR, DiskUsageCallback, SaveOnNoticeCallback
 from inner_loop.progress_log import ProgressFileCallback, tensorboard_callback
 from inner_loop.config import ExtraEvaluation, InnerConfig
+from inner_loop.generation.backends import generation_backend
 from inner_loop.generation.continuous_batching import member_continuous_batching_config
 from inner_loop.generation.memory import member_gpu_budget_bytes
 from inner_loop.generation.vllm_colocate import member_vllm_max_model_length
+from inner_loop.gpu_share import engine_start_turn_for
 from inner_loop.grpo.args import build_grpo_config, check_grpo_config
 from inner_loop.models.loading import load_policy, resolve_model_dir
 from inner_loop.loss.policy_terms import PolicyParams
@@ -140,19 +142,21 @@ def build_trainer(run: PreparedRun, work_dir: Path, seed: int) -> MirrorGRPOTrai
         return task.score_many([problems[i] for i in problem_index], completions)
 
     reward.__name__ = f"{task.name}_reward"
-    return MirrorGRPOTrainer(
-        model=model,
-        reward_funcs=reward,
-        args=args,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        regularizer=run.regularizer,
-        policy_term=tcfg.policy_loss,
-        policy_params=PolicyParams(tcfg.epsilon_low, tcfg.epsilon_high, dict(tcfg.policy_extra)),
-        full_form_rows=tcfg.full_form_rows,
-        gpu_budget_bytes=gpu_budget,
-        decode_cache=tcfg.decode_cache,
-        callbacks=[DiskUsageCallback(str(work_dir)), ProgressFileCallback(work_dir),
-                   *([tensorboard_callback(work_dir)] if "tensorboard" in tcfg.report_to else []),
-                   SaveOnNoticeCallback()],  # last: the others see its save before it stops the run
-    )
+    # members sharing the card build their vLLM engines one at a time (vLLM sizes its cache from the whole device)
+    with engine_start_turn_for(generation_backend(vars(args)), args.device, cfg.members_per_gpu):
+        return MirrorGRPOTrainer(
+            model=model,
+            reward_funcs=reward,
+            args=args,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            regularizer=run.regularizer,
+            policy_term=tcfg.policy_loss,
+            policy_params=PolicyParams(tcfg.epsilon_low, tcfg.epsilon_high, dict(tcfg.policy_extra)),
+            full_form_rows=tcfg.full_form_rows,
+            gpu_budget_bytes=gpu_budget,
+            decode_cache=tcfg.decode_cache,
+            callbacks=[DiskUsageCallback(str(work_dir)), ProgressFileCallback(work_dir),
+                       *([tensorboard_callback(work_dir)] if "tensorboard" in tcfg.report_to else []),
+                       SaveOnNoticeCallback()],  # last: the others see its save before it stops the run
+        )

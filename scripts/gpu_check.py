@@ -37,7 +37,7 @@ from results.store.layout import PROGRESS_FILE, RESULT_FILE  # noqa: E402
 logger = logging.getLogger("gpu_check")
 
 DATA = ROOT / "tests" / "fixtures" / "mbpp_rehearsal"
-CUDA_TESTS = ["tests/test_mirror_maps_cuda.py", "tests/test_trainer_cuda.py"]
+CUDA_TESTS = ["tests/test_mirror_maps_cuda.py", "tests/test_trainer_cuda.py", "tests/test_gpu_share_cuda.py"]
 ARCHITECTURE = "qwen3_1_7b"
 #: train.decode_cache of the single run (the search keeps the preset's)
 SINGLE_DECODE_CACHE = "static"

@@ -23,6 +23,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from inner_loop.config import share_keys
+from inner_loop.generation.backends import VLLM_COLOCATE, generation_backend
 from inner_loop.generation.continuous_batching import longest_prompt_tokens
 from inner_loop.generation.memory import generation_cache_bytes, member_memory_bytes
 
@@ -43,6 +45,33 @@ def member_vllm_max_model_length(args: Any, tokenizer: Any, prompts: Sequence[st
     logger.info("vLLM: max_model_len %d (longest training prompt + train.max_completion_length; "
                 "train.trl.vllm_max_model_length sets it)", length)
     return length
+
+
+def share_vllm_memory(args: Any, fraction: float, sharers: int) -> None:
+    """Give a colocated engine its member's part of the card: ``args.vllm_gpu_memory_utilization`` (a figure of the
+    whole card, train.trl's or TRL's default) divided by ``sharers`` (resources.members_per_gpu); ValueError naming
+    the keys when that part does not fit, with room to train, in the member's share ``fraction`` (already divided).
+
+    Why up front: the colocated engine allocates its weights and KV cache in the member's own process, within the
+    member's memory limit (inner_loop/gpu_share.py); an engine given all of the share leaves nothing for the policy,
+    its optimizer and activations, and every member of the search would fail the same way after loading its model.
+    """
+    if generation_backend(vars(args)) != VLLM_COLOCATE:
+        return
+    configured = float(args.vllm_gpu_memory_utilization)
+    scaled = configured / sharers
+    if scaled >= fraction:
+        per_member = f" / resources.members_per_gpu={sharers} = {scaled:.3g}" if sharers > 1 else ""
+        raise ValueError(
+            f"train.trl.vllm_gpu_memory_utilization={configured:g} (of the whole GPU){per_member} for vLLM's "
+            f"colocated engine does not fit within the member's share of the GPU, {fraction:.3g} "
+            f"({share_keys(sharers)}): the engine allocates in the member's process and would leave nothing to "
+            f"train with; lower train.trl.vllm_gpu_memory_utilization below {fraction * sharers:.3g} or raise "
+            "resources.gpu_memory_fraction")
+    if sharers > 1:
+        args.vllm_gpu_memory_utilization = scaled
+        logger.info("vLLM colocate: gpu_memory_utilization %.3g = train.trl.vllm_gpu_memory_utilization %g / "
+                    "resources.members_per_gpu %d (the card is shared)", scaled, configured, sharers)
 
 
 def set_cpu_cache_from_allocation(environ: Any = None) -> int:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from inner_loop.generation.vllm_colocate import share_vllm_memory
 from inner_loop.grpo.fields import FIXED_FIELDS, GRPO_FIELDS
 from inner_loop.grpo.trl_overrides import trl_version
 
@@ -114,14 +115,18 @@ def build_grpo_config(cfg: "InnerConfig", output_dir: str | Path, seed: int, *,
         if check_only:
             with warnings.catch_warnings():  # the member repeats GRPOConfig's own warnings where they matter
                 warnings.simplefilter("ignore")
-                return _construct(kwargs)
-        return _construct(kwargs)
+                args = _construct(kwargs)
+        else:
+            args = _construct(kwargs)
     except Exception as exc:  # noqa: BLE001 - whatever GRPOConfig raises is a configuration mistake
         culprits = _culprits(kwargs, sources)
         where = " or ".join(culprits) if culprits else (
             "the train settings (the keys that reach it: " + ", ".join(dict.fromkeys(sources.values())) + ")")
         raise ValueError(f"{where}: rejected by TRL's GRPOConfig (trl {trl_version()}): "
                          f"{type(exc).__name__}: {exc}") from exc
+    # a colocated vLLM engine's part of a shared card, refused here (and so up front) if it cannot fit the share
+    share_vllm_memory(args, cfg.gpu_memory_fraction, cfg.members_per_gpu)
+    return args
 
 
 def check_grpo_config(cfg: "InnerConfig") -> None:
