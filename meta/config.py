@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, MutableMapping, Sequence
 
 from meta.early_stop import EarlyStopConfig, EarlyStopError, check_early_stop
+from results.store.gpu_time import GpuSharing, gpu_sharing
 from results.store.records import gpus_entry
 from results.store.config_nodes import plain, refuse_unknown_keys
 
@@ -198,13 +199,24 @@ def member_time_text(resources: Mapping[str, Any], steps: Any) -> str:
             f"{resources.get('overhead_min') or 0:g} min; step time measured: {source}")
 
 
+def member_sharing(raw: Mapping[str, Any]) -> GpuSharing:
+    """How many members share one GPU and how much slower each runs (results/store/gpu_time.py), checked up front by
+    every command that composes a config: ConfigError naming the key, before anything is written."""
+    resources = raw.get("resources")
+    try:
+        return gpu_sharing(resources if isinstance(resources, Mapping) else {})
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def derive_inner_timeout(raw: MutableMapping[str, Any]) -> None:
     """Fill ``inner.timeout_s: null`` from the preset's time per member (member_time_min x 60 x
-    timeout_factor), in place, so that the stored config says the number the members ran under."""
+    timeout_factor; x the measured slowdown when members share a GPU), in place, so that the stored config says the
+    number the members ran under."""
     inner = raw.get("inner")
     if not isinstance(inner, MutableMapping) or inner.get("timeout_s") is not None:
         return
-    minutes = _float(raw, "resources.member_time_min", 1e-3)
+    minutes = member_sharing(raw).member_time(_float(raw, "resources.member_time_min", 1e-3))
     factor = _float(raw, "resources.timeout_factor", 1.0)
     seeds = raw.get("seeds_per_member") or 1  # a member trains its seeds one after another
     inner["timeout_s"] = float(math.ceil(minutes * 60.0 * factor * (seeds if isinstance(seeds, int) else 1)))

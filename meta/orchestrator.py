@@ -30,6 +30,7 @@ from meta.generation_close import QuorumClock
 from meta.live_watch import LiveWatch, all_same_warning, format_duration
 from meta.searchers import Searcher, build_searcher
 from meta.seeding import member_seed
+from results.store.gpu_share import read_gpu_share, share_text
 from results.store.records import (MEMBER_SEEDS_KEY, NODE_FAILED, UNMEASURED_STATUSES, MemberSpec, ResultRecord,
                                    device_text, read_result)
 from results.store.run_store import RunStore
@@ -363,6 +364,9 @@ class Orchestrator:
                 # where it trained (inner_loop/device.py): a GPU's name and memory, or the CPU's; and its peak GPU use
                 "device": device_text(record.device),
                 "peak_gpu_memory_bytes": record.device.get("peak_memory_bytes"),
+                # the task and GPU it shared with other members (resources.members_per_gpu >= 2; "" alone): its time,
+                # memory and an out-of-memory failure depend on them
+                "gpu_share": share_text(read_gpu_share(self.store.member_dir(generation, index))),
             }
             row.update({f"diag_{k}": v for k, v in record.diagnostics.items()})
             rows.append(row)

@@ -46,6 +46,7 @@ from meta.config import (
     absolute_paths,
     build_search_config,
     check_member_launch,
+    member_sharing,
 )
 from meta.resume import NEW_KEY, check_resume, open_run_dir, run_dir_label
 from meta.staging import stage_run
@@ -348,7 +349,9 @@ def build_dry_run_plan(prepared: Prepared) -> str:
     k, m = pilot.seeds, pilot.pairs
     combos = prepared.combinations
     runs = len(combos) * runs_per_combination(pilot)
-    minutes = float(cfg.resources.get("member_time_min") or cfg.inner_timeout_s / 60.0)
+    alone_min = float(cfg.resources.get("member_time_min") or cfg.inner_timeout_s / 60.0)
+    sharing = member_sharing(raw)
+    minutes = sharing.member_time(alone_min)
     gpus, cpus = int(cfg.resources.get("gpus") or 0), int(cfg.resources.get("cpus") or 1)
     hours = runs * minutes / 60.0
     per_member = raw.get("seeds_per_member")
@@ -370,9 +373,13 @@ def build_dry_run_plan(prepared: Prepared) -> str:
         *(f"  {j}: radius {c['radius']:g}, coef {'n/a' if c['coef'] is None else format(c['coef'], 'g')}"
           for j, c in enumerate(combos)),
         f"training runs: {len(combos)} combination(s) x (k + 2 m k) = {len(combos)} x ({k} + 2 x {m} x {k}) = {runs}",
-        f"each run: ~{minutes:g} min (resources.member_time_min), {gpus} GPU, {cpus} CPU; launcher="
+        f"each run: ~{round(minutes, 1):g} min (resources.member_time_min"
+        + (f" {alone_min:g} x slowdown {sharing.slowdown:g}" if sharing.shared else "") + f"), {gpus} GPU, {cpus} "
+        f"CPU; launcher="
         f"{cfg.launcher.get('name')}, retries={cfg.retries}, limit inner.timeout_s={cfg.inner_timeout_s:g} s",
-        f"GPU-hours: {runs} runs x {minutes / 60:.2f} h x {gpus} GPU = {hours * gpus:,.2f} GPU-h",
+        f"GPU-hours: {runs} runs x {sharing.hours_text(alone_min / 60, gpus)} = "
+        f"{sharing.gpu_hours(runs, alone_min / 60, gpus):,.2f} GPU-h",
+        *sharing.plan_lines(runs, "pilot array"),
         f"CPU-hours: {runs} runs x {minutes / 60:.2f} h x {cpus} CPU = {hours * cpus:,.2f} CPU-h",
         f"then: SNR of one generation's ES step at population={cfg.population}, seeds_per_member="
         + (f"{per_member}" if per_member is not None else "1 (not a setting of this config)")

@@ -14,8 +14,8 @@ from typing import Any, Mapping
 
 import yaml
 
-from meta.status_rows import (MemberRow, eta_text, gpu_hours, is_final, member_rows, orchestrator_line, row_line,
-                              rows_eta, slurm_parallelism, state_summary)
+from meta.status_rows import (GpuUse, MemberRow, eta_text, gpu_hours, gpu_use, is_final, member_rows,
+                              orchestrator_line, row_line, rows_eta, slurm_parallelism, state_summary)
 from results.report.pilot import CENTRE, PLUS
 from results.store.layout import JOBS_FILE
 from results.store.run_store import RunStore, read_jobs_file
@@ -32,10 +32,10 @@ def _setting(value: float | None) -> str:
     return "n/a" if value is None else f"{value:g}"
 
 
-def _progress(rows: list[MemberRow], gpus: int) -> str:
+def _progress(rows: list[MemberRow], use: GpuUse) -> str:
     """How far a set of runs got: final of all, per state, and their GPU time."""
     final = sum(map(is_final, rows))
-    return f"{final}/{len(rows)} final ({state_summary(rows)}) | GPU time {gpu_hours(rows, gpus):.2f} h"
+    return f"{final}/{len(rows)} final ({state_summary(rows)}) | GPU time {gpu_hours(rows, use):.2f} h"
 
 
 def render_pilot(run_dir: str | Path, show_all: bool = False, now: float | None = None) -> str:
@@ -47,7 +47,7 @@ def render_pilot(run_dir: str | Path, show_all: bool = False, now: float | None 
         return (f"pilot run {store.root}: no pilot_plan.json yet (meta.pilot writes it before its first submission)\n"
                 f"{orchestrator_line(store)}\n")
     raw = yaml.safe_load(store.read_config_text()) or {}
-    gpus = int((raw.get("resources") or {}).get("gpus") or 0)
+    use = gpu_use(raw)
     slurm, parallel = slurm_parallelism(raw)
     members = plan["members"]
     jobs = read_jobs_file(store.pilot_runs_dir / JOBS_FILE)
@@ -58,11 +58,11 @@ def render_pilot(run_dir: str | Path, show_all: bool = False, now: float | None 
     for j, combo in enumerate(combinations):
         mine = [row for row, m in zip(rows, members) if m["combination"] == j]
         lines.append(f"combination {j}: radius {_setting(combo['radius'])} (es.{plan['radius_key']}), "
-                     f"divergence.coef {_setting(combo['coef'])}: {_progress(mine, gpus)}")
+                     f"divergence.coef {_setting(combo['coef'])}: {_progress(mine, use)}")
         if show_all or not all(map(is_final, mine)):
-            lines.extend(row_line(row, gpus) for row in mine)
+            lines.extend(row_line(row, use) for row in mine)
     complete = all(map(is_final, rows))
-    lines.append(f"all runs: {_progress(rows, gpus)} | {'done' if complete else eta_text(rows_eta(rows, parallel))}")
+    lines.append(f"all runs: {_progress(rows, use)} | {'done' if complete else eta_text(rows_eta(rows, parallel))}")
     if store.pilot_path.is_file():
         lines.append(f"findings: {store.pilot_path} (python -m results.report {store.root})")
     else:

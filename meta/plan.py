@@ -15,9 +15,10 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from meta.config import SearchConfig, member_time_text
+from meta.config import SearchConfig, member_sharing, member_time_text
 from meta.early_stop import stop_capacity
 from meta.resume import run_dir_label
+from results.store.gpu_time import GpuSharing, gpu_time_h
 from results.store.run_store import RunStore
 
 #: SLURM's default MaxArraySize; a dry run asks no scheduler, so without launcher.max_array_size it assumes this
@@ -295,7 +296,11 @@ def build_plan(
     generations = max(0, cfg.generations - first)
     launcher = cfg.launcher.get("name")
     threads = int(raw["train"].get("num_threads") or 1)
-    member_min = float(cfg.resources.get("member_time_min") or cfg.inner_timeout_s / 60.0)
+    alone_min = float(cfg.resources.get("member_time_min") or cfg.inner_timeout_s / 60.0)
+    sharing = member_sharing(raw)
+    member_min = sharing.member_time(alone_min)  # its expected running time, beside the members on its GPU
+    shared_text = (f"{alone_min:g} min alone x slowdown {sharing.slowdown:g} with {sharing.members_per_gpu} members "
+                   "per GPU; " if sharing.shared else "")
     lines = [
         f"DRY RUN: nothing is submitted or written. {run_dir_label(cfg.run_dir, resuming, 'search')}",
         f"search: population {cfg.population} x "
@@ -303,7 +308,8 @@ def build_plan(
            f"generations: all {cfg.generations} done (0 to run), ") +
         f"es={cfg.es.get('name')}, retries={cfg.retries}; task={raw['task'].get('name')} "
         f"model={raw['model'].get('name')} train.steps={raw['train'].get('steps')}",
-        f"time per member: {member_min:g} min expected ({member_time_text(cfg.resources, raw['train'].get('steps'))}); "
+        f"time per member: {round(member_min, 1):g} min expected ({shared_text}"
+        f"{member_time_text(cfg.resources, raw['train'].get('steps'))}); "
         f"inner.timeout_s={cfg.inner_timeout_s:g} s ({cfg.inner_timeout_s / 3600:.2f} h) of running time, summed over "
         "requeues",
         *timeout_headroom_lines(cfg.inner_timeout_s, member_min * cfg.seeds_per_member),
@@ -347,13 +353,13 @@ def build_plan(
         f"at once: {concurrent * held} GPUs, {concurrent * cpus} CPUs"
         + (f", {concurrent * mem:g} GB memory" if mem is not None else ""),
     ]
-    member_h = member_min / 60.0
+    member_h = alone_min / 60.0  # alone on its GPU: the sharing's slowdown and split are sharing.gpu_hours's
     per_generation = members_per_generation(cfg)
     k = cfg.seeds_per_member
     selection, reporting, done = runs_left(cfg, store, resuming)
     runs = per_generation * generations * k + selection + reporting
-    gpu_h = runs * member_h * gpus
-    worst_h = runs * (cfg.retries + 1) * (cfg.inner_timeout_s / 3600.0) * gpus
+    gpu_h = sharing.gpu_hours(runs, member_h, gpus)
+    worst_h = gpu_time_h(runs * (cfg.retries + 1) * (cfg.inner_timeout_s / 3600.0), gpus, sharing.members_per_gpu)
     control = " (population + the control member)" if cfg.control_member else ""
     scope = "what is left of the search" if resuming else "whole search"
     lines += [
@@ -368,11 +374,12 @@ def build_plan(
                                     f": a generation closes {cfg.straggler_grace:g} x its median member time after "
                                     f"{math.ceil(cfg.quorum * cfg.population - 1e-9)} of {cfg.population} members "
                                     "finished; the rest are cancelled as late (the GPU-hours below are an upper bound)"),
-        f"GPU-hours, {scope}: {runs} runs x {member_h:.2f} h x {gpus} GPU = {gpu_h:,.1f} GPU-h",
-        *early_stop_lines(cfg, generations, member_h, gpus),
+        f"GPU-hours, {scope}: {runs} runs x {sharing.hours_text(member_h, gpus)} = {gpu_h:,.1f} GPU-h",
+        *sharing.plan_lines(per_generation),
+        *early_stop_lines(cfg, generations, member_h, gpus, sharing),
         f"GPU-hours, worst case with retries: every member failing at inner.timeout_s and retried "
         f"retries={cfg.retries} time(s) = {worst_h:,.1f} GPU-h",
-        f"CPU-hours, {scope}: {runs * member_h * cpus:,.1f} CPU-h",
+        f"CPU-hours, {scope}: {runs * sharing.member_time(member_h) * cpus:,.1f} CPU-h",
     ]
     lines += ["", *reporting_lines(cfg, overrides)]
     lines += ["", *_disk_lines(raw, cfg, concurrent, generations)]
@@ -390,22 +397,26 @@ def timeout_headroom_lines(timeout_s: float, expected_min: float) -> list[str]:
             f"Raise resources.timeout_factor (or inner.timeout_s) to at least {TIMEOUT_HEADROOM:g}"]
 
 
-def early_stop_lines(cfg: SearchConfig, generations: int, member_h: float, gpus: int) -> list[str]:
+def early_stop_lines(cfg: SearchConfig, generations: int, member_h: float, gpus: int,
+                     sharing: GpuSharing) -> list[str]:
     """What early_stop may save: at most the update's ignored members per generation, each stopped at the
-    decision step (a member on k seeds decides after its last seed reported, so it saves one run's rest)."""
+    decision step (a member on k seeds decides after its last seed reported, so it saves one run's rest).
+    ``member_h``: a member's hours alone on its GPU (``sharing`` adds its slowdown and split)."""
     if cfg.early_stop_step is None:
         return ["early_stop: off (every member trains to its last step)"]
     steps = int(cfg.inner_config["train"]["steps"])
     capacity = stop_capacity(cfg.es, cfg.population)
     rest = 1.0 - cfg.early_stop_step / steps
-    saved_h = generations * capacity * rest * member_h
+    saved_runs = generations * capacity * rest
+    saved_h = saved_runs * sharing.member_time(member_h)
     return [
         f"early_stop: decided at step {cfg.early_stop_step} of {steps} once {cfg.early_stop.min_reported:g} of the "
         f"population reported; a member is stopped below the median by more than margin {cfg.early_stop.margin:g} x "
         f"noise {cfg.early_stop.noise:g}; at most {capacity} of {cfg.population} per generation (the members the "
         f"update ignores)",
         f"early_stop saves at most {generations} generations x {capacity} members x {rest:.2f} of a run x "
-        f"{member_h:.2f} h x {gpus} GPU = {saved_h * gpus:,.1f} GPU-h ({saved_h:,.1f} member-h); how many stop "
+        f"{sharing.hours_text(member_h, gpus)} = {sharing.gpu_hours(saved_runs, member_h, gpus):,.1f} GPU-h "
+        f"({saved_h:,.1f} member-h); how many stop "
         "depends on the early scores (docs/early_stop.md has the measured false-cut rates)",
     ]
 

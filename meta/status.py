@@ -5,8 +5,8 @@ Read-only: it never takes the run's LOCK or writes a file, so it is safe while t
 it died. Per generation a summary line; per member of the current generation (every generation with --all): its
 state (queued, with SLURM's pending reason; running, with its step, last reward and regularizer gradient share from
 progress.json; ok with its fitness; failed, timeout, late, cancelled, stopped_early with its early score), its running
-time and GPU time (the member's ledger x resources.gpus), and an ETA from the members' measured step rates. The run
-dir's kind picks the view: a ``meta.tune`` run gets its trials (meta/tune/status.py), a ``meta.pilot`` run its runs
+time and GPU time (the member's ledger x resources.gpus / resources.members_per_gpu), the GPU it shared, and an ETA
+from the members' measured step rates. The run dir's kind picks the view: a ``meta.tune`` run gets its trials (meta/tune/status.py), a ``meta.pilot`` run its runs
 per (radius, coef) combination and role (meta/pilot_status.py), both with the same member rows
 (meta/status_rows.py). Exit 2 when run_dir is none of the three.
 """
@@ -23,8 +23,8 @@ from typing import Any, Callable, Mapping, Sequence
 import yaml
 
 from meta.live_watch import format_duration
-from meta.status_rows import (eta_text, gpu_hours, member_rows, orchestrator_line, row_line, rows_eta,
-                              slurm_parallelism, state_summary)
+from meta.status_rows import (eta_text, gpu_hours, gpu_use, member_rows, orchestrator_line, row_line,
+                              rows_eta, slurm_parallelism, state_summary)
 from results.report.arguments import run_dir_argument
 from results.report.pilot import is_pilot_dir
 from results.store.atomic import CorruptFileError
@@ -71,7 +71,7 @@ def render(run_dir: str | Path, show_all: bool = False, now: float | None = None
     now = time.time() if now is None else now
     raw = yaml.safe_load(store.read_config_text()) or {}
     population, generations = int(raw["population"]), int(raw["generations"])
-    gpus = int((raw.get("resources") or {}).get("gpus") or 0)
+    use = gpu_use(raw)
     slurm, parallel = slurm_parallelism(raw)
     done = set(store.state_generations())
     gens = _generation_dirs(store)
@@ -99,13 +99,13 @@ def render(run_dir: str | Path, show_all: bool = False, now: float | None = None
         tag = "done" if generation in done else eta_text(eta)
         early = ""
         if saved.get(generation):
-            early = (f" | early stop saved ~{saved[generation] * gpus / 3600.0:.2f} GPU-h "
+            early = (f" | early stop saved ~{use.hours(saved[generation]):.2f} GPU-h "
                      f"({format_duration(saved[generation])} of member time)")
-        lines.append(f"gen {generation}: {summary}{stats} | GPU time {gpu_hours(rows, gpus):.2f} h{early} | {tag}")
+        lines.append(f"gen {generation}: {summary}{stats} | GPU time {gpu_hours(rows, use):.2f} h{early} | {tag}")
         if generation not in done:
             current_eta = eta
         if show_all or generation == gens[-1]:
-            lines.extend(row_line(row, gpus) for row in rows)
+            lines.extend(row_line(row, use) for row in rows)
     remaining = generations - max(done, default=-1) - 1 - (1 if current_eta is not None else 0)
     if len(done) >= generations:
         lines.append(f"search finished: {generations} generation(s) done")

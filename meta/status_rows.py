@@ -14,6 +14,8 @@ from typing import Any, Mapping, Sequence
 from launch.member import read_ledger
 from meta.live_watch import format_duration, generation_eta
 from meta.lock import RunLock
+from results.store.gpu_share import read_gpu_share, share_text
+from results.store.gpu_time import gpu_time_h, members_per_gpu
 from results.store.progress import MemberProgress, read_progress
 from results.store.records import device_text, read_result
 from results.store.run_store import RunStore
@@ -34,11 +36,38 @@ class MemberRow:
     progress: MemberProgress | None
     wall_s: float | None  # a finished member's own running time
     fitness: float | None = None
+    gpu_share: str = ""  # the task and GPU it shared and with whom (results/store/gpu_share.py); "" alone
+
+
+@dataclass(frozen=True)
+class GpuUse:
+    """The GPUs of one member (resources.gpus) and the members that share each (resources.members_per_gpu)."""
+
+    gpus: int
+    members_per_gpu: int = 1
+
+    def hours(self, running_s: float) -> float:
+        """GPU-hours of a member's running time: x gpus / k (results/store/gpu_time.py owns the formula)."""
+        return gpu_time_h(running_s / 3600.0, self.gpus, self.members_per_gpu)
+
+
+def gpu_use(raw: Mapping[str, Any]) -> GpuUse:
+    """A run's GPU use per member, from its resolved config (a run made before members_per_gpu existed: 1)."""
+    resources = raw.get("resources") or {}
+    return GpuUse(int(resources.get("gpus") or 0), members_per_gpu(resources))
 
 
 def member_row(label: str, work_dir: Path, job: Mapping[str, Any] | None, reasons: Mapping[str, str],
                now: float) -> MemberRow:
-    """One member's state from its files (result, ledger, progress) and the scheduler's pending reasons."""
+    """One member's state from its files (result, ledger, progress, the GPU it shared) and the scheduler's pending
+    reasons."""
+    row = _member_state(label, work_dir, job, reasons, now)
+    row.gpu_share = share_text(read_gpu_share(work_dir))
+    return row
+
+
+def _member_state(label: str, work_dir: Path, job: Mapping[str, Any] | None, reasons: Mapping[str, str],
+                  now: float) -> MemberRow:
     record = read_result(work_dir)
     ledger = read_ledger(work_dir)
     running_s = ledger.used_at(now) if ledger is not None else None
@@ -92,9 +121,10 @@ def is_final(row: MemberRow) -> bool:
     return row.state not in (RUNNING, *WAITING)
 
 
-def gpu_hours(rows: Sequence[MemberRow], gpus: int) -> float:
-    """GPU-hours the members used so far: each one's running time (its ledger, else its record's) x resources.gpus."""
-    return sum(r.running_s or r.wall_s or 0.0 for r in rows) * gpus / 3600.0
+def gpu_hours(rows: Sequence[MemberRow], use: GpuUse) -> float:
+    """GPU-hours the members used so far: each one's running time (its ledger, else its record's) x resources.gpus /
+    resources.members_per_gpu."""
+    return use.hours(sum(r.running_s or r.wall_s or 0.0 for r in rows))
 
 
 def rows_eta(rows: Sequence[MemberRow], parallel: int | None) -> float | None:
@@ -109,12 +139,14 @@ def eta_text(eta: float | None) -> str:
     return "ETA " + format_duration(eta) if eta is not None else "ETA unknown"
 
 
-def row_line(row: MemberRow, gpus: int, label_width: int = 24) -> str:
-    """A member's line: its label, state and detail, then its running time and GPU-hours when it has run."""
+def row_line(row: MemberRow, use: GpuUse, label_width: int = 24) -> str:
+    """A member's line: its label, state and detail, then its running time and GPU-hours when it has run, and the
+    GPU it shared when it shared one."""
     used = row.running_s if row.running_s is not None else row.wall_s
     how_long = f"{format_duration(used)} running" if row.state == RUNNING else f"ran {format_duration(used or 0.0)}"
-    time_text = f"{how_long}, {used * gpus / 3600.0:.2f} GPU-h" if used else ""
-    return f"  {row.label:<{label_width}s} {row.state:<13s} {row.detail:<60s} {time_text}"
+    time_text = f"{how_long}, {use.hours(used):.2f} GPU-h" if used else ""
+    shared = f" | shared: {row.gpu_share}" if row.gpu_share else ""
+    return f"  {row.label:<{label_width}s} {row.state:<13s} {row.detail:<60s} {time_text}{shared}"
 
 
 def slurm_parallelism(raw: Mapping[str, Any]) -> tuple[bool, int | None]:

@@ -6,12 +6,15 @@ from typing import Any, Mapping
 
 from meta.resume import run_dir_label
 from meta.tune.config import TuneConfig
+from results.store.gpu_time import gpu_sharing
 
 
 def build_plan(cfg: TuneConfig, run_dir: Path, resuming: bool) -> str:
     """The plan as text: the space, the trials and runs, what runs at once, and the GPU-hours at most."""
     runs = cfg.trials * cfg.seeds
-    minutes = float(cfg.resources.get("member_time_min") or 0.0)
+    alone_min = float(cfg.resources.get("member_time_min") or 0.0)
+    sharing = gpu_sharing(cfg.resources)  # checked when the config was composed
+    minutes = sharing.member_time(alone_min)
     gpus = int(cfg.resources.get("gpus") or 0)
     hours = runs * minutes / 60.0
     lines = [
@@ -23,12 +26,15 @@ def build_plan(cfg: TuneConfig, run_dir: Path, resuming: bool) -> str:
           for d in cfg.dims),
         f"trials: {cfg.trials} x {cfg.seeds} seed(s) = {runs} training runs, at most {cfg.parallel * cfg.seeds} at once "
         f"({cfg.parallel} trial(s) in flight); objective: mean validation pass@1",
-        f"each run: ~{minutes:g} min (resources.member_time_min), {gpus} GPU, limit inner.timeout_s="
-        f"{cfg.inner_timeout_s:g} s, retries {cfg.retries}",
+        f"each run: ~{round(minutes, 1):g} min (resources.member_time_min"
+        + (f" {alone_min:g} x slowdown {sharing.slowdown:g}" if sharing.shared else "")
+        + f"), {gpus} GPU, limit inner.timeout_s={cfg.inner_timeout_s:g} s, retries {cfg.retries}",
         *_validation_lines(cfg.inner_config["train"], runs),
-        f"GPU-hours without pruning: {runs} runs x {minutes / 60:.2f} h x {gpus} GPU = {hours * gpus:,.1f} GPU-h "
+        f"GPU-hours without pruning: {runs} runs x {sharing.hours_text(alone_min / 60, gpus)} = "
+        f"{sharing.gpu_hours(runs, alone_min / 60, gpus):,.1f} GPU-h "
         f"(wall ~{hours / max(1, cfg.parallel * cfg.seeds):,.1f} h if the cluster runs {cfg.parallel * cfg.seeds} at "
         "once); pruning stops runs early, so this is an upper bound before retries",
+        *sharing.plan_lines(cfg.parallel * cfg.seeds, "set of trials in flight"),
     ]
     return "\n".join(lines)
 

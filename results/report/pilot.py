@@ -38,6 +38,7 @@ from typing import Any, Mapping, Sequence
 from results.report.arguments import check_output_folder, run_dir_argument
 from results.report.paired import CONFIDENCE, mean_interval
 from results.store.atomic import CorruptFileError, atomic_write_text
+from results.store.gpu_time import GpuSharing, gpu_sharing, gpu_time_h
 from results.store.intermediate import read_intermediate
 from results.store.layout import REPORT_DIR
 from results.store.records import ResultRecord, read_result
@@ -66,6 +67,7 @@ class PilotContext:
     cpus: int
     member_time_min: float | None
     eval_every: int | None
+    sharing: GpuSharing  # members per GPU and their slowdown: a member's expected time and its GPU time
 
 
 def pilot_context(raw: Mapping[str, Any]) -> PilotContext:
@@ -81,6 +83,7 @@ def pilot_context(raw: Mapping[str, Any]) -> PilotContext:
         gpus=int(resources.get("gpus") or 0), cpus=int(resources.get("cpus") or 1),
         member_time_min=float(resources["member_time_min"]) if resources.get("member_time_min") else None,
         eval_every=int(train["eval_every"]) if train.get("eval_every") else None,
+        sharing=gpu_sharing(resources),
     )
 
 
@@ -291,8 +294,10 @@ def _ceil(x: float) -> int:
 
 
 def _hours(runs: float, member_hours: float, ctx: PilotContext) -> tuple[float, str]:
+    """The cost of ``runs`` that run ``member_hours`` each (beside the members sharing their GPU): GPU time, else
+    CPU time."""
     if ctx.gpus > 0:
-        return runs * member_hours * ctx.gpus, "GPU-h"
+        return gpu_time_h(runs * member_hours, ctx.gpus, ctx.sharing.members_per_gpu), "GPU-h"
     return runs * member_hours * ctx.cpus, "CPU-h"
 
 
@@ -378,6 +383,7 @@ def summarize_run_dir(run_dir: str | Path) -> dict[str, Any]:
             records[index] = record
     combinations = [summarize_combination(plan, j, records, work_dirs, ctx) for j in range(len(plan["combinations"]))]
     ok_hours = [r.wall_time_s / 3600.0 for r in records.values() if r.ok]
+    planned_h = ctx.sharing.member_time(ctx.member_time_min) / 60.0 if ctx.member_time_min else None
     manifest = store.read_manifest()
     return {
         "kind": PILOT_KIND, "run_dir": str(store.root), "run_id": manifest.get("run_id"), "seed": plan["seed"],
@@ -388,7 +394,7 @@ def summarize_run_dir(run_dir: str | Path) -> dict[str, Any]:
         "seeds_per_member_set": ctx.seeds_per_member_set, "eval_every": ctx.eval_every,
         "combinations": combinations,
         "recommendation": recommend(combinations, ctx, statistics.fmean(ok_hours) if ok_hours else
-                                    (ctx.member_time_min / 60.0 if ctx.member_time_min else None),
+                                    planned_h,
                                     sum(r.wall_time_s for r in records.values()) / 3600.0),
     }
 

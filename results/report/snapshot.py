@@ -18,6 +18,7 @@ from typing import Any
 import pandas as pd
 
 from results.store.atomic import CorruptFileError
+from results.store.gpu_share import read_gpu_share, share_text
 from results.store.layout import RESULT_FILE, parse_generation_dir_name, parse_member_dir_name
 from results.store.provenance import read_run_manifest
 from results.store.records import STOPPED_EARLY, ResultRecord, device_text
@@ -87,7 +88,8 @@ def _member_row_from_dir(generation: int, index: int, member_dir: Path, skipped:
                wall_time_s=record.wall_time_s, steps_done=record.steps_done, error=record.error[-500:],
                disk_peak_bytes=_bytes_or_nan(record.disk_peak_bytes), source=RESULT_FILE,
                device=device_text(record.device),
-               peak_gpu_memory_bytes=_bytes_or_nan(record.device.get("peak_memory_bytes")))
+               peak_gpu_memory_bytes=_bytes_or_nan(record.device.get("peak_memory_bytes")),
+               gpu_share=share_text(read_gpu_share(member_dir)))  # as the orchestrator's members table has it
     return row
 
 

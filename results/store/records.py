@@ -12,7 +12,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from results.store.member_keys import MEMBER_GPU_MEMORY_KEY, MEMBER_GPUS_KEY  # re-exported
+from results.store.gpu_time import members_per_gpu
+from results.store.member_keys import MEMBER_GPU_MEMORY_KEY, MEMBER_GPU_SHARERS_KEY, MEMBER_GPUS_KEY  # re-exported
 from results.store.atomic import atomic_create_bytes, atomic_write_json, json_bytes
 from results.store.layout import RESULT_FILE, SPEC_FILE  # re-exported: importers use results.store.records.RESULT_FILE
 
@@ -35,14 +36,18 @@ MEMBER_SEEDS_KEY = "member_seeds"
 DECIDED_STATUSES = ("cancelled", "late", "pruned", STOPPED_EARLY)
 
 
-def gpus_entry(resources: Mapping[str, Any]) -> dict[str, int]:
+def gpus_entry(resources: Mapping[str, Any]) -> dict[str, Any]:
     """What a member's inner config carries of its resources: nothing for a CPU member (its config stays as it was),
     else {MEMBER_GPUS_KEY: n} (the member refuses to train without a usable GPU) and, where set, its share of the
-    GPU's memory (MEMBER_GPU_MEMORY_KEY)."""
+    GPU's memory (MEMBER_GPU_MEMORY_KEY). With k = resources.members_per_gpu >= 2 members on one GPU, its share is
+    (gpu_memory_fraction or 1) / k and MEMBER_GPU_SHARERS_KEY says k, so that each sizes its caches for its part."""
     gpus = resources.get("gpus")
     if not (isinstance(gpus, int) and not isinstance(gpus, bool) and gpus >= 1):
         return {}
     fraction = resources.get(MEMBER_GPU_MEMORY_KEY)
+    k = members_per_gpu(resources)
+    if k >= 2:
+        return {MEMBER_GPUS_KEY: gpus, MEMBER_GPU_MEMORY_KEY: (fraction or 1.0) / k, MEMBER_GPU_SHARERS_KEY: k}
     return {MEMBER_GPUS_KEY: gpus, **({MEMBER_GPU_MEMORY_KEY: fraction} if fraction is not None else {})}
 
 
