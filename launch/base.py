@@ -54,8 +54,6 @@ class SubmissionError(RuntimeError):
     to the runner, so the run can stop cleanly and a resume re-attaches to them."""
 
 
-#: members that may share one GPU (resources.members_per_gpu): 2 and 4 divide a card evenly
-MEMBERS_PER_GPU = (1, 2, 4)
 #: defaults of the launcher keys every backend reads (conf/launcher/*.yaml spell the same values)
 #: a member still running this long after inner.timeout_s is killed or cancelled
 DEFAULT_KILL_GRACE_S = 30.0

@@ -31,7 +31,7 @@ SYNTH = ["inner.entrypoint=meta.synthetic:member", "launcher=debug", "new=true"]
 
 @pytest.mark.parametrize("override, words", [
     ("resources.members_per_gpu=3", ["resources.members_per_gpu=3 must be 1, 2 or 4"]),
-    ("resources.members_per_gpu=2", ["resources.members_per_gpu=2 needs resources.gpus=1", "a CPU member"]),
+    ("resources.shared_slowdown={3:1.2}", ["resources.shared_slowdown has the key 3", "2 or 4"]),
     ("resources.shared_slowdown={2:0.8}", ["resources.shared_slowdown[2]=0.8 must be a number >= 1"]),
 ])
 def test_a_bad_sharing_setting_fails_up_front_naming_the_key_and_writes_nothing(tmp_path, capsys, override, words):

@@ -6,12 +6,13 @@ import os
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from launch.base import DEFAULT_KILL_GRACE_S, MEMBERS_PER_GPU, JobRef, SubmissionError
+from launch.base import DEFAULT_KILL_GRACE_S, JobRef, SubmissionError
 from launch.local.controllers import controller_running, sigint_deliverable_to_children, stop_controllers
 from launch.local.gpu_slots import GpuSlotBook, Slot, cut_slots
 from launch.member import run_member
 from launch.submitit_base import MAX_GPUS_PER_MEMBER, SubmititLauncher, check_gpus_per_member
 from results.store.gpu_share import read_gpu_share, write_gpu_share
+from results.store.gpu_time import MEMBERS_PER_GPU_CHOICES
 from results.store.records import MemberSpec
 
 logger = logging.getLogger(__name__)
@@ -54,8 +55,8 @@ class LocalLauncher(SubmititLauncher):
         ):
             raise ValueError(f"launcher.visible_gpus={visible!r} is invalid: use a list of GPU indices, e.g. [0, 1]")
         sharing = options.get("members_per_gpu", 1)
-        if sharing not in MEMBERS_PER_GPU:
-            raise ValueError(f"launcher.members_per_gpu={sharing!r} is invalid: use one of {list(MEMBERS_PER_GPU)} "
+        if sharing not in MEMBERS_PER_GPU_CHOICES:
+            raise ValueError(f"launcher.members_per_gpu={sharing!r} is invalid: use one of {list(MEMBERS_PER_GPU_CHOICES)} "
                              "(resources.members_per_gpu: members sharing one GPU)")
         if gpus and visible and gpus > len(visible):
             raise ValueError(

@@ -9,7 +9,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from launch.base import DEFAULT_KILL_GRACE_S, DEFAULT_MAX_LOST_RESUBMITS, MEMBERS_PER_GPU
+from launch.base import DEFAULT_KILL_GRACE_S, DEFAULT_MAX_LOST_RESUBMITS
+from results.store.gpu_time import MEMBERS_PER_GPU_CHOICES
 from results.store.config_nodes import typed_node
 
 #: how members share a GPU: ``packed`` (k members in one array task holding the GPU: works on any cluster) or
@@ -116,9 +117,9 @@ class SlurmOptions:
             raise bad("python", self.python,
                       "with use_srun=false it is exec'ed in place of the batch shell, so it must be one command "
                       "(put environment and module lines in launcher.setup)")
-        if self.members_per_gpu not in MEMBERS_PER_GPU:
+        if self.members_per_gpu not in MEMBERS_PER_GPU_CHOICES:
             raise bad("members_per_gpu", self.members_per_gpu,
-                      f"use one of {list(MEMBERS_PER_GPU)} (resources.members_per_gpu: members sharing one GPU)")
+                      f"use one of {list(MEMBERS_PER_GPU_CHOICES)} (resources.members_per_gpu: members sharing one GPU)")
         if self.gpu_sharing not in GPU_SHARING:
             raise bad("gpu_sharing", self.gpu_sharing, f"use one of {list(GPU_SHARING)}")
         if self.gpu_sharing == "shard" and self.members_per_gpu > 1 and self.gpus_per_node != 1:

@@ -25,10 +25,12 @@ class GpuSharing:
     members_per_gpu: int
     slowdown: float
     source: str | None
+    #: False for CPU members packed k per SLURM task: each has its own CPUs, so nothing is shared or slowed
+    on_gpu: bool = True
 
     @property
     def shared(self) -> bool:
-        return self.members_per_gpu >= 2
+        return self.members_per_gpu >= 2 and self.on_gpu
 
     def member_time(self, alone: float) -> float:
         """A member's expected running time (any unit) when it shares its GPU: its time alone x slowdown(k)."""
@@ -78,10 +80,9 @@ def members_per_gpu(resources: Mapping[str, Any]) -> int:
         raise ValueError(f"resources.members_per_gpu={k!r} must be 1, 2 or 4 (members sharing one GPU; the counts "
                          f"`{SLOWDOWN_BENCH}` measures)")
     gpus = resources.get("gpus")
-    if k >= 2 and gpus != 1:
-        raise ValueError(f"resources.members_per_gpu={k} needs resources.gpus=1 (got {gpus!r}): members share one "
-                         "GPU, and a CPU member (resources.gpus=0) has no GPU to share; set "
-                         "resources.members_per_gpu=1")
+    if k >= 2 and gpus not in (0, 1, None):
+        raise ValueError(f"resources.members_per_gpu={k} needs resources.gpus=1 (got {gpus!r}): k members share one "
+                         "GPU (CPU members, resources.gpus=0, are packed k per SLURM task, each with its own CPUs)")
     return k
 
 
@@ -112,6 +113,8 @@ def gpu_sharing(resources: Mapping[str, Any]) -> GpuSharing:
                          "were measured")
     if k == 1:
         return GpuSharing(1, 1.0, "alone on its GPU")
+    if not resources.get("gpus"):
+        return GpuSharing(k, 1.0, "CPU members, each with its own CPUs", on_gpu=False)
     if k not in measured:
         return GpuSharing(k, float(k), None)
     return GpuSharing(k, measured[k], source or "no source given (resources.shared_slowdown_source)")
