@@ -212,7 +212,12 @@ def _concurrent(cfg: SearchConfig) -> int:
 
         return min(per_generation, LocalLauncher.members_at_once(cfg.launcher))
     parallel = cfg.launcher.get("array_parallelism")
-    return min(per_generation, int(parallel or per_generation))
+    return min(per_generation, int(parallel or per_generation) * _members_per_task(cfg))
+
+
+def _members_per_task(cfg: SearchConfig) -> int:
+    """Members one SLURM array task runs: resources.members_per_gpu when packed (launcher.gpu_sharing), else 1."""
+    return _slurm_options(cfg).members_per_task if cfg.launcher.get("name") == "slurm" else 1
 
 
 def _local_gpus_per_member(cfg: SearchConfig) -> int:
@@ -251,9 +256,24 @@ def _arrays(cfg: SearchConfig) -> tuple[list[int], str]:
         chunk = DEFAULT_MAX_ARRAY_SIZE
         source = (f"the cluster's MaxArraySize is not asked in a dry run: assumed {chunk} (SLURM's default; "
                   "set launcher.max_array_size to your cluster's value)")
-    total = members_per_generation(cfg)
+    total = -(-members_per_generation(cfg) // _members_per_task(cfg))  # array tasks
     sizes = [min(chunk, total - start) for start in range(0, total, chunk)]
     return sizes, source
+
+
+def _packing_lines(cfg: SearchConfig) -> list[str]:
+    """How k members share a GPU on SLURM: packed into one array task, or each its part of the site's shards."""
+    options = _slurm_options(cfg)
+    k = options.members_per_gpu
+    if k == 1:
+        return []
+    mem = f"{options.mem_gb * k:g} GB" if options.mem_gb is not None else "the cluster's default memory"
+    if options.gpu_sharing == "shard":
+        return [f"launcher.gpu_sharing=shard: one member per task, each asking for {options.shards_per_gpu // k} of a "
+                f"GPU's {options.shards_per_gpu} shards (--gres=shard:{options.shards_per_gpu // k})"]
+    return [f"launcher.gpu_sharing=packed: {k} members per array task (an antithetic pair together), each in its own "
+            f"process with its own work dir, record and log; a task holds {options.gpus_per_node} GPU, "
+            f"{options.cpus_per_task * k} CPUs and {mem} ({k} x a member's)"]
 
 
 def _slurm_options(cfg: SearchConfig) -> Any:
@@ -329,6 +349,7 @@ def build_plan(
             f"arrays per generation: {len(sizes)}: {arrays}; split size from {source}",
             f"arrays in total: {len(sizes) * generations} over {generations} generation(s); at most "
             f"{concurrent} members of a generation run at once",
+            *_packing_lines(cfg),
             f"one SLURM run: --time={time_min} min, requeued up to launcher.requeues={options.requeues} times "
             f"(the requeue signal {options.signal_delay(cfg.inner_timeout_s)} s before the limit)",
             "",
@@ -347,10 +368,11 @@ def build_plan(
         if launcher == "local":
             view, held = _local_gpu_view(cfg), _local_gpus_per_member(cfg)
         lines += ["", f"launcher={launcher}: each member on this machine, {how}; members see {view}"]
+    sharers = int(cfg.resources.get("members_per_gpu") or 1) if held else 1  # members on one GPU at once
     lines += [
         "",
         f"per member: {gpus} GPU, {cpus} CPU (train.num_threads={threads}), memory {mem_text}",
-        f"at once: {concurrent * held} GPUs, {concurrent * cpus} CPUs"
+        f"at once: {-(-concurrent // sharers) * held} GPUs, {concurrent * cpus} CPUs"
         + (f", {concurrent * mem:g} GB memory" if mem is not None else ""),
     ]
     member_h = alone_min / 60.0  # alone on its GPU: the sharing's slowdown and split are sharing.gpu_hours's

@@ -498,7 +498,7 @@ class SlurmLauncher(SubmititLauncher):
             path = Path(folder)
             atomic_write_json(path / CANCELLED_FILE, sorted(_read_cancelled(path) | ids))
         try:
-            self.queries.scancel(ref.job_id for ref in refs)
+            self.queries.scancel(sorted({ref.job_id for ref in refs}))
         except SlurmQueryError as exc:
             logger.warning("could not cancel %d job(s): %s", len(refs), exc)
 

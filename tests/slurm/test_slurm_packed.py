@@ -92,3 +92,34 @@ def test_packed_tasks_end_each_member_alone(slurm_cluster: LocalSlurm, tmp_path:
     assert share is not None and share["task"] == tasks[2] and share["shared_with"] == [4]
     ref = JobRef.from_dict(jobs[4])
     assert ref.packed_with == [members[5].work_dir] and ref.work_dir == members[4].work_dir
+
+
+def test_a_packed_search_has_the_centres_of_the_unpacked_one(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:
+    """meta.run with resources.members_per_gpu=2 on the cluster (CPU members: two per task) moves its centre exactly
+    as the same search with one member per job (here in-process: the fitness of a member depends on its spec alone)."""
+    import subprocess
+    import sys
+
+    import torch
+
+    from results.store.run_store import RunStore
+
+    root = Path(__file__).resolve().parents[2]
+    common = ["new=true", "population=4", "generations=2", "reevaluate.top_k=0", "reevaluate.report_seeds=0",
+              "inner.entrypoint=meta.synthetic:member", "+inner.options.steps=2", "+inner.options.step_s=0.1"]
+    runs = {"packed": ["launcher=slurm", "resources.members_per_gpu=2", "launcher.poll_interval_s=0.5",
+                       "launcher.query_interval_s=2", "launcher.job_name=mirror-es-packed-search"],
+            "alone": ["launcher=debug"]}
+    for name, overrides in runs.items():
+        done = subprocess.run([sys.executable, "-m", "meta.run", f"run_dir={tmp_path / name}", *common, *overrides],
+                              cwd=root, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+    packed, alone = RunStore(tmp_path / "packed"), RunStore(tmp_path / "alone")
+    jobs = packed.read_jobs(0)
+    slurm_cluster.submitted.extend({int(j["job_id"].split("_")[0]) for j in jobs.values()})
+    assert len({j["job_id"] for j in jobs.values()}) == 3  # 4 members + the control in 3 tasks
+    assert jobs[0]["job_id"] == jobs[1]["job_id"] and jobs[2]["job_id"] == jobs[3]["job_id"]  # pairs together
+    for generation in (0, 1):
+        assert torch.equal(packed.read_state(generation)["center"], alone.read_state(generation)["center"])
+    members = packed.read_members()
+    assert set(members["status"]) == {"ok"} and members["gpu_share"].str.startswith("task ").all()
