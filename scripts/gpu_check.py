@@ -4,11 +4,12 @@ Why: every part of the project is tested on CPUs, and the first GPU member ever 
 something no CPU test could see. This runs what a user runs, on the GPU: the CUDA tests, then ``meta.run`` with
 ``launcher=local`` on the mbpp_qwen3 preset (bf16, LoRA, the sampled neural-mirror form, the sandbox) with a model of
 Qwen3-1.7B's architecture at reduced depth with random weights (built in code: no hub), the tiny tokenizer and the
-MBPP fixture; 2 generations of 2 members plus the control member, a minimal re-evaluation (the top member and the
-centre on 2 seeds, the exported init and the base model on 2 reporting seeds), ``meta.export``, and
-``inner_loop.run`` with the exported init, decoding with a static KV cache (``train.decode_cache=static``: the
-setting's one run on the GPU here; eager, as compiling the decode step would cost more than this check's minutes). It then checks that every record names the device it should (``cuda``
-on a GPU machine) and prints each member's step time and peak GPU memory.
+MBPP fixture; 2 generations of 2 members (sharing the GPU: resources.members_per_gpu=2) plus the control member, a
+minimal re-evaluation (the top member and the centre on 2 seeds, the exported init and the base model on 2 reporting
+seeds), ``meta.export``, and ``inner_loop.run`` with the exported init, decoding with a static KV cache
+(``train.decode_cache=static``: the setting's one run on the GPU here; eager, as compiling the decode step would cost
+more than this check's minutes). It then checks that every record names the device it should (``cuda`` on a GPU
+machine) and that members shared the GPU, and prints each member's step time, peak GPU memory and partners.
 
 Without CUDA it runs the same path on the CPU at small shapes (``--device cpu``, what tests/test_gpu_check.py
 runs), the CUDA tests skipped with the reason printed.
@@ -32,6 +33,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from results.store.gpu_share import read_gpu_share, share_text  # noqa: E402
 from results.store.layout import PROGRESS_FILE, RESULT_FILE  # noqa: E402
 
 logger = logging.getLogger("gpu_check")
@@ -52,6 +54,9 @@ PER_DEVICE = {"cuda": ["resources.gpus=1", "model.dtype=bfloat16"],
               "cpu": ["resources.gpus=0", "model.dtype=float32", "train.num_threads=1", "resources.mem_gb=null"]}
 #: straggler_grace: with fewer slots than members (one GPU), the control member starts only when a member ends; the
 #: default grace (0.5 x the median member time after the quorum) would cancel it as late
+#: on the GPU the search's members share it two by two (resources.members_per_gpu=2: each holds half the card, an
+#: antithetic pair side by side); the single run has the card alone
+SHARED_SEARCH = {"cuda": ["resources.members_per_gpu=2"], "cpu": []}
 SEARCH = ["population=2", "generations=2", "control_member=true", "straggler_grace=5", "reevaluate.top_k=1", "reevaluate.seeds=2",
           "reevaluate.report_seeds=2", "reevaluate.baselines=[base]", "launcher=local"]
 
@@ -97,7 +102,8 @@ def member_rows(work: Path) -> list[dict[str, Any]]:
         rows.append({"record": str(result.parent.relative_to(work)), "status": record["status"],
                      "steps": record.get("steps_done"), "device_type": device.get("type"),
                      "device": device.get("name"), "step_s": progress.get("seconds_per_step"),
-                     "peak_gpu_gib": (device.get("peak_memory_bytes") or 0) / 2**30})
+                     "peak_gpu_gib": (device.get("peak_memory_bytes") or 0) / 2**30,
+                     "shared": share_text(read_gpu_share(result.parent))})
     return rows
 
 
@@ -131,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     work = opts.work or Path(tempfile.mkdtemp(prefix="gpu_check-"))
     run_dir, init, single_dir = work / "search", work / "exported.safetensors", work / "single"
     overrides = ["experiment=mbpp_qwen3", *model_overrides(device, model_dir)]
-    timings["meta.run"] = run([sys.executable, "-m", "meta.run", f"run_dir={run_dir}", "new=true", *overrides, *SEARCH],
+    timings["meta.run"] = run([sys.executable, "-m", "meta.run", f"run_dir={run_dir}", "new=true", *overrides, *SEARCH,
+                               *SHARED_SEARCH[device]],
                               env,
                               "the search (meta.run)", 1800)
     timings["meta.export"] = run([sys.executable, "-m", "meta.export", f"run_dir={run_dir}", f"out={init}"], env,
@@ -140,11 +147,11 @@ def main(argv: list[str] | None = None) -> int:
                                      f"work_dir={single_dir}", f"train.decode_cache={SINGLE_DECODE_CACHE}"], env,
                                     "a single run with the exported init", 900)
     rows = member_rows(work)
-    print(f"{'record':<44} {'status':<8} {'steps':>5} {'device':<28} {'s/step':>7} {'peak GPU GiB':>12}")
+    print(f"{'record':<44} {'status':<8} {'steps':>5} {'device':<28} {'s/step':>7} {'peak GPU GiB':>12}  shared")
     for row in rows:
         step = f"{row['step_s']:.2f}" if row["step_s"] else "-"
         print(f"{row['record']:<44} {row['status']:<8} {row['steps'] or 0:>5} {(row['device'] or '-')[:28]:<28} "
-              f"{step:>7} {row['peak_gpu_gib']:>12.2f}")
+              f"{step:>7} {row['peak_gpu_gib']:>12.2f}  {row['shared'] or '-'}")
     for what, seconds in timings.items():
         print(f"{what}: {seconds:.0f} s")
     print(f"total: {time.monotonic() - started:.0f} s")
@@ -155,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     if single_cache != SINGLE_DECODE_CACHE:
         print(f"gpu_check: FAILED: the single run decoded with {single_cache!r}, not {SINGLE_DECODE_CACHE!r}",
               file=sys.stderr)
+        return 1
+    if SHARED_SEARCH[device] and not any(row["shared"] for row in rows):
+        print("gpu_check: FAILED: resources.members_per_gpu=2, but no member shared its GPU", file=sys.stderr)
         return 1
     if not rows or wrong:
         print(f"gpu_check: FAILED: {len(wrong)} record(s) not ok on {device}: {wrong}", file=sys.stderr)
