@@ -63,18 +63,15 @@ class _State:
 _state = _State()
 
 
-def install(grace_s: float = DEFAULT_GRACE_S, handler: Callable[[int, Any], None] | None = None) -> None:
+def install(grace_s: float = DEFAULT_GRACE_S) -> None:
     """Handle the notice signals in this process, keeping what was installed before (submitit's handlers) as what
-    runs once the checkpoint is saved (``hand_on``). Main thread only (Python's rule for signal handlers).
-    ``handler``: another process's own handling instead of a trainer's (a packed task passes the notice to its
-    members, launch/slurm/packed.py); ``hand_on`` still runs what was there before."""
+    runs once the checkpoint is saved. Main thread only (Python's rule for signal handlers)."""
     _state.grace_s = grace_s
-    handler = handler or _on_notice
     for signum in NOTICE_SIGNALS:
         current = signal.getsignal(signum)
-        if current is not handler:
+        if current is not _on_notice:
             _state.previous[signum] = current
-            signal.signal(signum, handler)
+            signal.signal(signum, _on_notice)
 
 
 def attach_child(child: subprocess.Popen | None) -> None:

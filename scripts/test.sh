@@ -22,7 +22,8 @@ fi
 # Arguments that name tests (an existing file or folder, with or without ::test) run in one session, as given.
 WORKERS=${MIRROR_ES_TEST_WORKERS:-2}
 PYTEST=(.venv/bin/python -m pytest -q)
-if [ "$WORKERS" != 0 ]; then SPREAD=(-n "$WORKERS" --dist loadfile); else SPREAD=(); fi
+# (in collection order, which tests/conftest.py starts with the longest files: LONGEST_FIRST)
+if [ "$WORKERS" != 0 ]; then SPREAD=(-n "$WORKERS" --dist loadfile --no-loadscope-reorder); else SPREAD=(); fi
 for arg in "$@"; do
     if [ -e "${arg%%::*}" ]; then "${PYTEST[@]}" "${SPREAD[@]}" "$@"; exit $?; fi
 done

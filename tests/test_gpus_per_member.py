@@ -68,7 +68,7 @@ def test_slurm_validate_options_refuses_directly():
 
     options = OmegaConf.to_container(OmegaConf.load("conf/launcher/slurm.yaml"), resolve=False)
     options = {k: v for k, v in options.items() if k not in ("name", "cls")}
-    options.update(cpus_per_task=1, mem_gb=None, gpus_per_node=1)  # the preset's ${resources.*}, resolved
+    options.update(cpus_per_task=1, mem_gb=None, gpus_per_node=1, members_per_gpu=1)  # the preset's ${resources.*}, resolved
     SlurmLauncher.validate_options(options)
     options["gpus_per_node"] = 2
     with pytest.raises(ValueError, match="ONE GPU"):

@@ -35,7 +35,6 @@ from typing import Any, Mapping, Sequence
 import submitit
 from submitit.core.utils import UncompletedJobError
 
-import inner_loop.notice as notice
 from launch.member import run_member
 from results.store.gpu_share import write_gpu_share
 from results.store.layout import CANCEL_REQUEST_FILE, MEMBER_LOG_FILE
@@ -46,9 +45,13 @@ logger = logging.getLogger(__name__)
 
 #: how often the task looks at its members' processes and cancel requests
 POLL_S = 0.5
-#: after a notice, how long members get to save and stop before they are killed (SLURM's KillWait follows a
-#: SIGTERM anyway; the time-limit warning comes launcher.signal_delay_s before the limit)
-NOTICE_GRACE_S = notice.DEFAULT_GRACE_S + 5.0
+#: the scheduler's notices of a job's end that a member saves a checkpoint on (the same as inner_loop/notice.py's):
+#: SLURM's SIGTERM (requeue, preemption, cancel) and submitit's time-limit USR2
+TASK_NOTICES = (signal.SIGTERM, signal.SIGUSR2)
+#: after a notice, how long members get to save and stop before they are killed: a member waits at most 25 s for
+#: its step to end (inner_loop/notice.py), SLURM's KillWait follows a SIGTERM anyway, and the time-limit warning
+#: comes launcher.signal_delay_s before the limit
+NOTICE_GRACE_S = 30.0
 LOG_TAIL_CHARS = 1500
 
 
@@ -129,7 +132,7 @@ class PackedTask:
 
     def on_notice(self, signum: int, frame: Any) -> None:
         """Pass the scheduler's notice to every member still running (each saves at the end of its step); the loop
-        in ``run`` waits for them, then the notice is handed on (``finish``)."""
+        in ``run`` waits for them, then the notice is handed on (``_hand_on``)."""
         if self.notice_signal is None:
             logger.warning("%s: passing the notice to the task's %d running member(s)", signal.Signals(signum).name,
                            sum(r.process.poll() is None for r in self.running))
@@ -191,16 +194,27 @@ def _tail(path: Path) -> str:
 def run_packed(entrypoint: str, specs: Sequence[Mapping[str, Any]], timeout_s: float) -> list[dict[str, Any] | None]:
     """Run a packed task's members (see the module docstring); main thread of the task's process."""
     task = PackedTask(entrypoint, [MemberSpec.from_dict(s) for s in specs], timeout_s)
-    notice.install(handler=task.on_notice)
+    previous = {signum: signal.signal(signum, task.on_notice) for signum in TASK_NOTICES}
     records = task.run()
     if task.notice_signal is not None:
         try:
-            notice.hand_on(task.notice_signal)  # submitit requeues this same call on USR2; the task exits on SIGTERM
+            _hand_on(task.notice_signal, previous[task.notice_signal])
         except UncompletedJobError as exc:  # no requeue left: the members still unfinished ran out of time
             for spec in task.specs:
                 write_result_if_absent(spec.work_dir, ResultRecord(status="timeout", error=str(exc)))
             return [_record_dict(spec) for spec in task.specs]
     return records
+
+
+def _hand_on(signum: int, previous: Any) -> None:
+    """Once the members stopped, do what this process would have done on the notice: submitit's handler (on USR2 it
+    requeues this same call and exits), then end with the signal's status, so that the task never looks COMPLETED
+    with members unfinished; an ignored signal is ignored."""
+    if previous is signal.SIG_IGN:
+        return
+    if callable(previous):
+        previous(signum, None)
+    raise SystemExit(128 + signum)
 
 
 class PackedMembers(submitit.helpers.Checkpointable):
