@@ -20,7 +20,7 @@ import os
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import inner_loop.numerics as numerics
 import inner_loop.notice as notice
@@ -142,6 +142,13 @@ def stage_inner(inner: Mapping[str, Any], **options: Any) -> list[dict[str, Any]
     return stage(inner, **options)
 
 
+def use_staged(inner: Mapping[str, Any], pins: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """``inner`` reading the staged snapshots ``pins`` holds: see inner_loop.staging.use_staged."""
+    from inner_loop.staging import use_staged as use
+
+    return use(inner, pins)
+
+
 def preflight_host(inner: Mapping[str, Any], directory: str | Path, probe_sandbox: bool) -> None:
     """The members' pre-flight (inner_loop/preflight.py) on the submitting host, before the first submission:
     ValueError naming this host and the cause. ``probe_sandbox``: the members run on this host (local launchers)."""
@@ -157,6 +164,7 @@ train_member.validate = validate_inner  # type: ignore[attr-defined]
 train_member.finalize = finalize_member  # type: ignore[attr-defined]
 train_member.stage = stage_inner  # type: ignore[attr-defined]
 train_member.preflight = preflight_host  # type: ignore[attr-defined]
+train_member.use_staged = use_staged  # type: ignore[attr-defined]
 
 
 def _child_main() -> int:

@@ -7,12 +7,14 @@ members. Staging resolves each hub reference of the inner config to one commit, 
 stage cache (an ordinary hub cache: ``huggingface_hub.snapshot_download(cache_dir=...)``), and hands back the
 snapshot's local directory, which replaces the hub name in the members' config: transformers, vLLM and
 ``datasets.load_dataset`` then all read the same local files. The pin (commit, content hash, bytes) goes into the
-run's manifest (meta/staging.py); later checks compare against it.
+run's manifest (meta/staging.py); later checks compare against it. The transfer tasks a run scores afterwards
+(``extra_evaluations``) are staged with it: a reporting member reads their datasets from the same cache, offline.
 
 This module knows which inner-config keys name hub repositories; the outer loop only rewrites the keys it is given.
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -25,12 +27,14 @@ from typing import Any, Iterable, Mapping, Sequence
 from inner_loop.config import ModelConfig, node_config
 from inner_loop.models.cache import cache_root
 from results.store.atomic import atomic_write_json
+from results.store.stage_pins import LOCAL, MISSING, STAGED
 
 #: the files of a model snapshot a run reads: weights (safetensors), configs, tokenizer and chat template
 MODEL_PATTERNS = ("*.json", "*.safetensors", "*.txt", "*.jinja", "*.model", "*.tiktoken")
 #: the environment that keeps huggingface_hub, datasets and transformers from asking the network
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-STAGED, MISSING = "staged", "missing"
+#: the config key of the evaluations a run scores after its fitness (transfer tasks among them)
+EXTRA_KEY = "extra_evaluations"
 #: where content hashes of staged snapshots are kept, inside the stage cache (hashing weights once, not per check)
 _HASHES_DIR = ".content-hashes"
 
@@ -39,10 +43,12 @@ _HASHES_DIR = ".content-hashes"
 class StageItem:
     """One hub repository a run needs: where the config names it, and (once found) its pinned local snapshot."""
 
-    kind: str  # "model" or "dataset"
+    kind: str  # "model" or "dataset" ("task" for an evaluation's task that reads nothing from the hub)
     repo_id: str
-    #: the dotted inner-config key that names it; a staged run's config holds ``path`` there instead
+    #: the dotted inner-config key that names it (list items by index); a staged run's config holds ``path`` there
     key: str
+    #: what reads it when that is not the run's own model or task (an extra evaluation: "transfer/gsm8k")
+    used_by: str = ""
     status: str = MISSING
     revision: str | None = None  # the commit the snapshot is at
     path: str | None = None
@@ -52,10 +58,10 @@ class StageItem:
 
     def line(self) -> str:
         """One line for the user: what it is, and where it is or why it is missing."""
-        name = f"{self.kind} {self.repo_id} ({self.key})"
+        name = f"{self.kind} {self.repo_id} ({self.used_by or self.key})"
         if self.status == STAGED:
             return f"staged:  {name} @ {self.revision} -> {self.path}"
-        return f"missing: {name}: {self.detail}"
+        return f"{self.status + ':':<8} {name}: {self.detail}"
 
     def as_dict(self, offline: bool = False) -> dict[str, Any]:
         """The pin a manifest keeps, plus its ``line`` and whether this host is ``offline`` (cannot fetch it)."""
@@ -71,21 +77,67 @@ def _is_local(name: str) -> bool:
     return name.startswith((".", "/", "~")) or Path(name).expanduser().exists()
 
 
-def hub_references(inner: Mapping[str, Any]) -> list[StageItem]:
-    """The hub repositories an inner config loads by name (none for the tiny model, local paths or local data)."""
-    from inner_loop.models.hub_ids import QWEN3_1_7B
+def _task_hub_id(task: Mapping[str, Any]) -> str | None:
+    """The hub dataset a task node loads by name, or None (local files, local data, or a task without a hub)."""
     from inner_loop.tasks import build_task
+
+    task_config = getattr(build_task(task), "config", None)
+    hub_id = getattr(task_config, "hub_id", None)
+    if isinstance(hub_id, str) and getattr(task_config, "train_file", None) is None and not _is_local(hub_id):
+        return hub_id
+    return None
+
+
+def _extra_tasks(inner: Mapping[str, Any]) -> list[tuple[int, str, Mapping[str, Any]]]:
+    """(index, name, task node) of each extra evaluation with a task of its own (not the run's own test split)."""
+    return [(index, str(extra.get("name")), extra["task"])
+            for index, extra in enumerate(inner.get(EXTRA_KEY) or [])
+            if isinstance(extra, Mapping) and isinstance(extra.get("task"), Mapping)]
+
+
+def hub_references(inner: Mapping[str, Any]) -> list[StageItem]:
+    """The hub repositories an inner config loads by name (none for the tiny model, local paths or local data): its
+    model, its task's dataset and the datasets of its extra evaluations' tasks (transfer tasks)."""
+    from inner_loop.models.hub_ids import QWEN3_1_7B
 
     items = []
     model = node_config(ModelConfig, "model", inner.get("model"))
     repo = model.name_or_path or (QWEN3_1_7B if model.name == "qwen3_1_7b" else None)
     if repo and not _is_local(repo):
         items.append(StageItem("model", repo, "model.name_or_path"))
-    task_config = getattr(build_task(inner["task"]), "config", None)
-    hub_id = getattr(task_config, "hub_id", None)
-    if isinstance(hub_id, str) and getattr(task_config, "train_file", None) is None and not _is_local(hub_id):
+    hub_id = _task_hub_id(inner["task"])
+    if hub_id:
         items.append(StageItem("dataset", hub_id, "task.hub_id"))
+    for index, name, task in _extra_tasks(inner):
+        hub_id = _task_hub_id(task)
+        if hub_id:
+            items.append(StageItem("dataset", hub_id, f"{EXTRA_KEY}.{index}.task.hub_id", used_by=name))
     return items
+
+
+def local_evaluations(inner: Mapping[str, Any]) -> list[StageItem]:
+    """The extra evaluations whose task reads nothing from the hub (HumanEval's package, local files): nothing to
+    stage, but a dry run's list names them, so a transfer task missing from it is never taken for a local one."""
+    return [StageItem("task", name, f"{EXTRA_KEY}.{index}.task", status=LOCAL,
+                      detail="needs nothing from the hub (its data is a local file or ships with a package)")
+            for index, name, task in _extra_tasks(inner) if _task_hub_id(task) is None]
+
+
+def use_staged(inner: Mapping[str, Any], pins: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """``inner`` with each hub name that ``pins`` (a staging's items) holds staged replaced by its snapshot's local
+    path: how a config composed after staging (a reporting row's transfer task, a tuning trial) reads the pinned
+    copies. Names without a staged pin are left as they are."""
+    staged = {(p.get("kind"), p.get("repo_id")): p.get("path") for p in pins if p.get("status") == STAGED}
+    out = copy.deepcopy(dict(inner))
+    for item in hub_references(out):
+        path = staged.get((item.kind, item.repo_id))
+        if path:
+            node: Any = out
+            *parents, last = item.key.split(".")
+            for part in parents:
+                node = node[int(part)] if isinstance(node, list) else node[part]
+            node[last] = path
+    return out
 
 
 def content_hash(folder: Path) -> tuple[str, int]:
@@ -174,7 +226,7 @@ def stage_inner(inner: Mapping[str, Any], cache_dir: str | Path | None = None,
     for item in out:
         if offline and item.status == MISSING:
             item.detail += "; this host is offline (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE, or no connection to the hub)"
-    return [item.as_dict(offline) for item in out]
+    return [item.as_dict(offline) for item in [*out, *local_evaluations(inner)]]
 
 
 def is_offline_ready(inner: Mapping[str, Any]) -> bool:

@@ -11,6 +11,7 @@ Rows made for another exported init, other baselines, seeds or transfer tasks ar
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any, Sequence
 
@@ -19,6 +20,7 @@ from meta.baselines import EXPORTED, ReportRow, build_rows, verdict_roles
 from meta.config import ConfigError, ReevaluateConfig, SearchConfig
 from meta.phase import run_phase
 from meta.seeding import member_seed
+from meta.staging import staged_inner
 from results.report.result_table import build_table, write_table_files
 from results.store.layout import member_dir_name
 from results.store.records import MemberSpec
@@ -55,6 +57,9 @@ def _rows(cfg: SearchConfig, store: RunStore, overrides: Sequence[str], settings
                     old)
     rows = build_rows(cfg, overrides, exported["params"], settings.baselines, settings.transfer, settings.test,
                       settings.report_seeds)
+    # the transfer tasks are composed here by hub name: a staged run's rows read the snapshots its manifest pins
+    manifest = store.read_manifest()
+    rows = [dataclasses.replace(row, inner=staged_inner(cfg.inner_entrypoint, row.inner, manifest)) for row in rows]
     record = wanted | {"rows": [row.to_dict() for row in rows]}
     store.write_report_rows(record)
     return record

@@ -32,6 +32,7 @@ from meta.config import (
     build_search_config,
     config_hash,
 )
+from meta.baselines import transfer_tasks
 from meta.cli_args import run_command
 from meta.compose import compose, merge_overrides
 from meta.resume import NEW_KEY, check_job_namespace, check_resume, open_run_dir, run_dir_label
@@ -49,6 +50,16 @@ launcher=local|debug|slurm, experiment=tiny_arith|mbpp_qwen3|gsm8k_qwen3, init=u
 inner.entrypoint, inner.timeout_s, resources.*, retries, fitness_on_failure, max_failed_fraction, task=...,
 model=..., train.steps=..., dry_run=true (print the plan, submit and write nothing)
 See conf/config.yaml (and conf/member_settings.yaml for resources.* and inner.*) for every key and its default."""
+
+
+def transfer_evaluations(raw: dict[str, Any], overrides: Sequence[str]) -> list[dict[str, Any]]:
+    """The transfer tasks the reporting runs will score (reevaluate.transfer, composed as meta/baselines.py composes
+    them), for staging; none while the list is malformed, which the config check that follows names."""
+    names = (raw.get("reevaluate") or {}).get("transfer") or []
+    if not isinstance(names, list) or not all(isinstance(n, str) and (CONF_DIR / "task" / f"{n}.yaml").is_file()
+                                              for n in names):
+        return []
+    return transfer_tasks(names, overrides)
 
 
 def prepare(argv: Sequence[str]) -> tuple[SearchConfig, dict[str, Any], RunStore, dict[str, Any], bool]:
@@ -75,8 +86,10 @@ def prepare(argv: Sequence[str]) -> tuple[SearchConfig, dict[str, Any], RunStore
         raw = fresh
         manifest = {"overrides": merge_overrides([], overrides)}
     absolute_paths(raw, cwd)
-    # hub names -> staged local snapshots (fetched unless a dry run), before anything reads data or compares configs
-    stage_run(raw, manifest, resuming, fetch=not raw.get("dry_run"))
+    # hub names -> staged local snapshots (fetched unless a dry run), before anything reads data or compares configs;
+    # the transfer tasks' datasets too, which the reporting runs read from the pins (meta/reporting.py)
+    stage_run(raw, manifest, resuming, fetch=not raw.get("dry_run"),
+              extra_evaluations=transfer_evaluations(raw, combined if resuming else overrides))
     if resuming:
         stored = yaml.safe_load(store.read_config_text()) or {}
         check_resume(stored, raw, SEARCH_KEYS, run_dir, "search")

@@ -1,5 +1,6 @@
 """``python -m meta.stage [the overrides of meta.run]``: fetch what the search's members read from the hub (model
-with tokenizer and chat template, datasets) into the stage cache, before any job exists.
+with tokenizer and chat template, the task's dataset, the transfer tasks' datasets) into the stage cache, before any
+job exists.
 
 Why a command of its own: on a cluster the login node usually has network and the compute nodes do not; staging
 there once, then submitting, lets 180 members read one local copy offline. ``meta.run`` stages the same way before
@@ -15,14 +16,15 @@ import logging
 import sys
 from typing import Sequence
 
-from meta.staging import MANIFEST_KEY
+from results.store.stage_pins import MANIFEST_KEY, STAGED
 
 logger = logging.getLogger("meta.stage")
 
 USAGE = """usage: python -m meta.stage [key=value ...]   (the same overrides as python -m meta.run)
 
-Fetch the model (weights, tokenizer, chat template) and the datasets the search's members read from the hub into the
-stage cache (stage.cache_dir; null: $MIRROR_ES_CACHE/hub), so that meta.run and its members need no network.
+Fetch the model (weights, tokenizer, chat template) and the datasets the search's members read from the hub (the
+task's, and the transfer tasks' of reevaluate.transfer) into the stage cache (stage.cache_dir; null:
+$MIRROR_ES_CACHE/hub), so that meta.run and its members need no network.
 stage.revisions={repo_id: revision} pins a revision (default main); dry_run=true only reports what is staged."""
 
 
@@ -37,7 +39,7 @@ def stage_command(argv: Sequence[str]) -> int:
         return 0
     # The pins are this command's output (for pipes and files), as the plan is a dry run's.
     rows = [f"{item['status']:<8} {item['kind']:<8} {item['repo_id']} @ {item['revision'] or '-'}  "
-            f"{item['path'] if item['status'] == 'staged' else item['detail']}" for item in items]
+            f"{item['path'] if item['status'] == STAGED else item['detail']}" for item in items]
     sys.stdout.write("\n".join(rows or ["nothing to stage: the model and the data are built here or local files"])
                      + "\n")
     sys.stdout.flush()

@@ -231,3 +231,111 @@ def test_the_pilot_stages_as_the_search_does(tmp_path, capsys, offline):
     run_dir = tmp_path / "pilot"
     assert main([*SEARCH, f"stage.cache_dir={tmp_path / 'empty-cache'}", f"run_dir={run_dir}", "dry_run=true"]) == 2
     assert "2 of 2 hub item(s) not staged" in capsys.readouterr().err and not run_dir.exists()
+
+
+GSM8K_REPO, GSM8K_COMMIT = "openai/gsm8k", "3" * 40
+#: a search whose reporting runs score two transfer tasks: one read from the hub, one from a local package
+TRANSFER = ["reevaluate.transfer=[humaneval,gsm8k]"]
+
+
+def stage_gsm8k(cache: Path) -> None:
+    """GSM8K rows as the hub's ``openai/gsm8k`` snapshot (config ``main``) in the stage cache: the fixture's test
+    split, and a training split large enough for the task's default validation carve (500), which a transfer task
+    keeps (its task.* overrides are dropped)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data_dir = _repo_dir(cache, "dataset", GSM8K_REPO, GSM8K_COMMIT)
+    (data_dir / "main").mkdir()
+    test = [json.loads(line) for line in (FIXTURES / "gsm8k_test.jsonl").read_text().splitlines() if line]
+    train = [{"question": f"Tom has {n} apples and buys 1 more. How many apples does he have?",
+              "answer": f"{n} + 1 = {n + 1}\n#### {n + 1}"} for n in range(520)]
+    for split, rows in (("train", train), ("test", test)):
+        pq.write_table(pa.Table.from_pylist(rows), data_dir / "main" / f"{split}-00000-of-00001.parquet")
+    (data_dir / "README.md").write_text("---\nconfigs:\n- config_name: main\n  data_files:\n" + "".join(
+        f"  - split: {s}\n    path: main/{s}-*\n" for s in ("train", "test")) + "---\n")
+
+
+def test_transfer_datasets_are_staged_pinned_and_read_offline_by_the_reporting_runs(tmp_path, caplog, offline,
+                                                                                   monkeypatch):
+    """meta.run's staging pins the transfer task's dataset with the run's own; the reporting rows read the pinned
+    snapshot, and the member's own loading code (inner_loop.run_setup.prepare) reads it with the hub offline."""
+    from inner_loop.run_setup import prepare as prepare_member
+    from meta.reporting import _rows
+    from meta.run import prepare, write_run_files
+
+    import datasets
+
+    # this test's own datasets cache: the shared one keys a local snapshot by its directory name (the commit)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets-cache")
+    caplog.set_level(logging.INFO)
+    cache, run_dir = tmp_path / "cache", tmp_path / "run"
+    stage_fixtures(cache)
+    stage_gsm8k(cache)
+    cfg, raw, store, manifest, resuming = prepare([*SEARCH, *TRANSFER, f"stage.cache_dir={cache}",
+                                                   f"run_dir={run_dir}"])
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("staging:")]
+    assert len(lines) == 4, lines  # model, task data, one line per transfer task
+    assert lines[2].startswith(f"staging: staged:  dataset {GSM8K_REPO} (transfer/gsm8k) @ {GSM8K_COMMIT}")
+    assert lines[3].startswith("staging: local:   task transfer/humaneval") and "needs nothing from the hub" in lines[3]
+    write_run_files(store, raw, manifest, resuming)
+    pins = {item["repo_id"]: item for item in json.loads((run_dir / "manifest.json").read_text())["staged"]["items"]}
+    assert pins[GSM8K_REPO]["revision"] == GSM8K_COMMIT and len(pins[GSM8K_REPO]["sha256"]) == 64
+
+    exported = {"name": "center", "params": cfg.center().tolist()}
+    row = _rows(cfg, store, manifest["overrides"], cfg.reevaluate, exported)["rows"][0]
+    extras = {extra["name"]: extra["task"] for extra in row["inner"]["extra_evaluations"]}
+    assert extras["transfer/gsm8k"]["hub_id"] == pins[GSM8K_REPO]["path"]
+    assert hub_references(row["inner"]) == []  # so the member process goes offline (settle_member_process)
+    run = prepare_member(row["inner"], seed=0, params=row["params"])
+    gsm8k = next(extra for extra in run.extras if extra.name == "transfer/gsm8k")
+    assert len(gsm8k.problems) == 3  # the fixture's test split, read from the pinned snapshot with the network blocked
+
+
+@pytest.mark.parametrize("command", ["meta.run", "meta.stage"])
+def test_an_unstaged_transfer_dataset_is_refused_up_front_offline(tmp_path, capsys, caplog, offline, command):
+    import importlib
+
+    caplog.set_level(logging.INFO)
+    cache, run_dir = tmp_path / "cache", tmp_path / "run"
+    stage_fixtures(cache)  # the model and the task's data, but not GSM8K
+    main = importlib.import_module(command).main
+    assert main([*SEARCH, *TRANSFER, f"stage.cache_dir={cache}", f"run_dir={run_dir}", "dry_run=true"]) == 2
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("staging:")]
+    assert [line.split()[1] for line in lines] == ["staged:", "staged:", "missing:", "local:"], lines
+    assert lines[2].startswith(f"staging: missing: dataset {GSM8K_REPO} (transfer/gsm8k)")
+    assert f"1 of 3 hub item(s) not staged (dataset {GSM8K_REPO} (transfer/gsm8k)" in capsys.readouterr().err
+    assert not run_dir.exists()
+
+
+#: a tuning whose trial runs read the fixture repositories by hub name: one trial of one run
+TUNE = ["new=true", "experiment=tiny_arith", "task=mbpp", f"task.hub_id={DATA_REPO}", "model=hub",
+        f"model.name_or_path={MODEL_REPO}", "model.chat_template=false", "train.num_threads=1", "train.steps=1",
+        "train.batch_size=4", "train.group_size=2", "train.max_completion_length=8", "train.val_max_new_tokens=8",
+        "tune.trials=1", "tune.parallel=1", "tune.seeds=1", "tune.pruner=none", "tune.sampler=random"]
+
+
+def test_meta_tune_refuses_unstaged_items_offline_before_writing_anything(tmp_path, capsys, offline):
+    from meta.tune.cli import main
+
+    run_dir = tmp_path / "tune"
+    assert main([*TUNE, f"stage.cache_dir={tmp_path / 'empty-cache'}", f"run_dir={run_dir}", "dry_run=true"]) == 2
+    err = capsys.readouterr().err
+    assert f"2 of 2 hub item(s) not staged (model {MODEL_REPO}, dataset {DATA_REPO}" in err
+    assert "python -m meta.tune" in err and not run_dir.exists()
+
+
+def test_meta_tune_stages_before_its_first_trial_which_trains_from_the_pins(tmp_path, offline):
+    from meta.tune.cli import main
+
+    cache, run_dir = tmp_path / "cache", tmp_path / "tune"
+    stage_fixtures(cache)
+    assert main([*TUNE, f"stage.cache_dir={cache}", f"run_dir={run_dir}", "launcher=debug"]) == 0
+    pins = {item["repo_id"]: item for item in json.loads((run_dir / "manifest.json").read_text())["staged"]["items"]}
+    assert pins[MODEL_REPO]["revision"] == MODEL_COMMIT and pins[DATA_REPO]["revision"] == DATA_COMMIT
+    [trial] = sorted((run_dir / "tuning_trials").glob("*/trial.json"))
+    inner = json.loads(trial.read_text())["members"][0]["inner"]
+    assert inner["model"]["name_or_path"] == pins[MODEL_REPO]["path"]
+    assert inner["task"]["hub_id"] == pins[DATA_REPO]["path"]
+    [result] = sorted((run_dir / "tuning_trials").glob("*/*/result.json"))
+    assert json.loads(result.read_text())["status"] == "ok"

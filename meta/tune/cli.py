@@ -32,6 +32,7 @@ from meta.config import (
 from meta.cli_args import run_command
 from meta.resume import NEW_KEY, check_job_namespace, check_resume, open_run_dir, run_dir_label
 from meta.compose import compose_with_choices, merge_overrides
+from meta.staging import stage_run, staged_inner
 from meta.tune.config import STUDY_KEYS, TuneConfig, build_pruner, build_sampler, build_tune_config, study_hash
 from results.store.provenance import code_version
 from results.store.run_store import RunStore
@@ -39,6 +40,8 @@ from results.store.run_store import RunStore
 logger = logging.getLogger("meta.tune")
 
 CONFIG_NAME = "tune"
+#: how a tuning's missing hub items are staged on a host with network (it stages before its first trial)
+STAGE_HINT = "`python -m meta.tune <the same overrides>` (it stages before its first trial)"
 #: the manifest's ``kind`` of a tune run (an ES run dir has none)
 TUNE_KIND = "tune"
 USAGE = """usage: python -m meta.tune [key=value ...]
@@ -75,7 +78,9 @@ class Prepared:
         from launch.member import load_entrypoint
 
         raw = composed([*self.overrides, *overrides], self.cwd)
+        # composed by hub name: the trial reads the snapshots the run staged and pinned before its first trial
         inner = self.cfg.member_inner({node: raw[node] for node in INNER_NODES})
+        inner = staged_inner(self.cfg.inner_entrypoint, inner, self.manifest)
         validate = getattr(load_entrypoint(self.cfg.inner_entrypoint), "validate", None)
         if callable(validate):
             validate(inner)
@@ -103,11 +108,12 @@ def prepare(argv: Sequence[str]) -> tuple[Prepared, str | None]:
         overrides = merge_overrides(manifest.get("overrides", []), overrides)
         raw, choices = compose_with_choices(overrides, CONFIG_NAME)
         raw.pop(NEW_KEY, None)
-        absolute_paths(raw, cwd)
+    absolute_paths(raw, cwd)
+    # hub names -> staged local snapshots (fetched unless a dry run), as meta.run, before configs are compared
+    stage_run(raw, manifest, resuming, fetch=not raw.get("dry_run"), hint=STAGE_HINT)
+    if resuming:
         stored = yaml.safe_load(store.read_config_text()) or {}
         check_resume(stored, raw, STUDY_KEYS, run_dir, "study")
-    else:
-        absolute_paths(raw, cwd)
     manifest["overrides"] = merge_overrides([], overrides)
     raw["run_dir"] = run_dir
     raw["export"] = None
