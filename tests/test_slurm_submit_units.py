@@ -15,6 +15,7 @@ import pytest
 from submitit.core.utils import FailedJobError, JobPaths
 
 import launch.slurm.launcher as slurm_module
+from launch.base import JobRef
 from launch.runner import AbortRun, MemberArrayRunner, RunnerPolicy
 from launch.slurm.launcher import SlurmLauncher
 from launch.slurm.chunks import MARKER_DIR, chunk_job_name, parse_chunk_job_name, read_markers
@@ -229,6 +230,10 @@ def test_a_member_that_failed_its_preflight_is_lost_and_resubmitted_without_that
     assert launcher.ended_status(again) is None
     [third] = launcher.submit(ENTRY, [first], tmp_path / "sub", 60.0)
     assert sbatch.parameters["exclude"] == "gpu03,gpu17"
+    restarted = _launcher(_FakeSbatch())  # an orchestrator restarted since: it knows the job from jobs.json alone
+    reloaded = JobRef.from_dict(third.to_dict())
+    restarted._states[reloaded.job_id] = TaskState(reloaded.job_id, "FAILED", "1:0")
+    assert restarted.ended_status(reloaded) is None  # still the node's fault, not the init's
     [other] = launcher.submit(ENTRY, [second], tmp_path / "sub", 60.0)
     assert sbatch.parameters["exclude"] is None
     launcher._states[other.job_id] = TaskState(other.job_id, "FAILED", "1:0")  # no pre-flight file: its own crash
