@@ -17,7 +17,8 @@ from meta.run import main
 from results.store.run_store import RunStore
 
 ROOT = Path(__file__).resolve().parent.parent
-SYNTH = ["inner.entrypoint=meta.synthetic:member", "population=4", "+inner.options={count_calls:true}"]
+SYNTH = ["inner.entrypoint=meta.synthetic:member", "population=4", "+inner.options={count_calls:true}",
+         "reevaluate.top_k=0"]  # the paths of the search itself; no re-evaluation stages
 
 
 def _meta_run(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
