@@ -244,8 +244,10 @@ def _local_gpu_view(cfg: SearchConfig) -> str:
         return (f"WARNING: no GPU: launcher.gpus_per_node={per} asks for a GPU per member and this process sees none "
                 "(a real run refuses to start; set launcher.visible_gpus or run on the GPU machine)")
     listed = ", ".join(",".join(str(g) for g in slot) for slot in slots)
-    return (f"their own GPU slot, CUDA_VISIBLE_DEVICES one of [{listed}] ({len(slots)} slot(s) of "
-            f"launcher.gpus_per_node={per}; a member waits for a free one)")
+    k = LocalLauncher.members_per_gpu(cfg.launcher)
+    whose = "their own GPU slot" if k == 1 else f"a GPU slot shared by {k} members (resources.members_per_gpu)"
+    return (f"{whose}, CUDA_VISIBLE_DEVICES one of [{listed}] ({len(slots)} slot(s) of "
+            f"launcher.gpus_per_node={per}; a member waits for a free place)")
 
 
 def _arrays(cfg: SearchConfig) -> tuple[list[int], str]:

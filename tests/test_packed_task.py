@@ -104,3 +104,33 @@ def test_a_notice_stops_the_running_members_and_the_requeued_task_runs_only_thos
     assert [_calls(s) for s in specs] == [1, 2]
     checkpoint = json.loads((Path(specs[1].work_dir) / "synthetic_ckpt.json").read_text())
     assert checkpoint["starts"] == [0, stopped_at] and records[1]["steps_done"] == 60
+
+
+def test_the_members_die_with_their_task(tmp_path: Path) -> None:
+    """A task killed hard (its node's out-of-memory killer, SIGKILL) takes its member processes with it: none goes on
+    training outside the scheduler's sight."""
+    import os
+    import subprocess
+    import sys
+
+    spec = _spec(tmp_path, 0, steps=10_000, step_s=0.05)
+    code = ("import json, sys; from launch.slurm.packed import run_packed; "
+            f"run_packed({ENTRY!r}, [json.loads(sys.argv[1])], 300)")
+    task = subprocess.Popen([sys.executable, "-c", code, json.dumps(spec.to_dict())])
+    try:
+        _wait(lambda: _step(spec) > 0, "the member to train")
+        ledger = read_ledger(spec.work_dir)
+        assert ledger is not None and ledger.pid != task.pid
+        task.kill()
+        task.wait(30)
+
+        def gone() -> bool:
+            try:
+                os.kill(ledger.pid, 0)
+            except ProcessLookupError:
+                return True
+            return Path(f"/proc/{ledger.pid}/stat").read_text().split()[2] == "Z"  # a zombie: dead, not reaped yet
+
+        _wait(gone, "the member process to die with its task", timeout=30)
+    finally:
+        task.kill()

@@ -146,7 +146,7 @@ class PackedTask:
         log.write(f"--- task {self.task} starts member {spec.index} (attempt {spec.attempt}) at {time.ctime()}\n")
         process = subprocess.Popen(
             [sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True, text=True,
+            start_new_session=True, text=True, preexec_fn=_die_with_task if sys.platform == "linux" else None,
         )
         assert process.stdin is not None
         process.stdin.write(json.dumps({"entrypoint": self.entrypoint, "spec": spec.to_dict(),
@@ -169,6 +169,16 @@ class PackedTask:
         write_result_if_absent(spec.work_dir, ResultRecord(status="failed", error=(
             f"member process {how} without a result in packed task {self.task}, whose other members went on; "
             f"its log {log_path}:\n{_tail(log_path)}")))
+
+
+def _die_with_task() -> None:
+    """In a member process before it starts: die with the task's process (Linux PR_SET_PDEATHSIG). A task killed from
+    outside (its node's out-of-memory killer, a hard kill) must not leave a member training on the GPU, outside the
+    scheduler's sight (a member runs in a session of its own, which a scheduler tracking process trees can lose)."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
 def _kill_group(process: subprocess.Popen, signum: int) -> None:
