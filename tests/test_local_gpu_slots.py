@@ -82,6 +82,17 @@ def _wait(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> No
         time.sleep(0.02)
 
 
+def _run_driven(launcher: LocalLauncher, specs: list[MemberSpec], folder: Path,
+                drive: Callable[[MemberArrayRunner], None]) -> dict[int, Any]:
+    """The members to their final records, ``drive`` acting on them once per polling round."""
+    runner = MemberArrayRunner(launcher, ENTRY, specs, {}, lambda jobs: None, folder,
+                               RunnerPolicy(retries=0, timeout_s=120, result_scan_interval_s=0.05), on_tick=drive)
+    try:
+        return runner.run()
+    finally:
+        launcher.close()
+
+
 def test_members_in_flight_never_share_a_gpu_and_slots_come_back_after_a_failure_and_a_cancel(tmp_path, member_path):
     options = {"gpus_per_node": 1, "visible_gpus": [4, 5, 6], "kill_grace_s": 30}
     LocalLauncher.validate_options(options)
@@ -105,12 +116,7 @@ def test_members_in_flight_never_share_a_gpu_and_slots_come_back_after_a_failure
             for i in started:
                 _release(specs[i])
 
-    runner = MemberArrayRunner(launcher, ENTRY, specs, {}, lambda jobs: None, tmp_path / "submitit",
-                               RunnerPolicy(retries=0, timeout_s=120, result_scan_interval_s=0.05), on_tick=drive)
-    try:
-        final = runner.run()
-    finally:
-        launcher.close()
+    final = _run_driven(launcher, specs, tmp_path / "submitit", drive)
     assert {i: r.status for i, r in final.items()} == {0: "ok", 1: "failed", 2: "cancelled", 3: "ok", 4: "ok"}
     assert checks["full"] == [0, 1, 2]
     assert checks["after_failure"][0] == checks["after_failure"][1]  # the failed member's GPU, reused
@@ -221,12 +227,7 @@ def test_with_two_members_per_gpu_each_slot_takes_a_pair_and_the_members_know_th
             for i in started:
                 _release(specs[i])
 
-    runner = MemberArrayRunner(launcher, ENTRY, specs, {}, lambda jobs: None, tmp_path / "submitit",
-                               RunnerPolicy(retries=0, timeout_s=120, result_scan_interval_s=0.05), on_tick=drive)
-    try:
-        final = runner.run()
-    finally:
-        launcher.close()
+    final = _run_driven(launcher, specs, tmp_path / "submitit", drive)
     assert all(r.status == "ok" for r in final.values()) and len(final) == 5
     assert checks["full"] == [0, 1, 2, 3]
     assert checks["pairs"] == [("0", "0"), ("1", "1")]
