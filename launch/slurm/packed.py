@@ -36,6 +36,7 @@ import submitit
 from submitit.core.utils import UncompletedJobError
 
 from launch.member import run_member
+from results.store.atomic import atomic_write_json
 from results.store.gpu_share import write_gpu_share
 from results.store.layout import CANCEL_REQUEST_FILE, MEMBER_LOG_FILE
 from results.store.node_failure import read_node_failure
@@ -63,8 +64,6 @@ def task_id() -> str:
 
 def write_cancel_request(work_dir: str | Path, task: str) -> None:
     """Ask the packed task ``task`` to stop the member of ``work_dir`` (and only it)."""
-    from results.store.atomic import atomic_write_json
-
     atomic_write_json(Path(work_dir) / CANCEL_REQUEST_FILE, {"task": str(task), "time": time.time()})
 
 
