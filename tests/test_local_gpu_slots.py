@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -27,10 +28,25 @@ ENTRY = "test_local_gpu_slots:gated_member"
 GATE_S = 60.0  # a gated member that is never released gives up after this long (the test has failed by then)
 
 
+def _write_end(work: Path) -> None:
+    (work / "ended.json").write_text(json.dumps({"end": time.time()}))
+
+
 def gated_member(member: MemberSpec) -> dict[str, Any]:
     """Member entry point: write seen.json (CUDA_VISIBLE_DEVICES, start time), wait for ``release``, then
-    succeed or raise as ``inner.options.fail`` says; ended.json is written however it ends (a cancel's SIGINT too)."""
+    succeed or raise as ``inner.options.fail`` says; ended.json is written however it ends.
+
+    A cancel sends SIGINT twice within milliseconds (to the member, and forwarded by its controller), then SIGKILL
+    after 1 s: the end is written by the first SIGINT's handler, which ignores the second, not by a ``finally``
+    that the second SIGINT would interrupt."""
     work = Path(member.work_dir)
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        _write_end(work)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
     seen = os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>")
     (work / "seen.json").write_text(json.dumps({"gpus": seen, "start": time.time(), "pid": os.getpid()}))
     try:
@@ -43,7 +59,8 @@ def gated_member(member: MemberSpec) -> dict[str, Any]:
             raise RuntimeError("this member fails on purpose")
         return {"status": "ok", "fitness": 0.5}
     finally:
-        (work / "ended.json").write_text(json.dumps({"end": time.time()}))
+        if not (work / "ended.json").exists():  # not written by a cancel's SIGINT
+            _write_end(work)
 
 
 def _specs(root: Path, n: int, fail: set[int] = frozenset()) -> list[MemberSpec]:
