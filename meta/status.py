@@ -5,7 +5,8 @@ Read-only: it never takes the run's LOCK or writes a file, so it is safe while t
 it died. Per generation a summary line; per member of the current generation (every generation with --all): its
 state (queued, with SLURM's pending reason; running, with its step, last reward and regularizer gradient share from
 progress.json; ok with its fitness; failed, timeout, late, cancelled, stopped_early with its early score), its running
-time and GPU time (the member's ledger x resources.gpus / resources.members_per_gpu), the GPU it shared, and an ETA
+time and GPU time (the member's ledger x resources.gpus / the members that shared its GPU, at most
+resources.members_per_gpu), the GPU it shared, and an ETA
 from the members' measured step rates. The run dir's kind picks the view: a ``meta.tune`` run gets its trials (meta/tune/status.py), a ``meta.pilot`` run its runs
 per (radius, coef) combination and role (meta/pilot_status.py), both with the same member rows
 (meta/status_rows.py). Exit 2 when run_dir is none of the three.

@@ -37,6 +37,7 @@ class MemberRow:
     wall_s: float | None  # a finished member's own running time
     fitness: float | None = None
     gpu_share: str = ""  # the task and GPU it shared and with whom (results/store/gpu_share.py); "" alone
+    sharers: int | None = None  # members on its GPU as its gpu_share.json says (itself included); None: no file
 
 
 @dataclass(frozen=True)
@@ -46,9 +47,13 @@ class GpuUse:
     gpus: int
     members_per_gpu: int = 1
 
-    def hours(self, running_s: float) -> float:
-        """GPU-hours of a member's running time: x gpus / k (results/store/gpu_time.py owns the formula)."""
-        return gpu_time_h(running_s / 3600.0, self.gpus, self.members_per_gpu)
+    def hours(self, running_s: float, sharers: int | None = None) -> float:
+        """GPU-hours of a member's running time: x gpus / k (results/store/gpu_time.py owns the formula).
+
+        ``sharers``: the members its gpu_share.json says were on its GPU, itself included; a member that had the
+        card to itself (the odd one of a packed generation) is charged the whole GPU, never more than k share it."""
+        k = self.members_per_gpu if sharers is None else max(1, min(self.members_per_gpu, sharers))
+        return gpu_time_h(running_s / 3600.0, self.gpus, k)
 
 
 def gpu_use(raw: Mapping[str, Any]) -> GpuUse:
@@ -62,7 +67,9 @@ def member_row(label: str, work_dir: Path, job: Mapping[str, Any] | None, reason
     """One member's state from its files (result, ledger, progress, the GPU it shared) and the scheduler's pending
     reasons."""
     row = _member_state(label, work_dir, job, reasons, now)
-    row.gpu_share = share_text(read_gpu_share(work_dir))
+    share = read_gpu_share(work_dir)
+    row.gpu_share = share_text(share)
+    row.sharers = None if share is None else 1 + len(share["shared_with"])
     return row
 
 
@@ -123,8 +130,8 @@ def is_final(row: MemberRow) -> bool:
 
 def gpu_hours(rows: Sequence[MemberRow], use: GpuUse) -> float:
     """GPU-hours the members used so far: each one's running time (its ledger, else its record's) x resources.gpus /
-    resources.members_per_gpu."""
-    return use.hours(sum(r.running_s or r.wall_s or 0.0 for r in rows))
+    the members that shared its GPU (at most resources.members_per_gpu)."""
+    return sum(use.hours(r.running_s or r.wall_s or 0.0, r.sharers) for r in rows)
 
 
 def rows_eta(rows: Sequence[MemberRow], parallel: int | None) -> float | None:
@@ -144,7 +151,7 @@ def row_line(row: MemberRow, use: GpuUse, label_width: int = 24) -> str:
     GPU it shared when it shared one."""
     used = row.running_s if row.running_s is not None else row.wall_s
     how_long = f"{format_duration(used)} running" if row.state == RUNNING else f"ran {format_duration(used or 0.0)}"
-    time_text = f"{how_long}, {use.hours(used):.2f} GPU-h" if used else ""
+    time_text = f"{how_long}, {use.hours(used, row.sharers):.2f} GPU-h" if used else ""
     shared = f" | shared: {row.gpu_share}" if row.gpu_share else ""
     return f"  {row.label:<{label_width}s} {row.state:<13s} {row.detail:<60s} {time_text}{shared}"
 

@@ -107,6 +107,12 @@ def test_status_counts_running_time_x_gpus_over_k_and_shows_the_shared_gpu(tmp_p
     line = row_line(row, use)
     assert "1.00 GPU-h" in line and "shared: task 123_4, GPU 0, with 5" in line
     assert "shared:" not in row_line(member_row("member 001", tmp_path / "alone", None, {}, now=0.0), use)
+    lone_dir = tmp_path / "member_0002"  # the odd member of a packed generation: its task held the GPU for it alone
+    write_gpu_share(lone_dir, task="123_5", gpus="0", members=[], members_per_gpu=1)
+    lone = member_row("member 002", lone_dir, None, {}, now=0.0)
+    lone.wall_s = 7200.0
+    assert gpu_hours([row, row, lone], use) == pytest.approx(4.0)  # 2 + 2 h x 1 GPU alone
+    assert "2.00 GPU-h" in row_line(lone, use)
 
 
 def test_the_members_table_has_the_gpu_each_member_shared(tmp_path, monkeypatch):
