@@ -121,14 +121,21 @@ def check_sandbox(sandbox: Any) -> str:
 
 
 def local_inputs(inner: Mapping[str, Any]) -> list[Path]:
-    """The local files and directories the config reads its model and data from (staged snapshots included)."""
-    paths = []
+    """The local files and directories the config reads its model and data from (staged snapshots included), the
+    tasks of its ``extra_evaluations`` (transfer tasks) too."""
     model = inner.get("model") or {}
-    task = inner.get("task") or {}
-    for value in (model.get("name_or_path"), model.get("gguf_file"), task.get("hub_id"), task.get("train_file"),
-                  task.get("validation_file"), task.get("test_file")):
+    values = [model.get("name_or_path"), model.get("gguf_file")]
+    extras = inner.get("extra_evaluations")
+    tasks = [inner.get("task") or {}, *(e.get("task") or {} for e in extras if isinstance(e, Mapping))] \
+        if isinstance(extras, list) else [inner.get("task") or {}]
+    for task in tasks:
+        if isinstance(task, Mapping):
+            values += [task.get("hub_id"), task.get("train_file"), task.get("validation_file"), task.get("test_file")]
+    paths: list[Path] = []
+    for value in values:
         if isinstance(value, str) and value and Path(value).expanduser().exists():
-            paths.append(Path(value).expanduser())
+            if Path(value).expanduser() not in paths:
+                paths.append(Path(value).expanduser())
     return paths
 
 

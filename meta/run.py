@@ -147,7 +147,8 @@ def run(argv: Sequence[str]) -> int:
         sys.stdout.flush()
         return 0
     check_members_can_start(cfg.launcher)
-    preflight_run(cfg)  # this host's checks of what the members need, before anything is written or submitted
+    # this host's checks of what the members and the reporting runs read, before anything is written or submitted
+    preflight_run(cfg, manifest, transfer_evaluations(raw, manifest.get("overrides", [])))
     manifest.update(check_job_namespace(raw, manifest))
 
     def body() -> int:

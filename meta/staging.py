@@ -104,16 +104,22 @@ def stage_run(raw: MutableMapping[str, Any], manifest: MutableMapping[str, Any],
         raw.update({node: staged[node] for node in INNER_NODES if node in raw})
 
 
-def preflight_run(cfg: "SearchConfig") -> None:
+def preflight_run(cfg: "SearchConfig", manifest: Mapping[str, Any],
+                  extra_evaluations: Sequence[Mapping[str, Any]] = ()) -> None:
     """The members' pre-flight on this (the submitting) host before the first submission: the staged files are
-    readable, the run directory has room for a checkpoint, and, where members run on this host (launcher local or
+    readable (the transfer tasks' ``extra_evaluations`` too, read from the manifest's pins as the reporting runs will
+    read them), the run directory has room for a checkpoint, and, where members run on this host (launcher local or
     debug), the sandbox works. ConfigError (exit 2) naming the host and the cause; nothing is written."""
     from launch.member import load_entrypoint
 
     check = getattr(load_entrypoint(cfg.inner_entrypoint), "preflight", None)
     if not callable(check):
         return
+    inner = cfg.member_inner()
+    if extra_evaluations:
+        inner = staged_inner(cfg.inner_entrypoint, {**inner, "extra_evaluations": [dict(e) for e in extra_evaluations]},
+                             manifest)
     try:
-        check(cfg.member_inner(), cfg.run_dir, probe_sandbox=str(cfg.launcher.get("name")) in LOCAL_LAUNCHERS)
+        check(inner, cfg.run_dir, probe_sandbox=str(cfg.launcher.get("name")) in LOCAL_LAUNCHERS)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None

@@ -308,6 +308,22 @@ def test_an_unstaged_transfer_dataset_is_refused_up_front_offline(tmp_path, caps
     assert not run_dir.exists()
 
 
+def test_an_unreadable_file_of_a_staged_transfer_dataset_fails_the_preflight_before_anything_is_written(
+        tmp_path, capsys, offline):
+    """The reporting runs read the transfer snapshot after the whole search: its pre-flight is before the first
+    submission, with the run's own model and data."""
+    from meta.run import main
+
+    cache, run_dir = tmp_path / "cache", tmp_path / "run"
+    stage_fixtures(cache)
+    stage_gsm8k(cache)
+    (_repo_dir(cache, "dataset", GSM8K_REPO, GSM8K_COMMIT) / "main" / "extra.parquet").symlink_to(tmp_path / "gone")
+    assert main([*SEARCH, *TRANSFER, f"stage.cache_dir={cache}", f"run_dir={run_dir}"]) == 2
+    err = capsys.readouterr().err
+    assert "pre-flight failed on node" in err and "main/extra.parquet is not readable here" in err, err
+    assert not run_dir.exists()
+
+
 #: a tuning whose trial runs read the fixture repositories by hub name: one trial of one run
 TUNE = ["new=true", "experiment=tiny_arith", "task=mbpp", f"task.hub_id={DATA_REPO}", "model=hub",
         f"model.name_or_path={MODEL_REPO}", "model.chat_template=false", "train.num_threads=1", "train.steps=1",
