@@ -25,6 +25,7 @@ import logging
 import os
 import signal
 import socket
+import subprocess
 import threading
 import time
 import traceback
@@ -258,6 +259,14 @@ def run_member(
     return final.to_dict()
 
 
+def requeue_cut_short(exc: BaseException) -> bool:
+    """Whether ``exc`` is submitit's ``scontrol requeue`` killed by a signal: the requeue it asked for stops every
+    process of the job, scontrol among them when it has not exited yet. The job is requeued all the same, so this
+    run must end as after a requeue (no record), not as a failure that the requeued run would find final."""
+    return (isinstance(exc, subprocess.CalledProcessError) and exc.returncode < 0
+            and list(exc.cmd[:2]) == ["scontrol", "requeue"])
+
+
 def _error_summary(text: str) -> str:
     """The last line of an error: a traceback tail's exception, or a one-line message whole."""
     lines = text.strip().splitlines()
@@ -283,6 +292,12 @@ def _call(
             return ResultRecord.coerce(raw)
     except (MemberTimeout, *out_of_time) as exc:
         return ResultRecord(status="timeout", error=str(exc))
+    except subprocess.CalledProcessError as exc:
+        if requeue_cut_short(exc):
+            logger.warning("member %s: the job was requeued (%s); this run ends without a record", member.work_dir,
+                           exc)
+            raise SystemExit(-1) from None  # what submitit's handler does once its requeue returned
+        return ResultRecord(status="failed", error=traceback.format_exc()[-ERROR_TAIL_CHARS:])
     except Exception:  # any member failure becomes a record; the orchestrator decides about retries
         tail = traceback.format_exc()[-ERROR_TAIL_CHARS:]
         return ResultRecord(status="failed", error=tail)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 
@@ -161,3 +162,31 @@ def test_the_wall_limit_is_a_timeout_even_through_an_entry_point_that_catches_ev
     Exception as `failed`): a member out of time is `timeout`, which retries and reports treat differently."""
     record = run_member(f"{__name__}:guarded_entry", _spec(tmp_path), timeout_s=0.3)
     assert record["status"] == "timeout", record
+
+
+def requeuing_member(spec) -> dict:
+    """Calls scontrol requeue as submitit's time-limit handler does (scontrol is the test's stand-in on PATH)."""
+    import subprocess
+
+    subprocess.check_call(["scontrol", "requeue", "123"])
+    return {"status": "ok", "fitness": 1.0}
+
+
+@pytest.mark.parametrize("how, ends", [("kill -TERM $$", "requeued"), ("exit 1", "failed")])
+def test_a_requeue_whose_scontrol_the_requeue_killed_ends_the_run_without_a_record(tmp_path, monkeypatch, how, ends):
+    """The requeue stops every process of the job, scontrol among them if it has not exited: the job is requeued
+    all the same, and a failed record would make the requeued run return it instead of resuming. A scontrol that
+    fails on its own (exit 1: no requeue) is a failure."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f"#!/bin/sh\n{how}\n")
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    spec = _spec(tmp_path)
+    if ends == "requeued":
+        with pytest.raises(SystemExit):
+            run_member("test_launch_member:requeuing_member", spec, timeout_s=10)
+        assert read_result(spec["work_dir"]) is None and read_ledger(spec["work_dir"]) is not None
+    else:
+        record = run_member("test_launch_member:requeuing_member", spec, timeout_s=10)
+        assert record["status"] == "failed" and "scontrol" in record["error"]

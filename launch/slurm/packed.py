@@ -35,7 +35,7 @@ from typing import Any, Mapping, Sequence
 import submitit
 from submitit.core.utils import UncompletedJobError
 
-from launch.member import run_member
+from launch.member import requeue_cut_short, run_member
 from results.store.atomic import atomic_write_json
 from results.store.gpu_share import write_gpu_share
 from results.store.layout import CANCEL_REQUEST_FILE, MEMBER_LOG_FILE
@@ -222,7 +222,13 @@ def _hand_on(signum: int, previous: Any) -> None:
     if previous is signal.SIG_IGN:
         return
     if callable(previous):
-        previous(signum, None)
+        try:
+            previous(signum, None)
+        except subprocess.CalledProcessError as exc:
+            if not requeue_cut_short(exc):
+                raise
+            logger.warning("the task was requeued (%s)", exc)
+            raise SystemExit(-1) from None  # as submitit's handler ends once its requeue returned
     raise SystemExit(128 + signum)
 
 

@@ -86,8 +86,10 @@ def test_packed_tasks_end_each_member_alone(slurm_cluster: LocalSlurm, tmp_path:
     checkpoint = json.loads((Path(members[1].work_dir) / "synthetic_ckpt.json").read_text())
     assert len(checkpoint["starts"]) == 2 and checkpoint["starts"][1] >= 4 and final[1].steps_done == 24
     assert final[5].steps_done == 30 and acted["stopped"] < 30  # member 5 went on after its partner was stopped
-    rows = {row.job_id: row for row in slurm_cluster.sacct([int(tasks[0].split("_")[0])])}
-    assert sorted(rows) == tasks and all(row.state == "COMPLETED" for row in rows.values()), rows
+    # every task ends COMPLETED once its last member ended (the members' records come first; accounting lags)
+    slurm_cluster.wait_for([int(tasks[0].split("_")[0])],
+                           lambda rows: sorted(r.job_id for r in rows) == tasks
+                           and all(r.state == "COMPLETED" for r in rows), timeout=60, what="all COMPLETED")
     share = read_gpu_share(members[5].work_dir)
     assert share is not None and share["task"] == tasks[2] and share["shared_with"] == [4]
     ref = JobRef.from_dict(jobs[4])
