@@ -74,8 +74,9 @@ def test_a_pruned_tuning_survives_a_sigkill_and_resumes_on_slurm(slurm_cluster: 
         assert calls == ["attempt 0"], f"trial {t.number}'s run trained {len(calls)} times"
     # the pruned runs were stopped by scancel: SLURM says so
     pruned_ids = [_jobs(run_dir)[t.number]["job_id"] for t in counted if t.state == TrialState.PRUNED]
-    rows = {row.job_id: row.state for row in slurm_cluster.sacct(_job_ids(run_dir))}
-    assert all(rows.get(job_id, "").startswith("CANCELLED") for job_id in pruned_ids), (pruned_ids, rows)
+    slurm_cluster.wait_for(  # accounting may lag the scancel
+        _job_ids(run_dir), lambda rows: all({r.job_id: r.state for r in rows}.get(job_id, "").startswith("CANCELLED")
+                                            for job_id in pruned_ids), timeout=60, what=f"{pruned_ids} CANCELLED")
 
 
 def test_the_embedded_default_tuning_runs_its_trials_as_slurm_jobs(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:
