@@ -120,22 +120,24 @@ def check_sandbox(sandbox: Any) -> str:
             f"{tail[-1] if tail else 'no error output'}); {nproc_note(sandbox.max_processes)}")
 
 
+#: the keys of a task node that may name local data (a staged snapshot, a file)
+_TASK_FILE_KEYS = ("hub_id", "train_file", "validation_file", "test_file")
+
+
 def local_inputs(inner: Mapping[str, Any]) -> list[Path]:
     """The local files and directories the config reads its model and data from (staged snapshots included), the
     tasks of its ``extra_evaluations`` (transfer tasks) too."""
     model = inner.get("model") or {}
-    values = [model.get("name_or_path"), model.get("gguf_file")]
     extras = inner.get("extra_evaluations")
-    tasks = [inner.get("task") or {}, *(e.get("task") or {} for e in extras if isinstance(e, Mapping))] \
-        if isinstance(extras, list) else [inner.get("task") or {}]
-    for task in tasks:
-        if isinstance(task, Mapping):
-            values += [task.get("hub_id"), task.get("train_file"), task.get("validation_file"), task.get("test_file")]
+    tasks = [inner.get("task") or {}, *(e.get("task") for e in (extras if isinstance(extras, list) else [])
+                                        if isinstance(e, Mapping))]
+    values = [model.get("name_or_path"), model.get("gguf_file"),
+              *(task.get(key) for task in tasks if isinstance(task, Mapping) for key in _TASK_FILE_KEYS)]
     paths: list[Path] = []
     for value in values:
-        if isinstance(value, str) and value and Path(value).expanduser().exists():
-            if Path(value).expanduser() not in paths:
-                paths.append(Path(value).expanduser())
+        path = Path(value).expanduser() if isinstance(value, str) and value else None
+        if path is not None and path.exists() and path not in paths:
+            paths.append(path)
     return paths
 
 

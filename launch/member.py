@@ -292,12 +292,10 @@ def _call(
             return ResultRecord.coerce(raw)
     except (MemberTimeout, *out_of_time) as exc:
         return ResultRecord(status="timeout", error=str(exc))
-    except subprocess.CalledProcessError as exc:
+    except Exception as exc:  # any member failure becomes a record; the orchestrator decides about retries
         if requeue_cut_short(exc):
             logger.warning("member %s: the job was requeued (%s); this run ends without a record", member.work_dir,
                            exc)
             raise SystemExit(-1) from None  # what submitit's handler does once its requeue returned
-        return ResultRecord(status="failed", error=traceback.format_exc()[-ERROR_TAIL_CHARS:])
-    except Exception:  # any member failure becomes a record; the orchestrator decides about retries
         tail = traceback.format_exc()[-ERROR_TAIL_CHARS:]
         return ResultRecord(status="failed", error=tail)
