@@ -215,6 +215,7 @@ def _step_figures(work_dir: Path, batch_size: int) -> dict[str, Any]:
     progress = read_progress(work_dir)
     window = [progress.started_at, progress.updated_at] if progress is not None and len(logs) > 1 else None
     return {"steps_logged": len(logs), "steps_timed": len(timed), "step_times_s": times,
+            "first_step_s": logs[0][STEP_TIME],  # the one-off set-up's step: compiling, with a compiled decode step
             "step_s": sum(times) / len(times), "completion_tokens": sum(tokens),
             "tokens_per_s": sum(tokens) / sum(times), "mean_completion_length": sum(tokens) / len(tokens) / batch_size,
             "window": window}
@@ -374,7 +375,7 @@ def single_row(backend: str, result: dict[str, Any] | None, reason: str | None) 
         return {"backend": backend, "status": "skipped", "reason": reason}
     row = {"backend": backend, "status": result["status"], "reason": result.get("error"),
            "ran_as": result.get("ran_as")}
-    for key in ("step_s", "tokens_per_s", "peak_memory_bytes", "peak_memory_kind", "peak_rss_bytes",
+    for key in ("step_s", "first_step_s", "tokens_per_s", "peak_memory_bytes", "peak_memory_kind", "peak_rss_bytes",
                 "peak_gpu_reserved_bytes", "mean_completion_length", "steps_timed", "wall_s"):
         row[key] = result.get(key)
     return row
@@ -496,6 +497,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="task.sandbox.require_isolation=false (where bubblewrap is missing)")
     parser.add_argument("--shared-master-port", action="store_true",
                         help="leave MASTER_PORT to TRL in vLLM members (they race for 29500; see _free_ports)")
+    parser.add_argument("--without-alone", action="store_true",
+                        help="measure only the --members counts, not also one member alone (a caller that measured "
+                             "it already: scripts/gpu_pass.py)")
     parser.add_argument("--keep-exact-share", action="store_true",
                         help="keep the trainer's per-step retries of the exact gradient share (see above)")
     parser.add_argument("--data", default=str(DATA), help="MBPP files train/validation/test.jsonl")
@@ -572,7 +576,8 @@ def run_bench(opts: argparse.Namespace) -> dict[str, Any]:
                 summary["single"].append(single_row(backend, None, unavailable[backend]))
                 print(f"{backend}: skipped ({unavailable[backend]})", flush=True)
                 continue
-            counts = sorted({1, *(opts.members if backend in share else [])})
+            alone = [] if opts.without_alone else [1]
+            counts = sorted({*alone, *(opts.members if backend in share else [])})
             for members in counts:
                 print(f"{backend}: {members} member(s) ...", flush=True)
                 results, device = run_members(backend, members, inner, opts, work, max_model_len)

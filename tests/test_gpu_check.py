@@ -25,9 +25,9 @@ def test_the_acceptance_run_trains_every_record_on_the_device_it_names(tmp_path)
     assert "CUDA tests" in done.stderr and "skipped: no usable CUDA device" in done.stderr
     summary = json.loads(out.read_text())
     rows = summary["rows"]
-    # 2 generations x (2 members + the control), 4 selection runs, 4 reporting runs (the export and the base model
+    # 1 generation x (2 members + the control), 4 selection runs, 4 reporting runs (the export and the base model
     # on 2 seeds), the single run with the exported init
-    assert len(rows) == 6 + 4 + 4 + 1
+    assert len(rows) == 3 + 4 + 4 + 1
     assert {r["status"] for r in rows} == {"ok"} and {r["device_type"] for r in rows} == {"cpu"}
     assert all(r["step_s"] for r in rows if r["steps"])
     assert "gpu_check: OK" in done.stdout

@@ -5,6 +5,7 @@ takes seconds that ``meta.status`` and the other light commands should not pay.
 """
 from __future__ import annotations
 
+import importlib.util
 import inspect
 from typing import Any, Mapping
 
@@ -31,12 +32,39 @@ def searcher_class(name: str) -> type[Searcher]:
     return registry[name]
 
 
+def missing_imports(cls: type[Searcher]) -> list[str]:
+    """The modules of ``cls.imports`` that cannot be imported here (found without importing them)."""
+    missing = []
+    for module in cls.imports:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(module)
+    return missing
+
+
+def check_importable(cls: type[Searcher]) -> None:
+    """Refuse a searcher whose modules this Python lacks, naming the searchers that would run here.
+
+    Why: an air-gapped GPU node gets its packages from a bundle of wheels, and ray (which evotorch imports at import
+    time) is too large to carry; the search must say so before anything is written, not fail in a traceback."""
+    missing = missing_imports(cls)
+    if missing:
+        usable = sorted(name for name, other in _registry().items() if not missing_imports(other))
+        raise ValueError(f"es={cls.name} needs {', '.join(cls.imports)}, and {', '.join(missing)} cannot be "
+                         f"imported here; searchers that run here: {usable} (e.g. es={usable[0] if usable else '?'}), "
+                         f"or install {' '.join(missing)}")
+
+
 def build_searcher(
     es_cfg: Mapping[str, Any], center_init: torch.Tensor, popsize: int, seed: int
 ) -> Searcher:
     """Instantiate ``es_cfg['name']`` with the remaining keys as hyperparameters; unknown keys are errors."""
     cfg = dict(es_cfg)
     cls = searcher_class(str(cfg.pop("name", "")))
+    check_importable(cls)
     allowed = [
         p.name for p in inspect.signature(cls.__init__).parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY
     ]
@@ -46,4 +74,4 @@ def build_searcher(
     return cls(center_init.to(DTYPE), popsize, seed, **cfg)
 
 
-__all__ = ["Searcher", "build_searcher", "check_population", "searcher_class"]
+__all__ = ["Searcher", "build_searcher", "check_importable", "check_population", "missing_imports", "searcher_class"]

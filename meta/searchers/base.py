@@ -23,6 +23,9 @@ class Searcher(abc.ABC):
     name: ClassVar[str] = ""
     #: antithetic (mirrored) sampling needs an even population
     needs_even_population: ClassVar[bool] = False
+    #: the third-party modules it imports (beside torch and numpy), checked before a search starts: a GPU node that
+    #: lacks one (ray cannot be carried to an air-gapped node) refuses the searcher with a message, not a traceback
+    imports: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, center_init: torch.Tensor, popsize: int, seed: int) -> None:
         if center_init.ndim != 1:

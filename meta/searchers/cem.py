@@ -20,6 +20,7 @@ from meta.seeding import seeded_global_torch
 
 class CEMSearcher(Searcher):
     name = "cem"
+    imports = ("evotorch", "ray")  # evotorch imports ray at import time
 
     def __init__(
         self,

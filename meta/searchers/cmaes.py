@@ -51,6 +51,7 @@ def _relative_distance(replayed: np.ndarray, stored: np.ndarray) -> float:
 
 class CMAESSearcher(Searcher):
     name = "cmaes"
+    imports = ("cma",)
 
     def __init__(
         self,

@@ -19,6 +19,7 @@ from meta.seeding import seeded_global_torch
 
 class PGPESearcher(Searcher):
     name = "pgpe"
+    imports = ("evotorch", "ray")  # evotorch imports ray at import time
     needs_even_population = True
 
     def __init__(

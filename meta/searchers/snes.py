@@ -18,6 +18,7 @@ from meta.seeding import generator
 
 class SNESSearcher(Searcher):
     name = "snes"
+    imports = ("evotorch", "ray")  # evotorch imports ray at import time
 
     def __init__(
         self,

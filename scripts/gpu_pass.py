@@ -1,0 +1,491 @@
+"""One pass over a short GPU allocation: every GPU question this project has, in order of value, within a budget.
+
+Why: GPU time reaches this project as a node for ~15 minutes at a time (at most 10 per command), air-gapped, with the
+project's packages brought as a bundle of wheels (scripts/node_bundle.sh). A pass must spend such an allocation on
+what matters most first, stop cleanly at its budget, and keep every figure the moment it is measured, so that a
+command cut at its limit loses only the check in flight and a second call finishes the rest. In order:
+
+1. ``cuda``: CUDA usable (the card, its memory, torch and CUDA versions);
+2. ``bundle``: every module of the node bundle's role imports (``--bundle DIR``; skipped without one);
+3. ``cuda_tests``: the CUDA tests;
+4. ``acceptance``: the acceptance run (scripts/gpu_check.py: meta.run with two members sharing the GPU,
+   re-evaluation, export, a single run), shrunk to ~3 minutes on one H100;
+5. ``bench:*``: bench/bench_member_gpu.py at the mbpp_qwen3 preset's real shapes (Qwen3-1.7B's architecture at full
+   depth, random weights, the preset's batch and lengths): ``train.decode_cache`` dynamic, then static_compiled, one
+   member alone (compile time reported apart: the first step's excess), then 2 members sharing the GPU with the
+   faster cache, then 4 if time is left.
+
+Each check's outcome is appended to ``--record`` (JSON lines, fsync'd) as it ends. A later call with the same record
+skips every check already measured on the same card (passed or failed) and reruns those cut or never reached. The
+pass ends with a summary: pass or fail per check; s/step, completion tokens/s and peak GiB per member for each bench
+setting; and the GPU-hours of ``experiment=mbpp_qwen3 population=180 generations=15`` that each setting implies,
+counted as the search's dry-run plan counts them (meta/plan.py, results/store/gpu_time.py).
+
+    scripts/gpu_pass.sh --budget-min 8 --bundle .node_bundle --record $OUT/gpu_pass.jsonl
+
+Exit status: 0 every check passed; 1 a check failed; 3 the budget ran out before every check ran (call again).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import logging
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from inner_loop.generation.backends import DYNAMIC_CACHE, HF_GENERATE, STATIC_COMPILED  # noqa: E402
+
+logger = logging.getLogger("gpu_pass")
+
+PASSED, FAILED, CUT = "pass", "fail", "cut"
+#: outcomes a later call keeps (a cut or never-reached check runs again)
+FINAL = (PASSED, FAILED)
+EXIT_FAILED, EXIT_INCOMPLETE = 1, 3
+#: seconds kept back from the budget for the summary
+SUMMARY_RESERVE_S = 15.0
+#: the decode caches compared one member alone, in this order; the faster one is used for sharing
+CACHES = (DYNAMIC_CACHE, STATIC_COMPILED)
+#: sharing counts after one member alone, in order of value
+SHARING = (2, 4)
+#: optimizer steps per bench member: the first (set-up, compiling) untimed, then enough that a cost paid every step
+#: (a recompile, a CUDA graph recorded again) shows in each timed step
+BENCH_STEPS = 4
+#: the search whose GPU-hours each setting implies (the README's search)
+SEARCH = ["experiment=mbpp_qwen3", "population=180", "generations=15"]
+#: issue 38's rule for a preset's members_per_gpu: k members must give at least this much of one member's tokens/s...
+SHARING_MIN_SCALING = 1.5
+#: ... and their peak memory together fit within this share of the card (room to spare)
+SHARING_MAX_MEMORY_SHARE = 0.75
+#: --device cpu: small shapes (the pass's plumbing, not a measurement)
+CPU_BENCH_SHAPES = ["--layers", "2", "--hidden", "128", "--heads", "2", "--kv-heads", "1", "--head-dim", "64",
+                    "--intermediate", "256", "--vocab", "512", "--group-size", "2", "--batch-size", "4",
+                    "--completion-length", "8", "--dtype", "float32", "--threads", "1"]
+
+
+# ------------------------------------------------------------------ the record
+def read_record(path: Path) -> list[dict[str, Any]]:
+    """The outcomes so far; a torn last line (a command killed mid-write) is ignored."""
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            logger.warning("%s: an unreadable line skipped (a write cut short): %.80s", path, line)
+    return out
+
+
+def append_record(path: Path, entry: dict[str, Any]) -> None:
+    """One outcome, appended and fsync'd at once: what a cut command has measured stays measured."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        handle.write(json.dumps(entry) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def final_outcomes(entries: list[dict[str, Any]], card: str | None) -> dict[str, dict[str, Any]]:
+    """check -> its last final outcome measured on ``card`` (figures of another card are not this card's)."""
+    out: dict[str, dict[str, Any]] = {}
+    for entry in entries:
+        if entry.get("status") in FINAL and entry.get("card") == card:
+            out[entry["check"]] = entry
+    return out
+
+
+# ------------------------------------------------------------------ running a command within the budget
+@dataclass
+class Pass:
+    """The pass's settings and state: where it records, its deadline, its device and card."""
+
+    opts: argparse.Namespace
+    deadline: float
+    device: str
+    card: str | None
+    work: Path
+
+    def left_s(self) -> float:
+        return self.deadline - time.monotonic() - SUMMARY_RESERVE_S
+
+    def env(self) -> dict[str, str]:
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+        if self.device == "cpu":
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        return env
+
+
+class Cut(Exception):
+    """The budget ran out while a check's command ran; it was stopped (a later call runs it again)."""
+
+
+class TooLong(Exception):
+    """A check's command ran past the longest a check of its kind should take: a finding, recorded as a failure."""
+
+
+def run_command(ctx: Pass, args: list[str], log: Path, most_min: float | None = None) -> subprocess.CompletedProcess:
+    """Run ``args`` (output to ``log``) until it ends, the budget ends (Cut) or ``most_min`` minutes pass (TooLong);
+    either way its whole process group (members, sandbox workers) is stopped."""
+    budget_s = max(1.0, ctx.left_s())
+    limit_s = min(budget_s, most_min * 60.0) if most_min else budget_s
+    with log.open("w") as handle:
+        proc = subprocess.Popen(args, cwd=ROOT, env=ctx.env(), stdout=handle, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            proc.wait(timeout=limit_s)
+        except subprocess.TimeoutExpired:
+            _stop_group(proc)
+            if limit_s < budget_s:
+                raise TooLong(f"{log.stem} ran past {most_min:g} min and was stopped: "
+                              f"{_tail(log.read_text(errors='replace'))}") from None
+            raise Cut(f"stopped at the budget after {log.name}") from None
+        except BaseException:
+            _stop_group(proc)
+            raise
+    return subprocess.CompletedProcess(args, proc.returncode, log.read_text(errors="replace"), "")
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=10)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _tail(text: str, lines: int = 8) -> str:
+    return " | ".join(text.strip().splitlines()[-lines:])[-1500:]
+
+
+# ------------------------------------------------------------------ the checks
+@dataclass(frozen=True)
+class Check:
+    key: str
+    title: str
+    #: the budget (minutes) below which the check is not started: it could not finish
+    least_min: float
+    run: Callable[[Pass, dict[str, dict[str, Any]]], dict[str, Any]]
+
+
+def cuda_check(ctx: Pass, done: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    import torch
+
+    figures = {"torch": torch.__version__, "cuda": torch.version.cuda,
+               "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    if ctx.device != "cuda" or not torch.cuda.is_available():
+        return {"status": FAILED, "figures": figures, "detail": "no usable CUDA device"}
+    props = torch.cuda.get_device_properties(0)
+    x = torch.randn(1024, 1024, device="cuda")
+    figures.update(card=props.name, memory_gib=round(props.total_memory / 2**30, 1),
+                   capability=f"{props.major}.{props.minor}", matmul_ok=bool(torch.isfinite(x @ x).all()))
+    return {"status": PASSED if figures["matmul_ok"] else FAILED, "figures": figures,
+            "detail": f"{props.name}, {figures['memory_gib']} GiB, torch {torch.__version__}, CUDA {torch.version.cuda}"}
+
+
+def bundle_check(ctx: Pass, done: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    from scripts.node_bundle import MANIFEST
+
+    manifest = json.loads((ctx.opts.bundle / MANIFEST).read_text())
+    modules = manifest["modules"]
+    probe = ("import importlib, json, sys\nbad = {}\nfor m in sys.argv[1:]:\n    try:\n        importlib.import_module(m)"
+             "\n    except Exception as exc:\n        bad[m] = f'{type(exc).__name__}: {exc}'\nprint(json.dumps(bad))")
+    done_ = run_command(ctx, [sys.executable, "-c", probe, *modules], ctx.work / "bundle.log")
+    lines = done_.stdout.strip().splitlines()
+    try:
+        bad = json.loads(lines[-1]) if lines else {"?": "no output"}
+    except json.JSONDecodeError:
+        bad = {"?": _tail(done_.stdout)}
+    figures = {"role": manifest["role"], "modules": len(modules), "wheels": len(manifest["wheels"]),
+               "bundle_mib": manifest["size_mib"], "not_importable": bad}
+    detail = (f"{len(modules)} modules of role {manifest['role']} import" if not bad else
+              f"{len(bad)} of {len(modules)} modules do not import: " + "; ".join(f"{k}: {v}" for k, v in bad.items()))
+    return {"status": FAILED if bad else PASSED, "figures": figures, "detail": detail[:1500]}
+
+
+def cuda_tests_check(ctx: Pass, done: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    from scripts.gpu_check import CUDA_TESTS
+
+    result = run_command(ctx, [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *CUDA_TESTS],
+                         ctx.work / "cuda_tests.log", most_min=3.0)
+    summary = (result.stdout.strip().splitlines() or ["(no output)"])[-1]
+    return {"status": PASSED if result.returncode == 0 else FAILED, "figures": {"summary": summary},
+            "detail": summary if result.returncode == 0 else _tail(result.stdout, 20)}
+
+
+def acceptance_check(ctx: Pass, done: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    out = ctx.work / "acceptance.json"
+    result = run_command(ctx, [sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--device", ctx.device,
+                               "--skip-cuda-tests", "--work", str(ctx.work / "acceptance"), "--json", str(out)],
+                         ctx.work / "acceptance.log", most_min=6.0)
+    summary = json.loads(out.read_text()) if out.is_file() else {}
+    rows = summary.get("rows", [])
+    figures = {"records": len(rows), "ok": sum(r["status"] == "ok" for r in rows),
+               "timings_s": {k: round(v, 1) for k, v in summary.get("timings", {}).items()},
+               "shared": sum(bool(r.get("shared")) for r in rows),
+               "step_s": [r.get("step_s") for r in rows], "peak_gpu_gib": [round(r.get("peak_gpu_gib") or 0, 2)
+                                                                          for r in rows]}
+    ok = result.returncode == 0
+    return {"status": PASSED if ok else FAILED, "figures": figures,
+            "detail": (f"{figures['ok']}/{len(rows)} records ok, {figures['shared']} shared the GPU" if ok
+                       else _tail(result.stdout, 25))}
+
+
+def bench_backend(cache: str) -> str:
+    """The bench's name for HF generate with ``cache`` (bench/bench_member_gpu.py's naming)."""
+    from bench.bench_member_gpu import measured_name
+
+    return measured_name(HF_GENERATE, cache)
+
+
+def run_bench(ctx: Pass, cache: str, members: int, label: str) -> dict[str, Any]:
+    """One bench setting: ``members`` members with ``cache`` at the preset's real shapes (small ones on the CPU)."""
+    out = ctx.work / f"{label}.json"
+    backend = bench_backend(cache)
+    args = [sys.executable, str(ctx.opts.bench), "--device", ctx.device, "--members", str(members), "--backends",
+            backend, "--steps", str(ctx.opts.bench_steps), "--tokenizer", "tiny", "--json", str(out),
+            "--member-timeout", str(int(max(60.0, ctx.left_s())))]
+    if members > 1:
+        args.append("--without-alone")
+    if ctx.device == "cpu":
+        args += CPU_BENCH_SHAPES
+    if ctx.opts.no_isolation:
+        args.append("--no-isolation")
+    result = run_command(ctx, args, ctx.work / f"{label}.log", most_min=6.0)
+    if result.returncode != 0 or not out.is_file():
+        return {"status": FAILED, "figures": {"cache": cache, "members": members},
+                "detail": f"the bench failed (exit {result.returncode}): {_tail(result.stdout, 20)}"}
+    summary = json.loads(out.read_text())
+    runs = summary["runs"].get(f"{backend}-x{members}", [])
+    ok = [r for r in runs if r.get("status") == "ok"]
+    figures: dict[str, Any] = {"cache": cache, "members": members, "backend": backend, "ok": len(ok),
+                               "settings": summary.get("settings"), "model": summary.get("model", {}).get("config"),
+                               "errors": [str(r.get("error"))[-500:] for r in runs if r.get("status") != "ok"]}
+    if ok:
+        step = sum(r["step_s"] for r in ok) / len(ok)
+        first = sum(r.get("first_step_s") or r["step_s"] for r in ok) / len(ok)
+        figures.update(step_s=step, first_step_s=first, setup_s=max(0.0, first - step),
+                       tokens_per_s=sum(r["tokens_per_s"] for r in ok),
+                       tokens_per_s_member=sum(r["tokens_per_s"] for r in ok) / len(ok),
+                       peak_gib_member=max(r["peak_memory_bytes"] for r in ok) / 2**30,
+                       peak_gib_total=sum(r["peak_memory_bytes"] for r in ok) / 2**30,
+                       mean_completion_length=ok[0].get("mean_completion_length"),
+                       ran_as=sorted({str(r.get("ran_as")) for r in ok}))
+    status = PASSED if len(ok) == members else FAILED
+    detail = (f"{figures.get('step_s', 0):.2f} s/step, {figures.get('tokens_per_s', 0):.0f} completion tok/s, "
+              f"{figures.get('peak_gib_member', 0):.1f} GiB peak per member" if status == PASSED
+              else f"{len(ok)}/{members} members ok: {'; '.join(figures['errors'])[:1200]}")
+    return {"status": status, "figures": figures, "detail": detail}
+
+
+def alone_key(cache: str) -> str:
+    return f"bench:{cache}:x1"
+
+
+def sharing_key(members: int) -> str:
+    return f"bench:faster:x{members}"
+
+
+def faster_cache(done: dict[str, dict[str, Any]]) -> str | None:
+    """The decode cache whose lone member stepped fastest (None: neither was measured)."""
+    alone = {c: done[alone_key(c)]["figures"]["step_s"] for c in CACHES
+             if alone_key(c) in done and done[alone_key(c)]["status"] == PASSED}
+    return min(alone, key=alone.get) if alone else None
+
+
+def alone_check(cache: str) -> Callable[[Pass, dict[str, dict[str, Any]]], dict[str, Any]]:
+    return lambda ctx, done: run_bench(ctx, cache, 1, alone_key(cache).replace(":", "_"))
+
+
+def sharing_check(members: int) -> Callable[[Pass, dict[str, dict[str, Any]]], dict[str, Any]]:
+    def run(ctx: Pass, done: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        cache = faster_cache(done)
+        if cache is None:
+            return {"status": FAILED, "figures": {"members": members},
+                    "detail": "no lone member was measured: nothing to share with"}
+        return run_bench(ctx, cache, members, sharing_key(members).replace(":", "_"))
+    return run
+
+
+def checks(opts: argparse.Namespace) -> list[Check]:
+    """Every check of the pass, in order of value (the minutes each needs on one H100, from its first run)."""
+    out = [Check("cuda", "CUDA usable", 0.2, cuda_check)]
+    if opts.bundle is not None:
+        out.append(Check("bundle", "the bundle importable", 0.5, bundle_check))
+    out += [Check("cuda_tests", "the CUDA tests", 1.0, cuda_tests_check),
+            Check("acceptance", "the acceptance run", 2.5, acceptance_check)]
+    out += [Check(alone_key(c), f"bench: 1 member, decode_cache={c}", 1.5, alone_check(c)) for c in CACHES]
+    out += [Check(sharing_key(k), f"bench: {k} members sharing the GPU, the faster cache", 2.0, sharing_check(k))
+            for k in SHARING]
+    if opts.only:
+        wanted = [k.strip() for k in opts.only.split(",") if k.strip()]
+        out = [c for c in out if any(c.key == w or c.key.startswith(w + ":") for w in wanted)]
+    return out
+
+
+# ------------------------------------------------------------------ GPU-hours of a real search
+def search_gpu_hours(step_s: float, members: int, slowdown: float) -> tuple[int, float]:
+    """(runs, GPU-hours) of SEARCH had its members this step time alone and this sharing: the plan's own count."""
+    from meta.compose import compose
+    from meta.config import build_search_config
+    from meta.plan import new_search_gpu_hours
+    from scripts.gpu_check import DATA
+
+    overrides = [*SEARCH, "es=openai_es_elite",  # the runs do not depend on the searcher; this one needs no ray
+                 f"task.train_file={DATA / 'train.jsonl'}", f"task.validation_file={DATA / 'validation.jsonl'}",
+                 f"task.test_file={DATA / 'test.jsonl'}", f"resources.step_time_s={step_s}",
+                 f"resources.members_per_gpu={members}"]
+    if members > 1:
+        overrides.append(f"resources.shared_slowdown={{{members}: {max(1.0, slowdown)}}}")
+    raw = compose(overrides)
+    raw["run_dir"] = str(Path(tempfile.gettempdir()) / "gpu_pass-plan")
+    return new_search_gpu_hours(build_search_config(raw), raw)
+
+
+def setting_rows(done: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per measured bench setting, with the GPU-hours of a real search that follow from it."""
+    rows = []
+    alone = {c: done[alone_key(c)]["figures"] for c in CACHES
+             if alone_key(c) in done and done[alone_key(c)]["status"] == PASSED}
+    for key, entry in done.items():
+        if not key.startswith("bench:") or entry["status"] != PASSED:
+            continue
+        fig = entry["figures"]
+        base = alone.get(fig["cache"])
+        if base is None:
+            continue
+        slowdown = fig["step_s"] / base["step_s"]
+        row = {"setting": f"{fig['cache']} x{fig['members']}", **{k: fig.get(k) for k in (
+            "step_s", "setup_s", "tokens_per_s", "tokens_per_s_member", "peak_gib_member", "peak_gib_total")},
+            "members": fig["members"], "slowdown": slowdown, "scaling": fig["tokens_per_s"] / base["tokens_per_s"]}
+        try:
+            row["runs"], row["gpu_hours"] = search_gpu_hours(base["step_s"], fig["members"], slowdown)
+        except Exception as exc:  # the summary must print even where the config cannot be composed here
+            row["runs"], row["gpu_hours"], row["gpu_hours_error"] = None, None, f"{type(exc).__name__}: {exc}"
+        rows.append(row)
+    return rows
+
+
+def print_summary(check_list: list[Check], done: dict[str, dict[str, Any]], cut: dict[str, str],
+                  card: str | None, card_gib: float | None) -> None:
+    print(f"\n== GPU pass on {card or 'no GPU'} ==")
+    for check in check_list:
+        entry = done.get(check.key)
+        status = entry["status"] if entry else (CUT if check.key in cut else "not run")
+        detail = entry.get("detail", "") if entry else cut.get(check.key, "the budget ran out before it")
+        print(f"{status:8s} {check.key:24s} {check.title}: {detail}")
+    rows = setting_rows(done)
+    if not rows:
+        return
+    print(f"\n{'setting':24s} {'s/step':>7s} {'set-up s':>8s} {'tok/s':>8s} {'tok/s/member':>12s} "
+          f"{'GiB/member':>10s} {'vs 1':>6s} {'slowdown':>8s} {'GPU-h, 180 x 15':>16s}")
+    for r in rows:
+        gpu_h = f"{r['gpu_hours']:,.0f}" if r["gpu_hours"] is not None else "n/a"
+        print(f"{r['setting']:24s} {r['step_s']:7.2f} {r['setup_s'] or 0:8.1f} {r['tokens_per_s']:8.0f} "
+              f"{r['tokens_per_s_member']:12.0f} {r['peak_gib_member']:10.1f} {r['scaling']:5.2f}x "
+              f"{r['slowdown']:8.3f} {gpu_h:>16s}")
+        if r.get("gpu_hours_error"):
+            print(f"    GPU-hours not computed: {r['gpu_hours_error'][:300]}")
+    print(f"(GPU-hours: `python -m meta.run {' '.join(SEARCH)} dry_run=true` with resources.step_time_s = the lone "
+          "member's s/step of that cache and, for k members, resources.members_per_gpu=k and shared_slowdown)")
+    for r in rows:
+        if r["members"] > 1 and card_gib:
+            fits = r["peak_gib_total"] <= SHARING_MAX_MEMORY_SHARE * card_gib
+            verdict = "meets" if r["scaling"] >= SHARING_MIN_SCALING and fits else "does not meet"
+            print(f"{r['setting']}: {verdict} the rule for members_per_gpu={r['members']} (>= {SHARING_MIN_SCALING}x "
+                  f"one member's tokens/s: {r['scaling']:.2f}x; together <= {SHARING_MAX_MEMORY_SHARE:.0%} of "
+                  f"{card_gib:.0f} GiB: {r['peak_gib_total']:.1f} GiB)")
+
+
+# ------------------------------------------------------------------ main
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--budget-min", type=float, default=8.0, help="stop starting checks past this (minutes)")
+    parser.add_argument("--record", type=Path, default=Path("gpu_pass.jsonl"),
+                        help="JSON-lines record: appended as each check ends, read to skip what was measured")
+    parser.add_argument("--bundle", type=Path, default=None, help="the node bundle's folder (its manifest.json)")
+    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                        help="auto: cuda where usable; cpu runs the pass's plumbing at small shapes")
+    parser.add_argument("--only", default=None, help="comma-separated check keys or prefixes (e.g. bench)")
+    parser.add_argument("--bench", type=Path, default=ROOT / "bench" / "bench_member_gpu.py",
+                        help="the sharing bench (a script with bench_member_gpu.py's command line and --json)")
+    parser.add_argument("--bench-steps", type=int, default=BENCH_STEPS, help="optimizer steps per bench member")
+    parser.add_argument("--no-isolation", action="store_true",
+                        help="bench members without bubblewrap (the acceptance run keeps the preset's isolation)")
+    parser.add_argument("--work", type=Path, default=None, help="logs and outputs of the checks (default: a temp dir)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = parse_args(argv)
+    started = time.monotonic()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s gpu_pass: %(message)s")
+    import torch
+
+    device = opts.device if opts.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    card = torch.cuda.get_device_name(0) if device == "cuda" and torch.cuda.is_available() else None
+    card_gib = torch.cuda.get_device_properties(0).total_memory / 2**30 if card else None
+    work = opts.work or Path(tempfile.mkdtemp(prefix="gpu_pass-"))
+    work.mkdir(parents=True, exist_ok=True)
+    ctx = Pass(opts, started + opts.budget_min * 60.0, device, card, work)
+    done = final_outcomes(read_record(opts.record), card)
+    check_list = checks(opts)
+    cut: dict[str, str] = {}
+    logger.info("device %s (%s), budget %.1f min, record %s (%d check(s) measured already)", device, card or "-",
+                opts.budget_min, opts.record, sum(c.key in done for c in check_list))
+    for check in check_list:
+        if check.key in done:
+            logger.info("%s: measured already (%s): %s", check.key, done[check.key]["status"],
+                        done[check.key].get("detail", ""))
+            continue
+        if ctx.left_s() < check.least_min * 60.0:
+            logger.info("%s: not started: %.1f min left of the budget, it needs %.1f", check.key,
+                        max(0.0, ctx.left_s()) / 60.0, check.least_min)
+            continue
+        logger.info("%s: %s ...", check.key, check.title)
+        began = time.monotonic()
+        try:
+            outcome = check.run(ctx, done)
+        except Cut as exc:
+            cut[check.key] = str(exc)
+            append_record(opts.record, {"check": check.key, "status": CUT, "card": card, "detail": str(exc),
+                                        "seconds": round(time.monotonic() - began, 1)})
+            logger.info("%s: cut at the budget", check.key)
+            continue
+        except TooLong as exc:
+            outcome = {"status": FAILED, "figures": {}, "detail": str(exc)[:1500]}
+        except Exception as exc:  # one check's crash is its failure, not the pass's end
+            outcome = {"status": FAILED, "figures": {}, "detail": f"{type(exc).__name__}: {exc}"[:1500]}
+        entry = {"check": check.key, "card": card, "host": platform.node(), **outcome,
+                 "seconds": round(time.monotonic() - began, 1),
+                 "at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+        append_record(opts.record, entry)
+        done[check.key] = entry
+        logger.info("%s: %s in %.0f s: %s", check.key, entry["status"], entry["seconds"], entry.get("detail", ""))
+    print_summary(check_list, done, cut, card, card_gib)
+    print(f"pass: {time.monotonic() - started:.0f} s this call")
+    if any(done.get(c.key, {}).get("status") == FAILED for c in check_list):
+        return EXIT_FAILED
+    if any(c.key not in done for c in check_list):
+        return EXIT_INCOMPLETE
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# One pass over a short GPU allocation (scripts/gpu_pass.py): CUDA, the bundle, the CUDA tests, the acceptance run and
+# the decode/sharing benches, in order of value, within --budget-min, each figure appended to --record as it is
+# measured (a second call skips what is there). Python: $PYTHON, else .venv/bin/python, else python3.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-}
+if [ -z "$PY" ]; then
+    if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
+fi
+exec "$PY" scripts/gpu_pass.py "$@"

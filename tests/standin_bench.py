@@ -1,0 +1,42 @@
+"""A stand-in for bench/bench_member_gpu.py with its command line and --json output, for tests/test_gpu_pass.py.
+
+Why: the pass's resumption (a command cut at its limit, a second call finishing the rest) is about the pass, not
+the bench; a real member takes minutes. Each call appends "<backend> x<members>" to $STANDIN_CALLS at its start,
+sleeps $STANDIN_SLEEP seconds (a measurement under way, where a cut lands) and writes the figures below.
+Step times: HF generate dynamic 15.0 s alone (the mbpp_qwen3 preset's measured figure), the compiled static cache
+16.0 s (slower here, so the pass must pick dynamic to share), two members 17.745 s each (15.0 x 1.183, the preset's
+measured slowdown), four 37.5 s.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+STEP_S = {("hf_generate", 1): 15.0, ("hf_generate_static_compiled", 1): 16.0, ("hf_generate", 2): 17.745,
+          ("hf_generate", 4): 37.5, ("hf_generate_static_compiled", 2): 18.9, ("hf_generate_static_compiled", 4): 40.0}
+TOKENS_PER_STEP = 64 * 256
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--members", type=int, required=True)
+    parser.add_argument("--backends", required=True)
+    parser.add_argument("--json", required=True)
+    parser.add_argument("--without-alone", action="store_true")
+    opts, _ = parser.parse_known_args()
+    with open(os.environ["STANDIN_CALLS"], "a") as calls:
+        calls.write(f"{opts.backends} x{opts.members}\n")
+    time.sleep(float(os.environ.get("STANDIN_SLEEP", "0.5")))
+    step = STEP_S[(opts.backends, opts.members)]
+    member = {"status": "ok", "step_s": step, "first_step_s": step + 30.0, "tokens_per_s": TOKENS_PER_STEP / step,
+              "peak_memory_bytes": 11 * 2**30, "mean_completion_length": 256.0, "ran_as": opts.backends}
+    summary = {"settings": {"steps": 4}, "model": {"config": {}},
+               "runs": {f"{opts.backends}-x{opts.members}": [dict(member, index=i) for i in range(opts.members)]}}
+    with open(opts.json, "w") as out:
+        json.dump(summary, out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""scripts/gpu_pass.py, the pass over a short GPU allocation: a command cut at any point keeps what it measured, and
+a second call measures only the rest; the budget stops it cleanly; each setting's GPU-hours are the search plan's.
+The bench is a stand-in (tests/standin_bench.py) with the real one's command line and output."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+STANDIN = ROOT / "tests" / "standin_bench.py"
+#: the bench settings the pass measures, in its order (the stand-in's compiled cache is the slower: dynamic is shared)
+SETTINGS = ["hf_generate x1", "hf_generate_static_compiled x1", "hf_generate x2", "hf_generate x4"]
+
+
+def pass_command(record: Path, work: Path, budget_min: float = 10.0) -> list[str]:
+    return [sys.executable, str(ROOT / "scripts" / "gpu_pass.py"), "--device", "cpu", "--only", "bench", "--bench",
+            str(STANDIN), "--record", str(record), "--work", str(work), "--budget-min", str(budget_min)]
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def calls(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.is_file() else []
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_pass_cut_anywhere_is_finished_by_a_second_call_without_measuring_anything_twice(tmp_path, seed):
+    rng = random.Random(seed)
+    cut_during = rng.randint(1, len(SETTINGS))  # the setting under way when the command is killed
+    record, calls_file = tmp_path / "pass.jsonl", tmp_path / "calls.txt"
+    env = {**os.environ, "STANDIN_CALLS": str(calls_file), "STANDIN_SLEEP": "1.0"}
+    first = subprocess.Popen(pass_command(record, tmp_path / "w1"), cwd=ROOT, env=env, start_new_session=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: len(calls(calls_file)) >= cut_during or first.poll() is not None, 120,
+                 f"setting {cut_during} to start")
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)  # what a command limit does: everything, mid-measurement
+        first.communicate()
+    kept = [json.loads(line) for line in record.read_text().splitlines()] if record.is_file() else []
+    assert len(kept) == cut_during - 1, (cut_during, kept)  # each finished setting was recorded as it ended
+    before = calls(calls_file)
+
+    second = subprocess.run(pass_command(record, tmp_path / "w2"), cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    again = calls(calls_file)[len(before):]
+    assert again == SETTINGS[cut_during - 1:]  # the cut one and the rest; nothing measured is measured again
+    final = {e["check"]: e for e in map(json.loads, record.read_text().splitlines())}
+    assert set(final) == {"bench:dynamic:x1", "bench:static_compiled:x1", "bench:faster:x2", "bench:faster:x4"}
+    assert {e["status"] for e in final.values()} == {"pass"}
+    assert final["bench:faster:x2"]["figures"]["cache"] == "dynamic"  # the faster lone member's cache is shared
+    # the summary: per setting its figures and the 180 x 15 search's GPU-hours as the dry-run plan counts them; the
+    # preset's own measurements (15.0 s/step; x1.183 with two per GPU) give the figures docs/gpus.md states
+    rows = {line.split()[0] + " " + line.split()[1]: line for line in second.stdout.splitlines()
+            if line.startswith(("dynamic x", "static_compiled x"))}
+    assert rows["dynamic x1"].split()[-1] == "18,890"
+    assert rows["dynamic x2"].split()[-1] == "11,174"
+    assert float(rows["dynamic x2"].split()[8]) == pytest.approx(1.183)  # slowdown column
+
+
+def test_the_budget_stops_the_pass_before_a_check_it_cannot_finish(tmp_path):
+    record, calls_file = tmp_path / "pass.jsonl", tmp_path / "calls.txt"
+    env = {**os.environ, "STANDIN_CALLS": str(calls_file)}
+    done = subprocess.run(pass_command(record, tmp_path / "w", budget_min=0.5), cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3, done.stdout[-2000:] + done.stderr[-2000:]  # incomplete: call again
+    assert not calls(calls_file) and not record.exists()  # nothing started, nothing recorded as measured
+    assert "not started" in done.stderr and "not run" in done.stdout
