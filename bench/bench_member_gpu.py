@@ -339,22 +339,39 @@ def run_members(backend: str, members: int, inner: dict[str, Any], opts: argpars
         procs.append((index, proc, out_file, log))
     results = []
     deadline = time.monotonic() + opts.member_timeout
-    with GpuSampler() if opts.device == "cuda" else _NoSampler() as sampler:
-        for index, proc, out_file, log in procs:
+    try:
+        sampler = _wait_members(procs, deadline, opts.device)
+    finally:  # the bench stopped (SIGTERM, an error): its members, each in a session of its own, go with it
+        for _, proc, _, _ in procs:
+            if proc.poll() is None:
+                _kill_member(proc)
+    for index, proc, out_file, log in procs:
+        if out_file.is_file():
+            results.append(json.loads(out_file.read_text()))
+        else:
+            tail = log.read_text(errors="replace").strip().splitlines()[-5:]
+            results.append(_failure(index, backend, members, f"exit {proc.returncode}: " + " | ".join(tail)))
+    return results, sampler.summary()
+
+
+def _kill_member(proc: subprocess.Popen) -> None:
+    """Kill a member process's whole session (it and its sandbox workers) and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def _wait_members(procs: list, deadline: float, device: str) -> "GpuSampler | _NoSampler":
+    """Wait for every member until ``deadline`` (a late one is killed); the device's samples meanwhile."""
+    with GpuSampler() if device == "cuda" else _NoSampler() as sampler:
+        for _, proc, _, _ in procs:
             try:
                 proc.wait(timeout=max(1.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)  # the member's own session: it and its sandbox workers
-                except ProcessLookupError:
-                    pass
-                proc.wait()
-            if out_file.is_file():
-                results.append(json.loads(out_file.read_text()))
-            else:
-                tail = log.read_text(errors="replace").strip().splitlines()[-5:]
-                results.append(_failure(index, backend, members, f"exit {proc.returncode}: " + " | ".join(tail)))
-    return results, sampler.summary()
+                _kill_member(proc)
+    return sampler
 
 
 class _NoSampler:
@@ -604,6 +621,8 @@ def main(argv: list[str] | None = None) -> None:
     if opts.member_job:
         member_job(Path(opts.member_job), Path(opts.member_out))
         return
+    # a SIGTERM (scripts/gpu_pass.py at its budget) unwinds run_members, which kills the members' sessions
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     summary = run_bench(opts)
     print_tables(summary)
     if opts.json:

@@ -339,6 +339,10 @@ def build_bundle(plan: Plan, out: Path, built_dir: Path, max_mib: float, with_bw
     parent = out.resolve().parent
     parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    # mkdtemp's 0700 would keep the sandbox's user (nobody) from bin/bwrap: the folder gets the user's umask
+    staging.chmod(0o777 & ~umask)
     try:
         wheels = staging / WHEELS
         specs = [f"{name}=={version}" for name, version in plan.bring.items()]

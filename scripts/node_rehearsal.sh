@@ -46,15 +46,19 @@ EOF
 )
 echo "node_rehearsal: the node's packages: $NODE_REQS" >&2
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check $NODE_REQS
-# nothing the bundle brings may already be in the node's venv (but the node's own versions of what it shadows)
-"$VENV/bin/python" - "$BUNDLE/manifest.json" <<'EOF'
-import json, re, sys
-from importlib import metadata
+# none of the project's pins the bundle brings may already be in the node's venv (but the node's own versions of what
+# it shadows); what the node's packages need themselves (tzdata for pandas, ...) is the node's
+.venv/bin/python - "$BUNDLE/manifest.json" "$VENV" <<'EOF'
+import json, subprocess, sys
+sys.path.insert(0, "scripts")
+from node_bundle import canonical, project_pins
 manifest = json.load(open(sys.argv[1]))
-have = {re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower() for d in metadata.distributions()}
-extra = sorted(set(manifest["bring"]) & have - set(manifest["shadowed"]))
+listed = subprocess.run([f"{sys.argv[2]}/bin/python", "-m", "pip", "list", "--format=json"], capture_output=True,
+                        text=True, check=True).stdout
+have = {canonical(p["name"]) for p in json.loads(listed)}
+extra = sorted(set(manifest["bring"]) & have & set(project_pins()) - set(manifest["shadowed"]))
 if extra:
-    sys.exit(f"node_rehearsal: the node venv already has what the bundle brings: {extra}")
+    sys.exit(f"node_rehearsal: the node venv already has project pins the bundle brings: {extra}")
 EOF
 # 3. the two lines the node runs
 rm -rf "$SITE"
@@ -64,6 +68,7 @@ export PYTHONPATH=$ROOT:$SITE PATH=$BUNDLE/bin:$PATH
 # 4. the acceptance run there, offline, with an empty model cache
 export MIRROR_ES_CACHE=$DIR/cache HF_HOME=$DIR/hf
 rm -rf "$MIRROR_ES_CACHE" "$HF_HOME"
+rm -f "$DIR/pass.jsonl"
 PYTHON=$VENV/bin/python scripts/gpu_pass.sh --device cpu --only bundle --bundle "$BUNDLE" --record "$DIR/pass.jsonl" \
     --budget-min 5 || { [ $? = 3 ] || exit 1; }
 PYTHON=$VENV/bin/python scripts/gpu_check.sh --device cpu --work "$DIR/job"

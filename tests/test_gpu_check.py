@@ -1,26 +1,60 @@
 """scripts/gpu_check.sh, the GPU acceptance run, on this machine's CPU: the same path as on a GPU (meta.run with the
 mbpp_qwen3 preset on a model of Qwen3-1.7B's architecture, the MBPP fixture, offline; re-evaluation, export, a
-single run with the export), at small shapes, the CUDA parts skipped with the reason shown. On a GPU machine the
-script is run by hand (docs/gpus.md "Acceptance run"); this test keeps it working between loans."""
+single run with the export), at small shapes, the CUDA parts skipped with the reason shown. On a GPU machine it runs
+as part of scripts/gpu_pass.sh (docs/gpus.md); this test keeps it working between loans.
+
+It runs as on an air-gapped GPU node: `import ray` fails in every process (ray cannot be carried there), and every
+module each process imports is logged, so that the node bundle's plan (scripts/node_bundle.py) is checked against
+what the main job really imports: each module comes from the bundle, the node's own list, or the standard library."""
 from __future__ import annotations
 
 import json
 import os
 import subprocess
 import sys
+from collections import defaultdict
+from importlib import metadata, util
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from node_bundle import Target, canonical, parse_node_packages, resolve  # noqa: E402
+
 pytestmark = pytest.mark.slow
+PROBE = ROOT / "tests" / "import_probe"
+NODE_LIST = ROOT / "tests" / "fixtures" / "gpu_node_packages.txt"
+#: our own top-level packages (the repository travels to the node; PYTHONPATH names it)
+OWN = {"meta", "inner_loop", "launch", "results", "mirror_maps", "scripts", "tests", "bench", "sitecustomize"}
 
 
-def test_the_acceptance_run_trains_every_record_on_the_device_it_names(tmp_path):
-    out = tmp_path / "gpu_check.json"
+def imported_distributions(log: Path) -> dict[str, set[str]]:
+    """'member' / 'job' -> the distributions whose modules those processes imported (modules that are not installed
+    here are optional imports that failed, and the standard library and our own packages need nothing)."""
+    owners = metadata.packages_distributions()
+    out: dict[str, set[str]] = defaultdict(set)
+    for line in log.read_text().splitlines():
+        entry = json.loads(line)
+        module, argv = entry["module"], " ".join(entry["argv"])
+        if module in sys.stdlib_module_names or module in OWN or module.startswith("_"):
+            continue
+        if util.find_spec(module) is None:
+            continue
+        dists = {canonical(d) for d in owners.get(module, [])} or {canonical(module)}
+        role = "member" if "submitit" in argv or "inner_loop" in argv else "job"
+        out[role] |= dists
+        out["job"] |= dists
+    return out
+
+
+def test_the_acceptance_run_trains_every_record_on_the_device_it_names_without_ray(tmp_path):
+    out, log = tmp_path / "gpu_check.json", tmp_path / "imports.jsonl"
+    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": f"{PROBE}{os.pathsep}{ROOT}",
+           "MIRROR_ES_BLOCK_IMPORTS": "ray", "MIRROR_ES_IMPORT_LOG": str(log)}
     done = subprocess.run([str(ROOT / "scripts" / "gpu_check.sh"), "--device", "cpu", "--work", str(tmp_path / "job"),
-                           "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "PYTHON": sys.executable})
+                           "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "CUDA tests" in done.stderr and "skipped: no usable CUDA device" in done.stderr
     summary = json.loads(out.read_text())
@@ -31,3 +65,13 @@ def test_the_acceptance_run_trains_every_record_on_the_device_it_names(tmp_path)
     assert {r["status"] for r in rows} == {"ok"} and {r["device_type"] for r in rows} == {"cpu"}
     assert all(r["step_s"] for r in rows if r["steps"])
     assert "gpu_check: OK" in done.stdout
+
+    # the node bundle's plans cover what the processes imported (a member process: its role's plan)
+    imported = imported_distributions(log)
+    assert "ray" not in imported["job"] and "evotorch" not in imported["job"]
+    assert {"trl", "transformers", "submitit", "torch"} <= imported["member"]
+    node = parse_node_packages(NODE_LIST.read_text())
+    for role in ("member", "job"):
+        plan = resolve(role, node, Target(), tmp_path / f"built-{role}")
+        missing = sorted(d for d in imported[role] if d not in plan.bring and d not in node)
+        assert not missing, f"the {role} bundle lacks what its processes imported: {missing}"

@@ -81,3 +81,45 @@ def test_the_budget_stops_the_pass_before_a_check_it_cannot_finish(tmp_path):
     assert done.returncode == 3, done.stdout[-2000:] + done.stderr[-2000:]  # incomplete: call again
     assert not calls(calls_file) and not record.exists()  # nothing started, nothing recorded as measured
     assert "not started" in done.stderr and "not run" in done.stdout
+
+
+def member_pids(marker: str) -> list[int]:
+    """Live processes whose command line names ``marker``."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker in cmdline and state != "Z":
+            pids.append(int(proc.name))
+    return pids
+
+
+def test_a_bench_stopped_at_the_budget_takes_its_members_with_it(tmp_path):
+    """The pass stops a check with SIGTERM to its process group; the bench's members run in sessions of their own
+    (so a late one can be killed with its sandbox workers), so the bench must end them itself: on the GPU, a member
+    left running by a cut first call would have shared the card with the second call's measurement."""
+    work = tmp_path / "bench"
+    bench = subprocess.Popen(
+        [sys.executable, str(ROOT / "bench" / "bench_member_gpu.py"), "--device", "cpu", "--members", "1", "--backends",
+         "hf_generate", "--steps", "5000", "--tokenizer", "tiny", "--work-dir", str(work), "--no-isolation",
+         "--layers", "2", "--hidden", "128", "--heads", "2", "--kv-heads", "1", "--head-dim", "64", "--intermediate",
+         "256", "--vocab", "512", "--group-size", "2", "--batch-size", "4", "--completion-length", "8", "--dtype",
+         "float32", "--threads", "1"], cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+    marker = str(work / "hf_generate-x1" / "job-0.json")
+    try:
+        wait_for(lambda: member_pids(marker) or bench.poll() is not None, 300, "the member to start")
+        assert member_pids(marker), "the bench ended before its member started"
+        os.killpg(bench.pid, signal.SIGTERM)  # what scripts/gpu_pass.py sends first at its budget
+        bench.wait(timeout=60)
+        wait_for(lambda: not member_pids(marker), 30, "the member to end with its bench")
+    finally:
+        for pid in member_pids(marker):
+            os.kill(pid, signal.SIGKILL)
+        if bench.poll() is None:
+            os.killpg(bench.pid, signal.SIGKILL)
