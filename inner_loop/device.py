@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 from typing import Any, Mapping
 
+from results.store.node_failure import node_name
 from results.store.records import MEMBER_GPUS_KEY
 
 logger = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ def require_device(inner: Mapping[str, Any]) -> dict[str, Any]:
         problem = _cuda_problem(torch)
         if problem:
             raise DeviceUnavailableError(
-                f"node {socket.gethostname()}: this member asks for {asked} GPU (resources.gpus) and CUDA is not "
+                f"node {node_name()}: this member asks for {asked} GPU (resources.gpus) and CUDA is not "
                 f"usable: {problem}. torch {torch.__version__} built with CUDA {torch.version.cuda or 'none (a CPU build)'}"
                 f"; CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')!r}. It refused to train on "
                 "the CPU; fix the node (driver, torch build, GPU allocation) or set resources.gpus=0 for a CPU run"

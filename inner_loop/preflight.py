@@ -16,7 +16,6 @@ import logging
 import os
 import platform
 import shutil
-import socket
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Any, Mapping
 
 from results.store.atomic import atomic_write_json
 from results.store.layout import PREFLIGHT_FILE
-from results.store.node_failure import read_node_failure
+from results.store.node_failure import node_name, read_node_failure
 
 logger = logging.getLogger(__name__)
 
@@ -196,7 +195,7 @@ def run_preflight(inner: Mapping[str, Any], work_dir: Path, probe_sandbox: bool 
     removed on a pass)."""
     from inner_loop.tasks import build_task
 
-    host = socket.gethostname()
+    host = node_name()
     paths = local_inputs(inner)
     cause = check_readable(paths) or check_room(work_dir, checkpoint_bytes(inner, paths))
     try:
@@ -221,4 +220,4 @@ def record_node_failure(work_dir: Path, cause: str) -> None:
     """Keep this node and why it cannot run the member in ``work_dir``'s PREFLIGHT_FILE: the launcher excludes the
     node from the member's next submission, and the runner ends a member no node could run as node_failed."""
     work_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(work_dir / PREFLIGHT_FILE, {"host": socket.gethostname(), "cause": cause, "time": time.time()})
+    atomic_write_json(work_dir / PREFLIGHT_FILE, {"host": node_name(), "cause": cause, "time": time.time()})

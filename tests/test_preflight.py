@@ -17,6 +17,7 @@ import pytest
 from inner_loop import preflight
 from inner_loop.preflight import PreflightError, check_room, checkpoint_bytes, run_preflight
 from results.store.layout import PREFLIGHT_FILE, RESULT_FILE
+from results.store.node_failure import node_name
 from results.store.records import NODE_FAILED, ResultRecord
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -176,3 +177,18 @@ def test_a_member_no_node_could_run_is_left_out_of_the_update_not_charged(tmp_pa
     generation = store.read_generations().iloc[0]
     assert (generation["node_failed"], generation["failed"]) == (1, 0)
     assert generation["mean_fitness"] == pytest.approx((0.1 + 0.3 + 0.4) / 3)
+
+
+def test_the_failure_names_the_node_as_slurm_does_not_the_full_host_name(tmp_path, monkeypatch):
+    """Many clusters' host names are full domain names unknown to slurm.conf: ``sbatch --exclude`` refuses them
+    ("Invalid node name specified"). The record keeps SLURMD_NODENAME, the name SLURM gave the node."""
+    monkeypatch.setattr(socket, "gethostname", lambda: "gpu017.cluster.example.org")
+    monkeypatch.setenv("SLURMD_NODENAME", "gpu017")
+    preflight.record_node_failure(tmp_path, "no room")
+    assert json.loads((tmp_path / PREFLIGHT_FILE).read_text())["host"] == "gpu017"
+    assert "on node gpu017:" in preflight.preflight_failure(tmp_path)
+    monkeypatch.delenv("SLURMD_NODENAME")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu018")  # one plain name: the job's node
+    assert node_name() == "gpu018"
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu[018-019]")  # not one name: the host's
+    assert node_name() == "gpu017.cluster.example.org"
