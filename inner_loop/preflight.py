@@ -21,6 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping
 
+from inner_loop.compute_mode import sharing_refusal
 from results.store.atomic import atomic_write_json
 from results.store.layout import PREFLIGHT_FILE
 from results.store.node_failure import node_name, read_node_failure
@@ -189,7 +190,9 @@ def preflight_failure(work_dir: Path) -> str | None:
 
 
 def run_preflight(inner: Mapping[str, Any], work_dir: Path, probe_sandbox: bool = True, member: bool = True) -> None:
-    """Every check, the cheap ones first; PreflightError naming this node and the cause on the first failure.
+    """Every check, the cheap ones first; PreflightError naming this node and the cause on the first failure. Where
+    members run here (a member, or ``probe_sandbox`` on the submitting host), k >= 2 members per GPU also need a GPU
+    that more than one process may use (inner_loop/compute_mode.py).
 
     ``member``: the checks are a member's: the outcome is kept in ``work_dir``'s PREFLIGHT_FILE (written on a failure,
     removed on a pass)."""
@@ -204,6 +207,8 @@ def run_preflight(inner: Mapping[str, Any], work_dir: Path, probe_sandbox: bool 
         sandbox = None
     if not cause and probe_sandbox and sandbox is not None:
         cause = check_sandbox(sandbox)
+    if not cause and (member or probe_sandbox):  # only where members run: a login node's GPUs are not theirs
+        cause = sharing_refusal(inner)
     marker = work_dir / PREFLIGHT_FILE
     if not cause:
         logger.info("pre-flight on %s: ok (%d local input(s) readable, room for a checkpoint in %s%s)", host,

@@ -4,6 +4,7 @@ failure names the node and the cause, ends the job without a result (so the init
 the member to another node (``--exclude``)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -192,3 +193,41 @@ def test_the_failure_names_the_node_as_slurm_does_not_the_full_host_name(tmp_pat
     assert node_name() == "gpu018"
     monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu[018-019]")  # not one name: the host's
     assert node_name() == "gpu017.cluster.example.org"
+
+
+def _fake_nvidia_smi(directory: Path, mode: str) -> Path:
+    """An nvidia-smi on PATH answering the compute-mode query as a node whose GPU is in ``mode`` would; it records
+    its arguments (the GPU it was asked about)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    tool = directory / "nvidia-smi"
+    tool.write_text(f'#!/bin/sh\necho "$@" > "{directory}/args"\necho "{mode}"\n')
+    tool.chmod(0o755)
+    return directory
+
+
+@pytest.mark.parametrize("mode, mps, refused", [("Exclusive_Process", False, True), ("Exclusive_Process", True, False),
+                                                ("Default", False, False), ("Prohibited", False, True)])
+def test_two_members_on_an_exclusive_process_gpu_are_refused_before_any_trains(tmp_path, monkeypatch, mode, mps,
+                                                                               refused):
+    """EXCLUSIVE_PROCESS without MPS: the second member on the card could not create its CUDA context and would fail
+    at build_trainer every time; the pre-flight refuses the node first, naming the key and the fix."""
+    tools = _fake_nvidia_smi(tmp_path / "bin", mode)
+    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    pipes = tmp_path / "mps"
+    pipes.mkdir()
+    if mps:
+        (pipes / "control").touch()
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(pipes))
+    shared = {**_inner(), "gpus": 1, "members_per_gpu": 2}
+    if refused:
+        with pytest.raises(PreflightError, match=f"compute mode is {mode}.*resources.members_per_gpu=1"):
+            run_preflight(shared, tmp_path / "m", probe_sandbox=False)
+        assert "members_per_gpu=2" in json.loads((tmp_path / "m" / PREFLIGHT_FILE).read_text())["cause"]
+    else:
+        run_preflight(shared, tmp_path / "m", probe_sandbox=False)
+    assert (tools / "args").read_text().split()[0] == "--id=1"  # the member's own GPU was asked about
+    run_preflight({**_inner(), "gpus": 1}, tmp_path / "alone", probe_sandbox=False)  # one member per GPU: any mode
+    with pytest.raises(PreflightError) if refused else contextlib.nullcontext():  # the submitting host, local members
+        run_preflight(shared, tmp_path / "host", probe_sandbox=True, member=False)
+    run_preflight(shared, tmp_path / "login", probe_sandbox=False, member=False)  # SLURM's login node: not its GPUs
