@@ -10,12 +10,15 @@ import os
 import platform
 import shutil
 import socket
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import pytest
 
 from inner_loop import preflight
+from inner_loop.sandbox import isolation
 from inner_loop.preflight import PreflightError, check_room, checkpoint_bytes, run_preflight
 from results.store.layout import PREFLIGHT_FILE, RESULT_FILE
 from results.store.node_failure import node_name
@@ -79,18 +82,78 @@ def test_before_5_14_the_process_limit_counts_every_thread_of_the_user(monkeypat
         thread.start()
     try:
         own = len(os.listdir(f"/proc/{os.getpid()}/task"))
-        assert preflight.user_threads() >= own >= 4
+        assert isolation.user_tasks(os.getuid()) >= own >= 4
         monkeypatch.setattr(platform, "release", lambda: "4.18.0-513.el8.x86_64")
+        assert isolation.nproc_base(True, os.getuid()) >= own  # the limit leaves room for the user's threads
         note = preflight.nproc_note(32)
-        assert "older than 5.14" in note and "every thread of uid" in note
-        counted = int(note.split("on this node: ")[1].split()[0])
-        assert counted >= own
+        assert "older than 5.14" in note and "every thread of the sandbox's user" in note
+        assert int(note.split(" now)")[0].split()[-1]) >= own
         monkeypatch.setattr(platform, "release", lambda: "5.14.0-362.el9.x86_64")
         assert "per user namespace" in preflight.nproc_note(32)
+        assert isolation.nproc_base(True, os.getuid()) == 0  # counted per namespace: the program's alone
+        assert isolation.nproc_base(False, os.getuid()) >= own  # no namespace of its own: every kernel counts all
     finally:
         stop.set()
         for thread in threads:
             thread.join()
+
+
+#: a member's training process as the process limit sees it: many threads (torch's), one process
+BUSY_MEMBER = """
+import threading, time
+stop = threading.Event()
+for _ in range({threads}):
+    threading.Thread(target=stop.wait, daemon=True).start()
+print("busy", flush=True)
+time.sleep(300)
+"""
+FORK_COUNT = """
+import os, sys, time
+n = 0
+for _ in range(200):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        time.sleep(30)
+        os._exit(0)
+    n += 1
+print("forked", n, file=sys.stderr)
+raise SystemExit(1)
+"""
+
+
+def test_a_node_busy_with_the_users_members_passes_and_a_fork_bomb_is_still_stopped(monkeypatch):
+    """The accounting of a kernel before 5.14 (RLIMIT_NPROC over every task of the user on the node), reproduced on any
+    kernel by a sandbox without its own user namespace: two members of the same user with 40 threads each. A fixed
+    limit of max_processes (or one raised by the user's process count, not its threads) broke every fork and excluded
+    a healthy node; raised by the user's tasks at each run, the probe forks and a fork bomb still stops near
+    max_processes."""
+    from inner_loop.sandbox import pool as pool_module
+    from inner_loop.sandbox.pool import SandboxConfig, SandboxPool
+
+    monkeypatch.setattr(pool_module, "probe_isolation",
+                        lambda *args: isolation.Isolation(False, "simulating the whole-user count of kernels < 5.14"))
+    config = SandboxConfig(max_processes=32, workers=1)
+    busy = [subprocess.Popen([config.interpreter(), "-c", BUSY_MEMBER.format(threads=40)], stdout=subprocess.PIPE,
+                             text=True, **isolation.run_as_kwargs(config.sandbox_uid)) for _ in range(2)]
+    try:
+        for member in busy:
+            assert member.stdout.readline().strip() == "busy"
+        assert isolation.user_tasks(config.run_uid()) > 80 > 32  # the user's tasks alone exceed max_processes
+        assert preflight.check_sandbox(config) == ""  # the pre-flight's fork probe passes: the node is kept
+        pool = SandboxPool(config)
+        try:
+            outcome = pool.run(FORK_COUNT, ["assert True"], timeout_s=20.0)
+        finally:
+            pool.close()
+        forked = int(outcome.stderr_tail.split("forked")[-1].split()[0])
+        assert 0 < forked <= 32 + 8, outcome  # max_processes, give or take what the user's others did meanwhile
+    finally:
+        for member in busy:
+            member.kill()
+            member.wait()
 
 
 def test_a_member_that_fails_its_preflight_ends_without_a_result(tmp_path, monkeypatch):
