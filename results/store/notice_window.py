@@ -7,7 +7,8 @@ H200's 15 s, x1.18 with two members on the card) then never saved on that warnin
 
 - USR2, the time-limit warning: ``launcher.signal_delay_s`` before the limit. The launcher puts the delay it asked
   sbatch for into the job's environment (SIGNAL_DELAY_ENV); the window is that less HAND_ON_S for what follows the
-  save (submitit's requeue command, the process's exit).
+  save (submitit's requeue command, the process's exit) and TASK_MARGIN_S, so that a packed task, which waits its
+  members' window and that margin, still requeues before the limit.
 - SIGTERM (a requeue, a preemption, a cancel): SLURM kills the job ``KillWait`` seconds later (30 s by default,
   a setting of the cluster the job cannot read), so the window is KILL_WAIT_S less HAND_ON_S.
 
@@ -47,12 +48,12 @@ def save_window_s(signum: int, delay_s: float | None = None) -> float:
     """Seconds a member waits, after notice ``signum``, for its step to end and its checkpoint to be written.
 
     ``delay_s``: the time-limit warning's lead (default: this job's, ``signal_delay_s()``). USR2 gets that lead less
-    HAND_ON_S, at least what a SIGTERM gets; any other notice gets KILL_WAIT_S less HAND_ON_S."""
+    HAND_ON_S and TASK_MARGIN_S, at least what a SIGTERM gets; any other notice gets KILL_WAIT_S less HAND_ON_S."""
     kill_wait = KILL_WAIT_S - HAND_ON_S
     if signum != signal.SIGUSR2:
         return kill_wait
     lead = signal_delay_s() if delay_s is None else delay_s
-    return max(kill_wait, lead - HAND_ON_S) if lead else kill_wait
+    return max(kill_wait, lead - HAND_ON_S - TASK_MARGIN_S) if lead else kill_wait
 
 
 def task_grace_s(signum: int, delay_s: float | None = None) -> float:
@@ -64,7 +65,7 @@ def task_grace_s(signum: int, delay_s: float | None = None) -> float:
 def notice_shortfall(step_s: float, delay_s: float) -> str:
     """Why a time-limit warning ``delay_s`` before the limit cannot cover a step of ``step_s`` and a save (naming
     ``launcher.signal_delay_s`` and the figure that would); "" when it can."""
-    needed = step_s + SAVE_ALLOWANCE_S + HAND_ON_S
+    needed = step_s + SAVE_ALLOWANCE_S + HAND_ON_S + TASK_MARGIN_S
     if delay_s >= needed:
         return ""
     return (f"launcher.signal_delay_s={delay_s:g} s cannot cover a step ({step_s:g} s) and a save "
