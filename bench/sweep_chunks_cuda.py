@@ -5,7 +5,7 @@
 (b) full form (mirror_maps.forms.full_divergence): forward time (no grad) of KL and the neural map per
     positions-per-chunk over V = 151,936, and the working memory above the two logit tensors; forward +
     backward working memory on fewer positions. Working memory is also shown as float32 values per
-    vocabulary entry, to check the budget's estimate (_WORK_TENSORS_PER_ENTRY).
+    vocabulary entry, to check the budget's estimate (_WORK_BYTES_PER_ENTRY).
 
     python3 bench/sweep_chunks_cuda.py
 """
@@ -83,7 +83,7 @@ def sweep_full(repeats: int, positions: int, grad_positions: int) -> None:
     flat, flat_ref = logits.view(-1, VOCAB)[:positions], ref_logits.view(-1, VOCAB)[:positions]
     potentials = {"kl": KL(), "neural": NeuralMirrorMap.random_init(42).cuda()}
     scale = logits.shape[0] * logits.shape[1] / positions
-    default_chunk = forms._auto_chunk_size(VOCAB, 4, torch.device("cuda"))
+    default_chunk = forms._auto_chunk_size(VOCAB, 4, forms.FULL_FORM_CUDA_CHUNK_BYTES)
     print(f"(b) full form, V = {VOCAB}, two logit tensors {logit_bytes / 2**30:.2f} GiB; forward timed on "
           f"{positions} positions, scaled x{scale:.0f} to 8 x 512; library default chunk on CUDA: {default_chunk}")
     for chunk in sorted({6, 16, 32, 55, 64, 128, 256, default_chunk}):

@@ -206,6 +206,7 @@ class SaveOnNoticeCallback(TrainerCallback):
         notice.training(False)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        notice.step_ended()
         if notice.requested() is not None and state.global_step % _rollout_steps(args) == 0:
             control.should_save = True
 

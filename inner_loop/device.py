@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 from typing import Any, Mapping
 
+from results.store.node_failure import node_name
 from results.store.records import MEMBER_GPUS_KEY
 
 logger = logging.getLogger(__name__)
@@ -34,7 +34,8 @@ def gpus_asked(inner: Mapping[str, Any]) -> int:
 def require_device(inner: Mapping[str, Any]) -> dict[str, Any]:
     """The device this member will train on (``describe_device``); DeviceUnavailableError, naming torch's build, its
     CUDA version, what the driver said and CUDA_VISIBLE_DEVICES, when the member asks for a GPU and CUDA is not
-    usable. Call it before the model is loaded: a refusal then costs seconds, not a timeout."""
+    usable, or when TRL's kernels cannot be built and launched on it (``kernel_problem``). Call it before the model is
+    loaded: a refusal then costs seconds, not a timeout."""
     import torch
 
     asked = gpus_asked(inner)
@@ -42,12 +43,51 @@ def require_device(inner: Mapping[str, Any]) -> dict[str, Any]:
         problem = _cuda_problem(torch)
         if problem:
             raise DeviceUnavailableError(
-                f"node {socket.gethostname()}: this member asks for {asked} GPU (resources.gpus) and CUDA is not "
+                f"node {node_name()}: this member asks for {asked} GPU (resources.gpus) and CUDA is not "
                 f"usable: {problem}. torch {torch.__version__} built with CUDA {torch.version.cuda or 'none (a CPU build)'}"
                 f"; CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')!r}. It refused to train on "
                 "the CPU; fix the node (driver, torch build, GPU allocation) or set resources.gpus=0 for a CPU run"
             )
+        problem = kernel_problem(torch.device("cuda", torch.cuda.current_device()))
+        if problem:
+            raise DeviceUnavailableError(
+                f"node {node_name()}: TRL's Triton log-prob kernels, which every training step launches, do not run on "
+                f"this GPU: {problem}. Triton compiles C code at a kernel's first launch (a C compiler: $CC, gcc or "
+                "clang; Python's headers, Python.h; libcuda): install them on the node, or point CC and "
+                "TRITON_LIBCUDA_PATH at them (launcher.setup); docs/gpus.md"
+            )
     return describe_device()
+
+
+def kernel_problem(device: Any) -> str:
+    """Run TRL's per-token log-prob kernels (the fused LM head's and ``selective_log_softmax``'s), forward and
+    backward, at tiny shapes on ``device``; the error as TRL or Triton gave it, or "" when they ran.
+
+    Why here, before the model loads: Triton builds its launchers with the node's C compiler at the first launch, so
+    a node without one failed every member at its first step, charged as the member's failure; found here it is the
+    node's (excluded, the member resubmitted). On devices without Triton TRL runs the same functions in torch."""
+    import torch
+
+    try:
+        from trl.kernels import ChunkedLogProbFunction
+        from trl.trainer.utils import selective_log_softmax
+    except ImportError as exc:  # the training step would fail the same way: the node's environment is broken
+        return f"TRL's kernels cannot be imported: {exc}"
+    try:
+        generator = torch.Generator().manual_seed(0)
+        hidden = torch.randn(8, 16, generator=generator).to(device).requires_grad_(True)
+        weight = torch.randn(64, 16, generator=generator).to(device).requires_grad_(True)
+        targets = torch.randint(0, 64, (8,), generator=generator).to(device)
+        logprobs, entropy, *_ = ChunkedLogProbFunction.apply(hidden, weight, None, targets, 1.0, 32, None, 1.0,
+                                                             ("entropy",))
+        logits = (hidden @ weight.T).contiguous()
+        picked = selective_log_softmax(logits, targets)
+        (logprobs.sum() + entropy.sum() + picked.sum()).backward()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    except Exception as exc:  # noqa: BLE001 - whatever the compiler or the driver says is the cause to report
+        return f"{type(exc).__name__}: {' '.join(str(exc).split())[:500]}"
+    return ""
 
 
 def _cuda_problem(torch: Any) -> str:

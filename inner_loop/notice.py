@@ -8,8 +8,10 @@ trains asks the trainer (``SaveOnNoticeCallback``) to save at the end of the ste
 on disk the run stops with ``NoticeHonoured`` (no record: the requeued run resumes from that checkpoint), and the
 job process then does what it would have done on the signal (submitit requeues on ``USR2``; the process exits on
 SIGTERM). A member not training yet (loading, validating) hands the signal on at once. A trainer that does not
-reach the end of its step within ``grace_s`` is not waited for: the signal is handed on and the last periodic
-checkpoint is what the requeued run finds.
+reach the end of its step within its window is not waited for: the signal is handed on and the last periodic
+checkpoint is what the requeued run finds. The window follows the notice (results/store/notice_window.py): on the
+time-limit warning ``launcher.signal_delay_s`` less a few seconds, on a SIGTERM SLURM's KillWait less those; a
+member whose measured step is longer than its window says so when the notice comes.
 
 A pinned member trains in a child process (inner_loop/member_entry.py): the job process forwards the notice to
 the child and waits for it to save; the child exits with ``SAVED_ON_NOTICE_EXIT``.
@@ -23,17 +25,20 @@ import os
 import signal
 import subprocess
 import threading
+import time
 from typing import Any, Callable
+
+from results.store.notice_window import save_window_s
 
 logger = logging.getLogger(__name__)
 
 #: the signals that announce a job's end: SLURM's SIGTERM and the time-limit warning (submitit's USR2)
 NOTICE_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
+#: a pinned child has the same window as its job process; the job process waits this much longer, so that the child's
+#: own deadline (handing the signal on, exiting) ends the wait, not the parent's timeout
+_CHILD_MARGIN_S = 2.0
 #: exit status of a pinned child that saved on notice and stopped (EX_TEMPFAIL: run it again)
 SAVED_ON_NOTICE_EXIT = 75
-#: how long a notice waits for the step under way to end and its checkpoint to be written (SLURM's default
-#: KillWait is 30 s and the time-limit warning comes launcher.signal_delay_s before the limit)
-DEFAULT_GRACE_S = 25.0
 
 
 class NoticeHonoured(BaseException):
@@ -52,7 +57,9 @@ class _State:
 
     def __init__(self) -> None:
         self.previous: dict[int, Any] = {}
-        self.grace_s = DEFAULT_GRACE_S
+        self.grace_s: float | None = None  # fixed by install(); None: the notice's own window (notice_window.py)
+        self.step_started: float | None = None  # monotonic time the step under way started
+        self.step_s: float | None = None  # the last whole step's duration, seconds
         self.training = False  # a trainer in this process is between its first and last step
         self.requested: int | None = None  # the notice's signal, once one came during training
         self.child: subprocess.Popen | None = None  # the pinned child training this member
@@ -63,9 +70,10 @@ class _State:
 _state = _State()
 
 
-def install(grace_s: float = DEFAULT_GRACE_S) -> None:
+def install(grace_s: float | None = None) -> None:
     """Handle the notice signals in this process, keeping what was installed before (submitit's handlers) as what
-    runs once the checkpoint is saved. Main thread only (Python's rule for signal handlers)."""
+    runs once the checkpoint is saved. Main thread only (Python's rule for signal handlers). ``grace_s``: a fixed
+    wait for every notice (None: each notice's window, from launcher.signal_delay_s or SLURM's KillWait)."""
     _state.grace_s = grace_s
     for signum in NOTICE_SIGNALS:
         current = signal.getsignal(signum)
@@ -82,8 +90,23 @@ def attach_child(child: subprocess.Popen | None) -> None:
 def training(active: bool) -> None:
     """Called by SaveOnNoticeCallback as training starts and ends."""
     _state.training = active
+    _state.step_started = time.monotonic() if active else None
     if not active:
         _state.requested = None
+
+
+def step_ended() -> None:
+    """Called by SaveOnNoticeCallback at the end of every step: the step's measured time is what a notice compares
+    its window with."""
+    now = time.monotonic()
+    if _state.step_started is not None:
+        _state.step_s = now - _state.step_started
+    _state.step_started = now
+
+
+def window_s(signum: int) -> float:
+    """Seconds this process waits after notice ``signum`` for its step to end and its checkpoint to be written."""
+    return _state.grace_s if _state.grace_s is not None else save_window_s(signum)
 
 
 def requested() -> int | None:
@@ -115,7 +138,12 @@ def _on_notice(signum: int, frame: Any) -> None:
         return
     if _state.training and not _state.forced:
         if _state.requested is None:
-            logger.warning("%s: saving a checkpoint at the end of the current step, then stopping", name)
+            window = window_s(signum)
+            logger.warning("%s: saving a checkpoint at the end of the current step (waiting up to %.0f s), then "
+                           "stopping", name, window)
+            if _state.step_s is not None and _state.step_s > window:
+                logger.warning("a step took %.0f s here, longer than the %.0f s this notice leaves: the save may not "
+                               "happen (raise launcher.signal_delay_s; docs/slurm.md)", _state.step_s, window)
             _state.requested = signum
             _start_deadline(signum)
         return
@@ -127,9 +155,9 @@ def _forward_and_wait(child: subprocess.Popen, signum: int) -> None:
     _state.forwarding = True
     try:
         child.send_signal(signum)
-        code = child.wait(timeout=_state.grace_s)
+        code = child.wait(timeout=window_s(signum) + _CHILD_MARGIN_S)
     except subprocess.TimeoutExpired:
-        logger.warning("the member's pinned process did not save within %.0f s; stopping it", _state.grace_s)
+        logger.warning("the member's pinned process did not save within %.0f s; stopping it", window_s(signum))
         child.kill()
         child.wait()
         code = None
@@ -147,7 +175,7 @@ def _start_deadline(signum: int) -> None:
             _state.forced = True
             os.kill(os.getpid(), signum)
 
-    timer = threading.Timer(_state.grace_s, resend)
+    timer = threading.Timer(window_s(signum), resend)
     timer.daemon = True
     timer.start()
 

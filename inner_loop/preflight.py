@@ -16,23 +16,21 @@ import logging
 import os
 import platform
 import shutil
-import socket
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping
 
+from inner_loop.compute_mode import sharing_refusal
+from inner_loop.sandbox.isolation import counts_whole_user, user_tasks
 from results.store.atomic import atomic_write_json
 from results.store.layout import PREFLIGHT_FILE
-from results.store.node_failure import read_node_failure
+from results.store.node_failure import node_name, read_node_failure
 
 logger = logging.getLogger(__name__)
 
 #: forks the probe program makes inside the sandbox (a program that spawns a helper process needs at least this)
 PROBE_FORKS = 2
-#: the kernel from which RLIMIT_NPROC counts processes per user namespace (ucounts); before, every thread of the user
-#: on the node counts, the member's own torch / CUDA threads included
-PER_NAMESPACE_NPROC_KERNEL = (5, 14)
 #: room kept free beyond one checkpoint (logs, progress files, a result), bytes
 ROOM_MARGIN_BYTES = 512 << 20
 #: one checkpoint as a multiple of the base weights' bytes: full fine-tuning saves the weights and Adam's two
@@ -60,42 +58,17 @@ class PreflightError(BaseException):
     """This node cannot run the member; not the member's fault (see the module's docstring for why a BaseException)."""
 
 
-def kernel_version(release: str | None = None) -> tuple[int, int]:
-    """(major, minor) of this node's kernel (``platform.release()``: "4.18.0-513.el8.x86_64" -> (4, 18))."""
-    parts = (release or platform.release()).split(".")
-    try:
-        return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or 0)
-    except (IndexError, ValueError):
-        return (0, 0)
-
-
-def user_threads(uid: int | None = None) -> int:
-    """Threads of ``uid`` (default: this process's real uid) on this node, as a kernel before 5.14 counts them
-    against RLIMIT_NPROC."""
-    uid = os.getuid() if uid is None else uid
-    total = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            fields = dict(line.split(":", 1) for line in Path(f"/proc/{entry}/status").read_text().splitlines()
-                          if ":" in line)
-        except OSError:
-            continue  # ended meanwhile
-        if int(fields.get("Uid", "-1").split()[0]) == uid:
-            total += int(fields.get("Threads", "1").strip())
-    return total
-
-
-def nproc_note(max_processes: int) -> str:
+def nproc_note(max_processes: int, isolated: bool = True, uid: int | None = None) -> str:
     """How this node's kernel counts the sandbox's process limit, with the numbers that decide it."""
-    kernel = kernel_version()
-    if kernel >= PER_NAMESPACE_NPROC_KERNEL:
+    if not counts_whole_user(isolated):
         return (f"kernel {platform.release()} counts RLIMIT_NPROC per user namespace: the sandboxed program's own "
                 f"processes against max_processes={max_processes}")
-    return (f"kernel {platform.release()} (older than 5.14) counts RLIMIT_NPROC over every thread of uid {os.getuid()} "
-            f"on this node: {user_threads()} now, against the sandbox's max_processes={max_processes}; raise "
-            "task.sandbox.max_processes above the user's thread count or run on a node with kernel >= 5.14")
+    why = "older than 5.14" if isolated else "the sandbox has no user namespace here"
+    uid = os.getuid() if uid is None else uid
+    return (f"kernel {platform.release()} ({why}) counts RLIMIT_NPROC over every thread of the sandbox's user on this "
+            f"node (uid {uid}: {user_tasks(uid)} now); the sandbox raises max_processes={max_processes} by that count "
+            "at each program, so a failure here is not the other members' threads: check the node's own process "
+            "limits (ulimit -u, a pids cgroup of the job)")
 
 
 def check_sandbox(sandbox: Any) -> str:
@@ -117,7 +90,7 @@ def check_sandbox(sandbox: Any) -> str:
         return ""
     tail = outcome.stderr_tail.strip().splitlines()
     return (f"a program that forks {PROBE_FORKS} processes failed in the sandbox ({outcome.status}: "
-            f"{tail[-1] if tail else 'no error output'}); {nproc_note(sandbox.max_processes)}")
+            f"{tail[-1] if tail else 'no error output'}); {nproc_note(sandbox.max_processes, pool.isolated, sandbox.run_uid())}")
 
 
 #: the keys of a task node that may name local data (a staged snapshot, a file)
@@ -190,13 +163,15 @@ def preflight_failure(work_dir: Path) -> str | None:
 
 
 def run_preflight(inner: Mapping[str, Any], work_dir: Path, probe_sandbox: bool = True, member: bool = True) -> None:
-    """Every check, the cheap ones first; PreflightError naming this node and the cause on the first failure.
+    """Every check, the cheap ones first; PreflightError naming this node and the cause on the first failure. Where
+    members run here (a member, or ``probe_sandbox`` on the submitting host), k >= 2 members per GPU also need a GPU
+    that more than one process may use (inner_loop/compute_mode.py).
 
     ``member``: the checks are a member's: the outcome is kept in ``work_dir``'s PREFLIGHT_FILE (written on a failure,
     removed on a pass)."""
     from inner_loop.tasks import build_task
 
-    host = socket.gethostname()
+    host = node_name()
     paths = local_inputs(inner)
     cause = check_readable(paths) or check_room(work_dir, checkpoint_bytes(inner, paths))
     try:
@@ -205,6 +180,8 @@ def run_preflight(inner: Mapping[str, Any], work_dir: Path, probe_sandbox: bool 
         sandbox = None
     if not cause and probe_sandbox and sandbox is not None:
         cause = check_sandbox(sandbox)
+    if not cause and (member or probe_sandbox):  # only where members run: a login node's GPUs are not theirs
+        cause = sharing_refusal(inner)
     marker = work_dir / PREFLIGHT_FILE
     if not cause:
         logger.info("pre-flight on %s: ok (%d local input(s) readable, room for a checkpoint in %s%s)", host,
@@ -221,4 +198,4 @@ def record_node_failure(work_dir: Path, cause: str) -> None:
     """Keep this node and why it cannot run the member in ``work_dir``'s PREFLIGHT_FILE: the launcher excludes the
     node from the member's next submission, and the runner ends a member no node could run as node_failed."""
     work_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(work_dir / PREFLIGHT_FILE, {"host": socket.gethostname(), "cause": cause, "time": time.time()})
+    atomic_write_json(work_dir / PREFLIGHT_FILE, {"host": node_name(), "cause": cause, "time": time.time()})

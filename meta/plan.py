@@ -19,6 +19,7 @@ from meta.config import SearchConfig, member_sharing, member_time_text
 from meta.early_stop import stop_capacity
 from meta.resume import run_dir_label
 from results.store.gpu_time import GpuSharing, gpu_time_h
+from results.store.notice_window import notice_shortfall
 from results.store.run_store import RunStore
 
 #: SLURM's default MaxArraySize; a dry run asks no scheduler, so without launcher.max_array_size it assumes this
@@ -376,6 +377,7 @@ def build_plan(
             *_packing_lines(cfg),
             f"one SLURM run: --time={time_min} min, requeued up to launcher.requeues={options.requeues} times "
             f"(the requeue signal {options.signal_delay(cfg.inner_timeout_s)} s before the limit)",
+            *notice_lines(cfg.resources, sharing, options.signal_delay(cfg.inner_timeout_s)),
             "",
             "sbatch script of the first array (as submitit writes it; arrays are named "
             f"{options.job_name}.<run id>.g<generation>.c<chunk>):",
@@ -441,6 +443,16 @@ def timeout_headroom_lines(timeout_s: float, expected_min: float) -> list[str]:
     return [f"WARNING: inner.timeout_s={timeout_s:g} s is {timeout_s / expected_s:.2f}x the expected {expected_s:g} s "
             f"per member, less than {TIMEOUT_HEADROOM:g}x: members slower than expected are killed near the end. "
             f"Raise resources.timeout_factor (or inner.timeout_s) to at least {TIMEOUT_HEADROOM:g}"]
+
+
+def notice_lines(resources: Mapping[str, Any], sharing: GpuSharing, delay_s: float) -> list[str]:
+    """A warning when the time-limit signal, ``delay_s`` before the limit, cannot cover a member's step (the measured
+    ``resources.step_time_s`` x the sharing's slowdown) and a save: its save on that notice would never happen."""
+    step_s = resources.get("step_time_s")
+    if not isinstance(step_s, (int, float)) or isinstance(step_s, bool) or step_s <= 0:
+        return []
+    shortfall = notice_shortfall(float(step_s) * sharing.slowdown, float(delay_s))
+    return [f"WARNING: {shortfall}"] if shortfall else []
 
 
 def early_stop_lines(cfg: SearchConfig, generations: int, member_h: float, gpus: int,

@@ -18,14 +18,20 @@ logger = logging.getLogger(__name__)
 SAMPLED_FORMS = ("sampled", "sampled_is")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 FULL_FORM_CHUNK_BYTES = 256 * 2**20
-"""Default working-set budget per chunk of positions in `full_divergence` on the CPU."""
+"""Default working-set budget of `full_divergence` on the CPU (less when its logits are smaller, below)."""
 FULL_FORM_CUDA_CHUNK_BYTES = 2 * 2**30
-"""Default working-set budget per chunk on a CUDA device: 55 positions of a 151,936 vocabulary in float32.
-The CPU's 6 positions leave an H100 waiting on the neural map's per-chunk kernel launches and host syncs
-(8 x 512 positions, forward: 4.6 s at 6, 0.68 s at 55, 0.37 s at 256); 2 GiB keeps one chunk's work, which
-is ~20 floats per entry forward and ~70 under backward, below half the two logit tensors at that size."""
-_WORK_TENSORS_PER_ENTRY = 64
-"""Rough count of float temporaries per vocabulary entry while one chunk is evaluated (neuron blocks)."""
+"""Default working-set budget on a CUDA device (at 151,936: 883 rows a chunk, 9,500 of their
+vocabulary entries a slice). Small pieces leave an H100 waiting on the neural map's kernel launches and host syncs (8 x 512
+positions, forward, whole rows a chunk: 4.6 s at 6 rows, 0.68 s at 55, 0.37 s at 256); 2 GiB of work is below
+half the two logit tensors at that size."""
+_WORK_BYTES_PER_ENTRY = 256
+"""Bytes of work per vocabulary entry while a slice's divergence is evaluated and differentiated: measured on the CPU
+for the neural map at Qwen3's vocabulary, 72 B forward and 205 B forward + backward (float32)."""
+_ROW_TENSORS = 4
+"""Float tensors of a row's whole vocabulary alive while its slices are evaluated: the two log-softmaxes and, in the
+backward, their gradients."""
+_MIN_WORK_BYTES = 8 * 2**20
+"""The least working set: smaller slices would cost more in calls than they save."""
 
 
 def _check_same_shape(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor) -> None:
@@ -63,16 +69,40 @@ def _chunk_budget_bytes(device: torch.device) -> int:
     return FULL_FORM_CUDA_CHUNK_BYTES if device.type == "cuda" else FULL_FORM_CHUNK_BYTES
 
 
-def _auto_chunk_size(vocab_size: int, element_size: int, device: torch.device) -> int:
-    """Positions per chunk: as many as fit the device's byte budget, at least one."""
-    per_position = vocab_size * element_size * _WORK_TENSORS_PER_ENTRY
-    return max(1, _chunk_budget_bytes(device) // per_position)
+def _work_bytes(flat: torch.Tensor) -> int:
+    """The working set: the device's budget, but never more than the logits themselves take (at least
+    _MIN_WORK_BYTES), so that the divergence costs a bounded multiple of its inputs at any size."""
+    return min(_chunk_budget_bytes(flat.device), max(_MIN_WORK_BYTES, flat.numel() * flat.element_size()))
 
 
-def _chunk_divergence(potential: Potential, logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tensor:
+def _auto_chunk_size(vocab_size: int, element_size: int, budget: int) -> int:
+    """Positions per chunk: as many whole rows (their log-softmaxes and gradients) as fit ``budget``, at least one."""
+    return max(1, budget // (vocab_size * element_size * _ROW_TENSORS))
+
+
+def _slice_divergence(potential: Potential, logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
+    return potential.bregman_from_logprobs(logp, logq).sum(dim=-1)
+
+
+def _chunk_divergence(potential: Potential, logits: torch.Tensor, ref_logits: torch.Tensor,
+                      columns: int) -> torch.Tensor:
+    """The divergence of a chunk of rows, summed over the vocabulary ``columns`` entries at a time: the map's work
+    per entry (``_WORK_BYTES_PER_ENTRY``) is bounded by a slice, not by the rows' whole vocabulary. Under autograd
+    each slice is checkpointed too, so a chunk's backward holds one slice's work at a time."""
     logp = torch.log_softmax(logits, dim=-1)
     logq = torch.log_softmax(ref_logits, dim=-1)
-    return potential.bregman_from_logprobs(logp, logq).sum(dim=-1)
+    vocab = logp.shape[-1]
+    if columns >= vocab:
+        return _slice_divergence(potential, logp, logq)
+    differentiable = torch.is_grad_enabled() and (logp.requires_grad or logq.requires_grad)
+    total: torch.Tensor | None = None
+    for start in range(0, vocab, columns):
+        piece = (logp[:, start:start + columns], logq[:, start:start + columns])
+        part = (checkpoint(_slice_divergence, potential, *piece, use_reentrant=False) if differentiable
+                else _slice_divergence(potential, *piece))
+        total = part if total is None else total + part
+    assert total is not None
+    return total
 
 
 def full_divergence(
@@ -80,9 +110,10 @@ def full_divergence(
 ) -> torch.Tensor:
     """sum over the vocabulary of d(softmax(logits), softmax(ref_logits)) at every position -> [B, T].
 
-    Positions are processed `chunk_size` at a time (default: sized from a working budget of 256 MiB on the
-    CPU, 2 GiB on CUDA), so peak memory is the two logit tensors plus one chunk's work, never
-    [B, T, V, 126]. Under autograd each chunk is checkpointed (recomputed in backward) so the saved state
+    Positions are processed `chunk_size` at a time, and each chunk's vocabulary in slices, both sized from a working
+    budget (256 MiB on the CPU, 2 GiB on CUDA, at most the logits' own bytes), so peak memory is the two logit
+    tensors plus one chunk's rows and one slice's work, never [B, T, V, 126] nor a whole row's work at Qwen3's
+    vocabulary. Under autograd each chunk and slice is checkpointed (recomputed in backward) so the saved state
     stays one chunk too. The log-probabilities come from log_softmax in the logits' dtype; no 1e-10 clamp
     is applied here.
     """
@@ -95,19 +126,21 @@ def full_divergence(
     vocab = logits.shape[-1]
     flat = logits.reshape(-1, vocab)
     flat_ref = ref_logits.reshape(-1, vocab)
+    budget = _work_bytes(flat)
     if chunk_size is None:
-        chunk_size = _auto_chunk_size(vocab, flat.element_size(), flat.device)
+        chunk_size = _auto_chunk_size(vocab, flat.element_size(), budget)
+    columns = max(1, budget // (_WORK_BYTES_PER_ENTRY * min(chunk_size, max(flat.shape[0], 1))))
     differentiable = torch.is_grad_enabled() and (flat.requires_grad or flat_ref.requires_grad)
-    logger.debug("full_divergence: %d positions, vocabulary %d, chunk_size %d, checkpointed=%s",
-                 flat.shape[0], vocab, chunk_size, differentiable)
+    logger.debug("full_divergence: %d positions, vocabulary %d, chunk_size %d, %d entries a slice, checkpointed=%s",
+                 flat.shape[0], vocab, chunk_size, columns, differentiable)
     pieces = []
     for start in range(0, flat.shape[0], chunk_size):
         chunk = flat[start : start + chunk_size]
         chunk_ref = flat_ref[start : start + chunk_size]
         if differentiable:
-            pieces.append(checkpoint(_chunk_divergence, potential, chunk, chunk_ref, use_reentrant=False))
+            pieces.append(checkpoint(_chunk_divergence, potential, chunk, chunk_ref, columns, use_reentrant=False))
         else:
-            pieces.append(_chunk_divergence(potential, chunk, chunk_ref))
+            pieces.append(_chunk_divergence(potential, chunk, chunk_ref, columns))
     return torch.cat(pieces).reshape(lead_shape)
 
 

@@ -18,6 +18,8 @@ from results.store.records import MEMBER_GPUS_KEY, ResultRecord, device_text, re
 from test_inner_member import _inner, _spec
 
 H200 = SimpleNamespace(name="NVIDIA H200", total_memory=150_754_820_096)
+#: the real probe of TRL's kernels (_gpu_torch replaces it: a simulated GPU cannot run them)
+KERNEL_PROBLEM = device.kernel_problem
 
 
 def _gpu_torch(monkeypatch: pytest.MonkeyPatch, *, cuda: str | None = "12.8", init_error: str | None = None,
@@ -36,6 +38,7 @@ def _gpu_torch(monkeypatch: pytest.MonkeyPatch, *, cuda: str | None = "12.8", in
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: H200)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: 11_808_000_000)
+    monkeypatch.setattr(device, "kernel_problem", lambda where: "")  # TRL's kernels run on the simulated GPU
 
 
 @pytest.mark.parametrize("cuda, init_error, count, visible, cause", [
@@ -123,3 +126,37 @@ def test_the_members_table_and_status_show_the_device_and_peak_memory(tmp_path):
     table_row = _member_row_from_dir(0, 0, tmp_path, [])
     assert table_row["device"] == "NVIDIA H200 140.4 GiB, peak 11.0 GiB"
     assert table_row["peak_gpu_memory_bytes"] == 11_808_000_000
+
+
+def test_trls_kernels_run_through_the_probe_as_a_step_calls_them():
+    """The probe calls TRL's own functions with the arguments a step passes (on the CPU TRL folds the tiles in torch;
+    on CUDA the same calls compile and launch the Triton kernels)."""
+    assert device.kernel_problem(torch.device("cpu")) == ""
+
+
+def test_a_gpu_node_without_a_c_compiler_is_the_nodes_failure_not_the_members(monkeypatch, tmp_path):
+    """Triton compiles its launchers at the first launch; without gcc that used to fail every member at its first step,
+    charged to the member. Now the member's device check launches the kernels first, and the node is excluded."""
+    import inner_loop.member as member
+    from results.store.layout import PREFLIGHT_FILE
+
+    _gpu_torch(monkeypatch)
+    monkeypatch.setattr(device, "kernel_problem", KERNEL_PROBLEM)  # the real probe, its launch failing as on the node
+    launched: list[object] = []
+
+    def no_compiler(hidden, *args):
+        launched.append(hidden.device)
+        raise RuntimeError("Failed to find C compiler. Please specify via CC environment variable.")
+
+    from trl.kernels import ChunkedLogProbFunction
+
+    monkeypatch.setattr(ChunkedLogProbFunction, "apply", no_compiler)
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *args, **kwargs: self)  # the simulated GPU's tensors
+    monkeypatch.setattr(member, "build_trainer", lambda *a, **k: pytest.fail("the model was loaded"))
+    inner = {**_inner(), MEMBER_GPUS_KEY: 1}
+    with pytest.raises(device.DeviceUnavailableError, match="Triton log-prob kernels.*Failed to find C compiler"):
+        member.train_member(_spec(tmp_path / "m", inner))
+    assert launched  # the kernels were launched before the model loaded
+    assert read_result(tmp_path / "m") is None  # nothing charged to the init
+    cause = json.loads((tmp_path / "m" / PREFLIGHT_FILE).read_text())["cause"]
+    assert "C compiler" in cause  # the node failure the launcher excludes the node for

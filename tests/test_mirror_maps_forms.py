@@ -95,14 +95,19 @@ def test_full_form_fast_path_matches_exact_elementwise_sum(regime):
     torch.testing.assert_close(fast_grad, exact_grad, rtol=1e-9, atol=1e-15)
 
 
-def test_default_chunk_comes_from_the_device_budget():
-    """CPU: 6 positions of a 151,936 vocabulary in float32, as before; CUDA: more, from its larger budget."""
-    from mirror_maps.forms import _WORK_TENSORS_PER_ENTRY, FULL_FORM_CUDA_CHUNK_BYTES, _auto_chunk_size
+def test_default_chunk_comes_from_the_device_budget_and_never_exceeds_the_logits():
+    """Whole rows per chunk from the budget (CPU 256 MiB, CUDA 2 GiB), and the budget at most the logits' own bytes:
+    a small call's work stays a small multiple of its inputs."""
+    from mirror_maps.forms import (_MIN_WORK_BYTES, _ROW_TENSORS, FULL_FORM_CHUNK_BYTES, FULL_FORM_CUDA_CHUNK_BYTES,
+                                   _auto_chunk_size, _work_bytes)
 
-    assert _auto_chunk_size(151_936, 4, torch.device("cpu")) == 6
-    cuda_chunk = _auto_chunk_size(151_936, 4, torch.device("cuda"))
-    assert cuda_chunk > 6 and cuda_chunk * 151_936 * 4 * _WORK_TENSORS_PER_ENTRY <= FULL_FORM_CUDA_CHUNK_BYTES
-    assert _auto_chunk_size(10**9, 8, torch.device("cuda")) == 1
+    assert _auto_chunk_size(151_936, 4, FULL_FORM_CHUNK_BYTES) == 110
+    cuda_chunk = _auto_chunk_size(151_936, 4, FULL_FORM_CUDA_CHUNK_BYTES)
+    assert cuda_chunk > 110 and cuda_chunk * 151_936 * 4 * _ROW_TENSORS <= FULL_FORM_CUDA_CHUNK_BYTES
+    assert _auto_chunk_size(10**9, 8, FULL_FORM_CUDA_CHUNK_BYTES) == 1
+    assert _work_bytes(torch.empty(1024, 151_936)) == FULL_FORM_CHUNK_BYTES
+    assert _work_bytes(torch.empty(32, 151_936)) == 32 * 151_936 * 4
+    assert _work_bytes(torch.empty(2, 8)) == _MIN_WORK_BYTES
 
 
 @pytest.mark.parametrize("chunk_size", [1, 4, 100])

@@ -4,19 +4,24 @@ failure names the node and the cause, ends the job without a result (so the init
 the member to another node (``--exclude``)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
 import shutil
 import socket
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import pytest
 
 from inner_loop import preflight
+from inner_loop.sandbox import isolation
 from inner_loop.preflight import PreflightError, check_room, checkpoint_bytes, run_preflight
 from results.store.layout import PREFLIGHT_FILE, RESULT_FILE
+from results.store.node_failure import node_name
 from results.store.records import NODE_FAILED, ResultRecord
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -77,18 +82,78 @@ def test_before_5_14_the_process_limit_counts_every_thread_of_the_user(monkeypat
         thread.start()
     try:
         own = len(os.listdir(f"/proc/{os.getpid()}/task"))
-        assert preflight.user_threads() >= own >= 4
+        assert isolation.user_tasks(os.getuid()) >= own >= 4
         monkeypatch.setattr(platform, "release", lambda: "4.18.0-513.el8.x86_64")
+        assert isolation.nproc_base(True, os.getuid()) >= own  # the limit leaves room for the user's threads
         note = preflight.nproc_note(32)
-        assert "older than 5.14" in note and "every thread of uid" in note
-        counted = int(note.split("on this node: ")[1].split()[0])
-        assert counted >= own
+        assert "older than 5.14" in note and "every thread of the sandbox's user" in note
+        assert int(note.split(" now)")[0].split()[-1]) >= own
         monkeypatch.setattr(platform, "release", lambda: "5.14.0-362.el9.x86_64")
         assert "per user namespace" in preflight.nproc_note(32)
+        assert isolation.nproc_base(True, os.getuid()) == 0  # counted per namespace: the program's alone
+        assert isolation.nproc_base(False, os.getuid()) >= own  # no namespace of its own: every kernel counts all
     finally:
         stop.set()
         for thread in threads:
             thread.join()
+
+
+#: a member's training process as the process limit sees it: many threads (torch's), one process
+BUSY_MEMBER = """
+import threading, time
+stop = threading.Event()
+for _ in range({threads}):
+    threading.Thread(target=stop.wait, daemon=True).start()
+print("busy", flush=True)
+time.sleep(300)
+"""
+FORK_COUNT = """
+import os, sys, time
+n = 0
+for _ in range(200):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        time.sleep(30)
+        os._exit(0)
+    n += 1
+print("forked", n, file=sys.stderr)
+raise SystemExit(1)
+"""
+
+
+def test_a_node_busy_with_the_users_members_passes_and_a_fork_bomb_is_still_stopped(monkeypatch):
+    """The accounting of a kernel before 5.14 (RLIMIT_NPROC over every task of the user on the node), reproduced on any
+    kernel by a sandbox without its own user namespace: two members of the same user with 40 threads each. A fixed
+    limit of max_processes (or one raised by the user's process count, not its threads) broke every fork and excluded
+    a healthy node; raised by the user's tasks at each run, the probe forks and a fork bomb still stops near
+    max_processes."""
+    from inner_loop.sandbox import pool as pool_module
+    from inner_loop.sandbox.pool import SandboxConfig, SandboxPool
+
+    monkeypatch.setattr(pool_module, "probe_isolation",
+                        lambda *args: isolation.Isolation(False, "simulating the whole-user count of kernels < 5.14"))
+    config = SandboxConfig(max_processes=32, workers=1)
+    busy = [subprocess.Popen([config.interpreter(), "-c", BUSY_MEMBER.format(threads=40)], stdout=subprocess.PIPE,
+                             text=True, **isolation.run_as_kwargs(config.sandbox_uid)) for _ in range(2)]
+    try:
+        for member in busy:
+            assert member.stdout.readline().strip() == "busy"
+        assert isolation.user_tasks(config.run_uid()) > 80 > 32  # the user's tasks alone exceed max_processes
+        assert preflight.check_sandbox(config) == ""  # the pre-flight's fork probe passes: the node is kept
+        pool = SandboxPool(config)
+        try:
+            outcome = pool.run(FORK_COUNT, ["assert True"], timeout_s=20.0)
+        finally:
+            pool.close()
+        forked = int(outcome.stderr_tail.split("forked")[-1].split()[0])
+        assert 0 < forked <= 32 + 8, outcome  # max_processes, give or take what the user's others did meanwhile
+    finally:
+        for member in busy:
+            member.kill()
+            member.wait()
 
 
 def test_a_member_that_fails_its_preflight_ends_without_a_result(tmp_path, monkeypatch):
@@ -176,3 +241,56 @@ def test_a_member_no_node_could_run_is_left_out_of_the_update_not_charged(tmp_pa
     generation = store.read_generations().iloc[0]
     assert (generation["node_failed"], generation["failed"]) == (1, 0)
     assert generation["mean_fitness"] == pytest.approx((0.1 + 0.3 + 0.4) / 3)
+
+
+def test_the_failure_names_the_node_as_slurm_does_not_the_full_host_name(tmp_path, monkeypatch):
+    """Many clusters' host names are full domain names unknown to slurm.conf: ``sbatch --exclude`` refuses them
+    ("Invalid node name specified"). The record keeps SLURMD_NODENAME, the name SLURM gave the node."""
+    monkeypatch.setattr(socket, "gethostname", lambda: "gpu017.cluster.example.org")
+    monkeypatch.setenv("SLURMD_NODENAME", "gpu017")
+    preflight.record_node_failure(tmp_path, "no room")
+    assert json.loads((tmp_path / PREFLIGHT_FILE).read_text())["host"] == "gpu017"
+    assert "on node gpu017:" in preflight.preflight_failure(tmp_path)
+    monkeypatch.delenv("SLURMD_NODENAME")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu018")  # one plain name: the job's node
+    assert node_name() == "gpu018"
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu[018-019]")  # not one name: the host's
+    assert node_name() == "gpu017.cluster.example.org"
+
+
+def _fake_nvidia_smi(directory: Path, mode: str) -> Path:
+    """An nvidia-smi on PATH answering the compute-mode query as a node whose GPU is in ``mode`` would; it records
+    its arguments (the GPU it was asked about)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    tool = directory / "nvidia-smi"
+    tool.write_text(f'#!/bin/sh\necho "$@" > "{directory}/args"\necho "{mode}"\n')
+    tool.chmod(0o755)
+    return directory
+
+
+@pytest.mark.parametrize("mode, mps, refused", [("Exclusive_Process", False, True), ("Exclusive_Process", True, False),
+                                                ("Default", False, False), ("Prohibited", False, True)])
+def test_two_members_on_an_exclusive_process_gpu_are_refused_before_any_trains(tmp_path, monkeypatch, mode, mps,
+                                                                               refused):
+    """EXCLUSIVE_PROCESS without MPS: the second member on the card could not create its CUDA context and would fail
+    at build_trainer every time; the pre-flight refuses the node first, naming the key and the fix."""
+    tools = _fake_nvidia_smi(tmp_path / "bin", mode)
+    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    pipes = tmp_path / "mps"
+    pipes.mkdir()
+    if mps:
+        (pipes / "control").touch()
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(pipes))
+    shared = {**_inner(), "gpus": 1, "members_per_gpu": 2}
+    if refused:
+        with pytest.raises(PreflightError, match=f"compute mode is {mode}.*resources.members_per_gpu=1"):
+            run_preflight(shared, tmp_path / "m", probe_sandbox=False)
+        assert "members_per_gpu=2" in json.loads((tmp_path / "m" / PREFLIGHT_FILE).read_text())["cause"]
+    else:
+        run_preflight(shared, tmp_path / "m", probe_sandbox=False)
+    assert (tools / "args").read_text().split()[0] == "--id=1"  # the member's own GPU was asked about
+    run_preflight({**_inner(), "gpus": 1}, tmp_path / "alone", probe_sandbox=False)  # one member per GPU: any mode
+    with pytest.raises(PreflightError) if refused else contextlib.nullcontext():  # the submitting host, local members
+        run_preflight(shared, tmp_path / "host", probe_sandbox=True, member=False)
+    run_preflight(shared, tmp_path / "login", probe_sandbox=False, member=False)  # SLURM's login node: not its GPUs

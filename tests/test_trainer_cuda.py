@@ -48,3 +48,11 @@ def test_neural_mirror_member_trains_a_step_on_cuda(tmp_path, form, lora_r):
     trainer.train()
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     assert losses and all(math.isfinite(loss) for loss in losses)
+
+
+def test_trls_triton_kernels_build_and_run_on_this_gpu():
+    """What a member's device check launches before its model loads (inner_loop/device.py): on a node without the
+    toolchain Triton needs (a C compiler, Python.h, libcuda) this names the cause and the node is excluded."""
+    from inner_loop.device import kernel_problem
+
+    assert kernel_problem(torch.device("cuda", torch.cuda.current_device())) == ""

@@ -169,6 +169,41 @@ class MirrorGRPOTrainer(GRPOTrainer):
             self._completions_sha256.update(repr([t for t, k in zip(row, keep) if k]).encode())
         return output
 
+    def _generate_single_turn(self, *args: Any, **kwargs: Any) -> Any:
+        with self._master_weights_kept():
+            return super()._generate_single_turn(*args, **kwargs)
+
+    @contextmanager
+    def _master_weights_kept(self) -> Iterator[None]:
+        """Keep the trained weights in their own dtype across TRL's continuous-batching generation.
+
+        Why: with ``use_transformers_continuous_batching`` and bf16 (or fp16), TRL 1.16 casts the whole policy with
+        ``model.to(torch.bfloat16)`` before every generation, in place, on the Parameter objects the optimizer holds:
+        the float32 LoRA weights (and Adam's state built from them) would train in bf16 from then on, where an
+        update of lr 1e-5 rounds away. The cast copies are what generation uses; afterwards each parameter and
+        buffer whose dtype the cast changed gets its own tensor back (references kept, nothing copied)."""
+        if not (self.use_transformers_continuous_batching and (self.args.bf16 or self.args.fp16)):
+            yield
+            return
+        model = self.accelerator.unwrap_model(self.model)
+        params = [(param, param.data) for param in model.parameters()]
+        buffers = [(module, name, buffer) for module in model.modules()
+                   for name, buffer in module._buffers.items() if buffer is not None]
+        try:
+            yield
+        finally:
+            restored = 0
+            for param, data in params:
+                if param.dtype != data.dtype:
+                    param.data = data
+                    restored += 1
+            for module, name, buffer in buffers:
+                current = module._buffers.get(name)
+                if current is not None and current.dtype != buffer.dtype:
+                    module._buffers[name] = buffer
+            if restored:
+                logger.debug("restored %d parameter(s) to their dtype after continuous batching's cast", restored)
+
     def generation_summary(self) -> dict[str, Any]:
         """What the result record says about generation: the backend, and the digest of the completions this
         process generated with the step it started from (a resumed run's digest covers the steps since its restart;

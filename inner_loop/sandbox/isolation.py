@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import platform
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -20,9 +21,54 @@ NOT_ISOLATED_WITHOUT_BWRAP = (
     "network (no own network namespace)",
     "file system (not read-only outside the work dir)",
     "processes (no own pid namespace; others visible in /proc)",
-    "process count (RLIMIT_NPROC is per user, not per program)",
+    "process count (RLIMIT_NPROC is per user: raised by the user's tasks at each run, so it bounds a program's "
+    "forks only up to what the user's other processes do meanwhile)",
 )
 SANDBOX_ROOT = "/tmp/sandbox"  # inside the private /tmp: "/" is read-only, so no new mount points
+#: the kernel from which RLIMIT_NPROC counts a user namespace's own tasks (ucounts); before it, every task (thread) of
+#: the real user on the node counts, other members' torch threads included
+PER_NAMESPACE_NPROC_KERNEL = (5, 14)
+
+
+def kernel_version(release: str | None = None) -> tuple[int, int]:
+    """(major, minor) of this node's kernel (``platform.release()``: "4.18.0-513.el8.x86_64" -> (4, 18))."""
+    parts = (release or platform.release()).split(".")
+    try:
+        return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or 0)
+    except (IndexError, ValueError):
+        return (0, 0)
+
+
+def user_tasks(uid: int) -> int:
+    """Tasks (threads) of ``uid`` on this node, as RLIMIT_NPROC counts them where it counts the whole user."""
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{entry}").st_uid == uid:
+                total += len(os.listdir(f"/proc/{entry}/task"))
+        except OSError:
+            continue  # ended meanwhile
+    return total
+
+
+def counts_whole_user(isolated: bool, release: str | None = None) -> bool:
+    """Whether RLIMIT_NPROC in the sandbox counts every task of its user on the node: without our own user namespace
+    (not isolated) on any kernel, and inside one before Linux 5.14."""
+    return not isolated or kernel_version(release) < PER_NAMESPACE_NPROC_KERNEL
+
+
+def nproc_base(isolated: bool, uid: int, release: str | None = None) -> int:
+    """What a program's process limit is raised by so that it bounds the program alone: 0 where the limit counts the
+    sandbox's namespace only, else the user's tasks now (read before each program runs, so members and threads that
+    came and went since are counted as they are).
+
+    Why: a fixed RLIMIT_NPROC of max_processes, counted over every thread of the user (other members' torch threads,
+    their sandbox workers), broke every fork on a node already busy with the user's members: the pre-flight excluded
+    healthy nodes and graded programs that fork scored 0. Raised by the current count, a fork bomb is still stopped
+    after max_processes tasks."""
+    return user_tasks(uid) if counts_whole_user(isolated, release) else 0
 
 _PROBE_SOURCE = """
 import ctypes, os, socket

@@ -36,6 +36,7 @@ from inner_loop.sandbox.isolation import (
     SANDBOX_ROOT,
     bwrap_command,
     drops_privileges,
+    nproc_base,
     pick_interpreter,
     probe_isolation,
     run_as_kwargs,
@@ -258,7 +259,8 @@ class _Worker:
             session = Session(ask=lambda message: self._ask(message, session, limit_s))
             grader = Grader(job, session)
             ahead = grader.ahead()
-            self._send({"program": job.program, "timeout_s": float(timeout_s), "calls": ahead})
+            self._send({"program": job.program, "timeout_s": float(timeout_s), "calls": ahead,
+                        "nproc_base": nproc_base(self._isolated, self._config.run_uid())})
             kind, body = self._answer(limit_s)
             program = ""
             if kind == "E":

@@ -81,7 +81,7 @@ def _set_limits(cfg: dict, timeout_s: float) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     fsize = cfg["max_file_mb"] << 20
     resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-    nproc = cfg["nproc_limit"]
+    nproc = cfg["max_processes"] + cfg["nproc_base"]
     resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
     mem = cfg["memory_mb"] << 20
     resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
@@ -329,6 +329,7 @@ def run_one(req: dict, cfg: dict, inbox, send) -> None:
     Every line sent is one answer: ``R <answer json>`` or, once the run is over, ``E <end json>``.
     """
     timeout_s = float(req["timeout_s"])
+    cfg["nproc_base"] = int(req.get("nproc_base") or 0)  # the user's tasks now, where the process limit counts them
     nonce = os.urandom(16).hex()
     os.makedirs(cfg["work_root"], exist_ok=True)  # a previous program may have deleted it
     run_dir = tempfile.mkdtemp(prefix="run_", dir=cfg["work_root"])
@@ -385,23 +386,12 @@ def run_one(req: dict, cfg: dict, inbox, send) -> None:
     send(b"E " + json.dumps(end).encode())
 
 
-def _count_own_processes() -> int:
-    uid = os.getuid()
-    count = 0
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                count += os.stat(f"/proc/{entry}").st_uid == uid
-            except OSError:
-                pass
-    return count
-
-
 def main() -> None:
     cfg = json.loads(sys.argv[1])
-    # RLIMIT_NPROC counts per user (per user namespace): without our own namespace, leave room for the
-    # processes this user already has, or the limit would break every fork.
-    cfg["nproc_limit"] = cfg["max_processes"] + (0 if cfg["isolated"] else _count_own_processes())
+    # RLIMIT_NPROC counts per user (per user namespace from Linux 5.14): where it counts the whole user, each request
+    # carries the user's tasks at that moment ("nproc_base", counted outside the sandbox's pid namespace), and the
+    # limit leaves the program max_processes beyond them.
+    cfg.setdefault("nproc_base", 0)
     os.makedirs(cfg["work_root"], exist_ok=True)
     inbox, out = sys.stdin.buffer, sys.stdout.buffer
 

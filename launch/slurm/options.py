@@ -11,6 +11,7 @@ from typing import Any, Mapping
 
 from launch.base import DEFAULT_KILL_GRACE_S, DEFAULT_MAX_LOST_RESUBMITS
 from results.store.gpu_time import MEMBERS_PER_GPU_CHOICES
+from results.store.notice_window import SIGNAL_DELAY_ENV
 from results.store.config_nodes import typed_node
 
 #: how members share a GPU: ``packed`` (k members in one array task holding the GPU: works on any cluster) or
@@ -187,8 +188,8 @@ class SlurmOptions:
             extra.setdefault("gres", f"shard:{self.shards_per_gpu // self.members_per_gpu}")
         elif self.gpus_per_node:
             params["gpus_per_node"] = self.gpus_per_node
-        if self.setup:
-            params["setup"] = list(self.setup)
+        # the member's save window on the time-limit warning follows this delay (results/store/notice_window.py)
+        params["setup"] = [f"export {SIGNAL_DELAY_ENV}={delay}", *self.setup]
         if not self.use_srun:
             # submitit writes --signal=USR2@delay, which SLURM sends to job steps only; without srun there is
             # no step, so the signal goes to the batch shell (B:), which is the member's Python (exec).

@@ -40,6 +40,7 @@ from results.store.atomic import atomic_write_json
 from results.store.gpu_share import write_gpu_share
 from results.store.layout import CANCEL_REQUEST_FILE, MEMBER_LOG_FILE
 from results.store.node_failure import read_node_failure
+from results.store.notice_window import task_grace_s
 from results.store.records import MemberSpec, ResultRecord, read_result, write_result_if_absent
 
 logger = logging.getLogger(__name__)
@@ -49,10 +50,6 @@ POLL_S = 0.5
 #: the scheduler's notices of a job's end that a member saves a checkpoint on (the same as inner_loop/notice.py's):
 #: SLURM's SIGTERM (requeue, preemption, cancel) and submitit's time-limit USR2
 TASK_NOTICES = (signal.SIGTERM, signal.SIGUSR2)
-#: after a notice, how long members get to save and stop before they are killed: a member waits at most 25 s for
-#: its step to end (inner_loop/notice.py), SLURM's KillWait follows a SIGTERM anyway, and the time-limit warning
-#: comes launcher.signal_delay_s before the limit
-NOTICE_GRACE_S = 30.0
 LOG_TAIL_CHARS = 1500
 
 
@@ -114,7 +111,10 @@ class PackedTask:
         while any(r.process.poll() is None for r in self.running):
             if self.notice_signal is not None and notice_at is None:
                 notice_at = time.monotonic()
-            if notice_at is not None and time.monotonic() - notice_at > NOTICE_GRACE_S:
+            # after a notice, members get their own window to save and stop (the one number they wait by:
+            # results/store/notice_window.py), then are killed
+            if (notice_at is not None and self.notice_signal is not None
+                    and time.monotonic() - notice_at > task_grace_s(self.notice_signal)):
                 for member in self.running:
                     _kill_group(member.process, signal.SIGKILL)
             for member in self.running:
