@@ -34,9 +34,17 @@ def generation_backend(trl_fields: Mapping[str, Any]) -> str:
 #: (what every run used before the key existed). static: one cache preallocated at prompt + completion length (TRL's
 #: ``cache_implementation="static"``); TRL builds its GenerationConfig with ``disable_compile=True``, so the decode
 #: step still runs eagerly. static_compiled: the static cache with transformers' automatic ``torch.compile`` of
-#: the decode step allowed again (transformers compiles only on CUDA/XPU-class devices; on the CPU it is static).
+#: the decode step allowed again (transformers compiles only on CUDA/XPU-class devices; on the CPU it is static);
+#: transformers makes a new cache at every ``generate`` call, which a CUDA graph must record again.
+#: persistent_compiled: ONE static cache for the whole run, allocated once and reset between calls, prompts padded
+#: to a few bucket lengths, the decode step compiled by the member on every device (inner_loop/generation/
+#: decode_step.py), so a run compiles its decode step once and replays it.
 DYNAMIC_CACHE, STATIC_CACHE, STATIC_COMPILED = "dynamic", "static", "static_compiled"
-DECODE_CACHES = (DYNAMIC_CACHE, STATIC_CACHE, STATIC_COMPILED)
+PERSISTENT_COMPILED = "persistent_compiled"
+DECODE_CACHES = (DYNAMIC_CACHE, STATIC_CACHE, STATIC_COMPILED, PERSISTENT_COMPILED)
+#: train.decode_compile_backend (persistent_compiled): inductor generates kernels (the real setting); aot_eager and
+#: eager trace the same graphs without code generation (tests; a machine without a C++ compiler).
+COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 
 
 def cache_implementation(decode_cache: str) -> str | None:

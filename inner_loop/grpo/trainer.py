@@ -16,10 +16,14 @@ from typing import Any, Iterator
 import torch
 import torch.utils.checkpoint
 from trl import GRPOTrainer
+from trl.extras.profiling import profiling_context
+from trl.models import unwrap_model_for_generation
 from trl.trainer.utils import add_fused_lm_head
 
-from inner_loop.generation.backends import (DYNAMIC_CACHE, HF_GENERATE, STATIC_COMPILED, VLLM_COLOCATE,
-                                            cache_implementation, decode_cache_refusal, generation_backend)
+from inner_loop.generation.backends import (DYNAMIC_CACHE, HF_GENERATE, PERSISTENT_COMPILED, STATIC_COMPILED,
+                                            VLLM_COLOCATE, cache_implementation, decode_cache_refusal,
+                                            generation_backend)
+from inner_loop.generation.decode_step import PersistentDecoder
 from inner_loop.generation.memory import member_gpu_budget_bytes
 from inner_loop.generation.vllm_colocate import (claim_rendezvous_port, engine_in_policy_dtype,
                                                   set_cpu_cache_from_allocation, use_reload_push_on_cpu)
@@ -65,6 +69,27 @@ def full_form_budget_bytes(device: torch.device, gpu_budget_bytes: int | None = 
     return int(FULL_FORM_CUDA_FREE_FRACTION * max(room, 0))
 
 
+def drop_stale_input_grad_hooks(model: torch.nn.Module) -> int:
+    """Remove the input-embedding hooks that transformers' gradient checkpointing left behind; returns how many.
+
+    Why: every ``gradient_checkpointing_enable`` registers a ``make_inputs_require_grads`` forward hook on the input
+    embeddings and keeps a handle to the newest only, while ``gradient_checkpointing_disable`` removes them only for
+    transformers' own PEFT integration, not for a peft ``PeftModel``. TRL toggles checkpointing around each
+    generation and each no-grad log-prob pass, so with LoRA the embeddings gained two hooks a step (3,200 calls per
+    forward by step 1,600), and a compiled decode step, whose guards count the hooks, recompiled at every step. The
+    hooks only set ``requires_grad`` on the embeddings' output, so the live ones (the handles transformers holds)
+    do the same work alone."""
+    live = {handle.id for module in model.modules() for handle in getattr(module, "_require_grads_hooks", None) or []}
+    dropped = 0
+    for module in model.modules():
+        hooks = module._forward_hooks
+        for key in [k for k, fn in hooks.items()
+                    if getattr(fn, "__name__", "") == "make_inputs_require_grads" and k not in live]:
+            del hooks[key]
+            dropped += 1
+    return dropped
+
+
 class NonFiniteLossError(RuntimeError):
     """The loss became NaN/inf; the run must end as `failed` instead of training on garbage."""
 
@@ -85,6 +110,8 @@ class MirrorGRPOTrainer(GRPOTrainer):
         full_form_rows: int | None = None,
         gpu_budget_bytes: int | None = None,
         decode_cache: str = DYNAMIC_CACHE,
+        decode_buckets: list[int] | None = None,
+        decode_compile_backend: str = "inductor",
         **kwargs: Any,
     ) -> None:
         model = kwargs.get("model", args[0] if args else None)
@@ -146,6 +173,14 @@ class MirrorGRPOTrainer(GRPOTrainer):
             # TRL builds its GenerationConfig with disable_compile=True; allowing it lets transformers compile the
             # decode step over the static cache (on CUDA; its own criteria keep the CPU eager)
             self.generation_config.disable_compile = False
+        #: persistent_compiled: the member's one static cache and compiled decode step (generation/decode_step.py)
+        self.decoder: PersistentDecoder | None = None
+        if decode_cache == PERSISTENT_COMPILED and self.generation_backend == HF_GENERATE:
+            self.decoder = PersistentDecoder(
+                self.accelerator.unwrap_model(self.model), decode_buckets or [],
+                batch_size=self.args.per_device_train_batch_size * self.args.steps_per_generation,
+                max_new_tokens=self.max_completion_length, generation_config=self.generation_config,
+                compile_backend=decode_compile_backend)
         if self.aux_loss_enabled:
             raise ValueError(
                 f"{type(self.model).__name__} is a Mixture-of-Experts model whose router load-balancing loss TRL adds "
@@ -163,11 +198,49 @@ class MirrorGRPOTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         if self._digest_from_step is None:
             self._digest_from_step = self.state.global_step
+        drop_stale_input_grad_hooks(self.accelerator.unwrap_model(self.model))
         output = super()._generate_and_score_completions(*args, **kwargs)
         ids, mask = output["completion_ids"], output["completion_mask"].bool()
         for row, keep in zip(ids.tolist(), mask.tolist()):
             self._completions_sha256.update(repr([t for t, k in zip(row, keep) if k]).encode())
         return output
+
+    def _generate_single_turn(self, prompt_ids: list[list[int]], images: Any, multimodal_fields: dict[str, Any],
+                              num_generations: int, has_tool_images: bool = False) -> tuple[list[list[int]], None]:
+        """TRL's HF-generate branch, decoding over the member's one static cache (train.decode_cache=
+        persistent_compiled); every other cache and backend is TRL's own. Overridden here, not patched in TRL:
+        TRL's branch passes no cache to ``generate``, so transformers would make a new one at every call."""
+        if self.decoder is None:
+            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
+                                                 has_tool_images)
+        if images is not None or multimodal_fields:
+            raise ValueError("train.decode_cache=persistent_compiled decodes text prompts only; use dynamic for a "
+                             "multimodal model")
+        device = self.accelerator.device
+        pad_id = self._tokenizer.pad_token_id
+        longest = max(len(ids) for ids in prompt_ids)
+        input_ids = torch.tensor([[pad_id] * (longest - len(ids)) + list(ids) for ids in prompt_ids], device=device)
+        attention_mask = torch.tensor([[0] * (longest - len(ids)) + [1] * len(ids) for ids in prompt_ids],
+                                      device=device)
+        with (
+            profiling_context(self, "transformers.generate"),
+            unwrap_model_for_generation(self.model_wrapped, self.accelerator,
+                                        gather_deepspeed3_params=self.args.ds3_gather_for_generation,
+                                        generation_kwargs=self.generation_kwargs,
+                                        gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs
+                                        ) as unwrapped_model,
+            torch.no_grad(),
+            self._dist.summon_full_params(self.model_wrapped, recurse=False),
+        ):
+            drop_stale_input_grad_hooks(unwrapped_model)  # else the decode step's guards fail at every step
+            completion_ids = self.decoder.generate(unwrapped_model, input_ids, attention_mask)
+        # as TRL: everything after the first EOS is masked off
+        is_eos = torch.isin(completion_ids, torch.tensor(self.eos_token_ids, device=completion_ids.device))
+        first_eos = torch.full((is_eos.size(0),), is_eos.size(1), dtype=torch.long, device=completion_ids.device)
+        has_eos = is_eos.any(dim=1)
+        first_eos[has_eos] = is_eos.int().argmax(dim=1)[has_eos]
+        keep = torch.arange(is_eos.size(1), device=completion_ids.device)[None, :] <= first_eos[:, None]
+        return [c[m].tolist() for c, m in zip(completion_ids.cpu(), keep.cpu(), strict=True)], None
 
     def generation_summary(self) -> dict[str, Any]:
         """What the result record says about generation: the backend, and the digest of the completions this
@@ -176,6 +249,7 @@ class MirrorGRPOTrainer(GRPOTrainer):
         KV cache (None with another backend), so a search that mixes caches shows it."""
         return {"backend": self.generation_backend,
                 "decode_cache": self.decode_cache if self.generation_backend == HF_GENERATE else None,
+                "decode_counts": self.decoder.summary() if self.decoder is not None else None,
                 "completions_sha256": self._completions_sha256.hexdigest(),
                 "from_step": self._digest_from_step}
 
