@@ -87,10 +87,12 @@ class _CompileEvents:
                 return
             if args.callback_trigger == CallbackTrigger.DYNAMO:
                 counts.compiles += 1
-                # CompileId "frame/attempt": a frame compiled again is a recompile
-                parts = str(args.compile_id).split("/")
-                if len(parts) == 2 and parts[1].isdigit() and int(parts[1]) > 0:
+                # CompileId "frame/attempt": a frame this run compiled before, compiled again, is a recompile (a
+                # frame first compiled for another model in this process is not: its guards never held here)
+                frame = str(args.compile_id).split("/")[0]
+                if frame in counts.frames:
                     counts.recompiles += 1
+                counts.frames.add(frame)
             elif args.callback_trigger == CallbackTrigger.CUDAGRAPH_RECORDING:
                 counts.cudagraph_recordings += 1
 
@@ -110,6 +112,8 @@ class DecodeCounts:
     weights_moved: int = 0
     #: bucket length -> calls that used it
     buckets_used: dict[int, int] = field(default_factory=dict)
+    #: dynamo's frame ids this run compiled
+    frames: set[str] = field(default_factory=set)
 
 
 class PersistentDecoder:
