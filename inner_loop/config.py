@@ -267,7 +267,11 @@ class TrainConfig:
         refusal = decode_cache_refusal(self.decode_cache, self.trl)  # after train.trl's own check: its fields are sound
         if refusal:
             raise ValueError(refusal)
-        from inner_loop.generation.backends import COMPILE_BACKENDS
+        from inner_loop.generation.backends import COMPILE_BACKENDS, sampling_refusal
+
+        refusal = sampling_refusal(self.trl)
+        if refusal:
+            raise ValueError(refusal)
 
         if self.decode_buckets < 1:
             raise ValueError(f"train.decode_buckets must be >= 1, got {self.decode_buckets}")

@@ -24,6 +24,7 @@ from inner_loop.generation.backends import (DYNAMIC_CACHE, HF_GENERATE, PERSISTE
                                             VLLM_COLOCATE, cache_implementation, decode_cache_refusal,
                                             generation_backend)
 from inner_loop.generation.decode_step import PersistentDecoder
+from inner_loop.generation.sampling import importance_sampling_ratio, processed_logps
 from inner_loop.generation.memory import member_gpu_budget_bytes
 from inner_loop.generation.vllm_colocate import (claim_rendezvous_port, engine_in_policy_dtype,
                                                   set_cpu_cache_from_allocation, use_reload_push_on_cpu)
@@ -200,10 +201,52 @@ class MirrorGRPOTrainer(GRPOTrainer):
             self._digest_from_step = self.state.global_step
         drop_stale_input_grad_hooks(self.accelerator.unwrap_model(self.model))
         output = super()._generate_and_score_completions(*args, **kwargs)
+        if self.use_vllm and self.vllm_importance_sampling_correction and self._sampling_truncates():
+            self._ratio_on_processed_distribution(output)
         ids, mask = output["completion_ids"], output["completion_mask"].bool()
         for row, keep in zip(ids.tolist(), mask.tolist()):
             self._completions_sha256.update(repr([t for t, k in zip(row, keep) if k]).encode())
         return output
+
+    def _sampling_truncates(self) -> bool:
+        return self.top_p < 1.0 or (self.top_k is not None and self.top_k > 0)
+
+    def _ratio_on_processed_distribution(self, output: dict[str, Any]) -> None:
+        """Replace TRL's vLLM importance-sampling ratio by the one compared on the distribution vLLM sampled from:
+        the policy's logits through the same top_k / top_p as vLLM's ``processed_logprobs``
+        (inner_loop/generation/sampling.py says why), and correct the step's logged ratio and log-prob difference
+        with it. One more no-grad forward of the batch, in chunks of rows sized like the full form's."""
+        prompt_ids, completion_ids = output["prompt_ids"], output["completion_ids"]
+        completion_mask, tool_mask = output["completion_mask"], output.get("tool_mask")
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([output["prompt_mask"], completion_mask], dim=1)
+        n_completion = completion_ids.size(1)
+        rows = self._full_form_rows(n_completion)
+        parts = []
+        with torch.no_grad():
+            for start in range(0, input_ids.size(0), rows):
+                piece = slice(start, start + rows)
+                logits = self._completion_logits(self.model, input_ids[piece], attention_mask[piece], n_completion)
+                parts.append(processed_logps(logits, completion_ids[piece], self.top_p, self.top_k))
+                del logits
+        policy = torch.cat(parts)
+        sampler = output["sampling_per_token_logps"]
+        mask = (completion_mask if tool_mask is None else completion_mask * tool_mask).float()
+        ratio = importance_sampling_ratio(policy, sampler, mask, self.vllm_importance_sampling_mode,
+                                          self.vllm_importance_sampling_clip_min,
+                                          self.vllm_importance_sampling_clip_max)
+        output["importance_sampling_ratio"] = ratio
+        flat = ratio.flatten() if ratio.size(-1) == 1 else ratio[mask.bool()]
+        delta = torch.abs(policy - sampler)[mask.bool()]
+        delta = delta[~torch.isnan(delta)]
+        metrics = self._metrics["train" if self.model.training else "eval"]
+        for key, value in (("sampling/importance_sampling_ratio/min", flat.min() if flat.numel() else None),
+                           ("sampling/importance_sampling_ratio/mean", flat.mean() if flat.numel() else None),
+                           ("sampling/importance_sampling_ratio/max", flat.max() if flat.numel() else None),
+                           ("sampling/sampling_logp_difference/mean", delta.mean() if delta.numel() else None),
+                           ("sampling/sampling_logp_difference/max", delta.max() if delta.numel() else None)):
+            if value is not None and metrics[key]:
+                metrics[key][-1] = value.item()  # TRL's value for this batch, compared on the full vocabulary
 
     def _generate_single_turn(self, prompt_ids: list[list[int]], images: Any, multimodal_fields: dict[str, Any],
                               num_generations: int, has_tool_images: bool = False) -> tuple[list[list[int]], None]:
