@@ -114,6 +114,24 @@ def test_an_in_place_weight_update_keeps_the_address_and_a_moved_weight_is_count
         {"generation": {"decode_cache": "persistent_compiled", "decode_counts": decoder.summary()}})
 
 
+def test_recompiles_and_recordings_are_counted_from_torchs_callbacks() -> None:
+    from torch._dynamo.callback import CallbackTrigger, callback_handler
+
+    model, greedy = _tiny_model()
+    decoder = PersistentDecoder(model, [8], batch_size=2, max_new_tokens=6, generation_config=greedy,
+                                compile_backend="aot_eager")
+    # what dynamo (a frame compiled, then compiled again) and cudagraph trees (a recording) report while decoding
+    with decoder._counting():
+        for trigger, compile_id in ((CallbackTrigger.DYNAMO, "41/0"), (CallbackTrigger.DYNAMO, "41/1"),
+                                    (CallbackTrigger.CUDAGRAPH_RECORDING, "41/1")):
+            with callback_handler.install_callbacks(trigger, compile_id):
+                pass
+    with callback_handler.install_callbacks(CallbackTrigger.DYNAMO, "42/0"):  # not decoding: not ours
+        pass
+    counts = decoder.counts
+    assert (counts.compiles, counts.recompiles, counts.cudagraph_recordings) == (2, 1, 1)
+
+
 def _inner(decode_cache: str, **train: Any) -> dict[str, Any]:
     inner = {"task": load_group("task", "arith"), "model": {**load_group("model", "tiny"), **TINY, "lora_r": 4},
              "divergence": load_group("divergence", "neural_mirror"), "train": load_group("train", "default")}

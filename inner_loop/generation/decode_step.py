@@ -74,12 +74,17 @@ class _CompileEvents:
 
     active: "DecodeCounts | None" = None
     _registered = False
+    #: whether this torch reports CUDA graph recordings to the callbacks (a CallbackTrigger for them)
+    counts_recordings = False
 
     @classmethod
     def register(cls) -> None:
         if cls._registered:
             return
         from torch._dynamo.callback import CallbackTrigger, callback_handler
+
+        recording = getattr(CallbackTrigger, "CUDAGRAPH_RECORDING", None)
+        cls.counts_recordings = recording is not None
 
         def ended(args: Any) -> None:
             counts = cls.active
@@ -93,7 +98,7 @@ class _CompileEvents:
                 if frame in counts.frames:
                     counts.recompiles += 1
                 counts.frames.add(frame)
-            elif args.callback_trigger == CallbackTrigger.CUDAGRAPH_RECORDING:
+            elif recording is not None and args.callback_trigger == recording:
                 counts.cudagraph_recordings += 1
 
         callback_handler.register_end_callback(ended)
@@ -220,7 +225,9 @@ class PersistentDecoder:
         counts = self.counts
         return {"generate_calls": counts.generate_calls, "compiles": counts.compiles,
                 "recompiles": counts.recompiles,
-                "cudagraph_recordings": counts.cudagraph_recordings if self._cuda else None,
+                # null where not measured: no CUDA, or a torch that does not report recordings
+                "cudagraph_recordings": (counts.cudagraph_recordings
+                                         if self._cuda and _CompileEvents.counts_recordings else None),
                 "weights_moved": counts.weights_moved,
                 "buckets": list(self.buckets), "buckets_used": {str(k): v for k, v in sorted(counts.buckets_used.items())},
                 "cache_shape": [self.batch_size, self.max_cache_len], "cache_bytes": self.cache_bytes(),
