@@ -118,6 +118,9 @@ def test_sampling_the_trainer_cannot_rebuild_is_refused_with_vllm_naming_the_key
         TrainConfig(trl={**vllm, "min_p": 0.1}).validate()
     with pytest.raises(ValueError, match=r"train.trl.repetition_penalty=1.1"):
         TrainConfig(trl={**vllm, "repetition_penalty": 1.1}).validate()
+    with pytest.raises(ValueError, match=r"train.trl.generation_kwargs.logit_bias with vLLM generation"):
+        TrainConfig(trl={**vllm, "generation_kwargs": {"logit_bias": {"5": 2.0}, "stop": ["\n"]}}).validate()
+    TrainConfig(trl={**vllm, "generation_kwargs": {"stop": ["\n"]}}).validate()  # stops change no distribution
     TrainConfig(trl={**vllm, "min_p": 0.1, "vllm_importance_sampling_correction": False}).validate()
     TrainConfig(trl={"min_p": 0.1}).validate()  # HF generate samples and trains with it alike
     TrainConfig(top_p=0.9, trl={**vllm, "top_k": 20}).validate()  # rebuilt: allowed

@@ -70,7 +70,9 @@ def decode_cache_refusal(decode_cache: str, trl_fields: Mapping[str, Any]) -> st
 #: Sampling settings vLLM applies that the trainer does not reconstruct when it compares its log-probs with vLLM's
 #: processed ones (inner_loop/generation/sampling.py reconstructs temperature, top_k and top_p only).
 _UNRECONSTRUCTED = ("min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
-_SAMPLING_KWARGS = ("temperature", "top_p", "top_k", *_UNRECONSTRUCTED)
+#: vLLM SamplingParams (train.trl.generation_kwargs) that change the distribution a token is drawn from
+_SAMPLING_KWARGS = ("temperature", "top_p", "top_k", *_UNRECONSTRUCTED, "min_tokens", "logit_bias",
+                    "allowed_token_ids", "bad_words")
 
 
 def sampling_refusal(trl_fields: Mapping[str, Any]) -> str | None:
