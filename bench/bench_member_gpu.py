@@ -6,7 +6,11 @@ Why: the preset's cost estimate and the question "should members share a GPU?" r
 generates, and that depends on the backend (TRL's HF generate, transformers' continuous batching, vLLM colocate)
 and, for HF generate, on its KV cache (``train.decode_cache``: ``hf_generate_static`` and
 ``hf_generate_static_compiled`` are HF generate with a static cache, eager or with transformers' compiled decode
-step; issue 38: HF generate's decode is bound by kernel launches, which a compiled step over a static cache cuts).
+step; ``hf_generate_persistent_compiled`` is the member's one static cache for the run with its decode step compiled
+once and replayed, inner_loop/generation/decode_step.py; issue 38: HF generate's decode is bound by kernel launches,
+which a compiled step over a static cache cuts). For a compiled variant the first step (its compile) is reported
+apart ("1st step s"), with the compiles, recompiles and CUDA graph recordings its record counted: a recording or
+recompile at every step shows there, which a mean over a few steps would hide.
 The model is built in code from Qwen3-1.7B's config (inner_loop/models/from_config.py, cached in the model cache):
 its shapes decide a step's cost, its weights do not. Every member is a separate process running the real member
 path (``train_member`` with the preset's inner config; only shapes, data files, the backend's ``train.trl``
@@ -29,6 +33,12 @@ fields and ``train.decode_cache`` are overridden), and writes its measurement to
     python bench/bench_member_gpu.py --device cuda --steps 5 --members 1,2,4
     python bench/bench_member_gpu.py --device cuda --steps 5 --members 1,2 \
         --backends hf_generate,hf_generate_static,hf_generate_static_compiled,transformers_continuous_batching
+    python bench/bench_member_gpu.py --device cuda --steps 10 --members 1 \
+        --backends hf_generate,hf_generate_persistent_compiled          # the decode step: >= 8 timed steps
+    .venv/bin/python bench/bench_member_gpu.py --device cpu --layers 2 --hidden 128 --heads 2 --kv-heads 1 \
+        --head-dim 64 --intermediate 256 --vocab 512 --steps 10 --group-size 4 --batch-size 8 \
+        --completion-length 32 --tokenizer tiny --dtype float32 --threads 1 --members 1 \
+        --backends hf_generate,hf_generate_persistent_compiled     # the CPU comparison (inductor compiles here too)
     .venv/bin/python bench/bench_member_gpu.py --device cpu --layers 2 --hidden 128 --heads 2 --kv-heads 1 \\
         --head-dim 64 --intermediate 256 --vocab 512 --steps 3 --group-size 2 --batch-size 4 \\
         --completion-length 8 --tokenizer tiny --dtype float32 --threads 1 --members 1,2   # plumbing only
@@ -54,8 +64,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from inner_loop.generation.backends import (  # noqa: E402
-    BACKENDS, CONTINUOUS_BATCHING, DYNAMIC_CACHE, HF_GENERATE, STATIC_CACHE, STATIC_COMPILED, VLLM_COLOCATE,
-    VLLM_SERVER)
+    BACKENDS, COMPILE_BACKENDS, CONTINUOUS_BATCHING, DYNAMIC_CACHE, HF_GENERATE, PERSISTENT_COMPILED, STATIC_CACHE,
+    STATIC_COMPILED, VLLM_COLOCATE, VLLM_SERVER)
 
 DATA = ROOT / "tests" / "fixtures" / "mbpp_rehearsal"
 ARCHITECTURE = "qwen3_1_7b"
@@ -66,7 +76,8 @@ SHAPE_FLAGS = {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": 
                "kv_heads": "num_key_value_heads", "head_dim": "head_dim", "intermediate": "intermediate_size",
                "vocab": "vocab_size"}
 #: HF generate with a static KV cache, measured as backends of their own: name -> its train.decode_cache
-DECODE_CACHE_VARIANTS = {f"{HF_GENERATE}_{cache}": cache for cache in (STATIC_CACHE, STATIC_COMPILED)}
+DECODE_CACHE_VARIANTS = {f"{HF_GENERATE}_{cache}": cache
+                         for cache in (STATIC_CACHE, STATIC_COMPILED, PERSISTENT_COMPILED)}
 #: every name --backends takes
 MEASURED = (*BACKENDS, *DECODE_CACHE_VARIANTS)
 DEFAULT_BACKENDS = (HF_GENERATE, *DECODE_CACHE_VARIANTS, CONTINUOUS_BATCHING, VLLM_COLOCATE)
@@ -209,13 +220,13 @@ def _step_figures(work_dir: Path, batch_size: int) -> dict[str, Any]:
     states = sorted((work_dir / CHECKPOINT_DIR).glob("checkpoint-*/trainer_state.json"),
                     key=lambda p: int(p.parent.name.rsplit("-", 1)[1]))
     logs = [h for h in json.loads(states[-1].read_text())["log_history"] if STEP_TIME in h]
-    timed = logs[1:] if len(logs) > 1 else logs  # the first step carries the one-off set-up
+    timed = logs[1:] if len(logs) > 1 else logs  # the first step carries the one-off set-up (and any compile)
     times = [h[STEP_TIME] for h in timed]
     tokens = [h[COMPLETIONS_MEAN_LENGTH] * batch_size for h in timed]
     progress = read_progress(work_dir)
     window = [progress.started_at, progress.updated_at] if progress is not None and len(logs) > 1 else None
     return {"steps_logged": len(logs), "steps_timed": len(timed), "step_times_s": times,
-            "first_step_s": logs[0][STEP_TIME],  # the one-off set-up's step: compiling, with a compiled decode step
+            "first_step_s": logs[0][STEP_TIME] if len(logs) > 1 else None,
             "step_s": sum(times) / len(times), "completion_tokens": sum(tokens),
             "tokens_per_s": sum(tokens) / sum(times), "mean_completion_length": sum(tokens) / len(tokens) / batch_size,
             "window": window}
@@ -234,7 +245,7 @@ def member_job(job_file: Path, out_file: Path) -> None:
     out: dict[str, Any] = {"index": job["spec"]["index"], "backend": job["backend"], "members": job["members"],
                            "status": record.status, "error": record.error, "wall_s": time.time() - started,
                            "ran_as": measured_name(generation.get("backend"), generation.get("decode_cache")),
-                           "device": job["device"]}
+                           "decode_counts": generation.get("decode_counts"), "device": job["device"]}
     out.update(_peak_memory(job["device"]))
     if record.ok:
         out.update(_step_figures(Path(job["spec"]["work_dir"]), job["batch_size"]))
@@ -324,6 +335,7 @@ def run_members(backend: str, members: int, inner: dict[str, Any], opts: argpars
         member_inner = json.loads(json.dumps(inner))
         member_inner["train"]["trl"] = {**member_inner["train"].get("trl", {}), **trl}
         member_inner["train"]["decode_cache"] = DECODE_CACHE_VARIANTS.get(backend, DYNAMIC_CACHE)
+        member_inner["train"]["decode_compile_backend"] = opts.compile_backend
         spec = {"run_id": "bench_member_gpu", "generation": 0, "index": index, "seed": opts.seed + index,
                 "params": [], "work_dir": str(group / f"member-{index}"), "inner": member_inner}
         job = {"spec": spec, "backend": backend, "members": members, "device": opts.device,
@@ -393,7 +405,7 @@ def single_row(backend: str, result: dict[str, Any] | None, reason: str | None) 
     row = {"backend": backend, "status": result["status"], "reason": result.get("error"),
            "ran_as": result.get("ran_as")}
     for key in ("step_s", "first_step_s", "tokens_per_s", "peak_memory_bytes", "peak_memory_kind", "peak_rss_bytes",
-                "peak_gpu_reserved_bytes", "mean_completion_length", "steps_timed", "wall_s"):
+                "peak_gpu_reserved_bytes", "mean_completion_length", "steps_timed", "wall_s", "decode_counts"):
         row[key] = result.get(key)
     return row
 
@@ -429,6 +441,15 @@ def sharing_row(backend: str, members: int, results: list[dict[str, Any]], devic
     return row
 
 
+def _decode_counts_text(counts: dict[str, Any] | None) -> str:
+    """A compiled decode step's counts over the member's run, for the table (empty for other caches)."""
+    if not counts:
+        return ""
+    recordings = counts["cudagraph_recordings"]
+    return (f" ({counts['generate_calls']} generations: {counts['compiles']} compiles, {counts['recompiles']} "
+            f"recompiles, {'-' if recordings is None else recordings} CUDA graph recordings)")
+
+
 def _fmt(value: Any, spec: str, scale: float = 1.0) -> str:
     return "-" if value is None else format(value / scale, spec)
 
@@ -445,13 +466,15 @@ def print_tables(summary: dict[str, Any]) -> None:
           f"{s['batch_size']} = {s['batch_size'] // s['group_size']} prompts x G={s['group_size']}, completions <= "
           f"{s['completion_length']} tokens, {s['steps']} steps (first untimed), {s['threads']} threads per member")
     rows = summary["single"]
-    print(f"\n{'backend (1 member)':34s} {'status':>7s} {'step s':>8s} {'compl. tok/s':>12s} {'peak MiB':>9s} "
-          f"{'step / HF':>9s} {'tok/s / HF':>10s} {'mem / HF':>8s}  ran as")
+    print(f"\n{'backend (1 member)':34s} {'status':>7s} {'step s':>8s} {'1st step s':>10s} {'compl. tok/s':>12s} "
+          f"{'peak MiB':>9s} {'step / HF':>9s} {'tok/s / HF':>10s} {'mem / HF':>8s}  ran as")
     for r in rows:
         print(f"{r['backend']:34s} {r['status']:>7s} {_fmt(r.get('step_s'), '8.3f')} "
+              f"{_fmt(r.get('first_step_s'), '10.3f')} "
               f"{_fmt(r.get('tokens_per_s'), '12.1f')} {_fmt(r.get('peak_memory_bytes'), '9.0f', _MIB)} "
               f"{_fmt(r.get('step_ratio'), '8.2f')}x {_fmt(r.get('tokens_ratio'), '9.2f')}x "
-              f"{_fmt(r.get('memory_ratio'), '7.2f')}x  {r.get('ran_as') or r.get('reason') or ''}")
+              f"{_fmt(r.get('memory_ratio'), '7.2f')}x  {r.get('ran_as') or r.get('reason') or ''}"
+              f"{_decode_counts_text(r.get('decode_counts'))}")
     print(f"(peak memory: {rows[0].get('peak_memory_kind') if rows else '-'}; ratios against {HF_GENERATE})")
     print(f"\n{'backend':34s} {'members':>7s} {'ok':>3s} {'tok/s total':>11s} {'steps/s total':>13s} "
           f"{'vs 1 member':>11s} {'tok/s window':>12s} {'overlap':>7s} {'peak MiB/member':>15s} "
@@ -508,6 +531,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", choices=(ARCHITECTURE, SMOLLM2), default=ARCHITECTURE,
                         help=f"{ARCHITECTURE}: its architecture with random weights; {SMOLLM2}: the real SmolLM2-135M")
     parser.add_argument("--tokenizer", choices=("smollm2", "tiny"), default="smollm2")
+    parser.add_argument("--compile-backend", choices=COMPILE_BACKENDS, default="inductor",
+                        help="train.decode_compile_backend of the persistent_compiled members")
     parser.add_argument("--vllm-memory", type=float, default=0.3,
                         help="share of GPU memory the members' vLLM engines take together (each: this / members)")
     parser.add_argument("--no-isolation", action="store_true",

@@ -179,6 +179,11 @@ class TrainConfig:
     #: HF generate's KV cache: dynamic | static | static_compiled (inner_loop/generation/backends.py); dynamic
     #: until bench/bench_member_gpu.py measures a static cache faster on the card (docs/trl_options.md)
     decode_cache: str = "dynamic"
+    #: persistent_compiled: how many prompt lengths (buckets) prompts are left-padded to, sized from the training
+    #: prompts' token lengths (quantiles, rounded up to 8); the longest bucket + max_completion_length sizes the cache
+    decode_buckets: int = 4
+    #: persistent_compiled: torch.compile's backend for the decode step: inductor | aot_eager | eager (no codegen)
+    decode_compile_backend: str = "inductor"
     policy_loss: str = "clip"
     epsilon_low: float = 0.2
     epsilon_high: float = 0.2
@@ -262,6 +267,15 @@ class TrainConfig:
         refusal = decode_cache_refusal(self.decode_cache, self.trl)  # after train.trl's own check: its fields are sound
         if refusal:
             raise ValueError(refusal)
+        from inner_loop.generation.backends import COMPILE_BACKENDS, sampling_refusal
+
+        refusal = sampling_refusal(self.trl)
+        if refusal:
+            raise ValueError(refusal)
+
+        if self.decode_buckets < 1:
+            raise ValueError(f"train.decode_buckets must be >= 1, got {self.decode_buckets}")
+        _one_of("train.decode_compile_backend", self.decode_compile_backend, COMPILE_BACKENDS)
 
 
 #: extra_evaluations[i].name of the run's own task's test split; a transfer task's is TRANSFER_PREFIX + its name

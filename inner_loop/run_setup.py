@@ -16,6 +16,7 @@ from inner_loop.progress_log import ProgressFileCallback, tensorboard_callback
 from inner_loop.config import ExtraEvaluation, InnerConfig
 from inner_loop.generation.backends import generation_backend
 from inner_loop.generation.continuous_batching import member_continuous_batching_config
+from inner_loop.generation.decode_step import member_decode_buckets
 from inner_loop.generation.memory import member_gpu_budget_bytes
 from inner_loop.generation.vllm_colocate import member_vllm_max_model_length
 from inner_loop.gpu_share import engine_start_turn_for
@@ -156,6 +157,8 @@ def build_trainer(run: PreparedRun, work_dir: Path, seed: int) -> MirrorGRPOTrai
             full_form_rows=tcfg.full_form_rows,
             gpu_budget_bytes=gpu_budget,
             decode_cache=tcfg.decode_cache,
+            decode_buckets=member_decode_buckets(tcfg.decode_cache, tcfg.decode_buckets, tokenizer, prompts),
+            decode_compile_backend=tcfg.decode_compile_backend,
             callbacks=[DiskUsageCallback(str(work_dir)), ProgressFileCallback(work_dir),
                        *([tensorboard_callback(work_dir)] if "tensorboard" in tcfg.report_to else []),
                        SaveOnNoticeCallback()],  # last: the others see its save before it stops the run

@@ -13,3 +13,15 @@ CONF = Path(__file__).resolve().parent.parent / "conf"
 def load_group(group: str, name: str, root: Path = CONF) -> dict[str, Any]:
     """``conf/<group>/<name>.yaml`` as a plain dict with its interpolations resolved."""
     return OmegaConf.to_container(OmegaConf.load(root / group / f"{name}.yaml"), resolve=True)  # type: ignore[return-value]
+
+
+#: the experiment presets, by name
+PRESETS = tuple(sorted(p.stem for p in (CONF / "experiment").glob("*.yaml")))
+
+
+def preset_sampling(name: str, root: Path = CONF) -> tuple[float, float, int]:
+    """(temperature, top_p, top_k) the experiment preset ``name`` samples with: its train node over the train
+    group's default (top_k is TRL's, through train.trl; 0: none)."""
+    train = load_group("train", "default", root)
+    train.update((OmegaConf.to_container(OmegaConf.load(root / "experiment" / f"{name}.yaml")) or {}).get("train") or {})
+    return float(train["temperature"]), float(train["top_p"]), int((train.get("trl") or {}).get("top_k") or 0)

@@ -16,12 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from inner_loop.generation.backends import CONTINUOUS_BATCHING, HF_GENERATE, STATIC_CACHE
+from inner_loop.generation.backends import CONTINUOUS_BATCHING, HF_GENERATE, PERSISTENT_COMPILED, STATIC_CACHE
 from inner_loop.models.from_config import ARCHITECTURES, architecture_config
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench" / "bench_member_gpu.py"
 HF_STATIC = f"{HF_GENERATE}_{STATIC_CACHE}"  # the bench's name for HF generate with train.decode_cache=static
+HF_PERSISTENT = f"{HF_GENERATE}_{PERSISTENT_COMPILED}"  # ... and with the run's one cache and compiled decode step
 SHAPES = ["--layers", "2", "--hidden", "128", "--heads", "2", "--kv-heads", "1", "--head-dim", "64",
           "--intermediate", "256", "--vocab", "512", "--steps", "2", "--group-size", "2", "--batch-size", "4",
           "--completion-length", "8", "--tokenizer", "tiny", "--dtype", "float32", "--threads", "1"]
@@ -48,8 +49,8 @@ def _positive(row: dict, *keys: str) -> None:
 def test_bench_runs_on_cpu_and_reports_every_figure(tmp_path):
     out = tmp_path / "summary.json"
     proc = subprocess.run([sys.executable, str(BENCH), "--device", "cpu", *SHAPES, "--members", "1,2",
-                           "--backends", f"{HF_GENERATE},{HF_STATIC},{CONTINUOUS_BATCHING}",
-                           "--share-backends", HF_GENERATE,
+                           "--backends", f"{HF_GENERATE},{HF_STATIC},{HF_PERSISTENT},{CONTINUOUS_BATCHING}",
+                           "--share-backends", HF_GENERATE, "--compile-backend", "aot_eager",
                            "--json", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -62,12 +63,15 @@ def test_bench_runs_on_cpu_and_reports_every_figure(tmp_path):
             config["tie_word_embeddings"]) == ("qwen3", 2, 64, 512, True)
 
     single = {row["backend"]: row for row in summary["single"]}
-    assert set(single) == {HF_GENERATE, HF_STATIC, CONTINUOUS_BATCHING}
+    assert set(single) == {HF_GENERATE, HF_STATIC, HF_PERSISTENT, CONTINUOUS_BATCHING}
     for backend, row in single.items():
         assert row["status"] == "ok" and row["ran_as"] == backend, row
         _positive(row, "step_s", "tokens_per_s", "peak_memory_bytes", "step_ratio", "tokens_ratio", "memory_ratio")
         assert row["peak_memory_kind"] == "peak RSS" and row["steps_timed"] == 1
     assert single[HF_GENERATE]["step_ratio"] == single[HF_GENERATE]["tokens_ratio"] == 1.0
+    counts = single[HF_PERSISTENT]["decode_counts"]  # the compiled variant's record, its first step apart
+    assert counts["generate_calls"] == 2 and counts["recompiles"] == 0 and counts["compile_backend"] == "aot_eager"
+    assert single[HF_PERSISTENT]["first_step_s"] > 0 and single[HF_GENERATE]["decode_counts"] is None
 
     sharing = {(row["backend"], row["members"]): row for row in summary["sharing"]}
     assert set(sharing) == {(HF_GENERATE, 1), (HF_GENERATE, 2)}

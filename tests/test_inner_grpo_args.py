@@ -144,7 +144,7 @@ def test_a_lr_scheduler_typo_fails_up_front_naming_the_key():
 def test_a_valid_pass_through_reaches_grpo_config_intact(tmp_path):
     trl = {"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.3,
            "vllm_enable_sleep_mode": True, "gradient_accumulation_steps": 4,
-           "generation_kwargs": {"repetition_penalty": 1.1, "stop": ["\n\n"], "nested": {"a": [1, 2]}},
+           "generation_kwargs": {"skip_special_tokens": False, "stop": ["\n\n"], "nested": {"a": [1, 2]}},
            "use_transformers_paged": False, "gradient_checkpointing": False, "adam_beta2": "9.5e-1"}
     # as the orchestrator hands it over: a resolved OmegaConf container turned into plain data
     inner = OmegaConf.to_container(OmegaConf.create(_inner(trl=trl, batch_size=64, group_size=8)), resolve=True)

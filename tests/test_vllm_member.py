@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from conf_groups import PRESETS, preset_sampling
 from results.store.layout import RESULT_FILE
 
 pytestmark = pytest.mark.slow
@@ -92,3 +93,21 @@ def test_a_seed_reproduces_its_vllm_completions_and_another_seed_does_not(tmp_pa
     # the policy moved (rewards varied) and every step's push reached the engine: it sampled from the trained weights
     assert runs["first"]["diagnostics"]["zero_variance_group_frac"] < 1.0
     _assert_sampler_is_the_policy(runs["first"])
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_under_each_presets_sampling_vllm_trains_the_policy_hf_generate_trains(tmp_path, preset):
+    # the preset's temperature, top_p and top_k on the tiny model: the importance-sampling ratio the loss gets is
+    # compared on vLLM's processed distribution, so it is 1 (the engine samples the policy's float32 weights) and
+    # no sequence is masked; compared on the full vocabulary it was 0.28 at top_p 0.9 (docs/trl_options.md)
+    temperature, top_p, top_k = preset_sampling(preset)
+    sampling = [f"train.temperature={temperature}", f"train.top_p={top_p}"] + (
+        [f"+train.trl.top_k={top_k}"] if top_k else [])
+    record = _run(tmp_path / "run", *TINY_HEAD_DIM_64, COLOCATE % 256, *sampling, "train.keep_checkpoints=last",
+                  "train.save_every=2")
+    assert record["status"] == "ok", record["error"]
+    assert abs(record["diagnostics"]["importance_sampling_ratio_mean"] - 1.0) < 0.02
+    state = json.loads((tmp_path / "run" / "checkpoints" / "checkpoint-2" / "trainer_state.json").read_text())
+    lows = [h["sampling/importance_sampling_ratio/min"] for h in state["log_history"]
+            if "sampling/importance_sampling_ratio/min" in h]
+    assert lows and min(lows) > 0.0  # sequence_mask zeroes a masked sequence's ratio: none was

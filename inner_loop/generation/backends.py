@@ -34,9 +34,17 @@ def generation_backend(trl_fields: Mapping[str, Any]) -> str:
 #: (what every run used before the key existed). static: one cache preallocated at prompt + completion length (TRL's
 #: ``cache_implementation="static"``); TRL builds its GenerationConfig with ``disable_compile=True``, so the decode
 #: step still runs eagerly. static_compiled: the static cache with transformers' automatic ``torch.compile`` of
-#: the decode step allowed again (transformers compiles only on CUDA/XPU-class devices; on the CPU it is static).
+#: the decode step allowed again (transformers compiles only on CUDA/XPU-class devices; on the CPU it is static);
+#: transformers makes a new cache at every ``generate`` call, which a CUDA graph must record again.
+#: persistent_compiled: ONE static cache for the whole run, allocated once and reset between calls, prompts padded
+#: to a few bucket lengths, the decode step compiled by the member on every device (inner_loop/generation/
+#: decode_step.py), so a run compiles its decode step once and replays it.
 DYNAMIC_CACHE, STATIC_CACHE, STATIC_COMPILED = "dynamic", "static", "static_compiled"
-DECODE_CACHES = (DYNAMIC_CACHE, STATIC_CACHE, STATIC_COMPILED)
+PERSISTENT_COMPILED = "persistent_compiled"
+DECODE_CACHES = (DYNAMIC_CACHE, STATIC_CACHE, STATIC_COMPILED, PERSISTENT_COMPILED)
+#: train.decode_compile_backend (persistent_compiled): inductor generates kernels (the real setting); aot_eager and
+#: eager trace the same graphs without code generation (tests; a machine without a C++ compiler).
+COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 
 
 def cache_implementation(decode_cache: str) -> str | None:
@@ -57,3 +65,38 @@ def decode_cache_refusal(decode_cache: str, trl_fields: Mapping[str, Any]) -> st
         return None
     return (f"train.decode_cache={decode_cache!r} applies to HF generate only, but train.trl selects {backend} "
             f"(which keeps its own paged KV cache): set train.decode_cache={DYNAMIC_CACHE} with it")
+
+
+#: Sampling settings vLLM applies that the trainer does not reconstruct when it compares its log-probs with vLLM's
+#: processed ones (inner_loop/generation/sampling.py reconstructs temperature, top_k and top_p only).
+_UNRECONSTRUCTED = ("min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+#: vLLM SamplingParams (train.trl.generation_kwargs) that change the distribution a token is drawn from
+_SAMPLING_KWARGS = ("temperature", "top_p", "top_k", *_UNRECONSTRUCTED, "min_tokens", "logit_bias",
+                    "allowed_token_ids", "bad_words")
+
+
+def sampling_refusal(trl_fields: Mapping[str, Any]) -> str | None:
+    """Why vLLM and HF generate would train different policies under these ``train.trl`` fields (None: they train
+    the same). With vLLM's importance-sampling correction on (TRL's default), the trainer compares its own
+    log-probs with the sampler's on the distribution the sampler drew from, which it rebuilds from the temperature,
+    top_k and top_p it knows; a setting it does not rebuild would make the ratio measure that setting, and
+    sequences outside the mask's bounds would be dropped."""
+    if generation_backend(trl_fields) not in (VLLM_COLOCATE, VLLM_SERVER):
+        return None
+    if trl_fields.get("vllm_importance_sampling_correction", True) is False:
+        return None
+    found = []
+    for key in _UNRECONSTRUCTED:
+        value = trl_fields.get(key)
+        if value is not None and value != (1.0 if key == "repetition_penalty" else 0.0):
+            found.append(f"train.trl.{key}={value!r}")
+    kwargs = trl_fields.get("generation_kwargs") or {}
+    found += [f"train.trl.generation_kwargs.{key}" for key in _SAMPLING_KWARGS if key in kwargs]
+    if not found:
+        return None
+    return (f"{', '.join(found)} with vLLM generation: vLLM's importance-sampling correction compares the trainer's "
+            "log-probs with the sampler's on the distribution it drew from, which the trainer rebuilds from "
+            "train.temperature, train.top_p and train.trl.top_k only, so vLLM and HF generate would train different "
+            "policies (docs/trl_options.md, Importance sampling). Drop them, or set "
+            "train.trl.vllm_importance_sampling_correction=false (vLLM's samples then count as the policy's, as HF "
+            "generate's do)")

@@ -16,10 +16,15 @@ from typing import Any, Iterator
 import torch
 import torch.utils.checkpoint
 from trl import GRPOTrainer
+from trl.extras.profiling import profiling_context
+from trl.models import unwrap_model_for_generation
 from trl.trainer.utils import add_fused_lm_head
 
-from inner_loop.generation.backends import (DYNAMIC_CACHE, HF_GENERATE, STATIC_COMPILED, VLLM_COLOCATE,
-                                            cache_implementation, decode_cache_refusal, generation_backend)
+from inner_loop.generation.backends import (DYNAMIC_CACHE, HF_GENERATE, PERSISTENT_COMPILED, STATIC_COMPILED,
+                                            VLLM_COLOCATE, cache_implementation, decode_cache_refusal,
+                                            generation_backend)
+from inner_loop.generation.decode_step import PersistentDecoder
+from inner_loop.generation.sampling import importance_sampling_ratio, processed_logps
 from inner_loop.generation.memory import member_gpu_budget_bytes
 from inner_loop.generation.vllm_colocate import (claim_rendezvous_port, engine_in_policy_dtype,
                                                   set_cpu_cache_from_allocation, use_reload_push_on_cpu)
@@ -65,6 +70,27 @@ def full_form_budget_bytes(device: torch.device, gpu_budget_bytes: int | None = 
     return int(FULL_FORM_CUDA_FREE_FRACTION * max(room, 0))
 
 
+def drop_stale_input_grad_hooks(model: torch.nn.Module) -> int:
+    """Remove the input-embedding hooks that transformers' gradient checkpointing left behind; returns how many.
+
+    Why: every ``gradient_checkpointing_enable`` registers a ``make_inputs_require_grads`` forward hook on the input
+    embeddings and keeps a handle to the newest only, while ``gradient_checkpointing_disable`` removes them only for
+    transformers' own PEFT integration, not for a peft ``PeftModel``. TRL toggles checkpointing around each
+    generation and each no-grad log-prob pass, so with LoRA the embeddings gained two hooks a step (3,200 calls per
+    forward by step 1,600), and a compiled decode step, whose guards count the hooks, recompiled at every step. The
+    hooks only set ``requires_grad`` on the embeddings' output, so the live ones (the handles transformers holds)
+    do the same work alone."""
+    live = {handle.id for module in model.modules() for handle in getattr(module, "_require_grads_hooks", None) or []}
+    dropped = 0
+    for module in model.modules():
+        hooks = module._forward_hooks
+        for key in [k for k, fn in hooks.items()
+                    if getattr(fn, "__name__", "") == "make_inputs_require_grads" and k not in live]:
+            del hooks[key]
+            dropped += 1
+    return dropped
+
+
 class NonFiniteLossError(RuntimeError):
     """The loss became NaN/inf; the run must end as `failed` instead of training on garbage."""
 
@@ -85,6 +111,8 @@ class MirrorGRPOTrainer(GRPOTrainer):
         full_form_rows: int | None = None,
         gpu_budget_bytes: int | None = None,
         decode_cache: str = DYNAMIC_CACHE,
+        decode_buckets: list[int] | None = None,
+        decode_compile_backend: str = "inductor",
         **kwargs: Any,
     ) -> None:
         model = kwargs.get("model", args[0] if args else None)
@@ -146,6 +174,14 @@ class MirrorGRPOTrainer(GRPOTrainer):
             # TRL builds its GenerationConfig with disable_compile=True; allowing it lets transformers compile the
             # decode step over the static cache (on CUDA; its own criteria keep the CPU eager)
             self.generation_config.disable_compile = False
+        #: persistent_compiled: the member's one static cache and compiled decode step (generation/decode_step.py)
+        self.decoder: PersistentDecoder | None = None
+        if decode_cache == PERSISTENT_COMPILED and self.generation_backend == HF_GENERATE:
+            self.decoder = PersistentDecoder(
+                self.accelerator.unwrap_model(self.model), decode_buckets or [],
+                batch_size=self.args.per_device_train_batch_size * self.args.steps_per_generation,
+                max_new_tokens=self.max_completion_length, generation_config=self.generation_config,
+                compile_backend=decode_compile_backend)
         if self.aux_loss_enabled:
             raise ValueError(
                 f"{type(self.model).__name__} is a Mixture-of-Experts model whose router load-balancing loss TRL adds "
@@ -163,15 +199,14 @@ class MirrorGRPOTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         if self._digest_from_step is None:
             self._digest_from_step = self.state.global_step
+        drop_stale_input_grad_hooks(self.accelerator.unwrap_model(self.model))
         output = super()._generate_and_score_completions(*args, **kwargs)
+        if self.use_vllm and self.vllm_importance_sampling_correction and self._sampling_truncates():
+            self._ratio_on_processed_distribution(output)
         ids, mask = output["completion_ids"], output["completion_mask"].bool()
         for row, keep in zip(ids.tolist(), mask.tolist()):
             self._completions_sha256.update(repr([t for t, k in zip(row, keep) if k]).encode())
         return output
-
-    def _generate_single_turn(self, *args: Any, **kwargs: Any) -> Any:
-        with self._master_weights_kept():
-            return super()._generate_single_turn(*args, **kwargs)
 
     @contextmanager
     def _master_weights_kept(self) -> Iterator[None]:
@@ -204,6 +239,84 @@ class MirrorGRPOTrainer(GRPOTrainer):
             if restored:
                 logger.debug("restored %d parameter(s) to their dtype after continuous batching's cast", restored)
 
+    def _sampling_truncates(self) -> bool:
+        return self.top_p < 1.0 or (self.top_k is not None and self.top_k > 0)
+
+    def _ratio_on_processed_distribution(self, output: dict[str, Any]) -> None:
+        """Replace TRL's vLLM importance-sampling ratio by the one compared on the distribution vLLM sampled from:
+        the policy's logits through the same top_k / top_p as vLLM's ``processed_logprobs``
+        (inner_loop/generation/sampling.py says why), and correct the step's logged ratio and log-prob difference
+        with it. One more no-grad forward of the batch, in chunks of rows sized like the full form's."""
+        prompt_ids, completion_ids = output["prompt_ids"], output["completion_ids"]
+        completion_mask, tool_mask = output["completion_mask"], output.get("tool_mask")
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([output["prompt_mask"], completion_mask], dim=1)
+        n_completion = completion_ids.size(1)
+        rows = self._full_form_rows(n_completion)
+        parts = []
+        with torch.no_grad():
+            for start in range(0, input_ids.size(0), rows):
+                piece = slice(start, start + rows)
+                logits = self._completion_logits(self.model, input_ids[piece], attention_mask[piece], n_completion)
+                parts.append(processed_logps(logits, completion_ids[piece], self.top_p, self.top_k))
+                del logits
+        policy = torch.cat(parts)
+        sampler = output["sampling_per_token_logps"]
+        mask = (completion_mask if tool_mask is None else completion_mask * tool_mask).float()
+        ratio = importance_sampling_ratio(policy, sampler, mask, self.vllm_importance_sampling_mode,
+                                          self.vllm_importance_sampling_clip_min,
+                                          self.vllm_importance_sampling_clip_max)
+        output["importance_sampling_ratio"] = ratio
+        flat = ratio.flatten() if ratio.size(-1) == 1 else ratio[mask.bool()]
+        delta = torch.abs(policy - sampler)[mask.bool()]
+        delta = delta[~torch.isnan(delta)]
+        metrics = self._metrics["train" if self.model.training else "eval"]
+        for key, value in (("sampling/importance_sampling_ratio/min", flat.min() if flat.numel() else None),
+                           ("sampling/importance_sampling_ratio/mean", flat.mean() if flat.numel() else None),
+                           ("sampling/importance_sampling_ratio/max", flat.max() if flat.numel() else None),
+                           ("sampling/sampling_logp_difference/mean", delta.mean() if delta.numel() else None),
+                           ("sampling/sampling_logp_difference/max", delta.max() if delta.numel() else None)):
+            if value is not None and metrics[key]:
+                metrics[key][-1] = value.item()  # TRL's value for this batch, compared on the full vocabulary
+
+    def _generate_single_turn(self, prompt_ids: list[list[int]], images: Any, multimodal_fields: dict[str, Any],
+                              num_generations: int, has_tool_images: bool = False) -> tuple[list[list[int]], None]:
+        """TRL's HF-generate branch, decoding over the member's one static cache (train.decode_cache=
+        persistent_compiled); every other cache and backend is TRL's own. Overridden here, not patched in TRL:
+        TRL's branch passes no cache to ``generate``, so transformers would make a new one at every call."""
+        if self.decoder is None:
+            with self._master_weights_kept():  # continuous batching's in-place bf16 cast undone afterwards
+                return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
+                                                     has_tool_images)
+        if images is not None or multimodal_fields:
+            raise ValueError("train.decode_cache=persistent_compiled decodes text prompts only; use dynamic for a "
+                             "multimodal model")
+        device = self.accelerator.device
+        pad_id = self._tokenizer.pad_token_id
+        longest = max(len(ids) for ids in prompt_ids)
+        input_ids = torch.tensor([[pad_id] * (longest - len(ids)) + list(ids) for ids in prompt_ids], device=device)
+        attention_mask = torch.tensor([[0] * (longest - len(ids)) + [1] * len(ids) for ids in prompt_ids],
+                                      device=device)
+        with (
+            profiling_context(self, "transformers.generate"),
+            unwrap_model_for_generation(self.model_wrapped, self.accelerator,
+                                        gather_deepspeed3_params=self.args.ds3_gather_for_generation,
+                                        generation_kwargs=self.generation_kwargs,
+                                        gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs
+                                        ) as unwrapped_model,
+            torch.no_grad(),
+            self._dist.summon_full_params(self.model_wrapped, recurse=False),
+        ):
+            drop_stale_input_grad_hooks(unwrapped_model)  # else the decode step's guards fail at every step
+            completion_ids = self.decoder.generate(unwrapped_model, input_ids, attention_mask)
+        # as TRL: everything after the first EOS is masked off
+        is_eos = torch.isin(completion_ids, torch.tensor(self.eos_token_ids, device=completion_ids.device))
+        first_eos = torch.full((is_eos.size(0),), is_eos.size(1), dtype=torch.long, device=completion_ids.device)
+        has_eos = is_eos.any(dim=1)
+        first_eos[has_eos] = is_eos.int().argmax(dim=1)[has_eos]
+        keep = torch.arange(is_eos.size(1), device=completion_ids.device)[None, :] <= first_eos[:, None]
+        return [c[m].tolist() for c, m in zip(completion_ids.cpu(), keep.cpu(), strict=True)], None
+
     def generation_summary(self) -> dict[str, Any]:
         """What the result record says about generation: the backend, and the digest of the completions this
         process generated with the step it started from (a resumed run's digest covers the steps since its restart;
@@ -211,6 +324,7 @@ class MirrorGRPOTrainer(GRPOTrainer):
         KV cache (None with another backend), so a search that mixes caches shows it."""
         return {"backend": self.generation_backend,
                 "decode_cache": self.decode_cache if self.generation_backend == HF_GENERATE else None,
+                "decode_counts": self.decoder.summary() if self.decoder is not None else None,
                 "completions_sha256": self._completions_sha256.hexdigest(),
                 "from_step": self._digest_from_step}
 
