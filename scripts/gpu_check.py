@@ -4,17 +4,18 @@ Why: every part of the project is tested on CPUs, and the first GPU member ever 
 something no CPU test could see. This runs what a user runs, on the GPU: the CUDA tests, then ``meta.run`` with
 ``launcher=local`` on the mbpp_qwen3 preset (bf16, LoRA, the sampled neural-mirror form, the sandbox) with a model of
 Qwen3-1.7B's architecture at reduced depth with random weights (built in code: no hub), the tiny tokenizer and the
-MBPP fixture; 1 generation of 2 members (sharing the GPU: resources.members_per_gpu=2) plus the control member, searched
-by es=openai_es_elite (no evotorch, no ray: what an air-gapped node can run), a minimal re-evaluation (the top member and the centre on 2 seeds, the exported init and the base model on 2 reporting
-seeds), ``meta.export``, and ``inner_loop.run`` with the exported init, decoding with a static KV cache
-(``train.decode_cache=static``: the setting's one run on the GPU here; eager, as compiling the decode step would cost
-more than this check's minutes). It then checks that every record names the device it should (``cuda`` on a GPU
+MBPP fixture; 1 generation of 2 members (sharing the GPU: resources.members_per_gpu=2) plus the control member,
+searched by es=openai_es_elite (no evotorch, no ray: what an air-gapped node can run), a minimal re-evaluation (the
+top member and the centre on 2 seeds, the exported init and the base model on 2 reporting seeds), ``meta.export``,
+and ``inner_loop.run`` with the exported init, decoding over the member's one static KV cache with the decode step
+compiled once (``train.decode_cache=persistent_compiled``; its record's decode counts must show the cache kept, the
+weights in place, recompiles within the buckets and CUDA graph recordings bounded). It then checks that every record names the device it should (``cuda`` on a GPU
 machine) and that members shared the GPU, and prints each member's step time, peak GPU memory and partners.
 
 Without CUDA it runs the same path on the CPU at small shapes (``--device cpu``, what tests/test_gpu_check.py
 runs), the CUDA tests skipped with the reason printed.
 
-    scripts/gpu_check.sh                    # on a GPU machine: ~3 minutes on one H100
+    scripts/gpu_check.sh                    # on a GPU machine: ~5 minutes on one H100 (4.8 measured)
     scripts/gpu_check.sh --device cpu       # the same path on the CPU, small shapes
 """
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from inner_loop.generation.decode_step import decode_counts_problem  # noqa: E402
 from results.store.gpu_share import read_gpu_share, share_text  # noqa: E402
 from results.store.layout import PROGRESS_FILE, RESULT_FILE  # noqa: E402
 
@@ -41,8 +43,12 @@ logger = logging.getLogger("gpu_check")
 DATA = ROOT / "tests" / "fixtures" / "mbpp_rehearsal"
 CUDA_TESTS = ["tests/test_mirror_maps_cuda.py", "tests/test_trainer_cuda.py", "tests/test_gpu_share_cuda.py"]
 ARCHITECTURE = "qwen3_1_7b"
-#: train.decode_cache of the single run (the search keeps the preset's)
-SINGLE_DECODE_CACHE = "static"
+#: train.decode_cache of the single run (the search keeps the preset's): the member's one static cache and decode step
+#: compiled once (CUDA graphs on a GPU); its record's decode_counts must show the cache kept and recordings bounded
+SINGLE_DECODE_CACHE = "persistent_compiled"
+#: the decode step's compile backend per device: inductor on the GPU (what a search runs); on the CPU the check is
+#: the plumbing and the counts, so dynamo traces without inductor's minutes of C++ compiling
+SINGLE_COMPILE_BACKEND = {"cuda": "inductor", "cpu": "eager"}
 #: Qwen3-1.7B's shapes at reduced depth on a GPU; small shapes on the CPU (what a step costs is not the point there)
 SHAPES = {"cuda": {"num_hidden_layers": 4},
           "cpu": {"num_hidden_layers": 2, "hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1,
@@ -59,7 +65,10 @@ PER_DEVICE = {"cuda": ["resources.gpus=1", "model.dtype=bfloat16"],
 SHARED_SEARCH = {"cuda": ["resources.members_per_gpu=2"], "cpu": []}
 #: es=openai_es_elite: the authors' antithetic OpenAI-ES needs neither evotorch nor ray (evotorch imports ray at import
 #: time, and ray's 79 MB wheel cannot be carried to an air-gapped node: scripts/node_bundle.sh); one generation (its
-#: tell and the centre's move are the searcher's, tested on CPUs) keeps the run within ~3 minutes on one H100
+#: tell and the centre's move are the searcher's, tested on CPUs) keeps the run within ~5 minutes on one H100 (4.8 measured)
+#: what the check prints of the single run's decode counts
+DECODE_COUNTS_SHOWN = ("generate_calls", "compiles", "recompiles", "cudagraph_recordings", "weights_moved",
+                       "cache_kept", "buckets_used", "compile_backend", "compile_mode")
 SEARCH = ["es=openai_es_elite", "population=2", "generations=1", "control_member=true", "straggler_grace=5",
           "reevaluate.top_k=1", "reevaluate.seeds=2", "reevaluate.report_seeds=2", "reevaluate.baselines=[base]",
           "launcher=local"]
@@ -151,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     timings["meta.export"] = run([sys.executable, "-m", "meta.export", f"run_dir={run_dir}", f"out={init}"], env,
                                  "the export", 300)
     timings["inner_loop.run"] = run([sys.executable, "-m", "inner_loop.run", *overrides, f"divergence.init={init}",
-                                     f"work_dir={single_dir}", f"train.decode_cache={SINGLE_DECODE_CACHE}"], env,
+                                     f"work_dir={single_dir}", f"train.decode_cache={SINGLE_DECODE_CACHE}",
+                                     f"train.decode_compile_backend={SINGLE_COMPILE_BACKEND[device]}"], env,
                                     "a single run with the exported init", 900)
     rows = member_rows(work)
     print(f"{'record':<44} {'status':<8} {'steps':>5} {'device':<28} {'s/step':>7} {'peak GPU GiB':>12}  shared")
@@ -165,10 +175,17 @@ def main(argv: list[str] | None = None) -> int:
     if opts.json:
         opts.json.write_text(json.dumps({"device": device, "gpu": gpu, "rows": rows, "timings": timings}, indent=1))
     wrong = [r for r in rows if r["status"] != "ok" or r["device_type"] != device]
-    single_cache = (json.loads((single_dir / RESULT_FILE).read_text()).get("generation") or {}).get("decode_cache")
+    single = json.loads((single_dir / RESULT_FILE).read_text())
+    single_cache = (single.get("generation") or {}).get("decode_cache")
     if single_cache != SINGLE_DECODE_CACHE:
         print(f"gpu_check: FAILED: the single run decoded with {single_cache!r}, not {SINGLE_DECODE_CACHE!r}",
               file=sys.stderr)
+        return 1
+    counts = (single.get("generation") or {}).get("decode_counts") or {}
+    print(f"single run's decoding: {json.dumps({k: counts.get(k) for k in DECODE_COUNTS_SHOWN})}")
+    problem = decode_counts_problem(single)
+    if problem:
+        print(f"gpu_check: FAILED: the single run's decoding: {problem}", file=sys.stderr)
         return 1
     if SHARED_SEARCH[device] and not any(row["shared"] for row in rows):
         print("gpu_check: FAILED: resources.members_per_gpu=2, but no member shared its GPU", file=sys.stderr)

@@ -9,14 +9,15 @@ command cut at its limit loses only the check in flight and a second call finish
 2. ``bundle``: every module of the node bundle's role imports (``--bundle DIR``; skipped without one);
 3. ``cuda_tests``: the CUDA tests;
 4. ``acceptance``: the acceptance run (scripts/gpu_check.py: meta.run with two members sharing the GPU,
-   re-evaluation, export, a single run), shrunk to ~3 minutes on one H100;
+   re-evaluation, export, a single run): 4.8 minutes on one H100;
 5. ``bench:*``: bench/bench_member_gpu.py at the mbpp_qwen3 preset's real shapes (Qwen3-1.7B's architecture at full
-   depth, random weights, the preset's batch and lengths): ``train.decode_cache`` dynamic, then static_compiled, one
-   member alone (compile time reported apart: the first step's excess), then 2 members sharing the GPU with the
-   faster cache, then 4 if time is left.
+   depth, random weights, the preset's batch and lengths): ``train.decode_cache`` dynamic, persistent_compiled, then
+   static_compiled, one member alone (compile time reported apart: the first step's excess), then 2 members sharing
+   the GPU with the fastest cache, then 4 if time is left.
 
 Each check's outcome is appended to ``--record`` (JSON lines, fsync'd) as it ends. A later call with the same record
-skips every check already measured on the same card (passed or failed) and reruns those cut or never reached. The
+skips every check already measured on the same machine (card and host; passed or failed) and reruns those cut or
+never reached. The
 pass ends with a summary: pass or fail per check; s/step, completion tokens/s and peak GiB per member for each bench
 setting; and the GPU-hours of ``experiment=mbpp_qwen3 population=180 generations=15`` that each setting implies,
 counted as the search's dry-run plan counts them (meta/plan.py, results/store/gpu_time.py).
@@ -45,7 +46,8 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from inner_loop.generation.backends import DYNAMIC_CACHE, HF_GENERATE, STATIC_COMPILED  # noqa: E402
+from inner_loop.generation.backends import (  # noqa: E402
+    DYNAMIC_CACHE, HF_GENERATE, PERSISTENT_COMPILED, STATIC_COMPILED)
 
 logger = logging.getLogger("gpu_pass")
 
@@ -55,8 +57,10 @@ FINAL = (PASSED, FAILED)
 EXIT_FAILED, EXIT_INCOMPLETE = 1, 3
 #: seconds kept back from the budget for the summary
 SUMMARY_RESERVE_S = 15.0
-#: the decode caches compared one member alone, in this order; the faster one is used for sharing
-CACHES = (DYNAMIC_CACHE, STATIC_COMPILED)
+#: the decode caches compared one member alone, in this order of value (the baseline; the member's one static cache
+#: with its decode step compiled once; transformers' own compiled static cache, remade at every call); the fastest
+#: is used for sharing
+CACHES = (DYNAMIC_CACHE, PERSISTENT_COMPILED, STATIC_COMPILED)
 #: sharing counts after one member alone, in order of value
 SHARING = (2, 4)
 #: optimizer steps per bench member: the first (set-up, compiling) untimed, then enough that a cost paid every step
@@ -97,11 +101,12 @@ def append_record(path: Path, entry: dict[str, Any]) -> None:
         os.fsync(handle.fileno())
 
 
-def final_outcomes(entries: list[dict[str, Any]], card: str | None) -> dict[str, dict[str, Any]]:
-    """check -> its last final outcome measured on ``card`` (figures of another card are not this card's)."""
+def final_outcomes(entries: list[dict[str, Any]], card: str | None, host: str) -> dict[str, dict[str, Any]]:
+    """check -> its last final outcome measured on this machine (``card`` on ``host``): timings of another machine,
+    even with the same card, are not compared with this one's."""
     out: dict[str, dict[str, Any]] = {}
     for entry in entries:
-        if entry.get("status") in FINAL and entry.get("card") == card:
+        if entry.get("status") in FINAL and entry.get("card") == card and entry.get("host") == host:
             out[entry["check"]] = entry
     return out
 
@@ -444,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     work = opts.work or Path(tempfile.mkdtemp(prefix="gpu_pass-"))
     work.mkdir(parents=True, exist_ok=True)
     ctx = Pass(opts, started + opts.budget_min * 60.0, device, card, work)
-    done = final_outcomes(read_record(opts.record), card)
+    done = final_outcomes(read_record(opts.record), card, platform.node())
     check_list = checks(opts)
     cut: dict[str, str] = {}
     logger.info("device %s (%s), budget %.1f min, record %s (%d check(s) measured already)", device, card or "-",

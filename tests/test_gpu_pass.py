@@ -17,7 +17,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 STANDIN = ROOT / "tests" / "standin_bench.py"
 #: the bench settings the pass measures, in its order (the stand-in's compiled cache is the slower: dynamic is shared)
-SETTINGS = ["hf_generate x1", "hf_generate_static_compiled x1", "hf_generate x2", "hf_generate x4"]
+SETTINGS = ["hf_generate x1", "hf_generate_persistent_compiled x1", "hf_generate_static_compiled x1", "hf_generate x2",
+            "hf_generate x4"]
 
 
 def pass_command(record: Path, work: Path, budget_min: float = 10.0) -> list[str]:
@@ -61,13 +62,14 @@ def test_a_pass_cut_anywhere_is_finished_by_a_second_call_without_measuring_anyt
     again = calls(calls_file)[len(before):]
     assert again == SETTINGS[cut_during - 1:]  # the cut one and the rest; nothing measured is measured again
     final = {e["check"]: e for e in map(json.loads, record.read_text().splitlines())}
-    assert set(final) == {"bench:dynamic:x1", "bench:static_compiled:x1", "bench:faster:x2", "bench:faster:x4"}
+    assert set(final) == {"bench:dynamic:x1", "bench:persistent_compiled:x1", "bench:static_compiled:x1",
+                          "bench:faster:x2", "bench:faster:x4"}
     assert {e["status"] for e in final.values()} == {"pass"}
     assert final["bench:faster:x2"]["figures"]["cache"] == "dynamic"  # the faster lone member's cache is shared
     # the summary: per setting its figures and the 180 x 15 search's GPU-hours as the dry-run plan counts them; the
     # preset's own measurements (15.0 s/step; x1.183 with two per GPU) give the figures docs/gpus.md states
     rows = {line.split()[0] + " " + line.split()[1]: line for line in second.stdout.splitlines()
-            if line.startswith(("dynamic x", "static_compiled x"))}
+            if line.startswith(("dynamic x", "persistent_compiled x", "static_compiled x"))}
     assert rows["dynamic x1"].split()[-1] == "18,890"
     assert rows["dynamic x2"].split()[-1] == "11,174"
     assert float(rows["dynamic x2"].split()[8]) == pytest.approx(1.183)  # slowdown column
