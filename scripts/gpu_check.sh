@@ -5,8 +5,5 @@
 # .venv/bin/python, else python3 (a GPU machine without a package registry: docs/gpus.md "Acceptance run").
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-}
-if [ -z "$PY" ]; then
-    if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
-fi
+. scripts/project_python.sh
 exec "$PY" scripts/gpu_check.py "$@"

@@ -4,8 +4,5 @@
 # measured (a second call skips what is there). Python: $PYTHON, else .venv/bin/python, else python3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-}
-if [ -z "$PY" ]; then
-    if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
-fi
+. scripts/project_python.sh
 exec "$PY" scripts/gpu_pass.py "$@"

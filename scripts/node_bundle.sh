@@ -4,8 +4,5 @@
 #   scripts/node_bundle.sh --node-packages node-freeze.txt --role job --out .node_bundle
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-}
-if [ -z "$PY" ]; then
-    if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
-fi
+. scripts/project_python.sh
 exec "$PY" scripts/node_bundle.py "$@"
