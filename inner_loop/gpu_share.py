@@ -11,6 +11,7 @@ that exceeds it fails alone, with a record that names the share, not the neighbo
 from __future__ import annotations
 
 import logging
+import os
 import traceback
 from pathlib import Path
 from contextlib import AbstractContextManager, nullcontext
@@ -19,7 +20,7 @@ from typing import Any, Mapping
 from inner_loop.config import share_keys
 from inner_loop.generation.backends import VLLM_COLOCATE
 from inner_loop.generation.engine_start import engine_start_turn
-from results.store.member_keys import MEMBER_GPU_MEMORY_KEY, MEMBER_GPU_SHARERS_KEY
+from results.store.member_keys import MEMBER_GPU_MEMORY_KEY, MEMBER_GPU_SHARERS_KEY, MEMBERS_ON_GPU_ENV
 
 logger = logging.getLogger(__name__)
 
@@ -37,24 +38,81 @@ TORCH_MEMORY_FIX = "lower train.batch_size or train.max_completion_length"
 _PROJECT_ROOT = str(Path(__file__).resolve().parents[1])
 #: frames of the traceback kept in a record's error (the full traceback is in the member's log)
 TRACEBACK_FRAMES = 3
+#: GPU memory each member process uses outside torch's allocator, which the cap does not count (the CUDA context,
+#: cuBLAS/cuDNN workspaces, NCCL): measured 835 MiB on an H100 (scripts/gpu_pass.py, docs/benchmarks.md: 13,703 MiB
+#: of device use against 12,868 MiB reserved by torch), rounded up. k members' caps leave k of these free
+CONTEXT_ALLOWANCE_BYTES = 1 << 30
+#: the record's key for the fraction torch's allocator was capped at (the share less the context allowance)
+CAP_KEY = "gpu_memory_cap_fraction"
+#: the record's key for the other members the card was shared with (from gpu_share.json)
+PARTNERS_KEY = "shared_with"
 
 
-def apply_memory_share(device: Mapping[str, Any], fraction: float, sharers: int) -> dict[str, Any]:
-    """On CUDA, cap this process's torch allocations at ``fraction`` of its GPU (when below 1) and return ``device``
-    (inner_loop/device.py's record of it) with the share and the members sharing the card; elsewhere ``device``
-    unchanged. Call it before the model loads: the cap applies to allocations made after it."""
+def members_present(sharers: int) -> int:
+    """How many members share the card now: members_per_gpu, or fewer where the packed task started fewer (the odd
+    member of a generation, a requeued task's survivors; MEMBERS_ON_GPU_ENV)."""
+    try:
+        present = int(os.environ.get(MEMBERS_ON_GPU_ENV, sharers))
+    except ValueError:
+        return sharers
+    return max(1, min(sharers, present))
+
+
+def apply_memory_share(device: Mapping[str, Any], fraction: float, sharers: int,
+                       partners: list[int] | None = None) -> dict[str, Any]:
+    """On CUDA, cap this process's torch allocations at its share of its GPU and return ``device`` (inner_loop/
+    device.py's record of it) with the share, the cap, the members sharing the card and ``partners`` (their
+    indices); elsewhere ``device`` unchanged. Call it before the model loads: the cap applies to allocations made
+    after it.
+
+    ``fraction`` is the share among ``sharers`` members (resources.gpu_memory_fraction / k). Where fewer are present
+    (members_present), the card is divided among those; a member alone gets the configured fraction whole. With two
+    or more on the card, the cap leaves CONTEXT_ALLOWANCE_BYTES of the share to the process's CUDA context, which
+    torch's cap does not count: k caps plus k contexts fit the card."""
     info = dict(device)
     if info.get("type") != "cuda":
         return info
-    if fraction < 1:
+    present = members_present(sharers)
+    if present < sharers:
+        logger.info("GPU memory: %d of the card's %d members present: this member's share is 1/%d of the card's "
+                    "%.3g", present, sharers, present, fraction * sharers)
+        fraction, sharers = fraction * sharers / present, present
+    total = info.get("memory_bytes") or 0
+    cap = fraction - (CONTEXT_ALLOWANCE_BYTES / total if sharers >= 2 and total else 0.0)
+    if cap <= 0:
+        raise ValueError(f"resources.members_per_gpu={sharers}: a share of {fraction:.3g} of {total / _GIB:.1f} GiB "
+                         f"leaves nothing beside each process's CUDA context ({CONTEXT_ALLOWANCE_BYTES / _GIB:g} GiB)")
+    if cap < 1:
         import torch
 
         index = torch.cuda.current_device()
-        torch.cuda.set_per_process_memory_fraction(fraction, index)
-        logger.info("GPU memory: this member may allocate %.3g of cuda:%d (%s), %.1f GiB (%s)", fraction, index,
-                    info.get("name"), (info.get("memory_bytes") or 0) * fraction / _GIB, share_keys(sharers))
+        torch.cuda.set_per_process_memory_fraction(cap, index)
+        logger.info("GPU memory: this member may allocate %.3g of cuda:%d (%s), %.1f GiB (%s%s)", cap, index,
+                    info.get("name"), total * cap / _GIB, share_keys(sharers),
+                    f", less {CONTEXT_ALLOWANCE_BYTES / _GIB:g} GiB for its CUDA context" if cap < fraction else "")
     info.update({MEMBER_GPU_MEMORY_KEY: fraction, MEMBER_GPU_SHARERS_KEY: sharers})
+    if cap < fraction:
+        info[CAP_KEY] = cap
+    if partners:
+        info[PARTNERS_KEY] = sorted(partners)
     return info
+
+
+def card_use_text(device: Mapping[str, Any]) -> str:
+    """What the card holds as a whole when a member runs out of memory: its use (all processes, from the driver)
+    and the members on it, so that one member's failure names its neighbours."""
+    parts = []
+    try:
+        import torch
+
+        free, total = torch.cuda.mem_get_info()
+        parts.append(f"the card had {(total - free) / _GIB:.1f} of {total / _GIB:.1f} GiB in use")
+    except Exception:  # the context itself may be what failed; the record keeps the rest
+        pass
+    partners = device.get(PARTNERS_KEY)
+    if partners:
+        parts.append("members on it: this one and " + ", ".join(str(p) for p in partners))
+    return "; ".join(parts)
 
 
 def share_text(device: Mapping[str, Any]) -> str:
@@ -108,8 +166,9 @@ def out_of_memory_reason(exc: BaseException, device: Mapping[str, Any]) -> str |
     elif fraction < 1:
         fixes.append("raise resources.gpu_memory_fraction")
     tail = _traceback_tail(exc)
-    return (f"out of GPU memory within its share: {share_text(device)}; {', or '.join(fixes)}. "
-            f"{type(exc).__name__}: {exc}" + (f" [at {tail}]" if tail else ""))
+    card = card_use_text(device)
+    return (f"out of GPU memory within its share: {share_text(device)}" + (f" ({card})" if card else "")
+            + f"; {', or '.join(fixes)}. {type(exc).__name__}: {exc}" + (f" [at {tail}]" if tail else ""))
 
 
 def gpu_uuid(index: int | None) -> str:

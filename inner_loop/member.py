@@ -31,6 +31,7 @@ from inner_loop.member_records import record_failure, record_success
 from inner_loop.preflight import record_node_failure, run_preflight
 from inner_loop.run_setup import ExtraRun, PreparedRun, build_trainer, prepare, validate_inner
 from inner_loop.grpo.trainer import MirrorGRPOTrainer
+from results.store.gpu_share import read_gpu_share
 from results.store.layout import FINAL_MODEL_DIR  # a single run's trained model, whatever keep_checkpoints says
 from results.store.provenance import build_run_manifest, write_run_manifest
 from results.store.records import MemberSpec, ResultRecord, read_result
@@ -135,7 +136,9 @@ def train_member(spec: MemberSpec | Mapping[str, Any], save_final: bool = False)
         except DeviceUnavailableError as exc:
             record_node_failure(work_dir, str(exc))  # as a failed pre-flight: the launcher excludes the node
             raise
-        device = apply_memory_share(device, run.cfg.gpu_memory_fraction, run.cfg.members_per_gpu)  # before the model
+        share = read_gpu_share(work_dir) or {}  # the launcher's record of the card's other members
+        device = apply_memory_share(device, run.cfg.gpu_memory_fraction, run.cfg.members_per_gpu,
+                                    share.get("shared_with"))  # before the model loads
         torch.set_num_threads(run.cfg.train.num_threads)
         numerics_used = _numerics_for(run)
         work_dir.mkdir(parents=True, exist_ok=True)

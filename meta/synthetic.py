@@ -111,7 +111,7 @@ def member(spec: MemberSpec | Mapping[str, Any]) -> dict[str, Any]:
         with open(Path(spec.work_dir) / "calls.log", "a") as handle:
             handle.write(f"attempt {spec.attempt}\n")
     if options.get("env_log"):
-        seen = {k: v for k, v in os.environ.items() if k.startswith(("SLURM_", "SBATCH_"))}
+        seen = {k: v for k, v in os.environ.items() if k.startswith(("SLURM_", "SBATCH_", "MIRROR_ES_"))}
         atomic_write_json(Path(spec.work_dir) / "env.json", seen)
     if options.get("sleep_s"):
         time.sleep(float(options["sleep_s"]))

@@ -21,12 +21,13 @@ import inner_loop.run_setup as run_setup
 from conf_groups import load_group
 from inner_loop.config import InnerConfig
 from inner_loop.generation.backends import HF_GENERATE, VLLM_COLOCATE
-from inner_loop.generation.engine_start import engine_start_lock_path, engine_start_turn
-from inner_loop.gpu_share import apply_memory_share, engine_start_turn_for, out_of_memory_reason
+from inner_loop.generation.engine_start import LOCK_DIR_ENV, engine_start_lock_path, engine_start_turn
+from inner_loop.gpu_share import (CAP_KEY, CONTEXT_ALLOWANCE_BYTES, PARTNERS_KEY, apply_memory_share,
+                                  engine_start_turn_for, out_of_memory_reason)
 from inner_loop.grpo.args import build_grpo_config
 from inner_loop.member import train_member
 from inner_loop.run_setup import validate_inner
-from results.store.member_keys import MEMBER_GPU_MEMORY_KEY, MEMBER_GPU_SHARERS_KEY
+from results.store.member_keys import MEMBER_GPU_MEMORY_KEY, MEMBER_GPU_SHARERS_KEY, MEMBERS_ON_GPU_ENV
 from results.store.records import read_result
 
 TINY = {"warmup_max_steps": 0, "hidden_size": 16, "num_layers": 1, "num_heads": 2, "intermediate_size": 32}
@@ -72,10 +73,38 @@ def test_the_inner_config_reads_the_members_sharing_the_card():
             InnerConfig.from_dict(_inner(sharers=bad))
 
 
-def test_a_cuda_member_caps_its_allocator_at_its_share_and_records_it(memory_caps):
+#: a member's cap packed two to an H100: half the card less its CUDA context's allowance (outside torch's cap)
+H100_HALF_CAP = 0.5 - CONTEXT_ALLOWANCE_BYTES / H100["memory_bytes"]
+
+
+def test_a_cuda_member_caps_its_allocator_at_its_share_less_its_context_and_records_it(memory_caps):
+    """k caps of 1/k each would leave nothing for the k CUDA contexts, which torch's cap does not count: members near
+    their caps would exhaust the card, and whichever allocated last would fail 'within its share'."""
+    device = apply_memory_share(H100, 0.5, 2, partners=[7])
+    assert memory_caps == [(pytest.approx(H100_HALF_CAP), 0)]
+    assert 2 * (H100_HALF_CAP * H100["memory_bytes"] + CONTEXT_ALLOWANCE_BYTES) <= H100["memory_bytes"]
+    assert device == {**H100, MEMBER_GPU_MEMORY_KEY: 0.5, MEMBER_GPU_SHARERS_KEY: 2, CAP_KEY: pytest.approx(
+        H100_HALF_CAP), PARTNERS_KEY: [7]}
+
+
+def test_a_member_alone_in_its_packed_task_takes_the_whole_card(memory_caps, monkeypatch):
+    """The odd member of a generation, or a requeued task's survivor: its task started it alone, so it gets the
+    card (and gpu_share.json names no partner, so it is charged the card: meta.status)."""
+    monkeypatch.setenv(MEMBERS_ON_GPU_ENV, "1")
     device = apply_memory_share(H100, 0.5, 2)
-    assert memory_caps == [(0.5, 0)]
-    assert device == {**H100, MEMBER_GPU_MEMORY_KEY: 0.5, MEMBER_GPU_SHARERS_KEY: 2}
+    assert memory_caps == []  # no cap: the configured fraction (1) whole
+    assert device[MEMBER_GPU_MEMORY_KEY] == 1.0 and device[MEMBER_GPU_SHARERS_KEY] == 1
+    monkeypatch.setenv(MEMBERS_ON_GPU_ENV, "2")  # of k = 4: halves, not quarters
+    device = apply_memory_share(H100, 0.25, 4)
+    assert device[MEMBER_GPU_MEMORY_KEY] == 0.5 and memory_caps == [(pytest.approx(H100_HALF_CAP), 0)]
+
+
+def test_out_of_memory_names_the_cards_whole_use_and_every_member_on_it(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (int(1.5 * 2**30), H100["memory_bytes"]))
+    device = {**H100, MEMBER_GPU_MEMORY_KEY: 0.5, MEMBER_GPU_SHARERS_KEY: 2, PARTNERS_KEY: [5]}
+    reason = out_of_memory_reason(torch.OutOfMemoryError("CUDA out of memory"), device)
+    assert reason.startswith(f"out of GPU memory within its share: {H100_HALF} (the card had 77.7 of 79.2 GiB in use; "
+                             "members on it: this one and 5); lower train.batch_size"), reason
 
 
 def test_a_member_with_the_whole_card_or_on_the_cpu_sets_no_cap(memory_caps):
@@ -92,7 +121,7 @@ def test_a_member_out_of_gpu_memory_fails_alone_naming_its_share(tmp_path, monke
     monkeypatch.setattr(member, "require_device", lambda inner: dict(H100))  # the node's GPU, at its boundary
 
     def load_policy(*args, **kwargs):
-        assert memory_caps == [(0.5, 0)], "the cap must be set before the model loads"
+        assert memory_caps == [(pytest.approx(H100_HALF_CAP), 0)], "the cap must be set before the model loads"
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     monkeypatch.setattr(run_setup, "load_policy", load_policy)
@@ -220,7 +249,7 @@ def test_a_member_killed_while_starting_its_engine_frees_the_card(tmp_path):
 
 
 def test_only_a_colocated_engine_on_a_shared_gpu_takes_a_turn(tmp_path, monkeypatch):
-    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    monkeypatch.setenv(LOCK_DIR_ENV, str(tmp_path))
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: SimpleNamespace(uuid=f"GPU-{index}-uuid"))
     cuda = torch.device("cuda", 0)
     for backend, device, sharers in ((VLLM_COLOCATE, cuda, 1), (HF_GENERATE, cuda, 2),
@@ -236,3 +265,49 @@ def test_only_a_colocated_engine_on_a_shared_gpu_takes_a_turn(tmp_path, monkeypa
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         finally:
             os.close(fd)
+
+
+def _take_in_private_tmp(key: str, tmp: str, waiting, held) -> None:
+    """A member of another job on the same card: its own private temp dir (job_container/tmpfs, TMPDIR)."""
+    import tempfile
+
+    os.environ["TMPDIR"] = tmp
+    tempfile.tempdir = None  # read TMPDIR again, as a fresh process of that job would
+    _take(key, None, waiting, held)
+
+
+def test_members_of_two_jobs_with_private_temp_dirs_still_take_turns_on_their_card(tmp_path, monkeypatch):
+    """launcher.gpu_sharing=shard: the members of one card are tasks of different jobs, each with a private /tmp;
+    the lock lives in a node-local folder they share (/run/lock here), not in either's temp dir."""
+    monkeypatch.delenv(LOCK_DIR_ENV, raising=False)
+    key = f"GPU-test-{os.getpid()}-{tmp_path.name}"
+    ctx = multiprocessing.get_context("fork")
+    first_held, release, second_waiting, second_held = (ctx.Event() for _ in range(4))
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first = ctx.Process(target=_hold_in_private_tmp, args=(key, str(tmp_path / "a"), first_held, release))
+    first.start()
+    try:
+        assert first_held.wait(30)
+        second = ctx.Process(target=_take_in_private_tmp, args=(key, str(tmp_path / "b"), second_waiting,
+                                                                second_held))
+        second.start()
+        assert second_waiting.wait(30), "the other job's member did not find the card busy"
+        assert not second_held.is_set()
+        release.set()
+        assert second_held.wait(30)
+        second.join(30)
+        assert second.exitcode == 0
+    finally:
+        release.set()
+        first.join(30)
+        engine_start_lock_path(key).unlink(missing_ok=True)
+    assert not list((tmp_path / "a").iterdir()) and not list((tmp_path / "b").iterdir())
+
+
+def _hold_in_private_tmp(key: str, tmp: str, held, release) -> None:
+    import tempfile
+
+    os.environ["TMPDIR"] = tmp
+    tempfile.tempdir = None
+    _hold(key, None, held, release)

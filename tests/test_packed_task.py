@@ -15,6 +15,7 @@ import pytest
 from launch.member import read_ledger
 from launch.slurm.packed import PackedTask, run_packed, write_cancel_request
 from results.store.gpu_share import read_gpu_share
+from results.store.member_keys import MEMBERS_ON_GPU_ENV
 from results.store.records import MemberSpec, read_result
 
 ENTRY = "meta.synthetic:member"
@@ -79,7 +80,8 @@ def test_a_killed_member_and_a_cancelled_member_end_alone_and_their_partner_fini
 def test_a_notice_stops_the_running_members_and_the_requeued_task_runs_only_those(tmp_path: Path) -> None:
     """The scheduler's USR2 (time limit coming) or SIGTERM (requeue): members still running stop; the same call run
     again (submitit's requeue) skips the finished member and resumes the other from its checkpoint."""
-    specs = [_spec(tmp_path, 0, steps=2, step_s=0.01), _spec(tmp_path, 1, steps=60, step_s=0.02)]
+    specs = [_spec(tmp_path, 0, steps=2, step_s=0.01),
+             _spec(tmp_path, 1, steps=60, step_s=0.02, env_log=True)]
     calls = [s.to_dict() for s in specs]
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR2)}
 
@@ -104,6 +106,11 @@ def test_a_notice_stops_the_running_members_and_the_requeued_task_runs_only_thos
     assert [_calls(s) for s in specs] == [1, 2]
     checkpoint = json.loads((Path(specs[1].work_dir) / "synthetic_ckpt.json").read_text())
     assert checkpoint["starts"] == [0, stopped_at] and records[1]["steps_done"] == 60
+    # the requeued task started member 1 alone: it had the card to itself (its share is the card's, and
+    # gpu_share.json names no partner, so meta.status charges it the whole GPU)
+    assert read_gpu_share(specs[1].work_dir)["shared_with"] == []
+    assert read_gpu_share(specs[0].work_dir)["shared_with"] == [1]  # member 0's own run was beside member 1
+    assert json.loads((Path(specs[1].work_dir) / "env.json").read_text())[MEMBERS_ON_GPU_ENV] == "1"
 
 
 def test_the_members_die_with_their_task(tmp_path: Path) -> None:

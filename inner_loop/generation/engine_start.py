@@ -7,9 +7,11 @@ device's used memory grew while it profiled a forward pass. Members that share o
 with too small a cache or not at all. So a member holds this lock while its trainer builds its engine, and the
 other members of the card wait for their turn.
 
-The lock is ``fcntl.flock`` on a file in the node's temp dir: the members of one card are on one node, and flock is
-released by the kernel when its holder dies, so a member killed mid-start never blocks the others (the run
-directory's lock lives on shared storage, where flock is not to be trusted, and is not for this).
+The lock is ``fcntl.flock`` on a file in a node-local folder that every job on the node shares: the members of one
+card are on one node, and flock is released by the kernel when its holder dies, so a member killed mid-start never
+blocks the others (the run directory's lock lives on shared storage, where flock is not to be trusted, and is not for
+this). Not the temp dir: SLURM's job_container/tmpfs and many sites give each job a private /tmp and TMPDIR, so
+members of two jobs on one card (``launcher.gpu_sharing: shard``) would each lock a file of their own.
 """
 from __future__ import annotations
 
@@ -27,12 +29,33 @@ logger = logging.getLogger(__name__)
 
 #: the lock file's name before the card's key; one file per physical GPU of the node
 LOCK_PREFIX = "mirror-es-vllm-start-"
+#: a folder of the site's choosing for the lock (node-local, shared by every job on the node)
+LOCK_DIR_ENV = "MIRROR_ES_NODE_LOCK_DIR"
+#: node-local folders shared by every job, in order: /run/lock (world-writable, sticky) is not made private by
+#: job_container/tmpfs, which by default isolates /tmp and /dev/shm; /dev/shm where /run/lock is not writable
+NODE_LOCK_DIRS = ("/run/lock", "/var/lock", "/dev/shm")
+
+
+def node_lock_dir() -> Path:
+    """Where a card's engine-start lock lives: $MIRROR_ES_NODE_LOCK_DIR, else the first writable of NODE_LOCK_DIRS,
+    else the temp dir (with a warning: it may be private to this job)."""
+    chosen = os.environ.get(LOCK_DIR_ENV)
+    if chosen:
+        return Path(chosen)
+    for folder in NODE_LOCK_DIRS:
+        if os.path.isdir(folder) and os.access(folder, os.W_OK | os.X_OK):
+            return Path(folder)
+    fallback = Path(tempfile.gettempdir())
+    logger.warning("vLLM engine start: none of %s is writable here; the lock is in %s, which may be private to this "
+                   "job (set %s to a node-local folder every job shares)", ", ".join(NODE_LOCK_DIRS), fallback,
+                   LOCK_DIR_ENV)
+    return fallback
 
 
 def engine_start_lock_path(gpu_key: str, directory: str | Path | None = None) -> Path:
-    """The lock file of the card ``gpu_key`` (its UUID) in ``directory`` (the node's temp dir by default)."""
+    """The lock file of the card ``gpu_key`` (its UUID) in ``directory`` (by default ``node_lock_dir()``)."""
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", gpu_key)
-    return Path(directory if directory is not None else tempfile.gettempdir()) / f"{LOCK_PREFIX}{safe}.lock"
+    return Path(directory if directory is not None else node_lock_dir()) / f"{LOCK_PREFIX}{safe}.lock"
 
 
 @contextmanager

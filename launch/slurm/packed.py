@@ -39,6 +39,7 @@ from launch.member import requeue_cut_short, run_member
 from results.store.atomic import atomic_write_json
 from results.store.gpu_share import write_gpu_share
 from results.store.layout import CANCEL_REQUEST_FILE, MEMBER_LOG_FILE
+from results.store.member_keys import MEMBERS_ON_GPU_ENV
 from results.store.node_failure import read_node_failure
 from results.store.notice_window import task_grace_s
 from results.store.records import MemberSpec, ResultRecord, read_result, write_result_if_absent
@@ -96,15 +97,20 @@ class PackedTask:
         """Start every member without a final result, wait for all, and return each member's record (None for one
         stopped by a notice, a cancel request or its node's pre-flight: not final here)."""
         gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-        indices = [s.index for s in self.specs]
+        to_run = []
         for spec in self.specs:
-            write_gpu_share(spec.work_dir, self.task, gpus, [i for i in indices if i != spec.index], len(self.specs))
             if read_result(spec.work_dir) is not None:
                 logger.info("member %s already has its result; not run again", spec.work_dir)
             elif cancel_requested(spec.work_dir, self.task):
                 logger.info("member %s was stopped before this task started it", spec.work_dir)
             else:
-                self.running.append(self._start(spec))
+                to_run.append(spec)
+        # the card is shared by the members this run starts (a requeued task's survivors, an odd member alone): each
+        # takes its part of the card among them, and is charged for that part (gpu_share.json names its partners)
+        indices = [s.index for s in to_run]
+        for spec in to_run:
+            write_gpu_share(spec.work_dir, self.task, gpus, [i for i in indices if i != spec.index], len(self.specs))
+            self.running.append(self._start(spec, present=len(to_run)))
         logger.info("task %s runs %d of its %d member(s) on GPU(s) %r", self.task, len(self.running),
                     len(self.specs), gpus)
         notice_at: float | None = None
@@ -140,12 +146,13 @@ class PackedTask:
             if member.process.poll() is None:
                 _kill_group(member.process, signum)
 
-    def _start(self, spec: MemberSpec) -> _Running:
+    def _start(self, spec: MemberSpec, present: int) -> _Running:
         log = open(Path(spec.work_dir) / MEMBER_LOG_FILE, "a", buffering=1)
         log.write(f"--- task {self.task} starts member {spec.index} (attempt {spec.attempt}) at {time.ctime()}\n")
         process = subprocess.Popen(
             [sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True, text=True, preexec_fn=_die_with_task if sys.platform == "linux" else None,
+            env={**os.environ, MEMBERS_ON_GPU_ENV: str(present)},
         )
         assert process.stdin is not None
         process.stdin.write(json.dumps({"entrypoint": self.entrypoint, "spec": spec.to_dict(),

@@ -12,3 +12,7 @@ MEMBER_GPU_MEMORY_KEY = "gpu_memory_fraction"
 #: members share it. Its memory share (MEMBER_GPU_MEMORY_KEY) is already divided by it; the member names both when
 #: it runs out of memory, and staggers its vLLM engine's start with the others on the card
 MEMBER_GPU_SHARERS_KEY = "members_per_gpu"
+#: the environment variable a packed SLURM task sets for each member it starts: how many of its members it started
+#: together on the card. Fewer than members_per_gpu (the odd member of a generation, a requeued task's survivors):
+#: each takes the card divided among those present, not among k (inner_loop/gpu_share.py)
+MEMBERS_ON_GPU_ENV = "MIRROR_ES_MEMBERS_ON_GPU"
