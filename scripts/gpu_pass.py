@@ -48,6 +48,7 @@ sys.path.insert(0, str(ROOT))
 
 from inner_loop.generation.backends import (  # noqa: E402
     DYNAMIC_CACHE, HF_GENERATE, PERSISTENT_COMPILED, STATIC_COMPILED)
+from inner_loop.generation.decode_step import decode_counts_problem  # noqa: E402
 
 logger = logging.getLogger("gpu_pass")
 
@@ -296,6 +297,12 @@ def run_bench(ctx: Pass, cache: str, members: int, label: str) -> dict[str, Any]
     detail = (f"{figures.get('step_s', 0):.2f} s/step, {figures.get('tokens_per_s', 0):.0f} completion tok/s, "
               f"{figures.get('peak_gib_member', 0):.1f} GiB peak per member" if status == PASSED
               else f"{len(ok)}/{members} members ok: {'; '.join(figures['errors'])[:1200]}")
+    # a compiled decode step must have replayed, not recompiled or recorded its CUDA graph again at every step
+    problems = [decode_counts_problem({"generation": {"decode_cache": cache, "decode_counts": r.get("decode_counts")}})
+                for r in ok]
+    figures["decode_counts"] = [r.get("decode_counts") for r in ok]
+    if any(problems):
+        status, detail = FAILED, f"{detail}; decoding: {next(p for p in problems if p)}"
     return {"status": status, "figures": figures, "detail": detail}
 
 

@@ -3,7 +3,8 @@
 Why: the pass's resumption (a command cut at its limit, a second call finishing the rest) is about the pass, not
 the bench; a real member takes minutes. Each call appends "<backend> x<members>" to $STANDIN_CALLS at its start,
 sleeps $STANDIN_SLEEP seconds (a measurement under way, where a cut lands) and writes the figures below.
-Step times: HF generate dynamic 15.0 s alone (the mbpp_qwen3 preset's measured figure), the compiled caches 15.5
+The persistent compiled cache's member reports its decode counts (one compile, one CUDA graph recording; one per
+step with $STANDIN_RERECORD). Step times: HF generate dynamic 15.0 s alone (the mbpp_qwen3 preset's measured figure), the compiled caches 15.5
 and 16.0 s (slower here, so the pass must pick dynamic to share), two members 17.745 s each (15.0 x 1.183, the preset's
 measured slowdown), four 37.5 s.
 """
@@ -32,6 +33,12 @@ def main() -> None:
     step = STEP_S[(opts.backends, opts.members)]
     member = {"status": "ok", "step_s": step, "first_step_s": step + 30.0, "tokens_per_s": TOKENS_PER_STEP / step,
               "peak_memory_bytes": 11 * 2**30, "mean_completion_length": 256.0, "ran_as": opts.backends}
+    if opts.backends.endswith("persistent_compiled"):  # the member's one cache: compiled once, recorded once...
+        calls = 4
+        member["decode_counts"] = {"generate_calls": calls, "compiles": 1, "recompiles": 0, "weights_moved": 0,
+                                   "cache_kept": True, "buckets": [64, 128, 192, 256], "buckets_used": {"128": calls},
+                                   # ... unless $STANDIN_RERECORD: a graph recorded again at every step
+                                   "cudagraph_recordings": calls if os.environ.get("STANDIN_RERECORD") else 1}
     summary = {"settings": {"steps": 4}, "model": {"config": {}},
                "runs": {f"{opts.backends}-x{opts.members}": [dict(member, index=i) for i in range(opts.members)]}}
     with open(opts.json, "w") as out:

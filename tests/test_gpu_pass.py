@@ -125,3 +125,16 @@ def test_a_bench_stopped_at_the_budget_takes_its_members_with_it(tmp_path):
             os.kill(pid, signal.SIGKILL)
         if bench.poll() is None:
             os.killpg(bench.pid, signal.SIGKILL)
+
+
+def test_a_compiled_decode_step_recorded_again_at_every_step_fails_its_setting(tmp_path):
+    """The compiled decode step must replay its CUDA graph; one recorded again at each step (new cache addresses, a
+    moved weight) costs its recording every step, which a short bench would show only as a slower step."""
+    record, calls_file = tmp_path / "pass.jsonl", tmp_path / "calls.txt"
+    env = {**os.environ, "STANDIN_CALLS": str(calls_file), "STANDIN_RERECORD": "1"}
+    command = pass_command(record, tmp_path / "w")
+    command[command.index("bench")] = "bench:persistent_compiled"
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    entry = json.loads(record.read_text().splitlines()[-1])
+    assert entry["status"] == "fail" and "CUDA graph recordings over 4 generations" in entry["detail"]
