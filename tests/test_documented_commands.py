@@ -22,6 +22,7 @@ in this process, and no work (nothing trains, nothing is submitted, nothing wait
   run directories prepared by small runs with the synthetic objective (``--watch`` shows one frame and is
   interrupted, as Ctrl-C would);
 - ``bench/*.py``: the script's own argument parser on the documented arguments (a benchmark itself takes minutes);
+  so are the Python scripts that ``scripts/*.sh`` exec (``scripts/gpu_pass.sh``, ``scripts/node_bundle.sh``);
 - ``scripts/main.sh``: the command the script execs, read from the script, with the documented arguments, as above.
 
 Placeholders in the docs (``outputs/meta_...``, ``<pilot dir>``, ...) are replaced by the prepared directories
@@ -101,6 +102,9 @@ UNCHECKABLE: dict[str, str] = {
     "trl": "`trl vllm-serve` starts a vLLM server, which runs until it is stopped and syncs weights over NCCL (a GPU) "
            "(docs/trl_options.md)",
     "python -m pytest": "it runs test files of this suite (the CUDA ones on a GPU), which the suite itself runs",
+    "python -m pip": "it installs a node bundle's wheels on a GPU node (tests/test_node_bundle.py installs a bundle the "
+                     "same way, into a folder of its own)",
+    "export": "it sets the shell's environment for the commands after it (the node bundle's PYTHONPATH and PATH)",
 }
 #: entry points checked through their own dry run
 DRY_RUN = ("python -m meta.run", "python -m meta.pilot", "python -m meta.tune", "python -m meta.stage")
@@ -110,6 +114,8 @@ RUN_ON_PREPARED = ("python -m meta.status", "python -m meta.export", "python -m 
 #: entry points whose whole run is their work (tests/test_fingerprint.py runs it): their arguments are checked
 PARSE_ONLY = ("python -m inner_loop.fingerprint",)
 MAIN_SH_EXEC = re.compile(r'^exec \.venv/bin/python -m (\S+) "\$@"$', re.MULTILINE)
+#: a script of scripts/ that runs a Python script of scripts/ with its arguments (its parser is checked, as a bench's)
+SCRIPT_EXEC = re.compile(r'^exec "\$PY" (scripts/\S+\.py) "\$@"$', re.MULTILINE)
 SANDBOX_OVERRIDE = "+task.sandbox.require_isolation=true"
 
 
@@ -229,7 +235,13 @@ def program_of(tokens: list[str]) -> Program:
 
 
 def delegated(program: Program) -> Program:
-    """scripts/main.sh runs set-up, then execs one entry point with its arguments: that entry point."""
+    """scripts/main.sh runs set-up, then execs one entry point with its arguments: that entry point. A script that
+    execs a Python script of scripts/ with its arguments (``exec "$PY" scripts/x.py "$@"``): that script."""
+    script = ROOT / program.name
+    if program.name.startswith("scripts/") and program.name.endswith(".sh") and script.is_file():
+        found = SCRIPT_EXEC.findall(script.read_text())
+        if found:
+            return Program(f"python {found[0]}", program.args, program.env)
     if program.name != "scripts/main.sh":
         return program
     (module,) = MAIN_SH_EXEC.findall((ROOT / "scripts" / "main.sh").read_text())
@@ -371,7 +383,7 @@ def check(command: Documented, prepared: Prepared, monkeypatch: pytest.MonkeyPat
 def _prepare_program(command: Documented, program: Program, outcome: Outcome,
                      patch: pytest.MonkeyPatch) -> tuple[str | None, Path | None]:
     """(module, script) to run for ``program``, with the stand-ins that stop it before its work patched in."""
-    if program.name.startswith("python bench/") or program.name in PARSE_ONLY:
+    if program.name.startswith(("python bench/", "python scripts/")) or program.name in PARSE_ONLY:
         parse_args = argparse.ArgumentParser.parse_args
 
         def parse_then_stop(self: argparse.ArgumentParser, *a: Any, **k: Any) -> argparse.Namespace:
