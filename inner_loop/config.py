@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from results.store.config_nodes import plain, refuse_unknown_keys, typed_node
 from results.store.member_keys import MEMBER_GPU_MEMORY_KEY, MEMBER_GPU_SHARERS_KEY
-from inner_loop.numerics import NUMERICS_MODES, PINNED_THREADS
+from inner_loop.numerics.pinned import NUMERICS_MODES, PINNED_THREADS
 
 T = TypeVar("T")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from meta.config import CONF_DIR, ConfigError, derive_inner_timeout, derive_member_time, member_sharing
-from meta.resume import NEW_KEY
+from meta.search.resume import NEW_KEY
 from results.store.config_nodes import check_group_choice, checked_overrides, config_groups
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, MutableMapping, Sequence
 
-from meta.early_stop import EarlyStopConfig, EarlyStopError, check_early_stop
+from meta.search.early_stop import EarlyStopConfig, EarlyStopError, check_early_stop
 from results.store.gpu_time import GpuSharing, gpu_sharing
 from results.store.records import gpus_entry
 from results.store.config_nodes import plain, refuse_unknown_keys
@@ -106,7 +106,7 @@ class SearchConfig:
 
     def center(self) -> "torch.Tensor":
         """The search's starting centre (meta/init.py): ``init`` and ``seed`` read through ``param_transform``."""
-        from meta.init import initial_center
+        from meta.search.init import initial_center
 
         return initial_center(self.init, self.seed, self.param_transform)
 

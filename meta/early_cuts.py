@@ -33,9 +33,9 @@ from typing import Any, Sequence
 import torch
 import yaml
 
-from meta.early_stop import EarlyStopConfig, EarlyStopJudge, update_fitness
+from meta.search.early_stop import EarlyStopConfig, EarlyStopJudge, update_fitness
 from meta.config import param_transform_of
-from meta.init import initial_center
+from meta.search.init import initial_center
 from meta.searchers import build_searcher
 from results.store.intermediate import read_intermediate
 from results.store.records import read_result

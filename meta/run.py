@@ -32,11 +32,11 @@ from meta.config import (
     build_search_config,
     config_hash,
 )
-from meta.baselines import transfer_tasks
+from meta.after.baselines import transfer_tasks
 from meta.cli_args import run_command
 from meta.compose import compose, merge_overrides
-from meta.resume import NEW_KEY, check_job_namespace, check_resume, open_run_dir, run_dir_label
-from meta.staging import preflight_run, stage_run
+from meta.search.resume import NEW_KEY, check_job_namespace, check_resume, open_run_dir, run_dir_label
+from meta.search.staging import preflight_run, stage_run
 from results.store.provenance import code_version
 from results.store.run_store import RunStore
 
@@ -127,10 +127,10 @@ def write_run_files(store: RunStore, raw: dict[str, Any], manifest: dict[str, An
 def run(argv: Sequence[str]) -> int:
     from launch.factory import build_launcher
     from launch.runner import AbortRun
-    from meta.lock import run_locked
-    from meta.orchestrator import Orchestrator
-    from meta.reevaluate import ReevaluationError, run_reevaluation
-    from meta.reporting import check_rows
+    from meta.search.lock import run_locked
+    from meta.search.orchestrator import Orchestrator
+    from meta.after.reevaluate import ReevaluationError, run_reevaluation
+    from meta.after.reporting import check_rows
     from results.report.result_table import render_markdown
     from results.report.search import format_noise
     from results.report.snapshot import load_run

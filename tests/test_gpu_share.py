@@ -16,16 +16,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import inner_loop.member as member
-import inner_loop.run_setup as run_setup
+import inner_loop.member.lifecycle as member
+import inner_loop.training.setup as run_setup
 from conf_groups import load_group
 from inner_loop.config import InnerConfig
 from inner_loop.generation.backends import HF_GENERATE, VLLM_COLOCATE
 from inner_loop.generation.engine_start import engine_start_lock_path, engine_start_turn
-from inner_loop.gpu_share import apply_memory_share, engine_start_turn_for, out_of_memory_reason
+from inner_loop.member.gpu_share import apply_memory_share, engine_start_turn_for, out_of_memory_reason
 from inner_loop.grpo.args import build_grpo_config
-from inner_loop.member import train_member
-from inner_loop.run_setup import validate_inner
+from inner_loop.member.lifecycle import train_member
+from inner_loop.training.setup import validate_inner
 from results.store.member_keys import MEMBER_GPU_MEMORY_KEY, MEMBER_GPU_SHARERS_KEY
 from results.store.records import read_result
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from inner_loop.member_entry import train_member
+from inner_loop.member.entry import train_member
 from results.report.paired import mean_interval
 from results.store.provenance import read_run_manifest
 from results.store.records import ResultRecord

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import inner_loop.member as member
-import inner_loop.run_setup as run_setup
-from inner_loop.member import train_member
+import inner_loop.member.lifecycle as member
+import inner_loop.training.setup as run_setup
+from inner_loop.member.lifecycle import train_member
 from results.store.provenance import read_run_manifest
 from results.store.records import read_result
 from conf_groups import load_group

@@ -15,7 +15,7 @@ from tokenizers.processors import TemplateProcessing
 from trl import GRPOConfig, GRPOTrainer
 
 from inner_loop.config import ModelConfig
-from inner_loop.evaluate import _response_lengths, encode_prompts, generate
+from inner_loop.training.evaluate import _response_lengths, encode_prompts, generate
 from inner_loop.models.loading import load_policy
 from inner_loop.models.prompts import eos_token_ids, format_prompt
 from inner_loop.models.smollm2 import smollm2_model_dir

@@ -108,7 +108,7 @@ def test_an_ok_member_run_through_the_wrapper_writes_its_result_once(tmp_path, r
 
 def test_a_single_run_without_the_wrapper_still_writes_its_result_once(tmp_path, result_writes):
     """`python -m inner_loop.run` calls train_member directly: the member's own write is its only one."""
-    from inner_loop.member import train_member
+    from inner_loop.member.lifecycle import train_member
 
     spec = {"run_id": "single", "generation": 0, "index": 0, "seed": 0, "params": [],
             "work_dir": str(tmp_path / "run"), "inner": _tiny_inner()}

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from results.store import file_lock
-from meta.lock import RunLock, RunLockedError
+from meta.search.lock import RunLock, RunLockedError
 from meta.run import main
 from results.store.run_store import RunStore
 

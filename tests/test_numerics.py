@@ -14,15 +14,15 @@ from pathlib import Path
 import pytest
 
 from conf_groups import load_group
-import inner_loop.numerics as numerics
+import inner_loop.numerics.pinned as numerics
 from inner_loop.config import InnerConfig, ModelConfig
-from inner_loop.warmup import cpu_capabilities, warmup_key
+from inner_loop.training.warmup import cpu_capabilities, warmup_key
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(not numerics.can_pin(), reason="pinned numerics need a CPU with AVX2 and FMA")
 
-_REPORT = "import json; from inner_loop import numerics; print(json.dumps(numerics.in_force().as_dict()))"
-_PIN_THEN_REPORT = "from inner_loop import numerics; numerics.pin_this_process(); " + _REPORT
+_REPORT = "import json; from inner_loop.numerics import pinned as numerics; print(json.dumps(numerics.in_force().as_dict()))"
+_PIN_THEN_REPORT = "from inner_loop.numerics import pinned as numerics; numerics.pin_this_process(); " + _REPORT
 
 
 def _state(code: str, **env: str) -> dict:
@@ -92,7 +92,7 @@ def test_the_member_entry_decides_before_torch_or_vllm_is_loaded():
 
 _JOB_PROCESS = """
 import json, sys, importlib.util
-from inner_loop.member_entry import train_member
+from inner_loop.member.entry import train_member
 spec = {"run_id": "r", "generation": 0, "index": 0, "seed": 0, "params": [], "work_dir": sys.argv[1],
         "inner": {"model": {"name": "no_such_model"}, "train": {}, "task": {"name": "arith"}, "divergence": {}}}
 record = train_member(spec)

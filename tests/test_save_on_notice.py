@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-import inner_loop.numerics as numerics
-from inner_loop.checkpoints import checkpoint_folders
+import inner_loop.numerics.pinned as numerics
+from inner_loop.training.checkpoints import checkpoint_folders
 from results.store.progress import read_progress
 from results.store.records import read_result
 from conf_groups import load_group

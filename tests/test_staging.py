@@ -19,7 +19,7 @@ import pytest
 
 from inner_loop.config import ModelConfig
 from inner_loop.models.tiny import build_tiny_model, build_tiny_tokenizer
-from inner_loop.staging import hub_references, stage_inner
+from inner_loop.member.staging import hub_references, stage_inner
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -226,7 +226,7 @@ def test_a_member_process_reading_nothing_from_the_hub_goes_offline_without_impo
 
 
 def test_the_pilot_stages_as_the_search_does(tmp_path, capsys, offline):
-    from meta.pilot import main
+    from meta.pilot.cli import main
 
     run_dir = tmp_path / "pilot"
     assert main([*SEARCH, f"stage.cache_dir={tmp_path / 'empty-cache'}", f"run_dir={run_dir}", "dry_run=true"]) == 2
@@ -260,8 +260,8 @@ def test_transfer_datasets_are_staged_pinned_and_read_offline_by_the_reporting_r
                                                                                    monkeypatch):
     """meta.run's staging pins the transfer task's dataset with the run's own; the reporting rows read the pinned
     snapshot, and the member's own loading code (inner_loop.run_setup.prepare) reads it with the hub offline."""
-    from inner_loop.run_setup import prepare as prepare_member
-    from meta.reporting import _rows
+    from inner_loop.training.setup import prepare as prepare_member
+    from meta.after.reporting import _rows
     from meta.run import prepare, write_run_files
 
     import datasets

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from inner_loop.member_entry import train_member
+from inner_loop.member.entry import train_member
 from launch.runner import MemberArrayRunner, RunnerPolicy
 from launch.slurm.launcher import SlurmLauncher
 from results.store.progress import read_progress

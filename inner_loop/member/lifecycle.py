@@ -19,17 +19,17 @@ from typing import Any, Mapping
 
 import torch
 
-import inner_loop.numerics as numerics
-import inner_loop.notice as notice
-from inner_loop.checkpoints import last_checkpoint, settle_after_final, settle_checkpoints
-from inner_loop.device import DeviceUnavailableError, require_device
-from inner_loop.evaluate import EvalResult, evaluate, evaluation_entry
-from inner_loop.final_model import save_final_model
-from inner_loop.gpu_share import apply_memory_share
-from inner_loop.intermediate_eval import IntermediateEvalCallback
-from inner_loop.member_records import record_failure, record_success
-from inner_loop.preflight import record_node_failure, run_preflight
-from inner_loop.run_setup import ExtraRun, PreparedRun, build_trainer, prepare, validate_inner
+import inner_loop.numerics.pinned as numerics
+import inner_loop.member.notice as notice
+from inner_loop.training.checkpoints import last_checkpoint, settle_after_final, settle_checkpoints
+from inner_loop.member.device import DeviceUnavailableError, require_device
+from inner_loop.training.evaluate import EvalResult, evaluate, evaluation_entry
+from inner_loop.training.final_model import save_final_model
+from inner_loop.member.gpu_share import apply_memory_share
+from inner_loop.training.intermediate_eval import IntermediateEvalCallback
+from inner_loop.member.records import record_failure, record_success
+from inner_loop.member.preflight import record_node_failure, run_preflight
+from inner_loop.training.setup import ExtraRun, PreparedRun, build_trainer, prepare, validate_inner
 from inner_loop.grpo.trainer import MirrorGRPOTrainer
 from results.store.layout import FINAL_MODEL_DIR  # a single run's trained model, whatever keep_checkpoints says
 from results.store.provenance import build_run_manifest, write_run_manifest

@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
-import inner_loop.numerics as numerics
+import inner_loop.numerics.pinned as numerics
 
 logger = logging.getLogger("inner_loop.fingerprint")
 
@@ -65,10 +65,10 @@ def fingerprint(work_root: Path) -> dict[str, Any]:
 
     Must run in a process pinned before torch was imported (``main`` does that)."""
     os.environ["MIRROR_ES_CACHE"] = str(work_root / "cache")
-    from inner_loop.member import train_member
+    from inner_loop.member.lifecycle import train_member
     from inner_loop.models.loading import resolve_model_dir
-    from inner_loop.run_setup import prepare
-    from inner_loop.warmup import read_warmup_outcome, warmed_model_dir
+    from inner_loop.training.setup import prepare
+    from inner_loop.training.warmup import read_warmup_outcome, warmed_model_dir
 
     spec = _inner_spec(work_root / "run")
     run = prepare(spec["inner"], seed=spec["seed"])

@@ -32,9 +32,9 @@ from pathlib import Path
 
 import torch
 
-import inner_loop.numerics as numerics
+import inner_loop.numerics.pinned as numerics
 from inner_loop.config import ModelConfig
-from inner_loop.evaluate import evaluate
+from inner_loop.training.evaluate import evaluate
 from inner_loop.models.cache import build_once, cache_root, config_digest
 from inner_loop.models.loading import load_policy
 from inner_loop.tasks.base import Problem, Task

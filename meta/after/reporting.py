@@ -16,11 +16,11 @@ import logging
 from typing import Any, Sequence
 
 from launch.base import Launcher
-from meta.baselines import EXPORTED, ReportRow, build_rows, verdict_roles
+from meta.after.baselines import EXPORTED, ReportRow, build_rows, verdict_roles
 from meta.config import ConfigError, ReevaluateConfig, SearchConfig
-from meta.phase import run_phase
-from meta.seeding import member_seed
-from meta.staging import staged_inner
+from meta.after.phase import run_phase
+from meta.search.seeding import member_seed
+from meta.search.staging import staged_inner
 from results.report.result_table import build_table, write_table_files
 from results.store.layout import member_dir_name
 from results.store.records import MemberSpec

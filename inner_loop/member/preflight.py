@@ -21,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from inner_loop.compute_mode import sharing_refusal
+from inner_loop.member.compute_mode import sharing_refusal
 from inner_loop.sandbox.isolation import counts_whole_user, user_tasks
 from results.store.atomic import atomic_write_json
 from results.store.layout import PREFLIGHT_FILE

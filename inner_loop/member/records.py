@@ -13,12 +13,12 @@ import traceback
 from pathlib import Path
 from typing import Any, Mapping
 
-from inner_loop.checkpoints import DiskUsageCallback, dir_bytes
+from inner_loop.training.checkpoints import DiskUsageCallback, dir_bytes
 from inner_loop.config import InnerConfig
-from inner_loop.device import with_peak_memory
-from inner_loop.diagnostics import diagnostics_from_history
-from inner_loop.evaluate import EvalResult
-from inner_loop.gpu_share import out_of_memory_reason
+from inner_loop.member.device import with_peak_memory
+from inner_loop.training.diagnostics import diagnostics_from_history
+from inner_loop.training.evaluate import EvalResult
+from inner_loop.member.gpu_share import out_of_memory_reason
 from inner_loop.loss.regularizers import warn_if_inert
 from inner_loop.grpo.trainer import MirrorGRPOTrainer, NonFiniteLossError
 from results.store.records import ResultRecord, write_final_result

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import yaml
 
-from meta.baselines import EXPORTED
+from meta.after.baselines import EXPORTED
 from meta.cli_args import key_values, run_command
 from meta.config import ConfigError, config_hash, param_transform_of
 from results.store.run_store import RunStore

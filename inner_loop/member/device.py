@@ -108,7 +108,7 @@ def describe_device() -> dict[str, Any]:
     CPU: ``cpu`` and the CPU's model name."""
     import torch
 
-    from inner_loop.numerics import cpu_name
+    from inner_loop.numerics.pinned import cpu_name
 
     info: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda}
     if torch.cuda.is_available():

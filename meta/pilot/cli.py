@@ -48,8 +48,8 @@ from meta.config import (
     check_member_launch,
     member_sharing,
 )
-from meta.resume import NEW_KEY, check_resume, open_run_dir, run_dir_label
-from meta.staging import stage_run
+from meta.search.resume import NEW_KEY, check_resume, open_run_dir, run_dir_label
+from meta.search.staging import stage_run
 from results.report.pilot import CENTRE, MINUS, PILOT_KIND, PLUS, member_index
 from results.store.config_nodes import refuse_unknown_keys
 from results.store.layout import JOBS_FILE, LAUNCHER_DIR, member_dir_name
@@ -258,8 +258,8 @@ def make_plan(prepared: Prepared) -> dict[str, Any]:
     """Centre, directions, seeds, combinations and every run's role and work dir: the pilot's fixed design."""
     import torch
 
-    from meta.init import VECTOR_LENGTH
-    from meta.seeding import generator, member_seed
+    from meta.search.init import VECTOR_LENGTH
+    from meta.search.seeding import generator, member_seed
 
     cfg, pilot, store = prepared.cfg, prepared.pilot, prepared.store
     centre = cfg.center().to(torch.float64)
@@ -466,8 +466,8 @@ def export_preset(summary: Mapping[str, Any], prepared: Prepared, out: str | Pat
 def run(argv: Sequence[str]) -> int:
     from launch.factory import build_launcher
     from launch.runner import AbortRun
-    from meta.lock import run_locked
-    from meta.resume import check_job_namespace
+    from meta.search.lock import run_locked
+    from meta.search.resume import check_job_namespace
     from meta.run import write_run_files
     from results.report.pilot import format_pilot, summarize_run_dir
 

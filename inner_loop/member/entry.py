@@ -22,8 +22,8 @@ import threading
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-import inner_loop.numerics as numerics
-import inner_loop.notice as notice
+import inner_loop.numerics.pinned as numerics
+import inner_loop.member.notice as notice
 from results.store.records import MemberSpec, ResultRecord, read_result
 
 logger = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ def train_member(spec: MemberSpec | Mapping[str, Any], save_final: bool = False)
 def _train_here_or_pinned(data: dict[str, Any], save_final: bool) -> ResultRecord:
     if needs_pinned_child(data.get("inner") or {}):
         return _train_in_pinned_child(data, save_final)
-    from inner_loop.member import train_member as train
+    from inner_loop.member.lifecycle import train_member as train
 
     return train(data, save_final=save_final)
 
@@ -79,7 +79,7 @@ def settle_member_process(inner: Mapping[str, Any]) -> None:
     """A process that exists for this one member: vLLM out unless used, and offline (HF_HUB_OFFLINE,
     HF_DATASETS_OFFLINE) when the member reads nothing from the hub (a staged run: inner_loop/staging.py). Never in a
     process that may do other work later (a test session, an in-process debug member, an orchestrator)."""
-    from inner_loop.staging import go_offline, hub_references
+    from inner_loop.member.staging import go_offline, hub_references
 
     keep_vllm_out_unless_used(inner)
     try:
@@ -111,7 +111,7 @@ def _train_in_pinned_child(data: dict[str, Any], save_final: bool) -> ResultReco
         notice.attach_child(None)
     record = read_result(work_dir)
     if record is None and code != 0:
-        from inner_loop.preflight import PreflightError, preflight_failure
+        from inner_loop.member.preflight import PreflightError, preflight_failure
 
         failure = preflight_failure(work_dir)
         if failure is not None:  # the child's node failed its pre-flight: the job must end without a result too
@@ -123,28 +123,28 @@ def _train_in_pinned_child(data: dict[str, Any], save_final: bool) -> ResultReco
 
 def validate_inner(inner: Mapping[str, Any]) -> None:
     """The up-front check of a member's config (no training): see inner_loop.run_setup.validate_inner."""
-    from inner_loop.run_setup import validate_inner as validate
+    from inner_loop.training.setup import validate_inner as validate
 
     validate(inner)
 
 
 def finalize_member(spec: MemberSpec | Mapping[str, Any]) -> None:
     """See inner_loop.member.finalize_member."""
-    from inner_loop.member import finalize_member as finalize
+    from inner_loop.member.lifecycle import finalize_member as finalize
 
     finalize(spec)
 
 
 def stage_inner(inner: Mapping[str, Any], **options: Any) -> list[dict[str, Any]]:
     """What a member of ``inner`` reads from the hub, staged: see inner_loop.staging.stage_inner."""
-    from inner_loop.staging import stage_inner as stage
+    from inner_loop.member.staging import stage_inner as stage
 
     return stage(inner, **options)
 
 
 def use_staged(inner: Mapping[str, Any], pins: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     """``inner`` reading the staged snapshots ``pins`` holds: see inner_loop.staging.use_staged."""
-    from inner_loop.staging import use_staged as use
+    from inner_loop.member.staging import use_staged as use
 
     return use(inner, pins)
 
@@ -152,7 +152,7 @@ def use_staged(inner: Mapping[str, Any], pins: Iterable[Mapping[str, Any]]) -> d
 def preflight_host(inner: Mapping[str, Any], directory: str | Path, probe_sandbox: bool) -> None:
     """The members' pre-flight (inner_loop/preflight.py) on the submitting host, before the first submission:
     ValueError naming this host and the cause. ``probe_sandbox``: the members run on this host (local launchers)."""
-    from inner_loop.preflight import PreflightError, run_preflight
+    from inner_loop.member.preflight import PreflightError, run_preflight
 
     try:
         run_preflight(inner, Path(directory), probe_sandbox=probe_sandbox, member=False)

@@ -25,11 +25,11 @@ from launch.base import Launcher
 from launch.factory import runner_policy
 from launch.runner import ArrayProgress, MemberArrayRunner
 from meta.config import SearchConfig
-from meta.early_stop import STOPPED_STATUS, EarlyStopJudge, reported_score, stop_capacity, update_fitness
-from meta.generation_close import QuorumClock
-from meta.live_watch import LiveWatch, all_same_warning, format_duration
+from meta.search.early_stop import STOPPED_STATUS, EarlyStopJudge, reported_score, stop_capacity, update_fitness
+from meta.search.generation_close import QuorumClock
+from meta.search.live_watch import LiveWatch, all_same_warning, format_duration
 from meta.searchers import Searcher, build_searcher
-from meta.seeding import member_seed
+from meta.search.seeding import member_seed
 from results.store.gpu_share import read_gpu_share, share_text
 from results.store.records import (MEMBER_SEEDS_KEY, NODE_FAILED, UNMEASURED_STATUSES, MemberSpec, ResultRecord,
                                    device_text, read_result)

@@ -23,8 +23,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
-from meta.live_watch import format_duration
-from meta.status_rows import (eta_text, gpu_hours, gpu_use, member_rows, orchestrator_line, row_line,
+from meta.search.live_watch import format_duration
+from meta.status.rows import (eta_text, gpu_hours, gpu_use, member_rows, orchestrator_line, row_line,
                               rows_eta, slurm_parallelism, state_summary)
 from results.report.arguments import run_dir_argument
 from results.report.pilot import is_pilot_dir
@@ -43,7 +43,7 @@ def _other_view(store: RunStore) -> Callable[[str | Path, bool, float | None], s
     """The view of a pilot or a tuning, picked by the run dir's kind; None for a search (its manifest has no kind).
     ValueError for a run dir of any other kind, which the search's view would misread."""
     if is_pilot_dir(store.root):  # manifest kind "pilot" (or its plan, should the manifest be unreadable)
-        from meta.pilot_status import render_pilot
+        from meta.pilot.status import render_pilot
 
         return render_pilot
     if read_study_file(store.root) is not None:  # a meta.tune run (manifest kind "tune"), from its study

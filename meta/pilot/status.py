@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from meta.status_rows import (GpuUse, MemberRow, eta_text, gpu_hours, gpu_use, is_final, member_rows,
+from meta.status.rows import (GpuUse, MemberRow, eta_text, gpu_hours, gpu_use, is_final, member_rows,
                               orchestrator_line, row_line, rows_eta, slurm_parallelism, state_summary)
 from results.report.pilot import CENTRE, PLUS
 from results.store.layout import JOBS_FILE

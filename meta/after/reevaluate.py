@@ -27,9 +27,9 @@ from typing import Any, Mapping, Sequence
 from launch.base import Launcher
 from meta.cli_args import key_values, run_command
 from meta.config import ConfigError, ReevaluateConfig, SearchConfig
-from meta.phase import run_phase
-from meta.reporting import run_reporting
-from meta.seeding import member_seed
+from meta.after.phase import run_phase
+from meta.after.reporting import run_reporting
+from meta.search.seeding import member_seed
 from results.report.paired import pooled_std
 from results.report.result_table import render_markdown
 from results.store.layout import member_dir_name
@@ -226,7 +226,7 @@ def _reevaluate(argv: list[str]) -> int:
     from launch.factory import build_launcher
     from launch.runner import AbortRun
     from meta.config import build_search_config
-    from meta.lock import run_locked
+    from meta.search.lock import run_locked
 
     args = parse_args(argv)
     store = RunStore(Path(args["run_dir"]).resolve())

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from launch.member import read_ledger
-from meta.live_watch import format_duration, generation_eta
-from meta.lock import RunLock
+from meta.search.live_watch import format_duration, generation_eta
+from meta.search.lock import RunLock
 from results.store.gpu_share import read_gpu_share, share_text
 from results.store.gpu_time import gpu_time_h, members_per_gpu
 from results.store.progress import MemberProgress, read_progress

@@ -139,7 +139,7 @@ def evaluation_entry(task_name: str, result: EvalResult, split: str = "test") ->
 def main(argv: Sequence[str] | None = None) -> int:
     """Score a finished run's model on a task's test split; 0 with the record written, 2 for bad input (one line,
     before any model is loaded)."""
-    from inner_loop.transfer import UsageError, load_run_model, plan_evaluation, write_evaluation
+    from inner_loop.training.transfer import UsageError, load_run_model, plan_evaluation, write_evaluation
 
     logging.basicConfig(level=os.environ.get("MIRROR_ES_LOG_LEVEL", "INFO"),
                         format="%(levelname)s %(name)s: %(message)s")

@@ -11,15 +11,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from inner_loop.checkpoints import CHECKPOINT_DIR, DiskUsageCallback, SaveOnNoticeCallback
-from inner_loop.progress_log import ProgressFileCallback, tensorboard_callback
+from inner_loop.training.checkpoints import CHECKPOINT_DIR, DiskUsageCallback, SaveOnNoticeCallback
+from inner_loop.training.progress_log import ProgressFileCallback, tensorboard_callback
 from inner_loop.config import ExtraEvaluation, InnerConfig
 from inner_loop.generation.backends import generation_backend
 from inner_loop.generation.continuous_batching import member_continuous_batching_config
 from inner_loop.generation.decode_step import member_decode_buckets
 from inner_loop.generation.memory import member_gpu_budget_bytes
 from inner_loop.generation.vllm_colocate import member_vllm_max_model_length
-from inner_loop.gpu_share import engine_start_turn_for
+from inner_loop.member.gpu_share import engine_start_turn_for
 from inner_loop.grpo.args import build_grpo_config, check_grpo_config
 from inner_loop.models.loading import load_policy, resolve_model_dir
 from inner_loop.loss.policy_terms import PolicyParams
@@ -28,7 +28,7 @@ from inner_loop.loss.regularizers import Regularizer, build_regularizer
 from inner_loop.tasks import build_task, check_disjoint
 from inner_loop.tasks.base import Problem, Task
 from inner_loop.grpo.trainer import MirrorGRPOTrainer
-from inner_loop.warmup import warmed_model_dir
+from inner_loop.training.warmup import warmed_model_dir
 from mirror_maps import VECTOR_LENGTH
 
 

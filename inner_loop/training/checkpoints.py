@@ -17,7 +17,7 @@ from typing import Any, Mapping
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
-import inner_loop.notice as notice
+import inner_loop.member.notice as notice
 from inner_loop.config import KEEP_CHECKPOINTS, InnerConfig
 # the Trainer's output_dir in a member's work dir, and where a checkpoint goes while it is deleted (re-exported)
 from results.store.layout import CHECKPOINT_DIR
