@@ -66,7 +66,7 @@ def main(cfg: DictConfig) -> None:
 
     try:
         record = train_member(spec, save_final=True)
-    except PreflightError as exc:  # this node cannot run it (inner_loop/preflight.py): one line, not a traceback
+    except PreflightError as exc:  # this node cannot run it (inner_loop/member/preflight.py): one line, not a traceback
         logger.error("%s", exc)
         sys.exit(1)
     print(json.dumps(record.to_dict(), indent=2))

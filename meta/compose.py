@@ -88,7 +88,7 @@ def _override_key(override: str) -> str:
 
 
 def merge_overrides(old: Sequence[str], new: Sequence[str]) -> list[str]:
-    """Old overrides with those re-set in ``new`` replaced (later wins), run_dir and new (meta/resume.py) dropped."""
+    """Old overrides with those re-set in ``new`` replaced (later wins), run_dir and new (meta/search/resume.py) dropped."""
     merged: dict[str, str] = {}
     for override in [*old, *new]:
         key = _override_key(override)

@@ -11,7 +11,7 @@ round(f x train.steps), an intermediate validation step) and margin k:
 - the plain false-cut rate: of the members the update weighs (the top N - floor(N/2) by final fitness), the share
   that were below the median early (what a cut at the median alone would lose), with a Clopper-Pearson 95% interval
   over the members measured;
-- the rule (meta/early_stop.py, every member reported, margin k x noise): the members it stops, the share of them
+- the rule (meta/search/early_stop.py, every member reported, margin k x noise): the members it stops, the share of them
   that were in fact weighed (false cuts), the training it saves, and per searcher (snes with nes ranking, cem with
   parenthood 0.5) the cosine between the centre's update with the stopped members at the bottom and the update
   from the final scores (1.0: the same direction; exact when no cut was false);

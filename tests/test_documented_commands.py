@@ -391,11 +391,11 @@ def _prepare_program(command: Documented, program: Program, outcome: Outcome,
             outcome.trained.append(spec)
             return _Validated(spec)
 
-        patch.setattr(inner_loop.member_entry, "train_member", record)
+        patch.setattr(inner_loop.member.entry, "train_member", record)
     elif module == "inner_loop.evaluate":
         import inner_loop.training.transfer
 
-        plan_evaluation = inner_loop.transfer.plan_evaluation
+        plan_evaluation = inner_loop.training.transfer.plan_evaluation
 
         def plan_and_record(argv: Any) -> Any:
             outcome.evaluation = plan_evaluation(argv)
@@ -404,8 +404,8 @@ def _prepare_program(command: Documented, program: Program, outcome: Outcome,
         def stop(run: Any) -> Any:
             raise ReachedWork(run)
 
-        patch.setattr(inner_loop.transfer, "plan_evaluation", plan_and_record)
-        patch.setattr(inner_loop.transfer, "load_run_model", stop)
+        patch.setattr(inner_loop.training.transfer, "plan_evaluation", plan_and_record)
+        patch.setattr(inner_loop.training.transfer, "load_run_model", stop)
     elif program.name == "python -m meta.status" and any(a.startswith("--watch") for a in program.args):
         def interrupt(seconds: float) -> None:
             raise KeyboardInterrupt

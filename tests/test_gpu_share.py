@@ -104,7 +104,7 @@ def test_a_member_out_of_gpu_memory_fails_alone_naming_its_share(tmp_path, monke
                                    "lower train.batch_size or train.max_completion_length, or set "
                                    "resources.members_per_gpu=1. OutOfMemoryError: CUDA out of memory. Tried to "
                                    "allocate 2.00 GiB [at "), record.error
-    assert "in load_policy <- inner_loop/run_setup.py:" in record.error  # the traceback's tail
+    assert "in load_policy <- inner_loop/training/setup.py:" in record.error  # the traceback's tail
     assert record.device[MEMBER_GPU_MEMORY_KEY] == 0.5 and record.device[MEMBER_GPU_SHARERS_KEY] == 2
     assert read_result(work) == record
 

@@ -147,7 +147,7 @@ def test_evaluation_formats_prompts_with_the_chat_template_kwargs(monkeypatch):
         seen.extend(texts)
         return real(tokenizer, texts)
 
-    monkeypatch.setattr("inner_loop.evaluate.encode_prompts", spy)
+    monkeypatch.setattr("inner_loop.training.evaluate.encode_prompts", spy)
     generate(model, tok, [PROMPT], max_new_tokens=1, batch_size=1, chat_template=True,
              chat_template_kwargs={"enable_thinking": False})
     assert seen == [format_prompt(tok, PROMPT, True, {"enable_thinking": False})]

@@ -244,7 +244,7 @@ def test_bad_input_exits_2_with_one_line_before_any_model_is_loaded(tmp_path, ca
     elif case != "none":
         work = _finished_looking_run(tmp_path, final=case != "no_final")
     argv = [a.format(work=work, missing=tmp_path / "nowhere") for a in args]
-    with caplog.at_level(logging.ERROR, logger="inner_loop.evaluate"):
+    with caplog.at_level(logging.ERROR, logger="inner_loop.training.evaluate"):
         assert main(argv) == 2
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and "\n" not in errors[0] and message in errors[0], errors

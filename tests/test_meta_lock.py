@@ -1,4 +1,4 @@
-"""The run lock (meta/lock.py) on filesystems without flock and with an orchestrator on another host."""
+"""The run lock (meta/search/lock.py) on filesystems without flock and with an orchestrator on another host."""
 from __future__ import annotations
 
 import errno

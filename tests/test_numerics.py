@@ -1,4 +1,4 @@
-"""Pinned CPU numerics (inner_loop/numerics.py): what a tiny-preset run computes with, whoever starts it.
+"""Pinned CPU numerics (inner_loop/numerics/pinned.py): what a tiny-preset run computes with, whoever starts it.
 
 The settings only take effect in a process that starts with them, so these tests look at fresh processes: the
 state torch and MKL report there, and a member asked for from this (unpinned) test process."""
@@ -83,7 +83,7 @@ def test_a_warmed_model_is_cached_under_the_numerics_it_was_built_with():
 def test_the_member_entry_decides_before_torch_or_vllm_is_loaded():
     """The entry point must not load torch (the pinning would come too late) nor vLLM (TRL imports it whenever it is
     installed: seconds per member process) before it has read the member's config."""
-    code = ("import sys, inner_loop.member_entry as entry; entry.keep_vllm_out_unless_used({'train': {}}); "
+    code = ("import sys, inner_loop.member.entry as entry; entry.keep_vllm_out_unless_used({'train': {}}); "
             "import importlib.util as u; print('torch' in sys.modules, u.find_spec('vllm') is None)")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]

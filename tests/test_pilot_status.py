@@ -1,4 +1,4 @@
-"""``python -m meta.status`` on a pilot run dir (meta/pilot_status.py): a real pilot of synthetic members, finished
+"""``python -m meta.status`` on a pilot run dir (meta/pilot/status.py): a real pilot of synthetic members, finished
 and, in a copy, as a pilot in flight shows it (a run running, one failed, one queued, one not submitted); a pilot
 killed before its plan; --watch; and exit 2 for a directory that is neither a search, a tuning nor a pilot."""
 from __future__ import annotations

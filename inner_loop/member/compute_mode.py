@@ -4,7 +4,7 @@ Why: HPC sites often run their GPUs in EXCLUSIVE_PROCESS mode (one CUDA context 
 There the second member process on a card cannot create its context and fails in its trainer's setup, every time,
 after its partner has loaded: half of every generation charged ``fitness_on_failure`` for the node's setting. Read
 here (``nvidia-smi``, the driver's own tool, no extra package), the pre-flight refuses the node with the reason and
-the fix instead (inner_loop/preflight.py).
+the fix instead (inner_loop/member/preflight.py).
 
 With an MPS server (its control pipe in ``CUDA_MPS_PIPE_DIRECTORY``, default ``/tmp/nvidia-mps``) every client shares
 the server's one context, so EXCLUSIVE_PROCESS is fine. ``PROHIBITED`` allows no context at all.

@@ -1,6 +1,6 @@
 """The member process's entry point (``inner.entrypoint``): the numerics a run asks for, then `train_member`.
 
-A run with ``model.cpu_numerics: pinned`` must compute under the pinned settings (inner_loop/numerics.py), which
+A run with ``model.cpu_numerics: pinned`` must compute under the pinned settings (inner_loop/numerics/pinned.py), which
 only take effect in a process that starts with them. Unless this process did (it is such a child, or torch runs
 here under the pinned settings already), the member trains in a child process started with them, and its record is
 returned here. The process that calls this stays light (this module imports no torch), so a launched member pays one
@@ -9,7 +9,7 @@ it: TRL imports vLLM whenever it is installed, seconds per process.
 
 Runs with native numerics (every GPU preset) train in this process, as before.
 
-In a SLURM array task it also handles the job's end notices (inner_loop/notice.py): SIGTERM or the time-limit
+In a SLURM array task it also handles the job's end notices (inner_loop/member/notice.py): SIGTERM or the time-limit
 USR2 makes the trainer (here or in the pinned child, to which the notice is forwarded) save a checkpoint at the end
 of its step before submitit requeues the job or the process exits.
 """
@@ -77,7 +77,7 @@ def _train_here_or_pinned(data: dict[str, Any], save_final: bool) -> ResultRecor
 
 def settle_member_process(inner: Mapping[str, Any]) -> None:
     """A process that exists for this one member: vLLM out unless used, and offline (HF_HUB_OFFLINE,
-    HF_DATASETS_OFFLINE) when the member reads nothing from the hub (a staged run: inner_loop/staging.py). Never in a
+    HF_DATASETS_OFFLINE) when the member reads nothing from the hub (a staged run: inner_loop/member/staging.py). Never in a
     process that may do other work later (a test session, an in-process debug member, an orchestrator)."""
     from inner_loop.member.staging import go_offline, hub_references
 
@@ -122,35 +122,35 @@ def _train_in_pinned_child(data: dict[str, Any], save_final: bool) -> ResultReco
 
 
 def validate_inner(inner: Mapping[str, Any]) -> None:
-    """The up-front check of a member's config (no training): see inner_loop.run_setup.validate_inner."""
+    """The up-front check of a member's config (no training): see inner_loop.training.setup.validate_inner."""
     from inner_loop.training.setup import validate_inner as validate
 
     validate(inner)
 
 
 def finalize_member(spec: MemberSpec | Mapping[str, Any]) -> None:
-    """See inner_loop.member.finalize_member."""
+    """See inner_loop.member.lifecycle.finalize_member."""
     from inner_loop.member.lifecycle import finalize_member as finalize
 
     finalize(spec)
 
 
 def stage_inner(inner: Mapping[str, Any], **options: Any) -> list[dict[str, Any]]:
-    """What a member of ``inner`` reads from the hub, staged: see inner_loop.staging.stage_inner."""
+    """What a member of ``inner`` reads from the hub, staged: see inner_loop.member.staging.stage_inner."""
     from inner_loop.member.staging import stage_inner as stage
 
     return stage(inner, **options)
 
 
 def use_staged(inner: Mapping[str, Any], pins: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """``inner`` reading the staged snapshots ``pins`` holds: see inner_loop.staging.use_staged."""
+    """``inner`` reading the staged snapshots ``pins`` holds: see inner_loop.member.staging.use_staged."""
     from inner_loop.member.staging import use_staged as use
 
     return use(inner, pins)
 
 
 def preflight_host(inner: Mapping[str, Any], directory: str | Path, probe_sandbox: bool) -> None:
-    """The members' pre-flight (inner_loop/preflight.py) on the submitting host, before the first submission:
+    """The members' pre-flight (inner_loop/member/preflight.py) on the submitting host, before the first submission:
     ValueError naming this host and the cause. ``probe_sandbox``: the members run on this host (local launchers)."""
     from inner_loop.member.preflight import PreflightError, run_preflight
 

@@ -34,14 +34,14 @@ VLLM_MEMORY_ERRORS = {
 }
 #: what to change when torch's allocator ran out within the share
 TORCH_MEMORY_FIX = "lower train.batch_size or train.max_completion_length"
-_PROJECT_ROOT = str(Path(__file__).resolve().parents[1])
+_PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
 #: frames of the traceback kept in a record's error (the full traceback is in the member's log)
 TRACEBACK_FRAMES = 3
 
 
 def apply_memory_share(device: Mapping[str, Any], fraction: float, sharers: int) -> dict[str, Any]:
     """On CUDA, cap this process's torch allocations at ``fraction`` of its GPU (when below 1) and return ``device``
-    (inner_loop/device.py's record of it) with the share and the members sharing the card; elsewhere ``device``
+    (inner_loop/member/device.py's record of it) with the share and the members sharing the card; elsewhere ``device``
     unchanged. Call it before the model loads: the cap applies to allocations made after it."""
     info = dict(device)
     if info.get("type") != "cuda":

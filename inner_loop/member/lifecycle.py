@@ -4,7 +4,7 @@ This is the function the ES orchestrator runs for every population member, possi
 same member (requeue after preemption, retries, orchestrator resume). So: a final result.json is returned as
 is, a partial run continues from its newest TRL checkpoint in the work dir, and every way of failing ends in
 a written record with a status and a reason - never a NaN fitness. Once the result is final, the member's
-checkpoints follow ``train.keep_checkpoints`` (inner_loop/checkpoints.py) and the record carries its peak disk use.
+checkpoints follow ``train.keep_checkpoints`` (inner_loop/training/checkpoints.py) and the record carries its peak disk use.
 
 This module is the lifecycle only, readable top to bottom; each step's work lives in its own module:
 run_setup (config, data, trainer), checkpoints (resume and cleanup), member_records (the result record),
@@ -48,13 +48,13 @@ def _as_spec(spec: MemberSpec | Mapping[str, Any]) -> MemberSpec:
 
 def _numerics_for(run: PreparedRun) -> dict[str, Any]:
     """The CPU numerics this member computes with (named in its run manifest). A pinned config reaches here in
-    a pinned process through inner_loop.member_entry; called directly from a process with other numerics, it
+    a pinned process through inner_loop.member.entry; called directly from a process with other numerics, it
     runs with those, and says so."""
     if run.cfg.model.cpu_numerics == "pinned" and numerics.can_pin():
         if numerics.pinned_in_force():
             return numerics.enter_pinned().as_dict()
         logger.warning("model.cpu_numerics=pinned, but this process was started with other numerics (call "
-                       "inner_loop.member_entry.train_member to train in a pinned process): its numbers are this "
+                       "inner_loop.member.entry.train_member to train in a pinned process): its numbers are this "
                        "machine's own")
     return numerics.in_force().as_dict()
 
@@ -121,7 +121,7 @@ def train_member(spec: MemberSpec | Mapping[str, Any], save_final: bool = False)
                            work_dir, FINAL_MODEL_DIR)
         return existing
     # This node's own checks, before any data or model is read; a failure ends the job without a result (the
-    # launcher resubmits it and the init is not charged): inner_loop/preflight.py
+    # launcher resubmits it and the init is not charged): inner_loop/member/preflight.py
     run_preflight(spec.inner, work_dir)
     started = time.monotonic()
     trainer: MirrorGRPOTrainer | None = None

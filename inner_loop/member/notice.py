@@ -13,7 +13,7 @@ checkpoint is what the requeued run finds. The window follows the notice (result
 time-limit warning ``launcher.signal_delay_s`` less a few seconds, on a SIGTERM SLURM's KillWait less those; a
 member whose measured step is longer than its window says so when the notice comes.
 
-A pinned member trains in a child process (inner_loop/member_entry.py): the job process forwards the notice to
+A pinned member trains in a child process (inner_loop/member/entry.py): the job process forwards the notice to
 the child and waits for it to save; the child exits with ``SAVED_ON_NOTICE_EXIT``.
 
 Light on purpose (no torch): imported by every job process.

@@ -165,7 +165,7 @@ def preflight_failure(work_dir: Path) -> str | None:
 def run_preflight(inner: Mapping[str, Any], work_dir: Path, probe_sandbox: bool = True, member: bool = True) -> None:
     """Every check, the cheap ones first; PreflightError naming this node and the cause on the first failure. Where
     members run here (a member, or ``probe_sandbox`` on the submitting host), k >= 2 members per GPU also need a GPU
-    that more than one process may use (inner_loop/compute_mode.py).
+    that more than one process may use (inner_loop/member/compute_mode.py).
 
     ``member``: the checks are a member's: the outcome is kept in ``work_dir``'s PREFLIGHT_FILE (written on a failure,
     removed on a pass)."""

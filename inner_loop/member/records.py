@@ -47,7 +47,7 @@ def record_failure(work_dir: Path, stage: str, exc: Exception, trainer: MirrorGR
     else:
         logger.error("member %s failed in %s:\n%s", work_dir, stage, traceback.format_exc())
         # out of GPU memory: the record names the member's share of the card, so a packed member's failure reads
-        # as its own (inner_loop/gpu_share.py)
+        # as its own (inner_loop/member/gpu_share.py)
         reason = out_of_memory_reason(exc, device or {}) or f"{type(exc).__name__}: {exc}"
     work_dir.mkdir(parents=True, exist_ok=True)
     record = ResultRecord(

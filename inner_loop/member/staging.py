@@ -7,7 +7,7 @@ members. Staging resolves each hub reference of the inner config to one commit, 
 stage cache (an ordinary hub cache: ``huggingface_hub.snapshot_download(cache_dir=...)``), and hands back the
 snapshot's local directory, which replaces the hub name in the members' config: transformers, vLLM and
 ``datasets.load_dataset`` then all read the same local files. The pin (commit, content hash, bytes) goes into the
-run's manifest (meta/staging.py); later checks compare against it. The transfer tasks a run scores afterwards
+run's manifest (meta/search/staging.py); later checks compare against it. The transfer tasks a run scores afterwards
 (``extra_evaluations``) are staged with it: a reporting member reads their datasets from the same cache, offline.
 
 This module knows which inner-config keys name hub repositories; the outer loop only rewrites the keys it is given.

@@ -189,7 +189,7 @@ def run_pinned_child(module: str, payload: Mapping[str, Any], kill_grace_s: floa
     alarm, Ctrl-C, a cancel) stops the child first, then propagates. ``started`` is told the child's process
     (a member forwards its job's end notice to it)."""
     env = {**os.environ, **PINNED_ENV}
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
     proc = subprocess.Popen([sys.executable, "-m", module], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             env=env, preexec_fn=_die_with_parent)

@@ -193,7 +193,7 @@ class DiskUsageCallback(TrainerCallback, ExportableState):
 
 class SaveOnNoticeCallback(TrainerCallback):
     """Saves a checkpoint at the end of the step under way once the member's job was told it ends
-    (inner_loop/notice.py), then stops the run with NoticeHonoured; the requeued run resumes from that step.
+    (inner_loop/member/notice.py), then stops the run with NoticeHonoured; the requeued run resumes from that step.
 
     The save waits for the end of a rollout (``num_iterations`` optimizer steps reuse one generation's completions,
     which a checkpoint does not hold): a run resumed there repeats the uninterrupted run exactly. Put it last

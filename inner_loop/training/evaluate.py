@@ -4,7 +4,7 @@ Prompts go through the same `format_prompt` as training and completions through 
 fitness and the training reward agree by construction.
 
 Also the door of ``python -m inner_loop.evaluate work_dir=<finished run> task=<group> [task.<key>=<value> ...]``:
-a finished run's model scored on a task's test split afterwards (the finished-run side is inner_loop/transfer.py).
+a finished run's model scored on a task's test split afterwards (the finished-run side is inner_loop/training/transfer.py).
 """
 from __future__ import annotations
 

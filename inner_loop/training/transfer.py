@@ -1,5 +1,5 @@
 """A finished single run scored afterwards on a task's TEST split: ``python -m inner_loop.evaluate work_dir=<run>
-task=<group> [task.<key>=<value> ...]`` (the door is in inner_loop/evaluate.py, which does the scoring).
+task=<group> [task.<key>=<value> ...]`` (the door is inner_loop/evaluate.py; inner_loop/training/evaluate.py does the scoring).
 
 Why afterwards: a single run keeps its trained model in ``<work_dir>/final/``, so a transfer number (MBPP-trained,
 scored on HumanEval) is added to a paper table without training again. This module is the finished-run side: the
@@ -25,7 +25,7 @@ from results.store.records import read_result
 
 logger = logging.getLogger(__name__)
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 USAGE = "python -m inner_loop.evaluate work_dir=<finished run> task=<task group> [task.<key>=<value> ...]"
 #: the prefixes a Hydra override of the task node may carry (+ adds a key, ++ forces, ~ deletes)
 _TASK_OVERRIDE_PREFIXES = ("task.", "+task.", "++task.", "~task.")

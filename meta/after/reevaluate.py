@@ -6,7 +6,7 @@ Selection (seeds A): a member's fitness is one noisy training run, and the best 
 with seeds the search never used (the same seeds for every candidate: paired), and the init with the highest mean
 minus one standard error is the one ``meta.export which=best`` writes (``choose_by_lower_bound``).
 
-Reporting (seeds B, meta/reporting.py): the chosen init and every baseline retrained on other fresh seeds, used
+Reporting (seeds B, meta/after/reporting.py): the chosen init and every baseline retrained on other fresh seeds, used
 for nothing else; the result table comes from these runs only.
 
 Resumable like a generation: candidates.json is written before anything is submitted, member outcomes are files,

@@ -3,7 +3,7 @@
 Read-only like the search's status, and from the files meta.pilot writes (docs/run_directory.md "A pilot"): how many
 of the pilot's runs are final; per (radius, coef) combination its runs' states and GPU time; for every combination not
 final yet (every one with --all) one line per run in the plan's order (the centre's seeds, then each antithetic pair's
-plus and minus runs), the same rows as a search's members (meta/status_rows.py); over all runs, which share one
+plus and minus runs), the same rows as a search's members (meta/status/rows.py); over all runs, which share one
 runner, the GPU time so far and an ETA; and where the findings are.
 """
 from __future__ import annotations

@@ -8,7 +8,7 @@ re-used (never re-asked); finished members are read, live jobs re-attached, and 
 Tables are written before the state, so a crash in between only repeats idempotent table upserts.
 
 Besides the population, a generation trains a control member (index ``population``: the unperturbed centre with
-the generation's seed; recorded, never told to the searcher) and may close at its quorum (meta/generation_close.py:
+the generation's seed; recorded, never told to the searcher) and may close at its quorum (meta/search/generation_close.py:
 the decision is a file written before any cancellation, so a resume settles the same members as late).
 """
 from __future__ import annotations
@@ -361,7 +361,7 @@ class Orchestrator:
                 "generation_backend": record.generation.get("backend"),
                 # HF generate's KV cache (train.decode_cache; None with other backends): mixed caches, mixed numerics
                 "decode_cache": record.generation.get("decode_cache"),
-                # where it trained (inner_loop/device.py): a GPU's name and memory, or the CPU's; and its peak GPU use
+                # where it trained (inner_loop/member/device.py): a GPU's name and memory, or the CPU's; and its peak GPU use
                 "device": device_text(record.device),
                 "peak_gpu_memory_bytes": record.device.get("peak_memory_bytes"),
                 # the task and GPU it shared with other members (resources.members_per_gpu >= 2; "" alone): its time,

@@ -24,6 +24,8 @@ logger = logging.getLogger(__name__)
 NEW_KEY = "new"
 #: keys of a run's command that say how this invocation runs, not what the run is: never a change on resume
 IGNORED_KEYS = ("run_dir", "dry_run", NEW_KEY)
+#: the member's entry point: a change of its name alone (the same function) is no change of the run
+ENTRYPOINT_KEY = "inner.entrypoint"
 
 
 def open_run_dir(raw: MutableMapping[str, Any], cwd: Path, prefix: str, what: str) -> tuple[str, bool]:
@@ -93,8 +95,20 @@ def split_differences(
     for diff in config_differences(old, new):
         if diff[0] in IGNORED_KEYS:
             continue
-        (refused if is_search_key(diff[0], keys) else allowed).append(diff)
+        moved = diff[0] == ENTRYPOINT_KEY and same_entrypoint(diff[1], diff[2])
+        (refused if is_search_key(diff[0], keys) and not moved else allowed).append(diff)
     return refused, allowed
+
+
+def same_entrypoint(old: Any, new: Any) -> bool:
+    """Whether two ``inner.entrypoint`` names resolve to one function: the entry point's module moved and its old
+    path, which a run started earlier stored, is kept as an alias (inner_loop/member_entry.py). Such a run resumes."""
+    from launch.member import resolve_target
+
+    try:
+        return resolve_target(old, ENTRYPOINT_KEY) is resolve_target(new, ENTRYPOINT_KEY)
+    except ValueError:
+        return False
 
 
 def format_differences(diffs: list[tuple[str, Any, Any]]) -> str:

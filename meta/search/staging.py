@@ -1,7 +1,7 @@
 """Staging and pre-flight as meta.run, meta.pilot and meta.tune do them before their first submission (the
 ``python -m meta.stage`` door is meta/stage.py).
 
-Staging: the entry point's ``stage`` (inner_loop.staging.stage_inner) finds every hub repository the members read in
+Staging: the entry point's ``stage`` (inner_loop.member.staging.stage_inner) finds every hub repository the members read in
 the stage cache (fetching what is missing unless this is a dry run): the model, the task's dataset and the datasets
 of the transfer tasks the reporting runs score; this module points the config's keys at the staged snapshots, pins
 them in the manifest under ``staged`` (commit, content hash, bytes per repository) and refuses, exit status 2 before

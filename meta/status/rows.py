@@ -1,8 +1,8 @@
 """The lines the status views print (a search's members, a tune run's and a pilot's runs): read from files, never
 written.
 
-Apart from meta/status.py (the command, and a search's view) so that the tune view (meta/tune/status.py) and the pilot
-view (meta/pilot_status.py), which the command picks by the run dir's kind, can use them without importing the
+Apart from meta/status/view.py (the command, and a search's view) so that the tune view (meta/tune/status.py) and the pilot
+view (meta/pilot/status.py), which the command picks by the run dir's kind, can use them without importing the
 command back.
 """
 from __future__ import annotations

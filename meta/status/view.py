@@ -8,8 +8,8 @@ progress.json; ok with its fitness; failed, timeout, late, cancelled, stopped_ea
 time and GPU time (the member's ledger x resources.gpus / the members that shared its GPU, at most
 resources.members_per_gpu), the GPU it shared, and an ETA
 from the members' measured step rates. The run dir's kind picks the view: a ``meta.tune`` run gets its trials (meta/tune/status.py), a ``meta.pilot`` run its runs
-per (radius, coef) combination and role (meta/pilot_status.py), both with the same member rows
-(meta/status_rows.py). Exit 2 when run_dir is none of the three.
+per (radius, coef) combination and role (meta/pilot/status.py), both with the same member rows
+(meta/status/rows.py). Exit 2 when run_dir is none of the three.
 """
 from __future__ import annotations
 
@@ -120,7 +120,7 @@ def render(run_dir: str | Path, show_all: bool = False, now: float | None = None
 
 
 def _after_search(store: RunStore, raw: Mapping[str, Any]) -> list[str]:
-    """What follows the generations (meta/reevaluate.py): the selection stage, then the result table, each done,
+    """What follows the generations (meta/after/reevaluate.py): the selection stage, then the result table, each done,
     under way (runs final of runs) or not started; or why it does not run at all."""
     settings = raw.get("reevaluate") or {}
     if not int(settings.get("top_k", 0) or 0):

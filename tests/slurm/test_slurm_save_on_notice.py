@@ -22,7 +22,7 @@ from test_save_on_notice import STEPS, notice_spec, same_outcome
 
 pytestmark = pytest.mark.slow
 
-ENTRY = "inner_loop.member_entry:train_member"
+ENTRY = "inner_loop.member.entry:train_member"
 
 
 def test_scontrol_requeue_costs_at_most_the_step_under_way(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:
