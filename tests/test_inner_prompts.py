@@ -158,7 +158,7 @@ def test_a_member_formats_training_and_validation_prompts_with_the_same_template
     """Qwen3 with thinking off in training and on in validation would score a different prompt than it trained on."""
     from types import SimpleNamespace
 
-    from inner_loop import member
+    from inner_loop.member import lifecycle as member
     from inner_loop.config import ModelConfig, TrainConfig
 
     seen = {}
