@@ -213,7 +213,7 @@ def _peak_memory(device: str) -> dict[str, Any]:
 
 def _step_figures(work_dir: Path, batch_size: int) -> dict[str, Any]:
     """Step time, tokens/s and the timed window, from the member's last checkpoint and progress.json."""
-    from inner_loop.checkpoints import CHECKPOINT_DIR
+    from inner_loop.training.checkpoints import CHECKPOINT_DIR
     from results.store.metric_keys import COMPLETIONS_MEAN_LENGTH, STEP_TIME
     from results.store.progress import read_progress
 
@@ -236,7 +236,7 @@ def member_job(job_file: Path, out_file: Path) -> None:
     """Run one member as a member process does and write its measurement to ``out_file``."""
     job = json.loads(job_file.read_text())
     started = time.time()
-    from inner_loop.member import train_member
+    from inner_loop.member.lifecycle import train_member
 
     if job["skip_exact_share"]:
         _skip_exact_share()

@@ -7,7 +7,7 @@ hosts' two-pass runs and the embedded search itself (`python -m meta.run`, per g
 
 Each capability runs in its own process (ATEN_CPU_CAPABILITY is read once, at torch import) with an empty cache.
 ``--numerics native`` (the default here) computes with the kernels asked for: what an unpinned machine of that kind
-sees. ``--numerics pinned`` is the tiny preset as shipped: every run pins its own process (inner_loop/numerics.py), so
+sees. ``--numerics pinned`` is the tiny preset as shipped: every run pins its own process (inner_loop/numerics/pinned.py), so
 the rows must come out identical whatever the capability asked for.
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ TRUST_REGION_HOSTS = ("kl3_clip", "dppo_tv", "dppo_kl", "spo", "drpo")
 
 
 def _train(inner: dict) -> float:
-    from inner_loop.member_entry import train_member  # a pinned config trains in a pinned process of its own
+    from inner_loop.member.entry import train_member  # a pinned config trains in a pinned process of its own
 
     with tempfile.TemporaryDirectory() as work:
         record = train_member({"run_id": "bench", "generation": 0, "index": 0, "seed": 0, "params": [],
@@ -71,9 +71,9 @@ def measure(hosts: bool, search: bool) -> dict:
     """One capability, in this process: warm-up outcome, step-0 validation, RL results."""
     import torch
 
-    from inner_loop.run_setup import prepare
+    from inner_loop.training.setup import prepare
     from inner_loop.models.loading import resolve_model_dir
-    from inner_loop.warmup import read_warmup_outcome, warmed_model_dir
+    from inner_loop.training.warmup import read_warmup_outcome, warmed_model_dir
 
     torch.set_num_threads(1)
     run = prepare(_inner("kl"), seed=0)
@@ -112,7 +112,7 @@ def main() -> None:
         return
     flags = [flag for flag, on in (("--hosts", args.hosts), ("--search", args.search)) if on]
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    from inner_loop.warmup import cpu_capabilities
+    from inner_loop.training.warmup import cpu_capabilities
 
     rows = []
     for capability in args.capabilities or cpu_capabilities():

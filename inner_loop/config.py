@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from results.store.config_nodes import plain, refuse_unknown_keys, typed_node
 from results.store.member_keys import MEMBER_GPU_MEMORY_KEY, MEMBER_GPU_SHARERS_KEY
-from inner_loop.numerics import NUMERICS_MODES, PINNED_THREADS
+from inner_loop.numerics.pinned import NUMERICS_MODES, PINNED_THREADS
 
 T = TypeVar("T")
 
@@ -57,7 +57,7 @@ class ModelConfig:
     #: opens a <think> block that a short completion never closes); used by training and evaluation alike.
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
-    #: native: this machine's CPU kernels; pinned: the settings of inner_loop/numerics.py, which give the same
+    #: native: this machine's CPU kernels; pinned: the settings of inner_loop/numerics/pinned.py, which give the same
     #: numbers on every x86-64 CPU with AVX2 (one thread; the member and its warm-up run in a process started
     #: with them). The tiny model's preset pins; GPU presets stay native.
     cpu_numerics: str = "native"

@@ -27,7 +27,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from inner_loop.member_entry import keep_vllm_out_unless_used, train_member
+from inner_loop.member.entry import keep_vllm_out_unless_used, train_member
 from results.store.config_nodes import check_group_choice, checked_overrides, config_groups
 from results.store.records import MemberSpec, gpus_entry
 
@@ -52,7 +52,7 @@ def main(cfg: DictConfig) -> None:
     spec = spec_from_config(cfg)
     if HydraConfig.get().mode == RunMode.RUN and "torch" not in sys.modules:
         keep_vllm_out_unless_used(spec.inner)  # a process of its own for this one run (a sweep's next may want vLLM)
-    from inner_loop.run_setup import validate_inner
+    from inner_loop.training.setup import validate_inner
 
     try:
         # Config and data errors stop here, before anything is trained or written (inside train_member the same
@@ -62,11 +62,11 @@ def main(cfg: DictConfig) -> None:
         logger.error("configuration error: %s", exc)
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
-    from inner_loop.preflight import PreflightError
+    from inner_loop.member.preflight import PreflightError
 
     try:
         record = train_member(spec, save_final=True)
-    except PreflightError as exc:  # this node cannot run it (inner_loop/preflight.py): one line, not a traceback
+    except PreflightError as exc:  # this node cannot run it (inner_loop/member/preflight.py): one line, not a traceback
         logger.error("%s", exc)
         sys.exit(1)
     print(json.dumps(record.to_dict(), indent=2))

@@ -491,6 +491,6 @@ def _first_line(text: str) -> str:
 
 def _node_failure(spec: MemberSpec) -> str | None:
     """'<node>: <cause>' when the member's last run ended because its node could not run it (a failed pre-flight or
-    no usable GPU: inner_loop/preflight.py keeps that in the member's PREFLIGHT_FILE); None otherwise."""
+    no usable GPU: inner_loop/member/preflight.py keeps that in the member's PREFLIGHT_FILE); None otherwise."""
     failure = read_node_failure(spec.work_dir)
     return f"{failure['host']}: {failure['cause']}" if failure else None

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from meta.config import CONF_DIR, ConfigError, derive_inner_timeout, derive_member_time, member_sharing
-from meta.resume import NEW_KEY
+from meta.search.resume import NEW_KEY
 from results.store.config_nodes import check_group_choice, checked_overrides, config_groups
 
 
@@ -88,7 +88,7 @@ def _override_key(override: str) -> str:
 
 
 def merge_overrides(old: Sequence[str], new: Sequence[str]) -> list[str]:
-    """Old overrides with those re-set in ``new`` replaced (later wins), run_dir and new (meta/resume.py) dropped."""
+    """Old overrides with those re-set in ``new`` replaced (later wins), run_dir and new (meta/search/resume.py) dropped."""
     merged: dict[str, str] = {}
     for override in [*old, *new]:
         key = _override_key(override)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, MutableMapping, Sequence
 
-from meta.early_stop import EarlyStopConfig, EarlyStopError, check_early_stop
+from meta.search.early_stop import EarlyStopConfig, EarlyStopError, check_early_stop
 from results.store.gpu_time import GpuSharing, gpu_sharing
 from results.store.records import gpus_entry
 from results.store.config_nodes import plain, refuse_unknown_keys
@@ -40,7 +40,7 @@ class ConfigError(ValueError):
     """A user mistake in the configuration (exit status 2, no traceback)."""
 
 
-#: the baselines of the result table (meta/baselines.py says what each row is)
+#: the baselines of the result table (meta/after/baselines.py says what each row is)
 BASELINES = ("center", "nm_random", "radius_random", "kl", "prob_l2", "none", "base")
 #: separates a baseline's name from the preset file it takes its settings from (``kl@kl_tuned.yaml``)
 PRESET_MARK = "@"
@@ -48,7 +48,7 @@ PRESET_MARK = "@"
 
 @dataclass(frozen=True)
 class ReevaluateConfig:
-    """What happens after a search, in two stages (meta/reevaluate.py, meta/reporting.py). Selection: the
+    """What happens after a search, in two stages (meta/after/reevaluate.py, meta/after/reporting.py). Selection: the
     ``top_k`` members by search fitness and the final centre, each retrained on ``seeds`` fresh seeds; the export is
     the one with the highest mean minus one standard error. Reporting: the exported init and every one of
     ``baselines`` retrained on ``report_seeds`` other fresh seeds (shared by all rows, used for nothing else),
@@ -89,7 +89,7 @@ class SearchConfig:
     reevaluate: "ReevaluateConfig" = field(default_factory=lambda: ReevaluateConfig())
     #: training runs (seeds) per member, the same seeds for every member of a generation; fitness = their mean
     seeds_per_member: int = 1
-    #: stopping clear losers at an early validation step (meta/early_stop.py); off by default
+    #: stopping clear losers at an early validation step (meta/search/early_stop.py); off by default
     early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
     #: the training step early_stop decides at (None: early_stop off)
     early_stop_step: int | None = None
@@ -105,8 +105,8 @@ class SearchConfig:
         return param_transform_of(self.inner_config)
 
     def center(self) -> "torch.Tensor":
-        """The search's starting centre (meta/init.py): ``init`` and ``seed`` read through ``param_transform``."""
-        from meta.init import initial_center
+        """The search's starting centre (meta/search/init.py): ``init`` and ``seed`` read through ``param_transform``."""
+        from meta.search.init import initial_center
 
         return initial_center(self.init, self.seed, self.param_transform)
 
@@ -354,7 +354,7 @@ def _names(raw: Mapping[str, Any], key: str, known: Sequence[str] | None) -> tup
 
 
 def _baselines(raw: Mapping[str, Any]) -> tuple[str, ...]:
-    """reevaluate.baselines: known rows, or ``<row>@<preset file>`` with an existing file (meta/baselines.py reads
+    """reevaluate.baselines: known rows, or ``<row>@<preset file>`` with an existing file (meta/after/baselines.py reads
     it); the untrained model has no training settings to take from a preset."""
     key = "reevaluate.baselines"
     value = _get_dotted(raw, key)

@@ -11,7 +11,7 @@ round(f x train.steps), an intermediate validation step) and margin k:
 - the plain false-cut rate: of the members the update weighs (the top N - floor(N/2) by final fitness), the share
   that were below the median early (what a cut at the median alone would lose), with a Clopper-Pearson 95% interval
   over the members measured;
-- the rule (meta/early_stop.py, every member reported, margin k x noise): the members it stops, the share of them
+- the rule (meta/search/early_stop.py, every member reported, margin k x noise): the members it stops, the share of them
   that were in fact weighed (false cuts), the training it saves, and per searcher (snes with nes ranking, cem with
   parenthood 0.5) the cosine between the centre's update with the stopped members at the bottom and the update
   from the final scores (1.0: the same direction; exact when no cut was false);
@@ -33,9 +33,9 @@ from typing import Any, Sequence
 import torch
 import yaml
 
-from meta.early_stop import EarlyStopConfig, EarlyStopJudge, update_fitness
+from meta.search.early_stop import EarlyStopConfig, EarlyStopJudge, update_fitness
 from meta.config import param_transform_of
-from meta.init import initial_center
+from meta.search.init import initial_center
 from meta.searchers import build_searcher
 from results.store.intermediate import read_intermediate
 from results.store.records import read_result

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from meta.config import SearchConfig, member_sharing, member_time_text
-from meta.early_stop import stop_capacity
-from meta.resume import run_dir_label
+from meta.search.early_stop import stop_capacity
+from meta.search.resume import run_dir_label
 from results.store.gpu_time import GpuSharing, gpu_time_h
 from results.store.notice_window import notice_shortfall
 from results.store.run_store import RunStore
@@ -181,7 +181,7 @@ def runs_left(cfg: SearchConfig, store: RunStore, resuming: bool) -> tuple[int, 
 
 def reporting_lines(cfg: SearchConfig, overrides: Sequence[str]) -> list[str]:
     """Every row of the result table with its resolved divergence block and where its coefficient comes from."""
-    from meta.reporting import plan_rows
+    from meta.after.reporting import plan_rows
 
     settings = cfg.reevaluate
     if settings.top_k <= 0 or settings.report_seeds <= 0:

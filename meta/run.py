@@ -2,7 +2,7 @@
 
 Hydra composes conf/config.yaml with the command-line overrides (no chdir, no Hydra output dirs: everything
 goes to ``run_dir``). With ``run_dir=`` pointing at an existing run, the overrides the run was started with
-are replayed under the new ones, and the result must not change the search (see meta/resume.py).
+are replayed under the new ones, and the result must not change the search (see meta/search/resume.py).
 Every path a run records is absolute (resolved against the directory the command ran in), and the run
 records its launcher kind and cluster (SLURM ClusterName, or this host for local jobs): a resume from another
 directory reads the same files, and a resume with another launcher or on another cluster is refused.
@@ -32,11 +32,11 @@ from meta.config import (
     build_search_config,
     config_hash,
 )
-from meta.baselines import transfer_tasks
+from meta.after.baselines import transfer_tasks
 from meta.cli_args import run_command
 from meta.compose import compose, merge_overrides
-from meta.resume import NEW_KEY, check_job_namespace, check_resume, open_run_dir, run_dir_label
-from meta.staging import preflight_run, stage_run
+from meta.search.resume import NEW_KEY, check_job_namespace, check_resume, open_run_dir, run_dir_label
+from meta.search.staging import preflight_run, stage_run
 from results.store.provenance import code_version
 from results.store.run_store import RunStore
 
@@ -53,7 +53,7 @@ See conf/config.yaml (and conf/member_settings.yaml for resources.* and inner.*)
 
 
 def transfer_evaluations(raw: dict[str, Any], overrides: Sequence[str]) -> list[dict[str, Any]]:
-    """The transfer tasks the reporting runs will score (reevaluate.transfer, composed as meta/baselines.py composes
+    """The transfer tasks the reporting runs will score (reevaluate.transfer, composed as meta/after/baselines.py composes
     them), for staging; none while the list is malformed, which the config check that follows names."""
     names = (raw.get("reevaluate") or {}).get("transfer") or []
     if not isinstance(names, list) or not all(isinstance(n, str) and (CONF_DIR / "task" / f"{n}.yaml").is_file()
@@ -87,7 +87,7 @@ def prepare(argv: Sequence[str]) -> tuple[SearchConfig, dict[str, Any], RunStore
         manifest = {"overrides": merge_overrides([], overrides)}
     absolute_paths(raw, cwd)
     # hub names -> staged local snapshots (fetched unless a dry run), before anything reads data or compares configs;
-    # the transfer tasks' datasets too, which the reporting runs read from the pins (meta/reporting.py)
+    # the transfer tasks' datasets too, which the reporting runs read from the pins (meta/after/reporting.py)
     stage_run(raw, manifest, resuming, fetch=not raw.get("dry_run"),
               extra_evaluations=transfer_evaluations(raw, combined if resuming else overrides))
     if resuming:
@@ -127,10 +127,10 @@ def write_run_files(store: RunStore, raw: dict[str, Any], manifest: dict[str, An
 def run(argv: Sequence[str]) -> int:
     from launch.factory import build_launcher
     from launch.runner import AbortRun
-    from meta.lock import run_locked
-    from meta.orchestrator import Orchestrator
-    from meta.reevaluate import ReevaluationError, run_reevaluation
-    from meta.reporting import check_rows
+    from meta.search.lock import run_locked
+    from meta.search.orchestrator import Orchestrator
+    from meta.after.reevaluate import ReevaluationError, run_reevaluation
+    from meta.after.reporting import check_rows
     from results.report.result_table import render_markdown
     from results.report.search import format_noise
     from results.report.snapshot import load_run

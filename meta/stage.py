@@ -8,7 +8,7 @@ its first submission (nothing is fetched twice), and pins what it staged in the 
 (commit, content hash, bytes per repository); members get the staged local paths in their config and run with the
 hub and datasets offline. A dry run only looks: one line per item, and exit status 2 when something is missing
 while offline (HF_HUB_OFFLINE=1), before anything is written.
-The work is meta/staging.py's (the same as meta.run's); this is the door.
+The work is meta/search/staging.py's (the same as meta.run's); this is the door.
 """
 from __future__ import annotations
 

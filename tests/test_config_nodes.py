@@ -203,7 +203,7 @@ def test_every_settings_node_refuses_an_unknown_key_in_the_same_words(node):
     from launch.slurm.options import SlurmOptions
     from meta.compose import CONF_DIR, compose
     from meta.config import build_search_config
-    from meta.pilot import build_pilot_config
+    from meta.pilot.cli import build_pilot_config
     from meta.tune.config import build_tune_config
 
     def bogus(config_name: str = "config") -> dict:

@@ -127,7 +127,7 @@ def test_a_tiny_member_trains_with_continuous_batching_in_its_budget(tmp_path: P
     import inner_loop.generation.continuous_batching as cb_module
     from conf_groups import load_group
     from inner_loop.generation.memory import generation_cache_bytes, member_memory_bytes
-    from inner_loop.member import train_member
+    from inner_loop.member.lifecycle import train_member
 
     monkeypatch.setenv("SLURM_MEM_PER_NODE", "1024")  # MiB, as SLURM writes it
     budget = generation_cache_bytes(member_memory_bytes())

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from conf_groups import load_group
-from inner_loop.checkpoints import CHECKPOINT_DIR
+from inner_loop.training.checkpoints import CHECKPOINT_DIR
 from inner_loop.config import TrainConfig
 
 #: Untrained (no warm-up) and small: the member's stages and its generation are the point, not its answers.
@@ -33,7 +33,7 @@ def _inner(decode_cache: str, lora_r: int = 0, **train: Any) -> dict[str, Any]:
 
 
 def _member(tmp_path: Path, name: str, inner: dict[str, Any]) -> Any:
-    from inner_loop.member import train_member
+    from inner_loop.member.lifecycle import train_member
 
     return train_member({"run_id": "cache", "generation": 0, "index": 0, "seed": 0, "params": [],
                          "work_dir": str(tmp_path / name), "inner": inner})

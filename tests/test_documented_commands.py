@@ -397,17 +397,17 @@ def _prepare_program(command: Documented, program: Program, outcome: Outcome,
     assert program.name.startswith("python -m "), f"{command.source}: no check for {program.name!r}"
     module = program.name.removeprefix("python -m ")
     if module == "inner_loop.run":
-        import inner_loop.member_entry
+        import inner_loop.member.entry
 
         def record(spec: Any, save_final: bool = False) -> _Validated:
             outcome.trained.append(spec)
             return _Validated(spec)
 
-        patch.setattr(inner_loop.member_entry, "train_member", record)
+        patch.setattr(inner_loop.member.entry, "train_member", record)
     elif module == "inner_loop.evaluate":
-        import inner_loop.transfer
+        import inner_loop.training.transfer
 
-        plan_evaluation = inner_loop.transfer.plan_evaluation
+        plan_evaluation = inner_loop.training.transfer.plan_evaluation
 
         def plan_and_record(argv: Any) -> Any:
             outcome.evaluation = plan_evaluation(argv)
@@ -416,8 +416,8 @@ def _prepare_program(command: Documented, program: Program, outcome: Outcome,
         def stop(run: Any) -> Any:
             raise ReachedWork(run)
 
-        patch.setattr(inner_loop.transfer, "plan_evaluation", plan_and_record)
-        patch.setattr(inner_loop.transfer, "load_run_model", stop)
+        patch.setattr(inner_loop.training.transfer, "plan_evaluation", plan_and_record)
+        patch.setattr(inner_loop.training.transfer, "load_run_model", stop)
     elif program.name == "python -m meta.status" and any(a.startswith("--watch") for a in program.args):
         def interrupt(seconds: float) -> None:
             raise KeyboardInterrupt
@@ -432,8 +432,8 @@ def _prepare_program(command: Documented, program: Program, outcome: Outcome,
 def prepared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prepared]:
     """Small finished runs of every kind a documented command reads, made by the commands themselves (synthetic
     objectives for the search, the tuning and the pilot; the tiny model, 0 steps, for the single run)."""
-    from meta.export import main as export_main
-    from meta.pilot import main as pilot_main
+    from meta.after.export import main as export_main
+    from meta.pilot.cli import main as pilot_main
     from meta.run import main as run_main
     from meta.tune.cli import main as tune_main
 

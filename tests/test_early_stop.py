@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from meta.early_stop import (
+from meta.search.early_stop import (
     STOPPED_STATUS,
     EarlyStopConfig,
     EarlyStopError,
@@ -19,7 +19,7 @@ from meta.early_stop import (
     update_fitness,
 )
 from meta.run import main
-from meta.status import render
+from meta.status.view import render
 from meta.compose import compose
 from meta.config import config_hash
 from results.report.snapshot import load_run

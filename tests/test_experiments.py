@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from inner_loop.run_setup import validate_inner
+from inner_loop.training.setup import validate_inner
 from meta.config import ConfigError, build_search_config
 from meta.compose import compose
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-import inner_loop.numerics as numerics
-from inner_loop.fingerprint import DIGEST_KEYS, FINGERPRINT_FILE
-from inner_loop.warmup import cpu_capabilities
+import inner_loop.numerics.pinned as numerics
+from inner_loop.numerics.fingerprint import DIGEST_KEYS, FINGERPRINT_FILE
+from inner_loop.training.warmup import cpu_capabilities
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow,

@@ -16,17 +16,17 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import inner_loop.member as member
-import inner_loop.run_setup as run_setup
+import inner_loop.member.lifecycle as member
+import inner_loop.training.setup as run_setup
 from conf_groups import load_group
 from inner_loop.config import InnerConfig
 from inner_loop.generation.backends import HF_GENERATE, VLLM_COLOCATE
 from inner_loop.generation.engine_start import LOCK_DIR_ENV, engine_start_lock_path, engine_start_turn
-from inner_loop.gpu_share import (CAP_KEY, CONTEXT_ALLOWANCE_BYTES, PARTNERS_KEY, apply_memory_share,
-                                  engine_start_turn_for, out_of_memory_reason)
+from inner_loop.member.gpu_share import (CAP_KEY, CONTEXT_ALLOWANCE_BYTES, PARTNERS_KEY, apply_memory_share,
+                                         engine_start_turn_for, out_of_memory_reason)
 from inner_loop.grpo.args import build_grpo_config
-from inner_loop.member import train_member
-from inner_loop.run_setup import validate_inner
+from inner_loop.member.lifecycle import train_member
+from inner_loop.training.setup import validate_inner
 from results.store.member_keys import MEMBER_GPU_MEMORY_KEY, MEMBER_GPU_SHARERS_KEY, MEMBERS_ON_GPU_ENV
 from results.store.records import read_result
 
@@ -133,7 +133,7 @@ def test_a_member_out_of_gpu_memory_fails_alone_naming_its_share(tmp_path, monke
                                    "lower train.batch_size or train.max_completion_length, or set "
                                    "resources.members_per_gpu=1. OutOfMemoryError: CUDA out of memory. Tried to "
                                    "allocate 2.00 GiB [at "), record.error
-    assert "in load_policy <- inner_loop/run_setup.py:" in record.error  # the traceback's tail
+    assert "in load_policy <- inner_loop/training/setup.py:" in record.error  # the traceback's tail
     assert record.device[MEMBER_GPU_MEMORY_KEY] == 0.5 and record.device[MEMBER_GPU_SHARERS_KEY] == 2
     assert read_result(work) == record
 

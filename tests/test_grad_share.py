@@ -10,7 +10,7 @@ import torch
 from inner_loop.config import DivergenceConfig, ModelConfig
 from inner_loop.loss.grad_share import exact_share, full_form_token_norms, logit_space_share, logp_space_share
 from inner_loop.loss.compose import aggregate
-from inner_loop.diagnostics import diagnostics_from_history
+from inner_loop.training.diagnostics import diagnostics_from_history
 from inner_loop.models.loading import load_policy
 from inner_loop.loss.regularizers import build_regularizer, warn_if_inert
 from inner_loop.models.tiny import tiny_model_dir

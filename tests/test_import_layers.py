@@ -18,16 +18,38 @@ PACKAGES = ("meta", "inner_loop", "mirror_maps", "launch", "results")
 #: Rooms, most specific first; a module belongs to the first room its dotted name starts with.
 ROOMS = (
     "inner_loop.sandbox", "inner_loop.loss", "inner_loop.grpo", "inner_loop.generation", "inner_loop.models",
-    "inner_loop.tasks", "inner_loop.config", "inner_loop", "results.store", "results.report", "results", "launch", "meta", "mirror_maps",
+    "inner_loop.tasks", "inner_loop.config", "inner_loop.member", "inner_loop.training", "inner_loop.numerics",
+    "inner_loop", "results.store", "results.report", "results", "launch",
+    "meta.searchers", "meta.search", "meta.after", "meta.pilot", "meta.status", "meta.tune", "meta", "mirror_maps",
 )
+#: What the inner loop's stages below the member process may use: its subpackages of one concern each.
+_INNER_PARTS = frozenset({"inner_loop.config", "inner_loop.grpo", "inner_loop.generation", "inner_loop.loss",
+                          "inner_loop.models", "inner_loop.tasks", "results.store", "mirror_maps"})
+#: What every stage of the outer loop may use besides the rooms below meta.
+_OUTER_BELOW = frozenset({"launch", "results.report", "results.store", "mirror_maps"})
 #: What each room may import besides itself. Data flows down: meta -> launch -> results.store; inner_loop is reached
 #: from meta only through the configured entry point string, never by an import.
 MAY_IMPORT: dict[str, frozenset[str]] = {
-    "meta": frozenset({"launch", "results.report", "results.store", "mirror_maps"}),
+    # the commands' doors (run, export, stage, reevaluate, early_cuts, the synthetic entry point) and the config and
+    # command line every stage reads (config, compose, cli_args, plan)
+    "meta": _OUTER_BELOW | {"meta.searchers", "meta.search", "meta.after"},
+    "meta.searchers": frozenset(),  # plus the seeds, below
+    "meta.search": _OUTER_BELOW | {"meta.searchers"},
+    "meta.after": _OUTER_BELOW | {"meta.search", "meta.searchers"},
+    "meta.pilot": _OUTER_BELOW | {"meta.search"},
+    "meta.tune": _OUTER_BELOW | {"meta.search"},
+    # the status command: the search's view, and the pilot's and the tuning's views by the run dir's kind
+    "meta.status": _OUTER_BELOW | {"meta.search", "meta.pilot", "meta.tune"},
     "launch": frozenset({"results.store"}),
-    "inner_loop": frozenset({"inner_loop.config", "inner_loop.grpo", "inner_loop.generation", "inner_loop.loss",
-                             "inner_loop.models", "inner_loop.tasks", "inner_loop.sandbox", "results.store",
-                             "mirror_maps"}),
+    # the doors: python -m inner_loop.run / .evaluate / .fingerprint, and the entry point's old path
+    "inner_loop": _INNER_PARTS | {"inner_loop.member", "inner_loop.training", "inner_loop.numerics",
+                                  "inner_loop.sandbox"},
+    # the member process: its entry, lifecycle, node checks, staging, notices, GPU share and record
+    "inner_loop.member": _INNER_PARTS | {"inner_loop.training", "inner_loop.sandbox"},
+    # one training run's stages: set-up, warm-up, checkpoints, evaluation, transfer, the final model
+    "inner_loop.training": _INNER_PARTS,
+    # the fingerprint runs the embedded default's training path (pinned.py imports nothing, below)
+    "inner_loop.numerics": _INNER_PARTS | {"inner_loop.member", "inner_loop.training"},
     "inner_loop.grpo": frozenset({"inner_loop.config", "inner_loop.loss", "inner_loop.generation"}),
     # how completions are generated (backend names, cache budgets, vLLM's weight push): below the trainer
     "inner_loop.generation": frozenset({"inner_loop.config"}),
@@ -41,6 +63,11 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "results.store": frozenset(),  # plus mirror_maps' init files, below
     "mirror_maps": frozenset(),
 }
+#: The outer loop's config and command line (meta/config.py, compose.py, cli_args.py): every stage reads them.
+_META_BASE = frozenset({"meta.config", "meta.compose", "meta.cli_args"})
+#: Pinned numerics: the modes, the thread count and the pinned child (inner_loop/numerics/pinned.py imports nothing
+#: of ours), read by the config, the member process and the warm-up.
+_PINNED = "inner_loop.numerics.pinned"
 #: Single modules a room may import from a room it otherwise may not: the typed inner config checks its values
 #: against the names the loss and TRL define (these modules import neither the config nor anything above it);
 #: the loss and the trainer log their metrics under the names the run store owns (metric_keys imports nothing).
@@ -53,17 +80,31 @@ MODULE_EXCEPTIONS: dict[str, frozenset[str]] = {
                                     # the keys a member's inner config carries from its resources (imports nothing)
                                     "results.store.member_keys",
                                     # the numerics modes and the pinned thread count (imports nothing of ours)
-                                    "inner_loop.numerics",
+                                    _PINNED,
                                     # the backend names and train.decode_cache's values (imports nothing of ours)
                                     "inner_loop.generation.backends"}),
+    "inner_loop.member": frozenset({_PINNED}),
+    # a run's stages read two things of the process they run in: its job's end notice (save at the step's end) and
+    # its share of the card (whose turn it is to start a vLLM engine); neither imports a stage
+    "inner_loop.training": frozenset({_PINNED, "inner_loop.member.notice", "inner_loop.member.gpu_share"}),
+    # the fingerprint composes the single run's config as python -m inner_loop.run does
+    "inner_loop.numerics": frozenset({"inner_loop.run"}),
     "inner_loop.loss": frozenset({"results.store.metric_keys"}),
     "inner_loop.grpo": frozenset({"results.store.metric_keys"}),
     "results.store": frozenset({"mirror_maps.init_file"}),
+    # the searchers draw from the run's seeds (meta/search/seeding.py imports nothing of ours)
+    "meta.searchers": frozenset({"meta.search.seeding"}),
+    "meta.search": _META_BASE,
+    "meta.after": _META_BASE,
+    # a pilot writes its run files as meta.run does, and reports early cuts as meta.early_cuts does; its status
+    # view prints the rows the search's view prints (meta/status/rows.py)
+    "meta.pilot": _META_BASE | {"meta.run", "meta.early_cuts", "meta.status.rows"},
+    "meta.tune": _META_BASE | {"meta.status.rows"},
 }
 #: Third-party packages a member process must not load through results.store (they cost seconds and memory in
 #: each of 180 light wrappers), and the store modules allowed to use them (the orchestrator's run store).
 HEAVY = ("torch", "pandas", "matplotlib")
-MEMBER_ENTRIES = ("launch.member", "launch.slurm.member", "inner_loop.member")
+MEMBER_ENTRIES = ("launch.member", "launch.slurm.member", "inner_loop.member.entry", "inner_loop.member_entry")
 
 
 def _modules(root: Path) -> dict[str, Path]:
@@ -205,6 +246,35 @@ def test_the_metric_names_import_nothing():
     assert ours["results.store.metric_keys"] == set() and theirs["results.store.metric_keys"] == set()
 
 
+def test_the_leaves_other_rooms_may_import_import_nothing_of_ours():
+    """The exceptions above let a room reach single modules of another; each must stay a leaf (or import only
+    within its own room), or the exception would let the room reach the rest of that room through it."""
+    ours, _ = import_graph()
+    for module in (_PINNED, "meta.search.seeding"):
+        assert ours[module] == set(), (module, ours[module])
+    assert {room_of(t) for t in ours["inner_loop.member.notice"]} <= {"results.store"}
+    assert {room_of(t) for t in ours["inner_loop.member.gpu_share"]} <= {"inner_loop.config", "inner_loop.generation",
+                                                                         "results.store"}
+    assert {room_of(t) for t in ours["meta.status.rows"]} <= {"meta.status", "meta.search", *_OUTER_BELOW}
+
+
+#: Folders of inner_loop/ and meta/ over the limit, with their count: one module per task beside the task package's
+#: own (the task registry's change owns that folder). A folder may not grow past its count, nor another join.
+CROWDED = {"inner_loop/tasks": 11}
+
+
+def test_no_package_folder_holds_more_than_ten_modules_beside_its_subpackages():
+    """The layout by stage keeps each folder of inner_loop/ and meta/ to what one reader takes in: at most ten
+    modules (the package's __init__.py and __main__.py not counted), the rest in subpackages."""
+    crowded = {}
+    for package in ("inner_loop", "meta"):
+        for folder in [ROOT / package, *(p.parent for p in (ROOT / package).rglob("__init__.py"))]:
+            modules = [p.name for p in folder.glob("*.py") if p.name not in ("__init__.py", "__main__.py")]
+            if len(modules) > 10:
+                crowded[str(folder.relative_to(ROOT))] = len(modules)
+    assert {name: n for name, n in crowded.items() if n > CROWDED.get(name, 10)} == {}
+
+
 def test_the_config_reading_imports_nothing():
     """The typed config may import results.store.config_nodes alone of the store: it must stay a standard-library
     leaf, or the exception would let the config reach the rest of the store (and its imports) through it."""
@@ -252,6 +322,6 @@ def test_a_wrong_way_import_is_reported():
              "inner_loop.sandbox.pool": {"inner_loop.config"}, "meta.run": {"inner_loop.member"}}
     assert wrong_way_imports(graph) == [
         "inner_loop.sandbox.pool -> inner_loop.config (inner_loop.sandbox may not import inner_loop.config)",
-        "meta.run -> inner_loop.member (meta may not import inner_loop)",
+        "meta.run -> inner_loop.member (meta may not import inner_loop.member)",
         "results.store.layout -> launch.member (results.store may not import launch)",
     ]

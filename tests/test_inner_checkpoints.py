@@ -12,9 +12,9 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from inner_loop.checkpoints import (CHECKPOINT_DIR, TRASH_DIR, DiskUsageCallback, apply_checkpoint_policy,
+from inner_loop.training.checkpoints import (CHECKPOINT_DIR, TRASH_DIR, DiskUsageCallback, apply_checkpoint_policy,
                                     dir_bytes, last_checkpoint)
-from inner_loop.member import train_member
+from inner_loop.member.lifecycle import train_member
 from results.store.layout import FINAL_MODEL_DIR
 from results.store.records import read_result, write_result
 from conf_groups import load_group
@@ -160,7 +160,7 @@ def test_cleanup_interrupted_by_a_crash_is_finished_by_the_next_call(tmp_path):
 
 def test_failed_member_keeps_its_checkpoint_for_a_retry(tmp_path, monkeypatch):
     """A failure may be retried (the retry resumes from the checkpoint), so only the final result deletes it."""
-    import inner_loop.member as member
+    import inner_loop.member.lifecycle as member
 
     def boom(*args, **kwargs):
         raise RuntimeError("evaluation crashed")
@@ -177,7 +177,7 @@ def test_failed_member_keeps_its_checkpoint_for_a_retry(tmp_path, monkeypatch):
 
 def test_a_member_settled_as_failed_loses_its_checkpoint_when_the_search_finalizes_it(tmp_path, monkeypatch):
     """... but a settled member is never called again: the orchestrator calls the entry point's ``finalize``."""
-    import inner_loop.member as member
+    import inner_loop.member.lifecycle as member
 
     def boom(*args, **kwargs):
         raise RuntimeError("evaluation crashed")
@@ -194,7 +194,7 @@ def test_a_member_settled_as_failed_loses_its_checkpoint_when_the_search_finaliz
 def test_a_delete_that_fails_never_turns_a_finished_member_into_a_failure(tmp_path, monkeypatch):
     """An NFS server refusing to drop a busy file must not raise out of the member (the launcher would then
     write a failed record over the ok one); the leftovers go on the next call."""
-    import inner_loop.checkpoints as checkpoints
+    import inner_loop.training.checkpoints as checkpoints
 
     real = checkpoints.apply_checkpoint_policy
 

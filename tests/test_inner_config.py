@@ -12,9 +12,9 @@ import torch
 from safetensors import safe_open
 
 from inner_loop.config import InnerConfig
-from inner_loop.evaluate import pass_at_k
-from inner_loop.member import train_member
-from inner_loop.run_setup import prepare, validate_inner
+from inner_loop.training.evaluate import pass_at_k
+from inner_loop.member.lifecycle import train_member
+from inner_loop.training.setup import prepare, validate_inner
 from mirror_maps import NeuralMirrorMap, save_init
 from conf_groups import load_group
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from inner_loop.config import InnerConfig
-from inner_loop.member import train_member
+from inner_loop.member.lifecycle import train_member
 from meta.config import INNER_NODES
 from results.store.layout import RUN_MANIFEST_FILE
 from results.store.records import ResultRecord

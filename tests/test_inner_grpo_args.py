@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from inner_loop.config import InnerConfig
 from inner_loop.grpo.args import build_grpo_config, check_grpo_config
 from inner_loop.grpo.trl_overrides import OWNED_FIELDS
-from inner_loop.run_setup import validate_inner
+from inner_loop.training.setup import validate_inner
 from conf_groups import load_group
 
 VLLM_INSTALLED = importlib.util.find_spec("vllm") is not None
@@ -183,7 +183,7 @@ def test_a_batch_that_does_not_split_into_the_micro_batches_names_both_keys():
 
 def test_the_member_gets_the_args_the_check_built(tmp_path, monkeypatch):
     """The trainer receives the GRPOConfig of build_grpo_config, pass-through included (trainer stubbed out)."""
-    import inner_loop.run_setup as run_setup
+    import inner_loop.training.setup as run_setup
 
     captured = {}
     monkeypatch.setattr(run_setup, "MirrorGRPOTrainer", lambda **kwargs: captured.update(kwargs) or kwargs)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from inner_loop.checkpoints import last_checkpoint
-from inner_loop.member import train_member
+from inner_loop.training.checkpoints import last_checkpoint
+from inner_loop.member.lifecycle import train_member
 from results.store.records import read_result
 from conf_groups import load_group
 
@@ -69,7 +69,7 @@ def test_member_writes_a_complete_record_and_is_idempotent(cache, tmp_path):
 
 
 def test_non_finite_loss_ends_as_failed_with_the_reason(cache, tmp_path, monkeypatch):
-    import inner_loop.run_setup as run_setup
+    import inner_loop.training.setup as run_setup
     from inner_loop.loss.regularizers import Regularizer, build_regularizer
 
     class Overflowing(Regularizer):
@@ -90,7 +90,7 @@ def test_non_finite_loss_ends_as_failed_with_the_reason(cache, tmp_path, monkeyp
 
 _CHILD = """
 import json, sys
-from inner_loop.member import train_member
+from inner_loop.member.lifecycle import train_member
 train_member(json.loads(sys.argv[1]))
 """
 
@@ -145,7 +145,7 @@ def test_resume_skips_a_checkpoint_killed_mid_save(tmp_path):
     """A kill while the Trainer writes checkpoint-N leaves a folder without trainer_state.json: resume from N-1."""
     import json
 
-    from inner_loop.checkpoints import CHECKPOINT_DIR, last_checkpoint
+    from inner_loop.training.checkpoints import CHECKPOINT_DIR, last_checkpoint
 
     root = tmp_path / CHECKPOINT_DIR
     for step, complete in ((4, True), (8, False)):

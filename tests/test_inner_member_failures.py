@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import inner_loop.member as member
-import inner_loop.run_setup as run_setup
-from inner_loop.member import train_member
+import inner_loop.member.lifecycle as member
+import inner_loop.training.setup as run_setup
+from inner_loop.member.lifecycle import train_member
 from results.store.provenance import read_run_manifest
 from results.store.records import read_result
 from conf_groups import load_group
@@ -150,7 +150,7 @@ def test_the_job_wrapper_hands_the_orchestrator_the_members_own_record(tmp_path,
 
     monkeypatch.setattr(run_setup, "load_policy", _boom("CUDA out of memory", torch.OutOfMemoryError))
     work = tmp_path / "m"
-    out = run_member("inner_loop.member:train_member", _spec(work, _inner()), timeout_s=0)
+    out = run_member("inner_loop.member.lifecycle:train_member", _spec(work, _inner()), timeout_s=0)
     assert out["status"] == "failed"
     assert out["error"] == "model and trainer setup: OutOfMemoryError: CUDA out of memory"
     assert read_result(work).error == out["error"]

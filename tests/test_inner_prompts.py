@@ -15,7 +15,7 @@ from tokenizers.processors import TemplateProcessing
 from trl import GRPOConfig, GRPOTrainer
 
 from inner_loop.config import ModelConfig
-from inner_loop.evaluate import _response_lengths, encode_prompts, generate
+from inner_loop.training.evaluate import _response_lengths, encode_prompts, generate
 from inner_loop.models.loading import load_policy
 from inner_loop.models.prompts import eos_token_ids, format_prompt
 from inner_loop.models.smollm2 import smollm2_model_dir
@@ -147,7 +147,7 @@ def test_evaluation_formats_prompts_with_the_chat_template_kwargs(monkeypatch):
         seen.extend(texts)
         return real(tokenizer, texts)
 
-    monkeypatch.setattr("inner_loop.evaluate.encode_prompts", spy)
+    monkeypatch.setattr("inner_loop.training.evaluate.encode_prompts", spy)
     generate(model, tok, [PROMPT], max_new_tokens=1, batch_size=1, chat_template=True,
              chat_template_kwargs={"enable_thinking": False})
     assert seen == [format_prompt(tok, PROMPT, True, {"enable_thinking": False})]
@@ -158,7 +158,7 @@ def test_a_member_formats_training_and_validation_prompts_with_the_same_template
     """Qwen3 with thinking off in training and on in validation would score a different prompt than it trained on."""
     from types import SimpleNamespace
 
-    from inner_loop import member
+    from inner_loop.member import lifecycle as member
     from inner_loop.config import ModelConfig, TrainConfig
 
     seen = {}

@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from inner_loop.config import InnerConfig
-from inner_loop.evaluate import evaluate, main
-from inner_loop.member import train_member
+from inner_loop.training.evaluate import evaluate, main
+from inner_loop.member.lifecycle import train_member
 from inner_loop.models.loading import load_policy, resolve_model_dir
-from inner_loop.run_setup import prepare, validate_inner
+from inner_loop.training.setup import prepare, validate_inner
 from inner_loop.tasks import build_task
-from inner_loop.warmup import warmed_model_dir
+from inner_loop.training.warmup import warmed_model_dir
 from results.store.layout import CHECKPOINT_DIR, FINAL_MODEL_DIR, evaluation_file_name
 from results.store.provenance import build_run_manifest, write_run_manifest
 from results.store.records import ResultRecord, read_result, write_result
@@ -136,7 +136,7 @@ def test_a_zero_step_run_scores_the_untouched_model(tmp_path, caplog):
 
 
 def test_a_failing_extra_evaluation_fails_the_member_naming_it(tmp_path, monkeypatch):
-    import inner_loop.member as member
+    import inner_loop.member.lifecycle as member
 
     scored = []
 
@@ -206,7 +206,7 @@ def test_records_carry_evaluations_and_older_records_still_load(tmp_path):
 # ------------------------------------------------------------------ the command's bad input (no model is loaded)
 @pytest.fixture()
 def no_model_loading(monkeypatch):
-    import inner_loop.transfer as transfer
+    import inner_loop.training.transfer as transfer
 
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded for bad input")
@@ -244,7 +244,7 @@ def test_bad_input_exits_2_with_one_line_before_any_model_is_loaded(tmp_path, ca
     elif case != "none":
         work = _finished_looking_run(tmp_path, final=case != "no_final")
     argv = [a.format(work=work, missing=tmp_path / "nowhere") for a in args]
-    with caplog.at_level(logging.ERROR, logger="inner_loop.evaluate"):
+    with caplog.at_level(logging.ERROR, logger="inner_loop.training.evaluate"):
         assert main(argv) == 2
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and "\n" not in errors[0] and message in errors[0], errors

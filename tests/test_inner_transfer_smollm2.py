@@ -33,8 +33,8 @@ def _inner() -> dict:
 
 
 def test_a_lora_run_on_mbpp_is_scored_on_humaneval_afterwards(tmp_path):
-    from inner_loop.evaluate import main
-    from inner_loop.member import train_member
+    from inner_loop.training.evaluate import main
+    from inner_loop.member.lifecycle import train_member
     from results.store.layout import FINAL_MODEL_DIR, evaluation_file_name
 
     work = tmp_path / "mbpp_run"

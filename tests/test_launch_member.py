@@ -148,7 +148,7 @@ def test_an_unreadable_ledger_counts_as_absent(tmp_path):
 
 
 def guarded_entry(spec):
-    """An entry point that, like inner_loop.member.train_member, turns every Exception of its training into a
+    """An entry point that, like inner_loop.member.lifecycle.train_member, turns every Exception of its training into a
     `failed` record of its own."""
     try:
         while True:

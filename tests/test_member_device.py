@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import inner_loop.device as device
-from inner_loop.numerics import cpu_name
+import inner_loop.member.device as device
+from inner_loop.numerics.pinned import cpu_name
 from meta.config import build_search_config
 from meta.compose import compose
 from results.store.records import MEMBER_GPUS_KEY, ResultRecord, device_text, read_result
@@ -74,7 +74,7 @@ def test_the_device_is_described_on_a_gpu_and_on_the_cpu(monkeypatch):
 
 
 def test_a_gpu_member_on_a_cpu_node_stops_before_its_model_loads_and_writes_no_result(monkeypatch, tmp_path):
-    import inner_loop.member as member
+    import inner_loop.member.lifecycle as member
 
     _gpu_torch(monkeypatch, cuda=None, count=0)
 
@@ -101,7 +101,7 @@ def test_a_bad_gpu_count_in_the_inner_config_names_the_key():
 
 
 def test_a_member_that_fails_after_the_check_names_its_device_in_the_record(monkeypatch, tmp_path):
-    import inner_loop.member as member
+    import inner_loop.member.lifecycle as member
 
     def broken(*args, **kwargs):
         raise RuntimeError("the model would not load")
@@ -114,7 +114,7 @@ def test_a_member_that_fails_after_the_check_names_its_device_in_the_record(monk
 
 
 def test_the_members_table_and_status_show_the_device_and_peak_memory(tmp_path):
-    from meta.status_rows import member_row
+    from meta.status.rows import member_row
     from results.report.snapshot import _member_row_from_dir
     from results.store.records import write_result
 
@@ -137,7 +137,7 @@ def test_trls_kernels_run_through_the_probe_as_a_step_calls_them():
 def test_a_gpu_node_without_a_c_compiler_is_the_nodes_failure_not_the_members(monkeypatch, tmp_path):
     """Triton compiles its launchers at the first launch; without gcc that used to fail every member at its first step,
     charged to the member. Now the member's device check launches the kernels first, and the node is excluded."""
-    import inner_loop.member as member
+    import inner_loop.member.lifecycle as member
     from results.store.layout import PREFLIGHT_FILE
 
     _gpu_torch(monkeypatch)

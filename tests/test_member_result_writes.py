@@ -98,17 +98,17 @@ def test_an_ok_member_run_through_the_wrapper_writes_its_result_once(tmp_path, r
     """The issue's case: train_member wrote result.json and the wrapper wrote the same record again."""
     spec = {"run_id": "t", "generation": 0, "index": 0, "seed": 0, "params": [], "work_dir": str(tmp_path / "m"),
             "inner": _tiny_inner()}
-    out = run_member("inner_loop.member:train_member", spec, timeout_s=0)
+    out = run_member("inner_loop.member.lifecycle:train_member", spec, timeout_s=0)
     assert out["status"] == "ok", out["error"]
     assert result_writes == [tmp_path / "m" / RESULT_FILE]
     assert read_result(tmp_path / "m").to_dict() == out
-    assert run_member("inner_loop.member:train_member", spec, timeout_s=0) == out  # final: never run or written again
+    assert run_member("inner_loop.member.lifecycle:train_member", spec, timeout_s=0) == out  # final: never run or written again
     assert result_writes == [tmp_path / "m" / RESULT_FILE]
 
 
 def test_a_single_run_without_the_wrapper_still_writes_its_result_once(tmp_path, result_writes):
     """`python -m inner_loop.run` calls train_member directly: the member's own write is its only one."""
-    from inner_loop.member import train_member
+    from inner_loop.member.lifecycle import train_member
 
     spec = {"run_id": "single", "generation": 0, "index": 0, "seed": 0, "params": [],
             "work_dir": str(tmp_path / "run"), "inner": _tiny_inner()}

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from launch.local.controllers import controller_running
-from meta.generation_close import QuorumClock
+from meta.search.generation_close import QuorumClock
 from meta.run import main
 from results.store.records import ResultRecord, read_result, write_result
 from results.store.run_store import RunStore

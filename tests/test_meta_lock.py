@@ -1,4 +1,4 @@
-"""The run lock (meta/lock.py) on filesystems without flock and with an orchestrator on another host."""
+"""The run lock (meta/search/lock.py) on filesystems without flock and with an orchestrator on another host."""
 from __future__ import annotations
 
 import errno
@@ -11,7 +11,7 @@ import time
 import pytest
 
 from results.store import file_lock
-from meta.lock import RunLock, RunLockedError
+from meta.search.lock import RunLock, RunLockedError
 from meta.run import main
 from results.store.run_store import RunStore
 

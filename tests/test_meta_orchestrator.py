@@ -8,8 +8,8 @@ import yaml
 import torch
 
 from meta.config import config_hash
-from meta.export import main as export_main
-from meta.lock import RunLock
+from meta.after.export import main as export_main
+from meta.search.lock import RunLock
 from meta.run import main
 from results.store.run_store import RunStore
 

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from meta.compose import CONF_DIR, compose
-from meta.pilot import PilotConfig, main, radius_key
+from meta.pilot.cli import PilotConfig, main, radius_key
 from meta.synthetic import member as synthetic_member
 from results.report.pilot import format_pilot, is_pilot_dir
 from results.store.records import MemberSpec
@@ -293,7 +293,7 @@ def test_the_report_of_an_unfinished_pilot_shows_the_runs_final_so_far(tmp_path,
 
 
 def test_help_prints_the_usage(capsys):
-    from meta.pilot import USAGE
+    from meta.pilot.cli import USAGE
 
     assert main(["--help"]) == 0
     assert capsys.readouterr().out == USAGE + "\n"

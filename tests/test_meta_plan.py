@@ -121,7 +121,7 @@ def test_a_dry_run_of_a_resume_plans_the_remaining_generations_and_changes_nothi
     before = {p: p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
     capsys.readouterr()
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="meta.resume"):
+    with caplog.at_level(logging.INFO, logger="meta.search.resume"):
         assert main([f"run_dir={run_dir}", "generations=3", "dry_run=true"]) == 0
     out = capsys.readouterr().out
     assert f"resume of the search in {run_dir}" in out and "generations 1..2 (2 to run)" in out

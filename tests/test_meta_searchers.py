@@ -6,7 +6,7 @@ import io
 import pytest
 import torch
 
-from meta.init import initial_center
+from meta.search.init import initial_center
 from meta.searchers import build_searcher
 from meta.synthetic import objective
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from meta.live_watch import GenerationSnapshot, MemberWatch, ProgressLine, all_same_warning, generation_eta
+from meta.search.live_watch import GenerationSnapshot, MemberWatch, ProgressLine, all_same_warning, generation_eta
 from meta.run import main as run_main
-from meta.status import main as status_main
-from meta.status import render
+from meta.status.view import main as status_main
+from meta.status.view import render
 from results.store.layout import TENSORBOARD_DIR
 from results.store.progress import MemberProgress
 from results.store.records import ResultRecord, write_result
@@ -41,7 +41,7 @@ with running_time_ledger(work_dir, 0, 1.0):
 
 HOLD_LOCK = """
 import sys, time
-from meta.lock import RunLock
+from meta.search.lock import RunLock
 lock = RunLock(sys.argv[1])
 lock.acquire()
 print("held", flush=True)

@@ -58,7 +58,7 @@ def test_gguf_converts_once_and_the_model_answers(cache):
 
 
 def test_one_gbmpo_step_on_the_real_model(cache, tmp_path):
-    from inner_loop.member import train_member
+    from inner_loop.member.lifecycle import train_member
 
     inner = _inner(steps=1, batch_size=4, group_size=2, val_size=4, val_batch_size=4, max_completion_length=8,
                    save_every=1, num_threads=2)

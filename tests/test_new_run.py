@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from meta.pilot import main as pilot_main
-from meta.resume import nearest_run_dirs
+from meta.pilot.cli import main as pilot_main
+from meta.search.resume import nearest_run_dirs
 from meta.run import main as run_main
 from meta.tune.cli import main as tune_main
 

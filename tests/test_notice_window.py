@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import pytest
 
-from inner_loop import notice
+from inner_loop.member import notice
 from launch.slurm.options import SlurmOptions
 from meta.plan import notice_lines
 from results.store.gpu_time import GpuSharing

@@ -1,4 +1,4 @@
-"""Pinned CPU numerics (inner_loop/numerics.py): what a tiny-preset run computes with, whoever starts it.
+"""Pinned CPU numerics (inner_loop/numerics/pinned.py): what a tiny-preset run computes with, whoever starts it.
 
 The settings only take effect in a process that starts with them, so these tests look at fresh processes: the
 state torch and MKL report there, and a member asked for from this (unpinned) test process."""
@@ -14,15 +14,15 @@ from pathlib import Path
 import pytest
 
 from conf_groups import load_group
-import inner_loop.numerics as numerics
+import inner_loop.numerics.pinned as numerics
 from inner_loop.config import InnerConfig, ModelConfig
-from inner_loop.warmup import cpu_capabilities, warmup_key
+from inner_loop.training.warmup import cpu_capabilities, warmup_key
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(not numerics.can_pin(), reason="pinned numerics need a CPU with AVX2 and FMA")
 
-_REPORT = "import json; from inner_loop import numerics; print(json.dumps(numerics.in_force().as_dict()))"
-_PIN_THEN_REPORT = "from inner_loop import numerics; numerics.pin_this_process(); " + _REPORT
+_REPORT = "import json; from inner_loop.numerics import pinned as numerics; print(json.dumps(numerics.in_force().as_dict()))"
+_PIN_THEN_REPORT = "from inner_loop.numerics import pinned as numerics; numerics.pin_this_process(); " + _REPORT
 
 
 def _state(code: str, **env: str) -> dict:
@@ -83,7 +83,7 @@ def test_a_warmed_model_is_cached_under_the_numerics_it_was_built_with():
 def test_the_member_entry_decides_before_torch_or_vllm_is_loaded():
     """The entry point must not load torch (the pinning would come too late) nor vLLM (TRL imports it whenever it is
     installed: seconds per member process) before it has read the member's config."""
-    code = ("import sys, inner_loop.member_entry as entry; entry.keep_vllm_out_unless_used({'train': {}}); "
+    code = ("import sys, inner_loop.member.entry as entry; entry.keep_vllm_out_unless_used({'train': {}}); "
             "import importlib.util as u; print('torch' in sys.modules, u.find_spec('vllm') is None)")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -92,7 +92,7 @@ def test_the_member_entry_decides_before_torch_or_vllm_is_loaded():
 
 _JOB_PROCESS = """
 import json, sys, importlib.util
-from inner_loop.member_entry import train_member
+from inner_loop.member.entry import train_member
 spec = {"run_id": "r", "generation": 0, "index": 0, "seed": 0, "params": [], "work_dir": sys.argv[1],
         "inner": {"model": {"name": "no_such_model"}, "train": {}, "task": {"name": "arith"}, "divergence": {}}}
 record = train_member(spec)

@@ -1,4 +1,4 @@
-"""``python -m meta.status`` on a pilot run dir (meta/pilot_status.py): a real pilot of synthetic members, finished
+"""``python -m meta.status`` on a pilot run dir (meta/pilot/status.py): a real pilot of synthetic members, finished
 and, in a copy, as a pilot in flight shows it (a run running, one failed, one queued, one not submitted); a pilot
 killed before its plan; --watch; and exit 2 for a directory that is neither a search, a tuning nor a pilot."""
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from meta.pilot import main as pilot_main
-from meta.status import main as status_main
-from meta.status import render
+from meta.pilot.cli import main as pilot_main
+from meta.status.view import main as status_main
+from meta.status.view import render
 from results.store.records import ResultRecord, write_result
 from results.store.run_store import RunStore, read_jobs_file, write_jobs_file
 from test_meta_status import RUNNING_MEMBER, _child  # a process holding a run's ledger at step 3 of 10

@@ -1,4 +1,4 @@
-"""Pre-flight (inner_loop/preflight.py): on the member's node, before any data or model is read, the sandbox runs a
+"""Pre-flight (inner_loop/member/preflight.py): on the member's node, before any data or model is read, the sandbox runs a
 program that forks under its real limits, the staged files are readable and the checkpoint directory has room; a
 failure names the node and the cause, ends the job without a result (so the init is not charged) and, on SLURM, sends
 the member to another node (``--exclude``)."""
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from inner_loop import preflight
+from inner_loop.member import preflight
 from inner_loop.sandbox import isolation
-from inner_loop.preflight import PreflightError, check_room, checkpoint_bytes, run_preflight
+from inner_loop.member.preflight import PreflightError, check_room, checkpoint_bytes, run_preflight
 from results.store.layout import PREFLIGHT_FILE, RESULT_FILE
 from results.store.node_failure import node_name
 from results.store.records import NODE_FAILED, ResultRecord
@@ -168,7 +168,7 @@ def test_a_member_that_fails_its_preflight_ends_without_a_result(tmp_path, monke
     spec = MemberSpec(run_id="r", generation=0, index=0, seed=0, params=[0.0] * 380, work_dir=str(tmp_path / "m"),
                       inner={n: raw[n] for n in ("task", "model", "divergence", "train")})
     with pytest.raises(PreflightError, match=f"on node {HOST}"):
-        run_member("inner_loop.member_entry:train_member", spec.to_dict(), timeout_s=0)
+        run_member("inner_loop.member.entry:train_member", spec.to_dict(), timeout_s=0)
     assert not (tmp_path / "m" / RESULT_FILE).exists()
     assert json.loads((tmp_path / "m" / PREFLIGHT_FILE).read_text())["host"] == HOST
 
@@ -176,7 +176,7 @@ def test_a_member_that_fails_its_preflight_ends_without_a_result(tmp_path, monke
 def test_a_pinned_child_that_failed_its_preflight_fails_its_parent_the_same_way(tmp_path, monkeypatch):
     """The tiny preset trains in a pinned child process: its pre-flight failure must not become an ordinary error
     (a failed record, charged) in the job's process."""
-    import inner_loop.member_entry as member_entry
+    import inner_loop.member.entry as member_entry
 
     def child_failing_preflight(module: str, payload: dict, **_: object) -> tuple[int, None]:
         work_dir = Path(payload["spec"]["work_dir"])

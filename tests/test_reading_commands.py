@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from meta.export import main as export_main
+from meta.after.export import main as export_main
 from meta.run import main as run_main
-from meta.status import finished
-from meta.status import main as status_main
+from meta.status.view import finished
+from meta.status.view import main as status_main
 from results.report.compare import main as compare_main
 from results.report.search import main as report_main
 

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from meta.baselines import build_rows, nm_random_vector
+from meta.after.baselines import build_rows, nm_random_vector
 from meta.compose import compose
 from meta.config import build_search_config
-from meta.reevaluate import choose_by_lower_bound, lower_bound
+from meta.after.reevaluate import choose_by_lower_bound, lower_bound
 from meta.run import main
 from mirror_maps import NeuralMirrorMap
 from results.report.paired import paired_difference, seeds_to_exclude_zero, t_quantile

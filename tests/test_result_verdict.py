@@ -5,7 +5,7 @@ import pytest
 import torch
 import yaml
 
-from meta.baselines import build_rows, radius_random_vectors, verdict_roles
+from meta.after.baselines import build_rows, radius_random_vectors, verdict_roles
 from meta.compose import compose
 from meta.config import ConfigError, build_search_config
 from meta.run import main
@@ -135,7 +135,7 @@ def test_a_baseline_takes_its_settings_from_a_yaml_of_overrides_and_names_it(tmp
 
 
 def test_a_baseline_from_a_small_tune_on_the_tiny_preset_trains_at_the_tuned_coefficient(tmp_path, capsys):
-    from meta.status import finished, main as status_main
+    from meta.status.view import finished, main as status_main
     from meta.tune.cli import main as tune_main
 
     run_dir, out = tmp_path / "tune", tmp_path / "kl_tuned.yaml"

@@ -145,7 +145,7 @@ def test_code_version_has_commit_and_dirty_flag(tmp_path):
 
 def test_train_member_records_provenance_before_training(tmp_path, monkeypatch):
 
-    import inner_loop.member as member
+    import inner_loop.member.lifecycle as member
 
     root = Path(__file__).resolve().parent.parent / "conf"
     load = lambda group, name: load_group(group, name, root)  # noqa: E731

@@ -1,4 +1,4 @@
-"""Save on notice (inner_loop/notice.py) without a cluster: a member's job process told that its job ends (SIGTERM,
+"""Save on notice (inner_loop/member/notice.py) without a cluster: a member's job process told that its job ends (SIGTERM,
 as SLURM sends on a requeue or a preemption) has its pinned training process save a checkpoint at the end of the
 step under way and stop without a record; run again, it resumes from that step and ends with the uninterrupted
 run's record. tests/slurm/test_slurm_save_on_notice.py does the same through `scontrol requeue` on the cluster."""
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-import inner_loop.numerics as numerics
-from inner_loop.checkpoints import checkpoint_folders
+import inner_loop.numerics.pinned as numerics
+from inner_loop.training.checkpoints import checkpoint_folders
 from results.store.progress import read_progress
 from results.store.records import read_result
 from conf_groups import load_group
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(not numerics.can_pin(), reason="the tiny preset'
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = 24
 #: the job process of a SLURM array task runs the member (submitit sets SUBMITIT_EXECUTOR there)
-JOB_PROCESS = "import json, sys\nfrom inner_loop.member_entry import train_member\ntrain_member(json.loads(sys.argv[1]))"
+JOB_PROCESS = "import json, sys\nfrom inner_loop.member.entry import train_member\ntrain_member(json.loads(sys.argv[1]))"
 SMALL_MODEL = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64, "warmup_max_steps": 200,
                "warmup_band": [0.0, 1.0], "warmup_check_every": 200, "warmup_probe_size": 32, "warmup_lr": 3e-3,
                "warmup_batch_size": 32}

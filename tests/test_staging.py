@@ -1,4 +1,4 @@
-"""Staged, offline members (inner_loop/staging.py, meta/stage.py): a search stages the hub repositories its members
+"""Staged, offline members (inner_loop/member/staging.py, meta/stage.py): a search stages the hub repositories its members
 read into a stage cache, pins them in the manifest, and its members train from the staged snapshots with the hub and
 the network out of reach; what is not staged is refused up front, before anything is written.
 
@@ -19,7 +19,7 @@ import pytest
 
 from inner_loop.config import ModelConfig
 from inner_loop.models.tiny import build_tiny_model, build_tiny_tokenizer
-from inner_loop.staging import hub_references, stage_inner
+from inner_loop.member.staging import hub_references, stage_inner
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -206,7 +206,7 @@ def test_meta_stage_prints_each_pin_and_writes_no_run_directory(tmp_path, capsys
 def test_a_member_process_reading_nothing_from_the_hub_goes_offline_without_importing_torch(tmp_path):
     code = (
         "import os, sys, json, huggingface_hub.constants as hub\n"
-        "import inner_loop.member_entry as entry\n"
+        "import inner_loop.member.entry as entry\n"
         "local = {'task': {'name': 'mbpp', 'hub_id': sys.argv[1]}, 'model': {'name': 'hub', 'name_or_path': "
         "sys.argv[1]}, 'train': {}}\n"
         "by_name = {**local, 'model': {'name': 'qwen3_1_7b'}}\n"
@@ -226,7 +226,7 @@ def test_a_member_process_reading_nothing_from_the_hub_goes_offline_without_impo
 
 
 def test_the_pilot_stages_as_the_search_does(tmp_path, capsys, offline):
-    from meta.pilot import main
+    from meta.pilot.cli import main
 
     run_dir = tmp_path / "pilot"
     assert main([*SEARCH, f"stage.cache_dir={tmp_path / 'empty-cache'}", f"run_dir={run_dir}", "dry_run=true"]) == 2
@@ -259,9 +259,9 @@ def stage_gsm8k(cache: Path) -> None:
 def test_transfer_datasets_are_staged_pinned_and_read_offline_by_the_reporting_runs(tmp_path, caplog, offline,
                                                                                    monkeypatch):
     """meta.run's staging pins the transfer task's dataset with the run's own; the reporting rows read the pinned
-    snapshot, and the member's own loading code (inner_loop.run_setup.prepare) reads it with the hub offline."""
-    from inner_loop.run_setup import prepare as prepare_member
-    from meta.reporting import _rows
+    snapshot, and the member's own loading code (inner_loop.training.setup.prepare) reads it with the hub offline."""
+    from inner_loop.training.setup import prepare as prepare_member
+    from meta.after.reporting import _rows
     from meta.run import prepare, write_run_files
 
     import datasets

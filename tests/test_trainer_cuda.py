@@ -51,8 +51,8 @@ def test_neural_mirror_member_trains_a_step_on_cuda(tmp_path, form, lora_r):
 
 
 def test_trls_triton_kernels_build_and_run_on_this_gpu():
-    """What a member's device check launches before its model loads (inner_loop/device.py): on a node without the
+    """What a member's device check launches before its model loads (inner_loop/member/device.py): on a node without the
     toolchain Triton needs (a C compiler, Python.h, libcuda) this names the cause and the node is excluded."""
-    from inner_loop.device import kernel_problem
+    from inner_loop.member.device import kernel_problem
 
     assert kernel_problem(torch.device("cuda", torch.cuda.current_device())) == ""

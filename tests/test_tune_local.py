@@ -326,7 +326,7 @@ def test_a_run_that_fails_once_is_retried_like_an_es_member(tmp_path):
 
 
 def test_status_shows_the_trials_the_best_and_a_trial_without_runs(tmp_path):
-    from meta.status import render
+    from meta.status.view import render
 
     run_dir = tmp_path / "run"
     assert main([f"run_dir={run_dir}", "new=true", *SYNTH, "launcher=debug", "tune.trials=3",

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from optuna.trial import TrialState
 
-from inner_loop.member import train_member
+from inner_loop.member.lifecycle import train_member
 from meta.tune.cli import main
 from results.store.intermediate import read_intermediate
 from results.store.layout import INTERMEDIATE_FILE
@@ -51,7 +51,7 @@ def test_intermediate_validation_is_written_every_eval_every_steps_and_leaves_tr
 
 
 def test_eval_every_with_the_test_split_is_refused():
-    from inner_loop.run_setup import validate_inner
+    from inner_loop.training.setup import validate_inner
 
     with pytest.raises(ValueError, match="train.eval_every"):
         validate_inner({**_inner(eval_every=2), "eval_split": "test"})

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from meta.pilot import main as pilot_main
+from meta.pilot.cli import main as pilot_main
 from meta.run import main as run_main
 from meta.tune.cli import main as tune_main
 from results.store.config_nodes import closest_keys, refuse_unknown_keys

@@ -11,13 +11,13 @@ import pytest
 import torch
 import yaml
 
-import inner_loop.warmup as warmup
+import inner_loop.training.warmup as warmup
 from inner_loop.config import InnerConfig, ModelConfig
-from inner_loop.evaluate import EvalResult
+from inner_loop.training.evaluate import EvalResult
 from inner_loop.models.loading import load_policy
 from inner_loop.models.tiny import tiny_model_dir
 from inner_loop.tasks import build_task
-from inner_loop.warmup import (WarmupTargetError, cpu_capabilities, read_warmup_outcome, split_probe, warm_up_to_band,
+from inner_loop.training.warmup import (WarmupTargetError, cpu_capabilities, read_warmup_outcome, split_probe, warm_up_to_band,
                                warmed_model_dir, warmup_key)
 from conf_groups import load_group
 

@@ -1,4 +1,4 @@
-"""The hub ids of the models the presets load by name, in a module without torch: staging (inner_loop/staging.py)
+"""The hub ids of the models the presets load by name, in a module without torch: staging (inner_loop/member/staging.py)
 reads them in a member's first, torch-free moments and on the submitting host."""
 from __future__ import annotations
 

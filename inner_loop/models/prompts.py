@@ -1,6 +1,6 @@
 """Prompt text and completion ends: what the policy sees and where its completions stop.
 
-Shared by training (inner_loop/run_setup.py) and evaluation (inner_loop/evaluate.py), so validation scores the
+Shared by training (inner_loop/training/setup.py) and evaluation (inner_loop/training/evaluate.py), so validation scores the
 same prompts and endings the policy trained on.
 """
 from __future__ import annotations

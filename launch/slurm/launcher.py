@@ -13,7 +13,7 @@ and how a dead job without a result ended. Here:
   timeout, out of memory or a crash -> failed); node failures and unknown jobs are "lost" (None), which the
   runner resubmits. Jobs cancelled by the orchestrator itself (abort) are remembered in the launcher
   folder, so a resumed run resubmits them instead of recording them as cancelled.
-- pre-flight: a member whose node failed its pre-flight (inner_loop/preflight.py) ends FAILED without a result and
+- pre-flight: a member whose node failed its pre-flight (inner_loop/member/preflight.py) ends FAILED without a result and
   with the node and cause in its PREFLIGHT_FILE; that job is lost, not failed: the runner resubmits it (at most
   ``max_lost_resubmits`` times, the init never charged) and its next array excludes every node it failed on
   (``sbatch --exclude``). Which member a job ran is known to the process that submitted it.

@@ -13,7 +13,7 @@ import torch
 
 from meta.searchers.base import DTYPE, Searcher
 from meta.searchers.utilities import TellSummary, check_ranking, measured, tie_averaged_utilities
-from meta.seeding import generator
+from meta.search.seeding import generator
 
 
 class SNESSearcher(Searcher):

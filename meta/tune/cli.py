@@ -30,9 +30,9 @@ from meta.config import (
     absolute_paths,
 )
 from meta.cli_args import run_command
-from meta.resume import NEW_KEY, check_job_namespace, check_resume, open_run_dir, run_dir_label
+from meta.search.resume import NEW_KEY, check_job_namespace, check_resume, open_run_dir, run_dir_label
 from meta.compose import compose_with_choices, merge_overrides
-from meta.staging import stage_run, staged_inner
+from meta.search.staging import stage_run, staged_inner
 from meta.tune.config import STUDY_KEYS, TuneConfig, build_pruner, build_sampler, build_tune_config, study_hash
 from results.store.provenance import code_version
 from results.store.run_store import RunStore
@@ -193,7 +193,7 @@ def open_study(prepared: Prepared) -> Any:
 def run(argv: Sequence[str]) -> int:
     from launch.factory import build_launcher
     from launch.runner import AbortRun
-    from meta.lock import run_locked
+    from meta.search.lock import run_locked
     from meta.tune.export import ExportError, export_preset
     from meta.tune.plan import build_plan
     from meta.tune.tuner import Tuner

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from meta.resume import run_dir_label
+from meta.search.resume import run_dir_label
 from meta.tune.config import TuneConfig
 from results.store.gpu_time import gpu_sharing
 

@@ -1,7 +1,7 @@
 """The findings of a ``meta.pilot`` run: seed noise, paired differences, the ES step's signal-to-noise ratio, and the
 settings that would reach a target SNR; ``python -m results.report RUN_DIR`` shows them for a pilot run dir.
 
-The pilot (meta/pilot.py) asks one question before a search spends its budget: at these settings, do the members'
+The pilot (meta/pilot/cli.py) asks one question before a search spends its budget: at these settings, do the members'
 fitness differences carry more signal than seed noise? Everything here is computed from files alone (the plan,
 config.yaml and each run's result.json), so the report of an unfinished or killed pilot shows what its finished runs
 already say, and meta.pilot writes exactly this summary as pilot.json once every run is final.
@@ -46,7 +46,7 @@ from results.store.run_store import RunStore
 
 logger = logging.getLogger(__name__)
 
-#: the manifest's ``kind`` of a pilot run dir (meta/pilot.py writes it)
+#: the manifest's ``kind`` of a pilot run dir (meta/pilot/cli.py writes it)
 PILOT_KIND = "pilot"
 #: the F-test's level: a combination "has signal" when the pair means' spread exceeds noise at this level
 SIGNIFICANCE = 0.05

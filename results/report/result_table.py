@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 VALIDATION = "validation"
 #: the row that anchors the response-length comparison (the paper reports lengths relative to KL)
 LENGTH_REFERENCE = "kl"
-#: what a baseline row is to the verdict (meta/baselines.py gives each of its rows one): the search's start, maps
+#: what a baseline row is to the verdict (meta/after/baselines.py gives each of its rows one): the search's start, maps
 #: drawn at the search's radius with no selection, a regularizer or tuned row compared with, the untrained model
 ROLE_START, ROLE_RADIUS, ROLE_COMPARED, ROLE_BASE = "start", "radius", "compared", "base"
 #: the order of the verdict's sentences

@@ -101,18 +101,18 @@ GENERATION_DIR_PREFIX = "gen_"
 POPULATION_FILE = "population.pt"
 JOBS_FILE = "jobs.json"
 MEMBER_DIR_PREFIX = "member_"
-#: a generation closed at its quorum: which members were cancelled as late (meta/generation_close.py)
+#: a generation closed at its quorum: which members were cancelled as late (meta/search/generation_close.py)
 CLOSED_FILE = "closed.json"
-#: early_stop's decisions in a generation (meta/early_stop.py), written before any stopped member is cancelled
+#: early_stop's decisions in a generation (meta/search/early_stop.py), written before any stopped member is cancelled
 EARLY_STOP_FILE = "early_stop.json"
 
-# -------------------------------------------------------- re-evaluation dir (meta/reevaluate.py)
+# -------------------------------------------------------- re-evaluation dir (meta/after/reevaluate.py)
 REEVALUATE_DIR = "reevaluation"
 #: the inits re-evaluated (top-k members + final centre) with their params, written before any submission
 CANDIDATES_FILE = "candidates.json"
 #: per candidate: re-evaluated mean, std, n; the chosen init; its test-split numbers
 REEVALUATION_FILE = "reevaluation.json"
-#: stage B of the re-evaluation (meta/reporting.py): the exported init and the baselines retrained on fresh seeds,
+#: stage B of the re-evaluation (meta/after/reporting.py): the exported init and the baselines retrained on fresh seeds,
 #: inside REEVALUATE_DIR (member dirs and jobs.json like a generation's)
 REPORTING_DIR = "reporting"
 #: the reporting rows (name, divergence block and its source, params, inner config), written before any submission
@@ -137,7 +137,7 @@ RESULT_FILE = "result.json"
 SPEC_FILE = "spec.json"
 #: the running-time ledger, also the orchestrator's "this attempt has started" marker
 STARTED_FILE = "started.json"
-#: the last failed pre-flight of a member (inner_loop/preflight.py): {host, cause, time}; the job ended without a
+#: the last failed pre-flight of a member (inner_loop/member/preflight.py): {host, cause, time}; the job ended without a
 #: result, and a launcher that can exclude nodes resubmits it elsewhere
 PREFLIGHT_FILE = "preflight.json"
 MEMBER_LOCK_FILE = ".member.lock"
@@ -154,7 +154,7 @@ RUN_MANIFEST_FILE = "manifest.json"
 #: the Trainer's output_dir
 CHECKPOINT_DIR = "checkpoints"
 #: where a checkpoint folder goes while it is deleted, so a crash mid-delete never leaves a half-deleted folder
-#: under a name that looks resumable; the next cleanup finishes the job (inner_loop/checkpoints.py)
+#: under a name that looks resumable; the next cleanup finishes the job (inner_loop/training/checkpoints.py)
 CHECKPOINT_TRASH_DIR = ".checkpoints.deleting"
 #: where a single run leaves its trained model, whatever train.keep_checkpoints says
 FINAL_MODEL_DIR = "final"
@@ -176,7 +176,7 @@ TRIALS_DIR = "tuning_trials"
 TRIAL_DIR_PREFIX = "trial_"
 TRIAL_FILE = "trial.json"
 
-# ------------------------------------------------------------ pilot run dir (meta/pilot.py)
+# ------------------------------------------------------------ pilot run dir (meta/pilot/cli.py)
 #: the pilot's plan: centre, pair directions, (radius, coef) combinations, seeds and every run's role
 PILOT_PLAN_FILE = "pilot_plan.json"
 #: every run of the pilot (jobs.json, submitit/, member dirs), laid out like a generation dir
@@ -193,7 +193,7 @@ _STATE_RE = re.compile(rf"^{GENERATION_DIR_PREFIX}(\d{{{_GENERATION_WIDTH},}}){r
 _MEMBER_RE = re.compile(rf"^{MEMBER_DIR_PREFIX}(\d{{{_MEMBER_WIDTH},}})$")
 _TRIAL_RE = re.compile(rf"^{TRIAL_DIR_PREFIX}(\d{{{_GENERATION_WIDTH},}})$")
 _ARCHIVED_RESULT = "result.attempt{}.json"
-#: a finished run scored afterwards on a task's split (inner_loop/transfer.py); task names may hold underscores
+#: a finished run scored afterwards on a task's split (inner_loop/training/transfer.py); task names may hold underscores
 _EVALUATION_FILE = "evaluation_{}_{}.json"
 _EVALUATION_RE = re.compile(r"^evaluation_([A-Za-z0-9][A-Za-z0-9_.-]*)_(validation|test)\.json$")
 _TASK_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")

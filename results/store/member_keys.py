@@ -2,7 +2,7 @@
 config can read them without the run store)."""
 
 #: the inner-config key of a member whose resources ask for GPUs (resources.gpus >= 1): how many. The member refuses
-#: to train without a usable GPU (inner_loop/device.py); absent: a CPU member, or one that takes what it finds
+#: to train without a usable GPU (inner_loop/member/device.py); absent: a CPU member, or one that takes what it finds
 MEMBER_GPUS_KEY = "gpus"
 #: the inner-config key of a GPU member's share of its GPU's memory (resources.gpu_memory_fraction; absent: all of it,
 #: one member per GPU): its generation cache and the full form's chunks are sized from that budget, never from what

@@ -42,7 +42,7 @@ CLIP_RATIO_PREFIX = "clip_ratio/"
 TRUST_REGION_PREFIX = "trust_region/"
 POLICY_METRIC_PREFIXES = (CLIP_RATIO_PREFIX, TRUST_REGION_PREFIX)
 
-# --- the result record's diagnostics: the mean over the logged steps of a logged value (inner_loop/diagnostics.py)
+# --- the result record's diagnostics: the mean over the logged steps of a logged value (inner_loop/training/diagnostics.py)
 REWARD_MEAN = "reward_mean"
 ZERO_VARIANCE_GROUP_FRAC = "zero_variance_group_frac"
 CLIPPED_COMPLETION_RATIO = "clipped_completion_ratio"

@@ -1,4 +1,4 @@
-"""The one reader of a member's PREFLIGHT_FILE: the node that could not run it and why (inner_loop/preflight.py
+"""The one reader of a member's PREFLIGHT_FILE: the node that could not run it and why (inner_loop/member/preflight.py
 writes it; the SLURM launcher excludes the node, the runner ends a member no node could run as node_failed)."""
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A member's training progress while it runs: ``progress.json`` in its work dir, rewritten at each logging step.
 
-Advisory, for people and the orchestrator's warnings (meta.status, meta/live_watch.py): a missing or unreadable
+Advisory, for people and the orchestrator's warnings (meta.status, meta/search/live_watch.py): a missing or unreadable
 file means "no progress known", never a failure. Standard library only: member processes import it.
 """
 from __future__ import annotations

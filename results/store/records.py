@@ -19,7 +19,7 @@ from results.store.layout import RESULT_FILE, SPEC_FILE  # re-exported: importer
 
 #: late: cancelled unfinished when its ES generation closed at the quorum (no measurement, never retried);
 #: pruned: stopped by a tuner's pruner (never retried); stopped_early: stopped at an ES generation's early decision
-#: step, below the reported median beyond noise (meta/early_stop.py; ranked at the bottom, never retried)
+#: step, below the reported median beyond noise (meta/search/early_stop.py; ranked at the bottom, never retried)
 STOPPED_EARLY = "stopped_early"
 #: node_failed: every node the member was sent to failed its pre-flight or could not give it its GPU (the job ended
 #: without a result each time, up to launcher.max_lost_resubmits resubmits): the node's failure, not the init's, so
@@ -105,7 +105,7 @@ class ResultRecord:
     #: how the member generated its completions: {"backend", "completions_sha256", "from_step"}
     #: (inner_loop/generation/backends.py names the backends); empty for older records and synthetic objectives
     generation: dict[str, Any] = field(default_factory=dict)
-    #: the device the member trained on (inner_loop/device.py): type (cuda / cpu), name, memory_bytes, torch, cuda
+    #: the device the member trained on (inner_loop/member/device.py): type (cuda / cpu), name, memory_bytes, torch, cuda
     #: (torch's CUDA version), peak_memory_bytes (torch's peak GPU allocation); empty where not recorded (older
     #: records, records the launcher wrote, synthetic objectives)
     device: dict[str, Any] = field(default_factory=dict)

@@ -316,7 +316,7 @@ class RunStore:
         except FileNotFoundError:
             return None
 
-    # ------------------------------------------------------------- pilot (meta/pilot.py)
+    # ------------------------------------------------------------- pilot (meta/pilot/cli.py)
     @property
     def pilot_runs_dir(self) -> Path:
         """Every run of a pilot, laid out like a generation dir: jobs.json, member_NNN/, submitit/."""

@@ -1,5 +1,5 @@
 """The vocabulary of a run's staging pins (manifest.json ``staged``), shared by whoever writes them (the entry
-point's staging, inner_loop/staging.py) and whoever reads them (meta/staging.py, meta/stage.py); one owner, importing
+point's staging, inner_loop/member/staging.py) and whoever reads them (meta/search/staging.py, meta/stage.py); one owner, importing
 nothing, so that the outer loop reads the pins without importing the inner loop."""
 
 #: the manifest's key for the pins of a staged run

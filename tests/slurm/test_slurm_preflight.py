@@ -47,7 +47,7 @@ def test_a_member_failing_preflight_is_resubmitted_without_its_node(slurm_cluste
     launcher = SlurmLauncher(**FAST, job_name="mirror-es-preflight", submit_attempts=1, cpus_per_task=1,
                               setup=setup)
     jobs: dict[int, dict] = {}
-    runner = MemberArrayRunner(launcher, "inner_loop.member_entry:train_member", [spec], {}, jobs.update,
+    runner = MemberArrayRunner(launcher, "inner_loop.member.entry:train_member", [spec], {}, jobs.update,
                                tmp_path / "submitit", RunnerPolicy(retries=0, timeout_s=600, max_lost_resubmits=2))
     with pytest.raises(AbortRun) as stopped:
         runner.run()

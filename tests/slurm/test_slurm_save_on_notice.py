@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from inner_loop.member_entry import train_member
+from inner_loop.member.entry import train_member
 from launch.runner import MemberArrayRunner, RunnerPolicy
 from launch.slurm.launcher import SlurmLauncher
 from results.store.progress import read_progress
@@ -22,7 +22,7 @@ from test_save_on_notice import STEPS, notice_spec, same_outcome
 
 pytestmark = pytest.mark.slow
 
-ENTRY = "inner_loop.member_entry:train_member"
+ENTRY = "inner_loop.member.entry:train_member"
 
 
 def test_scontrol_requeue_costs_at_most_the_step_under_way(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:

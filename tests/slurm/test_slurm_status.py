@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from meta.status import render
+from meta.status.view import render
 from results.store.layout import JOBS_FILE
 from results.store.run_store import RunStore, read_jobs_file
 from slurm_helpers import LocalSlurm, run_slurm_command

@@ -1,0 +1,184 @@
+"""The member process's entry point (``inner.entrypoint``): the numerics a run asks for, then `train_member`.
+
+A run with ``model.cpu_numerics: pinned`` must compute under the pinned settings (inner_loop/numerics/pinned.py), which
+only take effect in a process that starts with them. Unless this process did (it is such a child, or torch runs
+here under the pinned settings already), the member trains in a child process started with them, and its record is
+returned here. The process that calls this stays light (this module imports no torch), so a launched member pays one
+Python start-up more, not a second torch import. The child also keeps vLLM out when the run does not generate with
+it: TRL imports vLLM whenever it is installed, seconds per process.
+
+Runs with native numerics (every GPU preset) train in this process, as before.
+
+In a SLURM array task it also handles the job's end notices (inner_loop/member/notice.py): SIGTERM or the time-limit
+USR2 makes the trainer (here or in the pinned child, to which the notice is forwarded) save a checkpoint at the end
+of its step before submitit requeues the job or the process exits.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import inner_loop.numerics.pinned as numerics
+import inner_loop.member.notice as notice
+from results.store.records import MemberSpec, ResultRecord, read_result
+
+logger = logging.getLogger(__name__)
+
+#: submitit's SUBMITIT_EXECUTOR in the process of a job it started (a process that exists to run one member)
+SLURM_EXECUTOR = "slurm"
+JOB_PROCESS_EXECUTORS = ("local", SLURM_EXECUTOR)
+
+
+def _spec_dict(spec: MemberSpec | Mapping[str, Any]) -> dict[str, Any]:
+    if isinstance(spec, MemberSpec):
+        return spec.to_dict()
+    if isinstance(spec, Mapping):
+        return dict(spec)
+    raise TypeError(f"train_member expects a MemberSpec or its dict, got {type(spec).__name__}")
+
+
+def needs_pinned_child(inner: Mapping[str, Any]) -> bool:
+    """Whether a run with this inner config must train in a pinned child process (it asks for pinned numerics,
+    the CPU can give them, and this process does not compute with them)."""
+    if not numerics.wants_pinned(inner):
+        return False
+    if not numerics.can_pin():
+        logger.warning("model.cpu_numerics=pinned needs a CPU with AVX2 and FMA, which this one lacks: the run "
+                       "uses this machine's own numerics and will not match other machines' runs")
+        return False
+    if numerics.started_pinned():
+        return False
+    return not ("torch" in sys.modules and numerics.pinned_in_force())
+
+
+def train_member(spec: MemberSpec | Mapping[str, Any], save_final: bool = False) -> ResultRecord:
+    """Train and validate one member under the numerics its config asks for; returns its ResultRecord."""
+    data = _spec_dict(spec)
+    executor = os.environ.get("SUBMITIT_EXECUTOR")
+    if "torch" not in sys.modules and executor in JOB_PROCESS_EXECUTORS:
+        settle_member_process(data.get("inner") or {})  # a job's own process, there for this member alone
+    if executor == SLURM_EXECUTOR and threading.current_thread() is threading.main_thread():
+        notice.install()  # after submitit's handlers, which run once the checkpoint is saved
+        return notice.run_handing_on(lambda: _train_here_or_pinned(data, save_final))
+    return _train_here_or_pinned(data, save_final)
+
+
+def _train_here_or_pinned(data: dict[str, Any], save_final: bool) -> ResultRecord:
+    if needs_pinned_child(data.get("inner") or {}):
+        return _train_in_pinned_child(data, save_final)
+    from inner_loop.member.lifecycle import train_member as train
+
+    return train(data, save_final=save_final)
+
+
+def settle_member_process(inner: Mapping[str, Any]) -> None:
+    """A process that exists for this one member: vLLM out unless used, and offline (HF_HUB_OFFLINE,
+    HF_DATASETS_OFFLINE) when the member reads nothing from the hub (a staged run: inner_loop/member/staging.py). Never in a
+    process that may do other work later (a test session, an in-process debug member, an orchestrator)."""
+    from inner_loop.member.staging import go_offline, hub_references
+
+    keep_vllm_out_unless_used(inner)
+    try:
+        local = not hub_references(inner)
+    except (ValueError, KeyError, TypeError):  # a bad config: the member records that as its failure
+        return
+    if local:
+        go_offline()
+
+
+def keep_vllm_out_unless_used(inner: Mapping[str, Any]) -> None:
+    """TRL imports vLLM whenever it is installed, which costs a member process 4-8 s; a member that does not generate
+    with vLLM never needs it. Hidden from this process only (``sys.modules["vllm"] = None``: find_spec answers None
+    and an import fails): called only in a process that exists for this one member (the pinned child, a job's
+    process, `python -m inner_loop.run` for one run), never in one that may use vLLM for something else later (a
+    test session, an orchestrator, a sweep)."""
+    trl_options = (inner.get("train") or {}).get("trl") or {}
+    if not trl_options.get("use_vllm") and "vllm" not in sys.modules:
+        sys.modules["vllm"] = None  # type: ignore[assignment]
+
+
+def _train_in_pinned_child(data: dict[str, Any], save_final: bool) -> ResultRecord:
+    work_dir = Path(data["work_dir"])
+    logger.info("member %s: training in a pinned child process", work_dir)
+    try:
+        code, _ = numerics.run_pinned_child(__name__, {"spec": data, "save_final": save_final},
+                                            started=notice.attach_child)
+    finally:
+        notice.attach_child(None)
+    record = read_result(work_dir)
+    if record is None and code != 0:
+        from inner_loop.member.preflight import PreflightError, preflight_failure
+
+        failure = preflight_failure(work_dir)
+        if failure is not None:  # the child's node failed its pre-flight: the job must end without a result too
+            raise PreflightError(failure)
+    if record is None:
+        raise RuntimeError(f"the pinned member process for {work_dir} exited with status {code} without a result")
+    return record
+
+
+def validate_inner(inner: Mapping[str, Any]) -> None:
+    """The up-front check of a member's config (no training): see inner_loop.training.setup.validate_inner."""
+    from inner_loop.training.setup import validate_inner as validate
+
+    validate(inner)
+
+
+def finalize_member(spec: MemberSpec | Mapping[str, Any]) -> None:
+    """See inner_loop.member.lifecycle.finalize_member."""
+    from inner_loop.member.lifecycle import finalize_member as finalize
+
+    finalize(spec)
+
+
+def stage_inner(inner: Mapping[str, Any], **options: Any) -> list[dict[str, Any]]:
+    """What a member of ``inner`` reads from the hub, staged: see inner_loop.member.staging.stage_inner."""
+    from inner_loop.member.staging import stage_inner as stage
+
+    return stage(inner, **options)
+
+
+def use_staged(inner: Mapping[str, Any], pins: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """``inner`` reading the staged snapshots ``pins`` holds: see inner_loop.member.staging.use_staged."""
+    from inner_loop.member.staging import use_staged as use
+
+    return use(inner, pins)
+
+
+def preflight_host(inner: Mapping[str, Any], directory: str | Path, probe_sandbox: bool) -> None:
+    """The members' pre-flight (inner_loop/member/preflight.py) on the submitting host, before the first submission:
+    ValueError naming this host and the cause. ``probe_sandbox``: the members run on this host (local launchers)."""
+    from inner_loop.member.preflight import PreflightError, run_preflight
+
+    try:
+        run_preflight(inner, Path(directory), probe_sandbox=probe_sandbox, member=False)
+    except PreflightError as exc:
+        raise ValueError(str(exc)) from None
+
+
+train_member.validate = validate_inner  # type: ignore[attr-defined]
+train_member.finalize = finalize_member  # type: ignore[attr-defined]
+train_member.stage = stage_inner  # type: ignore[attr-defined]
+train_member.preflight = preflight_host  # type: ignore[attr-defined]
+train_member.use_staged = use_staged  # type: ignore[attr-defined]
+
+
+def _child_main() -> int:
+    logging.basicConfig(level=os.environ.get("MIRROR_ES_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    payload = numerics.read_child_payload()
+    settle_member_process(payload["spec"].get("inner") or {})
+    notice.install()  # a notice forwarded by the job process: save at the end of the step, then stop
+    try:
+        train_member(payload["spec"], save_final=bool(payload.get("save_final")))  # the record is in its work dir
+    except notice.NoticeHonoured:
+        return notice.SAVED_ON_NOTICE_EXIT
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_child_main())

@@ -1,0 +1,253 @@
+"""The rows of the result table: the exported init and the baselines it is compared with, each as a training run.
+
+A baseline is only fair when it is trained like the searched init (same task, model, training settings, seeds)
+and with its OWN regularization strength. So a row's divergence block is composed by Hydra from the run's own
+command line with ``divergence=<name>`` and every ``divergence.*`` override dropped: a preset's or the user's
+neural-map coefficient never reaches the KL row (its coefficient comes from ``coef_by_divergence.<name>`` when a
+preset or the command line sets it, else from conf/divergence/<name>.yaml; the row records which).
+
+Rows (``reevaluate.baselines`` picks the baselines; the exported init is always the first row):
+  exported   NM-GRPO-ES: the init chosen on the selection seeds
+  center     the search's starting centre (``init``), the map every member was a perturbation of
+  nm_random  NM-GRPO: the authors' random map, parameters U(0, 0.01) drawn with seed 42, whatever the transform
+  radius_random  maps drawn at the search's radius around its start as its first generation draws them, no
+             selection: one per reporting seed (what a search's step buys before it has read any fitness)
+  kl         GRPO-style KL regularization (conf/divergence/kl.yaml)
+  prob_l2    ProbL2, L2 in probability space (conf/divergence/prob_l2.yaml)
+  none       plain Dr. GRPO, no regularizer
+  base       the model before any RL step (train.steps = 0: scored untrained)
+
+A baseline written ``<row>@<preset file>`` (``kl@kl_tuned.yaml``) is that row trained with the divergence and train
+settings of a preset file (what ``meta.tune ... export=`` writes, or a YAML of overrides of those nodes): a tuned
+KL, ProbL2 or starting map beside the search. The row names its file.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from meta.config import BASELINES, PRESET_MARK, ConfigError, SearchConfig
+from results.report.result_table import ROLE_BASE, ROLE_COMPARED, ROLE_RADIUS, ROLE_START
+
+EXPORTED = "exported"
+RADIUS_RANDOM = "radius_random"
+#: the purpose the radius_random row's searcher seeds are derived under: derive_seed(run seed, this, seed index)
+RADIUS_RANDOM_PURPOSE = "radius_random"
+#: the nodes a preset file may set for a row: what a tune tunes
+PRESET_NODES = ("divergence", "train")
+#: nodes a preset may carry but must agree with the search on: a row on another task or model compares nothing
+PRESET_FIXED = ("task", "model")
+LABELS = {
+    EXPORTED: "NM-GRPO-ES (exported init)",
+    "center": "NM-GRPO-ES start (search centre)",
+    "nm_random": "NM-GRPO (random init, seed 42)",
+    RADIUS_RANDOM: "random maps at the search's radius (no selection)",
+    "kl": "KL",
+    "prob_l2": "ProbL2",
+    "none": "Dr. GRPO (no regularizer)",
+    "base": "base model (no RL)",
+}
+#: rows whose divergence is a hand-designed one, composed from its own config group
+_GROUP_ROWS = ("kl", "prob_l2", "none")
+#: rows that train the search's own divergence with a map
+_MAP_ROWS = (EXPORTED, "center", "nm_random", RADIUS_RANDOM)
+#: what each row is to the verdict below the table (a row with a preset is a tuned row: ROLE_COMPARED)
+_ROLES = {"center": ROLE_START, RADIUS_RANDOM: ROLE_RADIUS, "kl": ROLE_COMPARED, "prob_l2": ROLE_COMPARED,
+          "base": ROLE_BASE}
+
+
+@dataclass(frozen=True)
+class ReportRow:
+    """One row to train on the reporting seeds: what it is, its resolved divergence and where its coefficient
+    comes from, the map vector (None: no map), and the full inner config each of its runs gets.
+    ``params_per_seed``: one map per reporting seed instead of one for all (the radius_random row)."""
+
+    name: str
+    label: str
+    divergence: dict[str, Any]
+    coef_source: str
+    params: list[float] | None
+    inner: dict[str, Any]
+    params_per_seed: list[list[float]] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def _drops(override: str, group: str) -> bool:
+    key = _key(override)
+    return key == group or key.startswith(group + ".")
+
+
+def group_block(group: str, option: str, overrides: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Config group ``group`` set to ``option`` under the run's overrides with that group's own overrides dropped:
+    (the group's resolved block, the whole resolved config)."""
+    from meta.compose import compose
+
+    kept = [o for o in overrides if not _drops(o, group)]
+    raw = compose([*kept, f"{group}={option}"])
+    return dict(raw[group]), raw
+
+
+def coef_source(name: str, overrides: Sequence[str], raw: Mapping[str, Any]) -> str:
+    """Where the ``name`` divergence's coefficient comes from (shown in the plan and the table)."""
+    key = f"coef_by_divergence.{name}"
+    if any(_key(o) == key for o in overrides):
+        return f"{key} (command line)"
+    if name in (raw.get("coef_by_divergence") or {}):
+        experiment = next((o.split("=", 1)[1] for o in overrides if _key(o) == "experiment"), "tiny_arith")
+        return f"{key} (experiment={experiment})"
+    return f"conf/divergence/{name}.yaml"
+
+
+def _search_coef_source(overrides: Sequence[str], raw: Mapping[str, Any], name: str) -> str:
+    if any(_key(o) == "divergence.coef" for o in overrides):
+        return "divergence.coef (command line)"
+    return coef_source(name, overrides, raw)
+
+
+def nm_random_vector(param_transform: str) -> list[float]:
+    """The search vector of the authors' random map under ``param_transform``."""
+    import torch
+
+    from mirror_maps import AUTHORS_INIT_SEED, NeuralMirrorMap, vector_for_parameters
+
+    params = NeuralMirrorMap.random_init(AUTHORS_INIT_SEED, param_transform="none", dtype=torch.float64).to_vector()
+    return vector_for_parameters(params, param_transform).tolist()
+
+
+def transfer_tasks(names: Sequence[str], overrides: Sequence[str]) -> list[dict[str, Any]]:
+    """The ``extra_evaluations`` entries of a reporting run for the transfer tasks (each a conf/task/ group,
+    composed under the run's overrides with its own task.* overrides dropped)."""
+    entries = []
+    for name in names:
+        block, _ = group_block("task", name, overrides)
+        entries.append({"name": f"transfer/{block.get('name', name)}", "task": block})
+    return entries
+
+
+def radius_random_vectors(cfg: SearchConfig, count: int) -> list[list[float]]:
+    """``count`` maps drawn as the search's first generation draws them: map s is the first member that the search's
+    own searcher (its es settings, so its radius key; its start centre) asks for generation 0 when seeded with
+    derive_seed(run seed, RADIUS_RANDOM_PURPOSE, s). The vectors go through the search's ``param_transform`` in the
+    member like any member's. No selection and no update: what a step of the search's size gives by itself."""
+    from meta.searchers import build_searcher
+    from meta.search.seeding import derive_seed
+
+    centre = cfg.center()
+    return [build_searcher(cfg.es, centre, cfg.population, derive_seed(cfg.seed, RADIUS_RANDOM_PURPOSE, s))
+            .ask(0)[0].tolist() for s in range(count)]
+
+
+def split_baseline(entry: str) -> tuple[str, str | None]:
+    """``kl@kl_tuned.yaml`` -> ("kl", "kl_tuned.yaml"); a plain name -> (name, None)."""
+    name, mark, preset = entry.partition(PRESET_MARK)
+    return name, (preset if mark else None)
+
+
+def read_preset(path: str, name: str, cfg: SearchConfig) -> dict[str, dict[str, Any]]:
+    """The ``divergence`` and ``train`` settings a preset file gives the ``name`` row. ConfigError when the file is
+    missing or not YAML, sets nothing the row can use, names another divergence than the row's, or trains on
+    another task or model than the search (the row would compare nothing)."""
+    import yaml
+
+    where = f"reevaluate.baselines: {name}{PRESET_MARK}{path}"
+    try:
+        body = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read the preset file ({exc.strerror})") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where}: not a YAML file ({str(exc).splitlines()[0]})") from None
+    if not isinstance(body, dict):
+        raise ConfigError(f"{where}: the file must be a mapping of config nodes (divergence: {{coef: ...}})")
+    nodes = {node: body[node] for node in PRESET_NODES if node in body}
+    if not nodes or not all(isinstance(v, dict) for v in nodes.values()):
+        raise ConfigError(f"{where}: the file sets no {' or '.join(PRESET_NODES)} mapping for the row to train with")
+    for node in PRESET_FIXED:
+        given = body.get(node)
+        if isinstance(given, dict) and given.get("name") != cfg.inner_config[node].get("name"):
+            raise ConfigError(f"{where}: the preset trains {node} {given.get('name')!r}, the search "
+                              f"{cfg.inner_config[node].get('name')!r}; a row must train on the search's {node}")
+    return nodes
+
+
+def _merged(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(dict(base))
+    for key, value in update.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def _apply_preset(row: ReportRow, path: str, cfg: SearchConfig) -> ReportRow:
+    """The row trained with a preset file's settings; its name and label name the file."""
+    nodes = read_preset(path, row.name, cfg)
+    divergence = _merged(row.divergence, nodes.get("divergence", {}))
+    if divergence.get("name") != row.divergence.get("name"):
+        raise ConfigError(f"reevaluate.baselines: {row.name}{PRESET_MARK}{path}: the preset's divergence is "
+                          f"{divergence.get('name')!r}, the row's {row.divergence.get('name')!r}")
+    inner = copy.deepcopy(row.inner)
+    inner["divergence"] = divergence
+    inner["train"] = _merged(inner["train"], nodes.get("train", {}))
+    return dataclasses.replace(row, name=f"{row.name}{PRESET_MARK}{path}",
+                               label=f"{row.label}, tuned ({path})", divergence=dict(divergence),
+                               coef_source=f"preset {path}", inner=inner)
+
+
+def verdict_roles(baselines: Sequence[str]) -> dict[str, str]:
+    """Baseline -> its role in the verdict, for the baselines the verdict speaks of (tuned rows included)."""
+    roles = {}
+    for entry in baselines:
+        name, preset = split_baseline(entry)
+        if preset is not None or name in _ROLES:
+            roles[entry] = ROLE_COMPARED if preset is not None else _ROLES[name]
+    return roles
+
+
+def build_rows(cfg: SearchConfig, overrides: Sequence[str], exported_params: Sequence[float] | None,
+               baselines: Sequence[str], transfer: Sequence[str], test: bool, seeds: int) -> list[ReportRow]:
+    """Every row of the result table, the exported init first. ``exported_params`` None: a plan (dry run), where
+    the exported init is not known yet. ``seeds``: the reporting seeds (the radius_random row draws one map each)."""
+    search_block = dict(cfg.inner_config["divergence"])
+    search_name = str(search_block.get("name"))
+    _, search_raw = group_block("divergence", search_name, overrides)
+    extra = ([{"name": "test", "task": None}] if test else []) + transfer_tasks(transfer, overrides)
+    base_inner = cfg.member_inner()
+    if extra:
+        base_inner["extra_evaluations"] = extra
+    transform = cfg.param_transform
+    rows = []
+    for entry in (EXPORTED, *baselines):
+        name, preset = split_baseline(entry)
+        inner = copy.deepcopy(base_inner)
+        params: list[float] | None = None
+        per_seed: list[list[float]] | None = None
+        if name in _GROUP_ROWS:
+            block, raw = group_block("divergence", name, overrides)
+            source = coef_source(name, overrides, raw) if name != "none" else "no regularizer"
+        elif name == "base":
+            block, source = group_block("divergence", "none", overrides)[0], "no training"
+            inner["train"] = {**inner["train"], "steps": 0}
+        elif name in _MAP_ROWS:
+            block, source = search_block, _search_coef_source(overrides, search_raw, search_name)
+            if name == "center":
+                params = cfg.center().tolist()
+            elif name == "nm_random":
+                params = nm_random_vector(transform)
+            elif name == RADIUS_RANDOM:
+                per_seed = radius_random_vectors(cfg, seeds)
+            elif exported_params is not None:
+                params = [float(x) for x in exported_params]
+        else:
+            raise ConfigError(f"reevaluate.baselines: {name!r} is not a baseline; known: {', '.join(BASELINES)}")
+        inner["divergence"] = copy.deepcopy(block)
+        row = ReportRow(name=name, label=LABELS[name], divergence=dict(block), coef_source=source, params=params,
+                        inner=inner, params_per_seed=per_seed)
+        rows.append(_apply_preset(row, preset, cfg) if preset is not None else row)
+    return rows

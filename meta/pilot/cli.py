@@ -1,0 +1,537 @@
+"""``python -m meta.pilot [key=value ...]``: before a big spend, can a search at these settings see anything?
+
+Takes the same overrides as meta.run. For every (radius, coef) combination of ``pilot.radii`` x ``pilot.coefs`` it
+trains the search's starting centre c (``SearchConfig.center()``) with k seeds and m antithetic pairs c + e_i,
+c - e_i with e_i ~ N(0, radius^2 I), every init on the same k seeds (common random numbers), so a pair's difference
+on seed s is paired. The directions e_i / radius are drawn once (from derive_seed(seed, "pilot", "direction", i)) and
+shared by all combinations, so combinations are compared on the same directions too. results/report/pilot.py turns
+the runs into the findings: the seed noise of one init and its binomial/training parts, the pairs' differences, the
+signal-to-noise ratio of one generation's ES step at the configured population, how early intermediate scores rank
+runs, and the smallest population / seeds per member / validation size that reach ``pilot.target_snr``.
+
+The runs go through the search's launchers, lock, records and resume: a pilot has its own run dir (manifest kind
+"pilot"); the plan (pilot_plan.json) is written before any submission, jobs.json after each, and
+``run_dir=<pilot dir>`` resumes it without retraining a finished run. A resume refuses changes to what the runs compute
+(seed, init, es, the inner config, pilot.seeds/pairs/radii/coefs); population, seeds_per_member, generations and
+pilot.target_snr only change the conclusions and may change. ``pilot.export=<file>`` writes the recommendation as a
+preset YAML.
+``dry_run=true`` prints the plan and writes nothing.
+Exit status: 0 done, 1 aborted (too many failed runs, launcher gave up) or nothing to export, 2 bad input, 3 locked.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import re
+import sys
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import yaml
+
+from meta.cli_args import run_command
+from meta.compose import CONF_DIR, compose_with_choices, merge_overrides
+from meta.config import (
+    INNER_NODES,
+    SEARCH_KEYS,
+    ConfigError,
+    check_members_can_start,
+    SearchConfig,
+    _get_dotted,
+    _int,
+    absolute_overrides,
+    absolute_path,
+    absolute_paths,
+    build_search_config,
+    check_member_launch,
+    member_sharing,
+)
+from meta.search.resume import NEW_KEY, check_resume, open_run_dir, run_dir_label
+from meta.search.staging import stage_run
+from results.report.pilot import CENTRE, MINUS, PILOT_KIND, PLUS, member_index
+from results.store.config_nodes import refuse_unknown_keys
+from results.store.layout import JOBS_FILE, LAUNCHER_DIR, member_dir_name
+from results.store.records import MemberSpec
+from results.store.run_store import RunStore
+
+logger = logging.getLogger("meta.pilot")
+
+#: the search radius of each searcher: the es config key that sets the per-coordinate spread of its samples
+RADIUS_KEYS = {"pgpe": "stdev_init", "snes": "stdev_init", "cem": "stdev_init", "cmaes": "sigma_init",
+               "openai_es_elite": "sigma"}
+#: search keys that only enter the SNR and the recommendation (recomputed on resume), not the pilot's runs
+CONCLUSION_KEYS = ("population", "seeds_per_member")
+#: keys that change what the pilot's runs compute: a resume refuses to change them
+PILOT_KEYS = (*(k for k in SEARCH_KEYS if k not in CONCLUSION_KEYS), "pilot.seeds", "pilot.pairs", "pilot.radii",
+              "pilot.coefs")
+#: the ``generation`` the pilot's runs carry (job names, logs); a pilot dir has no generations of its own
+PILOT_GENERATION = 0
+EXPORT_KEY = "pilot.export"
+#: a group value a preset does not set itself: ``${oc.select:search_radius,0.01}`` is set through ``search_radius``
+_SELECTED = re.compile(r"^\$\{oc\.select:([\w.]+),")
+
+USAGE = """usage: python -m meta.pilot [key=value ...]
+
+Before a search: train the starting centre with pilot.seeds seeds and pilot.pairs antithetic pairs around it, for
+every (radius, coef) in pilot.radii x pilot.coefs, and report the seed noise, the signal-to-noise ratio of one ES
+generation and the population that reaches pilot.target_snr. Takes meta.run's overrides (experiment=, es=, launcher=,
+population=, ...) plus pilot.seeds, pilot.pairs, pilot.radii=[..], pilot.coefs=[..], pilot.target_snr,
+pilot.export=<preset.yaml>, run_dir= (resume), dry_run=true. See conf/config.yaml (pilot:) and docs/pilot.md."""
+
+
+@dataclass(frozen=True)
+class PilotConfig:
+    """The ``pilot:`` settings; the one owner of their defaults (conf/config.yaml repeats them, a test holds them
+    equal). radii / coefs None: the es config's radius / divergence.coef."""
+
+    seeds: int = 3
+    pairs: int = 4
+    radii: tuple[float, ...] | None = None
+    coefs: tuple[float, ...] | None = None
+    target_snr: float = 1.0
+    export: str | None = None
+
+
+class ExportError(RuntimeError):
+    """Nothing to export (no combination showed signal), or a different file is in the way."""
+
+
+def radius_key(es: Mapping[str, Any]) -> str:
+    """The es config key holding the searcher's search radius; ConfigError for a searcher without one here."""
+    name = str(es.get("name"))
+    if name not in RADIUS_KEYS:
+        raise ConfigError(f"es={name}: meta.pilot does not know its search radius key (known: "
+                          f"{', '.join(f'{k}: es.{v}' for k, v in RADIUS_KEYS.items())})")
+    return RADIUS_KEYS[name]
+
+
+def _numbers(raw: Mapping[str, Any], key: str, positive: bool) -> tuple[float, ...] | None:
+    value = _get_dotted(raw, key)
+    if value is None:
+        return None
+    items = value if isinstance(value, (list, tuple)) else [value]
+    bound = "above 0" if positive else ">= 0"
+    if not items:
+        raise ConfigError(f"{key}=[] is empty: give a list such as {key}=[0.5,1.0], or null")
+    out = []
+    for item in items:
+        ok = isinstance(item, (int, float)) and not isinstance(item, bool) and math.isfinite(item)
+        if not ok or (item <= 0 if positive else item < 0):
+            raise ConfigError(f"{key}={value!r}: every value must be a finite number {bound}, got {item!r}")
+        out.append(float(item))
+    if len(set(out)) != len(out):
+        raise ConfigError(f"{key}={value!r} repeats a value: each would be the same combination twice")
+    return tuple(out)
+
+
+def build_pilot_config(raw: Mapping[str, Any]) -> PilotConfig:
+    """Validate the ``pilot:`` node; ConfigError naming the key (unknown keys included)."""
+    node = raw.get("pilot")
+    if node is None:
+        node = {}
+    if not isinstance(node, Mapping):
+        raise ConfigError(f"pilot={node!r} must be a mapping (see conf/config.yaml)")
+    try:
+        refuse_unknown_keys(node, [f.name for f in fields(PilotConfig)], "pilot")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    defaults = PilotConfig()
+    target = _get_dotted(raw, "pilot.target_snr") if "target_snr" in node else defaults.target_snr
+    if isinstance(target, bool) or not isinstance(target, (int, float)) or not 0 < target < math.inf:
+        raise ConfigError(f"pilot.target_snr={target!r} must be a number above 0")
+    export = node.get("export")
+    if export is not None and not isinstance(export, str):
+        raise ConfigError(f"pilot.export={export!r} must be a file path or null")
+    return PilotConfig(
+        seeds=_int(raw, "pilot.seeds", 2) if "seeds" in node else defaults.seeds,
+        pairs=_int(raw, "pilot.pairs", 1) if "pairs" in node else defaults.pairs,
+        radii=_numbers(raw, "pilot.radii", positive=True), coefs=_numbers(raw, "pilot.coefs", positive=False),
+        target_snr=float(target), export=export,
+    )
+
+
+def combinations(cfg: SearchConfig, pilot: PilotConfig) -> list[dict[str, float | None]]:
+    """Every (radius, coef) the pilot scans, radius-major; ConfigError when a default is missing or unusable."""
+    key = radius_key(cfg.es)
+    radii = pilot.radii
+    if radii is None:
+        value = cfg.es.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+            raise ConfigError(f"es.{key}={value!r} is the pilot's radius (pilot.radii=null) and must be a number above "
+                              "0; or set pilot.radii=[...]")
+        radii = (float(value),)
+    divergence = cfg.inner_config["divergence"]
+    if pilot.coefs is not None and "coef" not in divergence:
+        raise ConfigError(f"pilot.coefs: divergence={divergence.get('name')} has no coef to scan; set pilot.coefs=null")
+    coefs = pilot.coefs if pilot.coefs is not None else (divergence.get("coef"),)
+    return [{"radius": r, "coef": None if c is None else float(c)} for r in radii for c in coefs]
+
+
+def _inner(cfg: SearchConfig, coef: float | None) -> dict[str, Any]:
+    inner = copy.deepcopy(cfg.member_inner())
+    if coef is not None:
+        inner["divergence"]["coef"] = coef
+    return inner
+
+
+@dataclass
+class Prepared:
+    """The validated pilot: the search config it speaks for, its own settings, store, manifest and combinations."""
+
+    cfg: SearchConfig
+    pilot: PilotConfig
+    raw: dict[str, Any]
+    store: RunStore
+    manifest: dict[str, Any]
+    resuming: bool
+    choices: dict[str, str]
+    combinations: list[dict[str, float | None]]
+    export: str | None
+
+
+def _split_export(overrides: Sequence[str]) -> tuple[list[str], str | None]:
+    """pilot.export is not a setting of the runs: taken off the overrides (never recorded, never replayed)."""
+    kept, export = [], None
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if key.lstrip("+~") == EXPORT_KEY:
+            export = None if value.strip() in ("", "null", "None") else value
+        else:
+            kept.append(override)
+    return kept, export
+
+
+def prepare(argv: Sequence[str]) -> Prepared:
+    """Resolve, validate and (for a resume) compare the config; writes nothing."""
+    overrides = [a for a in argv if a.strip()]
+    bad = [a for a in overrides if "=" not in a]
+    if bad:
+        raise ConfigError(f"argument {bad[0]!r} is not key=value\n{USAGE}")
+    cwd = Path.cwd()
+    overrides, export = _split_export(overrides)
+    overrides = absolute_overrides(overrides, cwd)
+    raw, choices = compose_with_choices(overrides)
+    run_dir, resuming = open_run_dir(raw, cwd, "pilot", "pilot")
+    store = RunStore(run_dir)
+    manifest: dict[str, Any] = {}
+    if resuming:
+        manifest = store.read_manifest()
+        if manifest.get("kind") != PILOT_KIND:
+            kind = manifest.get("kind")
+            raise ConfigError(f"run_dir={run_dir} is not a meta.pilot run; resume it with python -m "
+                              f"meta.{kind or 'run'} run_dir={run_dir}")
+        overrides = merge_overrides(manifest.get("overrides", []), overrides)
+        raw, choices = compose_with_choices(overrides)
+        raw.pop(NEW_KEY, None)
+    absolute_paths(raw, cwd)
+    if isinstance(raw.get("pilot"), dict):
+        export = export or raw["pilot"].get("export")
+        raw["pilot"]["export"] = None
+    stage_run(raw, manifest, resuming, fetch=not raw.get("dry_run"))  # as meta.run: hub names -> staged snapshots
+    if resuming:
+        stored = yaml.safe_load(store.read_config_text()) or {}
+        check_resume(stored, raw, PILOT_KEYS, run_dir, "pilot")
+    manifest["overrides"] = merge_overrides([], overrides)
+    raw["run_dir"] = run_dir
+    cfg = build_search_config(raw)
+    pilot = build_pilot_config(raw)
+    if "seeds_per_member" in raw:
+        _int(raw, "seeds_per_member", 1)
+    combos = combinations(cfg, pilot)
+    if pilot.coefs is not None:  # each scanned coef must be a valid run config, checked before anything runs
+        for coef in pilot.coefs:
+            check_member_launch(raw, cfg.launcher, cfg.inner_timeout_s, cfg.inner_entrypoint, _inner(cfg, coef),
+                                cfg.resources, where=f" (pilot.coefs: divergence.coef={coef:g})")
+    return Prepared(cfg, pilot, raw, store, manifest, resuming, choices, combos,
+                    absolute_path(export, cwd) if export else None)
+
+
+# ------------------------------------------------------------------ the plan and the runs
+def runs_per_combination(pilot: PilotConfig) -> int:
+    """k centre runs + 2 m k pair runs."""
+    return pilot.seeds * (1 + 2 * pilot.pairs)
+
+
+def make_plan(prepared: Prepared) -> dict[str, Any]:
+    """Centre, directions, seeds, combinations and every run's role and work dir: the pilot's fixed design."""
+    import torch
+
+    from meta.search.init import VECTOR_LENGTH
+    from meta.search.seeding import generator, member_seed
+
+    cfg, pilot, store = prepared.cfg, prepared.pilot, prepared.store
+    centre = cfg.center().to(torch.float64)
+    directions = [torch.randn(VECTOR_LENGTH, generator=generator(cfg.seed, "pilot", "direction", i),
+                              dtype=torch.float64).tolist() for i in range(pilot.pairs)]
+    members = []
+    for j in range(len(prepared.combinations)):
+        roles = [(CENTRE, None)] + [(sign, i) for i in range(pilot.pairs) for sign in (PLUS, MINUS)]
+        for role, pair in roles:
+            for s in range(pilot.seeds):
+                index = member_index(j, role, pair, s, pilot.seeds, pilot.pairs)
+                members.append({"index": index, "combination": j, "role": role, "pair": pair, "seed_index": s,
+                                "work_dir": str(store.pilot_runs_dir / member_dir_name(index))})
+    return {
+        "seed": cfg.seed, "init": cfg.init, "es": cfg.es.get("name"), "radius_key": radius_key(cfg.es),
+        "seeds": [member_seed(cfg.seed, "pilot", "seed", s) for s in range(pilot.seeds)],
+        "centre": centre.tolist(), "directions": directions, "combinations": prepared.combinations,
+        "members": sorted(members, key=lambda m: m["index"]),
+    }
+
+
+def _check_plan(plan: Mapping[str, Any], prepared: Prepared) -> None:
+    """A stored plan must be the one these settings make (it is, unless it was written by other code)."""
+    want = (prepared.pilot.seeds, prepared.pilot.pairs, prepared.combinations)
+    have = (len(plan["seeds"]), len(plan["directions"]), plan["combinations"])
+    if have != want:
+        raise ConfigError(f"{prepared.store.pilot_plan_path} was made for seeds/pairs/combinations {have}, not "
+                          f"{want}; start a new pilot with another run_dir")
+
+
+def member_specs(plan: Mapping[str, Any], cfg: SearchConfig, run_id: str) -> list[MemberSpec]:
+    """One spec per run of the plan: its combination's coef, its params (c, c + radius z_i or c - radius z_i) and
+    its seed (the same seed list for every init)."""
+    centre = plan["centre"]
+    inners = [_inner(cfg, c["coef"]) for c in plan["combinations"]]
+    specs = []
+    for m in plan["members"]:
+        combo = plan["combinations"][m["combination"]]
+        if m["role"] == CENTRE:
+            params = list(centre)
+        else:
+            step = combo["radius"] * (1.0 if m["role"] == PLUS else -1.0)
+            params = [c + step * z for c, z in zip(centre, plan["directions"][m["pair"]])]
+        specs.append(MemberSpec(run_id=run_id, generation=PILOT_GENERATION, index=m["index"],
+                                seed=plan["seeds"][m["seed_index"]], params=params, work_dir=m["work_dir"],
+                                inner=copy.deepcopy(inners[m["combination"]])))
+    return specs
+
+
+def run_members(prepared: Prepared, specs: list[MemberSpec], launcher: Any) -> None:
+    """Every run to a final record through one runner (resumable: jobs.json after each submission); AbortRun when
+    more than max_failed_fraction of the runs failed."""
+    from launch.factory import runner_policy
+    from launch.runner import MemberArrayRunner
+    from results.store.run_store import read_jobs_file, write_jobs_file
+
+    cfg, folder = prepared.cfg, prepared.store.pilot_runs_dir
+    folder.mkdir(parents=True, exist_ok=True)
+    jobs_path = folder / JOBS_FILE
+
+    def abort(final: Mapping[int, Any]) -> str | None:
+        failed = [i for i, r in final.items() if not r.ok]
+        if len(failed) <= cfg.max_failed_fraction * len(specs):
+            return None
+        last = final[failed[-1]]
+        return (f"{len(failed)} of {len(specs)} pilot runs failed, more than max_failed_fraction="
+                f"{cfg.max_failed_fraction}; last failure (run {failed[-1]}, {last.status}): "
+                f"{last.error.strip()[-500:]}"
+                f"\nFix the cause, then resume with `python -m meta.pilot run_dir={prepared.store.root}`")
+
+    MemberArrayRunner(
+        launcher=launcher, entrypoint=cfg.inner_entrypoint, specs=specs, jobs=read_jobs_file(jobs_path),
+        save_jobs=lambda jobs: write_jobs_file(jobs_path, jobs), launcher_folder=folder / LAUNCHER_DIR,
+        policy=runner_policy(cfg.retries, cfg.inner_timeout_s, cfg.launcher), should_abort=abort,
+        on_final=lambda spec, record, progress: logger.info(
+            "pilot run %03d (seed %d): %s %s (%d/%d)", spec.index, spec.seed, record.status,
+            f"{record.fitness:.4f}" if record.ok else record.error.strip()[-160:], progress.done, progress.total),
+    ).run()
+
+
+# ------------------------------------------------------------------ dry run
+def build_dry_run_plan(prepared: Prepared) -> str:
+    """What the pilot would run and cost, from the validated config alone: nothing is read from a scheduler."""
+    from results.store.records import read_result
+
+    cfg, pilot, raw = prepared.cfg, prepared.pilot, prepared.raw
+    k, m = pilot.seeds, pilot.pairs
+    combos = prepared.combinations
+    runs = len(combos) * runs_per_combination(pilot)
+    alone_min = float(cfg.resources.get("member_time_min") or cfg.inner_timeout_s / 60.0)
+    sharing = member_sharing(raw)
+    minutes = sharing.member_time(alone_min)
+    gpus, cpus = int(cfg.resources.get("gpus") or 0), int(cfg.resources.get("cpus") or 1)
+    hours = runs * minutes / 60.0
+    per_member = raw.get("seeds_per_member")
+    finished = ""
+    plan = prepared.store.read_pilot_plan() if prepared.resuming else None
+    if plan is not None:
+        done = sum(1 for mem in plan["members"] if read_result(mem["work_dir"]) is not None)
+        finished = f" (resume: {done} of {runs} runs already final, never trained again)"
+    key = radius_key(cfg.es)
+    lines = [
+        f"DRY RUN (meta.pilot): nothing is submitted or written. {run_dir_label(cfg.run_dir, prepared.resuming, 'pilot')}"
+        f"{finished}",
+        f"centre: init={cfg.init}, seed={cfg.seed}; k={k} seeds per init (the same for every init), m={m} antithetic "
+        f"pairs c +- e_i, e_i ~ N(0, radius^2 I), directions shared by every combination",
+        f"radius: es.{key} of es={cfg.es.get('name')}" + ("" if pilot.radii is None else " (scanned: pilot.radii)")
+        + f"; coef: divergence.coef of divergence={cfg.inner_config['divergence'].get('name')}"
+        + ("" if pilot.coefs is None else " (scanned: pilot.coefs)"),
+        f"combinations (radius x coef): {len(combos)}",
+        *(f"  {j}: radius {c['radius']:g}, coef {'n/a' if c['coef'] is None else format(c['coef'], 'g')}"
+          for j, c in enumerate(combos)),
+        f"training runs: {len(combos)} combination(s) x (k + 2 m k) = {len(combos)} x ({k} + 2 x {m} x {k}) = {runs}",
+        f"each run: ~{round(minutes, 1):g} min (resources.member_time_min"
+        + (f" {alone_min:g} x slowdown {sharing.slowdown:g}" if sharing.shared else "") + f"), {gpus} GPU, {cpus} "
+        f"CPU; launcher="
+        f"{cfg.launcher.get('name')}, retries={cfg.retries}, limit inner.timeout_s={cfg.inner_timeout_s:g} s",
+        f"GPU-hours: {runs} runs x {sharing.hours_text(alone_min / 60, gpus)} = "
+        f"{sharing.gpu_hours(runs, alone_min / 60, gpus):,.2f} GPU-h",
+        *sharing.plan_lines(runs, "pilot array"),
+        f"CPU-hours: {runs} runs x {minutes / 60:.2f} h x {cpus} CPU = {hours * cpus:,.2f} CPU-h",
+        f"then: SNR of one generation's ES step at population={cfg.population}, seeds_per_member="
+        + (f"{per_member}" if per_member is not None else "1 (not a setting of this config)")
+        + f"; recommendation for pilot.target_snr={pilot.target_snr:g} over generations={cfg.generations}",
+        "early intermediate vs final ranks: " + (f"measured (train.eval_every={raw['train'].get('eval_every')})"
+                                                if raw["train"].get("eval_every") else
+                                                "not measured (train.eval_every is null)"),
+    ]
+    if prepared.export:
+        lines.append(f"export: the recommendation as a preset to {prepared.export}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ export
+def preset_key(group: str, choice: str | None, leaf: str) -> str:
+    """The dotted key a preset sets to change ``group.leaf``: the one the group's yaml selects it from when it does
+    (``stdev_init: ${oc.select:search_radius,0.01}``: search_radius), else ``group.leaf`` itself."""
+    try:
+        value = (yaml.safe_load((CONF_DIR / group / f"{choice}.yaml").read_text()) or {}).get(leaf)
+    except (OSError, yaml.YAMLError):
+        value = None
+    match = _SELECTED.match(value) if isinstance(value, str) else None
+    return match.group(1) if match else f"{group}.{leaf}"
+
+
+def _set_value(body: dict[str, Any], group: str, choice: str | None, leaf: str, value: Any) -> None:
+    """Set ``group.leaf`` in a preset body where the presets' convention wants it (see preset_key)."""
+    key = preset_key(group, choice, leaf)
+    if key != f"{group}.{leaf}":
+        body[group].pop(leaf, None)  # a value written into the node would shadow the key it selects from
+    *parents, last = key.split(".")
+    node = body
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[last] = value
+
+
+def preset_text(summary: Mapping[str, Any], raw: Mapping[str, Any], choices: Mapping[str, str]) -> str:
+    """The recommendation as a self-contained preset of conf/experiment/ style: the pilot's config groups and inner
+    nodes, the best combination's radius and coef, and the smallest population that reached the target SNR."""
+    rec = summary["recommendation"]
+    if not rec["reachable"]:
+        raise ExportError(f"nothing to export: {rec['reason']}")
+    groups = [g for g in (*INNER_NODES, "es") if g in choices]
+    body: dict[str, Any] = {"defaults": [{f"override /{g}": choices[g]} for g in groups]}
+    for node in INNER_NODES:
+        body[node] = copy.deepcopy(dict(raw[node]))
+    body["train"]["eval_every"] = None
+    body["es"] = copy.deepcopy(dict(raw["es"]))
+    if rec["coef"] is not None:
+        _set_value(body, "divergence", choices.get("divergence"), "coef", rec["coef"])
+    _set_value(body, "es", choices.get("es"), summary["radius_key"], rec["radius"])
+    body["population"] = rec["population"]
+    body["generations"] = int(raw["generations"])
+    body["resources"] = dict(raw["resources"])
+    snr = ("unbounded (no seed noise)" if rec["noise_free"] else
+           f"{rec['snr']:.3g} at population {summary['population']}")
+    header = [
+        "# @package _global_",
+        f"# Exported by python -m meta.pilot from {summary['run_dir']} (run {summary['run_id']}): combination "
+        f"{rec['combination']} of {len(summary['combinations'])},",
+        f"# radius es.{summary['radius_key']}={rec['radius']:g}, divergence.coef={rec['coef']}, SNR of one generation "
+        f"{snr}; population {rec['population']} reaches the target SNR {rec['target_snr']:g}",
+        f"# with {summary['seeds_per_member']} seed(s) per member (k={summary['seeds']} seeds, m={summary['pairs']} "
+        "pairs: an estimate, see docs/pilot.md). Intermediate validation (train.eval_every) is off.",
+        "# Use: save as conf/experiment/<name>.yaml, then python -m meta.run experiment=<name>",
+    ]
+    return "\n".join(header) + "\n" + yaml.safe_dump(body, sort_keys=False)
+
+
+def export_preset(summary: Mapping[str, Any], prepared: Prepared, out: str | Path) -> Path:
+    """Write the preset to ``out``; a different file already there is never overwritten (ExportError)."""
+    from results.store.atomic import atomic_write_text
+
+    text = preset_text(summary, prepared.raw, prepared.manifest.get("choices") or prepared.choices)
+    path = Path(out)
+    if path.exists() and path.read_text() != text:
+        raise ExportError(f"pilot.export={path} already exists with other content; remove it or choose another name")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return atomic_write_text(path, text)
+
+
+# ------------------------------------------------------------------ command
+def run(argv: Sequence[str]) -> int:
+    from launch.factory import build_launcher
+    from launch.runner import AbortRun
+    from meta.search.lock import run_locked
+    from meta.search.resume import check_job_namespace
+    from meta.run import write_run_files
+    from results.report.pilot import format_pilot, summarize_run_dir
+
+    prepared = prepare(argv)
+    cfg, store = prepared.cfg, prepared.store
+    logging.getLogger().setLevel(cfg.log_level)
+    if cfg.dry_run:
+        sys.stdout.write(build_dry_run_plan(prepared) + "\n")
+        sys.stdout.flush()
+        return 0
+    check_members_can_start(cfg.launcher)
+    prepared.manifest.update(check_job_namespace(prepared.raw, prepared.manifest))
+
+    def body() -> int:
+        prepared.manifest.setdefault("kind", PILOT_KIND)
+        prepared.manifest.setdefault("choices", prepared.choices)
+        manifest = write_run_files(store, prepared.raw, prepared.manifest, prepared.resuming)
+        plan = store.read_pilot_plan()
+        if plan is None:
+            plan = make_plan(prepared)
+            store.write_pilot_plan(plan)
+        _check_plan(plan, prepared)
+        specs = member_specs(plan, cfg, manifest["run_id"])
+        logger.info("%s (run %s): %d combination(s) x %d runs", run_dir_label(store.root, prepared.resuming, "pilot"),
+                    manifest["run_id"], len(plan["combinations"]), runs_per_combination(prepared.pilot))
+        launcher = build_launcher(cfg.launcher)
+        try:
+            run_members(prepared, specs, launcher)
+        except AbortRun as exc:
+            logger.error("aborted: %s", exc)
+            return 1
+        finally:
+            launcher.close()
+        summary = summarize_run_dir(store.root)
+        store.write_pilot(summary)
+        sys.stdout.write(format_pilot(summary))
+        if cfg.inner_config["train"].get("eval_every"):
+            sys.stdout.write(_early_cut_text(store.root))
+        sys.stdout.flush()
+        if prepared.export:
+            try:
+                path = export_preset(summary, prepared, prepared.export)
+            except ExportError as exc:
+                logger.error("%s", exc)
+                return 1
+            logger.info("wrote the recommendation as a preset to %s", path)
+        return 0
+
+    return run_locked(store.lock_path, body)
+
+
+def _early_cut_text(run_dir: Path) -> str:
+    """What early_stop would cut at these settings (meta/early_cuts.py), from the pilot's own learning curves."""
+    from meta.early_cuts import report_text
+
+    try:
+        return "\nearly_stop at these settings (python -m meta.early_cuts):\n" + report_text([run_dir])
+    except ValueError as exc:
+        return f"\nearly_stop at these settings: not measured ({exc})\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_command(argv, USAGE, run, "config error")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
