@@ -11,18 +11,31 @@ from typing import Any, Mapping
 
 import torch
 
-from meta.searchers.base import DTYPE, Searcher, check_population
+from meta.searchers.base import DTYPE, EarlyStopRule, Searcher, check_population
 
 
 def _registry() -> dict[str, type[Searcher]]:
+    """The built-in searchers and those installed packages declare under the ``mirror_es.searchers`` entry-point
+    group (docs/extending.md): a new searcher is its module and its conf/es YAML, no edit here."""
     from meta.searchers.cem import CEMSearcher
     from meta.searchers.cmaes import CMAESSearcher
     from meta.searchers.openai_es import OpenAIESEliteSearcher
     from meta.searchers.pgpe import PGPESearcher
     from meta.searchers.snes import SNESSearcher
+    from results.store.entry_points import entry_point_objects
 
-    classes = (PGPESearcher, SNESSearcher, CEMSearcher, CMAESSearcher, OpenAIESEliteSearcher)
+    classes = [PGPESearcher, SNESSearcher, CEMSearcher, CMAESSearcher, OpenAIESEliteSearcher]
+    for point, cls in entry_point_objects("searchers").items():
+        if not (isinstance(cls, type) and issubclass(cls, Searcher) and cls.name == point):
+            raise ValueError(f"entry point {point} (group mirror_es.searchers) must be a meta.searchers.base.Searcher "
+                             f"subclass whose name is {point!r}, got {cls!r}")
+        classes.append(cls)
     return {cls.name: cls for cls in classes}
+
+
+def searchers() -> dict[str, type[Searcher]]:
+    """Every searcher this Python knows, by ``es.name``."""
+    return _registry()
 
 
 def searcher_class(name: str) -> type[Searcher]:
@@ -74,4 +87,5 @@ def build_searcher(
     return cls(center_init.to(DTYPE), popsize, seed, **cfg)
 
 
-__all__ = ["Searcher", "build_searcher", "check_importable", "check_population", "missing_imports", "searcher_class"]
+__all__ = ["EarlyStopRule", "Searcher", "build_searcher", "check_importable", "check_population", "missing_imports",
+           "searcher_class", "searchers"]
