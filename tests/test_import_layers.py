@@ -55,8 +55,14 @@ MODULE_EXCEPTIONS: dict[str, frozenset[str]] = {
                                     # the numerics modes and the pinned thread count (imports nothing of ours)
                                     "inner_loop.numerics",
                                     # the backend names and train.decode_cache's values (imports nothing of ours)
-                                    "inner_loop.generation.backends"}),
-    "inner_loop.loss": frozenset({"results.store.metric_keys"}),
+                                    "inner_loop.generation.backends",
+                                    # the divergence registry: divergence.name and its forms (no torch, nothing above)
+                                    "inner_loop.loss.divergences"}),
+    # the registry's third-party entries (the entry-point reader imports only the standard library)
+    "inner_loop.loss": frozenset({"results.store.metric_keys", "results.store.entry_points"}),
+    # the result table's divergence rows, labels and roles and the tuner's coefficient ranges come from the divergence
+    # registry (it imports the standard library and the entry-point reader, never torch or the loss)
+    "meta": frozenset({"inner_loop.loss.divergences"}),
     "inner_loop.grpo": frozenset({"results.store.metric_keys"}),
     "results.store": frozenset({"mirror_maps.init_file"}),
 }

@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 import yaml
 
+from inner_loop.loss.divergences import divergences
 from meta.config import (
     CONF_DIR,
     INNER_NODES,
@@ -44,10 +45,11 @@ CONFIG_NAME = "tune"
 STAGE_HINT = "`python -m meta.tune <the same overrides>` (it stages before its first trial)"
 #: the manifest's ``kind`` of a tune run (an ES run dir has none)
 TUNE_KIND = "tune"
-USAGE = """usage: python -m meta.tune [key=value ...]
+_TUNED = ", ".join(name for name, entry in divergences().items() if entry.compared)  # the registry's compared rows
+USAGE = f"""usage: python -m meta.tune [key=value ...]
 
 Tune the inner run's hyperparameters (Optuna); resume with run_dir=<existing tune run>.
-Common keys: tune.space='{divergence.coef: [log, 1e-4, 1.0], divergence: [choice, kl, prob_l2]}', tune.trials,
+Common keys: tune.space='{{divergence.coef: [log, 1e-4, 1.0], divergence: [choice, {_TUNED}]}}', tune.trials,
 tune.parallel, tune.seeds, tune.sampler=tpe|random|cmaes, tune.pruner=none|median|successive_halving,
 tune.storage=sqlite:////abs/study.db, train.eval_every, launcher=local|slurm, experiment=..., run_dir=...,
 export=best.yaml, dry_run=true. See conf/tune.yaml for every key and its default."""
