@@ -34,9 +34,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from launch.base import JobRef, SubmissionError
+from launch.base import JobRef, LauncherPlan, PlanContext, SubmissionError
 from launch.slurm.chunks import ChunkMarker, chunk_job_name, next_chunk_number, read_markers, write_marker
-from launch.slurm.options import SlurmOptions
+from launch.slurm.options import GPU_SHARING, SlurmOptions
+from launch.slurm.plan import slurm_plan
 from launch.slurm.queries import SlurmQueries, SlurmQueryError, TaskState, base_job_id, pending_may_never_start
 from launch.submitit_base import SubmititLauncher, check_gpus_per_member
 from results.store.atomic import atomic_write_json
@@ -59,6 +60,12 @@ class SlurmLauncher(SubmititLauncher):
 
     #: the queue summary (how many tasks wait, and why) is logged at most this often, or on a new reason
     queue_log_interval_s: float = 300.0
+    gpu_sharing = GPU_SHARING
+
+    @classmethod
+    def plan(cls, name: str, options: Mapping[str, Any], context: PlanContext) -> LauncherPlan:
+        """Arrays per generation, packing, members at once, the time limit and the first array's script."""
+        return slurm_plan(options, context)
 
     @classmethod
     def validate_options(cls, options: Mapping[str, Any]) -> None:
