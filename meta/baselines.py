@@ -265,7 +265,8 @@ def build_rows(cfg: SearchConfig, overrides: Sequence[str], exported_params: Seq
             elif exported_params is not None:
                 params = [float(x) for x in exported_params]
         else:
-            raise ConfigError(f"reevaluate.baselines: {name!r} is not a baseline; known: {', '.join(known_baselines())}")
+            raise ConfigError(f"reevaluate.baselines: {name!r} is not a baseline; known: "
+                              f"{', '.join(known_baselines())}")
         inner["divergence"] = copy.deepcopy(block)
         row = ReportRow(name=name, label=row_label(name), divergence=dict(block), coef_source=source, params=params,
                         inner=inner, params_per_seed=per_seed)

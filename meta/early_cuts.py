@@ -12,9 +12,9 @@ round(f x train.steps), an intermediate validation step) and margin k:
   that were below the median early (what a cut at the median alone would lose), with a Clopper-Pearson 95% interval
   over the members measured;
 - the rule (meta/early_stop.py, every member reported, margin k x noise): the members it stops, the share of them
-  that were in fact weighed (false cuts), the training it saves, and per searcher it is exact for (the settings
-  each declares: meta/searchers) the cosine between the centre's update with the stopped members at the bottom and the update
-  from the final scores (1.0: the same direction; exact when no cut was false);
+  that were in fact weighed (false cuts), the training it saves, and per searcher it is exact for (with the
+  settings each declares: meta/searchers) the cosine between the centre's update with the stopped members at the
+  bottom and the update from the final scores (1.0: the same direction; exact when no cut was false);
 
 ``noise`` (the spread of an early score across seeds of one init) defaults to the pilot's pooled estimate when a
 pilot dir is given, else the pooled within-population spread is not a seed spread: pass --noise.

@@ -50,7 +50,8 @@ Start an ES search over neural-mirror-map inits, or resume one with run_dir=<exi
 Common keys: population, generations, seed, run_dir, es={'|'.join(_GROUPS.get('es', []))},
 launcher={'|'.join(_GROUPS.get('launcher', []))}, experiment={'|'.join(_GROUPS.get('experiment', []))},
 init=uniform|gaussian|<file>, inner.entrypoint, inner.timeout_s, resources.*, retries, fitness_on_failure,
-max_failed_fraction, task={'|'.join(_GROUPS.get('task', []))}, model=..., train.steps=..., dry_run=true (print the plan, submit and write nothing)
+max_failed_fraction, task={'|'.join(_GROUPS.get('task', []))}, model=..., train.steps=...,
+dry_run=true (print the plan, submit and write nothing)
 See conf/config.yaml (and conf/member_settings.yaml for resources.* and inner.*) for every key and its default."""
 
 

@@ -54,7 +54,7 @@ def toy(tmp_path_factory) -> dict[str, str]:
         for group, entries in points.items()))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(root), str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env["MIRROR_ES_CONFIG_PATH"] = str(root / "conf")
+    env["MIRROR_ES_CONFIG_PATH"] = str(root / "toy_conf")
     return {"root": str(root), **env}
 
 

@@ -71,13 +71,9 @@ BUILT_IN = (
 def divergences() -> dict[str, Divergence]:
     """Every divergence, built-in ones first, then those installed packages declare under the
     ``mirror_es.divergences`` entry-point group (each a Divergence whose name is the entry point's)."""
-    found = {d.name: d for d in BUILT_IN}
-    for point, entry in entry_point_objects("divergences").items():
-        if not (isinstance(entry, Divergence) and entry.name == point):
-            raise ValueError(f"entry point {point} (group mirror_es.divergences) must be an "
-                             f"inner_loop.loss.divergences.Divergence named {point!r}, got {entry!r}")
-        found[point] = entry
-    return found
+    return {**{d.name: d for d in BUILT_IN},
+            **entry_point_objects("divergences", "an inner_loop.loss.divergences.Divergence",
+                                  lambda d: d.name if isinstance(d, Divergence) else None)}
 
 
 def divergence(name: str) -> Divergence:

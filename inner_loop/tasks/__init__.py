@@ -23,11 +23,8 @@ def task_classes() -> dict[str, type[Task]]:
     from results.store.entry_points import entry_point_objects
 
     classes: list[type[Task]] = [ArithTask, GSM8KTask, GSMSymbolicTask, MBPPTask, HumanEvalTask]
-    for point, cls in entry_point_objects("tasks").items():
-        if not (isinstance(cls, type) and issubclass(cls, Task) and cls.name == point):
-            raise ValueError(f"entry point {point} (group mirror_es.tasks) must be an inner_loop.tasks.base.Task "
-                             f"subclass whose name is {point!r}, got {cls!r}")
-        classes.append(cls)
+    classes += entry_point_objects("tasks", "an inner_loop.tasks.base.Task subclass",
+                                   lambda c: c.name if isinstance(c, type) and issubclass(c, Task) else None).values()
     return {cls.name: cls for cls in classes}
 
 
@@ -61,5 +58,5 @@ def build_task(cfg: Mapping[str, Any]) -> Task:
     return cls(config_from_mapping(cls.config_class, str(name), cfg))  # type: ignore[call-arg]
 
 
-__all__ = ["SPLITS", "TASK_CONFIGS", "TASK_NAMES", "Problem", "check_transfer", "task_classes", "SplitOverlapError", "Task", "build_task", "check_disjoint",
-           "prompt_hash"]
+__all__ = ["SPLITS", "TASK_CONFIGS", "TASK_NAMES", "Problem", "SplitOverlapError", "Task", "build_task", "check_disjoint",
+           "check_transfer", "prompt_hash", "task_classes"]

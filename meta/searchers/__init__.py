@@ -25,11 +25,9 @@ def _registry() -> dict[str, type[Searcher]]:
     from results.store.entry_points import entry_point_objects
 
     classes = [PGPESearcher, SNESSearcher, CEMSearcher, CMAESSearcher, OpenAIESEliteSearcher]
-    for point, cls in entry_point_objects("searchers").items():
-        if not (isinstance(cls, type) and issubclass(cls, Searcher) and cls.name == point):
-            raise ValueError(f"entry point {point} (group mirror_es.searchers) must be a meta.searchers.base.Searcher "
-                             f"subclass whose name is {point!r}, got {cls!r}")
-        classes.append(cls)
+    classes += entry_point_objects(
+        "searchers", "a meta.searchers.base.Searcher subclass",
+        lambda c: c.name if isinstance(c, type) and issubclass(c, Searcher) else None).values()
     return {cls.name: cls for cls in classes}
 
 
