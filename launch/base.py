@@ -125,6 +125,22 @@ class Launcher(abc.ABC):
     #: the values ``launcher.gpu_sharing`` may take: how members of resources.members_per_gpu >= 2 share a GPU
     #: under it (none: it offers no choice; a node that sets one anyway is refused)
     gpu_sharing: ClassVar[tuple[str, ...]] = ()
+    #: its members run on the host that submits them, so that host's pre-flight (the sandbox probe) speaks for them
+    runs_here: ClassVar[bool] = False
+    #: what ``job_namespace`` names, in words, for the message that refuses a resume elsewhere
+    namespace_kind: ClassVar[str] = "host"
+
+    @classmethod
+    def parallel_slots(cls, options: Mapping[str, Any]) -> int | None:
+        """Members of one array its scheduler runs at once where it caps them itself (an ETA counts on that many);
+        None: as many as there are members (this side holds the rest back: ``max_in_flight``)."""
+        return None
+
+    @classmethod
+    def pending_reasons(cls, options: Mapping[str, Any], job_ids: Sequence[str]) -> dict[str, str]:
+        """Why each of these queued jobs waits, as its scheduler says it (the status views show it); {} where it
+        has nothing to say or cannot be asked."""
+        return {}
 
     @classmethod
     def plan(cls, name: str, options: Mapping[str, Any], context: PlanContext) -> LauncherPlan:

@@ -30,6 +30,7 @@ class LocalLauncher(SubmititLauncher):
     poll_interval_s = 0.2
     #: members of resources.members_per_gpu >= 2 share a GPU slot (launch/local/gpu_slots.py); no other mode
     gpu_sharing = ("slots",)
+    runs_here = True
 
     @classmethod
     def plan(cls, name: str, options: Mapping[str, Any], context: PlanContext) -> LauncherPlan:
@@ -299,6 +300,7 @@ class DebugLauncher(SubmititLauncher):
     """
 
     poll_interval_s = 0.0
+    runs_here = True
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)

@@ -61,6 +61,24 @@ class SlurmLauncher(SubmititLauncher):
     #: the queue summary (how many tasks wait, and why) is logged at most this often, or on a new reason
     queue_log_interval_s: float = 300.0
     gpu_sharing = GPU_SHARING
+    namespace_kind = "SLURM cluster"
+
+    @classmethod
+    def parallel_slots(cls, options: Mapping[str, Any]) -> int | None:
+        """The arrays' %parallelism (launcher.array_parallelism)."""
+        parallel = options.get("array_parallelism")
+        return int(parallel) if parallel else None
+
+    @classmethod
+    def pending_reasons(cls, options: Mapping[str, Any], job_ids: Sequence[str]) -> dict[str, str]:
+        """SLURM's current pending reason per job id (one squeue call); {} where the scheduler cannot be asked."""
+        if not job_ids:
+            return {}
+        try:
+            jobs = SlurmQueries(command_timeout_s=30.0).squeue_jobs()
+        except (SlurmQueryError, OSError):
+            return {}
+        return {job_id: jobs[job_id] for job_id in job_ids if job_id in jobs and jobs[job_id] != "None"}
 
     @classmethod
     def plan(cls, name: str, options: Mapping[str, Any], context: PlanContext) -> LauncherPlan:
