@@ -98,6 +98,8 @@ def test_a_searcher(toy, tmp_path, unchanged_repository):
     assert refused.returncode == 2 and "es=toy_best (any settings)" in refused.stderr, refused.stderr[-2000:]
     usage = _run(toy, "meta.run", "--help")
     assert "toy_best" in usage.stdout
+    pilot = _run(toy, "meta.pilot", f"run_dir={tmp_path / 'pilot'}", "new=true", "dry_run=true", "es=toy_best")
+    assert "radius: es.sigma of es=toy_best" in pilot.stdout, pilot.stderr[-2000:]  # its declared radius_key
     run_dir = tmp_path / "search"
     done = _run(toy, "meta.run", f"run_dir={run_dir}", "new=true", "es=toy_best", *TINY)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -109,6 +111,8 @@ def test_a_divergence(toy, tmp_path, unchanged_repository):
     plan = _run(toy, "meta.run", f"run_dir={tmp_path / 'plan'}", "new=true", "dry_run=true")
     assert plan.returncode == 0, plan.stderr[-3000:]
     assert "squared difference (toy)" in plan.stdout  # its baseline row, under its own label
+    tune = _run(toy, "meta.tune", f"run_dir={tmp_path / 'tune'}", "new=true", "dry_run=true", "divergence=toy_sq")
+    assert "divergence.coef: log [0.001, 1]" in tune.stdout, tune.stderr[-2000:]  # its declared tune_range
     refused = _run(toy, "inner_loop.run", "divergence=toy_sq", "divergence.form=sampled_is", "task=arith",
                    "model=tiny", f"work_dir={tmp_path / 'refused'}")
     assert refused.returncode == 2 and "supports ['sampled', 'full']" in refused.stderr, refused.stderr[-2000:]
