@@ -19,7 +19,8 @@ def launcher_class(cfg: Mapping[str, Any]) -> type[Launcher]:
     target = cfg.get("cls")
     if not isinstance(target, str) or ":" not in target:
         raise ValueError(
-            f"launcher.cls must be 'module:Class' (got {target!r}); pick a launcher with launcher=local|debug"
+            f"launcher.cls must be 'module:Class' (got {target!r}); pick a launcher with launcher=<name> (its YAML "
+            "names its class: conf/launcher/)"
         )
     try:
         cls = resolve_target(target, "launcher.cls")

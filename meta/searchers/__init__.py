@@ -39,7 +39,8 @@ def searchers() -> dict[str, type[Searcher]]:
 def searcher_class(name: str) -> type[Searcher]:
     registry = _registry()
     if name not in registry:
-        raise ValueError(f"es.name={name!r} is unknown; choose one of {sorted(registry)} (e.g. es=pgpe)")
+        raise ValueError(f"es.name={name!r} is unknown; choose one of {sorted(registry)} "
+                         f"(e.g. es={next(iter(registry))})")
     return registry[name]
 
 
