@@ -134,6 +134,9 @@ def test_a_task(toy, tmp_path, unchanged_repository):
     assert done.returncode == 0, done.stderr[-3000:]
     record = json.loads((run_dir / "gen_0000" / "member_000" / "result.json").read_text())
     assert record["status"] == "ok" and record["val_size"] == 8, record
+    logs = "".join(p.read_text(errors="replace") for p in run_dir.rglob("*") if p.is_file() and p.suffix in
+                   (".err", ".out", ".log"))
+    assert "reward: 1 when the first integer of the completion is twice the number" in logs  # its declared reward
 
 
 def test_a_launcher(toy, tmp_path, unchanged_repository):
