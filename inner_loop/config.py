@@ -14,13 +14,12 @@ from typing import Any, TypeVar
 
 from results.store.config_nodes import plain, refuse_unknown_keys, typed_node
 from results.store.member_keys import MEMBER_GPU_MEMORY_KEY, MEMBER_GPU_SHARERS_KEY
+from inner_loop.loss.divergences import FORMS, divergence, divergences
 from inner_loop.numerics.pinned import NUMERICS_MODES, PINNED_THREADS
 
 T = TypeVar("T")
 
 MODEL_KINDS = ("tiny", "smollm2_135m", "qwen3_1_7b", "hub")
-DIVERGENCES = ("none", "kl", "prob_l2", "neural_mirror")
-FORMS = ("sampled", "sampled_is", "full")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 AGGREGATIONS = ("dr_grpo", "grpo", "bnpo")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -137,10 +136,12 @@ class DivergenceConfig:
     grad_share_floor: float | None = 0.01
 
     def validate(self) -> None:
-        _one_of("divergence.name", self.name, DIVERGENCES)
+        entry = divergence(self.name)
         _one_of("divergence.form", self.form, FORMS)
+        if self.form not in entry.forms:
+            raise ValueError(f"divergence.form={self.form!r}: divergence={self.name} supports {list(entry.forms)}")
         _one_of("divergence.estimator", self.estimator, KL_ESTIMATORS)
-        if self.name == "kl" and self.form == "sampled" and self.estimator == "k1":
+        if entry.kl_estimators and self.form == "sampled" and self.estimator == "k1":
             raise ValueError(
                 "divergence.estimator=k1 with divergence.form=sampled has zero expected gradient: as a per-token loss "
                 "on tokens sampled from the policy, E[grad log pi(y)] = 0, so the regularizer would silently do "
@@ -151,8 +152,10 @@ class DivergenceConfig:
             raise ValueError(f"divergence.grad_share_floor must be >= 0 or null (no check), got {self.grad_share_floor}")
         if not self.coef >= 0.0:
             raise ValueError(f"divergence.coef must be >= 0, got {self.coef}")
-        if self.init is not None and self.name != "neural_mirror":
-            raise ValueError("divergence.init only applies to divergence=neural_mirror; remove it or switch")
+        if self.init is not None and not entry.learned_map:
+            maps = [name for name, other in divergences().items() if other.learned_map]
+            raise ValueError(f"divergence.init only applies to a learned map (divergence={'|'.join(maps)}); remove it "
+                             "or switch")
         if self.init is not None and not Path(self.init).is_file():
             raise ValueError(f"divergence.init={self.init!r}: no such file (export one with meta.export)")
         if self.chunk_size is not None and self.chunk_size < 1:

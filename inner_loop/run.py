@@ -28,7 +28,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from inner_loop.member.entry import keep_vllm_out_unless_used, train_member
-from results.store.config_nodes import check_group_choice, checked_overrides, config_groups
+from results.store.config_nodes import check_group_choice, checked_overrides, config_groups, with_config_path
 from results.store.records import MemberSpec, gpus_entry
 
 logger = logging.getLogger("inner_loop.run")
@@ -93,10 +93,10 @@ def checked_command_line(argv: list[str]) -> list[str]:
         elif key.lstrip("+").startswith("hydra."):
             picked.append(override)
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None, job_name="inner_check"):
-        tree = OmegaConf.to_container(compose(config_name="inner", overrides=picked), resolve=False)
+        tree = OmegaConf.to_container(compose(config_name="inner", overrides=with_config_path(picked)), resolve=False)
     assert isinstance(tree, dict)
     normalised = iter(checked_overrides(overrides, tree, groups, "inner"))
-    return [next(normalised) if a in overrides else a for a in argv]
+    return with_config_path([next(normalised) if a in overrides else a for a in argv])
 
 
 if __name__ == "__main__":

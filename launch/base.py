@@ -11,8 +11,9 @@ import abc
 import platform
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, ClassVar, Iterator, Mapping, Sequence
 
+from results.store.gpu_time import GpuSharing
 from results.store.records import MemberSpec
 
 
@@ -49,6 +50,17 @@ class JobRef:
         )
 
 
+def machine_plan(name: str, context: PlanContext, how: str, view: str, concurrent: int, held: int) -> LauncherPlan:
+    """The plan of a launcher that runs members on this machine: resources.gpus and mem_gb per member, one CPU per
+    training thread; ``how`` they run, what GPUs they ``view``, how many at once, how many GPUs each holds."""
+    mem = context.resources.get("mem_gb")
+    return LauncherPlan(
+        lines=("", f"launcher={name}: each member on this machine, {how}; members see {view}"),
+        concurrent=concurrent, gpus=int(context.resources.get("gpus") or 0), gpus_held=held,
+        cpus=context.num_threads, mem_gb=mem,
+        mem_text=f"{mem:g} GB (resources.mem_gb; not enforced on this machine)" if mem is not None else "not limited")
+
+
 class SubmissionError(RuntimeError):
     """The backend could not submit (after its own retries). Jobs of earlier chunks were already handed
     to the runner, so the run can stop cleanly and a resume re-attaches to them."""
@@ -61,11 +73,81 @@ DEFAULT_KILL_GRACE_S = 30.0
 DEFAULT_MAX_LOST_RESUBMITS = 3
 
 
+@dataclass(frozen=True)
+class PlanContext:
+    """What a launcher's part of a dry-run plan reads of the search, given in one go by meta/plan.py."""
+
+    #: members of one generation (the population, plus the control member when there is one)
+    members_per_generation: int
+    #: generations left to run, and the first of them
+    generations: int
+    first_generation: int
+    #: a member's running-time limit (inner.timeout_s)
+    inner_timeout_s: float
+    #: the ``resources`` node (gpus, mem_gb, step_time_s, ...)
+    resources: Mapping[str, Any]
+    #: train.num_threads: a member's CPU threads where the launcher does not set its CPUs itself
+    num_threads: int
+    #: how members share a GPU (resources.members_per_gpu) and how much slower each runs then
+    sharing: GpuSharing
+    #: where the first generation's launcher files would go, and the run's id (RUNID for a new run); None: the
+    #: plan is asked for its figures only (no script to show)
+    launcher_dir: Path | None = None
+    run_id: str = "RUNID"
+
+
+@dataclass(frozen=True)
+class LauncherPlan:
+    """A launcher's own part of a dry-run plan: its section's lines and the figures the plan's totals use."""
+
+    #: its section (arrays or slots, packing, members at once, time limit, a script), printed as given
+    lines: tuple[str, ...]
+    #: members of one generation running at once
+    concurrent: int
+    #: GPUs one member asks for (what GPU-hours count)
+    gpus: int
+    #: GPUs one member holds on its machine (what "at once" counts; 0 when it gets none)
+    gpus_held: int
+    #: CPUs one member holds
+    cpus: int
+    #: memory one member holds in GB (None: not limited), and how the plan says it
+    mem_gb: float | None
+    mem_text: str
+
+
 class Launcher(abc.ABC):
-    """Submits member arrays; subclasses wrap one submitit executor type (or anything else)."""
+    """Submits member arrays; subclasses wrap one submitit executor type (or anything else). A launcher class
+    declares what the rest of the code asks about it (docs/extending.md): its GPU-sharing modes and its part of
+    the dry-run plan (``plan``)."""
 
     #: seconds between polls of result files; debug runs members in-process and needs no sleep
     poll_interval_s: float = 0.5
+    #: the values ``launcher.gpu_sharing`` may take: how members of resources.members_per_gpu >= 2 share a GPU
+    #: under it (none: it offers no choice; a node that sets one anyway is refused)
+    gpu_sharing: ClassVar[tuple[str, ...]] = ()
+    #: its members run on the host that submits them, so that host's pre-flight (the sandbox probe) speaks for them
+    runs_here: ClassVar[bool] = False
+    #: what ``job_namespace`` names, in words, for the message that refuses a resume elsewhere
+    namespace_kind: ClassVar[str] = "host"
+
+    @classmethod
+    def parallel_slots(cls, options: Mapping[str, Any]) -> int | None:
+        """Members of one array its scheduler runs at once where it caps them itself (an ETA counts on that many);
+        None: as many as there are members (this side holds the rest back: ``max_in_flight``)."""
+        return None
+
+    @classmethod
+    def pending_reasons(cls, options: Mapping[str, Any], job_ids: Sequence[str]) -> dict[str, str]:
+        """Why each of these queued jobs waits, as its scheduler says it (the status views show it); {} where it
+        has nothing to say or cannot be asked."""
+        return {}
+
+    @classmethod
+    def plan(cls, name: str, options: Mapping[str, Any], context: PlanContext) -> LauncherPlan:
+        """Its part of the dry-run plan, from its options (the launcher node less name and cls): here, members
+        one after another on this machine, each with resources.gpus. Override to say how it places members."""
+        return machine_plan(name, context, "one after another in this process", "this process's GPUs", 1,
+                            int(context.resources.get("gpus") or 0))
 
     def __init__(self, **options: Any) -> None:
         self.options = dict(options)
@@ -79,6 +161,16 @@ class Launcher(abc.ABC):
     @classmethod
     def validate_options(cls, options: Mapping[str, Any]) -> None:
         """Reject bad launcher settings (ValueError naming the key) before the run writes or submits anything."""
+
+    @classmethod
+    def check_training_members(cls, options: Mapping[str, Any]) -> None:
+        """A search's up-front check, beyond validate_options, that its options suit members that train (ValueError
+        naming the key); ``options`` is the whole launcher node. None here."""
+
+    @classmethod
+    def check_can_start(cls, options: Mapping[str, Any]) -> None:
+        """Before a real run submits (not a dry run, which may plan another machine): ValueError when no member
+        could start here; ``options`` is the whole launcher node. None here."""
 
     @classmethod
     def job_namespace(cls, options: Mapping[str, Any]) -> str:

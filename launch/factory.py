@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from launch.base import DEFAULT_KILL_GRACE_S, DEFAULT_MAX_LOST_RESUBMITS, Launcher
+from launch.base import DEFAULT_KILL_GRACE_S, DEFAULT_MAX_LOST_RESUBMITS, Launcher, LauncherPlan, PlanContext
 from launch.member import resolve_target
 from launch.runner import RunnerPolicy
 
@@ -19,7 +19,8 @@ def launcher_class(cfg: Mapping[str, Any]) -> type[Launcher]:
     target = cfg.get("cls")
     if not isinstance(target, str) or ":" not in target:
         raise ValueError(
-            f"launcher.cls must be 'module:Class' (got {target!r}); pick a launcher with launcher=local|debug"
+            f"launcher.cls must be 'module:Class' (got {target!r}); pick a launcher with launcher=<name> (its YAML "
+            "names its class: conf/launcher/)"
         )
     try:
         cls = resolve_target(target, "launcher.cls")
@@ -30,10 +31,29 @@ def launcher_class(cfg: Mapping[str, Any]) -> type[Launcher]:
     return cls
 
 
+def launcher_options(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The options a launcher class takes: its node less the keys that choose it."""
+    return {k: v for k, v in cfg.items() if k not in RESERVED_KEYS}
+
+
 def build_launcher(cfg: Mapping[str, Any]) -> Launcher:
-    cls = launcher_class(cfg)
-    options = {k: v for k, v in cfg.items() if k not in RESERVED_KEYS}
-    return cls(**options)
+    return launcher_class(cfg)(**launcher_options(cfg))
+
+
+def launcher_plan(cfg: Mapping[str, Any], context: PlanContext) -> LauncherPlan:
+    """The configured launcher's part of a dry-run plan, in one call (Launcher.plan)."""
+    return launcher_class(cfg).plan(str(cfg.get("name")), launcher_options(cfg), context)
+
+
+def check_gpu_sharing(cfg: Mapping[str, Any]) -> None:
+    """ValueError when ``launcher.gpu_sharing`` names a mode the launcher class does not declare."""
+    mode = cfg.get("gpu_sharing")
+    if mode is None:
+        return
+    modes = launcher_class(cfg).gpu_sharing
+    if mode not in modes:
+        raise ValueError(f"launcher.gpu_sharing={mode!r} is not a mode of launcher={cfg.get('name')}; its modes: "
+                         f"{list(modes) or 'none (its members do not choose how they share a GPU)'}")
 
 
 def runner_policy(retries: int, timeout_s: float, launcher_cfg: Mapping[str, Any]) -> RunnerPolicy:

@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 from meta.config import CONF_DIR, ConfigError, derive_inner_timeout, derive_member_time, member_sharing
 from meta.search.resume import NEW_KEY
-from results.store.config_nodes import check_group_choice, checked_overrides, config_groups
+from results.store.config_nodes import check_group_choice, checked_overrides, config_groups, with_config_path
 
 
 def compose(overrides: Sequence[str], config_name: str = "config") -> dict[str, Any]:
@@ -66,7 +66,8 @@ def _hydra_compose(overrides: Sequence[str], config_name: str) -> tuple[dict[str
 
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None, job_name="meta_run"):
-            cfg = hydra_compose(config_name=config_name, overrides=list(overrides), return_hydra_config=True)
+            cfg = hydra_compose(config_name=config_name, overrides=with_config_path(overrides),
+                                 return_hydra_config=True)
         choices = {str(k): str(v) for k, v in cfg.hydra.runtime.choices.items()
                    if not str(k).startswith("hydra/") and v is not None}
         with open_dict(cfg):

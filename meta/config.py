@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Mapping, MutableMapping, Sequence
 from meta.search.early_stop import EarlyStopConfig, EarlyStopError, check_early_stop
 from results.store.gpu_time import GpuSharing, gpu_sharing
 from results.store.records import gpus_entry
-from results.store.config_nodes import plain, refuse_unknown_keys
+from results.store.config_nodes import group_file, plain, refuse_unknown_keys
 
 if TYPE_CHECKING:
     import torch
@@ -40,8 +40,18 @@ class ConfigError(ValueError):
     """A user mistake in the configuration (exit status 2, no traceback)."""
 
 
-#: the baselines of the result table (meta/after/baselines.py says what each row is)
-BASELINES = ("center", "nm_random", "radius_random", "kl", "prob_l2", "none", "base")
+#: the rows of the result table that are not a divergence's own (meta/after/baselines.py says what each row is): those
+#: around the search's map come before the divergences' rows, the untrained model after them
+MAP_BASELINES = ("center", "nm_random", "radius_random")
+UNTRAINED_BASELINE = "base"
+
+
+def baselines() -> tuple[str, ...]:
+    """Every baseline row of the result table: the map rows, each divergence's row (its registry entry says
+    whether it has one), the untrained model; ``reevaluate.baselines: null`` trains them all."""
+    from inner_loop.loss.divergences import baseline_rows
+
+    return (*MAP_BASELINES, *baseline_rows(), UNTRAINED_BASELINE)
 #: separates a baseline's name from the preset file it takes its settings from (``kl@kl_tuned.yaml``)
 PRESET_MARK = "@"
 
@@ -58,7 +68,7 @@ class ReevaluateConfig:
     top_k: int = 3
     seeds: int = 3
     report_seeds: int = 3
-    baselines: tuple[str, ...] = BASELINES
+    baselines: tuple[str, ...] = field(default_factory=baselines)
     transfer: tuple[str, ...] = ()
     test: bool = True
 
@@ -358,16 +368,20 @@ def _baselines(raw: Mapping[str, Any]) -> tuple[str, ...]:
     it); the untrained model has no training settings to take from a preset."""
     key = "reevaluate.baselines"
     value = _get_dotted(raw, key)
+    known = baselines()
+    if value is None:
+        return known
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(f"{key}={value!r} must be a list of rows, e.g. {key}=[{', '.join(BASELINES)}]")
+        raise ConfigError(f"{key}={value!r} must be a list of rows or null (every row), e.g. "
+                          f"{key}=[{', '.join(known)}]")
     names = _names(raw, key, None)
     for name in names:
         row, mark, path = name.partition(PRESET_MARK)
-        if row not in BASELINES:
-            raise ConfigError(f"{key}: {row!r} is not one of {', '.join(BASELINES)} (a tuned row: <row>@<file>)")
+        if row not in known:
+            raise ConfigError(f"{key}: {row!r} is not one of {', '.join(known)} (a tuned row: <row>@<file>)")
         if not mark:
             continue
-        if row == "base":
+        if row == UNTRAINED_BASELINE:
             raise ConfigError(f"{key}: {name!r}: the untrained model (base) trains nothing a preset could set")
         if not Path(path).is_file():
             raise ConfigError(f"{key}: {name!r}: no preset file {path} (what meta.tune ... export= writes, or a YAML "
@@ -396,7 +410,7 @@ def _reevaluate(raw: Mapping[str, Any]) -> ReevaluateConfig:
         raise ConfigError("reevaluate.report_seeds=1 gives no interval; use 2 or more (3+ for a useful one), "
                           "or 0 to skip the result table")
     transfer = _names(raw, "reevaluate.transfer", None) if "transfer" in node else defaults.transfer
-    missing = [t for t in transfer if not (CONF_DIR / "task" / f"{t}.yaml").is_file()]
+    missing = [t for t in transfer if group_file(CONF_DIR, "task", t) is None]
     if missing:
         raise ConfigError(f"reevaluate.transfer: {missing[0]!r} is not a task (conf/task/{missing[0]}.yaml)")
     return ReevaluateConfig(
@@ -425,9 +439,8 @@ def check_member_launch(raw: Mapping[str, Any], launcher: Mapping[str, Any], inn
     """What every member run needs, checked before anything is submitted (meta.run and meta.tune): the
     resources fit the launcher, the entry point imports and accepts the inner config (its ``validate``), and the
     launcher takes its options. ``where`` is added to messages (e.g. which tuned choice failed)."""
-    from launch.factory import RESERVED_KEYS, launcher_class
+    from launch.factory import check_gpu_sharing, launcher_class, launcher_options
     from launch.member import load_entrypoint
-    from launch.local.launchers import LocalLauncher
     from launch.submitit_base import check_gpus_per_member
 
     _check_resources(raw, launcher, inner_timeout_s)
@@ -444,14 +457,13 @@ def check_member_launch(raw: Mapping[str, Any], launcher: Mapping[str, Any], inn
         except (ValueError, FileNotFoundError) as exc:
             raise ConfigError(f"{exc}{where}") from None
     try:
-        launcher_class(launcher).validate_options(
-            {k: v for k, v in launcher.items() if k not in RESERVED_KEYS}
-        )
+        cls = launcher_class(launcher)
+        cls.validate_options(launcher_options(launcher))
+        check_gpu_sharing(launcher)
         gpus = resources.get("gpus")
         if isinstance(gpus, int) and not isinstance(gpus, bool):  # the plan's GPU-hours count it on any launcher
             check_gpus_per_member("resources.gpus", gpus)
-        if issubclass(launcher_class(launcher), LocalLauncher):
-            LocalLauncher.check_training_member_gpus(launcher)
+        cls.check_training_members(launcher)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 
@@ -460,10 +472,8 @@ def check_members_can_start(launcher: Mapping[str, Any]) -> None:
     """Before a real run submits (meta.run, meta.tune, meta.pilot; not their dry runs, which plan a GPU machine from
     anywhere and warn): local members that ask for a GPU need a GPU slot on this machine, else none could start."""
     from launch.factory import launcher_class
-    from launch.local.launchers import LocalLauncher
 
     try:
-        if issubclass(launcher_class(launcher), LocalLauncher):
-            LocalLauncher.check_gpu_slots(launcher)
+        launcher_class(launcher).check_can_start(launcher)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None

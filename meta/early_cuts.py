@@ -12,9 +12,9 @@ round(f x train.steps), an intermediate validation step) and margin k:
   that were below the median early (what a cut at the median alone would lose), with a Clopper-Pearson 95% interval
   over the members measured;
 - the rule (meta/search/early_stop.py, every member reported, margin k x noise): the members it stops, the share of them
-  that were in fact weighed (false cuts), the training it saves, and per searcher (snes with nes ranking, cem with
-  parenthood 0.5) the cosine between the centre's update with the stopped members at the bottom and the update
-  from the final scores (1.0: the same direction; exact when no cut was false);
+  that were in fact weighed (false cuts), the training it saves, and per searcher it is exact for (with the
+  settings each declares: meta/searchers) the cosine between the centre's update with the stopped members at the
+  bottom and the update from the final scores (1.0: the same direction; exact when no cut was false);
 
 ``noise`` (the spread of an early score across seeds of one init) defaults to the pilot's pooled estimate when a
 pilot dir is given, else the pooled within-population spread is not a seed spread: pass --noise.
@@ -43,9 +43,13 @@ from results.store.run_store import RunStore
 
 logger = logging.getLogger(__name__)
 
-#: the exact searchers, as configured for the cosine
-SEARCHERS = {"snes": {"name": "snes", "stdev_init": 0.1, "ranking_method": "nes"},
-             "cem": {"name": "cem", "stdev_init": 0.1, "parenthood_ratio": 0.5}}
+
+
+def exact_searchers() -> dict[str, dict[str, Any]]:
+    """The searchers early stopping is exact for, each with the settings it declares for that (the cosine's)."""
+    from meta.searchers import searchers
+
+    return {name: dict(cls.early_stop.example) for name, cls in searchers().items() if cls.early_stop is not None}
 
 
 #: the decision points the figures are computed at (T/4, T/3, T/2) and the margins k (x noise)
@@ -178,12 +182,13 @@ def study(populations: Sequence[Population], steps: int, fractions: Sequence[flo
           noise: float) -> list[dict[str, Any]]:
     """One row per (fraction, margin): false cuts, stops, saving, update cosines; see the module docstring."""
     rows = []
+    exact = exact_searchers()
     for fraction in fractions:
         step = round(fraction * steps)
         usable = [p for p in populations if all(step in c for c in p.curves)]
         for margin in margins:
             weighed = plain_false = stopped_total = false_cuts = members = 0
-            cosines: dict[str, list[float]] = {name: [] for name in SEARCHERS}
+            cosines: dict[str, list[float]] = {name: [] for name in exact}
             correlations = []
             for population in usable:
                 n = len(population.final)
@@ -197,7 +202,7 @@ def study(populations: Sequence[Population], steps: int, fractions: Sequence[flo
                 members += n
                 stopped_total += sum(mask)
                 false_cuts += sum(1 for i in top if mask[i])
-                for name, es in SEARCHERS.items():
+                for name, es in exact.items():
                     full = _update(es, population, population.final)
                     cut = _update(es, population, update_fitness(population.final, mask))
                     cosines[name].append(_cosine(full, cut))
@@ -224,7 +229,8 @@ def format_rows(rows: Sequence[dict[str, Any]], noise: float) -> str:
              "within-population correlation of early and final scores, mean over populations: "
              + ", ".join(f"step {r['step']}: {r['correlation']:.3f}" for r in rows if r["margin"] == rows[0]["margin"]),
              "fraction step | median split: false cuts of weighed [95% CI] | margin k: stopped, false cuts of "
-             "weighed [95% CI], member time saved | cosine to the full update, mean (min): snes, cem"]
+             "weighed [95% CI], member time saved | cosine to the full update, mean (min): "
+             + ", ".join(exact_searchers())]
     for r in rows:
         lo, hi = r["median_split_interval"]
         flo, fhi = r["false_cut_interval"]

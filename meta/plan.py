@@ -10,20 +10,16 @@ from __future__ import annotations
 
 import json
 import math
-import shlex
-import sys
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from meta.config import SearchConfig, member_sharing, member_time_text
+from launch.base import LauncherPlan, PlanContext
 from meta.search.early_stop import stop_capacity
 from meta.search.resume import run_dir_label
 from results.store.gpu_time import GpuSharing, gpu_time_h
-from results.store.notice_window import notice_shortfall
 from results.store.run_store import RunStore
 
-#: SLURM's default MaxArraySize; a dry run asks no scheduler, so without launcher.max_array_size it assumes this
-DEFAULT_MAX_ARRAY_SIZE = 1001
 #: a member's running-time limit should leave at least this multiple of its expected time (seed spread, slower
 #: nodes, a requeue's reload); the plan warns below it
 TIMEOUT_HEADROOM = 1.3
@@ -201,104 +197,21 @@ def reporting_lines(cfg: SearchConfig, overrides: Sequence[str]) -> list[str]:
     return lines
 
 
-def _concurrent(cfg: SearchConfig) -> int:
-    """Members of one generation running at once: an array's %parallelism (SLURM; local: null is this machine's
-    cores), or one (debug)."""
-    name = cfg.launcher.get("name")
-    per_generation = members_per_generation(cfg)
-    if name == "debug":
-        return 1
-    if name == "local":
-        from launch.local.launchers import LocalLauncher
-
-        return min(per_generation, LocalLauncher.members_at_once(cfg.launcher))
-    parallel = cfg.launcher.get("array_parallelism")
-    return min(per_generation, int(parallel or per_generation) * _members_per_task(cfg))
+def _plan_context(cfg: SearchConfig, raw: Mapping[str, Any], generations: int = 0, first: int = 0,
+                  store: RunStore | None = None, run_id: str | None = None) -> PlanContext:
+    """What the launcher's part of the plan reads of the search (launch/base.py: PlanContext)."""
+    return PlanContext(
+        members_per_generation=members_per_generation(cfg), generations=generations, first_generation=first,
+        inner_timeout_s=cfg.inner_timeout_s, resources=cfg.resources,
+        num_threads=int(raw["train"].get("num_threads") or 1), sharing=member_sharing(raw),
+        launcher_dir=store.launcher_dir(first) if store is not None else None, run_id=run_id or "RUNID")
 
 
-def _members_per_task(cfg: SearchConfig) -> int:
-    """Members one SLURM array task runs: resources.members_per_gpu when packed (launcher.gpu_sharing), else 1."""
-    return _slurm_options(cfg).members_per_task if cfg.launcher.get("name") == "slurm" else 1
+def _launcher_plan(cfg: SearchConfig, context: PlanContext) -> LauncherPlan:
+    """The configured launcher's own part of the plan, asked once (launch/factory.py: launcher_plan)."""
+    from launch.factory import launcher_plan
 
-
-def _local_gpus_per_member(cfg: SearchConfig) -> int:
-    """GPUs a local member holds: its slot's (gpus_per_node), or with null every GPU this process sees."""
-    from launch.local.launchers import LocalLauncher, parent_gpu_indices
-
-    per = cfg.launcher.get("gpus_per_node")
-    if per is None:
-        return len(parent_gpu_indices())
-    return int(per) if LocalLauncher.gpu_slots(cfg.launcher) else 0
-
-
-def _local_gpu_view(cfg: SearchConfig) -> str:
-    """What each local member's CUDA_VISIBLE_DEVICES will be, and a warning where no member could get a GPU."""
-    from launch.local.launchers import LocalLauncher
-
-    per = cfg.launcher.get("gpus_per_node")
-    if per is None:
-        return "this process's GPUs (launcher.gpus_per_node=null: CUDA_VISIBLE_DEVICES passed through, shared)"
-    if int(per) == 0:
-        return "no GPU (launcher.gpus_per_node=0)"
-    slots = LocalLauncher.gpu_slots(cfg.launcher)
-    if not slots:
-        return (f"WARNING: no GPU: launcher.gpus_per_node={per} asks for a GPU per member and this process sees none "
-                "(a real run refuses to start; set launcher.visible_gpus or run on the GPU machine)")
-    listed = ", ".join(",".join(str(g) for g in slot) for slot in slots)
-    k = LocalLauncher.members_per_gpu(cfg.launcher)
-    whose = "their own GPU slot" if k == 1 else f"a GPU slot shared by {k} members (resources.members_per_gpu)"
-    return (f"{whose}, CUDA_VISIBLE_DEVICES one of [{listed}] ({len(slots)} slot(s) of "
-            f"launcher.gpus_per_node={per}; a member waits for a free place)")
-
-
-def _arrays(cfg: SearchConfig) -> tuple[list[int], str]:
-    """Sizes of the arrays one generation is split into, and where the split size came from."""
-    chunk = cfg.launcher.get("max_array_size")
-    source = "launcher.max_array_size"
-    if chunk is None:
-        chunk = DEFAULT_MAX_ARRAY_SIZE
-        source = (f"the cluster's MaxArraySize is not asked in a dry run: assumed {chunk} (SLURM's default; "
-                  "set launcher.max_array_size to your cluster's value)")
-    total = -(-members_per_generation(cfg) // _members_per_task(cfg))  # array tasks
-    sizes = [min(chunk, total - start) for start in range(0, total, chunk)]
-    return sizes, source
-
-
-def _packing_lines(cfg: SearchConfig) -> list[str]:
-    """How k members share a GPU on SLURM: packed into one array task, or each its part of the site's shards."""
-    options = _slurm_options(cfg)
-    k = options.members_per_gpu
-    if k == 1:
-        return []
-    mem = f"{options.mem_gb * k:g} GB" if options.mem_gb is not None else "the cluster's default memory"
-    if options.gpu_sharing == "shard":
-        return [f"launcher.gpu_sharing=shard: one member per task, each asking for {options.shards_per_gpu // k} of a "
-                f"GPU's {options.shards_per_gpu} shards (--gres=shard:{options.shards_per_gpu // k})"]
-    return [f"launcher.gpu_sharing=packed: {k} members per array task (an antithetic pair together), each in its own "
-            f"process with its own work dir, record and log; a task holds {options.gpus_per_node} GPU, "
-            f"{options.cpus_per_task * k} CPUs and {mem} ({k} x a member's)"]
-
-
-def _slurm_options(cfg: SearchConfig) -> Any:
-    from launch.factory import RESERVED_KEYS
-    from launch.slurm.options import SlurmOptions
-
-    return SlurmOptions.from_options({k: v for k, v in cfg.launcher.items() if k not in RESERVED_KEYS})
-
-
-def sbatch_script(cfg: SearchConfig, store: RunStore, generation: int, array_size: int, run_id: str) -> str:
-    """The sbatch script of one array, as submitit writes it (its own writer; nothing is submitted)."""
-    from submitit.slurm.slurm import SlurmJobEnvironment, _make_sbatch_string
-
-    from launch.slurm.chunks import chunk_job_name
-
-    options = _slurm_options(cfg)
-    params = options.sbatch_parameters(cfg.inner_timeout_s, SlurmJobEnvironment.USR_SIG)
-    params["job_name"] = chunk_job_name(options.job_name, run_id, generation, 0)
-    folder = store.launcher_dir(generation)
-    python = options.python_command(shlex.quote(sys.executable))
-    command = f"{python} -u -m submitit.core._submit {shlex.quote(str(folder))}"
-    return _make_sbatch_string(command=command, folder=folder, map_count=array_size, **params)
+    return launcher_plan(cfg.launcher, context)
 
 
 def _first_generation(store: RunStore, resuming: bool) -> int:
@@ -308,10 +221,9 @@ def _first_generation(store: RunStore, resuming: bool) -> int:
     return max(done) + 1 if done else 0
 
 
-def gpus_per_member(cfg: SearchConfig) -> int:
-    """The GPUs one member holds: SLURM's per-task GPUs (launcher.gpus_per_node), elsewhere resources.gpus."""
-    key = cfg.launcher.get("gpus_per_node") if cfg.launcher.get("name") == "slurm" else cfg.resources.get("gpus")
-    return int(key or 0)
+def gpus_per_member(cfg: SearchConfig, raw: Mapping[str, Any]) -> int:
+    """The GPUs one member asks for, as its launcher plans it (resources.gpus, or the launcher's per-task GPUs)."""
+    return _launcher_plan(cfg, _plan_context(cfg, raw)).gpus
 
 
 def training_runs(cfg: SearchConfig, generations: int, selection: int, reporting: int) -> int:
@@ -327,7 +239,7 @@ def new_search_gpu_hours(cfg: SearchConfig, raw: Mapping[str, Any]) -> tuple[int
     cost, and must count it exactly as the plan does (the arithmetic's one owner: results/store/gpu_time.py)."""
     alone_min = float(cfg.resources.get("member_time_min") or cfg.inner_timeout_s / 60.0)
     runs = training_runs(cfg, cfg.generations, selection_runs(cfg), reporting_runs(cfg))
-    return runs, member_sharing(raw).gpu_hours(runs, alone_min / 60.0, gpus_per_member(cfg))
+    return runs, member_sharing(raw).gpu_hours(runs, alone_min / 60.0, gpus_per_member(cfg, raw))
 
 
 def build_plan(
@@ -339,7 +251,6 @@ def build_plan(
     command line, from which the result table's baseline rows are composed."""
     first = _first_generation(store, resuming)
     generations = max(0, cfg.generations - first)
-    launcher = cfg.launcher.get("name")
     threads = int(raw["train"].get("num_threads") or 1)
     alone_min = float(cfg.resources.get("member_time_min") or cfg.inner_timeout_s / 60.0)
     sharing = member_sharing(raw)
@@ -359,41 +270,10 @@ def build_plan(
         "requeues",
         *timeout_headroom_lines(cfg.inner_timeout_s, member_min * cfg.seeds_per_member),
     ]
-    concurrent = _concurrent(cfg)
-    if launcher == "slurm":
-        gpus = held = gpus_per_member(cfg)
-        cpus = int(cfg.launcher.get("cpus_per_task") or 1)
-        mem = cfg.launcher.get("mem_gb")
-        sizes, source = _arrays(cfg)
-        parallel = int(cfg.launcher.get("array_parallelism"))
-        arrays = ", ".join(f"{n} tasks (--array=0-{n - 1}%{min(n, parallel)})" for n in sizes)
-        options = _slurm_options(cfg)
-        time_min = options.time_limit_min(cfg.inner_timeout_s)
-        lines += [
-            "",
-            f"arrays per generation: {len(sizes)}: {arrays}; split size from {source}",
-            f"arrays in total: {len(sizes) * generations} over {generations} generation(s); at most "
-            f"{concurrent} members of a generation run at once",
-            *_packing_lines(cfg),
-            f"one SLURM run: --time={time_min} min, requeued up to launcher.requeues={options.requeues} times "
-            f"(the requeue signal {options.signal_delay(cfg.inner_timeout_s)} s before the limit)",
-            *notice_lines(cfg.resources, sharing, options.signal_delay(cfg.inner_timeout_s)),
-            "",
-            "sbatch script of the first array (as submitit writes it; arrays are named "
-            f"{options.job_name}.<run id>.g<generation>.c<chunk>):",
-            sbatch_script(cfg, store, first, sizes[0], run_id or "RUNID") if sizes else "(no members)",
-        ]
-        mem_text = f"{mem:g} GB" if mem is not None else "the cluster's default (launcher.mem_gb=null)"
-    else:
-        gpus = held = gpus_per_member(cfg)
-        cpus = threads
-        mem = cfg.resources.get("mem_gb")
-        mem_text = f"{mem:g} GB (resources.mem_gb; not enforced on this machine)" if mem is not None else "not limited"
-        how = "one after another in this process" if launcher == "debug" else f"{concurrent} processes at once"
-        view = "this process's GPUs"
-        if launcher == "local":
-            view, held = _local_gpu_view(cfg), _local_gpus_per_member(cfg)
-        lines += ["", f"launcher={launcher}: each member on this machine, {how}; members see {view}"]
+    part = _launcher_plan(cfg, _plan_context(cfg, raw, generations, first, store, run_id))
+    concurrent, gpus, held, cpus, mem, mem_text = (part.concurrent, part.gpus, part.gpus_held, part.cpus, part.mem_gb,
+                                                   part.mem_text)
+    lines += part.lines
     sharers = int(cfg.resources.get("members_per_gpu") or 1) if held else 1  # members on one GPU at once
     lines += [
         "",
@@ -443,16 +323,6 @@ def timeout_headroom_lines(timeout_s: float, expected_min: float) -> list[str]:
     return [f"WARNING: inner.timeout_s={timeout_s:g} s is {timeout_s / expected_s:.2f}x the expected {expected_s:g} s "
             f"per member, less than {TIMEOUT_HEADROOM:g}x: members slower than expected are killed near the end. "
             f"Raise resources.timeout_factor (or inner.timeout_s) to at least {TIMEOUT_HEADROOM:g}"]
-
-
-def notice_lines(resources: Mapping[str, Any], sharing: GpuSharing, delay_s: float) -> list[str]:
-    """A warning when the time-limit signal, ``delay_s`` before the limit, cannot cover a member's step (the measured
-    ``resources.step_time_s`` x the sharing's slowdown) and a save: its save on that notice would never happen."""
-    step_s = resources.get("step_time_s")
-    if not isinstance(step_s, (int, float)) or isinstance(step_s, bool) or step_s <= 0:
-        return []
-    shortfall = notice_shortfall(float(step_s) * sharing.slowdown, float(delay_s))
-    return [f"WARNING: {shortfall}"] if shortfall else []
 
 
 def early_stop_lines(cfg: SearchConfig, generations: int, member_h: float, gpus: int,

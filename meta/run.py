@@ -37,18 +37,21 @@ from meta.cli_args import run_command
 from meta.compose import compose, merge_overrides
 from meta.search.resume import NEW_KEY, check_job_namespace, check_resume, open_run_dir, run_dir_label
 from meta.search.staging import preflight_run, stage_run
+from results.store.config_nodes import config_groups, group_file
 from results.store.provenance import code_version
 from results.store.run_store import RunStore
 
 logger = logging.getLogger("meta.run")
 
-USAGE = """usage: python -m meta.run [key=value ...]
+_GROUPS = config_groups(CONF_DIR)  # the registries' YAML side: conf/ and MIRROR_ES_CONFIG_PATH's trees
+USAGE = f"""usage: python -m meta.run [key=value ...]
 
 Start an ES search over neural-mirror-map inits, or resume one with run_dir=<existing run>.
-Common keys: population, generations, seed, run_dir, es=pgpe|snes|cem|cmaes|openai_es_elite,
-launcher=local|debug|slurm, experiment=tiny_arith|mbpp_qwen3|gsm8k_qwen3, init=uniform|gaussian|<file>,
-inner.entrypoint, inner.timeout_s, resources.*, retries, fitness_on_failure, max_failed_fraction, task=...,
-model=..., train.steps=..., dry_run=true (print the plan, submit and write nothing)
+Common keys: population, generations, seed, run_dir, es={'|'.join(_GROUPS.get('es', []))},
+launcher={'|'.join(_GROUPS.get('launcher', []))}, experiment={'|'.join(_GROUPS.get('experiment', []))},
+init=uniform|gaussian|<file>, inner.entrypoint, inner.timeout_s, resources.*, retries, fitness_on_failure,
+max_failed_fraction, task={'|'.join(_GROUPS.get('task', []))}, model=..., train.steps=...,
+dry_run=true (print the plan, submit and write nothing)
 See conf/config.yaml (and conf/member_settings.yaml for resources.* and inner.*) for every key and its default."""
 
 
@@ -56,8 +59,7 @@ def transfer_evaluations(raw: dict[str, Any], overrides: Sequence[str]) -> list[
     """The transfer tasks the reporting runs will score (reevaluate.transfer, composed as meta/after/baselines.py composes
     them), for staging; none while the list is malformed, which the config check that follows names."""
     names = (raw.get("reevaluate") or {}).get("transfer") or []
-    if not isinstance(names, list) or not all(isinstance(n, str) and (CONF_DIR / "task" / f"{n}.yaml").is_file()
-                                              for n in names):
+    if not isinstance(names, list) or not all(isinstance(n, str) and group_file(CONF_DIR, "task", n) for n in names):
         return []
     return transfer_tasks(names, overrides)
 

@@ -36,7 +36,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "meta.searchers": frozenset(),  # plus the seeds, below
     "meta.search": _OUTER_BELOW | {"meta.searchers"},
     "meta.after": _OUTER_BELOW | {"meta.search", "meta.searchers"},
-    "meta.pilot": _OUTER_BELOW | {"meta.search"},
+    "meta.pilot": _OUTER_BELOW | {"meta.search", "meta.searchers"},  # a searcher's radius key, from its class
     "meta.tune": _OUTER_BELOW | {"meta.search"},
     # the status command: the search's view, and the pilot's and the tuning's views by the run dir's kind
     "meta.status": _OUTER_BELOW | {"meta.search", "meta.pilot", "meta.tune"},
@@ -82,24 +82,31 @@ MODULE_EXCEPTIONS: dict[str, frozenset[str]] = {
                                     # the numerics modes and the pinned thread count (imports nothing of ours)
                                     _PINNED,
                                     # the backend names and train.decode_cache's values (imports nothing of ours)
-                                    "inner_loop.generation.backends"}),
+                                    "inner_loop.generation.backends",
+                                    # the divergence registry: divergence.name and its forms (no torch, nothing above)
+                                    "inner_loop.loss.divergences"}),
     "inner_loop.member": frozenset({_PINNED}),
     # a run's stages read two things of the process they run in: its job's end notice (save at the step's end) and
     # its share of the card (whose turn it is to start a vLLM engine); neither imports a stage
     "inner_loop.training": frozenset({_PINNED, "inner_loop.member.notice", "inner_loop.member.gpu_share"}),
     # the fingerprint composes the single run's config as python -m inner_loop.run does
     "inner_loop.numerics": frozenset({"inner_loop.run"}),
-    "inner_loop.loss": frozenset({"results.store.metric_keys"}),
+    # the registry's third-party entries (the entry-point reader imports only the standard library)
+    "inner_loop.loss": frozenset({"results.store.metric_keys", "results.store.entry_points"}),
+    # the result table's divergence rows, labels and roles and the tuner's coefficient ranges come from the divergence
+    # registry (it imports the standard library and the entry-point reader, never torch or the loss)
+    "meta": frozenset({"inner_loop.loss.divergences"}),
     "inner_loop.grpo": frozenset({"results.store.metric_keys"}),
     "results.store": frozenset({"mirror_maps.init_file"}),
     # the searchers draw from the run's seeds (meta/search/seeding.py imports nothing of ours)
-    "meta.searchers": frozenset({"meta.search.seeding"}),
+    # and their third-party entries (the entry-point reader imports only the standard library)
+    "meta.searchers": frozenset({"meta.search.seeding", "results.store.entry_points"}),
     "meta.search": _META_BASE,
-    "meta.after": _META_BASE,
+    "meta.after": _META_BASE | {"inner_loop.loss.divergences"},  # the divergences' baseline rows and labels
     # a pilot writes its run files as meta.run does, and reports early cuts as meta.early_cuts does; its status
     # view prints the rows the search's view prints (meta/status/rows.py)
     "meta.pilot": _META_BASE | {"meta.run", "meta.early_cuts", "meta.status.rows"},
-    "meta.tune": _META_BASE | {"meta.status.rows"},
+    "meta.tune": _META_BASE | {"meta.status.rows", "inner_loop.loss.divergences"},  # coefficient tune ranges
 }
 #: Third-party packages a member process must not load through results.store (they cost seconds and memory in
 #: each of 180 light wrappers), and the store modules allowed to use them (the orchestrator's run store).

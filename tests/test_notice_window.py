@@ -12,7 +12,7 @@ import pytest
 
 from inner_loop.member import notice
 from launch.slurm.options import SlurmOptions
-from meta.plan import notice_lines
+from launch.slurm.plan import notice_lines
 from results.store.gpu_time import GpuSharing
 from results.store.notice_window import SIGNAL_DELAY_ENV, save_window_s, signal_delay_s, task_grace_s
 

@@ -15,13 +15,12 @@ from typing import Sequence
 import torch
 
 from inner_loop.config import DivergenceConfig
+from inner_loop.loss.divergences import divergence
 from mirror_maps import (
     AUTHORS_INIT_SEED,
-    KL,
     VECTOR_LENGTH,
     NeuralMirrorMap,
     Potential,
-    ProbL2,
     full_divergence,
     kl_estimator,
     load_init,
@@ -53,6 +52,8 @@ class Regularizer:
     potential: Potential | None = None
     estimator: str = "k3"
     chunk_size: int | None = None
+    #: the sampled form is a per-token KL estimator (``estimator``): the divergence declares it (kl_estimators)
+    kl_estimators: bool = False
 
     @property
     def active(self) -> bool:
@@ -66,7 +67,7 @@ class Regularizer:
     def describe(self) -> str:
         if not self.active:
             return "none"
-        detail = f"/{self.estimator}" if self.name == "kl" and self.form == "sampled" else ""
+        detail = f"/{self.estimator}" if self.kl_estimators and self.form == "sampled" else ""
         return f"{self.name}[{self.form}{detail}] x {self.coef:g}"
 
     def full_per_token(self, logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tensor:
@@ -87,7 +88,7 @@ class Regularizer:
             if logits is None or ref_logits is None:
                 raise ValueError("the full form needs the policy's and the reference's logits")
             return self.full_per_token(logits, ref_logits)
-        if self.name == "kl" and self.form == "sampled":
+        if self.kl_estimators and self.form == "sampled":
             # The standard per-token KL estimators (TRL/verl use k3); sampled_is of the KL potential equals k3 too.
             return kl_estimator(logps, ref_logps, self.estimator)
         return sampled_divergence(self.potential, logps, ref_logps, form=self.form)
@@ -107,24 +108,20 @@ def load_init_map(path: str | Path) -> NeuralMirrorMap:
 
 
 def build_potential(cfg: DivergenceConfig, params: Sequence[float] | None = None) -> Potential | None:
-    """The potential named by ``cfg``; for neural_mirror: ES ``params`` > ``cfg.init`` file > seeded random init."""
-    if cfg.name == "none":
-        return None
-    if cfg.name == "kl":
-        return KL()
-    if cfg.name == "prob_l2":
-        return ProbL2()
-    if cfg.name == "neural_mirror":
-        if params is not None and len(params) > 0:
-            vector = torch.tensor([float(x) for x in params], dtype=torch.float32)
-            if vector.numel() != VECTOR_LENGTH:
-                raise ValueError(f"member params have {vector.numel()} numbers; a neural mirror map needs {VECTOR_LENGTH}")
-            return NeuralMirrorMap.from_vector(vector, param_transform=cfg.param_transform)
-        if cfg.init is not None:
-            return load_init_map(cfg.init)
-        logger.info("neural mirror map: no params or init file given; random init with seed %d", DEFAULT_MAP_SEED)
-        return NeuralMirrorMap.random_init(DEFAULT_MAP_SEED, param_transform=cfg.param_transform)
-    raise ValueError(f"divergence.name={cfg.name!r} is not one of ['none', 'kl', 'prob_l2', 'neural_mirror']")
+    """The potential of the divergence ``cfg`` names (its registry entry); for a learned map: ES ``params`` >
+    ``cfg.init`` file > seeded random init."""
+    entry = divergence(cfg.name)
+    if not entry.learned_map:
+        return entry.build_potential()
+    if params is not None and len(params) > 0:
+        vector = torch.tensor([float(x) for x in params], dtype=torch.float32)
+        if vector.numel() != VECTOR_LENGTH:
+            raise ValueError(f"member params have {vector.numel()} numbers; a neural mirror map needs {VECTOR_LENGTH}")
+        return NeuralMirrorMap.from_vector(vector, param_transform=cfg.param_transform)
+    if cfg.init is not None:
+        return load_init_map(cfg.init)
+    logger.info("neural mirror map: no params or init file given; random init with seed %d", DEFAULT_MAP_SEED)
+    return NeuralMirrorMap.random_init(DEFAULT_MAP_SEED, param_transform=cfg.param_transform)
 
 
 def build_regularizer(cfg: DivergenceConfig, params: Sequence[float] | None = None) -> Regularizer:
@@ -136,6 +133,7 @@ def build_regularizer(cfg: DivergenceConfig, params: Sequence[float] | None = No
         potential=build_potential(cfg, params),
         estimator=cfg.estimator,
         chunk_size=cfg.chunk_size,
+        kl_estimators=divergence(cfg.name).kl_estimators,
     )
 
 

@@ -130,6 +130,9 @@ def train_member(spec: MemberSpec | Mapping[str, Any], save_final: bool = False)
     stage = "config and data"
     try:
         run = prepare(spec.inner, spec.seed, spec.params)
+        logger.info("member %s: task %s, %d training problems, scored on %d %s problems; reward: %s", work_dir,
+                    run.task.name, len(run.train), len(run.scored), run.cfg.eval_split,
+                    run.task.reward or "(undeclared)")
         stage = "setup"
         try:
             device = require_device(spec.inner)  # a GPU member without a usable GPU ends here, before the model loads

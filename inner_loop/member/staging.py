@@ -78,14 +78,12 @@ def _is_local(name: str) -> bool:
 
 
 def _task_hub_id(task: Mapping[str, Any]) -> str | None:
-    """The hub dataset a task node loads by name, or None (local files, local data, or a task without a hub)."""
+    """The hub dataset a task node loads by name (its task class declares it: Task.staged_dataset), or None (local
+    files, local data, or a task without a hub)."""
     from inner_loop.tasks import build_task
 
-    task_config = getattr(build_task(task), "config", None)
-    hub_id = getattr(task_config, "hub_id", None)
-    if isinstance(hub_id, str) and getattr(task_config, "train_file", None) is None and not _is_local(hub_id):
-        return hub_id
-    return None
+    hub_id = build_task(task).staged_dataset()
+    return hub_id if isinstance(hub_id, str) and not _is_local(hub_id) else None
 
 
 def _extra_tasks(inner: Mapping[str, Any]) -> list[tuple[int, str, Mapping[str, Any]]]:

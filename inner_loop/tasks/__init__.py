@@ -6,27 +6,44 @@ so a mistake fails at submission time rather than on a cluster node.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Callable
+from typing import Any
 
-from inner_loop.tasks.arith import ArithConfig, ArithTask
 from inner_loop.tasks.base import SPLITS, Problem, SplitOverlapError, Task, check_disjoint, prompt_hash
-from inner_loop.tasks.gsm8k import GSM8KConfig, GSM8KTask
-from inner_loop.tasks.gsm_symbolic import GSMSymbolicConfig, GSMSymbolicTask
-from inner_loop.tasks.humaneval import HumanEvalConfig, HumanEvalTask
-from inner_loop.tasks.mbpp import MBPPConfig, MBPPTask
 from inner_loop.tasks.task_config import config_from_mapping
 
-_REGISTRY: dict[str, tuple[type, Callable[[Any], Task]]] = {
-    "arith": (ArithConfig, ArithTask),
-    "gsm8k": (GSM8KConfig, GSM8KTask),
-    "gsm_symbolic": (GSMSymbolicConfig, GSMSymbolicTask),
-    "mbpp": (MBPPConfig, MBPPTask),
-    "humaneval": (HumanEvalConfig, HumanEvalTask),
-}
 
-TASK_NAMES = tuple(_REGISTRY)
-#: The config dataclass of each task, whose fields are exactly the keys of conf/task/<name>.yaml.
-TASK_CONFIGS: dict[str, type] = {name: entry[0] for name, entry in _REGISTRY.items()}
+def task_classes() -> dict[str, type[Task]]:
+    """Every task, by ``task.name``: the built-in ones and those installed packages declare under the
+    ``mirror_es.tasks`` entry-point group (a Task subclass whose name is the entry point's; docs/extending.md)."""
+    from inner_loop.tasks.arith import ArithTask
+    from inner_loop.tasks.gsm8k import GSM8KTask
+    from inner_loop.tasks.gsm_symbolic import GSMSymbolicTask
+    from inner_loop.tasks.humaneval import HumanEvalTask
+    from inner_loop.tasks.mbpp import MBPPTask
+    from results.store.entry_points import entry_point_objects
+
+    classes: list[type[Task]] = [ArithTask, GSM8KTask, GSMSymbolicTask, MBPPTask, HumanEvalTask]
+    classes += entry_point_objects("tasks", "an inner_loop.tasks.base.Task subclass",
+                                   lambda c: c.name if isinstance(c, type) and issubclass(c, Task) else None).values()
+    return {cls.name: cls for cls in classes}
+
+
+def __getattr__(name: str) -> Any:
+    # TASK_NAMES and TASK_CONFIGS are read from the registry when asked: a third-party task's module imports
+    # inner_loop.tasks.base, so the package must not load the entry points while it is being imported itself
+    if name == "TASK_NAMES":
+        return tuple(task_classes())
+    if name == "TASK_CONFIGS":  # the config dataclass of each task: its fields are exactly conf/task/<name>.yaml's keys
+        return {task: cls.config_class for task, cls in task_classes().items()}
+    raise AttributeError(f"module 'inner_loop.tasks' has no attribute {name!r}")
+
+
+def check_transfer(task: Task) -> None:
+    """ValueError unless a finished run may be scored zero-shot on ``task``: its class declares ``transfer`` and a
+    test split."""
+    if not (task.transfer and "test" in task.splits):
+        raise ValueError(f"task {task.name!r} cannot be a transfer task: it declares transfer={task.transfer} and "
+                         f"splits {list(task.splits)} (a transfer task needs both transfer and a test split)")
 
 
 def build_task(cfg: Mapping[str, Any]) -> Task:
@@ -34,11 +51,12 @@ def build_task(cfg: Mapping[str, Any]) -> Task:
     if not isinstance(cfg, Mapping):
         raise ValueError(f"task config must be a mapping with a 'name' key, got {type(cfg).__name__}")
     name = cfg.get("name")
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown task {name!r} (task.name); choose one of {list(TASK_NAMES)}")
-    config_cls, task_cls = _REGISTRY[name]
-    return task_cls(config_from_mapping(config_cls, name, cfg))
+    registry = task_classes()
+    if name not in registry:
+        raise ValueError(f"unknown task {name!r} (task.name); choose one of {list(registry)}")
+    cls = registry[str(name)]
+    return cls(config_from_mapping(cls.config_class, str(name), cfg))  # type: ignore[call-arg]
 
 
 __all__ = ["SPLITS", "TASK_CONFIGS", "TASK_NAMES", "Problem", "SplitOverlapError", "Task", "build_task", "check_disjoint",
-           "prompt_hash"]
+           "check_transfer", "prompt_hash", "task_classes"]

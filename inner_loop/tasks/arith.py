@@ -48,6 +48,8 @@ def _hash_unit(prompt: str) -> float:
 
 class ArithTask(SplitTask):
     name = "arith"
+    config_class = ArithConfig
+    reward = "1 when the first integer in the completion is the exact answer, else 0"
 
     def __init__(self, config: ArithConfig) -> None:
         super().__init__()

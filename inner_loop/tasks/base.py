@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
 from results.store.provenance import prompt_hash  # defined in results/ (which must not import inner_loop); re-exported
 
@@ -28,11 +28,29 @@ class Problem:
 
 
 class Task(abc.ABC):
-    """Base class: subclasses implement `_load_split` and `score`; the rest is shared."""
+    """Base class: subclasses implement `load` and `score`; the rest is shared. A task class declares what the rest
+    of the code asks about it (docs/extending.md); the registry (inner_loop/tasks/__init__.py) reads these."""
 
     name: str = "task"
-    #: Evaluation-only tasks (HumanEval) refuse to produce a training split.
-    trainable: bool = True
+    #: the dataclass whose fields are exactly the keys of conf/task/<name>.yaml (validated before any data loads)
+    config_class: ClassVar[type] = object
+    #: the splits it provides, of SPLITS: without "train" it is evaluation-only (HumanEval), without "test" it
+    #: cannot be a transfer task
+    splits: ClassVar[tuple[str, ...]] = SPLITS
+    #: what a completion is rewarded for, in one line (docs, the dry run's task line)
+    reward: ClassVar[str] = ""
+    #: whether a finished run may be scored on it zero-shot (reevaluate.transfer, python -m inner_loop.evaluate)
+    transfer: ClassVar[bool] = True
+
+    @property
+    def trainable(self) -> bool:
+        """Whether a run may train on it: it provides a training split."""
+        return "train" in self.splits
+
+    def staged_dataset(self) -> str | None:
+        """The hub dataset it loads by name, which staging pins and fetches before members start (None: nothing:
+        generated data, local files, or a package's own data)."""
+        return None
 
     @abc.abstractmethod
     def load(self, split: str) -> list[Problem]:

@@ -50,6 +50,12 @@ def answer_matches(completion: str, gold: str) -> bool:
 
 class GSM8KTask(SplitTask):
     name = "gsm8k"
+    config_class = GSM8KConfig
+    reward = "1 when the completion's final number equals the gold answer, else 0"
+
+    def staged_dataset(self) -> str | None:
+        c = self.config
+        return c.hub_id if c.train_file is None else None  # local files name no hub dataset
 
     def __init__(self, config: GSM8KConfig) -> None:
         super().__init__()

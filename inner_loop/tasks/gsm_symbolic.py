@@ -46,6 +46,8 @@ def _generate(seed: int, size: int) -> list[dict[str, Any]]:
 
 class GSMSymbolicTask(SplitTask):
     name = "gsm_symbolic"
+    config_class = GSMSymbolicConfig
+    reward = "1 when the completion's final number equals the gold answer, else 0"
 
     def __init__(self, config: GSMSymbolicConfig) -> None:
         super().__init__()

@@ -46,7 +46,9 @@ def humaneval_program(code_prompt: str, completion: str, entry_point: str) -> st
 
 class HumanEvalTask(Task):
     name = "humaneval"
-    trainable = False
+    config_class = HumanEvalConfig
+    splits = ("test",)
+    reward = "1 when the completed function passes the problem's unit tests (sandboxed), else 0"
 
     def __init__(self, config: HumanEvalConfig) -> None:
         self.config = config

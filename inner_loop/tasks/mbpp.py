@@ -66,6 +66,12 @@ def score_programs(items: Sequence[Job | tuple[str, list[str]]], timeout_s: floa
 
 class MBPPTask(SplitTask):
     name = "mbpp"
+    config_class = MBPPConfig
+    reward = "1 when the completed program passes the problem's tests (sandboxed), else 0"
+
+    def staged_dataset(self) -> str | None:
+        c = self.config
+        return c.hub_id if c.train_file is None else None  # local files name no hub dataset
 
     def __init__(self, config: MBPPConfig) -> None:
         super().__init__()

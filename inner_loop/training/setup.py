@@ -22,10 +22,11 @@ from inner_loop.generation.vllm_colocate import member_vllm_max_model_length
 from inner_loop.member.gpu_share import engine_start_turn_for
 from inner_loop.grpo.args import build_grpo_config, check_grpo_config
 from inner_loop.models.loading import load_policy, resolve_model_dir
+from inner_loop.loss.divergences import divergence
 from inner_loop.loss.policy_terms import PolicyParams
 from inner_loop.models.prompts import format_prompt
 from inner_loop.loss.regularizers import Regularizer, build_regularizer
-from inner_loop.tasks import build_task, check_disjoint
+from inner_loop.tasks import build_task, check_disjoint, check_transfer
 from inner_loop.tasks.base import Problem, Task
 from inner_loop.grpo.trainer import MirrorGRPOTrainer
 from inner_loop.training.warmup import warmed_model_dir
@@ -71,6 +72,8 @@ def _prepare_extra(index: int, extra: ExtraEvaluation, own: Task, train: list[Pr
     where the node says so); a transfer test set sharing a prompt with the training split is refused."""
     try:
         task = own if extra.task is None else build_task(extra.task)
+        if extra.task is not None:
+            check_transfer(task)
         problems = task.load("test")
         check_disjoint(task.name, {"train": train, "test": problems})
     except ValueError as exc:
@@ -85,7 +88,7 @@ def prepare(inner: Mapping[str, Any], seed: int, params: list[float] | None = No
     """Validate the config, build the regularizer (reads any init file) and load the task's splits; every user
     mistake raises ValueError here, before anything is written."""
     cfg = InnerConfig.from_dict(inner, seed=seed)
-    regularizer = build_regularizer(cfg.divergence, params if cfg.divergence.name == "neural_mirror" else None)
+    regularizer = build_regularizer(cfg.divergence, params if divergence(cfg.divergence.name).learned_map else None)
     task = build_task(cfg.task)
     if not task.trainable:
         raise ValueError(f"task {task.name!r} is evaluation-only; train on another task (e.g. mbpp)")

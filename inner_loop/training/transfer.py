@@ -16,9 +16,10 @@ from typing import Any, Sequence
 
 from inner_loop.config import ModelConfig, TrainConfig, node_config
 from inner_loop.models.loading import load_trained, trained_model_source
-from inner_loop.tasks import build_task
+from inner_loop.tasks import build_task, check_transfer
 from inner_loop.tasks.base import Problem, Task
 from results.store.atomic import CorruptFileError, atomic_write_json
+from results.store.config_nodes import config_groups, with_config_path
 from results.store.layout import FINAL_MODEL_DIR, RESULT_FILE, evaluation_file_name
 from results.store.provenance import read_run_manifest
 from results.store.records import read_result
@@ -117,14 +118,14 @@ def compose_task(group: str, overrides: Sequence[str]) -> dict[str, Any]:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    groups = sorted(p.stem for p in (CONF_DIR / "task").glob("*.yaml"))
+    groups = config_groups(CONF_DIR).get("task", [])
     if group not in groups:
         raise UsageError(f"unknown task group {group!r}; choose one of {groups} (conf/task/)")
     if GlobalHydra.instance().is_initialized():  # left by an earlier Hydra app in this process
         GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-            cfg = compose(config_name="inner", overrides=[f"task={group}", *overrides])
+            cfg = compose(config_name="inner", overrides=with_config_path([f"task={group}", *overrides]))
         node = OmegaConf.to_container(cfg.task, resolve=True)
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         raise UsageError(f"task overrides {list(overrides)}: {' '.join(str(exc).split())}") from exc
@@ -139,6 +140,7 @@ def plan_evaluation(argv: Sequence[str]) -> PlannedEvaluation:
     node = compose_task(group, overrides)
     try:
         task = build_task(node)
+        check_transfer(task)
         problems = task.load("test")
     except ValueError as exc:
         raise UsageError(str(exc)) from exc

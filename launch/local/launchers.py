@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from launch.base import DEFAULT_KILL_GRACE_S, JobRef, SubmissionError
+from launch.base import DEFAULT_KILL_GRACE_S, JobRef, LauncherPlan, PlanContext, SubmissionError, machine_plan
 from launch.local.controllers import controller_running, sigint_deliverable_to_children, stop_controllers
 from launch.local.gpu_slots import GpuSlotBook, Slot, cut_slots
 from launch.member import run_member
@@ -28,6 +28,42 @@ class LocalLauncher(SubmititLauncher):
     """
 
     poll_interval_s = 0.2
+    #: members of resources.members_per_gpu >= 2 share a GPU slot (launch/local/gpu_slots.py); no other mode
+    gpu_sharing = ("slots",)
+    runs_here = True
+
+    @classmethod
+    def plan(cls, name: str, options: Mapping[str, Any], context: PlanContext) -> LauncherPlan:
+        """Processes on this machine: as many at once as members_at_once, each in its GPU slot."""
+        concurrent = min(context.members_per_generation, cls.members_at_once(options))
+        return machine_plan(name, context, f"{concurrent} processes at once", cls._gpu_view(options), concurrent,
+                            cls._gpus_held(options))
+
+    @classmethod
+    def _gpus_held(cls, options: Mapping[str, Any]) -> int:
+        """GPUs a member holds: its slot's (gpus_per_node), or with null every GPU this process sees."""
+        per = options.get("gpus_per_node")
+        if per is None:
+            return len(parent_gpu_indices())
+        return int(per) if cls.gpu_slots(options) else 0
+
+    @classmethod
+    def _gpu_view(cls, options: Mapping[str, Any]) -> str:
+        """What each member's CUDA_VISIBLE_DEVICES will be, and a warning where no member could get a GPU."""
+        per = options.get("gpus_per_node")
+        if per is None:
+            return "this process's GPUs (launcher.gpus_per_node=null: CUDA_VISIBLE_DEVICES passed through, shared)"
+        if int(per) == 0:
+            return "no GPU (launcher.gpus_per_node=0)"
+        slots = cls.gpu_slots(options)
+        if not slots:
+            return (f"WARNING: no GPU: launcher.gpus_per_node={per} asks for a GPU per member and this process sees "
+                    "none (a real run refuses to start; set launcher.visible_gpus or run on the GPU machine)")
+        listed = ", ".join(",".join(str(g) for g in slot) for slot in slots)
+        k = cls.members_per_gpu(options)
+        whose = "their own GPU slot" if k == 1 else f"a GPU slot shared by {k} members (resources.members_per_gpu)"
+        return (f"{whose}, CUDA_VISIBLE_DEVICES one of [{listed}] ({len(slots)} slot(s) of "
+                f"launcher.gpus_per_node={per}; a member waits for a free place)")
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
@@ -126,6 +162,9 @@ class LocalLauncher(SubmititLauncher):
                 "TRL's GRPO refuses). Set launcher.gpus_per_node=1 and launcher.visible_gpus=[index], or "
                 "CUDA_VISIBLE_DEVICES to one GPU"
             )
+
+    check_training_members = check_training_member_gpus
+    check_can_start = check_gpu_slots
 
     def submit(
         self, entrypoint: str, specs: Sequence[MemberSpec], folder: Path, timeout_s: float
@@ -261,6 +300,7 @@ class DebugLauncher(SubmititLauncher):
     """
 
     poll_interval_s = 0.0
+    runs_here = True
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)

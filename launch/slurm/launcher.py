@@ -34,9 +34,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from launch.base import JobRef, SubmissionError
+from launch.base import JobRef, LauncherPlan, PlanContext, SubmissionError
 from launch.slurm.chunks import ChunkMarker, chunk_job_name, next_chunk_number, read_markers, write_marker
-from launch.slurm.options import SlurmOptions
+from launch.slurm.options import GPU_SHARING, SlurmOptions
+from launch.slurm.plan import slurm_plan
 from launch.slurm.queries import SlurmQueries, SlurmQueryError, TaskState, base_job_id, pending_may_never_start
 from launch.submitit_base import SubmititLauncher, check_gpus_per_member
 from results.store.atomic import atomic_write_json
@@ -59,6 +60,30 @@ class SlurmLauncher(SubmititLauncher):
 
     #: the queue summary (how many tasks wait, and why) is logged at most this often, or on a new reason
     queue_log_interval_s: float = 300.0
+    gpu_sharing = GPU_SHARING
+    namespace_kind = "SLURM cluster"
+
+    @classmethod
+    def parallel_slots(cls, options: Mapping[str, Any]) -> int | None:
+        """The arrays' %parallelism (launcher.array_parallelism)."""
+        parallel = options.get("array_parallelism")
+        return int(parallel) if parallel else None
+
+    @classmethod
+    def pending_reasons(cls, options: Mapping[str, Any], job_ids: Sequence[str]) -> dict[str, str]:
+        """SLURM's current pending reason per job id (one squeue call); {} where the scheduler cannot be asked."""
+        if not job_ids:
+            return {}
+        try:
+            jobs = SlurmQueries(command_timeout_s=30.0).squeue_jobs()
+        except (SlurmQueryError, OSError):
+            return {}
+        return {job_id: jobs[job_id] for job_id in job_ids if job_id in jobs and jobs[job_id] != "None"}
+
+    @classmethod
+    def plan(cls, name: str, options: Mapping[str, Any], context: PlanContext) -> LauncherPlan:
+        """Arrays per generation, packing, members at once, the time limit and the first array's script."""
+        return slurm_plan(options, context)
 
     @classmethod
     def validate_options(cls, options: Mapping[str, Any]) -> None:

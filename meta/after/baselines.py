@@ -12,9 +12,8 @@ Rows (``reevaluate.baselines`` picks the baselines; the exported init is always 
   nm_random  NM-GRPO: the authors' random map, parameters U(0, 0.01) drawn with seed 42, whatever the transform
   radius_random  maps drawn at the search's radius around its start as its first generation draws them, no
              selection: one per reporting seed (what a search's step buys before it has read any fitness)
-  kl         GRPO-style KL regularization (conf/divergence/kl.yaml)
-  prob_l2    ProbL2, L2 in probability space (conf/divergence/prob_l2.yaml)
-  none       plain Dr. GRPO, no regularizer
+  <divergence>  each divergence whose registry entry declares a baseline row (inner_loop/loss/divergences.py:
+             kl, prob_l2, none and any added one), trained from its own conf/divergence/<name>.yaml, with its label
   base       the model before any RL step (train.steps = 0: scored untrained)
 
 A baseline written ``<row>@<preset file>`` (``kl@kl_tuned.yaml``) is that row trained with the divergence and train
@@ -29,7 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from meta.config import BASELINES, PRESET_MARK, ConfigError, SearchConfig
+from meta.config import PRESET_MARK, UNTRAINED_BASELINE, ConfigError, SearchConfig, baselines as known_baselines
 from results.report.result_table import ROLE_BASE, ROLE_COMPARED, ROLE_RADIUS, ROLE_START
 
 EXPORTED = "exported"
@@ -40,23 +39,36 @@ RADIUS_RANDOM_PURPOSE = "radius_random"
 PRESET_NODES = ("divergence", "train")
 #: nodes a preset may carry but must agree with the search on: a row on another task or model compares nothing
 PRESET_FIXED = ("task", "model")
-LABELS = {
+#: the labels of the rows that are not a divergence's own (a divergence's row takes its registry entry's label)
+_LABELS = {
     EXPORTED: "NM-GRPO-ES (exported init)",
     "center": "NM-GRPO-ES start (search centre)",
     "nm_random": "NM-GRPO (random init, seed 42)",
     RADIUS_RANDOM: "random maps at the search's radius (no selection)",
-    "kl": "KL",
-    "prob_l2": "ProbL2",
-    "none": "Dr. GRPO (no regularizer)",
-    "base": "base model (no RL)",
+    UNTRAINED_BASELINE: "base model (no RL)",
 }
-#: rows whose divergence is a hand-designed one, composed from its own config group
-_GROUP_ROWS = ("kl", "prob_l2", "none")
 #: rows that train the search's own divergence with a map
 _MAP_ROWS = (EXPORTED, "center", "nm_random", RADIUS_RANDOM)
-#: what each row is to the verdict below the table (a row with a preset is a tuned row: ROLE_COMPARED)
-_ROLES = {"center": ROLE_START, RADIUS_RANDOM: ROLE_RADIUS, "kl": ROLE_COMPARED, "prob_l2": ROLE_COMPARED,
-          "base": ROLE_BASE}
+#: what each row that is not a divergence's is to the verdict below the table (a divergence's row: ROLE_COMPARED
+#: when its entry says ``compared``; a row with a preset is a tuned row: ROLE_COMPARED)
+_ROLES = {"center": ROLE_START, RADIUS_RANDOM: ROLE_RADIUS, UNTRAINED_BASELINE: ROLE_BASE}
+
+
+def _divergence_rows() -> dict[str, Any]:
+    """The divergences with a baseline row, by name (their registry entries)."""
+    from inner_loop.loss.divergences import divergences
+
+    return {name: entry for name, entry in divergences().items() if entry.baseline}
+
+
+def row_label(name: str) -> str:
+    """The label of a result-table row."""
+    rows = _divergence_rows()
+    return rows[name].label if name in rows else _LABELS[name]
+
+
+def _roles() -> dict[str, str]:
+    return {**_ROLES, **{name: ROLE_COMPARED for name, entry in _divergence_rows().items() if entry.compared}}
 
 
 @dataclass(frozen=True)
@@ -202,12 +214,19 @@ def _apply_preset(row: ReportRow, path: str, cfg: SearchConfig) -> ReportRow:
 
 def verdict_roles(baselines: Sequence[str]) -> dict[str, str]:
     """Baseline -> its role in the verdict, for the baselines the verdict speaks of (tuned rows included)."""
-    roles = {}
+    roles, known = {}, _roles()
     for entry in baselines:
         name, preset = split_baseline(entry)
-        if preset is not None or name in _ROLES:
-            roles[entry] = ROLE_COMPARED if preset is not None else _ROLES[name]
+        if preset is not None or name in known:
+            roles[entry] = ROLE_COMPARED if preset is not None else known[name]
     return roles
+
+
+def unregularized() -> str:
+    """The divergence with no term, as the registry declares it (the untrained model's row uses its block)."""
+    from inner_loop.loss.divergences import unregularized as name
+
+    return name()
 
 
 def build_rows(cfg: SearchConfig, overrides: Sequence[str], exported_params: Sequence[float] | None,
@@ -223,16 +242,17 @@ def build_rows(cfg: SearchConfig, overrides: Sequence[str], exported_params: Seq
         base_inner["extra_evaluations"] = extra
     transform = cfg.param_transform
     rows = []
+    group_rows = _divergence_rows()
     for entry in (EXPORTED, *baselines):
         name, preset = split_baseline(entry)
         inner = copy.deepcopy(base_inner)
         params: list[float] | None = None
         per_seed: list[list[float]] | None = None
-        if name in _GROUP_ROWS:
+        if name in group_rows:
             block, raw = group_block("divergence", name, overrides)
-            source = coef_source(name, overrides, raw) if name != "none" else "no regularizer"
-        elif name == "base":
-            block, source = group_block("divergence", "none", overrides)[0], "no training"
+            source = coef_source(name, overrides, raw) if group_rows[name].regularizes else "no regularizer"
+        elif name == UNTRAINED_BASELINE:
+            block, source = group_block("divergence", unregularized(), overrides)[0], "no training"
             inner["train"] = {**inner["train"], "steps": 0}
         elif name in _MAP_ROWS:
             block, source = search_block, _search_coef_source(overrides, search_raw, search_name)
@@ -245,9 +265,10 @@ def build_rows(cfg: SearchConfig, overrides: Sequence[str], exported_params: Seq
             elif exported_params is not None:
                 params = [float(x) for x in exported_params]
         else:
-            raise ConfigError(f"reevaluate.baselines: {name!r} is not a baseline; known: {', '.join(BASELINES)}")
+            raise ConfigError(f"reevaluate.baselines: {name!r} is not a baseline; known: "
+                              f"{', '.join(known_baselines())}")
         inner["divergence"] = copy.deepcopy(block)
-        row = ReportRow(name=name, label=LABELS[name], divergence=dict(block), coef_source=source, params=params,
+        row = ReportRow(name=name, label=row_label(name), divergence=dict(block), coef_source=source, params=params,
                         inner=inner, params_per_seed=per_seed)
         rows.append(_apply_preset(row, preset, cfg) if preset is not None else row)
     return rows

@@ -51,16 +51,13 @@ from meta.config import (
 from meta.search.resume import NEW_KEY, check_resume, open_run_dir, run_dir_label
 from meta.search.staging import stage_run
 from results.report.pilot import CENTRE, MINUS, PILOT_KIND, PLUS, member_index
-from results.store.config_nodes import refuse_unknown_keys
+from results.store.config_nodes import group_file, refuse_unknown_keys
 from results.store.layout import JOBS_FILE, LAUNCHER_DIR, member_dir_name
 from results.store.records import MemberSpec
 from results.store.run_store import RunStore
 
 logger = logging.getLogger("meta.pilot")
 
-#: the search radius of each searcher: the es config key that sets the per-coordinate spread of its samples
-RADIUS_KEYS = {"pgpe": "stdev_init", "snes": "stdev_init", "cem": "stdev_init", "cmaes": "sigma_init",
-               "openai_es_elite": "sigma"}
 #: search keys that only enter the SNR and the recommendation (recomputed on resume), not the pilot's runs
 CONCLUSION_KEYS = ("population", "seeds_per_member")
 #: keys that change what the pilot's runs compute: a resume refuses to change them
@@ -100,11 +97,18 @@ class ExportError(RuntimeError):
 
 def radius_key(es: Mapping[str, Any]) -> str:
     """The es config key holding the searcher's search radius; ConfigError for a searcher without one here."""
+    from meta.searchers import searcher_class, searchers
+
     name = str(es.get("name"))
-    if name not in RADIUS_KEYS:
-        raise ConfigError(f"es={name}: meta.pilot does not know its search radius key (known: "
-                          f"{', '.join(f'{k}: es.{v}' for k, v in RADIUS_KEYS.items())})")
-    return RADIUS_KEYS[name]
+    try:
+        key = searcher_class(name).radius_key
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if key is None:
+        known = ", ".join(f"{n}: es.{c.radius_key}" for n, c in searchers().items() if c.radius_key)
+        raise ConfigError(f"es={name} declares no radius_key (meta/searchers/base.py), so meta.pilot cannot vary "
+                          f"its search radius (searchers with one: {known})")
+    return key
 
 
 def _numbers(raw: Mapping[str, Any], key: str, positive: bool) -> tuple[float, ...] | None:
@@ -397,8 +401,9 @@ def build_dry_run_plan(prepared: Prepared) -> str:
 def preset_key(group: str, choice: str | None, leaf: str) -> str:
     """The dotted key a preset sets to change ``group.leaf``: the one the group's yaml selects it from when it does
     (``stdev_init: ${oc.select:search_radius,0.01}``: search_radius), else ``group.leaf`` itself."""
+    path = group_file(CONF_DIR, group, str(choice))
     try:
-        value = (yaml.safe_load((CONF_DIR / group / f"{choice}.yaml").read_text()) or {}).get(leaf)
+        value = (yaml.safe_load(path.read_text()) or {}).get(leaf) if path is not None else None
     except (OSError, yaml.YAMLError):
         value = None
     match = _SELECTED.match(value) if isinstance(value, str) else None

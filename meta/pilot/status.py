@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import yaml
 
 from meta.status.rows import (GpuUse, MemberRow, eta_text, gpu_hours, gpu_use, is_final, member_rows,
-                              orchestrator_line, row_line, rows_eta, slurm_parallelism, state_summary)
+                              orchestrator_line, row_line, rows_eta, run_queue, state_summary)
 from results.report.pilot import CENTRE, PLUS
 from results.store.layout import JOBS_FILE
 from results.store.run_store import RunStore, read_jobs_file
@@ -48,10 +48,10 @@ def render_pilot(run_dir: str | Path, show_all: bool = False, now: float | None 
                 f"{orchestrator_line(store)}\n")
     raw = yaml.safe_load(store.read_config_text()) or {}
     use = gpu_use(raw)
-    slurm, parallel = slurm_parallelism(raw)
+    queue = run_queue(raw)
     members = plan["members"]
     jobs = read_jobs_file(store.pilot_runs_dir / JOBS_FILE)
-    rows = member_rows([(run_label(m), int(m["index"]), Path(m["work_dir"])) for m in members], jobs, slurm, now)
+    rows = member_rows([(run_label(m), int(m["index"]), Path(m["work_dir"])) for m in members], jobs, queue, now)
     combinations = plan["combinations"]
     lines = [f"pilot run {store.root}: {len(combinations)} combination(s) x {len(plan['seeds'])} seeds x (centre + "
              f"{len(plan['directions'])} antithetic pair(s)) = {len(rows)} runs", orchestrator_line(store)]
@@ -62,7 +62,8 @@ def render_pilot(run_dir: str | Path, show_all: bool = False, now: float | None 
         if show_all or not all(map(is_final, mine)):
             lines.extend(row_line(row, use) for row in mine)
     complete = all(map(is_final, rows))
-    lines.append(f"all runs: {_progress(rows, use)} | {'done' if complete else eta_text(rows_eta(rows, parallel))}")
+    eta = "done" if complete else eta_text(rows_eta(rows, queue.parallel))
+    lines.append(f"all runs: {_progress(rows, use)} | {eta}")
     if store.pilot_path.is_file():
         lines.append(f"findings: {store.pilot_path} (python -m results.report {store.root})")
     else:

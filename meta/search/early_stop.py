@@ -77,36 +77,23 @@ class EarlyStopConfig:
 
 
 def early_stop_refusal(es: Mapping[str, Any]) -> str | None:
-    """Why this searcher's update would change when bottom members stop early (None: it would not)."""
-    name = es.get("name")
-    if name == "snes":
-        ranking = es.get("ranking_method", "nes")
-        if ranking != "nes":
-            return (f"es=snes with ranking_method={ranking!r} weighs every rank differently; only `nes` gives the "
-                    "bottom half one shared utility (use es.ranking_method=nes)")
-        return None
-    if name == "cem":
-        ratio = float(es.get("parenthood_ratio", 0.5))
-        if ratio > 0.5:
-            return (f"es=cem with parenthood_ratio={ratio} takes parents from below the median, where early "
-                    "stopping cuts; use parenthood_ratio <= 0.5")
-        return None
-    reasons = {
-        "pgpe": "PGPE's update weighs every member by its centred rank within antithetic pairs: a stopped member "
-                "changes its pair's difference",
-        "openai_es_elite": "OpenAI-ES weighs every member by its fitness: a stopped member has no final fitness",
-        "cmaes": "CMA-ES gives the worst members negative weights (active covariance update): their order counts",
-    }
-    return (f"es={name}: {reasons.get(str(name), 'its update reads every member')}; early stopping is exact only "
-            "for es=snes (ranking_method nes) and es=cem (parenthood_ratio <= 0.5)")
+    """Why this searcher's update would change when bottom members stop early (None: it would not); each searcher
+    class declares it (meta/searchers/base.py: early_stop, early_stop_refusal)."""
+    from meta.searchers import searcher_class, searchers
+
+    name = str(es.get("name"))
+    refusal = searcher_class(name).early_stop_refusal(es)
+    if refusal is None or refusal.startswith(f"es={name} "):
+        return refusal
+    exact = " and ".join(f"es={n} ({cls.early_stop.when})" for n, cls in searchers().items() if cls.early_stop)
+    return f"es={name}: {refusal}; early stopping is exact only for {exact}"
 
 
 def stop_capacity(es: Mapping[str, Any], population: int) -> int:
-    """How many members the update ignores (the most ever stopped in a generation): nes's zero-weight ranks,
-    floor(N/2), or CEM's non-parents, N - int(N x parenthood_ratio)."""
-    if es.get("name") == "cem":
-        return population - max(1, int(population * float(es.get("parenthood_ratio", 0.5))))
-    return population // 2
+    """How many members the update ignores (the most ever stopped in a generation), as the searcher declares it."""
+    from meta.searchers import searcher_class
+
+    return searcher_class(str(es.get("name"))).stop_capacity(es, population)
 
 
 def decision_step(config: EarlyStopConfig, train: Mapping[str, Any]) -> int:

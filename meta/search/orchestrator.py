@@ -22,7 +22,7 @@ from typing import Any, Mapping
 import torch
 
 from launch.base import Launcher
-from launch.factory import runner_policy
+from launch.factory import launcher_class, launcher_options, runner_policy
 from launch.runner import ArrayProgress, MemberArrayRunner
 from meta.config import SearchConfig
 from meta.search.early_stop import STOPPED_STATUS, EarlyStopJudge, reported_score, stop_capacity, update_fitness
@@ -62,9 +62,9 @@ class Orchestrator:
         self._durations: list[float] = []
         self._early_scores: dict[tuple[int, int], float] = {}  # (generation, member) -> score at the decision step
         divergence = cfg.inner_config.get("divergence") or {}
-        parallel = cfg.launcher.get("array_parallelism") if cfg.launcher.get("name") == "slurm" else None
+        slots = launcher_class(cfg.launcher).parallel_slots(launcher_options(cfg.launcher))
         self._live = LiveWatch(cfg.population, grad_share_floor=divergence.get("grad_share_floor", 0.01),
-                               parallel_slots=int(parallel) if parallel else None)
+                               parallel_slots=slots)
         self._restore()
 
     def _restore(self) -> None:

@@ -134,7 +134,7 @@ def check_job_namespace(raw: Mapping[str, Any], manifest: Mapping[str, Any]) -> 
     Job ids in jobs.json mean something only to the scheduler that issued them: a local pid looked up in sacct,
     or a SLURM id on another cluster, is someone else's job. Asks the cluster once (SLURM) before anything is
     written or submitted."""
-    from launch.factory import job_namespace
+    from launch.factory import job_namespace, launcher_class
 
     kind = str(raw["launcher"].get("name"))
     old_kind = manifest.get("launcher")
@@ -150,7 +150,7 @@ def check_job_namespace(raw: Mapping[str, Any], manifest: Mapping[str, Any]) -> 
         raise ConfigError(str(exc)) from None
     old_cluster = manifest.get("cluster")
     if old_cluster is not None and old_cluster != cluster:
-        where = "SLURM cluster" if kind == "slurm" else "host"
+        where = launcher_class(raw["launcher"]).namespace_kind
         raise ConfigError(
             f"run_dir={raw['run_dir']} was started on {where} {old_cluster!r} and this is {where} {cluster!r}: its "
             f"{kind} job ids would name other jobs here. Resume it on {old_cluster!r}, or start a new run_dir"

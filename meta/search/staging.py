@@ -24,8 +24,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("meta.stage")
 
-#: launchers whose members run on the submitting host (its pre-flight can tell whether their sandbox works)
-LOCAL_LAUNCHERS = ("local", "debug")
 #: the ``stage`` node of conf/member_settings.yaml
 STAGE_KEYS = ("cache_dir", "revisions", "model_patterns")
 #: how a missing item is staged from a host with network, for meta.run and meta.pilot (meta.tune says its own)
@@ -108,8 +106,10 @@ def preflight_run(cfg: "SearchConfig", manifest: Mapping[str, Any],
                   extra_evaluations: Sequence[Mapping[str, Any]] = ()) -> None:
     """The members' pre-flight on this (the submitting) host before the first submission: the staged files are
     readable (the transfer tasks' ``extra_evaluations`` too, read from the manifest's pins as the reporting runs will
-    read them), the run directory has room for a checkpoint, and, where members run on this host (launcher local or
-    debug), the sandbox works. ConfigError (exit 2) naming the host and the cause; nothing is written."""
+    read them), the run directory has room for a checkpoint, and, where members run on this host (the launcher class
+    declares ``runs_here``), the sandbox works. ConfigError (exit 2) naming the host and the cause; nothing is
+    written."""
+    from launch.factory import launcher_class
     from launch.member import load_entrypoint
 
     check = getattr(load_entrypoint(cfg.inner_entrypoint), "preflight", None)
@@ -120,6 +120,6 @@ def preflight_run(cfg: "SearchConfig", manifest: Mapping[str, Any],
         inner = staged_inner(cfg.inner_entrypoint, {**inner, "extra_evaluations": [dict(e) for e in extra_evaluations]},
                              manifest)
     try:
-        check(inner, cfg.run_dir, probe_sandbox=str(cfg.launcher.get("name")) in LOCAL_LAUNCHERS)
+        check(inner, cfg.run_dir, probe_sandbox=launcher_class(cfg.launcher).runs_here)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None

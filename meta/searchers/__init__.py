@@ -11,24 +11,36 @@ from typing import Any, Mapping
 
 import torch
 
-from meta.searchers.base import DTYPE, Searcher, check_population
+from meta.searchers.base import DTYPE, EarlyStopRule, Searcher, check_population
 
 
 def _registry() -> dict[str, type[Searcher]]:
+    """The built-in searchers and those installed packages declare under the ``mirror_es.searchers`` entry-point
+    group (docs/extending.md): a new searcher is its module and its conf/es YAML, no edit here."""
     from meta.searchers.cem import CEMSearcher
     from meta.searchers.cmaes import CMAESSearcher
     from meta.searchers.openai_es import OpenAIESEliteSearcher
     from meta.searchers.pgpe import PGPESearcher
     from meta.searchers.snes import SNESSearcher
+    from results.store.entry_points import entry_point_objects
 
-    classes = (PGPESearcher, SNESSearcher, CEMSearcher, CMAESSearcher, OpenAIESEliteSearcher)
+    classes = [PGPESearcher, SNESSearcher, CEMSearcher, CMAESSearcher, OpenAIESEliteSearcher]
+    classes += entry_point_objects(
+        "searchers", "a meta.searchers.base.Searcher subclass",
+        lambda c: c.name if isinstance(c, type) and issubclass(c, Searcher) else None).values()
     return {cls.name: cls for cls in classes}
+
+
+def searchers() -> dict[str, type[Searcher]]:
+    """Every searcher this Python knows, by ``es.name``."""
+    return _registry()
 
 
 def searcher_class(name: str) -> type[Searcher]:
     registry = _registry()
     if name not in registry:
-        raise ValueError(f"es.name={name!r} is unknown; choose one of {sorted(registry)} (e.g. es=pgpe)")
+        raise ValueError(f"es.name={name!r} is unknown; choose one of {sorted(registry)} "
+                         f"(e.g. es={next(iter(registry))})")
     return registry[name]
 
 
@@ -74,4 +86,5 @@ def build_searcher(
     return cls(center_init.to(DTYPE), popsize, seed, **cfg)
 
 
-__all__ = ["Searcher", "build_searcher", "check_importable", "check_population", "missing_imports", "searcher_class"]
+__all__ = ["EarlyStopRule", "Searcher", "build_searcher", "check_importable", "check_population", "missing_imports",
+           "searcher_class", "searchers"]

@@ -10,6 +10,7 @@ docs/searchers.md. Fitness is MAXIMISED. ``state_dict`` holds only tensors and p
 from __future__ import annotations
 
 import abc
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping
 
 import torch
@@ -19,13 +20,50 @@ from meta.searchers.utilities import TellSummary
 DTYPE = torch.float64
 
 
+@dataclass(frozen=True)
+class EarlyStopRule:
+    """When stopping the bottom members of a generation early leaves a searcher's update exactly as the full runs
+    would have made it (meta/early_stop.py asks; docs/extending.md says how to declare it)."""
+
+    #: the settings that make it exact, as the refusal message names them ("ranking_method nes")
+    when: str
+    #: es settings under which it is exact: meta.early_cuts measures this searcher's update with them
+    example: Mapping[str, Any] = field(default_factory=dict)
+
+
 class Searcher(abc.ABC):
+    """Besides ask/tell, a searcher class declares what the rest of the code asks about it (docs/extending.md):
+    the registry at the package door reads these, and no other module names a searcher."""
+
     name: ClassVar[str] = ""
-    #: antithetic (mirrored) sampling needs an even population
-    needs_even_population: ClassVar[bool] = False
+    #: antithetic (mirrored) sampling: the population must be even and a failed member drops its pair
+    antithetic: ClassVar[bool] = False
+    #: the es key that sets the per-coordinate spread of its samples (meta.pilot varies it); None: it has none
+    radius_key: ClassVar[str | None] = None
+    #: where early stopping is exact for it (None: nowhere; early_stop_reason says why)
+    early_stop: ClassVar[EarlyStopRule | None] = None
+    #: why early stopping would change its update, shown when early_stop.enabled=true is refused
+    early_stop_reason: ClassVar[str] = "its update reads every member"
     #: the third-party modules it imports (beside torch and numpy), checked before a search starts: a GPU node that
     #: lacks one (ray cannot be carried to an air-gapped node) refuses the searcher with a message, not a traceback
     imports: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def check_population(cls, popsize: int) -> None:
+        """The population rule: ValueError naming the fix when ``popsize`` cannot be sampled (at least 2; even
+        when antithetic). Override to add a rule of the searcher's own."""
+        check_population(cls.name, popsize, cls.antithetic)
+
+    @classmethod
+    def early_stop_refusal(cls, settings: Mapping[str, Any]) -> str | None:
+        """Why this searcher's update would change when bottom members stop early under ``settings`` (the es
+        node); None: it would not. Override where exactness depends on the settings."""
+        return None if cls.early_stop is not None else cls.early_stop_reason
+
+    @classmethod
+    def stop_capacity(cls, settings: Mapping[str, Any], population: int) -> int:
+        """How many members the update ignores (the most early stopping may cut): the bottom floor(N/2) here."""
+        return population // 2
 
     def __init__(self, center_init: torch.Tensor, popsize: int, seed: int) -> None:
         if center_init.ndim != 1:
@@ -33,7 +71,7 @@ class Searcher(abc.ABC):
         self.dim = int(center_init.shape[0])
         self.popsize = int(popsize)
         self.seed = int(seed)
-        check_population(self.name, self.popsize, self.needs_even_population)
+        self.check_population(self.popsize)
 
     @abc.abstractmethod
     def ask(self, generation: int) -> torch.Tensor:

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 import torch
 
-from meta.searchers.base import DTYPE, Searcher
+from meta.searchers.base import DTYPE, EarlyStopRule, Searcher
 from meta.searchers.serialize import from_plain, to_plain
 from meta.searchers.utilities import TellSummary, all_tied, measured
 from meta.search.seeding import seeded_global_torch
@@ -21,6 +21,23 @@ from meta.search.seeding import seeded_global_torch
 class CEMSearcher(Searcher):
     name = "cem"
     imports = ("evotorch", "ray")  # evotorch imports ray at import time
+    radius_key = "stdev_init"
+    # CEM never uses a non-parent: stopping one changes nothing while the parents stay above the median
+    early_stop = EarlyStopRule(when="parenthood_ratio <= 0.5",
+                               example={"name": "cem", "stdev_init": 0.1, "parenthood_ratio": 0.5})
+
+    @classmethod
+    def early_stop_refusal(cls, settings: Mapping[str, Any]) -> str | None:
+        ratio = float(settings.get("parenthood_ratio", 0.5))
+        if ratio > 0.5:
+            return (f"es=cem with parenthood_ratio={ratio} takes parents from below the median, where early "
+                    "stopping cuts; use parenthood_ratio <= 0.5")
+        return None
+
+    @classmethod
+    def stop_capacity(cls, settings: Mapping[str, Any], population: int) -> int:
+        """CEM's non-parents: N - int(N x parenthood_ratio)."""
+        return population - max(1, int(population * float(settings.get("parenthood_ratio", 0.5))))
 
     def __init__(
         self,

@@ -52,6 +52,8 @@ def _relative_distance(replayed: np.ndarray, stored: np.ndarray) -> float:
 class CMAESSearcher(Searcher):
     name = "cmaes"
     imports = ("cma",)
+    radius_key = "sigma_init"
+    early_stop_reason = "CMA-ES gives the worst members negative weights (active covariance update): their order counts"
 
     def __init__(
         self,

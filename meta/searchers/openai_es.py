@@ -29,7 +29,9 @@ from meta.search.seeding import generator
 
 class OpenAIESEliteSearcher(Searcher):
     name = "openai_es_elite"
-    needs_even_population = True
+    antithetic = True
+    radius_key = "sigma"
+    early_stop_reason = "OpenAI-ES weighs every member by its fitness: a stopped member has no final fitness"
 
     def __init__(
         self,

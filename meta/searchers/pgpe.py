@@ -20,7 +20,10 @@ from meta.search.seeding import seeded_global_torch
 class PGPESearcher(Searcher):
     name = "pgpe"
     imports = ("evotorch", "ray")  # evotorch imports ray at import time
-    needs_even_population = True
+    antithetic = True
+    radius_key = "stdev_init"
+    early_stop_reason = ("PGPE's update weighs every member by its centred rank within antithetic pairs: a stopped "
+                         "member changes its pair's difference")
 
     def __init__(
         self,

@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 import torch
 
-from meta.searchers.base import DTYPE, Searcher
+from meta.searchers.base import DTYPE, EarlyStopRule, Searcher
 from meta.searchers.utilities import TellSummary, check_ranking, measured, tie_averaged_utilities
 from meta.search.seeding import generator
 
@@ -19,6 +19,18 @@ from meta.search.seeding import generator
 class SNESSearcher(Searcher):
     name = "snes"
     imports = ("evotorch", "ray")  # evotorch imports ray at import time
+    radius_key = "stdev_init"
+    # evotorch's nes weights are 0 on the bottom floor(N/2) ranks before the shared shift: one utility for them all
+    early_stop = EarlyStopRule(when="ranking_method nes",
+                               example={"name": "snes", "stdev_init": 0.1, "ranking_method": "nes"})
+
+    @classmethod
+    def early_stop_refusal(cls, settings: Mapping[str, Any]) -> str | None:
+        ranking = settings.get("ranking_method", "nes")
+        if ranking != "nes":
+            return (f"es=snes with ranking_method={ranking!r} weighs every rank differently; only `nes` gives the "
+                    "bottom half one shared utility (use es.ranking_method=nes)")
+        return None
 
     def __init__(
         self,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from launch.member import read_ledger
 from meta.search.live_watch import format_duration, generation_eta
@@ -104,14 +104,14 @@ def _member_state(label: str, work_dir: Path, job: Mapping[str, Any] | None, rea
     return MemberRow(label, QUEUED, f"job {job_id}" + (f", {reason}" if reason else ""), running_s, None, None)
 
 
-def member_rows(members: Sequence[tuple[str, int, Path]], jobs: Mapping[int, Mapping[str, Any]], ask_slurm: bool,
-                now: float) -> list[MemberRow]:
-    """The rows of (label, job index, work dir) members that share one jobs.json; ``ask_slurm``: one squeue call for
-    the pending reasons of those not final yet (only while their phase runs on SLURM: finished ones need none)."""
+def member_rows(members: Sequence[tuple[str, int, Path]], jobs: Mapping[int, Mapping[str, Any]],
+                queue: RunQueue | None, now: float) -> list[MemberRow]:
+    """The rows of (label, job index, work dir) members that share one jobs.json; ``queue``: the launcher asked once
+    for the pending reasons of those not final yet (None: not asked; finished phases need none)."""
     reasons: dict[str, str] = {}
-    if ask_slurm:
-        reasons = slurm_reasons([str(jobs[i]["job_id"]) for _, i, work_dir in members
-                                 if i in jobs and read_result(work_dir) is None])
+    if queue is not None:
+        reasons = queue.reasons_of([str(jobs[i]["job_id"]) for _, i, work_dir in members
+                                    if i in jobs and read_result(work_dir) is None])
     return [member_row(label, work_dir, jobs.get(i), reasons, now) for label, i, work_dir in members]
 
 
@@ -156,26 +156,27 @@ def row_line(row: MemberRow, use: GpuUse, label_width: int = 24) -> str:
     return f"  {row.label:<{label_width}s} {row.state:<13s} {row.detail:<60s} {time_text}{shared}"
 
 
-def slurm_parallelism(raw: Mapping[str, Any]) -> tuple[bool, int | None]:
-    """(runs on SLURM, its array_parallelism) from a resolved config: whether to ask squeue, and the slots an ETA
-    may count on (None: as many as there are members)."""
-    launcher = raw.get("launcher") or {}
-    slurm = launcher.get("name") == "slurm"
-    parallel = launcher.get("array_parallelism") if slurm else None
-    return slurm, int(parallel) if parallel else None
+@dataclass(frozen=True)
+class RunQueue:
+    """A run's launcher as the status views ask it (its class declares both, launch/base.py): why its queued jobs
+    wait, and the slots an ETA may count on (None: as many as there are members)."""
+
+    reasons_of: Callable[[Sequence[str]], dict[str, str]]
+    parallel: int | None
 
 
-def slurm_reasons(job_ids: Sequence[str]) -> dict[str, str]:
-    """SLURM's current pending reason per job id (one squeue call); {} where the scheduler cannot be asked."""
-    if not job_ids:
-        return {}
-    from launch.slurm.queries import SlurmQueries, SlurmQueryError
+def run_queue(raw: Mapping[str, Any]) -> RunQueue:
+    """The queue of the launcher a resolved config names; one that cannot be asked where its class does not import
+    here."""
+    from launch.factory import launcher_class, launcher_options
 
+    node = raw.get("launcher") or {}
     try:
-        jobs = SlurmQueries(command_timeout_s=30.0).squeue_jobs()
-    except (SlurmQueryError, OSError):
-        return {}
-    return {job_id: jobs[job_id] for job_id in job_ids if job_id in jobs and jobs[job_id] != "None"}
+        cls = launcher_class(node)
+    except ValueError:
+        return RunQueue(lambda job_ids: {}, None)
+    options = launcher_options(node)
+    return RunQueue(lambda job_ids: cls.pending_reasons(options, job_ids), cls.parallel_slots(options))
 
 
 def orchestrator_line(store: RunStore) -> str:

@@ -25,7 +25,7 @@ import yaml
 
 from meta.search.live_watch import format_duration
 from meta.status.rows import (eta_text, gpu_hours, gpu_use, member_rows, orchestrator_line, row_line,
-                              rows_eta, slurm_parallelism, state_summary)
+                              rows_eta, run_queue, state_summary)
 from results.report.arguments import run_dir_argument
 from results.report.pilot import is_pilot_dir
 from results.store.atomic import CorruptFileError
@@ -73,7 +73,7 @@ def render(run_dir: str | Path, show_all: bool = False, now: float | None = None
     raw = yaml.safe_load(store.read_config_text()) or {}
     population, generations = int(raw["population"]), int(raw["generations"])
     use = gpu_use(raw)
-    slurm, parallel = slurm_parallelism(raw)
+    queue = run_queue(raw)
     done = set(store.state_generations())
     gens = _generation_dirs(store)
     seeds = int(raw.get("seeds_per_member") or 1)
@@ -92,11 +92,11 @@ def render(run_dir: str | Path, show_all: bool = False, now: float | None = None
         indices = sorted(set(range(population)) | set(jobs) | {i for i in on_disk if i is not None})
         rows = member_rows([(f"member {i:03d}" + (" (control)" if i == population else ""), i,
                              store.member_dir(generation, i)) for i in indices],
-                           jobs, slurm and generation not in done, now)
+                           jobs, queue if generation not in done else None, now)
         summary = state_summary(rows)
         fitness = [r.fitness for r in rows[:population] if r.fitness is not None]
         stats = f" | best {max(fitness):.4f}, mean {statistics.fmean(fitness):.4f}" if fitness else ""
-        eta = None if generation in done else rows_eta(rows, parallel)
+        eta = None if generation in done else rows_eta(rows, queue.parallel)
         tag = "done" if generation in done else eta_text(eta)
         early = ""
         if saved.get(generation):

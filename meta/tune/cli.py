@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 import yaml
 
+from inner_loop.loss.divergences import divergences
 from meta.config import (
     CONF_DIR,
     INNER_NODES,
@@ -34,6 +35,7 @@ from meta.search.resume import NEW_KEY, check_job_namespace, check_resume, open_
 from meta.compose import compose_with_choices, merge_overrides
 from meta.search.staging import stage_run, staged_inner
 from meta.tune.config import STUDY_KEYS, TuneConfig, build_pruner, build_sampler, build_tune_config, study_hash
+from results.store.config_nodes import config_groups
 from results.store.provenance import code_version
 from results.store.run_store import RunStore
 
@@ -44,12 +46,15 @@ CONFIG_NAME = "tune"
 STAGE_HINT = "`python -m meta.tune <the same overrides>` (it stages before its first trial)"
 #: the manifest's ``kind`` of a tune run (an ES run dir has none)
 TUNE_KIND = "tune"
-USAGE = """usage: python -m meta.tune [key=value ...]
+_GROUPS = config_groups(CONF_DIR)  # the registries' YAML side: conf/ and MIRROR_ES_CONFIG_PATH's trees
+_TUNED = ", ".join(name for name, entry in divergences().items() if entry.compared)  # the registry's compared rows
+USAGE = f"""usage: python -m meta.tune [key=value ...]
 
 Tune the inner run's hyperparameters (Optuna); resume with run_dir=<existing tune run>.
-Common keys: tune.space='{divergence.coef: [log, 1e-4, 1.0], divergence: [choice, kl, prob_l2]}', tune.trials,
+Common keys: tune.space='{{divergence.coef: [log, 1e-4, 1.0], divergence: [choice, {_TUNED}]}}', tune.trials,
 tune.parallel, tune.seeds, tune.sampler=tpe|random|cmaes, tune.pruner=none|median|successive_halving,
-tune.storage=sqlite:////abs/study.db, train.eval_every, launcher=local|slurm, experiment=..., run_dir=...,
+tune.storage=sqlite:////abs/study.db, train.eval_every, launcher={'|'.join(_GROUPS.get('launcher', []))},
+experiment={'|'.join(_GROUPS.get('experiment', []))}, run_dir=...,
 export=best.yaml, dry_run=true. See conf/tune.yaml for every key and its default."""
 
 

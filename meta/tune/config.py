@@ -118,6 +118,19 @@ def _check_storage(storage: Any) -> str | None:
     return storage
 
 
+def divergence_range(dims: list[Dimension], raw: Mapping[str, Any]) -> list[Dimension]:
+    """The default space with divergence.coef over the range the composed divergence declares (its registry
+    entry's tune_range); the space's own range where it declares none."""
+    from inner_loop.loss.divergences import divergences
+
+    entry = divergences().get(str((raw.get("divergence") or {}).get("name")))
+    if entry is None or entry.tune_range is None:
+        return dims
+    low, high = entry.tune_range
+    return [Dimension(d.key, d.kind, low, high) if d.key == "divergence.coef" and d.kind in ("log", "float") else d
+            for d in dims]
+
+
 def build_tune_config(raw: Mapping[str, Any], conf_dir: Path,
                       compose_choice: Callable[[str, Any], Mapping[str, Any]]) -> TuneConfig:
     """Validate the resolved config into a TuneConfig; ConfigError on the first problem.
@@ -137,7 +150,7 @@ def build_tune_config(raw: Mapping[str, Any], conf_dir: Path,
     if tune.get("space") is not None:
         dims = parse_space(tune["space"], raw, conf_dir)
     else:  # the default ranges follow the preset: each contains the value the composed config runs
-        dims = around_the_preset(parse_space(tune.get("default_space"), raw, conf_dir), raw)
+        dims = around_the_preset(divergence_range(parse_space(tune.get("default_space"), raw, conf_dir), raw), raw)
     study_name = tune.get("study_name")
     if study_name is not None and (not isinstance(study_name, str) or not study_name.strip()):
         raise ConfigError(f"tune.study_name={study_name!r} must be a non-empty string or null")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from meta.status.rows import member_row, orchestrator_line, slurm_reasons
+from meta.status.rows import member_row, orchestrator_line, run_queue
 from meta.tune.trials import read_trial, trials_dir
 from results.store.layout import JOBS_FILE
 from results.store.run_store import RunStore, read_jobs_file
@@ -37,7 +37,7 @@ def render_tune(run_dir: str | Path, show_all: bool = False, now: float | None =
     if best is not None:
         lines.append(f"best so far: trial {best.number}, {best.value:.4f} with {best.params}")
     jobs = read_jobs_file(trials_dir(run_dir) / JOBS_FILE)
-    slurm = (raw.get("launcher") or {}).get("name") == "slurm"
+    queue = run_queue(raw)
     for t in trials:
         if t.state != TrialState.RUNNING and not show_all:
             continue
@@ -50,7 +50,7 @@ def render_tune(run_dir: str | Path, show_all: bool = False, now: float | None =
         if plan is None:
             continue
         queued = [str(jobs[s.index]["job_id"]) for s in plan.specs if s.index in jobs]
-        reasons = slurm_reasons(queued) if slurm and t.state == TrialState.RUNNING else {}
+        reasons = queue.reasons_of(queued) if t.state == TrialState.RUNNING else {}
         for k, spec in enumerate(plan.specs):
             row = member_row(f"run {k}", Path(spec.work_dir), jobs.get(spec.index), reasons, now)
             lines.append(f"  {row.label:<8s} {row.state:<13s} {row.detail}")

@@ -83,17 +83,57 @@ def _lookup(tree: Mapping[str, Any], key: str) -> tuple[bool, bool, Any]:
 KEYED_BY_GROUP = {"coef_by_divergence": "divergence"}
 
 
-def config_groups(conf_dir: Path, overrides: Sequence[str] = ()) -> dict[str, list[str]]:
-    """Each config group of a Hydra config tree (a folder of ``conf_dir``, or of a ``file://`` folder that a
-    ``hydra.searchpath=[...]`` override adds) with its options (the YAML files)."""
+#: extra config trees searched after conf/, as os.pathsep-separated folders laid out like conf/ (``es/``, ``task/``,
+#: ...): where the YAML of an entry kept outside this repository lives (docs/extending.md)
+CONFIG_PATH_ENV = "MIRROR_ES_CONFIG_PATH"
+_SEARCHPATH = "hydra.searchpath"
+
+
+def extra_config_dirs() -> list[Path]:
+    """The folders ``MIRROR_ES_CONFIG_PATH`` names, in order (empty when unset)."""
+    import os
+
+    return [Path(item) for item in os.environ.get(CONFIG_PATH_ENV, "").split(os.pathsep) if item.strip()]
+
+
+def _searchpath_items(value: str) -> list[str]:
+    return [item.strip().strip("'\"") for item in value.strip().strip("[]").split(",") if item.strip()]
+
+
+def with_config_path(overrides: Sequence[str]) -> list[str]:
+    """``overrides`` with the ``MIRROR_ES_CONFIG_PATH`` folders added to Hydra's search path (after any that a
+    ``hydra.searchpath=[...]`` override gives), for whoever composes; unchanged when the variable is unset."""
+    extra = [f"file://{d.resolve()}" for d in extra_config_dirs()]
+    if not extra:
+        return list(overrides)
+    given = [o for o in overrides if o.partition("=")[0].lstrip("+") == _SEARCHPATH]
+    items = [i for o in given for i in _searchpath_items(o.partition("=")[2])]
+    items += [e for e in extra if e not in items]
+    return [*(o for o in overrides if o not in given), f"{_SEARCHPATH}=[{','.join(items)}]"]
+
+
+def config_roots(conf_dir: Path, overrides: Sequence[str] = ()) -> list[Path]:
+    """The config trees a composition reads, first wins: ``conf_dir``, the ``file://`` folders of a
+    ``hydra.searchpath=[...]`` override, then ``MIRROR_ES_CONFIG_PATH``'s."""
     roots = [conf_dir]
-    for override in overrides:
+    for override in with_config_path(overrides):
         key, _, value = override.partition("=")
-        if key.lstrip("+") == "hydra.searchpath":
-            roots += [Path(item.strip().strip("'\"")[len("file://"):]) for item in value.strip("[]").split(",")
-                      if item.strip().strip("'\"").startswith("file://")]
+        if key.lstrip("+") == _SEARCHPATH:
+            roots += [Path(item[len("file://"):]) for item in _searchpath_items(value) if item.startswith("file://")]
+    return roots
+
+
+def group_file(conf_dir: Path, group: str, option: str, overrides: Sequence[str] = ()) -> Path | None:
+    """The YAML of ``group=option`` in the first config tree that has it (None: no tree has it)."""
+    return next((p for p in (root / group / f"{option}.yaml" for root in config_roots(conf_dir, overrides))
+                 if p.is_file()), None)
+
+
+def config_groups(conf_dir: Path, overrides: Sequence[str] = ()) -> dict[str, list[str]]:
+    """Each config group of a Hydra config tree (a folder of ``conf_dir``, of a ``file://`` folder that a
+    ``hydra.searchpath=[...]`` override adds, or of a ``MIRROR_ES_CONFIG_PATH`` folder) with its options."""
     groups: dict[str, set[str]] = {}
-    for root in roots:
+    for root in config_roots(conf_dir, overrides):
         for folder in (d for d in sorted(root.iterdir()) if d.is_dir()) if root.is_dir() else ():
             groups.setdefault(folder.name, set()).update(p.stem for p in folder.glob("*.yaml"))
     return {name: sorted(options) for name, options in groups.items()}

@@ -1,0 +1,172 @@
+"""docs/extending.md's four recipes, run as written: each toy entry is one module and one YAML in a temporary folder
+outside the repository (its package's entry points in a ``*.dist-info`` beside it, its YAML in a config tree named by
+MIRROR_ES_CONFIG_PATH), goes through a dry run and (searcher, divergence, task) a tiny run on the embedded default,
+and no file of the repository changes.
+
+The modules, YAMLs and entry points are read from the page's code blocks (each opens with ``# file: <path>``), so the
+page cannot drift from what runs.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGE = ROOT / "docs" / "extending.md"
+BLOCK = re.compile(r"^```[a-z]*\n# file: (\S+)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+#: the cheapest search that still trains: 2 members (+ the control member), 1 generation, 2 steps, no warm-up, no
+#: selection or reporting stage
+TINY = ["population=2", "generations=1", "launcher=local", "reevaluate.top_k=0", "train.steps=2", "train.val_size=8",
+        "train.batch_size=16", "model.warmup_max_steps=0"]
+
+
+def _blocks() -> list[tuple[str, str]]:
+    return [(path, body) for path, body in BLOCK.findall(PAGE.read_text())]
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory) -> dict[str, str]:
+    """The page's toy package and config tree written under a temporary folder; the environment that finds them."""
+    root = tmp_path_factory.mktemp("toy")
+    points: dict[str, dict[str, str]] = {}
+    for path, body in _blocks():
+        if path == "pyproject.toml":
+            for group, entries in tomllib.loads(body)["project"]["entry-points"].items():
+                points.setdefault(group, {}).update(entries)
+            continue
+        target = root / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(body)
+    (root / "toy_ext" / "__init__.py").write_text("")
+    info = root / "toy_ext-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-ext\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("".join(
+        f"[{group}]\n" + "".join(f"{name} = {target}\n" for name, target in entries.items()) + "\n"
+        for group, entries in points.items()))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(root), str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["MIRROR_ES_CONFIG_PATH"] = str(root / "toy_conf")
+    return {"root": str(root), **env}
+
+
+@pytest.fixture
+def unchanged_repository():
+    """The repository's files are as they were after the test (tracked, untracked and ignored-but-listed alike)."""
+    def status() -> str:
+        return subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=ROOT, capture_output=True,
+                              text=True, check=True).stdout
+
+    before = status()
+    yield
+    assert status() == before, "an extension had to change the repository"
+
+
+def _run(toy: dict[str, str], *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``python -m <args>`` from the toy folder (whatever a command writes by default lands there), with the toy's
+    environment."""
+    env = {k: v for k, v in toy.items() if k != "root"}
+    return subprocess.run([sys.executable, "-m", *args], cwd=toy["root"], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_each_recipe_is_one_module_and_one_yaml():
+    paths = [p for p, _ in _blocks() if p != "pyproject.toml"]
+    modules = sorted(p for p in paths if p.endswith(".py"))
+    yamls = sorted(p for p in paths if p.endswith(".yaml"))
+    assert modules == ["toy_ext/divergence.py", "toy_ext/launcher.py", "toy_ext/searcher.py", "toy_ext/task.py"]
+    assert [Path(p).parent.name for p in yamls] == ["divergence", "es", "launcher", "task"]
+
+
+def test_a_searcher(toy, tmp_path, unchanged_repository):
+    plan = _run(toy, "meta.run", f"run_dir={tmp_path / 'plan'}", "new=true", "dry_run=true", "es=toy_best",
+                "population=3", "train.eval_every=10", "early_stop.enabled=true", "early_stop.at_fraction=0.5",
+                "early_stop.noise=0.01")
+    assert plan.returncode == 0, plan.stderr[-3000:]
+    assert "es=toy_best" in plan.stdout and "early_stop: decided at step 30" in plan.stdout
+    refused = _run(toy, "meta.run", f"run_dir={tmp_path / 'refused'}", "new=true", "dry_run=true", "es=pgpe",
+                   "train.eval_every=10", "early_stop.enabled=true", "early_stop.at_fraction=0.5",
+                   "early_stop.noise=0.01")
+    assert refused.returncode == 2 and "es=toy_best (any settings)" in refused.stderr, refused.stderr[-2000:]
+    usage = _run(toy, "meta.run", "--help")
+    assert "toy_best" in usage.stdout
+    pilot = _run(toy, "meta.pilot", f"run_dir={tmp_path / 'pilot'}", "new=true", "dry_run=true", "es=toy_best")
+    assert "radius: es.sigma of es=toy_best" in pilot.stdout, pilot.stderr[-2000:]  # its declared radius_key
+    run_dir = tmp_path / "search"
+    done = _run(toy, "meta.run", f"run_dir={run_dir}", "new=true", "es=toy_best", *TINY)
+    assert done.returncode == 0, done.stderr[-3000:]
+    state = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert state["es"]["name"] == "toy_best" and (run_dir / "gen_0000").is_dir()
+
+
+def test_a_divergence(toy, tmp_path, unchanged_repository):
+    plan = _run(toy, "meta.run", f"run_dir={tmp_path / 'plan'}", "new=true", "dry_run=true")
+    assert plan.returncode == 0, plan.stderr[-3000:]
+    assert "squared difference (toy)" in plan.stdout  # its baseline row, under its own label
+    tune = _run(toy, "meta.tune", f"run_dir={tmp_path / 'tune'}", "new=true", "dry_run=true", "divergence=toy_sq")
+    assert "divergence.coef: log [0.001, 1]" in tune.stdout, tune.stderr[-2000:]  # its declared tune_range
+    refused = _run(toy, "inner_loop.run", "divergence=toy_sq", "divergence.form=sampled_is", "task=arith",
+                   "model=tiny", f"work_dir={tmp_path / 'refused'}")
+    assert refused.returncode == 2 and "supports ['sampled', 'full']" in refused.stderr, refused.stderr[-2000:]
+    work_dir = tmp_path / "single"
+    done = _run(toy, "inner_loop.run", "divergence=toy_sq", "task=arith", "model=tiny", "model.warmup_max_steps=0",
+                "train.steps=2", "train.val_size=8", "train.batch_size=16", f"work_dir={work_dir}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "toy_sq[sampled] x 0.05" in done.stderr  # the loss it trained with, as the trainer logs it
+    assert json.loads((work_dir / "result.json").read_text())["status"] == "ok"
+
+
+def test_a_task(toy, tmp_path, unchanged_repository):
+    plan = _run(toy, "meta.run", f"run_dir={tmp_path / 'plan'}", "new=true", "dry_run=true", "task=toy_double",
+                "reevaluate.transfer=[toy_double]")
+    assert plan.returncode == 0, plan.stderr[-3000:]
+    assert "task=toy_double" in plan.stdout
+    run_dir = tmp_path / "search"
+    done = _run(toy, "meta.run", f"run_dir={run_dir}", "new=true", "task=toy_double", *TINY)
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads((run_dir / "gen_0000" / "member_000" / "result.json").read_text())
+    assert record["status"] == "ok" and record["val_size"] == 8, record
+    logs = "".join(p.read_text(errors="replace") for p in run_dir.rglob("*") if p.is_file() and p.suffix in
+                   (".err", ".out", ".log"))
+    assert "reward: 1 when the first integer of the completion is twice the number" in logs  # its declared reward
+
+
+def test_a_launcher(toy, tmp_path, unchanged_repository):
+    plan = _run(toy, "meta.run", f"run_dir={tmp_path / 'plan'}", "new=true", "dry_run=true", "launcher=toy_serial",
+                "population=4")
+    assert plan.returncode == 0, plan.stderr[-3000:]
+    assert "launcher=toy_serial: 5 members per generation one after another in this process" in plan.stdout
+    refused = _run(toy, "meta.run", f"run_dir={tmp_path / 'refused'}", "new=true", "dry_run=true",
+                   "launcher=toy_serial", "launcher.gpu_sharing=packed")
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert "launcher.gpu_sharing='packed' is not a mode of launcher=toy_serial" in refused.stderr
+
+
+def test_divergence_defaults_are_their_yaml_fallbacks(toy):
+    """A divergence's default_coef and its YAML's coefficient without a preset are one number (the built-in ones and
+    the toy's)."""
+    probe = ("import json, pathlib, os, yaml\n"
+             "from inner_loop.loss.divergences import divergences\n"
+             "from results.store.config_nodes import group_file\n"
+             "from meta.config import CONF_DIR\n"
+             "out = {}\n"
+             "for name, entry in divergences().items():\n"
+             "    coef = yaml.safe_load(group_file(CONF_DIR, 'divergence', name).read_text()).get('coef')\n"
+             "    out[name] = [entry.default_coef, coef]\n"
+             "print(json.dumps(out))\n")
+    env = {k: v for k, v in toy.items() if k != "root"}
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = json.loads(done.stdout)
+    assert "toy_sq" in found and "kl" in found
+    for name, (default, coef) in found.items():
+        fallback = float(str(coef).rsplit(",", 1)[-1].rstrip("}")) if isinstance(coef, str) else float(coef)
+        assert fallback == pytest.approx(default), name
