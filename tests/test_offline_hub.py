@@ -9,7 +9,7 @@ import datasets
 import huggingface_hub.constants as hub_constants
 import pytest
 
-from inner_loop.tasks import data_files
+from inner_loop.tasks.common import data_files
 from inner_loop.tasks.mbpp import MBPPConfig, MBPPTask
 
 
@@ -34,7 +34,7 @@ def unreachable_hub(monkeypatch) -> list[bool]:
 
 
 def test_an_unreachable_hub_is_asked_once_and_then_read_offline(unreachable_hub, caplog):
-    with caplog.at_level(logging.WARNING, logger="inner_loop.tasks.data_files"):
+    with caplog.at_level(logging.WARNING, logger="inner_loop.tasks.common.data_files"):
         for split in ("train", "test"):
             with pytest.raises(ValueError, match="task.train_file=<file>, task.test_file=<file>"):
                 data_files.load_hub_rows("openai/gsm8k", "main", split)
@@ -50,7 +50,7 @@ def test_the_mbpp_error_names_the_validation_file_too(unreachable_hub):
 
 def test_the_offline_setting_is_taken_as_it_is(unreachable_hub, monkeypatch, caplog):
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
-    with caplog.at_level(logging.WARNING, logger="inner_loop.tasks.data_files"):
+    with caplog.at_level(logging.WARNING, logger="inner_loop.tasks.common.data_files"):
         with pytest.raises(ValueError):
             data_files.load_hub_rows("openai/gsm8k", "main", "train")
     assert "cannot be reached" not in caplog.text  # no probe: the user said offline

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from inner_loop.tasks import build_task
-from inner_loop.tasks.code_extract import extract_code
+from inner_loop.tasks.common.code_extract import extract_code
 from inner_loop.tasks.humaneval import humaneval_program
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -8,7 +8,7 @@ import pytest
 
 import inner_loop.tasks.mbpp as mbpp
 from inner_loop.tasks import build_task
-from inner_loop.tasks.data_files import read_local_rows
+from inner_loop.tasks.common.data_files import read_local_rows
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TRAIN, TEST, VALIDATION = (str(FIXTURES / f"mbpp_{name}.jsonl") for name in ("train", "test", "validation"))
@@ -82,7 +82,7 @@ def test_the_split_sizes_are_logged_once_and_say_where_validation_comes_from(cap
     """A dry run builds the task for every row it checks: one line, with the validation split's true size."""
     import logging
 
-    from inner_loop.tasks import splits
+    from inner_loop.tasks.common import splits
 
     splits._LOGGED.clear()
     with caplog.at_level(logging.INFO, logger="inner_loop.tasks"):

@@ -7,7 +7,7 @@ import pytest
 
 from inner_loop.tasks import Problem, build_task
 from inner_loop.tasks.gsm8k import answer_matches, gold_answer
-from inner_loop.tasks.numbers import find_numbers, first_integer, last_number, parse_number
+from inner_loop.tasks.common.numbers import find_numbers, first_integer, last_number, parse_number
 
 
 @pytest.mark.parametrize(

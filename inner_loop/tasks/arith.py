@@ -16,7 +16,7 @@ import string
 from dataclasses import dataclass, field
 
 from inner_loop.tasks.base import Problem, SplitTask
-from inner_loop.tasks.numbers import first_integer
+from inner_loop.tasks.common.numbers import first_integer
 from inner_loop.tasks.task_config import require_non_negative
 
 OPERATORS = ("+", "-", "*")

@@ -3,7 +3,7 @@
 Rows have ``question`` and ``answer``; the gold answer is the text after the last ``####`` of ``answer``.
 Reward: 1 if the LAST number in the completion equals the gold number, else 0. Numbers are compared as exact
 values, so commas, "$", a trailing period, negatives, decimals and simple fractions are understood and
-"5.0" equals "5" (see inner_loop/tasks/numbers.py).
+"5.0" equals "5" (see inner_loop/tasks/common/numbers.py).
 """
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from inner_loop.tasks.base import Problem, SplitTask
-from inner_loop.tasks.data_files import load_hub_rows, read_local_rows, require_fields
-from inner_loop.tasks.numbers import last_number, parse_number
-from inner_loop.tasks.splits import carve_splits
+from inner_loop.tasks.common.data_files import load_hub_rows, read_local_rows, require_fields
+from inner_loop.tasks.common.numbers import last_number, parse_number
+from inner_loop.tasks.common.splits import carve_splits
 from inner_loop.tasks.task_config import fill_prompt_template, require_split_data
 
 GOLD_MARKER = "####"

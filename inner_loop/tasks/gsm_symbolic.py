@@ -15,7 +15,7 @@ from typing import Any
 
 from inner_loop.tasks.base import Problem, SplitTask
 from inner_loop.tasks.gsm8k import answer_matches
-from inner_loop.tasks.splits import carve_splits
+from inner_loop.tasks.common.splits import carve_splits
 from inner_loop.tasks.task_config import fill_prompt_template, require_non_negative
 
 DATASET_NAME = "gsm_symbolic"

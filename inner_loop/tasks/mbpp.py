@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from inner_loop.sandbox.grading import Job
 from inner_loop.tasks.base import Problem, SplitTask, check_disjoint, prompt_hash
-from inner_loop.tasks.code_extract import extract_code
-from inner_loop.tasks.data_files import load_hub_rows, read_local_rows, require_fields
-from inner_loop.tasks.splits import carve_splits, dedupe, log_splits
+from inner_loop.tasks.common.code_extract import extract_code
+from inner_loop.tasks.common.data_files import load_hub_rows, read_local_rows, require_fields
+from inner_loop.tasks.common.splits import carve_splits, dedupe, log_splits
 from inner_loop.tasks.task_config import fill_prompt_template, require_existing_file, require_split_data, sandbox_config
 
 if TYPE_CHECKING:
