@@ -33,8 +33,9 @@ from inner_loop.loss.compose import compose_loss
 from inner_loop.loss.policy_terms import PolicyInputs, PolicyParams
 from inner_loop.loss.regularizers import Regularizer
 from inner_loop.grpo.trl_contract import unsupported_grpo_fields
-from results.store.metric_keys import (GRAD_SHARE, GRAD_SHARE_EXACT, GRAD_SHARE_EXACT_STEP, POLICY_LOSS,
-                                       REGULARIZER_VALUE)
+from results.store.metric_keys import (GRAD_SHARE, GRAD_SHARE_EXACT, GRAD_SHARE_EXACT_STEP,
+                                       IMPORTANCE_SAMPLING_RATIO, POLICY_LOSS, REGULARIZER_VALUE,
+                                       SAMPLING_LOGP_DIFFERENCE)
 
 logger = logging.getLogger(__name__)
 
@@ -272,9 +273,9 @@ class MirrorGRPOTrainer(GRPOTrainer):
         delta = delta[~torch.isnan(delta)]
         metrics = self._metrics["train" if self.model.training else "eval"]
         for key, value in (("sampling/importance_sampling_ratio/min", flat.min() if flat.numel() else None),
-                           ("sampling/importance_sampling_ratio/mean", flat.mean() if flat.numel() else None),
+                           (IMPORTANCE_SAMPLING_RATIO, flat.mean() if flat.numel() else None),
                            ("sampling/importance_sampling_ratio/max", flat.max() if flat.numel() else None),
-                           ("sampling/sampling_logp_difference/mean", delta.mean() if delta.numel() else None),
+                           (SAMPLING_LOGP_DIFFERENCE, delta.mean() if delta.numel() else None),
                            ("sampling/sampling_logp_difference/max", delta.max() if delta.numel() else None)):
             if value is not None and metrics[key]:
                 metrics[key][-1] = value.item()  # TRL's value for this batch, compared on the full vocabulary

@@ -90,5 +90,7 @@ def unregularized() -> str:
 
 
 def baseline_rows() -> tuple[str, ...]:
-    """The divergences the result table may train a row of, in registry order."""
-    return tuple(name for name, entry in divergences().items() if entry.baseline)
+    """The divergences the result table may train a row of: the regularizers in registry order, then the host without
+    one (the paper's table: KL, ProbL2, then Dr. GRPO alone)."""
+    rows = [(name, entry) for name, entry in divergences().items() if entry.baseline]
+    return tuple(name for name, entry in sorted(rows, key=lambda row: not row[1].regularizes))
