@@ -12,15 +12,18 @@ command cut at its limit loses only the check in flight and a second call finish
    re-evaluation, export, a single run): 4.8 minutes on one H100;
 5. ``bench:*``: bench/bench_member_gpu.py at the mbpp_qwen3 preset's real shapes (Qwen3-1.7B's architecture at full
    depth, random weights, the preset's batch and lengths): ``train.decode_cache`` dynamic, persistent_compiled, then
-   static_compiled, one member alone (compile time reported apart: the first step's excess), then 2 members sharing
-   the GPU with the fastest cache, then 4 if time is left.
+   static_compiled, one member alone (compile time reported apart: the first step's excess; a compiled cache over 8
+   timed steps, so that a per-step recompile or recording would show), then 2 members sharing the GPU with the
+   fastest cache, then 4 if time is left.
 
 Each check's outcome is appended to ``--record`` (JSON lines, fsync'd) as it ends. A later call with the same record
 skips every check already measured on the same machine (card and host; passed or failed) and reruns those cut or
 never reached. The
 pass ends with a summary: pass or fail per check; s/step, completion tokens/s and peak GiB per member for each bench
 setting; and the GPU-hours of ``experiment=mbpp_qwen3 population=180 generations=15`` that each setting implies,
-counted as the search's dry-run plan counts them (meta/plan.py, results/store/gpu_time.py).
+counted as the search's dry-run plan counts them (meta/plan.py, results/store/gpu_time.py); and the presets'
+decode cache that follows on this card (a compiled cache where its lone member steps >= 1.5x faster than the dynamic
+cache's, with the step time to set).
 
     scripts/gpu_pass.sh --budget-min 8 --bundle .node_bundle --record $OUT/gpu_pass.jsonl
 
@@ -64,15 +67,23 @@ SUMMARY_RESERVE_S = 15.0
 CACHES = (DYNAMIC_CACHE, PERSISTENT_COMPILED, STATIC_COMPILED)
 #: sharing counts after one member alone, in order of value
 SHARING = (2, 4)
-#: optimizer steps per bench member: the first (set-up, compiling) untimed, then enough that a cost paid every step
-#: (a recompile, a CUDA graph recorded again) shows in each timed step
+#: optimizer steps per bench member with the dynamic cache: the first (set-up) untimed, then three timed ones (its
+#: steps cannot recompile or record anything again; on the H100 they were 25.8, 24.1 and 23.9 s)
 BENCH_STEPS = 4
+#: ... with a compiled cache: the first (the compile) untimed, then 8 timed, so that a cost paid at every step (a
+#: recompile, a CUDA graph recorded again) shows in the s/step as well as in the member's decode counts
+COMPILED_BENCH_STEPS = 9
 #: the search whose GPU-hours each setting implies (the README's search)
 SEARCH = ["experiment=mbpp_qwen3", "population=180", "generations=15"]
 #: issue 38's rule for a preset's members_per_gpu: k members must give at least this much of one member's tokens/s...
 SHARING_MIN_SCALING = 1.5
 #: ... and their peak memory together fit within this share of the card (room to spare)
 SHARING_MAX_MEMORY_SHARE = 0.75
+#: the rule for a preset's train.decode_cache: a compiled cache becomes the default on a card where its lone member
+#: steps at least this much faster than the dynamic cache's (each step's compile apart: the first step is untimed)
+DECODE_CACHE_MIN_SPEEDUP = 1.5
+#: the presets whose train.decode_cache and resources.step_time_s the bench's shapes (mbpp_qwen3's) decide
+DECODE_CACHE_PRESET = "conf/experiment/mbpp_qwen3.yaml"
 #: --device cpu: small shapes (the pass's plumbing, not a measurement)
 CPU_BENCH_SHAPES = ["--layers", "2", "--hidden", "128", "--heads", "2", "--kv-heads", "1", "--head-dim", "64",
                     "--intermediate", "256", "--vocab", "512", "--group-size", "2", "--batch-size", "4",
@@ -260,12 +271,17 @@ def bench_backend(cache: str) -> str:
     return measured_name(HF_GENERATE, cache)
 
 
+def bench_steps(opts: argparse.Namespace, cache: str) -> int:
+    """Optimizer steps of one bench member with ``cache`` (a compiled cache: at least 8 timed ones)."""
+    return opts.bench_steps if cache == DYNAMIC_CACHE else max(opts.bench_steps, opts.compiled_bench_steps)
+
+
 def run_bench(ctx: Pass, cache: str, members: int, label: str) -> dict[str, Any]:
     """One bench setting: ``members`` members with ``cache`` at the preset's real shapes (small ones on the CPU)."""
     out = ctx.work / f"{label}.json"
     backend = bench_backend(cache)
     args = [sys.executable, str(ctx.opts.bench), "--device", ctx.device, "--members", str(members), "--backends",
-            backend, "--steps", str(ctx.opts.bench_steps), "--tokenizer", "tiny", "--json", str(out),
+            backend, "--steps", str(bench_steps(ctx.opts, cache)), "--tokenizer", "tiny", "--json", str(out),
             "--member-timeout", str(int(max(60.0, ctx.left_s())))]
     if members > 1:
         args.append("--without-alone")
@@ -281,6 +297,7 @@ def run_bench(ctx: Pass, cache: str, members: int, label: str) -> dict[str, Any]
     runs = summary["runs"].get(f"{backend}-x{members}", [])
     ok = [r for r in runs if r.get("status") == "ok"]
     figures: dict[str, Any] = {"cache": cache, "members": members, "backend": backend, "ok": len(ok),
+                               "steps": bench_steps(ctx.opts, cache),
                                "settings": summary.get("settings"), "model": summary.get("model", {}).get("config"),
                                "errors": [str(r.get("error"))[-500:] for r in runs if r.get("status") != "ok"]}
     if ok:
@@ -394,6 +411,46 @@ def setting_rows(done: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def decode_cache_decision(done: dict[str, dict[str, Any]], card: str | None) -> list[str]:
+    """The presets' ``train.decode_cache`` from the lone members' step times on this card: each compiled cache
+    against the dynamic one, by DECODE_CACHE_MIN_SPEEDUP, with the lines to set where it meets the rule (empty: the
+    dynamic cache and no compiled one were measured)."""
+    def alone(cache: str) -> dict[str, Any] | None:
+        entry = done.get(alone_key(cache))
+        return entry["figures"] if entry and entry["status"] == PASSED else None
+
+    base = alone(DYNAMIC_CACHE)
+    if base is None:
+        return []
+    card = card or "this machine's CPU (not a measurement)"
+    lines, winners = [], []
+    for cache in CACHES[1:]:
+        entry = done.get(alone_key(cache))
+        if entry is None:
+            continue
+        if entry["status"] != PASSED:
+            lines.append(f"decode_cache={cache}: failed on {card} ({str(entry.get('detail'))[:200]}): not a candidate")
+            continue
+        fig = entry["figures"]
+        speedup = base["step_s"] / fig["step_s"]
+        meets = speedup >= DECODE_CACHE_MIN_SPEEDUP
+        lines.append(f"decode_cache={cache}: {speedup:.2f}x the dynamic cache's step on {card} "
+                     f"({base['step_s']:.2f} -> {fig['step_s']:.2f} s/step over {fig.get('steps', '?')} steps, first "
+                     f"step {fig.get('first_step_s', 0):.1f} s; {fig.get('tokens_per_s', 0):.0f} vs "
+                     f"{base.get('tokens_per_s', 0):.0f} completion tok/s; {fig.get('peak_gib_member', 0):.1f} vs "
+                     f"{base.get('peak_gib_member', 0):.1f} GiB): {'meets' if meets else 'does not meet'} the rule "
+                     f"(>= {DECODE_CACHE_MIN_SPEEDUP}x)")
+        if meets:
+            winners.append((fig["step_s"], cache))
+    if winners:
+        step_s, cache = min(winners)
+        lines.append(f"-> {DECODE_CACHE_PRESET}: train.decode_cache: {cache}; resources.step_time_s: {step_s:.1f} "
+                     f"(step_time_source: this pass, {card})")
+    elif lines:
+        lines.append(f"-> {DECODE_CACHE_PRESET}: keep train.decode_cache: dynamic on {card}")
+    return lines
+
+
 def print_summary(check_list: list[Check], done: dict[str, dict[str, Any]], cut: dict[str, str],
                   card: str | None, card_gib: float | None) -> None:
     print(f"\n== GPU pass on {card or 'no GPU'} ==")
@@ -423,6 +480,8 @@ def print_summary(check_list: list[Check], done: dict[str, dict[str, Any]], cut:
             print(f"{r['setting']}: {verdict} the rule for members_per_gpu={r['members']} (>= {SHARING_MIN_SCALING}x "
                   f"one member's tokens/s: {r['scaling']:.2f}x; together <= {SHARING_MAX_MEMORY_SHARE:.0%} of "
                   f"{card_gib:.0f} GiB: {r['peak_gib_total']:.1f} GiB)")
+    for line in decode_cache_decision(done, card):
+        print(line)
 
 
 # ------------------------------------------------------------------ main
@@ -437,7 +496,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--only", default=None, help="comma-separated check keys or prefixes (e.g. bench)")
     parser.add_argument("--bench", type=Path, default=ROOT / "bench" / "bench_member_gpu.py",
                         help="the sharing bench (a script with bench_member_gpu.py's command line and --json)")
-    parser.add_argument("--bench-steps", type=int, default=BENCH_STEPS, help="optimizer steps per bench member")
+    parser.add_argument("--bench-steps", type=int, default=BENCH_STEPS,
+                        help="optimizer steps per bench member (the first untimed)")
+    parser.add_argument("--compiled-bench-steps", type=int, default=COMPILED_BENCH_STEPS,
+                        help="optimizer steps per bench member with a compiled decode cache (at least --bench-steps)")
     parser.add_argument("--no-isolation", action="store_true",
                         help="bench members without bubblewrap (the acceptance run keeps the preset's isolation)")
     parser.add_argument("--work", type=Path, default=None, help="logs and outputs of the checks (default: a temp dir)")

@@ -8,7 +8,9 @@ VENV="$ROOT/.venv"
 PY=${PYTHON:-python3}
 
 apt_install() {
-    # bubblewrap isolates model-written code (inner_loop/sandbox/pool.py); optional where apt is unavailable.
+    # bubblewrap isolates model-written code (inner_loop/sandbox/pool.py); g++ is what inductor compiles a CPU
+    # decode step with (train.decode_cache=persistent_compiled, tests/test_decode_step.py); optional where apt is
+    # unavailable.
     local missing=()
     for pkg in "$@"; do dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg"); done
     if [ ${#missing[@]} -gt 0 ]; then
@@ -21,7 +23,7 @@ apt_install() {
         fi
     fi
 }
-apt_install bubblewrap
+apt_install bubblewrap g++
 
 # A venv whose creation was interrupted has a python but no pip: build it again rather than fail later.
 if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then

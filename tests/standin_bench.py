@@ -6,7 +6,8 @@ sleeps $STANDIN_SLEEP seconds (a measurement under way, where a cut lands) and w
 The persistent compiled cache's member reports its decode counts (one compile, one CUDA graph recording; one per
 step with $STANDIN_RERECORD). Step times: HF generate dynamic 15.0 s alone (the mbpp_qwen3 preset's measured figure), the compiled caches 15.5
 and 16.0 s (slower here, so the pass must pick dynamic to share), two members 17.745 s each (15.0 x 1.183, the preset's
-measured slowdown), four 37.5 s.
+measured slowdown), four 37.5 s; $STANDIN_PERSISTENT_STEP_S sets the persistent compiled cache's lone step (a faster
+one is then the cache members share, at the same slowdowns).
 """
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ import json
 import os
 import time
 
-STEP_S = {("hf_generate", 1): 15.0, ("hf_generate_persistent_compiled", 1): 15.5,
-          ("hf_generate_static_compiled", 1): 16.0, ("hf_generate", 2): 17.745, ("hf_generate", 4): 37.5}
+ALONE_STEP_S = {"hf_generate": 15.0, "hf_generate_persistent_compiled": 15.5, "hf_generate_static_compiled": 16.0}
+SLOWDOWN = {1: 1.0, 2: 1.183, 4: 2.5}
 TOKENS_PER_STEP = 64 * 256
 
 
@@ -26,20 +27,24 @@ def main() -> None:
     parser.add_argument("--backends", required=True)
     parser.add_argument("--json", required=True)
     parser.add_argument("--without-alone", action="store_true")
+    parser.add_argument("--steps", type=int, required=True)
     opts, _ = parser.parse_known_args()
     with open(os.environ["STANDIN_CALLS"], "a") as calls:
         calls.write(f"{opts.backends} x{opts.members}\n")
     time.sleep(float(os.environ.get("STANDIN_SLEEP", "0.5")))
-    step = STEP_S[(opts.backends, opts.members)]
+    alone = dict(ALONE_STEP_S)
+    if os.environ.get("STANDIN_PERSISTENT_STEP_S"):
+        alone["hf_generate_persistent_compiled"] = float(os.environ["STANDIN_PERSISTENT_STEP_S"])
+    step = alone[opts.backends] * SLOWDOWN[opts.members]
     member = {"status": "ok", "step_s": step, "first_step_s": step + 30.0, "tokens_per_s": TOKENS_PER_STEP / step,
               "peak_memory_bytes": 11 * 2**30, "mean_completion_length": 256.0, "ran_as": opts.backends}
     if opts.backends.endswith("persistent_compiled"):  # the member's one cache: compiled once, recorded once...
-        calls = 4
+        calls = opts.steps
         member["decode_counts"] = {"generate_calls": calls, "compiles": 1, "recompiles": 0, "weights_moved": 0,
                                    "cache_kept": True, "buckets": [64, 128, 192, 256], "buckets_used": {"128": calls},
                                    # ... unless $STANDIN_RERECORD: a graph recorded again at every step
                                    "cudagraph_recordings": calls if os.environ.get("STANDIN_RERECORD") else 1}
-    summary = {"settings": {"steps": 4}, "model": {"config": {}},
+    summary = {"settings": {"steps": opts.steps}, "model": {"config": {}},
                "runs": {f"{opts.backends}-x{opts.members}": [dict(member, index=i) for i in range(opts.members)]}}
     with open(opts.json, "w") as out:
         json.dump(summary, out)
