@@ -122,6 +122,22 @@ def test_inductor_generates_the_decode_step_once_and_decodes_as_the_eager_model(
     assert summary["cache_kept"] and decoder.cache_data_ptrs() == addresses
 
 
+def test_a_decode_step_inductor_compiles_without_cuda_graphs_is_named() -> None:
+    """``reduce-overhead`` is what removes the launches on a GPU, and inductor silently falls back to launching each
+    kernel when it cannot graph a step (a CPU op, an unmarked input mutated in place): counted and refused. On the CPU
+    every graph is such a fallback, which is how this is tested without a GPU."""
+    model, greedy = _tiny_model()
+    decoder = PersistentDecoder(model, [8], batch_size=2, max_new_tokens=6, generation_config=greedy,
+                                compile_backend="inductor", compile_mode="reduce-overhead")
+    ids, mask = _left_padded([5, 7], seed=0)
+    with torch.no_grad():
+        decoder.generate(model, ids, mask)
+    summary = decoder.summary()
+    assert summary["compile_mode"] == "reduce-overhead" and summary["cudagraph_skips"] >= 1
+    assert "compiled without CUDA graphs" in decode_counts_problem(
+        {"generation": {"decode_cache": "persistent_compiled", "decode_counts": summary}})
+
+
 def test_an_in_place_weight_update_keeps_the_address_and_a_moved_weight_is_counted() -> None:
     model, greedy = _tiny_model()
     decoder = PersistentDecoder(model, [8], batch_size=2, max_new_tokens=6, generation_config=greedy,
@@ -242,6 +258,10 @@ def test_decode_counts_problem_names_what_went_wrong() -> None:
     assert "recompiles" in problem(recompiles=5)
     assert "moved" in problem(cache_kept=False)
     assert "no generation" in problem(generate_calls=0)
+    cuda_graphs = {"compile_mode": "reduce-overhead", "cudagraph_skips": 0}
+    assert problem(**cuda_graphs) is None
+    assert "without CUDA graphs (2 graph(s) skipped" in problem(**{**cuda_graphs, "cudagraph_skips": 2})
+    assert "no CUDA graph was ever recorded" in problem(**cuda_graphs, cudagraph_recordings=0)
 
 
 def test_the_keys_are_checked_up_front_naming_them() -> None:

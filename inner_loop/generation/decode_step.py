@@ -113,6 +113,9 @@ class DecodeCounts:
     compiles: int = 0
     recompiles: int = 0
     cudagraph_recordings: int = 0
+    #: compiled graphs inductor gave no CUDA graph though the mode asked for one (a CPU op, an input mutated in
+    #: place that is not a static address, ...): each of their kernels is still launched one by one
+    cudagraph_skips: int = 0
     #: calls at which a weight's storage had moved since the previous call (a CUDA graph records again)
     weights_moved: int = 0
     #: bucket length -> calls that used it
@@ -125,7 +128,9 @@ class PersistentDecoder:
     """The member's one static cache and compiled decode step; :meth:`generate` replaces ``model.generate``."""
 
     def __init__(self, model: torch.nn.Module, buckets: Sequence[int], batch_size: int, max_new_tokens: int,
-                 generation_config: Any, compile_backend: str = "inductor") -> None:
+                 generation_config: Any, compile_backend: str = "inductor", compile_mode: str | None = None) -> None:
+        """``compile_mode``: torch.compile's mode; None: ``reduce-overhead`` (CUDA graphs) with inductor on CUDA,
+        else ``default``."""
         from transformers import StaticCache
         from transformers.generation.configuration_utils import CompileConfig
 
@@ -147,7 +152,8 @@ class PersistentDecoder:
         self._cache_ptrs = self.cache_data_ptrs()
         device_type = hf_model.device.type
         #: CUDA graphs where they exist (what removes the launches); elsewhere inductor's default mode
-        self.compile_mode = "reduce-overhead" if device_type == "cuda" and compile_backend == "inductor" else "default"
+        self.compile_mode = compile_mode or (
+            "reduce-overhead" if device_type == "cuda" and compile_backend == "inductor" else "default")
         compile_config = CompileConfig(fullgraph=False, dynamic=False, backend=compile_backend, mode=self.compile_mode)
         compile_config._compile_all_devices = True  # transformers compiles on CUDA-class devices only unless told
         self.compile_backend = compile_backend
@@ -183,11 +189,15 @@ class PersistentDecoder:
 
     @contextmanager
     def _counting(self) -> Iterator[None]:
+        from torch._dynamo.utils import counters
+
         _CompileEvents.active = self.counts
+        skips = counters["inductor"]["cudagraph_skips"]
         try:
             yield
         finally:
             _CompileEvents.active = None
+            self.counts.cudagraph_skips += counters["inductor"]["cudagraph_skips"] - skips
 
     def generate(self, model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """``model.generate`` over the persistent cache for left-padded prompts; returns the completions only,
@@ -228,6 +238,7 @@ class PersistentDecoder:
                 # null where not measured: no CUDA, or a torch that does not report recordings
                 "cudagraph_recordings": (counts.cudagraph_recordings
                                          if self._cuda and _CompileEvents.counts_recordings else None),
+                "cudagraph_skips": counts.cudagraph_skips,
                 "weights_moved": counts.weights_moved,
                 "buckets": list(self.buckets), "buckets_used": {str(k): v for k, v in sorted(counts.buckets_used.items())},
                 "cache_shape": [self.batch_size, self.max_cache_len], "cache_bytes": self.cache_bytes(),
@@ -239,7 +250,8 @@ def decode_counts_problem(record: Mapping[str, Any]) -> str | None:
     """What is wrong with a finished member's decoding, from its result record (a mapping like result.json; None:
     nothing). For ``persistent_compiled`` members: the static cache was the one cache of the run, decoding ran, the
     weights never moved, recompiles stayed within the buckets, and CUDA graph recordings stayed bounded (at most one
-    per compiled graph and bucket used: a per-step recording would grow with the steps). Other caches: None."""
+    per compiled graph and bucket used: a per-step recording would grow with the steps), and where the mode asked for
+    CUDA graphs, the decode step got them. Other caches: None."""
     generation = record.get("generation") or {}
     if generation.get("decode_cache") != PERSISTENT_COMPILED:
         return None
@@ -257,6 +269,12 @@ def decode_counts_problem(record: Mapping[str, Any]) -> str | None:
         return (f"{counts['recompiles']} recompiles of the decode step over {counts['generate_calls']} generations "
                 f"(at most one per bucket, {len(counts.get('buckets') or [])}, expected)")
     recordings = counts.get("cudagraph_recordings")
+    if counts.get("compile_mode") == "reduce-overhead" and counts.get("compiles"):
+        if counts.get("cudagraph_skips"):
+            return (f"the decode step was compiled without CUDA graphs ({counts['cudagraph_skips']} graph(s) "
+                    "skipped by inductor; TORCH_LOGS=cudagraphs names why): its kernels are still launched one by one")
+        if recordings == 0:
+            return "the decode step was compiled but no CUDA graph was ever recorded: it ran without one"
     bound = max(1, counts.get("compiles", 0)) * buckets_used
     if recordings is not None and recordings > bound:
         return (f"{recordings} CUDA graph recordings over {counts['generate_calls']} generations (bound {bound}: "
