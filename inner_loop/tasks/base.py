@@ -120,3 +120,13 @@ class SplitTask(Task):
                 f"task {self.name!r} has no {split!r} data; configure its source (e.g. task.test_file) to use it"
             )
         return list(self._splits[split])
+
+
+class HubSplitTask(SplitTask):
+    """A split task that reads a hub dataset (``config.hub_id``) unless local files are given (``config.train_file``):
+    only the hub dataset is staged, local files name none."""
+
+    config: Any
+
+    def staged_dataset(self) -> str | None:
+        return self.config.hub_id if self.config.train_file is None else None

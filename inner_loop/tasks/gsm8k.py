@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from inner_loop.tasks.base import Problem, SplitTask
+from inner_loop.tasks.base import HubSplitTask, Problem
 from inner_loop.tasks.common.data_files import load_hub_rows, read_local_rows, require_fields
 from inner_loop.tasks.common.numbers import last_number, parse_number
 from inner_loop.tasks.common.splits import carve_splits
@@ -48,14 +48,10 @@ def answer_matches(completion: str, gold: str) -> bool:
     return expected is not None and found is not None and found == expected
 
 
-class GSM8KTask(SplitTask):
+class GSM8KTask(HubSplitTask):
     name = "gsm8k"
     config_class = GSM8KConfig
     reward = "1 when the completion's final number equals the gold answer, else 0"
-
-    def staged_dataset(self) -> str | None:
-        c = self.config
-        return c.hub_id if c.train_file is None else None  # local files name no hub dataset
 
     def __init__(self, config: GSM8KConfig) -> None:
         super().__init__()

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
 from inner_loop.sandbox.grading import Job
-from inner_loop.tasks.base import Problem, SplitTask, check_disjoint, prompt_hash
+from inner_loop.tasks.base import HubSplitTask, Problem, check_disjoint, prompt_hash
 from inner_loop.tasks.common.code_extract import extract_code
 from inner_loop.tasks.common.data_files import load_hub_rows, read_local_rows, require_fields
 from inner_loop.tasks.common.splits import carve_splits, dedupe, log_splits
@@ -64,14 +64,10 @@ def score_programs(items: Sequence[Job | tuple[str, list[str]]], timeout_s: floa
     return [outcome.passed / outcome.total if outcome.total else 0.0 for outcome in outcomes]
 
 
-class MBPPTask(SplitTask):
+class MBPPTask(HubSplitTask):
     name = "mbpp"
     config_class = MBPPConfig
     reward = "1 when the completed program passes the problem's tests (sandboxed), else 0"
-
-    def staged_dataset(self) -> str | None:
-        c = self.config
-        return c.hub_id if c.train_file is None else None  # local files name no hub dataset
 
     def __init__(self, config: MBPPConfig) -> None:
         super().__init__()
