@@ -428,10 +428,13 @@ def decode_cache_decision(done: dict[str, dict[str, Any]], card: str | None) -> 
         entry = done.get(alone_key(cache))
         if entry is None:
             continue
-        if entry["status"] != PASSED:
-            lines.append(f"decode_cache={cache}: failed on {card} ({str(entry.get('detail'))[:200]}): not a candidate")
+        fig = entry.get("figures") or {}
+        if entry["status"] != PASSED:  # its s/step, where it ran, is still shown: a failed count is not a slow step
+            measured = (f", {base['step_s'] / fig['step_s']:.2f}x the dynamic cache's step ({fig['step_s']:.2f} s/step)"
+                        if fig.get("step_s") else "")
+            lines.append(f"decode_cache={cache}: failed on {card}{measured}: not a candidate "
+                         f"({str(entry.get('detail'))[:300]})")
             continue
-        fig = entry["figures"]
         speedup = base["step_s"] / fig["step_s"]
         meets = speedup >= DECODE_CACHE_MIN_SPEEDUP
         lines.append(f"decode_cache={cache}: {speedup:.2f}x the dynamic cache's step on {card} "

@@ -164,3 +164,9 @@ def test_a_compiled_decode_step_recorded_again_at_every_step_fails_its_setting(t
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     entry = json.loads(record.read_text().splitlines()[-1])
     assert entry["status"] == "fail" and "CUDA graph recordings over 9 generations" in entry["detail"]
+    # measured anyway: its step is shown beside the verdict, which rules it out of the presets' decision
+    command[command.index("bench:persistent_compiled")] = "bench:dynamic,bench:persistent_compiled"
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert ("decode_cache=persistent_compiled: failed on this machine's CPU (not a measurement), 0.97x the dynamic "
+            "cache's step (15.50 s/step): not a candidate") in done.stdout
+    assert "keep train.decode_cache: dynamic" in done.stdout
