@@ -331,11 +331,16 @@ def sharing_key(members: int) -> str:
     return f"bench:faster:x{members}"
 
 
+def alone_figures(done: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """cache -> the figures of its lone member, for each cache whose lone setting passed."""
+    return {c: done[alone_key(c)]["figures"] for c in CACHES
+            if alone_key(c) in done and done[alone_key(c)]["status"] == PASSED}
+
+
 def faster_cache(done: dict[str, dict[str, Any]]) -> str | None:
-    """The decode cache whose lone member stepped fastest (None: neither was measured)."""
-    alone = {c: done[alone_key(c)]["figures"]["step_s"] for c in CACHES
-             if alone_key(c) in done and done[alone_key(c)]["status"] == PASSED}
-    return min(alone, key=alone.get) if alone else None
+    """The decode cache whose lone member stepped fastest (None: none was measured)."""
+    alone = alone_figures(done)
+    return min(alone, key=lambda c: alone[c]["step_s"]) if alone else None
 
 
 def alone_check(cache: str) -> Callable[[Pass, dict[str, dict[str, Any]]], dict[str, Any]]:
@@ -390,8 +395,7 @@ def search_gpu_hours(step_s: float, members: int, slowdown: float) -> tuple[int,
 def setting_rows(done: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per measured bench setting, with the GPU-hours of a real search that follow from it."""
     rows = []
-    alone = {c: done[alone_key(c)]["figures"] for c in CACHES
-             if alone_key(c) in done and done[alone_key(c)]["status"] == PASSED}
+    alone = alone_figures(done)
     for key, entry in done.items():
         if not key.startswith("bench:") or entry["status"] != PASSED:
             continue
@@ -415,11 +419,7 @@ def decode_cache_decision(done: dict[str, dict[str, Any]], card: str | None) -> 
     """The presets' ``train.decode_cache`` from the lone members' step times on this card: each compiled cache
     against the dynamic one, by DECODE_CACHE_MIN_SPEEDUP, with the lines to set where it meets the rule (empty: the
     dynamic cache and no compiled one were measured)."""
-    def alone(cache: str) -> dict[str, Any] | None:
-        entry = done.get(alone_key(cache))
-        return entry["figures"] if entry and entry["status"] == PASSED else None
-
-    base = alone(DYNAMIC_CACHE)
+    base = alone_figures(done).get(DYNAMIC_CACHE)
     if base is None:
         return []
     card = card or "this machine's CPU (not a measurement)"

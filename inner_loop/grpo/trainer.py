@@ -200,6 +200,7 @@ class MirrorGRPOTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         if self._digest_from_step is None:
             self._digest_from_step = self.state.global_step
+        # before every generation, whatever the backend: else a compiled decode step's guards fail at every step
         drop_stale_input_grad_hooks(self.accelerator.unwrap_model(self.model))
         output = super()._generate_and_score_completions(*args, **kwargs)
         if self.use_vllm and self.vllm_importance_sampling_correction and self._sampling_truncates():
@@ -308,7 +309,6 @@ class MirrorGRPOTrainer(GRPOTrainer):
             torch.no_grad(),
             self._dist.summon_full_params(self.model_wrapped, recurse=False),
         ):
-            drop_stale_input_grad_hooks(unwrapped_model)  # else the decode step's guards fail at every step
             completion_ids = self.decoder.generate(unwrapped_model, input_ids, attention_mask)
         # as TRL: everything after the first EOS is masked off
         is_eos = torch.isin(completion_ids, torch.tensor(self.eos_token_ids, device=completion_ids.device))
