@@ -23,6 +23,7 @@ from inner_loop.member.preflight import PreflightError, check_room, checkpoint_b
 from results.store.layout import PREFLIGHT_FILE, RESULT_FILE
 from results.store.node_failure import node_name
 from results.store.records import NODE_FAILED, ResultRecord
+from sandbox_programs import fork_counter
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 HOST = socket.gethostname()
@@ -107,21 +108,7 @@ for _ in range({threads}):
 print("busy", flush=True)
 time.sleep(300)
 """
-FORK_COUNT = """
-import os, sys, time
-n = 0
-for _ in range(200):
-    try:
-        pid = os.fork()
-    except OSError:
-        break
-    if pid == 0:
-        time.sleep(30)
-        os._exit(0)
-    n += 1
-print("forked", n, file=sys.stderr)
-raise SystemExit(1)
-"""
+FORK_COUNT = fork_counter(200, child_sleep_s=30) + "raise SystemExit(1)\n"
 
 
 def test_a_node_busy_with_the_users_members_passes_and_a_fork_bomb_is_still_stopped(monkeypatch):

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from inner_loop.sandbox.pool import Outcome, SandboxConfig, SandboxPool
+from sandbox_programs import fork_counter
 
 REPO = Path(__file__).resolve().parents[1]
 SECRET_NAME = "MIRROR_ES_SANDBOX_TEST_SECRET"
@@ -108,20 +109,7 @@ def _cases(victims: Path, port: int) -> dict[str, tuple[str, list[str]]]:
                 except OSError:
                     pass
             """), ["assert True"]),
-        "fork_count": (ded("""
-            import os, sys, time
-            n = 0
-            for _ in range(1000):
-                try:
-                    pid = os.fork()
-                except OSError:
-                    break
-                if pid == 0:
-                    time.sleep(60)
-                    os._exit(0)
-                n += 1
-            print("forked", n, file=sys.stderr)
-            """), ["assert n >= 1000"]),
+        "fork_count": (fork_counter(1000, child_sleep_s=60), ["assert n >= 1000"]),
         "alloc_50gb": ("blob = bytearray(50 * 10**9)\n", ["assert len(blob) > 0"]),
         "file_10gb": (ded("""
             chunk = b"x" * (1 << 20)
