@@ -110,6 +110,12 @@ class SearchConfig:
         return {**self.inner_config, "options": dict(self.inner_options), **gpus_entry(self.resources)}
 
     @property
+    def member_alone_min(self) -> float:
+        """A member's expected running time alone on its GPU, minutes: resources.member_time_min (derived from the
+        measured step time where one is given), else its time limit, inner.timeout_s."""
+        return float(self.resources.get("member_time_min") or self.inner_timeout_s / 60.0)
+
+    @property
     def param_transform(self) -> str:
         """How a member's vector becomes map parameters (divergence.param_transform)."""
         return param_transform_of(self.inner_config)

@@ -237,7 +237,7 @@ def new_search_gpu_hours(cfg: SearchConfig, raw: Mapping[str, Any]) -> tuple[int
 
     Why: the GPU pass (scripts/gpu_pass.py) turns each measured step time and sharing into what a real search would
     cost, and must count it exactly as the plan does (the arithmetic's one owner: results/store/gpu_time.py)."""
-    alone_min = float(cfg.resources.get("member_time_min") or cfg.inner_timeout_s / 60.0)
+    alone_min = cfg.member_alone_min
     runs = training_runs(cfg, cfg.generations, selection_runs(cfg), reporting_runs(cfg))
     return runs, member_sharing(raw).gpu_hours(runs, alone_min / 60.0, gpus_per_member(cfg, raw))
 
@@ -252,7 +252,7 @@ def build_plan(
     first = _first_generation(store, resuming)
     generations = max(0, cfg.generations - first)
     threads = int(raw["train"].get("num_threads") or 1)
-    alone_min = float(cfg.resources.get("member_time_min") or cfg.inner_timeout_s / 60.0)
+    alone_min = cfg.member_alone_min
     sharing = member_sharing(raw)
     member_min = sharing.member_time(alone_min)  # its expected running time, beside the members on its GPU
     shared_text = (f"{alone_min:g} min alone x slowdown {sharing.slowdown:g} with {sharing.members_per_gpu} members "

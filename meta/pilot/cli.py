@@ -353,7 +353,7 @@ def build_dry_run_plan(prepared: Prepared) -> str:
     k, m = pilot.seeds, pilot.pairs
     combos = prepared.combinations
     runs = len(combos) * runs_per_combination(pilot)
-    alone_min = float(cfg.resources.get("member_time_min") or cfg.inner_timeout_s / 60.0)
+    alone_min = cfg.member_alone_min
     sharing = member_sharing(raw)
     minutes = sharing.member_time(alone_min)
     gpus, cpus = int(cfg.resources.get("gpus") or 0), int(cfg.resources.get("cpus") or 1)
