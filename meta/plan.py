@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from meta.config import MEMBER_STEPS_KEY, SearchConfig, member_sharing, member_time_text
+from meta.config import MEMBER_STEPS_KEY, SearchConfig, member_sharing, member_time_text, member_train
 from launch.base import LauncherPlan, PlanContext
 from meta.search.early_stop import stop_capacity
 from meta.search.resume import run_dir_label
@@ -390,7 +390,7 @@ def early_stop_lines(cfg: SearchConfig, generations: int, member_h: float, gpus:
 
 
 def _disk_lines(raw: Mapping[str, Any], cfg: SearchConfig, concurrent: int, generations: int) -> list[str]:
-    disk = disk_plan(raw)
+    disk = disk_plan({**raw, "train": member_train(raw["train"], cfg.member_steps)})  # a search member's checkpoints
     if disk is None:
         return [f"disk: unknown for model={raw['model'].get('name')} (no parameter count known for it here)"]
     model = raw["model"]
@@ -410,7 +410,7 @@ def _disk_lines(raw: Mapping[str, Any], cfg: SearchConfig, concurrent: int, gene
         f"checkpoint: {disk.trainable:,} trainable parameters ({what}) x 3 (weights + Adam's two moments) = "
         f"{_gb(ckpt)} and {disk.files_per_checkpoint} files per checkpoint",
         f"checkpoint policy train.keep_checkpoints={policy_text}; {disk.written} written per member "
-        f"(train.steps={raw['train'].get('steps')} / save_every={raw['train'].get('save_every')})",
+        f"({member_steps_key(cfg)}={cfg.member_steps} / save_every={raw['train'].get('save_every')})",
         f"disk per member: peak {_gb(disk.steady * ckpt)} ({disk.steady} checkpoint(s); one more for a moment while "
         f"the next is written), left after it finished {_gb(disk.kept * ckpt)}",
         f"disk per generation: peak {_gb(peak_ckpts * ckpt)} ({peak_ckpts} checkpoints, "

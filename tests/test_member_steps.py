@@ -61,6 +61,8 @@ def test_the_plan_prices_search_members_at_member_steps_and_the_runs_after_at_tr
     assert _gpu_hours(short) == pytest.approx(2715 * 37 / 60 + 36 * 412 / 60, abs=0.1)
     assert "es.member_steps=100 of train.steps=1600" in short and "x es.member_steps=100 + " in short
     assert "member horizon" not in full
+    assert "1 written per member (es.member_steps=100 / save_every=100)" in short  # a search member's checkpoints
+    assert "16 written per member (train.steps=1600 / save_every=100)" in full
 
 
 def test_members_train_member_steps_the_runs_after_train_steps_and_status_and_report_say_so(tmp_path):
