@@ -179,10 +179,9 @@ class SearchConfig:
         full = self.member_alone_min
         if self.member_steps == self.full_steps:
             return full
-        step_s = self.resources.get("step_time_s")
-        if step_s is not None:
-            return float(math.ceil(self.member_steps * float(step_s) / 60.0
-                                   + float(self.resources.get("overhead_min") or 0.0)))
+        if self.resources.get("step_time_s") is not None:
+            return steps_minutes(self.member_steps, float(self.resources["step_time_s"]),
+                                 float(self.resources.get("overhead_min") or 0.0))
         return full * self.member_steps / max(1, self.full_steps)
 
     @property
@@ -280,8 +279,12 @@ def derive_member_time(raw: MutableMapping[str, Any]) -> None:
                           "(resources.step_time_s=15.0, with resources.step_time_source saying where it was measured)")
     step_s = _float(raw, "resources.step_time_s", 1e-6)
     overhead = _float(raw, "resources.overhead_min", 0.0) if resources.get("overhead_min") is not None else 0.0
-    steps = _int(raw, "train.steps", 0)
-    resources["member_time_min"] = float(math.ceil(steps * step_s / 60.0 + overhead))
+    resources["member_time_min"] = steps_minutes(_int(raw, "train.steps", 0), step_s, overhead)
+
+
+def steps_minutes(steps: int, step_s: float, overhead_min: float) -> float:
+    """A member's minutes from a measured step time: steps x step_s / 60 + overhead_min, rounded up."""
+    return float(math.ceil(steps * step_s / 60.0 + overhead_min))
 
 
 def member_time_text(resources: Mapping[str, Any], steps: Any, steps_key: str = "train.steps") -> str:
