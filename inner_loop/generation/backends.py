@@ -43,9 +43,10 @@ STATIC_COMPILED = "static_compiled"
 STATIC_COMPILED_REFUSAL = (
     f"train.decode_cache={STATIC_COMPILED!r} is refused: transformers makes a new static cache at every generate "
     "call, so under CUDA graphs (mode reduce-overhead) the compiled decode step is recorded again at every "
-    "generation, and once inductor's re-record limit is reached it runs without CUDA graphs for the rest of the run "
-    f"(slower than it measures at first). Set train.decode_cache={PERSISTENT_COMPILED} (one static cache for the "
-    "run, its decode step compiled once and replayed), or dynamic")
+    "generation, and where torch counts those recordings toward inductor's re-record limit "
+    "(cudagraph_unexpected_rerecord_limit), it runs without CUDA graphs for good once past it. Set "
+    f"train.decode_cache={PERSISTENT_COMPILED} (one static cache for the run, its decode step compiled once and "
+    "replayed), or dynamic")
 #: train.decode_compile_backend (persistent_compiled): inductor generates kernels (the real setting); aot_eager and
 #: eager trace the same graphs without code generation (tests; a machine without a C++ compiler).
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")

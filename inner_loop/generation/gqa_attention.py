@@ -67,9 +67,9 @@ def register() -> None:
 def decode_attention(model: torch.nn.Module) -> Iterator[None]:
     """Attend with :func:`gqa_decode_attention` while the block runs, where the model attends with SDPA (the
     function agrees with it; an eager or flash model keeps its own); restored after, also on an error."""
-    config = getattr(model, "config", None)
-    previous = getattr(config, "_attn_implementation", None)
-    if previous != "sdpa" or not hasattr(model, "set_attn_implementation"):
+    previous = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    settable = getattr(model, "_can_set_attn_implementation", None)  # a model built on the attention interface
+    if previous != "sdpa" or settable is None or not settable():
         yield
         return
     register()
