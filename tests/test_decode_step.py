@@ -149,6 +149,19 @@ def test_recompiles_and_recordings_are_counted_from_torchs_callbacks() -> None:
     assert (counts.compiles, counts.recompiles, counts.cudagraph_recordings) == (2, 1, 1)
 
 
+def test_compiles_are_still_counted_after_dynamo_was_reset() -> None:
+    """``torch._dynamo.reset()`` (``torch._dynamo.explain`` calls it) clears every compilation callback: the
+    decoder's is put back at its next generation, so the compile that follows is counted, not reported as none."""
+    model, greedy = _tiny_model()
+    decoder = PersistentDecoder(model, [8], batch_size=2, max_new_tokens=6, generation_config=greedy,
+                                compile_backend="aot_eager")
+    torch._dynamo.reset()
+    ids, mask = _left_padded([5, 7], seed=0)
+    with torch.no_grad():
+        decoder.generate(model, ids, mask)
+    assert decoder.counts.compiles == 1
+
+
 def _inner(decode_cache: str, **train: Any) -> dict[str, Any]:
     inner = {"task": load_group("task", "arith"), "model": {**load_group("model", "tiny"), **TINY, "lora_r": 4},
              "divergence": load_group("divergence", "neural_mirror"), "train": load_group("train", "default")}

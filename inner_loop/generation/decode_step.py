@@ -106,41 +106,42 @@ def without_input_grad_hooks(model: torch.nn.Module) -> Iterator[None]:
 
 
 class _CompileEvents:
-    """torch._dynamo's compilation callbacks, registered once per process, counted into the decoder that is
-    decoding at that moment (none: not counted). One registration, so trainers built one after another in one
-    process (the tests) do not pile up callbacks."""
+    """torch._dynamo's compilation callbacks, one per process, counted into the decoder that is decoding at that
+    moment (none: not counted). One callback, so trainers built one after another in one process (the tests) do
+    not pile up callbacks; put back before each generation where ``torch._dynamo.reset()`` (which
+    ``torch._dynamo.explain`` calls) cleared it, else that generation's compiles would go uncounted."""
 
     active: "DecodeCounts | None" = None
-    _registered = False
+    _ended: Any = None
     #: whether this torch reports CUDA graph recordings to the callbacks (a CallbackTrigger for them)
     counts_recordings = False
 
     @classmethod
     def register(cls) -> None:
-        if cls._registered:
-            return
         from torch._dynamo.callback import CallbackTrigger, callback_handler
 
-        recording = getattr(CallbackTrigger, "CUDAGRAPH_RECORDING", None)
-        cls.counts_recordings = recording is not None
+        if cls._ended is None:
+            recording = getattr(CallbackTrigger, "CUDAGRAPH_RECORDING", None)
+            cls.counts_recordings = recording is not None
 
-        def ended(args: Any) -> None:
-            counts = cls.active
-            if counts is None:
-                return
-            if args.callback_trigger == CallbackTrigger.DYNAMO:
-                counts.compiles += 1
-                # CompileId "frame/attempt": a frame this run compiled before, compiled again, is a recompile (a
-                # frame first compiled for another model in this process is not: its guards never held here)
-                frame = str(args.compile_id).split("/")[0]
-                if frame in counts.frames:
-                    counts.recompiles += 1
-                counts.frames.add(frame)
-            elif recording is not None and args.callback_trigger == recording:
-                counts.cudagraph_recordings += 1
+            def ended(args: Any) -> None:
+                counts = cls.active
+                if counts is None:
+                    return
+                if args.callback_trigger == CallbackTrigger.DYNAMO:
+                    counts.compiles += 1
+                    # CompileId "frame/attempt": a frame this run compiled before, compiled again, is a recompile
+                    # (a frame first compiled for another model in this process is not: its guards never held here)
+                    frame = str(args.compile_id).split("/")[0]
+                    if frame in counts.frames:
+                        counts.recompiles += 1
+                    counts.frames.add(frame)
+                elif recording is not None and args.callback_trigger == recording:
+                    counts.cudagraph_recordings += 1
 
-        callback_handler.register_end_callback(ended)
-        cls._registered = True
+            cls._ended = ended
+        if cls._ended not in callback_handler.end_callbacks:
+            callback_handler.register_end_callback(cls._ended)
 
 
 @dataclass
@@ -229,6 +230,7 @@ class PersistentDecoder:
     def _counting(self) -> Iterator[None]:
         from torch._dynamo.utils import counters
 
+        _CompileEvents.register()
         _CompileEvents.active = self.counts
         skips = counters["inductor"]["cudagraph_skips"]
         try:
