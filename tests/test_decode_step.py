@@ -317,6 +317,14 @@ def test_grouped_query_decode_attention_equals_sdpa_over_the_expanded_cache(per_
                        sdpa_attention_forward(module, prompt, key, value, causal, scaling=0.25)[0])
 
 
+def expanded_cache(nodes: list[tuple[str, tuple[int, ...]]], batch: int, heads: int, length: int,
+                   dim: int) -> list[tuple[str, tuple[int, ...]]]:
+    """The graph nodes (target, shape) that hold the cache expanded to every query head: [batch, heads, length,
+    head dim] elements in any layout (repeat_kv's 5-D expand and copy, or its 4-D view)."""
+    return [(target, shape) for target, shape in nodes
+            if shape[-2:] == (length, dim) and math.prod(shape) == batch * heads * length * dim]
+
+
 def _decode_graph_tensors(model: Any, greedy: Any, monkeypatch: pytest.MonkeyPatch,
                           sdpa: bool = False) -> tuple[PersistentDecoder, list[tuple[str, tuple[int, ...]]]]:
     """Decode once over the persistent cache with a backend that records every node of the decode step's
@@ -354,11 +362,9 @@ def test_the_compiled_decode_step_attends_grouped_heads_without_expanding_the_ca
     heads, dim = model.config.num_attention_heads, model.config.head_dim
     decoder, ours = _decode_graph_tensors(model, greedy, monkeypatch)
     batch, length = decoder.batch_size, decoder.max_cache_len
-    expanded = batch * heads * length * dim
 
     def copies(nodes: list[tuple[str, tuple[int, ...]]]) -> list[tuple[str, tuple[int, ...]]]:
-        return [(target, shape) for target, shape in nodes if shape[-2:] == (length, dim) and math.prod(shape) ==
-                expanded]
+        return expanded_cache(nodes, batch, heads, length, dim)
 
     assert ours and decoder.counts.compiles == 1
     assert copies(ours) == []

@@ -6,8 +6,8 @@ weight or cache address that moved, a guard that fails after the optimizer step 
 was switched back on), a graph break. So a two-layer model shaped like Qwen3 (q/k norms, grouped-query heads) with
 LoRA goes through what a member does between generations, three times: generate over the persistent cache with
 checkpointing off (as TRL generates), checkpointing on, a training step with AdamW updating the adapter in place.
-Then: recordings == compiles, no skip, no recompile, one graph, and greedy tokens equal to the dynamic cache's
-(the eager model's). Skipped without CUDA; the same sequence runs on the CPU with inductor's default mode (no CUDA
+Then: recordings == compiles, no skip, no recompile, one graph, no copy of the cache per query head in the graph
+inductor generated from, and greedy tokens equal to the dynamic cache's (the eager model's). Skipped without CUDA; the same sequence runs on the CPU with inductor's default mode (no CUDA
 graphs there: the counts and the tokens).
 """
 from __future__ import annotations
@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from inner_loop.generation.decode_step import PersistentDecoder, decode_counts_problem, input_grad_hooks
+from test_decode_step import expanded_cache
 
 #: Prompt lengths of the three generations (buckets 16 and 32: the second generation uses the other one)
 GENERATIONS = ([5, 9, 14, 16], [20, 3, 31, 12], [7, 7, 2, 11])
@@ -64,9 +65,16 @@ def _agreeing(ours: torch.Tensor, plain: torch.Tensor, scores: tuple[torch.Tenso
 
 def _three_generations(device: str) -> tuple[dict[str, Any], int, int, int, int]:
     """The member's sequence three times; returns the decoder's summary, the graphs dynamo made and the graph breaks
-    it met meanwhile, and the greedy tokens compared and found equal."""
+    it met meanwhile, and the greedy tokens compared and found equal. Inductor's post-grad graph of the decode step
+    (what it generates kernels from, on this device) is checked for the cache expanded to every query head."""
     from torch._dynamo.utils import counters
     from transformers import GenerationConfig
+
+    post_grad: list[tuple[str, tuple[int, ...]]] = []
+
+    def record(graph: torch.fx.Graph) -> None:  # a plain callable: inductor's FX cache is bypassed, the pass runs
+        post_grad.extend((str(n.target), tuple(n.meta["val"].shape)) for n in graph.nodes
+                         if isinstance(n.meta.get("val"), torch.Tensor))
 
     model = _lora_qwen3(device)
     greedy = GenerationConfig(max_new_tokens=8, do_sample=False, pad_token_id=0, eos_token_id=None)
@@ -78,7 +86,7 @@ def _three_generations(device: str) -> tuple[dict[str, Any], int, int, int, int]
     for seed, lengths in enumerate(GENERATIONS):
         ids, mask = _prompts(lengths, seed, device)
         model.gradient_checkpointing_disable()  # as TRL's unwrap_model_for_generation
-        with torch.no_grad():
+        with torch.no_grad(), torch._inductor.config.patch(post_grad_custom_post_pass=record):
             ours = decoder.generate(model, ids, mask)
             out = model.generate(input_ids=ids, attention_mask=mask, generation_config=greedy, output_scores=True,
                                  return_dict_in_generate=True)
@@ -91,6 +99,10 @@ def _three_generations(device: str) -> tuple[dict[str, Any], int, int, int, int]
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     assert input_grad_hooks(model), "the input-grad hooks were not put back after decoding"
+    config = model.config
+    assert post_grad, "inductor's post-grad pass never saw the decode step"
+    assert expanded_cache(post_grad, decoder.batch_size, config.num_attention_heads, decoder.max_cache_len,
+                          config.head_dim) == []
     summary = decoder.summary()
     return (summary, counters["stats"]["unique_graphs"] - graphs,
             sum(counters["graph_break"].values()) - breaks, compared, equal)
