@@ -5,7 +5,9 @@ each call, a weight whose storage moves, or a guard that fails at every step (th
 checkpointing leaked did exactly that) would make a GPU record or compile again at every step, which a few timed
 steps cannot show. So the cache's tensors are checked by address across calls and steps, dynamo's compiles are
 counted (with the ``aot_eager`` backend: the same graphs and guards as inductor, no code generation), greedy
-completions must equal the dynamic cache's, and the record must carry the counts a GPU check reads.
+completions must equal the dynamic cache's, and the record must carry the counts a GPU check reads. What the
+compiled step contains is inspected too: no copy of the cache per query head (grouped-query attention), no training
+hook traced into it.
 """
 from __future__ import annotations
 

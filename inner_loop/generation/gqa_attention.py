@@ -47,20 +47,13 @@ def gqa_decode_attention(module: torch.nn.Module, query: torch.Tensor, key: torc
     return out.reshape(batch, heads, 1, head_dim).transpose(1, 2).contiguous(), None
 
 
-_registered = False
-
-
 def register() -> None:
-    """Register the function and its mask (SDPA's) with transformers, once per process."""
-    global _registered
-    if _registered:
-        return
+    """Register the function and its mask (SDPA's) with transformers' library-wide interfaces (idempotent)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     AttentionInterface.register(GQA_DECODE_ATTENTION, gqa_decode_attention)
     AttentionMaskInterface.register(GQA_DECODE_ATTENTION, sdpa_mask)
-    _registered = True
 
 
 @contextmanager
