@@ -179,7 +179,7 @@ class TrainConfig:
     max_completion_length: int = 8
     temperature: float = 1.0
     top_p: float = 1.0
-    #: HF generate's KV cache: dynamic | static | static_compiled (inner_loop/generation/backends.py); dynamic
+    #: HF generate's KV cache: dynamic | static | persistent_compiled (inner_loop/generation/backends.py); dynamic
     #: until bench/bench_member_gpu.py measures a static cache faster on the card (docs/trl_options.md)
     decode_cache: str = "dynamic"
     #: persistent_compiled: how many prompt lengths (buckets) prompts are left-padded to, sized from the training

@@ -3,9 +3,9 @@
 Why these checks: the static cache is meant as a speed setting only. A member with it must still train and a seed
 must still reproduce its completions (the seed noise of a search rests on that), greedy decoding must give the
 very completions of the dynamic cache (the same model must answer the same), and the cache transformers actually
-builds is spied on, so a setting silently dropped on its way to ``generate`` cannot pass. transformers compiles the
-decode step only on CUDA-class devices, so on the CPU ``static_compiled`` is checked up to the hand-over: the
-GenerationConfig ``generate`` receives allows compilation (TRL's forbids it), while ``static`` keeps it forbidden.
+builds is spied on, so a setting silently dropped on its way to ``generate`` cannot pass; ``static`` keeps TRL's
+``disable_compile`` (an eager decode step). transformers' own compiled static cache (``static_compiled``) is refused
+up front (inner_loop/generation/backends.py says why); tests/test_decode_step.py tests the compiled setting.
 """
 from __future__ import annotations
 
@@ -88,15 +88,13 @@ def test_a_static_cache_member_with_lora_trains_and_its_seed_reproduces_its_comp
 def test_greedy_completions_with_a_static_cache_equal_the_dynamic_caches(
         tmp_path: Path, generate_calls: list[tuple[str, bool | None]]) -> None:
     greedy = {"trl": {"generation_kwargs": {"do_sample": False}}}
-    records = {cache: _member(tmp_path, cache, _inner(cache, **greedy))
-               for cache in ("dynamic", "static", "static_compiled")}
+    records = {cache: _member(tmp_path, cache, _inner(cache, **greedy)) for cache in ("dynamic", "static")}
     assert all(r.status == "ok" for r in records.values()), {c: r.error for c, r in records.items()}
     assert {c: r.generation["decode_cache"] for c, r in records.items()} == {c: c for c in records}
     digests = {c: r.generation["completions_sha256"] for c, r in records.items()}
-    assert digests["static"] == digests["dynamic"] == digests["static_compiled"], digests
-    # static: TRL's eager decode step; static_compiled: compilation handed to transformers (which keeps the CPU
-    # eager); dynamic: no static cache at all
-    assert _static(generate_calls) == [True, False]
+    assert digests["static"] == digests["dynamic"], digests
+    # static: TRL's eager decode step (compilation kept disabled); dynamic: no static cache at all
+    assert _static(generate_calls) == [True]
 
 
 def test_the_setting_is_checked_up_front_naming_its_key() -> None:
@@ -114,7 +112,7 @@ def test_the_setting_is_checked_up_front_naming_its_key() -> None:
 
 
 @pytest.mark.parametrize("decode_cache, expected", [("dynamic", None), ("static", "static"),
-                                                     ("static_compiled", "static")])
+                                                     ("persistent_compiled", "static")])
 def test_grpo_config_carries_the_cache(decode_cache: str, expected: str | None) -> None:
     from inner_loop.config import InnerConfig
     from inner_loop.grpo.args import build_grpo_config

@@ -33,15 +33,20 @@ def generation_backend(trl_fields: Mapping[str, Any]) -> str:
 #: train.decode_cache: the KV cache HF generate decodes with. dynamic: transformers' default, grown token by token
 #: (what every run used before the key existed). static: one cache preallocated at prompt + completion length (TRL's
 #: ``cache_implementation="static"``); TRL builds its GenerationConfig with ``disable_compile=True``, so the decode
-#: step still runs eagerly. static_compiled: the static cache with transformers' automatic ``torch.compile`` of
-#: the decode step allowed again (transformers compiles only on CUDA/XPU-class devices; on the CPU it is static);
-#: transformers makes a new cache at every ``generate`` call, which a CUDA graph must record again.
-#: persistent_compiled: ONE static cache for the whole run, allocated once and reset between calls, prompts padded
-#: to a few bucket lengths, the decode step compiled by the member on every device (inner_loop/generation/
-#: decode_step.py), so a run compiles its decode step once and replays it.
-DYNAMIC_CACHE, STATIC_CACHE, STATIC_COMPILED = "dynamic", "static", "static_compiled"
-PERSISTENT_COMPILED = "persistent_compiled"
-DECODE_CACHES = (DYNAMIC_CACHE, STATIC_CACHE, STATIC_COMPILED, PERSISTENT_COMPILED)
+#: step still runs eagerly. persistent_compiled: ONE static cache for the whole run, allocated once and reset between
+#: calls, prompts padded to a few bucket lengths, the decode step compiled by the member on every device
+#: (inner_loop/generation/decode_step.py), so a run compiles its decode step once and replays it.
+DYNAMIC_CACHE, STATIC_CACHE, PERSISTENT_COMPILED = "dynamic", "static", "persistent_compiled"
+DECODE_CACHES = (DYNAMIC_CACHE, STATIC_CACHE, PERSISTENT_COMPILED)
+#: Refused (:data:`STATIC_COMPILED_REFUSAL`): transformers' own compiled static cache.
+STATIC_COMPILED = "static_compiled"
+STATIC_COMPILED_REFUSAL = (
+    f"train.decode_cache={STATIC_COMPILED!r} is refused: transformers makes a new static cache at every generate "
+    "call, so under CUDA graphs (mode reduce-overhead) the compiled decode step is recorded again at every "
+    "generation, and where torch counts those recordings toward inductor's re-record limit "
+    "(cudagraph_unexpected_rerecord_limit), it runs without CUDA graphs for good once past it. Set "
+    f"train.decode_cache={PERSISTENT_COMPILED} (one static cache for the run, its decode step compiled once and "
+    "replayed), or dynamic")
 #: train.decode_compile_backend (persistent_compiled): inductor generates kernels (the real setting); aot_eager and
 #: eager trace the same graphs without code generation (tests; a machine without a C++ compiler).
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
@@ -50,6 +55,8 @@ COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 def cache_implementation(decode_cache: str) -> str | None:
     """TRL's GRPOConfig ``cache_implementation`` for a ``train.decode_cache`` value (None: transformers' dynamic
     cache)."""
+    if decode_cache == STATIC_COMPILED:
+        raise ValueError(STATIC_COMPILED_REFUSAL)
     if decode_cache not in DECODE_CACHES:
         raise ValueError(f"train.decode_cache={decode_cache!r} is not one of {list(DECODE_CACHES)}")
     return None if decode_cache == DYNAMIC_CACHE else "static"

@@ -10,6 +10,9 @@ makes CUDA graph trees record again at every step, uncounted by dynamo's recompi
 - prompts left-padded to a few bucket lengths, so the shapes the model sees are few and known;
 - the decode step compiled through transformers' own path (``compile_config``, on every device, ``dynamic=False``);
   the prefill and every forward outside ``generate`` (the policy's and the reference's log-probs) stay eager;
+- grouped-query heads attended without expanding the cache at each token step (generation/gqa_attention.py), and
+  the embeddings' input-grad hooks (gradient checkpointing with LoRA) lifted off the model while it decodes, so the
+  compiled step neither copies the cache nor runs a training hook;
 - compiles, recompiles and CUDA graph recordings counted while decoding (torch._dynamo's compilation callbacks)
   and the storage of the weights checked at every call (an optimizer step that moved a weight would force a
   recording), so the record says whether the step was really replayed (:func:`decode_counts_problem`).
@@ -26,6 +29,7 @@ from typing import Any, Iterator
 import torch
 
 from inner_loop.generation.backends import COMPILE_BACKENDS, PERSISTENT_COMPILED
+from inner_loop.generation.gqa_attention import decode_attention
 
 logger = logging.getLogger(__name__)
 
@@ -67,42 +71,77 @@ def bucket_for(length: int, buckets: Sequence[int]) -> int:
                      "buckets are sized from the training prompts (train.decode_buckets)")
 
 
+#: The forward hooks that make the input embeddings' output require grad, by their functions' names: transformers'
+#: ``enable_input_require_grads`` (which TRL calls for a PEFT model with gradient checkpointing) and PEFT's own.
+TRANSFORMERS_INPUT_GRAD_HOOK, PEFT_INPUT_GRAD_HOOK = "make_inputs_require_grads", "make_inputs_require_grad"
+INPUT_GRAD_HOOK_NAMES = frozenset({TRANSFORMERS_INPUT_GRAD_HOOK, PEFT_INPUT_GRAD_HOOK})
+
+
+def input_grad_hooks(model: torch.nn.Module) -> list[tuple[torch.nn.Module, int]]:
+    """Every input-grad hook on ``model``'s modules, as (module, key in its ``_forward_hooks``), in order."""
+    return [(module, key) for module in model.modules() for key, fn in module._forward_hooks.items()
+            if getattr(fn, "__name__", "") in INPUT_GRAD_HOOK_NAMES]
+
+
+@contextmanager
+def without_input_grad_hooks(model: torch.nn.Module) -> Iterator[None]:
+    """Lift the input-grad hooks off ``model`` for the block and put them back where they were after (also on an
+    error). Why: they exist for training's backward through checkpointed layers and do nothing under no_grad, but
+    a compiled decode step traces them into its graph (an in-place ``requires_grad_`` at every step; dynamo before
+    2.13 may break the graph there) and guards on them."""
+    found = input_grad_hooks(model)
+    modules = {id(module): module for module, _ in found}
+    order = {ident: list(module._forward_hooks) for ident, module in modules.items()}  # keys in calling order
+    lifted = {(id(module), key): module._forward_hooks.pop(key) for module, key in found}
+    try:
+        yield
+    finally:
+        for ident, module in modules.items():
+            now = dict(module._forward_hooks)
+            module._forward_hooks.clear()
+            for key in order[ident]:  # each back in its place; a hook added meanwhile after them
+                if (ident, key) in lifted or key in now:
+                    module._forward_hooks[key] = lifted.get((ident, key), now.pop(key, None))
+            module._forward_hooks.update(now)
+
+
 class _CompileEvents:
-    """torch._dynamo's compilation callbacks, registered once per process, counted into the decoder that is
-    decoding at that moment (none: not counted). One registration, so trainers built one after another in one
-    process (the tests) do not pile up callbacks."""
+    """torch._dynamo's compilation callbacks, one per process, counted into the decoder that is decoding at that
+    moment (none: not counted). One callback, so trainers built one after another in one process (the tests) do
+    not pile up callbacks; put back before each generation where ``torch._dynamo.reset()`` (which
+    ``torch._dynamo.explain`` calls) cleared it, else that generation's compiles would go uncounted."""
 
     active: "DecodeCounts | None" = None
-    _registered = False
+    _ended: Any = None
     #: whether this torch reports CUDA graph recordings to the callbacks (a CallbackTrigger for them)
     counts_recordings = False
 
     @classmethod
     def register(cls) -> None:
-        if cls._registered:
-            return
         from torch._dynamo.callback import CallbackTrigger, callback_handler
 
-        recording = getattr(CallbackTrigger, "CUDAGRAPH_RECORDING", None)
-        cls.counts_recordings = recording is not None
+        if cls._ended is None:
+            recording = getattr(CallbackTrigger, "CUDAGRAPH_RECORDING", None)
+            cls.counts_recordings = recording is not None
 
-        def ended(args: Any) -> None:
-            counts = cls.active
-            if counts is None:
-                return
-            if args.callback_trigger == CallbackTrigger.DYNAMO:
-                counts.compiles += 1
-                # CompileId "frame/attempt": a frame this run compiled before, compiled again, is a recompile (a
-                # frame first compiled for another model in this process is not: its guards never held here)
-                frame = str(args.compile_id).split("/")[0]
-                if frame in counts.frames:
-                    counts.recompiles += 1
-                counts.frames.add(frame)
-            elif recording is not None and args.callback_trigger == recording:
-                counts.cudagraph_recordings += 1
+            def ended(args: Any) -> None:
+                counts = cls.active
+                if counts is None:
+                    return
+                if args.callback_trigger == CallbackTrigger.DYNAMO:
+                    counts.compiles += 1
+                    # CompileId "frame/attempt": a frame this run compiled before, compiled again, is a recompile
+                    # (a frame first compiled for another model in this process is not: its guards never held here)
+                    frame = str(args.compile_id).split("/")[0]
+                    if frame in counts.frames:
+                        counts.recompiles += 1
+                    counts.frames.add(frame)
+                elif recording is not None and args.callback_trigger == recording:
+                    counts.cudagraph_recordings += 1
 
-        callback_handler.register_end_callback(ended)
-        cls._registered = True
+            cls._ended = ended
+        if cls._ended not in callback_handler.end_callbacks:
+            callback_handler.register_end_callback(cls._ended)
 
 
 @dataclass
@@ -191,6 +230,7 @@ class PersistentDecoder:
     def _counting(self) -> Iterator[None]:
         from torch._dynamo.utils import counters
 
+        _CompileEvents.register()
         _CompileEvents.active = self.counts
         skips = counters["inductor"]["cudagraph_skips"]
         try:
@@ -198,6 +238,14 @@ class PersistentDecoder:
         finally:
             _CompileEvents.active = None
             self.counts.cudagraph_skips += counters["inductor"]["cudagraph_skips"] - skips
+
+    @contextmanager
+    def decoding(self, model: torch.nn.Module) -> Iterator[None]:
+        """The model as the compiled decode step must see it, for the length of one generation: grouped-query
+        attention without the cache's copy, no input-grad hooks; as it was afterwards."""
+        hf_model = model.get_base_model() if hasattr(model, "get_base_model") else model
+        with decode_attention(hf_model), without_input_grad_hooks(model):
+            yield
 
     def generate(self, model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """``model.generate`` over the persistent cache for left-padded prompts; returns the completions only,
@@ -221,7 +269,7 @@ class PersistentDecoder:
             mask = torch.cat([mask, mask[-1:].expand(fill, -1)], dim=0)
         self._check_weights(model)
         self.cache.reset()
-        with self._counting():
+        with self.decoding(model), self._counting():
             out = model.generate(input_ids=ids, attention_mask=mask, past_key_values=self.cache,
                                  generation_config=self.generation_config)
         if self.cache_data_ptrs() != self._cache_ptrs:  # never expected: reset() works in place
@@ -250,8 +298,9 @@ def decode_counts_problem(record: Mapping[str, Any]) -> str | None:
     """What is wrong with a finished member's decoding, from its result record (a mapping like result.json; None:
     nothing). For ``persistent_compiled`` members: the static cache was the one cache of the run, decoding ran, the
     weights never moved, recompiles stayed within the buckets, and CUDA graph recordings stayed bounded (at most one
-    per compiled graph and bucket used: a per-step recording would grow with the steps), and where the mode asked for
-    CUDA graphs, the decode step got them. Other caches: None."""
+    per compiled graph: over a static cache the decode step's shapes and addresses do not depend on the prompt's
+    bucket, so a second recording of one graph is a stray one, and a per-step one grows with the steps), and where
+    the mode asked for CUDA graphs, the decode step got them. Other caches: None."""
     generation = record.get("generation") or {}
     if generation.get("decode_cache") != PERSISTENT_COMPILED:
         return None
@@ -264,7 +313,6 @@ def decode_counts_problem(record: Mapping[str, Any]) -> str | None:
         return "the static cache's tensors moved during the run (the compiled decode step could not replay)"
     if counts.get("weights_moved"):
         return f"the policy's weights moved in memory at {counts['weights_moved']} generation(s) (not in place)"
-    buckets_used = len(counts.get("buckets_used") or {}) or 1
     if counts.get("recompiles", 0) > len(counts.get("buckets") or []):
         return (f"{counts['recompiles']} recompiles of the decode step over {counts['generate_calls']} generations "
                 f"(at most one per bucket, {len(counts.get('buckets') or [])}, expected)")
@@ -275,9 +323,10 @@ def decode_counts_problem(record: Mapping[str, Any]) -> str | None:
                     "skipped by inductor; TORCH_LOGS=cudagraphs names why): its kernels are still launched one by one")
         if recordings == 0:
             return "the decode step was compiled but no CUDA graph was ever recorded: it ran without one"
-    bound = max(1, counts.get("compiles", 0)) * buckets_used
+    bound = max(1, counts.get("compiles", 0))
     if recordings is not None and recordings > bound:
-        return (f"{recordings} CUDA graph recordings over {counts['generate_calls']} generations (bound {bound}: "
-                f"{counts.get('compiles', 0)} compiles x {buckets_used} buckets used): the decode step was recorded "
-                "again instead of replayed")
+        return (f"{recordings} CUDA graph recordings over {counts['generate_calls']} generations and "
+                f"{len(counts.get('buckets_used') or {})} bucket(s) (at most one per compiled graph, {bound}: the "
+                "decode step's graph does not depend on the prompt's bucket): the decode step was recorded again "
+                "instead of replayed")
     return None

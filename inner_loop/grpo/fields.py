@@ -50,7 +50,7 @@ GRPO_FIELDS: dict[str, GrpoField] = {
     "train.max_completion_length": GrpoField("max_completion_length"),
     "train.temperature": GrpoField("temperature"),
     "train.top_p": GrpoField("top_p"),
-    # dynamic -> None (transformers' default cache); the compile half of static_compiled is the trainer's
+    # dynamic -> None (transformers' default cache); persistent_compiled's one cache and compiled step: the trainer's
     "train.decode_cache": GrpoField("cache_implementation", lambda cache, build: cache_implementation(cache)),
     "train.aggregation": GrpoField("loss_type"),
     "train.scale_rewards": GrpoField("scale_rewards", lambda scale, build: "group" if scale else "none"),

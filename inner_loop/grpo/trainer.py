@@ -20,10 +20,9 @@ from trl.extras.profiling import profiling_context
 from trl.models import unwrap_model_for_generation
 from trl.trainer.utils import add_fused_lm_head
 
-from inner_loop.generation.backends import (DYNAMIC_CACHE, HF_GENERATE, PERSISTENT_COMPILED, STATIC_COMPILED,
-                                            VLLM_COLOCATE, cache_implementation, decode_cache_refusal,
-                                            generation_backend)
-from inner_loop.generation.decode_step import PersistentDecoder
+from inner_loop.generation.backends import (DYNAMIC_CACHE, HF_GENERATE, PERSISTENT_COMPILED, VLLM_COLOCATE,
+                                            cache_implementation, decode_cache_refusal, generation_backend)
+from inner_loop.generation.decode_step import TRANSFORMERS_INPUT_GRAD_HOOK, PersistentDecoder
 from inner_loop.generation.sampling import importance_sampling_ratio, processed_logps
 from inner_loop.generation.memory import member_gpu_budget_bytes
 from inner_loop.generation.vllm_colocate import (claim_rendezvous_port, engine_in_policy_dtype,
@@ -86,7 +85,7 @@ def drop_stale_input_grad_hooks(model: torch.nn.Module) -> int:
     for module in model.modules():
         hooks = module._forward_hooks
         for key in [k for k, fn in hooks.items()
-                    if getattr(fn, "__name__", "") == "make_inputs_require_grads" and k not in live]:
+                    if getattr(fn, "__name__", "") == TRANSFORMERS_INPUT_GRAD_HOOK and k not in live]:
             del hooks[key]
             dropped += 1
     return dropped
@@ -171,10 +170,6 @@ class MirrorGRPOTrainer(GRPOTrainer):
             from transformers import set_seed
 
             set_seed(self.args.seed)
-        if decode_cache == STATIC_COMPILED:
-            # TRL builds its GenerationConfig with disable_compile=True; allowing it lets transformers compile the
-            # decode step over the static cache (on CUDA; its own criteria keep the CPU eager)
-            self.generation_config.disable_compile = False
         #: persistent_compiled: the member's one static cache and compiled decode step (generation/decode_step.py)
         self.decoder: PersistentDecoder | None = None
         if decode_cache == PERSISTENT_COMPILED and self.generation_backend == HF_GENERATE:

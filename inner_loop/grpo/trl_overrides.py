@@ -17,6 +17,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
+from inner_loop.generation.backends import DECODE_CACHES
 from inner_loop.grpo.fields import owned_fields
 from inner_loop.grpo.trl_contract import unsupported_grpo_fields
 
@@ -179,7 +180,7 @@ def check_trl_overrides(trl: Mapping[str, Any], batch_size: int | None = None) -
     cache_kwargs = [k for k in DECODE_CACHE_KWARGS if k in (out.get("generation_kwargs") or {})]
     if cache_kwargs:
         raise ValueError(f"train.trl.generation_kwargs.{cache_kwargs[0]} is set by mirror-es itself; use "
-                         "train.decode_cache instead (dynamic | static | static_compiled)")
+                         f"train.decode_cache instead ({' | '.join(DECODE_CACHES)})")
     ignored = unsupported_grpo_fields(out)  # loss options our loss would silently not apply
     if ignored:
         raise ValueError("; ".join(ignored))
