@@ -347,6 +347,7 @@ def build_search_config(raw: Mapping[str, Any]) -> SearchConfig:
     if cfg.log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(f"log_level={cfg.log_level!r} must be one of DEBUG, INFO, WARNING, ERROR")
     _check_search_components(cfg)
+    cfg.control_member = cfg.control_member and not _online(cfg.es)
     try:
         cfg.early_stop = EarlyStopConfig.from_mapping(raw.get("early_stop"))
         cfg.early_stop_step = check_early_stop(cfg.early_stop, cfg.es, raw["train"], cfg.population)
@@ -437,6 +438,14 @@ def _check_search_components(cfg: SearchConfig) -> None:
         build_searcher(cfg.es, center, cfg.population, cfg.seed)
     except (ValueError, TypeError) as exc:
         raise ConfigError(str(exc)) from None
+
+
+def _online(es: Mapping[str, Any]) -> bool:
+    """Whether the searcher trains truncations of long runs (es=nres): such a search has no control member, the
+    centre having no run of its own to continue (meta/searchers/base.py: Searcher.online)."""
+    from meta.searchers import searcher_class
+
+    return searcher_class(str(es.get("name", ""))).online
 
 
 def check_member_launch(raw: Mapping[str, Any], launcher: Mapping[str, Any], inner_timeout_s: float,
