@@ -7,7 +7,7 @@ truncation from the pair's checkpoints, with the current centre plus the pair's 
 (the map set at the truncation's start); a pair keeps its noise until its run ends, then starts a new run with new
 noise. Fitness is the change of validation pass@1 over the truncation, so a run's fitnesses telescope to its final
 pass@1 minus the start's: the update after every truncation estimates the gradient of the full run's final score, with
-no short-horizon bias (docs/searchers.md). The centre moves by an evotorch functional optimizer (ClipUp by default)
+no short-horizon bias (docs/searchers.md). The centre moves by an evotorch functional optimizer (Adam by default)
 along g = sum over complete pairs of (u+ - u-)/2 eps / (n sigma^2), u the tie-averaged utilities of
 ``ranking_method`` ("raw": the deltas themselves, the papers' estimator).
 
@@ -16,8 +16,9 @@ retries ends the pair's run (a new run with new noise); a half with no measureme
 could run it) leaves the pair at its boundary: both halves run the truncation again next generation from the same
 checkpoints (so the pair stays antithetic), and the pair is left out of this update. ``stagger``: pairs' runs start at
 steps spread over the run (pair p of n's first truncation runs from 0 to (p x pieces // n + 1) x truncation_steps), so one
-generation's truncations cover every part of a run, as the papers recommend; false: every pair starts at step 0 and
-restarts together, as evosax's NoiseReuseES does.
+generation's truncations cover every part of a run, as the papers recommend; false (the default, measured better on
+the synthetic unrolled problem: bench/bench_nres.py): every pair starts at step 0 and restarts together, as evosax's
+NoiseReuseES does.
 """
 from __future__ import annotations
 
@@ -83,9 +84,9 @@ class NRESSearcher(Searcher):
         horizon_steps: int,
         truncation_steps: int | None = None,
         sigma: float = 0.01,
-        stagger: bool = True,
-        center_learning_rate: float = 0.005,
-        optimizer: str = "clipup",
+        stagger: bool = False,
+        center_learning_rate: float = 0.02,
+        optimizer: str = "adam",
         optimizer_config: Mapping[str, Any] | None = None,
         ranking_method: str = "raw",
     ) -> None:
