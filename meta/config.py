@@ -116,6 +116,11 @@ class SearchConfig:
         return float(self.resources.get("member_time_min") or self.inner_timeout_s / 60.0)
 
     @property
+    def searcher_online(self) -> bool:
+        """Whether the searcher trains truncations of its particles' runs (es=nres), not whole runs."""
+        return _online(self.es)
+
+    @property
     def param_transform(self) -> str:
         """How a member's vector becomes map parameters (divergence.param_transform)."""
         return param_transform_of(self.inner_config)
@@ -347,7 +352,7 @@ def build_search_config(raw: Mapping[str, Any]) -> SearchConfig:
     if cfg.log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(f"log_level={cfg.log_level!r} must be one of DEBUG, INFO, WARNING, ERROR")
     _check_search_components(cfg)
-    cfg.control_member = cfg.control_member and not _online(cfg.es)
+    cfg.control_member = cfg.control_member and not cfg.searcher_online
     try:
         cfg.early_stop = EarlyStopConfig.from_mapping(raw.get("early_stop"))
         cfg.early_stop_step = check_early_stop(cfg.early_stop, cfg.es, raw["train"], cfg.population)

@@ -165,3 +165,74 @@ def test_a_requeued_particle_resumes_mid_truncation_from_its_checkpoint(tmp_path
     whole = ResultRecord.coerce(synthetic_member(spec("whole")))
     assert resumed.fitness == whole.fitness and resumed.diagnostics == whole.diagnostics
     assert read_boundary(Path(tmp_path / "first") / boundary_dir_name(0, 6))["score"] == whole.diagnostics[END_SCORE]
+
+
+@pytest.mark.slow
+def test_sigkill_of_the_orchestrator_then_resume_ends_with_the_same_centre_and_particles(tmp_path):
+    """Killed while truncations are in flight, right after a tell, and around an ask; the resumed search ends with
+    the uninterrupted one's centre and particle states, and no truncation ran twice."""
+    import os
+    import random
+    import signal
+    import subprocess
+
+    slow = "+inner.options={unrolled:{floor:0.5},count_calls:true,sleep_s:0.3}"  # truncations to kill in flight
+    args = [slow if a.startswith("+inner.options") else a for a in SYNTH if not a.startswith("launcher=")]
+    args += ["population=4", "generations=3"]
+    reference = tmp_path / "reference"
+    assert main([f"run_dir={reference}", "new=true", "launcher=debug", *args]) == 0
+    run_dir = tmp_path / "killed"
+    store = RunStore(run_dir)
+
+    def start() -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "meta.run", f"run_dir={run_dir}", "new=true", "launcher=local",
+                                 *args], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    rng = random.Random(20261128)
+    kills = 0
+    for trigger, spread in ((store.jobs_path(0), 0.6), (store.state_path(0), 0.2), (store.population_path(2), 0.4)):
+        proc = start()
+        deadline = time.monotonic() + 120
+        while not trigger.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0.0, spread))
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            kills += 1
+        proc.wait()
+    assert kills >= 2, "the orchestrator finished before it could be killed; the test did not test anything"
+    final = start()
+    _, err = final.communicate(timeout=300)
+    assert final.returncode == 0, err.decode()[-3000:]
+    want = RunStore(reference)
+    for generation in range(3):
+        got, expected = store.read_state(generation), want.read_state(generation)
+        assert torch.equal(got["center"], expected["center"])
+        assert {k: got["searcher"][k] for k in ("step", "stop", "episode")} == {
+            k: expected["searcher"][k] for k in ("step", "stop", "episode")}
+        for index in range(4):
+            calls = (store.member_dir(generation, index) / "calls.log").read_text().splitlines()
+            assert calls == ["attempt 0"], f"truncation {generation}:{index} ran {len(calls)} times"
+    assert _members(store)["fitness"].tolist() == _members(want)["fitness"].tolist()
+
+
+def test_the_mbpp_plan_of_nres_costs_at_most_an_eighth_of_the_whole_run_search_and_says_why(tmp_path):
+    import re
+    import subprocess
+
+    fixtures = ROOT / "tests" / "fixtures"
+    proc = subprocess.run(
+        [sys.executable, "-m", "meta.run", "experiment=mbpp_qwen3", "launcher=slurm", "population=180",
+         "generations=15", "es=nres", "dry_run=true", f"run_dir={tmp_path / 'plan'}", "new=true",
+         f"task.train_file={fixtures / 'mbpp_train.jsonl'}", f"task.test_file={fixtures / 'mbpp_test.jsonl'}",
+         "task.validation_size=2", f"model.name_or_path={fixtures}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    # 180 x 15 truncations of 1600/16 = 100 steps, each 100 x 15 s + 12 min; 36 runs of 412 min after the search
+    assert "2700 truncations, 270,000 steps = 168.8 runs of 1600 steps" in out
+    assert "whole-run search at the same step time: 18,890.2 GPU-h" in out  # today's plan, as test_meta_plan has it
+    share = float(re.search(r"this plan is ([0-9.]+) of it", out).group(1))
+    assert share <= 1 / 8
+    assert "a particle pays for its run once over the search" in out
+    assert "180 particles x 1 boundary checkpoint each" in out and "#SBATCH --array=0-179%180" in out

@@ -76,6 +76,12 @@ class Searcher(abc.ABC):
         self.seed = int(seed)
         self.check_population(self.popsize)
 
+    @classmethod
+    def planned_member_steps(cls, settings: Mapping[str, Any], population: int, generations: int) -> int | None:
+        """An online searcher's member-steps over ``generations`` when nothing fails (the dry-run plan prices them);
+        None: every member trains a whole run of train.steps."""
+        return None
+
     def truncations(self) -> list[dict[str, int]] | None:
         """An online searcher's pieces for the next generation, one per member ({particle, episode, start, stop,
         horizon}: results/store/truncation.py); None: every member trains a whole run."""

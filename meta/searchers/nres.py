@@ -113,6 +113,11 @@ class NRESSearcher(Searcher):
         self._stop = first_stops(pairs, self.horizon, self.length, bool(stagger))
         self._episode = [0] * pairs
 
+    @classmethod
+    def planned_member_steps(cls, settings: Mapping[str, Any], population: int, generations: int) -> int | None:
+        return planned_steps(population, generations, int(settings["horizon_steps"]),
+                             settings.get("truncation_steps"), bool(settings.get("stagger", False)))
+
     # ------------------------------------------------------------ particles
     def _noise(self, pair: int, episode: int) -> torch.Tensor:
         """The pair's noise for its run number ``episode``: a pure function of (seed, pair, episode)."""
