@@ -236,3 +236,36 @@ def test_the_mbpp_plan_of_nres_costs_at_most_an_eighth_of_the_whole_run_search_a
     assert share <= 1 / 8
     assert "a particle pays for its run once over the search" in out
     assert "180 particles x 1 boundary checkpoint each" in out and "#SBATCH --array=0-179%180" in out
+
+
+def test_a_training_run_in_two_truncations_continues_from_the_particles_checkpoint(tmp_path, monkeypatch):
+    """The real member (train_member, tiny model): [0, 2) then [2, 4) of a 4-step run. The first scores the untouched
+    model, trains, and publishes its checkpoint at step 2; the second resumes there (the schedule still over 4 steps)
+    and reports its change from the first's end; the particle's score telescopes."""
+    from conf_groups import load_group
+    from inner_loop.member.lifecycle import train_member
+
+    monkeypatch.setenv("MIRROR_ES_CACHE", str(tmp_path / "cache"))
+    inner = {"task": load_group("task", "arith"), "model": load_group("model", "tiny"),
+             "divergence": load_group("divergence", "prob_l2"), "train": load_group("train", "default")}
+    inner["model"].update({"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64,
+                           "warmup_max_steps": 200, "warmup_band": [0.0, 1.0], "warmup_check_every": 200,
+                           "warmup_probe_size": 32, "warmup_lr": 3e-3, "warmup_batch_size": 32})
+    inner["train"].update({"steps": 4, "batch_size": 16, "group_size": 4, "save_every": 1, "val_size": 32,
+                           "max_completion_length": 6})
+    particle = tmp_path / "particle"
+    records = []
+    for generation, (start, stop) in enumerate(((0, 2), (2, 4))):
+        piece = Truncation(particle=0, episode=0, start=start, stop=stop, horizon=4, particle_dir=str(particle))
+        spec = MemberSpec(run_id="t", generation=generation, index=0, seed=3, params=[], inner=inner,
+                          work_dir=str(tmp_path / f"gen{generation}"), truncation=piece.to_dict())
+        records.append(train_member(spec))
+        assert records[-1].status == "ok", records[-1].error
+        boundary = piece.boundary(stop)
+        state = json.loads((boundary / "trainer_state.json").read_text())
+        assert state["global_step"] == stop and state["max_steps"] == 4  # the schedule is the whole run's
+        assert read_boundary(boundary)["score"] == records[-1].diagnostics[END_SCORE]
+    first, second = records
+    assert second.steps_done == 4 and second.diagnostics[START_SCORE] == first.diagnostics[END_SCORE]
+    assert first.fitness + second.fitness == pytest.approx(second.diagnostics[END_SCORE]
+                                                          - first.diagnostics[START_SCORE])

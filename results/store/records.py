@@ -73,10 +73,7 @@ class MemberSpec:
         data = {name: getattr(self, name) for name in self.__dataclass_fields__}
         data["params"] = list(self.params)
         data["inner"] = copy.deepcopy(self.inner)
-        if self.truncation is None:
-            del data["truncation"]  # a whole run's spec reads as before the field existed
-        else:
-            data["truncation"] = dict(self.truncation)
+        data["truncation"] = dict(self.truncation) if self.truncation is not None else None
         return data
 
     @classmethod

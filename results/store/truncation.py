@@ -68,7 +68,8 @@ def read_boundary(folder: str | Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and "score" in data else None
 
 
-def publish_boundary(truncation: Truncation, score: float, generation: int, fill: Callable[[Path], None]) -> Path:
+def publish_boundary(truncation: Truncation, score: float, generation: int, fill: Callable[[Path], None],
+                     extra: Mapping[str, Any] | None = None) -> Path:
     """Write the checkpoint at ``truncation.stop``: ``fill(folder)`` writes its files into a fresh folder, the record
     goes in last, then the folder is renamed into place. A boundary left by an earlier run of the same truncation (a
     pair re-run after a straggler) is replaced; a kill at any point leaves either the old one or the new one."""
@@ -76,8 +77,9 @@ def publish_boundary(truncation: Truncation, score: float, generation: int, fill
     temp = target.parent / f"{_TEMP_PREFIX}{target.name}-{uuid.uuid4().hex[:8]}"
     temp.mkdir(parents=True)
     fill(temp)
-    atomic_write_json(temp / BOUNDARY_FILE, {"episode": truncation.episode, "step": truncation.stop,
-                                             "score": float(score), "generation": int(generation)})
+    atomic_write_json(temp / BOUNDARY_FILE, {**dict(extra or {}), "episode": truncation.episode,
+                                             "step": truncation.stop, "score": float(score),
+                                             "generation": int(generation)})
     if target.exists():
         _discard(target)
     os.replace(temp, target)
