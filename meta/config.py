@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Mapping, MutableMapping, Sequence
 from meta.search.early_stop import EarlyStopConfig, EarlyStopError, check_early_stop
 from results.store.gpu_time import GpuSharing, gpu_sharing
 from results.store.records import gpus_entry
-from results.store.config_nodes import group_file, plain, refuse_unknown_keys
+from results.store.config_nodes import MEMBER_STEPS_KEY, group_file, plain, refuse_unknown_keys
 
 if TYPE_CHECKING:
     import torch
@@ -30,7 +30,8 @@ SEARCH_KEYS = ("population", "seed", "es", "init", "fitness_on_failure", "common
                "inner.options", "seeds_per_member", "early_stop", *INNER_NODES)
 #: search keys added after runs existed, with the value that reproduces those runs: a run whose config lacks one
 #: resumes (and hashes) as if it had this value
-ADDED_SEARCH_KEYS = {"seeds_per_member": 1, "early_stop": dataclasses.asdict(EarlyStopConfig())}
+ADDED_SEARCH_KEYS = {"seeds_per_member": 1, "early_stop": dataclasses.asdict(EarlyStopConfig()),
+                     f"es.{MEMBER_STEPS_KEY}": None}
 # Keys inside SEARCH_KEYS that say what a member keeps on disk, not what it computes: a resume may change them
 # (e.g. keep checkpoints from now on), and runs started before they existed resume.
 HOUSEKEEPING_KEYS = ("train.keep_checkpoints", "train.save_total_limit")
@@ -38,6 +39,55 @@ HOUSEKEEPING_KEYS = ("train.keep_checkpoints", "train.save_total_limit")
 
 class ConfigError(ValueError):
     """A user mistake in the configuration (exit status 2, no traceback)."""
+
+
+def with_added_keys(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """``raw`` with every ADDED_SEARCH_KEYS key it lacks set to the value that reproduces a run from before the key
+    existed (dotted keys inside their node), so that such a run resumes and hashes as it did."""
+    out = dict(raw)
+    for key, default in ADDED_SEARCH_KEYS.items():
+        *parents, leaf = key.split(".")
+        node = out
+        for part in parents:
+            child = node.get(part)
+            if not isinstance(child, Mapping):
+                break
+            node[part] = node = dict(child)
+        else:
+            node.setdefault(leaf, default)
+    return out
+
+
+def searcher_settings(es: Mapping[str, Any]) -> dict[str, Any]:
+    """The es node without the search's own key es.member_steps (a member's steps, not a setting of the searcher):
+    what the searcher is built from."""
+    return {key: value for key, value in es.items() if key != MEMBER_STEPS_KEY}
+
+
+def member_steps_of(raw: Mapping[str, Any]) -> int:
+    """es.member_steps of a composed config, checked: an integer in 1..train.steps, or null (train.steps)."""
+    steps = _int(raw, "train.steps", 0)
+    value = _get_dotted(raw, f"es.{MEMBER_STEPS_KEY}")
+    if value is None:
+        return steps
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= steps:
+        raise ConfigError(
+            f"es.{MEMBER_STEPS_KEY}={value!r} must be an integer from 1 to train.steps={steps} (the steps a search "
+            f"member trains; a member longer than the exported run would rank maps on a horizon the run never "
+            f"reaches), or null for train.steps: e.g. es.{MEMBER_STEPS_KEY}={max(1, steps // 16)}")
+    return value
+
+
+def member_train(train: Mapping[str, Any], member_steps: int) -> dict[str, Any]:
+    """The train node of a search member of ``member_steps`` steps: the full run's schedule shrunk to the member's
+    own horizon (the cosine decays over its steps, the warm-up is the same fraction of them). The same node when
+    member_steps is train.steps."""
+    steps = int(train.get("steps") or 0)
+    if member_steps == steps:
+        return dict(train)
+    warmup = int(train.get("lr_warmup_steps") or 0)
+    return {**train, "steps": member_steps,
+            "lr_warmup_steps": min(member_steps - 1, round(warmup * member_steps / steps)) if warmup else 0}
 
 
 #: the rows of the result table that are not a divergence's own (meta/after/baselines.py says what each row is): those
@@ -103,11 +153,36 @@ class SearchConfig:
     early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
     #: the training step early_stop decides at (None: early_stop off)
     early_stop_step: int | None = None
+    #: steps of one search member (es.member_steps; train.steps when null); 0 only with train.steps=0
+    member_steps: int = 0
 
     def member_inner(self) -> dict[str, Any]:
         """The ``inner`` dict of every member spec: resolved task/model/divergence/train plus options (and the GPUs
         its resources ask for, which the member insists on)."""
         return {**self.inner_config, "options": dict(self.inner_options), **gpus_entry(self.resources)}
+
+    @property
+    def full_steps(self) -> int:
+        """train.steps: the exported single run's length, and that of the selection and reporting runs."""
+        return int(self.inner_config["train"].get("steps") or 0)
+
+    def search_member_inner(self) -> dict[str, Any]:
+        """``member_inner`` of a search member (a generation's population and control member): its train node at
+        es.member_steps (member_train); the runs after the search train train.steps."""
+        inner = self.member_inner()
+        return {**inner, "train": member_train(inner["train"], self.member_steps)}
+
+    @property
+    def search_member_alone_min(self) -> float:
+        """``member_alone_min`` of a search member at es.member_steps: from the measured step time where one is given
+        (member_steps x step_time_s + overhead_min), else member_time_min scaled by member_steps / train.steps."""
+        full = self.member_alone_min
+        if self.member_steps == self.full_steps:
+            return full
+        if self.resources.get("step_time_s") is not None:
+            return steps_minutes(self.member_steps, float(self.resources["step_time_s"]),
+                                 float(self.resources.get("overhead_min") or 0.0))
+        return full * self.member_steps / max(1, self.full_steps)
 
     @property
     def member_alone_min(self) -> float:
@@ -145,8 +220,12 @@ def config_hash(raw: Mapping[str, Any], keys: Sequence[str] = SEARCH_KEYS) -> st
     SEARCH_KEYS by default, a tuning study's own (meta/tune/config.py STUDY_KEYS)."""
     picked = plain({key: _get_dotted(raw, key) for key in keys})
     for key, default in ADDED_SEARCH_KEYS.items():
-        if key in picked and picked[key] in (None, default):
-            del picked[key]
+        *parents, leaf = key.split(".")
+        node = picked
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and leaf in node and node[leaf] in (None, default):
+            del node[leaf]
     for key in HOUSEKEEPING_KEYS:
         *parents, leaf = key.split(".")
         node = picked
@@ -205,18 +284,23 @@ def derive_member_time(raw: MutableMapping[str, Any]) -> None:
                           "(resources.step_time_s=15.0, with resources.step_time_source saying where it was measured)")
     step_s = _float(raw, "resources.step_time_s", 1e-6)
     overhead = _float(raw, "resources.overhead_min", 0.0) if resources.get("overhead_min") is not None else 0.0
-    steps = _int(raw, "train.steps", 0)
-    resources["member_time_min"] = float(math.ceil(steps * step_s / 60.0 + overhead))
+    resources["member_time_min"] = steps_minutes(_int(raw, "train.steps", 0), step_s, overhead)
 
 
-def member_time_text(resources: Mapping[str, Any], steps: Any) -> str:
+def steps_minutes(steps: int, step_s: float, overhead_min: float) -> float:
+    """A member's minutes from a measured step time: steps x step_s / 60 + overhead_min, rounded up."""
+    return float(math.ceil(steps * step_s / 60.0 + overhead_min))
+
+
+def member_time_text(resources: Mapping[str, Any], steps: Any, steps_key: str = "train.steps") -> str:
     """Where the expected time per member comes from, for the plans: the preset's minutes, or its measured step
-    time and the source of that figure (resources.step_time_source)."""
+    time and the source of that figure (resources.step_time_source); ``steps_key`` names where ``steps`` is set."""
     step_s = resources.get("step_time_s")
     if step_s is None:
-        return "resources.member_time_min"
+        return ("resources.member_time_min" if steps_key == "train.steps" else
+                f"resources.member_time_min x {steps_key}={steps} / train.steps")
     source = resources.get("step_time_source") or "no source given (resources.step_time_source)"
-    return (f"resources.step_time_s={step_s:g} s/step x train.steps={steps} + resources.overhead_min="
+    return (f"resources.step_time_s={step_s:g} s/step x {steps_key}={steps} + resources.overhead_min="
             f"{resources.get('overhead_min') or 0:g} min; step time measured: {source}")
 
 
@@ -327,7 +411,7 @@ def build_search_config(raw: Mapping[str, Any]) -> SearchConfig:
         generations=_int(raw, "generations", 1),
         seed=_int(raw, "seed", 0),
         run_dir=str(raw.get("run_dir") or ""),
-        es=dict(raw["es"]),
+        es=searcher_settings(raw["es"]),
         launcher=dict(raw["launcher"]),
         inner_entrypoint=str(_get_dotted(raw, "inner.entrypoint") or ""),
         inner_timeout_s=_float(raw, "inner.timeout_s", 1e-3),
@@ -346,6 +430,7 @@ def build_search_config(raw: Mapping[str, Any]) -> SearchConfig:
         straggler_grace=_float(raw, "straggler_grace", 0.0) if "straggler_grace" in raw else 0.5,
         reevaluate=_reevaluate(raw),
         seeds_per_member=_int(raw, "seeds_per_member", 1) if "seeds_per_member" in raw else 1,
+        member_steps=member_steps_of(raw),
     )
     if cfg.quorum <= 0.0:
         raise ConfigError(f"quorum={cfg.quorum} must be above 0 (a fraction of the population, 1.0: wait for all)")
@@ -353,9 +438,14 @@ def build_search_config(raw: Mapping[str, Any]) -> SearchConfig:
         raise ConfigError(f"log_level={cfg.log_level!r} must be one of DEBUG, INFO, WARNING, ERROR")
     _check_search_components(cfg)
     cfg.control_member = cfg.control_member and not cfg.searcher_online
+    if cfg.searcher_online and cfg.member_steps != cfg.full_steps:
+        raise ConfigError(f"es.{MEMBER_STEPS_KEY}={cfg.member_steps} does not apply to es={cfg.es.get('name')}: its "
+                          f"particles train the whole train.steps={cfg.full_steps}, a truncation at a time "
+                          f"(es.truncation_steps); set es.{MEMBER_STEPS_KEY}=null")
     try:
         cfg.early_stop = EarlyStopConfig.from_mapping(raw.get("early_stop"))
-        cfg.early_stop_step = check_early_stop(cfg.early_stop, cfg.es, raw["train"], cfg.population)
+        cfg.early_stop_step = check_early_stop(cfg.early_stop, cfg.es, member_train(raw["train"], cfg.member_steps),
+                                               cfg.population)
     except EarlyStopError as exc:
         raise ConfigError(str(exc)) from None
     check_member_launch(raw, cfg.launcher, cfg.inner_timeout_s, cfg.inner_entrypoint, cfg.member_inner(),

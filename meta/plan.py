@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from meta.config import SearchConfig, member_sharing, member_time_text
+from meta.config import MEMBER_STEPS_KEY, SearchConfig, member_sharing, member_time_text, member_train
 from launch.base import LauncherPlan, PlanContext
 from meta.search.early_stop import stop_capacity
 from meta.search.resume import run_dir_label
@@ -229,7 +229,41 @@ def gpus_per_member(cfg: SearchConfig, raw: Mapping[str, Any]) -> int:
 def training_runs(cfg: SearchConfig, generations: int, selection: int, reporting: int) -> int:
     """The search's training runs: its members (x seeds per member) over ``generations``, then the selection and
     reporting runs."""
-    return members_per_generation(cfg) * generations * cfg.seeds_per_member + selection + reporting
+    return search_runs(cfg, generations) + selection + reporting
+
+
+def search_runs(cfg: SearchConfig, generations: int) -> int:
+    """The training runs of ``generations`` generations (es.member_steps each): members x seeds per member."""
+    return members_per_generation(cfg) * generations * cfg.seeds_per_member
+
+
+def search_gpu_hours(cfg: SearchConfig, sharing: GpuSharing, gpus: int, generations: int, after_runs: int) -> float:
+    """GPU-hours of ``generations`` generations of members at es.member_steps and ``after_runs`` selection and
+    reporting runs at train.steps (each priced at its own time alone)."""
+    return (sharing.gpu_hours(search_runs(cfg, generations), cfg.search_member_alone_min / 60.0, gpus)
+            + sharing.gpu_hours(after_runs, cfg.member_alone_min / 60.0, gpus))
+
+
+def _member_hours(cfg: SearchConfig, sharing: GpuSharing, generations: int, after_runs: int) -> float:
+    """Running hours of every member together (beside the members on its GPU): what their CPUs are held for."""
+    return (search_runs(cfg, generations) * sharing.member_time(cfg.search_member_alone_min / 60.0)
+            + after_runs * sharing.member_time(cfg.member_alone_min / 60.0))
+
+
+def member_steps_key(cfg: SearchConfig) -> str:
+    """The key a search member's steps come from, as the plan names it."""
+    return "train.steps" if cfg.member_steps == cfg.full_steps else f"es.{MEMBER_STEPS_KEY}"
+
+
+def member_steps_line(cfg: SearchConfig) -> list[str]:
+    """The plan's line on es.member_steps when a member trains less than train.steps (none otherwise)."""
+    if cfg.member_steps == cfg.full_steps:
+        return []
+    return [f"member horizon: es.{MEMBER_STEPS_KEY}={cfg.member_steps} of train.steps={cfg.full_steps} "
+            f"({cfg.member_steps / max(1, cfg.full_steps):.3g} of a run; its cosine and warm-up over its own steps): "
+            f"{round(cfg.search_member_alone_min, 1):g} min per search member; the selection and reporting runs train "
+            f"train.steps. Short members rank maps by their early effect (short-horizon bias): meta.pilot's horizon "
+            "check says whether they rank them as full runs do"]
 
 
 @dataclass(frozen=True)
@@ -271,15 +305,14 @@ def new_search_gpu_hours(cfg: SearchConfig, raw: Mapping[str, Any]) -> tuple[int
 
     Why: the GPU pass (scripts/gpu_pass.py) turns each measured step time and sharing into what a real search would
     cost, and must count it exactly as the plan does (the arithmetic's one owner: results/store/gpu_time.py)."""
-    alone_min = cfg.member_alone_min
+    after = selection_runs(cfg) + reporting_runs(cfg)
     online = online_cost(cfg, raw, cfg.generations)
     if online is not None:
-        after = selection_runs(cfg) + reporting_runs(cfg)
         sharing, gpus = member_sharing(raw), gpus_per_member(cfg, raw)
         return (online.truncations + after, sharing.gpu_hours(online.truncations, online.alone_h, gpus)
-                + sharing.gpu_hours(after, alone_min / 60.0, gpus))
-    runs = training_runs(cfg, cfg.generations, selection_runs(cfg), reporting_runs(cfg))
-    return runs, member_sharing(raw).gpu_hours(runs, alone_min / 60.0, gpus_per_member(cfg, raw))
+                + sharing.gpu_hours(after, cfg.member_alone_min / 60.0, gpus))
+    runs = training_runs(cfg, cfg.generations, after, 0)
+    return runs, search_gpu_hours(cfg, member_sharing(raw), gpus_per_member(cfg, raw), cfg.generations, after)
 
 
 def build_plan(
@@ -292,7 +325,7 @@ def build_plan(
     first = _first_generation(store, resuming)
     generations = max(0, cfg.generations - first)
     threads = int(raw["train"].get("num_threads") or 1)
-    alone_min = cfg.member_alone_min
+    alone_min = cfg.search_member_alone_min  # a search member's, at es.member_steps
     sharing = member_sharing(raw)
     member_min = sharing.member_time(alone_min)  # its expected running time, beside the members on its GPU
     shared_text = (f"{alone_min:g} min alone x slowdown {sharing.slowdown:g} with {sharing.members_per_gpu} members "
@@ -303,13 +336,15 @@ def build_plan(
         + (f"generations {first}..{cfg.generations - 1} ({generations} to run), " if generations else
            f"generations: all {cfg.generations} done (0 to run), ") +
         f"es={cfg.es.get('name')}, retries={cfg.retries}; task={raw['task'].get('name')} "
-        f"model={raw['model'].get('name')} train.steps={raw['train'].get('steps')}",
+        f"model={raw['model'].get('name')} train.steps={raw['train'].get('steps')}"
+        + (f", es.{MEMBER_STEPS_KEY}={cfg.member_steps}" if cfg.member_steps != cfg.full_steps else ""),
         f"time per member: {round(member_min, 1):g} min expected ({shared_text}"
-        f"{member_time_text(cfg.resources, raw['train'].get('steps'))}); "
+        f"{member_time_text(cfg.resources, cfg.member_steps, member_steps_key(cfg))}); "
         f"inner.timeout_s={cfg.inner_timeout_s:g} s ({cfg.inner_timeout_s / 3600:.2f} h) of running time, summed over "
         "requeues",
         *timeout_headroom_lines(cfg.inner_timeout_s, member_min * cfg.seeds_per_member),
     ]
+    lines += member_steps_line(cfg)
     part = _launcher_plan(cfg, _plan_context(cfg, raw, generations, first, store, run_id))
     concurrent, gpus, held, cpus, mem, mem_text = (part.concurrent, part.gpus, part.gpus_held, part.cpus, part.mem_gb,
                                                    part.mem_text)
@@ -326,7 +361,7 @@ def build_plan(
     k = cfg.seeds_per_member
     selection, reporting, done = runs_left(cfg, store, resuming)
     runs = training_runs(cfg, generations, selection, reporting)
-    gpu_h = sharing.gpu_hours(runs, member_h, gpus)
+    gpu_h = search_gpu_hours(cfg, sharing, gpus, generations, selection + reporting)
     worst_h = gpu_time_h(runs * (cfg.retries + 1) * (cfg.inner_timeout_s / 3600.0), gpus, sharing.members_per_gpu)
     control = " (population + the control member)" if cfg.control_member else ""
     scope = "what is left of the search" if resuming else "whole search"
@@ -348,12 +383,16 @@ def build_plan(
                                     f": a generation closes {cfg.straggler_grace:g} x its median member time after "
                                     f"{math.ceil(cfg.quorum * cfg.population - 1e-9)} of {cfg.population} members "
                                     "finished; the rest are cancelled as late (the GPU-hours below are an upper bound)"),
-        f"GPU-hours, {scope}: {runs} runs x {sharing.hours_text(member_h, gpus)} = {gpu_h:,.1f} GPU-h",
+        (f"GPU-hours, {scope}: {runs} runs x {sharing.hours_text(member_h, gpus)} = {gpu_h:,.1f} GPU-h"
+         if cfg.member_steps == cfg.full_steps else
+         f"GPU-hours, {scope}: {search_runs(cfg, generations)} search runs x {sharing.hours_text(member_h, gpus)} "
+         f"(es.{MEMBER_STEPS_KEY}={cfg.member_steps}) + {selection + reporting} selection and reporting runs x "
+         f"{sharing.hours_text(cfg.member_alone_min / 60.0, gpus)} (train.steps={cfg.full_steps}) = {gpu_h:,.1f} GPU-h"),
         *sharing.plan_lines(per_generation),
         *early_stop_lines(cfg, generations, member_h, gpus, sharing),
         f"GPU-hours, worst case with retries: every member failing at inner.timeout_s and retried "
         f"retries={cfg.retries} time(s) = {worst_h:,.1f} GPU-h",
-        f"CPU-hours, {scope}: {runs * sharing.member_time(member_h) * cpus:,.1f} CPU-h",
+        f"CPU-hours, {scope}: {_member_hours(cfg, sharing, generations, selection + reporting) * cpus:,.1f} CPU-h",
     ]
     lines += ["", *reporting_lines(cfg, overrides)]
     lines += ["", *_disk_lines(raw, cfg, concurrent, generations)]
@@ -412,7 +451,7 @@ def early_stop_lines(cfg: SearchConfig, generations: int, member_h: float, gpus:
     ``member_h``: a member's hours alone on its GPU (``sharing`` adds its slowdown and split)."""
     if cfg.early_stop_step is None:
         return ["early_stop: off (every member trains to its last step)"]
-    steps = int(cfg.inner_config["train"]["steps"])
+    steps = cfg.member_steps
     capacity = stop_capacity(cfg.es, cfg.population)
     rest = 1.0 - cfg.early_stop_step / steps
     saved_runs = generations * capacity * rest
@@ -430,7 +469,7 @@ def early_stop_lines(cfg: SearchConfig, generations: int, member_h: float, gpus:
 
 
 def _disk_lines(raw: Mapping[str, Any], cfg: SearchConfig, concurrent: int, generations: int) -> list[str]:
-    disk = disk_plan(raw)
+    disk = disk_plan({**raw, "train": member_train(raw["train"], cfg.member_steps)})  # a search member's checkpoints
     if disk is None:
         return [f"disk: unknown for model={raw['model'].get('name')} (no parameter count known for it here)"]
     model = raw["model"]
@@ -455,7 +494,7 @@ def _disk_lines(raw: Mapping[str, Any], cfg: SearchConfig, concurrent: int, gene
         f"checkpoint: {disk.trainable:,} trainable parameters ({what}) x 3 (weights + Adam's two moments) = "
         f"{_gb(ckpt)} and {disk.files_per_checkpoint} files per checkpoint",
         f"checkpoint policy train.keep_checkpoints={policy_text}; {disk.written} written per member "
-        f"(train.steps={raw['train'].get('steps')} / save_every={raw['train'].get('save_every')})",
+        f"({member_steps_key(cfg)}={cfg.member_steps} / save_every={raw['train'].get('save_every')})",
         f"disk per member: peak {_gb(disk.steady * ckpt)} ({disk.steady} checkpoint(s); one more for a moment while "
         f"the next is written), left after it finished {_gb(disk.kept * ckpt)}",
         f"disk per generation: peak {_gb(peak_ckpts * ckpt)} ({peak_ckpts} checkpoints, "

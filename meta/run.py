@@ -51,6 +51,7 @@ Common keys: population, generations, seed, run_dir, es={'|'.join(_GROUPS.get('e
 launcher={'|'.join(_GROUPS.get('launcher', []))}, experiment={'|'.join(_GROUPS.get('experiment', []))},
 init=uniform|gaussian|<file>, inner.entrypoint, inner.timeout_s, resources.*, retries, fitness_on_failure,
 max_failed_fraction, task={'|'.join(_GROUPS.get('task', []))}, model=..., train.steps=...,
+es.member_steps=... (a search member's steps; null: train.steps),
 dry_run=true (print the plan, submit and write nothing)
 See conf/config.yaml (and conf/member_settings.yaml for resources.* and inner.*) for every key and its default."""
 

@@ -14,6 +14,9 @@ Used through ``inner.entrypoint=meta.synthetic:member``; its behaviour is steere
       training run's seed-to-seed spread: same seed and params, same fitness);
   slope, base (0.5): a linear objective instead, fitness = base + slope * w.(x - target) with w a fixed unit vector
       (drawn from a fixed seed): the fitness difference of c + e and c - e is 2 slope w.e, a known signal (meta.pilot);
+  short_steps, short_slope: a horizon-dependent linear objective: a member whose train.steps is at most short_steps
+      scores slope short_slope instead of slope (short_slope -slope: a short run ranks maps in the opposite order of a
+      long one, the short-horizon bias; equal: the two horizons agree; meta.pilot's horizon check);
   radial: adds radial * sqrt(mean((x - target)^2)) to the linear objective (slope 0 when only radial is given): a
       gain with the perturbation's size whatever its direction, c + e and c - e alike (meta.pilot's scale effect);
   param_noise: standard deviation of a second Gaussian noise, drawn from (seed, params): two inits trained on the
@@ -168,7 +171,7 @@ def member(spec: MemberSpec | Mapping[str, Any]) -> dict[str, Any]:
         fitness = 1.0 - unrolled_loss(rate, int((spec.inner.get("train") or {}).get("steps") or 0),
                                       float(unrolled.get("floor", 0.5)))
     elif options.get("slope") is not None or options.get("radial") is not None:
-        fitness = linear_objective(spec.params, float(options.get("slope") or 0.0), float(options.get("base", 0.5)),
+        fitness = linear_objective(spec.params, _slope(spec, options), float(options.get("base", 0.5)),
                                    float(options.get("target", 0.02)), float(options.get("radial") or 0.0))
     else:
         fitness = objective(spec.params, float(options.get("target", 0.02)), float(options.get("width", 0.01)))
@@ -250,6 +253,15 @@ def _score_at(spec: MemberSpec, options: Mapping[str, Any], loss: float, step: i
     if options.get("unrolled") is not None:
         return 1.0 - loss
     return objective(spec.params, float(options.get("target", 0.02)), float(options.get("width", 0.01))) * step / horizon
+
+
+def _slope(spec: MemberSpec, options: Mapping[str, Any]) -> float:
+    """The linear objective's slope at the member's horizon (``short_steps``, ``short_slope``)."""
+    slope = float(options.get("slope") or 0.0)
+    short = options.get("short_steps")
+    if short is not None and int((spec.inner.get("train") or {}).get("steps") or 0) <= int(short):
+        return float(options.get("short_slope", slope))
+    return slope
 
 
 def _baseline_fitness(spec: MemberSpec, options: Mapping[str, Any]) -> float:

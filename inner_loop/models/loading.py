@@ -62,8 +62,13 @@ def _load(cfg: ModelConfig, path: str, tokenizer_path: str | None = None):
     return model, tokenizer
 
 
-def load_policy(cfg: ModelConfig, path: str):
-    """(model, tokenizer) from ``path``; with ``cfg.lora_r`` > 0 the model is wrapped in a fresh LoRA adapter."""
+def load_policy(cfg: ModelConfig, path: str, seed: int = 0):
+    """(model, tokenizer) from ``path``; with ``cfg.lora_r`` > 0 the model is wrapped in a fresh LoRA adapter whose
+    random init is drawn from ``seed`` alone.
+
+    Why the seed: PEFT draws the adapter's A matrices from torch's global generator, which the Trainer seeds only
+    later, so they came from whatever ran before in the process: the first member of a process started from
+    another adapter than the members after it (the same after step 1, where B = 0 hides A; apart from step 2 on)."""
     model, tokenizer = _load(cfg, path)
     if cfg.lora_r > 0:
         from peft import LoraConfig, get_peft_model
@@ -75,7 +80,10 @@ def load_policy(cfg: ModelConfig, path: str):
             target_modules=list(cfg.lora_target_modules),
             task_type="CAUSAL_LM",
         )
-        model = get_peft_model(model, lora)
+        cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+        with torch.random.fork_rng(devices=cuda):  # the global generators are left as they were
+            torch.manual_seed(seed)
+            model = get_peft_model(model, lora)
     return model, tokenizer
 
 

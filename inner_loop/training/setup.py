@@ -128,7 +128,7 @@ def build_trainer(run: PreparedRun, work_dir: Path, seed: int) -> MirrorGRPOTrai
     if cfg.model.warmup_max_steps:
         base = warmed_model_dir(cfg.model, base, run.task, cfg.task,
                                 probe_max_new_tokens=tcfg.val_max_new_tokens or tcfg.max_completion_length)
-    model, tokenizer = load_policy(cfg.model, base)
+    model, tokenizer = load_policy(cfg.model, base, seed)
     prompts = [format_prompt(tokenizer, p.prompt, cfg.model.chat_template, cfg.model.chat_template_kwargs)
                for p in run.train]
     dataset = Dataset.from_dict({"prompt": prompts, "problem_index": list(range(len(run.train)))})

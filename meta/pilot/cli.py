@@ -50,7 +50,8 @@ from meta.config import (
 )
 from meta.search.resume import NEW_KEY, check_resume, open_run_dir, run_dir_label
 from meta.search.staging import stage_run
-from results.report.pilot import CENTRE, MINUS, PILOT_KIND, PLUS, member_index
+from results.report.pilot import (CENTRE, FULL_HORIZON, PILOT_KIND, PLUS, horizon_index, map_roles,
+                                  member_index)
 from results.store.config_nodes import group_file, refuse_unknown_keys
 from results.store.layout import JOBS_FILE, LAUNCHER_DIR, member_dir_name
 from results.store.records import MemberSpec
@@ -173,8 +174,10 @@ def combinations(cfg: SearchConfig, pilot: PilotConfig) -> list[dict[str, float 
     return [{"radius": r, "coef": None if c is None else float(c)} for r in radii for c in coefs]
 
 
-def _inner(cfg: SearchConfig, coef: float | None) -> dict[str, Any]:
-    inner = copy.deepcopy(cfg.member_inner())
+def _inner(cfg: SearchConfig, coef: float | None, full: bool = False) -> dict[str, Any]:
+    """A pilot run's inner config: a search member's (es.member_steps), or with ``full`` the horizon check's twin at
+    train.steps."""
+    inner = copy.deepcopy(cfg.member_inner() if full else cfg.search_member_inner())
     if coef is not None:
         inner["divergence"]["coef"] = coef
     return inner
@@ -270,25 +273,37 @@ def make_plan(prepared: Prepared) -> dict[str, Any]:
     directions = [torch.randn(VECTOR_LENGTH, generator=generator(cfg.seed, "pilot", "direction", i),
                               dtype=torch.float64).tolist() for i in range(pilot.pairs)]
     members = []
+    main = len(prepared.combinations) * runs_per_combination(pilot)
+    horizon = has_horizon_check(cfg)
     for j in range(len(prepared.combinations)):
-        roles = [(CENTRE, None)] + [(sign, i) for i in range(pilot.pairs) for sign in (PLUS, MINUS)]
-        for role, pair in roles:
+        for role, pair in map_roles(pilot.pairs):
             for s in range(pilot.seeds):
                 index = member_index(j, role, pair, s, pilot.seeds, pilot.pairs)
                 members.append({"index": index, "combination": j, "role": role, "pair": pair, "seed_index": s,
                                 "work_dir": str(store.pilot_runs_dir / member_dir_name(index))})
+                if horizon and j == 0:  # its twin at train.steps, for the horizon check
+                    twin = horizon_index(role, pair, s, pilot.seeds, pilot.pairs, main)
+                    members.append({"index": twin, "combination": 0, "role": role, "pair": pair, "seed_index": s,
+                                    "horizon": FULL_HORIZON,
+                                    "work_dir": str(store.pilot_runs_dir / member_dir_name(twin))})
     return {
         "seed": cfg.seed, "init": cfg.init, "es": cfg.es.get("name"), "radius_key": radius_key(cfg.es),
         "seeds": [member_seed(cfg.seed, "pilot", "seed", s) for s in range(pilot.seeds)],
         "centre": centre.tolist(), "directions": directions, "combinations": prepared.combinations,
         "members": sorted(members, key=lambda m: m["index"]),
+        "horizon": {"member_steps": cfg.member_steps, "steps": cfg.full_steps} if horizon else None,
     }
+
+
+def has_horizon_check(cfg: SearchConfig) -> bool:
+    """Whether the pilot checks the members' horizon: they train es.member_steps, fewer than train.steps."""
+    return cfg.member_steps < cfg.full_steps
 
 
 def _check_plan(plan: Mapping[str, Any], prepared: Prepared) -> None:
     """A stored plan must be the one these settings make (it is, unless it was written by other code)."""
-    want = (prepared.pilot.seeds, prepared.pilot.pairs, prepared.combinations)
-    have = (len(plan["seeds"]), len(plan["directions"]), plan["combinations"])
+    want = (prepared.pilot.seeds, prepared.pilot.pairs, prepared.combinations, has_horizon_check(prepared.cfg))
+    have = (len(plan["seeds"]), len(plan["directions"]), plan["combinations"], bool(plan.get("horizon")))
     if have != want:
         raise ConfigError(f"{prepared.store.pilot_plan_path} was made for seeds/pairs/combinations {have}, not "
                           f"{want}; start a new pilot with another run_dir")
@@ -299,6 +314,7 @@ def member_specs(plan: Mapping[str, Any], cfg: SearchConfig, run_id: str) -> lis
     its seed (the same seed list for every init)."""
     centre = plan["centre"]
     inners = [_inner(cfg, c["coef"]) for c in plan["combinations"]]
+    full = _inner(cfg, plan["combinations"][0]["coef"], full=True)  # the horizon check's runs
     specs = []
     for m in plan["members"]:
         combo = plan["combinations"][m["combination"]]
@@ -309,7 +325,7 @@ def member_specs(plan: Mapping[str, Any], cfg: SearchConfig, run_id: str) -> lis
             params = [c + step * z for c, z in zip(centre, plan["directions"][m["pair"]])]
         specs.append(MemberSpec(run_id=run_id, generation=PILOT_GENERATION, index=m["index"],
                                 seed=plan["seeds"][m["seed_index"]], params=params, work_dir=m["work_dir"],
-                                inner=copy.deepcopy(inners[m["combination"]])))
+                                inner=copy.deepcopy(full if m.get("horizon") else inners[m["combination"]])))
     return specs
 
 
@@ -353,7 +369,7 @@ def build_dry_run_plan(prepared: Prepared) -> str:
     k, m = pilot.seeds, pilot.pairs
     combos = prepared.combinations
     runs = len(combos) * runs_per_combination(pilot)
-    alone_min = cfg.member_alone_min
+    alone_min = cfg.search_member_alone_min  # a search member's, at es.member_steps
     sharing = member_sharing(raw)
     minutes = sharing.member_time(alone_min)
     gpus, cpus = int(cfg.resources.get("gpus") or 0), int(cfg.resources.get("cpus") or 1)
@@ -377,7 +393,9 @@ def build_dry_run_plan(prepared: Prepared) -> str:
         *(f"  {j}: radius {c['radius']:g}, coef {'n/a' if c['coef'] is None else format(c['coef'], 'g')}"
           for j, c in enumerate(combos)),
         f"training runs: {len(combos)} combination(s) x (k + 2 m k) = {len(combos)} x ({k} + 2 x {m} x {k}) = {runs}",
-        f"each run: ~{round(minutes, 1):g} min (resources.member_time_min"
+        f"each run: ~{round(minutes, 1):g} min ("
+        + ("resources.member_time_min" if cfg.member_steps == cfg.full_steps else
+           f"a search member of es.member_steps={cfg.member_steps} steps")
         + (f" {alone_min:g} x slowdown {sharing.slowdown:g}" if sharing.shared else "") + f"), {gpus} GPU, {cpus} "
         f"CPU; launcher="
         f"{cfg.launcher.get('name')}, retries={cfg.retries}, limit inner.timeout_s={cfg.inner_timeout_s:g} s",
@@ -388,6 +406,7 @@ def build_dry_run_plan(prepared: Prepared) -> str:
         f"then: SNR of one generation's ES step at population={cfg.population}, seeds_per_member="
         + (f"{per_member}" if per_member is not None else "1 (not a setting of this config)")
         + f"; recommendation for pilot.target_snr={pilot.target_snr:g} over generations={cfg.generations}",
+        *horizon_plan_lines(cfg, pilot, sharing, gpus, cpus),
         "early intermediate vs final ranks: " + (f"measured (train.eval_every={raw['train'].get('eval_every')})"
                                                 if raw["train"].get("eval_every") else
                                                 "not measured (train.eval_every is null)"),
@@ -395,6 +414,22 @@ def build_dry_run_plan(prepared: Prepared) -> str:
     if prepared.export:
         lines.append(f"export: the recommendation as a preset to {prepared.export}")
     return "\n".join(lines)
+
+
+def horizon_plan_lines(cfg: SearchConfig, pilot: PilotConfig, sharing: Any, gpus: int, cpus: int) -> list[str]:
+    """The dry run's lines on the horizon check: its runs and their cost, or why there is none."""
+    if not has_horizon_check(cfg):
+        return [f"horizon check: none (members train train.steps={cfg.full_steps}; with es.member_steps=T below it the "
+                "pilot checks whether T-step members rank maps as full runs do)"]
+    runs = runs_per_combination(pilot)
+    full_h = cfg.member_alone_min / 60.0
+    return [f"horizon check: the first combination's {1 + 2 * pilot.pairs} maps x {pilot.seeds} seeds again at "
+            f"train.steps={cfg.full_steps} (the runs above train es.member_steps={cfg.member_steps}): {runs} runs x "
+            + (f"{sharing.hours_text(full_h, gpus)} = {sharing.gpu_hours(runs, full_h, gpus):,.2f} GPU-h" if gpus else
+               f"{sharing.member_time(full_h):.2f} h x {cpus} CPU = {runs * sharing.member_time(full_h) * cpus:,.2f} "
+               "CPU-h")
+            + "; then the Spearman rank correlation of the maps at the two horizons, its bootstrap interval and a "
+            "verdict (docs/pilot.md \"The horizon check\")"]
 
 
 # ------------------------------------------------------------------ export

@@ -16,7 +16,7 @@ import yaml
 
 from meta.status.rows import (GpuUse, MemberRow, eta_text, gpu_hours, gpu_use, is_final, member_rows,
                               orchestrator_line, row_line, rows_eta, run_queue, state_summary)
-from results.report.pilot import CENTRE, PLUS
+from results.report.pilot import CENTRE, FULL_HORIZON, PLUS, main_runs
 from results.store.layout import JOBS_FILE
 from results.store.run_store import RunStore, read_jobs_file
 
@@ -25,7 +25,8 @@ def run_label(member: Mapping[str, Any]) -> str:
     """A run's label: its index (its member_NNN/ in pilot_runs/) and its role in the design (centre or pair i's plus
     or minus init, on seed number s of the seeds every init shares)."""
     role = "centre" if member["role"] == CENTRE else f"pair {member['pair']} {'+' if member['role'] == PLUS else '-'}"
-    return f"run {member['index']:03d} {role} seed {member['seed_index']}"
+    full = " at train.steps (horizon check)" if member.get("horizon") == FULL_HORIZON else ""
+    return f"run {member['index']:03d} {role} seed {member['seed_index']}{full}"
 
 
 def _setting(value: float | None) -> str:
@@ -54,11 +55,18 @@ def render_pilot(run_dir: str | Path, show_all: bool = False, now: float | None 
     rows = member_rows([(run_label(m), int(m["index"]), Path(m["work_dir"])) for m in members], jobs, queue, now)
     combinations = plan["combinations"]
     lines = [f"pilot run {store.root}: {len(combinations)} combination(s) x {len(plan['seeds'])} seeds x (centre + "
-             f"{len(plan['directions'])} antithetic pair(s)) = {len(rows)} runs", orchestrator_line(store)]
-    for j, combo in enumerate(combinations):
-        mine = [row for row, m in zip(rows, members) if m["combination"] == j]
-        lines.append(f"combination {j}: radius {_setting(combo['radius'])} (es.{plan['radius_key']}), "
-                     f"divergence.coef {_setting(combo['coef'])}: {_progress(mine, use)}")
+             f"{len(plan['directions'])} antithetic pair(s)) = {main_runs(plan)} runs", orchestrator_line(store)]
+    groups = [(f"combination {j}: radius {_setting(combo['radius'])} (es.{plan['radius_key']}), divergence.coef "
+               f"{_setting(combo['coef'])}", [row for row, m in zip(rows, members)
+                                              if m["combination"] == j and not m.get("horizon")])
+              for j, combo in enumerate(combinations)]
+    if plan.get("horizon"):
+        horizon = plan["horizon"]
+        lines[0] += f" (es.member_steps={horizon['member_steps']}) + the horizon check's runs"
+        groups.append((f"horizon check: combination 0's runs again at train.steps={horizon['steps']}",
+                       [row for row, m in zip(rows, members) if m.get("horizon")]))
+    for title, mine in groups:
+        lines.append(f"{title}: {_progress(mine, use)}")
         if show_all or not all(map(is_final, mine)):
             lines.extend(row_line(row, use) for row in mine)
     complete = all(map(is_final, rows))

@@ -217,7 +217,7 @@ class Orchestrator:
 
     def _stopped_records(self, judge: EarlyStopJudge) -> dict[int, ResultRecord]:
         """The records of the members ``judge`` stopped: their early score and the share of training not run."""
-        steps = int(self.cfg.inner_config["train"]["steps"])
+        steps = self.cfg.member_steps
         records = {}
         for index in judge.stopped():
             decision = judge.decisions[index]
@@ -292,7 +292,7 @@ class Orchestrator:
 
     def _specs(self, generation: int, values: torch.Tensor, center: torch.Tensor) -> list[MemberSpec]:
         """The population's members, then (control_member) the centre itself as member ``population``."""
-        inner = self.cfg.member_inner()
+        inner = self.cfg.search_member_inner()  # es.member_steps, not train.steps
         rows = [values[index] for index in range(values.shape[0])]
         pieces = self.searcher.truncations()
         if self.cfg.control_member and pieces is None:

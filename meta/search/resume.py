@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, MutableMapping, Sequence
 
-from meta.config import ADDED_SEARCH_KEYS, HOUSEKEEPING_KEYS, SEARCH_KEYS, ConfigError, absolute_path
+from meta.config import HOUSEKEEPING_KEYS, SEARCH_KEYS, ConfigError, absolute_path, with_added_keys
 from results.store.run_store import RunStore
 
 logger = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ def split_differences(
     """(refused, allowed) differences between the stored config and the one asked for now: a difference under
     ``keys`` (what the run computes: meta.config.SEARCH_KEYS, or meta.tune's STUDY_KEYS) is refused."""
     refused, allowed = [], []
-    old = {**ADDED_SEARCH_KEYS, **old}  # a run from before a key existed ran with the value that reproduces it
+    old = with_added_keys(old)  # a run from before a key existed ran with the value that reproduces it
     for diff in config_differences(old, new):
         if diff[0] in IGNORED_KEYS:
             continue

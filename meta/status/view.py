@@ -29,6 +29,7 @@ from meta.status.rows import (eta_text, gpu_hours, gpu_use, member_rows, orchest
 from results.report.arguments import run_dir_argument
 from results.report.pilot import is_pilot_dir
 from results.store.atomic import CorruptFileError
+from results.store.config_nodes import horizon_text
 from results.store.layout import parse_generation_dir_name, parse_member_dir_name
 from results.store.run_store import RunStore
 from results.store.study_store import read_study_file
@@ -79,7 +80,7 @@ def render(run_dir: str | Path, show_all: bool = False, now: float | None = None
     seeds = int(raw.get("seeds_per_member") or 1)
     per_member = f" x {seeds} seeds per member (fitness: their mean; runs in seed_NN/)" if seeds > 1 else ""
     lines = [f"run {store.root}: population {population}{per_member}, generation {len(done)} of {generations} done",
-             orchestrator_line(store)]
+             *([horizon] if (horizon := horizon_text(raw)) else []), orchestrator_line(store)]
     gen_table = store.read_generations()
     walls = [float(w) for w in gen_table["wall_time_s"]] if len(gen_table) and "wall_time_s" in gen_table else []
     saved: dict[int, float] = {}

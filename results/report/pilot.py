@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from results.report.arguments import check_output_folder, run_dir_argument
+from results.report.horizon import format_horizon, horizon_check, spearman
 from results.report.paired import CONFIDENCE, mean_interval
 from results.store.atomic import CorruptFileError, atomic_write_text
 from results.store.gpu_time import GpuSharing, gpu_sharing, gpu_time_h
@@ -51,6 +52,8 @@ PILOT_KIND = "pilot"
 #: the F-test's level: a combination "has signal" when the pair means' spread exceeds noise at this level
 SIGNIFICANCE = 0.05
 CENTRE, PLUS, MINUS = "centre", "plus", "minus"
+#: the ``horizon`` of a pilot run that trains train.steps for the horizon check (the other runs train es.member_steps)
+FULL_HORIZON = "full"
 
 
 @dataclass(frozen=True)
@@ -98,17 +101,28 @@ def member_index(combination: int, role: str, pair: int | None, seed_index: int,
     return combination * block + local
 
 
+def main_runs(plan: Mapping[str, Any]) -> int:
+    """The runs of the pilot's combinations (k (1 + 2m) each); the horizon check's runs come after them."""
+    return len(plan["combinations"]) * len(plan["seeds"]) * (1 + 2 * len(plan["directions"]))
+
+
+def horizon_runs(plan: Mapping[str, Any]) -> int:
+    """The horizon check's runs: the first combination's k (1 + 2m) inits and seeds again at train.steps (0 when the
+    pilot's members train train.steps: nothing to check)."""
+    return len(plan["seeds"]) * (1 + 2 * len(plan["directions"])) if plan.get("horizon") else 0
+
+
+def horizon_index(role: str, pair: int | None, seed_index: int, seeds: int, pairs: int, main: int) -> int:
+    """Where a horizon-check run sits: after the ``main`` runs, in the first combination's order."""
+    return main + member_index(0, role, pair, seed_index, seeds, pairs)
+
+
+def map_roles(pairs: int) -> list[tuple[str, int | None]]:
+    """The maps of a combination in the plan's order: the centre, then pair i's plus and minus init."""
+    return [(CENTRE, None)] + [(sign, i) for i in range(pairs) for sign in (PLUS, MINUS)]
+
+
 # ------------------------------------------------------------------ statistics
-def spearman(a: Sequence[float], b: Sequence[float]) -> float | None:
-    """Spearman's rank correlation (scipy, ties averaged); None when undefined (fewer than 3 runs, constant scores)."""
-    from scipy.stats import spearmanr
-
-    if len(a) < 3 or len(set(a)) < 2 or len(set(b)) < 2:
-        return None
-    value = float(spearmanr(a, b).statistic)
-    return value if math.isfinite(value) else None
-
-
 def f_test(pair_means: Sequence[float], pair_seeds: Sequence[int], noise_var: float,
            dof: int) -> tuple[float | None, float]:
     """(F, p-value) of "the pair means spread no more than seed noise": F = (sum k_i m_i^2 / m) / sigma_n^2 ~ F(m, nu)
@@ -374,7 +388,8 @@ def summarize_run_dir(run_dir: str | Path) -> dict[str, Any]:
         raise ValueError(f"{store.root} holds no pilot plan yet (killed before its first submission?)")
     ctx = pilot_context(yaml.safe_load(store.read_config_text()) or {})
     seeds, pairs = len(plan["seeds"]), len(plan["directions"])
-    total = len(plan["combinations"]) * seeds * (1 + 2 * pairs)
+    main = main_runs(plan)
+    total = main + horizon_runs(plan)
     work_dirs = {m["index"]: m["work_dir"] for m in plan["members"]}
     records: dict[int, ResultRecord] = {}
     for index in range(total):
@@ -382,7 +397,7 @@ def summarize_run_dir(run_dir: str | Path) -> dict[str, Any]:
         if record is not None:
             records[index] = record
     combinations = [summarize_combination(plan, j, records, work_dirs, ctx) for j in range(len(plan["combinations"]))]
-    ok_hours = [r.wall_time_s / 3600.0 for r in records.values() if r.ok]
+    ok_hours = [r.wall_time_s / 3600.0 for i, r in records.items() if r.ok and i < main]  # a search member's time
     planned_h = ctx.sharing.member_time(ctx.member_time_min) / 60.0 if ctx.member_time_min else None
     manifest = store.read_manifest()
     return {
@@ -392,11 +407,35 @@ def summarize_run_dir(run_dir: str | Path) -> dict[str, Any]:
         "seeds": seeds, "pairs": pairs, "radius_key": plan["radius_key"], "es": plan["es"],
         "population": ctx.population, "generations": ctx.generations, "seeds_per_member": ctx.seeds_per_member,
         "seeds_per_member_set": ctx.seeds_per_member_set, "eval_every": ctx.eval_every,
-        "combinations": combinations,
+        "combinations": combinations, "horizon": _horizon(plan, records, ctx, main),
         "recommendation": recommend(combinations, ctx, statistics.fmean(ok_hours) if ok_hours else
                                     planned_h,
                                     sum(r.wall_time_s for r in records.values()) / 3600.0),
     }
+
+
+def _horizon(plan: Mapping[str, Any], records: Mapping[int, ResultRecord], ctx: PilotContext,
+             main: int) -> dict[str, Any] | None:
+    """The horizon check (results/report/horizon.py) from the first combination's runs at es.member_steps and their
+    twins at train.steps; None for a pilot whose members train train.steps."""
+    horizon = plan.get("horizon")
+    if not horizon:
+        return None
+    seeds, pairs = len(plan["seeds"]), len(plan["directions"])
+
+    def fitness(index: int) -> float | None:
+        record = records.get(index)
+        return record.fitness if record is not None and record.ok else None
+
+    roles = map_roles(pairs)
+    short = [[fitness(member_index(0, role, pair, s, seeds, pairs)) for s in range(seeds)] for role, pair in roles]
+    full = [[fitness(horizon_index(role, pair, s, seeds, pairs, main)) for s in range(seeds)] for role, pair in roles]
+    finished = [records[i] for i in range(main, main + horizon_runs(plan)) if i in records]
+    spent, unit = _hours(1.0, sum(r.wall_time_s for r in finished) / 3600.0, ctx)
+    cost = {"runs": horizon_runs(plan), "cost_hours": spent, "cost_unit": unit,
+            "cost_text": f"{_num(spent, 3)} {unit} measured over the {len(finished)} final ones (their wall time x "
+                         f"{'resources.gpus' if unit == 'GPU-h' else 'resources.cpus'})"}
+    return horizon_check(short, full, int(horizon["member_steps"]), int(horizon["steps"]), int(plan["seed"]), cost)
 
 
 # ------------------------------------------------------------------ text
@@ -535,6 +574,8 @@ def format_pilot(summary: Mapping[str, Any]) -> str:
     ]
     for c in summary["combinations"]:
         lines += format_combination(c, summary) + [""]
+    horizon = format_horizon(summary.get("horizon"))
+    lines += horizon + ([""] if horizon else [])
     lines += format_recommendation(summary["recommendation"], summary)
     return "\n".join(lines) + "\n"
 

@@ -27,6 +27,7 @@ from results.report.arguments import check_output_folder, run_dir_argument
 from results.report.paired import pooled_std
 from results.report.plots import plot_disk, plot_failures, plot_fitness, plot_fitness_vs_control, plot_response_length
 from results.store.run_store import RunStore
+from results.store.config_nodes import horizon_text
 from results.report.snapshot import RunSnapshot, load_run, top_members
 from results.store.study_store import read_study_file
 from results.report.tune import build_tune_report, format_tune_report
@@ -117,15 +118,19 @@ def _fmt(value: object, digits: int = 4) -> str:
     return "n/a" if value is None or pd.isna(value) else f"{float(value):.{digits}f}"
 
 
-def _seeds_per_member(root: Path) -> int:
-    """The run's seeds_per_member (1 for runs from before the setting, or without a readable config)."""
+def _stored_config(root: Path) -> dict:
+    """The run's stored config ({} when it cannot be read)."""
     import yaml
 
     try:
-        raw = yaml.safe_load(RunStore(root).read_config_text()) or {}
+        return yaml.safe_load(RunStore(root).read_config_text()) or {}
     except (OSError, yaml.YAMLError):
-        return 1
-    return int(raw.get("seeds_per_member") or 1)
+        return {}
+
+
+def _seeds_per_member(root: Path) -> int:
+    """The run's seeds_per_member (1 for runs from before the setting, or without a readable config)."""
+    return int(_stored_config(root).get("seeds_per_member") or 1)
 
 
 def _reporting_noise(root: Path, selection: dict) -> tuple[float, str] | None:
@@ -230,6 +235,7 @@ def format_report(report: Report) -> str:
     lines = [
         f"run {report.snapshot.root}  (run_id {p['run_id']}, seed {p['seed']})",
         f"config hash {p['config_hash']}  code {p['code_version']}  data {p['data_hashes']}",
+        *([horizon] if (horizon := horizon_text(_stored_config(report.snapshot.root))) else []),
         "",
         "generations:",
         gens.to_string(index=False, float_format=lambda x: f"{x:.4g}") if len(gens) else "  (none yet)",

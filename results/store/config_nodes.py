@@ -22,6 +22,28 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
+#: how many training steps a search member takes, an es key of conf/config.yaml (null: train.steps; meta/config.py
+#: checks it); train.steps stays the length of the exported run and of the runs after the search
+MEMBER_STEPS_KEY = "member_steps"
+
+
+def search_horizon(raw: Mapping[str, Any]) -> tuple[int, int]:
+    """(a search member's steps, train.steps) of a stored search config; a config from before es.member_steps, or
+    with it null, gives train.steps twice."""
+    steps = int((raw.get("train") or {}).get("steps") or 0)
+    member = (raw.get("es") or {}).get(MEMBER_STEPS_KEY)
+    return (steps if member is None else int(member)), steps
+
+
+def horizon_text(raw: Mapping[str, Any]) -> str:
+    """How long a search member trains, for the status view and the report: one sentence ("" at train.steps)."""
+    member, steps = search_horizon(raw)
+    if member == steps:
+        return ""
+    return (f"members train es.{MEMBER_STEPS_KEY}={member} of train.steps={steps} steps (the exported run, the "
+            f"selection and reporting runs train {steps}); their fitness is pass@1 at step {member}")
+
+
 def plain(value: Any) -> Any:
     """Nested mappings and sequences (OmegaConf's DictConfig and ListConfig included) as dicts with string keys and
     lists, so that what is typed, hashed or compared does not depend on the container it arrived in."""
