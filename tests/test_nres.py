@@ -93,6 +93,11 @@ def test_a_pair_restarts_with_new_noise_at_the_end_of_its_run(tmp_path):
     assert torch.allclose(noise[0], noise[1])  # one noise over the run, whatever the centre did
     assert not torch.allclose(noise[1], noise[2])  # a new run, a new noise
     assert torch.allclose(populations[3][0] - centers[2], centers[2] - populations[3][1])  # antithetic
+    from meta.status.view import render
+
+    status = render(tmp_path)  # meta.status: each particle's place in its run
+    assert "particles (es=nres): 2, each a run of 12 steps" in status
+    assert f"particles 000/001: run 1, step {K} of 12, next truncation {K}..{2 * K}" in status
 
 
 def test_a_late_pair_repeats_its_truncation_and_stays_out_of_the_update(tmp_path):
