@@ -13,7 +13,8 @@ boundary checkpoints):
 
 Printed per search and seed: the centre's final z against both optima, and member-steps, with their ratio to full.
 
-    .venv/bin/python bench/bench_nres.py --seeds 3 --generations 24 48 72 96
+    .venv/bin/python bench/bench_nres.py --seeds 3 --generations 24 48 60 72
+    .venv/bin/python bench/bench_nres.py --seeds 3 --generations 48 96 --optimizer clipup
 """
 from __future__ import annotations
 
@@ -97,6 +98,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--full-generations", type=int, default=24)
     parser.add_argument("--generations", type=int, nargs="+", default=[24, 48, 72, 96])
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--optimizer", default="adam", help="es=nres's optimizer (adam, clipup, sgd)")
+    parser.add_argument("--learning-rate", type=float, default=0.02, help="es=nres's center_learning_rate")
     args = parser.parse_args(argv)
     z_short, z_full = unrolled_optimum(args.truncation, FLOOR), unrolled_optimum(args.horizon, FLOOR)
     print(f"optima: z*(T={args.truncation}) = {z_short:.2f}, z*(H={args.horizon}) = {z_full:.2f}; start z = {Z0}; "
@@ -118,9 +121,9 @@ def main(argv: list[str] | None = None) -> None:
     row("short (pgpe, T steps)", args.full_generations, short)
     for generations in args.generations:
         for stagger in (True, False):
-            outcomes = [particles(args.horizon, args.truncation, args.population, generations, s, stagger)
-                        for s in seeds]
-            row(f"nres {'staggered' if stagger else 'together'}", generations, outcomes)
+            outcomes = [particles(args.horizon, args.truncation, args.population, generations, s, stagger,
+                                  args.learning_rate, args.optimizer) for s in seeds]
+            row(f"nres {args.optimizer} {'staggered' if stagger else 'together'}", generations, outcomes)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ Used through ``inner.entrypoint=meta.synthetic:member``; its behaviour is steere
   es=nres truncations (spec.truncation, results/store/truncation.py): a member continues its particle's run from
       its boundary checkpoint (the loss there) for steps [start, stop) with its own vector and reports the change of
       the score over them; step_s sleeps per step, checkpointing the loss in <work_dir>/synthetic_ckpt.json so a
-      requeue resumes mid-truncation. Objectives other than ``unrolled`` score a run at step t as fitness x t/horizon.
+      requeue resumes mid-truncation (diagnostic resumed_at: the step its last start continued from). Objectives other than ``unrolled`` score a run at step t as fitness x t/horizon.
 Deliberately free of torch so that hundreds of member processes start quickly.
 """
 from __future__ import annotations
@@ -228,15 +228,19 @@ def _truncation(spec: MemberSpec, options: Mapping[str, Any], started: float) ->
             state["step"] += 1
             atomic_write_json(path, state)
         end_score = _score_at(spec, options, float(state["state"]), piece.stop, piece.horizon)
+        resumed_at = float(state["starts"][-1])  # the step its last start continued from (a requeue's: > start)
         publish_boundary(piece, end_score, spec.generation,
                          lambda folder: atomic_write_json(folder / CHECKPOINT_FILE, state["state"]))
     injected = spec.attempt < int(options.get("fail_attempts", 1 << 30))
     if injected and _selected(spec, options.get("fail")):
         raise RuntimeError(f"injected failure for member {spec.generation}:{spec.index}")
+    diagnostics = {START_SCORE: start_score, END_SCORE: end_score, START_STEP: float(piece.start),
+                   STOP_STEP: float(piece.stop)}
+    if done is None or done.get("generation") != spec.generation:
+        diagnostics["resumed_at"] = resumed_at
     return {"status": "ok", "fitness": end_score - start_score, "val_size": int(options.get("val_size", 1)),
             "wall_time_s": time.monotonic() - started, "steps_done": piece.stop - piece.start,
-            "diagnostics": {START_SCORE: start_score, END_SCORE: end_score, START_STEP: float(piece.start),
-                            STOP_STEP: float(piece.stop)}}
+            "diagnostics": diagnostics}
 
 
 def _advance(spec: MemberSpec, options: Mapping[str, Any], loss: float) -> float:

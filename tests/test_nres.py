@@ -166,9 +166,11 @@ def test_a_requeued_particle_resumes_mid_truncation_from_its_checkpoint(tmp_path
     assert 2 <= stopped_at < 6, "the member finished before it could be stopped"
     resumed = ResultRecord.coerce(synthetic_member(killed))
     assert json.loads(checkpoint.read_text())["starts"] == [0, stopped_at]
+    assert resumed.diagnostics["resumed_at"] == stopped_at
     (tmp_path / "particle").rename(tmp_path / "first")  # the uninterrupted run publishes its own boundary
     whole = ResultRecord.coerce(synthetic_member(spec("whole")))
-    assert resumed.fitness == whole.fitness and resumed.diagnostics == whole.diagnostics
+    assert resumed.fitness == whole.fitness and whole.diagnostics.pop("resumed_at") == 0
+    assert {k: v for k, v in resumed.diagnostics.items() if k != "resumed_at"} == whole.diagnostics
     assert read_boundary(Path(tmp_path / "first") / boundary_dir_name(0, 6))["score"] == whole.diagnostics[END_SCORE]
 
 
