@@ -276,3 +276,20 @@ def test_a_training_run_in_two_truncations_continues_from_the_particles_checkpoi
     assert second.steps_done == 4 and second.diagnostics[START_SCORE] == first.diagnostics[END_SCORE]
     assert first.fitness + second.fitness == pytest.approx(second.diagnostics[END_SCORE]
                                                           - first.diagnostics[START_SCORE])
+
+
+def test_selection_and_the_result_table_train_whole_runs_and_export_their_choice(tmp_path):
+    from meta.after.export import export_init
+
+    assert main([f"run_dir={tmp_path}", "new=true", *[a for a in SYNTH if a != "reevaluate.top_k=0"],
+                 "population=4", "generations=3", "reevaluate.top_k=1", "reevaluate.seeds=2",
+                 "reevaluate.report_seeds=2", "reevaluate.baselines=[center,radius_random]"]) == 0
+    store = RunStore(tmp_path)
+    assert store.read_result_table() is not None
+    for folder in (store.reevaluate_dir(), store.reevaluate_dir(reporting=True)):
+        for member_dir in sorted(folder.glob("member_*")):
+            spec = json.loads((member_dir / "spec.json").read_text())
+            assert spec["truncation"] is None and spec["inner"]["train"]["steps"] == H  # whole runs of train.steps
+    chosen = export_init(tmp_path, "best", tmp_path / "init.safetensors")
+    summary = store.read_reevaluation()
+    assert chosen["candidate"] == summary["chosen"]  # the full-run re-evaluation's choice, not a truncation's gain
