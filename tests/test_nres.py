@@ -293,3 +293,19 @@ def test_selection_and_the_result_table_train_whole_runs_and_export_their_choice
     chosen = export_init(tmp_path, "best", tmp_path / "init.safetensors")
     summary = store.read_reevaluation()
     assert chosen["candidate"] == summary["chosen"]  # the full-run re-evaluation's choice, not a truncation's gain
+
+
+def test_a_short_member_horizon_scores_the_unrolled_problem_at_its_own_steps(tmp_path):
+    """es.member_steps=T on the synthetic unrolled problem: a member's fitness is its score after T steps, the
+    objective whose optimum the short search of the bias test finds."""
+    from meta.synthetic import unrolled_loss, unrolled_rate
+
+    assert main([f"run_dir={tmp_path}", "new=true", "launcher=debug", "inner.entrypoint=meta.synthetic:member",
+                 "train.steps=48", "es.member_steps=4", "population=2", "generations=1", "reevaluate.top_k=0",
+                 "+inner.options={unrolled:{floor:0.5}}"]) == 0
+    store = RunStore(tmp_path)
+    values = store.read_population(0)
+    members = _members(store)
+    for index in range(2):
+        assert members.loc[(0, index), "fitness"] == pytest.approx(
+            1.0 - unrolled_loss(unrolled_rate(values[index].tolist()), 4, 0.5))
