@@ -442,6 +442,10 @@ def build_search_config(raw: Mapping[str, Any]) -> SearchConfig:
         raise ConfigError(f"es.{MEMBER_STEPS_KEY}={cfg.member_steps} does not apply to es={cfg.es.get('name')}: its "
                           f"particles train the whole train.steps={cfg.full_steps}, a truncation at a time "
                           f"(es.truncation_steps); set es.{MEMBER_STEPS_KEY}=null")
+    if cfg.searcher_online and cfg.seeds_per_member > 1:
+        raise ConfigError(f"seeds_per_member={cfg.seeds_per_member} does not apply to es={cfg.es.get('name')}: a "
+                          "particle is one training run with one checkpoint; set seeds_per_member=1 (a larger "
+                          "population averages more runs)")
     try:
         cfg.early_stop = EarlyStopConfig.from_mapping(raw.get("early_stop"))
         cfg.early_stop_step = check_early_stop(cfg.early_stop, cfg.es, member_train(raw["train"], cfg.member_steps),

@@ -309,3 +309,12 @@ def test_a_short_member_horizon_scores_the_unrolled_problem_at_its_own_steps(tmp
     for index in range(2):
         assert members.loc[(0, index), "fitness"] == pytest.approx(
             1.0 - unrolled_loss(unrolled_rate(values[index].tolist()), 4, 0.5))
+
+
+@pytest.mark.parametrize("override, named", [("es.member_steps=4", "es.member_steps=4"),
+                                             ("seeds_per_member=2", "seeds_per_member=2"),
+                                             ("es.truncation_steps=13", "es.truncation_steps=13"),
+                                             ("early_stop.enabled=true", "early_stop")])
+def test_settings_that_do_not_apply_to_nres_are_refused_before_anything_is_written(tmp_path, override, named, capsys):
+    assert main([f"run_dir={tmp_path / 'run'}", "new=true", *SYNTH, "population=4", override]) == 2
+    assert named in capsys.readouterr().err and not (tmp_path / "run").exists()
