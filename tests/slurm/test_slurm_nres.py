@@ -22,8 +22,8 @@ from slurm_helpers import LocalSlurm, run_slurm_command
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-K = 4
-SEARCH = ["inner.entrypoint=meta.synthetic:member", "es=nres", "train.steps=12", f"es.truncation_steps={K}",
+K = 8
+SEARCH = ["inner.entrypoint=meta.synthetic:member", "es=nres", "train.steps=24", f"es.truncation_steps={K}",
           "search_radius=0.01", "population=4", "generations=2", "reevaluate.top_k=0",
           "+inner.options={unrolled:{floor:0.5},count_calls:true,step_s:1.0}"]
 
@@ -52,9 +52,10 @@ def test_a_particle_requeued_mid_truncation_resumes_and_a_killed_orchestrator_re
     store = RunStore(run_dir)
     job_name = f"mirror-es-nres-{os.getpid()}"
     first = _meta_run(run_dir, job_name, tmp_path / "first.err")
-    # Generation 1: wait until member 2 is one step into its truncation [K, 2K), then requeue its job.
+    # Generation 1: wait until member 2 is two steps into its truncation [K, 2K), then requeue its job (6 s of its
+    # truncation left: SLURM's KillWait here is 2 s).
     deadline = time.monotonic() + 300
-    while _step(store.member_dir(1, 2)) <= K:
+    while _step(store.member_dir(1, 2)) < K + 2:
         assert first.poll() is None, (tmp_path / "first.err").read_text()[-3000:]
         assert time.monotonic() < deadline, "generation 1's member 2 did not start within 300 s"
         time.sleep(0.1)
