@@ -191,6 +191,11 @@ class SearchConfig:
         return float(self.resources.get("member_time_min") or self.inner_timeout_s / 60.0)
 
     @property
+    def searcher_online(self) -> bool:
+        """Whether the searcher trains truncations of its particles' runs (es=nres), not whole runs."""
+        return _online(self.es)
+
+    @property
     def param_transform(self) -> str:
         """How a member's vector becomes map parameters (divergence.param_transform)."""
         return param_transform_of(self.inner_config)
@@ -432,6 +437,15 @@ def build_search_config(raw: Mapping[str, Any]) -> SearchConfig:
     if cfg.log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(f"log_level={cfg.log_level!r} must be one of DEBUG, INFO, WARNING, ERROR")
     _check_search_components(cfg)
+    cfg.control_member = cfg.control_member and not cfg.searcher_online
+    if cfg.searcher_online and cfg.member_steps != cfg.full_steps:
+        raise ConfigError(f"es.{MEMBER_STEPS_KEY}={cfg.member_steps} does not apply to es={cfg.es.get('name')}: its "
+                          f"particles train the whole train.steps={cfg.full_steps}, a truncation at a time "
+                          f"(es.truncation_steps); set es.{MEMBER_STEPS_KEY}=null")
+    if cfg.searcher_online and cfg.seeds_per_member > 1:
+        raise ConfigError(f"seeds_per_member={cfg.seeds_per_member} does not apply to es={cfg.es.get('name')}: a "
+                          "particle is one training run with one checkpoint; set seeds_per_member=1 (a larger "
+                          "population averages more runs)")
     try:
         cfg.early_stop = EarlyStopConfig.from_mapping(raw.get("early_stop"))
         cfg.early_stop_step = check_early_stop(cfg.early_stop, cfg.es, member_train(raw["train"], cfg.member_steps),
@@ -523,6 +537,14 @@ def _check_search_components(cfg: SearchConfig) -> None:
         build_searcher(cfg.es, center, cfg.population, cfg.seed)
     except (ValueError, TypeError) as exc:
         raise ConfigError(str(exc)) from None
+
+
+def _online(es: Mapping[str, Any]) -> bool:
+    """Whether the searcher trains truncations of long runs (es=nres): such a search has no control member, the
+    centre having no run of its own to continue (meta/searchers/base.py: Searcher.online)."""
+    from meta.searchers import searcher_class
+
+    return searcher_class(str(es.get("name", ""))).online
 
 
 def check_member_launch(raw: Mapping[str, Any], launcher: Mapping[str, Any], inner_timeout_s: float,

@@ -266,12 +266,51 @@ def member_steps_line(cfg: SearchConfig) -> list[str]:
             "check says whether they rank them as full runs do"]
 
 
+@dataclass(frozen=True)
+class OnlineCost:
+    """An online search's members (es=nres): truncations of its particles' runs, not whole runs."""
+
+    truncations: int
+    member_steps: int
+    alone_h: float  # one truncation's mean hours alone on its GPU
+    basis: str      # where the hours come from, in words
+
+
+def online_cost(cfg: SearchConfig, raw: Mapping[str, Any], generations: int) -> OnlineCost | None:
+    """What ``generations`` generations of an online searcher train: its member-steps (the searcher plans them) and
+    their hours, each truncation paying its steps at the measured step time plus the preset's overhead once (model
+    load, checkpoint, validation); without a measured step time, a whole member's time x its share of the steps.
+    None: the searcher trains whole runs."""
+    from meta.searchers import searcher_class
+
+    steps = searcher_class(str(cfg.es.get("name"))).planned_member_steps(cfg.es, cfg.population, generations)
+    if steps is None:
+        return None
+    truncations = max(1, cfg.population * generations)
+    horizon = int(raw["train"]["steps"]) or 1
+    step_s = cfg.resources.get("step_time_s")
+    if step_s is not None:
+        overhead_min = float(cfg.resources.get("overhead_min") or 0.0)
+        hours = (steps * float(step_s) + truncations * overhead_min * 60.0) / 3600.0
+        basis = (f"steps x resources.step_time_s={float(step_s):g} s + resources.overhead_min={overhead_min:g} min per "
+                 "truncation (model load, boundary checkpoint, validation)")
+    else:
+        hours = cfg.member_alone_min / 60.0 * steps / horizon
+        basis = "a whole member's time x its share of train.steps (no resources.step_time_s measured)"
+    return OnlineCost(cfg.population * generations, steps, hours / truncations, basis)
+
+
 def new_search_gpu_hours(cfg: SearchConfig, raw: Mapping[str, Any]) -> tuple[int, float]:
     """(training runs, GPU-hours) of a new search of ``cfg``, the figures its dry-run plan prints.
 
     Why: the GPU pass (scripts/gpu_pass.py) turns each measured step time and sharing into what a real search would
     cost, and must count it exactly as the plan does (the arithmetic's one owner: results/store/gpu_time.py)."""
     after = selection_runs(cfg) + reporting_runs(cfg)
+    online = online_cost(cfg, raw, cfg.generations)
+    if online is not None:
+        sharing, gpus = member_sharing(raw), gpus_per_member(cfg, raw)
+        return (online.truncations + after, sharing.gpu_hours(online.truncations, online.alone_h, gpus)
+                + sharing.gpu_hours(after, cfg.member_alone_min / 60.0, gpus))
     runs = training_runs(cfg, cfg.generations, after, 0)
     return runs, search_gpu_hours(cfg, member_sharing(raw), gpus_per_member(cfg, raw), cfg.generations, after)
 
@@ -326,6 +365,12 @@ def build_plan(
     worst_h = gpu_time_h(runs * (cfg.retries + 1) * (cfg.inner_timeout_s / 3600.0), gpus, sharing.members_per_gpu)
     control = " (population + the control member)" if cfg.control_member else ""
     scope = "what is left of the search" if resuming else "whole search"
+    online = online_cost(cfg, raw, generations)
+    if online is not None:
+        lines += online_lines(cfg, raw, online, generations, selection, reporting, gpus, sharing, scope)
+        lines += ["", *reporting_lines(cfg, overrides)]
+        lines += ["", *_disk_lines(raw, cfg, concurrent, generations)]
+        return "\n".join(lines)
     lines += [
         f"training runs: {per_generation} per generation{control} x {generations} generations"
         + (f" x seeds_per_member={k} (the same {k} seeds for every member of a generation; a member trains them one "
@@ -352,6 +397,40 @@ def build_plan(
     lines += ["", *reporting_lines(cfg, overrides)]
     lines += ["", *_disk_lines(raw, cfg, concurrent, generations)]
     return "\n".join(lines)
+
+
+def online_lines(cfg: SearchConfig, raw: Mapping[str, Any], online: OnlineCost, generations: int, selection: int,
+                 reporting: int, gpus: int, sharing: GpuSharing, scope: str) -> list[str]:
+    """An online search's part of the plan: its truncations, their member-steps against a whole-run search's,
+    the GPU-hours of both, and why they differ."""
+    horizon = int(raw["train"]["steps"])
+    member_h = cfg.member_alone_min / 60.0
+    search_h = sharing.gpu_hours(online.truncations, online.alone_h, gpus)
+    after_h = sharing.gpu_hours(selection + reporting, member_h, gpus)
+    whole_runs = cfg.population * generations + generations  # today's search: every member (and the control) a whole run
+    whole_h = sharing.gpu_hours(whole_runs + selection + reporting, member_h, gpus)
+    total = search_h + after_h
+    return [
+        f"es={cfg.es.get('name')}: {cfg.population} particles (antithetic pairs), each a run of train.steps="
+        f"{horizon} cut into truncations of {online.member_steps // max(1, online.truncations)} steps (mean); per "
+        f"generation every particle trains its next truncation from its own checkpoint; no control member",
+        f"member-steps: {cfg.population} x {generations} generations = {online.truncations} truncations, "
+        f"{online.member_steps:,} steps = {online.member_steps / horizon:,.1f} runs of {horizon} steps (a whole-run "
+        f"search of the same population and generations trains {whole_runs} runs: "
+        f"{whole_runs * horizon:,} steps, {whole_runs * horizon / max(1, online.member_steps):.1f}x as many)",
+        f"training runs after the search: {selection} selection runs (reevaluate: top_k={cfg.reevaluate.top_k} + "
+        f"centre, x seeds={cfg.reevaluate.seeds}) + {reporting} reporting runs (below), each train.steps={horizon}",
+        f"GPU-hours, {scope}: {online.truncations} truncations x {sharing.hours_text(online.alone_h, gpus)} "
+        f"({online.basis}) = {search_h:,.1f} + {selection + reporting} runs x {sharing.hours_text(member_h, gpus)} = "
+        f"{after_h:,.1f}; total {total:,.1f} GPU-h",
+        f"against today's whole-run search at the same step time: {whole_h:,.1f} GPU-h; this plan is "
+        f"{total / whole_h:.3f} of it ({whole_h / total:.1f}x fewer) because a particle pays for its run once over "
+        "the search, not once per generation, and its truncations telescope to the run's final pass@1 "
+        "(docs/searchers.md)",
+        *sharing.plan_lines(cfg.population),
+        f"CPU-hours, {scope}: "
+        f"{(online.truncations * sharing.member_time(online.alone_h) + (selection + reporting) * sharing.member_time(member_h)) * int(raw['train'].get('num_threads') or 1):,.1f} CPU-h",
+    ]
 
 
 def timeout_headroom_lines(timeout_s: float, expected_min: float) -> list[str]:
@@ -406,7 +485,12 @@ def _disk_lines(raw: Mapping[str, Any], cfg: SearchConfig, concurrent: int, gene
     peak_members = concurrent if disk.policy == "none" else pop
     peak_ckpts = peak_members * disk.steady
     member_files = disk.kept * disk.files_per_checkpoint + MEMBER_FILES
-    return [
+    particles = []
+    if cfg.searcher_online:
+        particles = [f"particles (es={cfg.es.get('name')}): {cfg.population} particles x 1 boundary checkpoint each "
+                     f"(the one it stands on; a second while its truncation writes the next) x {_gb(ckpt)} = "
+                     f"{_gb(cfg.population * ckpt)} kept through the search, peak {_gb(2 * cfg.population * ckpt)}"]
+    return [*particles,
         f"checkpoint: {disk.trainable:,} trainable parameters ({what}) x 3 (weights + Adam's two moments) = "
         f"{_gb(ckpt)} and {disk.files_per_checkpoint} files per checkpoint",
         f"checkpoint policy train.keep_checkpoints={policy_text}; {disk.written} written per member "

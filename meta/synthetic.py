@@ -33,6 +33,14 @@ Used through ``inner.entrypoint=meta.synthetic:member``; its behaviour is steere
       requeue), and x exp(time_tracks_fitness x (fitness - 0.5)) so time can track fitness (GRPO: long completions
       take longer); drawn from (generation, index, attempt) alone, so two searches see the same times
       (bench/bench_stragglers.py).
+  unrolled: {floor (0.5), scale (30)}: an unrolled inner problem with a known short-horizon bias instead (SGD on a
+      noisy quadratic): the vector sets a rate r = sigmoid(scale * w.(x - target)) (w as for slope), and a run of n
+      steps takes the loss from 1 through L <- (1 - r)^2 L + r^2 floor; fitness = 1 - L. A large rate wins over a few
+      steps, a small one over many (unrolled_optimum gives both), so a search of short members is biased.
+  es=nres truncations (spec.truncation, results/store/truncation.py): a member continues its particle's run from
+      its boundary checkpoint (the loss there) for steps [start, stop) with its own vector and reports the change of
+      the score over them; step_s sleeps per step, checkpointing the loss in <work_dir>/synthetic_ckpt.json so a
+      requeue resumes mid-truncation (diagnostic resumed_at: the step its last start continued from). Objectives other than ``unrolled`` score a run at step t as fitness x t/horizon.
 Deliberately free of torch so that hundreds of member processes start quickly.
 """
 from __future__ import annotations
@@ -51,6 +59,8 @@ from typing import Any, Mapping, Sequence
 from results.store.atomic import atomic_write_json
 from results.store.intermediate import append_intermediate
 from results.store.records import MemberSpec
+from results.store.truncation import (END_SCORE, START_SCORE, START_STEP, STOP_STEP, Truncation, publish_boundary,
+                                      read_boundary)
 
 #: the seed of the slope option's direction w: one fixed direction for every member and run
 SLOPE_DIRECTION_SEED = "synthetic-slope-direction"
@@ -82,6 +92,26 @@ def linear_objective(params: Sequence[float], slope: float, base: float = 0.5, t
     if not radial:
         return ramp
     return ramp + radial * math.sqrt(sum((float(x) - target) ** 2 for x in params) / len(params))
+
+
+def unrolled_rate(params: Sequence[float], scale: float = 30.0, target: float = 0.02) -> float:
+    """The ``unrolled`` problem's rate r in (0, 1) that the vector sets: sigmoid(scale * w.(x - target))."""
+    w = slope_direction(len(params))
+    z = scale * sum(wi * (float(x) - target) for wi, x in zip(w, params))
+    return 1.0 / (1.0 + math.exp(-max(-50.0, min(50.0, z))))
+
+
+def unrolled_loss(rate: float, steps: int, floor: float = 0.5, loss: float = 1.0) -> float:
+    """The loss after ``steps`` steps of L <- (1 - r)^2 L + r^2 floor from ``loss``."""
+    for _ in range(steps):
+        loss = (1.0 - rate) ** 2 * loss + rate * rate * floor
+    return loss
+
+
+def unrolled_optimum(steps: int, floor: float = 0.5) -> float:
+    """The logit z* = scale * w.(x - target) of the best constant rate for a run of ``steps`` steps (grid, 1e-4)."""
+    best = min(range(1, 10000), key=lambda k: unrolled_loss(k / 10000, steps, floor))
+    return math.log(best / (10000 - best))
 
 
 def params_digest(params: Sequence[float]) -> str:
@@ -124,6 +154,8 @@ def member(spec: MemberSpec | Mapping[str, Any]) -> dict[str, Any]:
         deadline = time.monotonic() + WAIT_FOR_FILE_MAX_S
         while not Path(options["wait_for_file"]).exists() and time.monotonic() < deadline:
             time.sleep(0.1)
+    if spec.truncation is not None:
+        return _truncation(spec, options, start)
     steps_done = _train_steps(Path(spec.work_dir), int(options.get("steps", 0)), float(options.get("step_s", 0.0)))
     injected = spec.attempt < int(options.get("fail_attempts", 1 << 30))
     if injected and _selected(spec, options.get("fail")):
@@ -133,6 +165,11 @@ def member(spec: MemberSpec | Mapping[str, Any]) -> dict[str, Any]:
             time.sleep(0.05)
     if not spec.params:  # a result-table row without a map (KL, ProbL2, Dr. GRPO, the base model)
         fitness = _baseline_fitness(spec, options)
+    elif options.get("unrolled") is not None:
+        unrolled = dict(options["unrolled"] or {})
+        rate = unrolled_rate(spec.params, float(unrolled.get("scale", 30.0)), float(options.get("target", 0.02)))
+        fitness = 1.0 - unrolled_loss(rate, int((spec.inner.get("train") or {}).get("steps") or 0),
+                                      float(unrolled.get("floor", 0.5)))
     elif options.get("slope") is not None or options.get("radial") is not None:
         fitness = linear_objective(spec.params, _slope(spec, options), float(options.get("base", 0.5)),
                                    float(options.get("target", 0.02)), float(options.get("radial") or 0.0))
@@ -157,6 +194,69 @@ def member(spec: MemberSpec | Mapping[str, Any]) -> dict[str, Any]:
         "steps_done": steps_done or 1,
         "evaluations": _evaluations(spec, options, fitness),
     }
+
+
+def _truncation(spec: MemberSpec, options: Mapping[str, Any], started: float) -> dict[str, Any]:
+    """One truncation of a particle's run (the module docstring): the loss at ``start`` from the particle's boundary
+    (1 at step 0), ``stop - start`` steps with this member's vector, the boundary at ``stop`` published, the change of
+    the score reported. A boundary this generation already published is the result (a kill after it, before the
+    result was written)."""
+    piece = Truncation.from_dict(spec.truncation or {})
+    done = read_boundary(piece.boundary(piece.stop))
+    if piece.start == 0:
+        start_score = _score_at(spec, options, 1.0, 0, piece.horizon)
+    else:
+        boundary = read_boundary(piece.boundary(piece.start))
+        if boundary is None:
+            raise RuntimeError(f"particle {piece.particle}: no checkpoint at step {piece.start} of run {piece.episode} "
+                               f"in {piece.particle_dir}")
+        start_score = float(boundary["score"])
+    if done is not None and done.get("generation") == spec.generation:
+        end_score = float(done["score"])
+    else:
+        work = Path(spec.work_dir)
+        work.mkdir(parents=True, exist_ok=True)
+        path = work / CHECKPOINT_FILE
+        initial = 1.0 if piece.start == 0 else json.loads((piece.boundary(piece.start) / CHECKPOINT_FILE).read_text())
+        state = (json.loads(path.read_text()) if path.exists()
+                 else {"step": piece.start, "state": initial, "starts": []})
+        state["starts"].append(state["step"])
+        atomic_write_json(path, state)
+        while state["step"] < piece.stop:  # one step at a time, checkpointed: a requeue resumes mid-truncation
+            time.sleep(float(options.get("step_s", 0.0)))
+            state["state"] = _advance(spec, options, float(state["state"]))
+            state["step"] += 1
+            atomic_write_json(path, state)
+        end_score = _score_at(spec, options, float(state["state"]), piece.stop, piece.horizon)
+        resumed_at = float(state["starts"][-1])  # the step its last start continued from (a requeue's: > start)
+        publish_boundary(piece, end_score, spec.generation,
+                         lambda folder: atomic_write_json(folder / CHECKPOINT_FILE, state["state"]))
+    injected = spec.attempt < int(options.get("fail_attempts", 1 << 30))
+    if injected and _selected(spec, options.get("fail")):
+        raise RuntimeError(f"injected failure for member {spec.generation}:{spec.index}")
+    diagnostics = {START_SCORE: start_score, END_SCORE: end_score, START_STEP: float(piece.start),
+                   STOP_STEP: float(piece.stop)}
+    if done is None or done.get("generation") != spec.generation:
+        diagnostics["resumed_at"] = resumed_at
+    return {"status": "ok", "fitness": end_score - start_score, "val_size": int(options.get("val_size", 1)),
+            "wall_time_s": time.monotonic() - started, "steps_done": piece.stop - piece.start,
+            "diagnostics": diagnostics}
+
+
+def _advance(spec: MemberSpec, options: Mapping[str, Any], loss: float) -> float:
+    """One step of the ``unrolled`` problem with this member's vector (other objectives carry no state)."""
+    if options.get("unrolled") is None:
+        return loss
+    unrolled = dict(options["unrolled"] or {})
+    rate = unrolled_rate(spec.params, float(unrolled.get("scale", 30.0)), float(options.get("target", 0.02)))
+    return unrolled_loss(rate, 1, float(unrolled.get("floor", 0.5)), loss)
+
+
+def _score_at(spec: MemberSpec, options: Mapping[str, Any], loss: float, step: int, horizon: int) -> float:
+    """A particle's validation score at ``step``: 1 - loss (``unrolled``), else the objective x step / horizon."""
+    if options.get("unrolled") is not None:
+        return 1.0 - loss
+    return objective(spec.params, float(options.get("target", 0.02)), float(options.get("width", 0.01))) * step / horizon
 
 
 def _slope(spec: MemberSpec, options: Mapping[str, Any]) -> float:

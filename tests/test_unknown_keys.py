@@ -43,7 +43,7 @@ def test_a_misspelled_group_option_lists_the_choices(tmp_path, capsys, main):
 
 def test_es_choice_typo_names_pgpe(tmp_path, capsys):
     assert run_main([f"run_dir={tmp_path / 'run'}", "new=true", "dry_run=true", "es=pgep"]) == 2
-    assert "cem, cmaes, openai_es_elite, pgpe, snes" in capsys.readouterr().err
+    assert "cem, cmaes, nres, openai_es_elite, pgpe, snes" in capsys.readouterr().err
 
 
 def test_a_plus_on_a_known_key_sets_it_and_free_form_nodes_take_new_fields(tmp_path, capsys):

@@ -27,14 +27,16 @@ from inner_loop.training.evaluate import EvalResult, evaluate, evaluation_entry
 from inner_loop.training.final_model import save_final_model
 from inner_loop.member.gpu_share import apply_memory_share
 from inner_loop.training.intermediate_eval import IntermediateEvalCallback
-from inner_loop.member.records import record_failure, record_success
+from inner_loop.member.records import record_failure, record_success, record_truncation_done
 from inner_loop.member.preflight import record_node_failure, run_preflight
 from inner_loop.training.setup import ExtraRun, PreparedRun, build_trainer, prepare, validate_inner
+from inner_loop.training import truncation as truncations
 from inner_loop.grpo.trainer import MirrorGRPOTrainer
 from results.store.gpu_share import read_gpu_share
 from results.store.layout import FINAL_MODEL_DIR  # a single run's trained model, whatever keep_checkpoints says
 from results.store.provenance import build_run_manifest, write_run_manifest
 from results.store.records import MemberSpec, ResultRecord, read_result
+from results.store.truncation import Truncation
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +127,10 @@ def train_member(spec: MemberSpec | Mapping[str, Any], save_final: bool = False)
     # launcher resubmits it and the init is not charged): inner_loop/member/preflight.py
     run_preflight(spec.inner, work_dir)
     started = time.monotonic()
+    piece = Truncation.from_dict(spec.truncation) if spec.truncation is not None else None
+    if piece is not None and (scores := truncations.finished(piece, spec.generation)) is not None:
+        logger.info("member %s: its truncation's checkpoint is published already; recording it", work_dir)
+        return record_truncation_done(work_dir, piece, scores, started)
     trainer: MirrorGRPOTrainer | None = None
     device: dict[str, Any] = {}
     stage = "config and data"
@@ -151,10 +157,18 @@ def train_member(spec: MemberSpec | Mapping[str, Any], save_final: bool = False)
                                                         params=spec.params, numerics=numerics_used))
         stage = "model and trainer setup"
         trainer = build_trainer(run, work_dir, spec.seed)
+        start_score = None
         if run.cfg.train.steps:
             if run.cfg.train.eval_every:
                 trainer.add_callback(_intermediate_eval(trainer, run, work_dir))
             resume = last_checkpoint(work_dir)
+            if piece is not None:  # es=nres: steps [start, stop) of the particle's run, from its checkpoint
+                stage = "the truncation's start"
+                start_score = truncations.start_score(piece)
+                if start_score is None:  # step 0: the untouched model, scored before it trains
+                    start_score = _evaluate(trainer, run).pass_at_1
+                resume = truncations.resume_folder(piece, resume)
+                trainer.add_callback(truncations.StopAtStep(piece.stop))
             if resume:
                 logger.info("member %s: resuming from %s", work_dir, resume)
             stage = "training"
@@ -173,9 +187,15 @@ def train_member(spec: MemberSpec | Mapping[str, Any], save_final: bool = False)
         if save_final:
             stage = "saving the final model"
             save_final_model(trainer, work_dir)
+        scores = None
+        if piece is not None and start_score is not None:
+            stage = "publishing the truncation's checkpoint"
+            scores = (start_score, evaluation.pass_at_1)
+            truncations.publish(piece, work_dir, scores, spec.generation)
     except Exception as exc:  # a failure is a member outcome with a record, not an orchestrator crash
         return record_failure(work_dir, stage, exc, trainer, started, device)
-    record = record_success(work_dir, run.cfg, trainer, evaluation, started, evaluations, device)
+    record = record_success(work_dir, run.cfg, trainer, evaluation, started, evaluations, device,
+                            truncation=(piece, scores) if piece is not None and scores is not None else None)
     settle_checkpoints(work_dir, run.cfg.train.keep_checkpoints)
     logger.info("member %s: fitness %.4f after %d steps in %.1fs, peak disk %s bytes", work_dir, record.fitness,
                 record.steps_done, record.wall_time_s, record.disk_peak_bytes)

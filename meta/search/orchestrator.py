@@ -34,6 +34,7 @@ from results.store.gpu_share import read_gpu_share, share_text
 from results.store.records import (MEMBER_SEEDS_KEY, NODE_FAILED, UNMEASURED_STATUSES, MemberSpec, ResultRecord,
                                    device_text, read_result)
 from results.store.run_store import RunStore
+from results.store.truncation import Truncation, prune_boundaries
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +92,7 @@ class Orchestrator:
         specs = self._specs(generation, values, center)
         population = int(values.shape[0])
         clock = QuorumClock(population, self.cfg.quorum, self.cfg.straggler_grace)
+        self._prune_particles(generation)
         closed = self.store.read_closed(generation)
         decided = _late_records(closed) if closed else {}
         if closed:
@@ -146,6 +148,7 @@ class Orchestrator:
             },
         )
         self.next_generation = generation + 1
+        self._prune_particles(None)
         self._log_tensorboard()
         self._log_generation(generation, fitness, ok, late, stopped, gen_best, time.monotonic() - started)
 
@@ -164,6 +167,22 @@ class Orchestrator:
                 finalize(spec)
             except Exception as exc:  # housekeeping must never stop a search
                 logger.warning("gen %d member %03d: finalize failed: %s", spec.generation, spec.index, exc)
+
+    def _prune_particles(self, generation: int | None) -> None:
+        """es=nres: each particle keeps only the checkpoint it stands on (after a state is written: ``None``), and,
+        while ``generation`` runs, the ones that generation's members wrote. Idempotent, so a kill between a state
+        and its pruning is mended at the next start; a failure is logged, never fatal."""
+        kept = self.searcher.kept_boundaries()
+        if kept is None:
+            return
+        for index, (episode, step) in enumerate(kept):
+            def keep(e: int, s: int, record: Mapping[str, Any] | None) -> bool:
+                written_now = generation is not None and record is not None and record.get("generation") == generation
+                return (e, s) == (episode, step) or written_now
+            try:
+                prune_boundaries(self.store.particle_dir(index), keep)
+            except OSError as exc:
+                logger.warning("particle %03d: could not delete its old checkpoints: %s", index, exc)
 
     def _population(self, generation: int) -> torch.Tensor:
         values = self.store.read_population(generation)
@@ -275,13 +294,20 @@ class Orchestrator:
         """The population's members, then (control_member) the centre itself as member ``population``."""
         inner = self.cfg.search_member_inner()  # es.member_steps, not train.steps
         rows = [values[index] for index in range(values.shape[0])]
-        if self.cfg.control_member:
+        pieces = self.searcher.truncations()
+        if self.cfg.control_member and pieces is None:
             rows.append(center.to(torch.float64))
         specs = []
         for index, row in enumerate(rows):
             # Common random numbers: all members of a generation train with the same seed(s), so fitness
             # differences come from the mirror maps rather than from sampling noise.
             keys = ("member", generation) if self.cfg.common_random_numbers else ("member", generation, index)
+            truncation = None
+            if pieces is not None:
+                # a particle's run has one seed over all its truncations; the halves of a pair share it
+                piece = pieces[index]
+                keys = ("particle", index // 2, piece["episode"])
+                truncation = Truncation(particle_dir=str(self.store.particle_dir(index)), **piece).to_dict()
             seeds = [member_seed(self.cfg.seed, *keys)]
             seeds += [member_seed(self.cfg.seed, *keys, "seed", k) for k in range(1, self.cfg.seeds_per_member)]
             specs.append(
@@ -293,6 +319,7 @@ class Orchestrator:
                     params=row.tolist(),
                     work_dir=str(self.store.member_dir(generation, index)),
                     inner={**inner, MEMBER_SEEDS_KEY: seeds} if len(seeds) > 1 else inner,
+                    truncation=truncation,
                 )
             )
         return specs

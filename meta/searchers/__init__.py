@@ -19,12 +19,13 @@ def _registry() -> dict[str, type[Searcher]]:
     group (docs/extending.md): a new searcher is its module and its conf/es YAML, no edit here."""
     from meta.searchers.cem import CEMSearcher
     from meta.searchers.cmaes import CMAESSearcher
+    from meta.searchers.nres import NRESSearcher
     from meta.searchers.openai_es import OpenAIESEliteSearcher
     from meta.searchers.pgpe import PGPESearcher
     from meta.searchers.snes import SNESSearcher
     from results.store.entry_points import entry_point_objects
 
-    classes = [PGPESearcher, SNESSearcher, CEMSearcher, CMAESSearcher, OpenAIESEliteSearcher]
+    classes = [PGPESearcher, SNESSearcher, CEMSearcher, CMAESSearcher, OpenAIESEliteSearcher, NRESSearcher]
     classes += entry_point_objects(
         "searchers", "a meta.searchers.base.Searcher subclass",
         lambda c: c.name if isinstance(c, type) and issubclass(c, Searcher) else None).values()

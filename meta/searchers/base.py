@@ -47,6 +47,9 @@ class Searcher(abc.ABC):
     #: the third-party modules it imports (beside torch and numpy), checked before a search starts: a GPU node that
     #: lacks one (ray cannot be carried to an air-gapped node) refuses the searcher with a message, not a traceback
     imports: ClassVar[tuple[str, ...]] = ()
+    #: online (es=nres): a member trains one truncation of its particle's long run (``truncations``), not a whole run;
+    #: such a search has no control member (the centre has no run of its own to continue)
+    online: ClassVar[bool] = False
 
     @classmethod
     def check_population(cls, popsize: int) -> None:
@@ -72,6 +75,21 @@ class Searcher(abc.ABC):
         self.popsize = int(popsize)
         self.seed = int(seed)
         self.check_population(self.popsize)
+
+    @classmethod
+    def planned_member_steps(cls, settings: Mapping[str, Any], population: int, generations: int) -> int | None:
+        """An online searcher's member-steps over ``generations`` when nothing fails (the dry-run plan prices them);
+        None: every member trains a whole run of train.steps."""
+        return None
+
+    def truncations(self) -> list[dict[str, int]] | None:
+        """An online searcher's pieces for the next generation, one per member ({particle, episode, start, stop,
+        horizon}: results/store/truncation.py); None: every member trains a whole run."""
+        return None
+
+    def kept_boundaries(self) -> list[tuple[int, int]] | None:
+        """An online searcher's (episode, step) per member: the checkpoint its particle stands on now."""
+        return None
 
     @abc.abstractmethod
     def ask(self, generation: int) -> torch.Tensor:

@@ -80,7 +80,8 @@ def render(run_dir: str | Path, show_all: bool = False, now: float | None = None
     seeds = int(raw.get("seeds_per_member") or 1)
     per_member = f" x {seeds} seeds per member (fitness: their mean; runs in seed_NN/)" if seeds > 1 else ""
     lines = [f"run {store.root}: population {population}{per_member}, generation {len(done)} of {generations} done",
-             *([horizon] if (horizon := horizon_text(raw)) else []), orchestrator_line(store)]
+             *([horizon] if (horizon := horizon_text(raw)) else []), orchestrator_line(store),
+             *_particle_lines(store, raw, show_all)]
     gen_table = store.read_generations()
     walls = [float(w) for w in gen_table["wall_time_s"]] if len(gen_table) and "wall_time_s" in gen_table else []
     saved: dict[int, float] = {}
@@ -118,6 +119,28 @@ def render(run_dir: str | Path, show_all: bool = False, now: float | None = None
         lines.append(f"search ETA: {format_duration(total)} ({max(0, remaining)} more generation(s) at "
                      f"{format_duration(per)} each, the median so far; re-evaluation not included)")
     return "\n".join(lines) + "\n"
+
+
+def _particle_lines(store: RunStore, raw: Mapping[str, Any], show_all: bool) -> list[str]:
+    """es=nres: where each particle stands in its run (the state after the last finished generation: the truncation
+    it trains next), and the disk its boundary checkpoints hold; nothing for a searcher that trains whole runs."""
+    from results.store.truncation import boundary_bytes
+
+    latest = store.latest_state()
+    state = latest[1].get("searcher", {}) if latest is not None else {}
+    if not {"step", "stop", "episode"} <= set(state):
+        return []
+    horizon = (raw.get("es") or {}).get("horizon_steps") or (raw.get("train") or {}).get("steps")
+    folders = [store.particle_dir(i) for i in range(len(state["step"]) * 2)]
+    lines = [f"particles (es={(raw.get('es') or {}).get('name')}): {len(folders)}, each a run of {horizon} steps; "
+             f"boundary checkpoints {boundary_bytes(folders) / 1e9:.3f} GB"]
+    for pair, (step, stop, episode) in enumerate(zip(state["step"], state["stop"], state["episode"])):
+        if show_all or pair < 4:
+            lines.append(f"  particles {2 * pair:03d}/{2 * pair + 1:03d}: run {episode}, step {step} of {horizon}, "
+                         f"next truncation {step}..{stop}")
+    if not show_all and len(state["step"]) > 4:
+        lines.append(f"  ... {len(state['step']) - 4} more pairs (--all shows every one)")
+    return lines
 
 
 def _after_search(store: RunStore, raw: Mapping[str, Any]) -> list[str]:

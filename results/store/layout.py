@@ -38,6 +38,10 @@ process imports it.
         best/best_member.json                 BEST_DIR / BEST_MEMBER_FILE
       report/                                 REPORT_DIR: where ``python -m results.report`` writes by default
       tensorboard_logs/                       TENSORBOARD_DIR: the search's scalars, one event file per generation
+      particles/                              PARTICLES_DIR: es=nres, one folder per particle (its training run)
+        particle_017/                         particle_dir_name(17)
+          boundary_e0002_s000300/             boundary_dir_name(2, 300): its checkpoint at step 300 of its run
+            boundary.json                     BOUNDARY_FILE: that step, its run (episode) and validation pass@1
 
     tune run_dir/  (``python -m meta.tune``; config.yaml, manifest.json, LOCK and report/ as above)
       study.json                              STUDY_FILE: the study's storage URL and name, the search space
@@ -95,6 +99,13 @@ GENERATIONS_TABLE_FILE = "generations.parquet"
 BEST_DIR = "best"  # inside TABLES_DIR
 BEST_MEMBER_FILE = "best_member.json"
 REPORT_DIR = "report"
+
+#: es=nres: the particles' checkpoints at their truncation boundaries (results/store/truncation.py)
+PARTICLES_DIR = "particles"
+PARTICLE_DIR_PREFIX = "particle_"
+BOUNDARY_DIR_PREFIX = "boundary_"
+#: a boundary checkpoint's record: {episode, step, score}; written last, so a folder without it is incomplete
+BOUNDARY_FILE = "boundary.json"
 
 # -------------------------------------------------------- generation dir
 GENERATION_DIR_PREFIX = "gen_"
@@ -191,6 +202,7 @@ _STATE_SUFFIX = ".pt"
 _GENERATION_RE = re.compile(rf"^{GENERATION_DIR_PREFIX}(\d{{{_GENERATION_WIDTH},}})$")
 _STATE_RE = re.compile(rf"^{GENERATION_DIR_PREFIX}(\d{{{_GENERATION_WIDTH},}}){re.escape(_STATE_SUFFIX)}$")
 _MEMBER_RE = re.compile(rf"^{MEMBER_DIR_PREFIX}(\d{{{_MEMBER_WIDTH},}})$")
+_BOUNDARY_RE = re.compile(rf"^{BOUNDARY_DIR_PREFIX}e(\d{{4,}})_s(\d{{6,}})$")
 _TRIAL_RE = re.compile(rf"^{TRIAL_DIR_PREFIX}(\d{{{_GENERATION_WIDTH},}})$")
 _ARCHIVED_RESULT = "result.attempt{}.json"
 #: a finished run scored afterwards on a task's split (inner_loop/training/transfer.py); task names may hold underscores
@@ -245,6 +257,22 @@ def member_dir_name(index: int) -> str:
 def parse_member_dir_name(name: str) -> int | None:
     """The member index a directory name stands for, or None when it is not a member dir's name."""
     return _parsed(_MEMBER_RE, name)
+
+
+def particle_dir_name(index: int) -> str:
+    """``particle_017``: the folder of es=nres particle 17 (population member 17) inside PARTICLES_DIR."""
+    return f"{PARTICLE_DIR_PREFIX}{_number(index, 'particle index'):0{_MEMBER_WIDTH}d}"
+
+
+def boundary_dir_name(episode: int, step: int) -> str:
+    """``boundary_e0002_s000300``: a particle's checkpoint at ``step`` of its run number ``episode``."""
+    return f"{BOUNDARY_DIR_PREFIX}e{_number(episode, 'episode'):04d}_s{_number(step, 'step'):06d}"
+
+
+def parse_boundary_dir_name(name: str) -> tuple[int, int] | None:
+    """(episode, step) of a boundary folder's name, or None for any other name."""
+    match = _BOUNDARY_RE.match(name)
+    return (int(match.group(1)), int(match.group(2))) if match else None
 
 
 def result_table_file(suffix: str) -> str:

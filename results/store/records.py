@@ -63,6 +63,9 @@ class MemberSpec:
     work_dir: str
     inner: dict[str, Any] = field(default_factory=dict)
     attempt: int = 0
+    #: es=nres: the piece of its particle's run this member trains (results/store/truncation.py: Truncation's
+    #: dict); None: a whole run of train.steps. A class-level default, so specs pickled before it existed load.
+    truncation: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A plain, independent copy. Not ``asdict``: it deep-copies the 380 params one float at a time
@@ -70,6 +73,7 @@ class MemberSpec:
         data = {name: getattr(self, name) for name in self.__dataclass_fields__}
         data["params"] = list(self.params)
         data["inner"] = copy.deepcopy(self.inner)
+        data["truncation"] = dict(self.truncation) if self.truncation is not None else None
         return data
 
     @classmethod

@@ -35,6 +35,7 @@ from results.store.layout import (
     JOBS_FILE,
     LAUNCHER_DIR,
     MEMBERS_TABLE_FILE,
+    PARTICLES_DIR,
     PILOT_FILE,
     PILOT_PLAN_FILE,
     PILOT_RUNS_DIR,
@@ -52,6 +53,7 @@ from results.store.layout import (
     archived_reevaluate_dir_name,
     archived_reporting_dir_name,
     generation_dir_name,
+    particle_dir_name,
     member_dir_name,
     parse_member_dir_name,
     parse_state_file_name,
@@ -120,6 +122,10 @@ class RunStore:
 
     def member_dir(self, generation: int, index: int) -> Path:
         return self.generation_dir(generation) / member_dir_name(index)
+
+    def particle_dir(self, index: int) -> Path:
+        """es=nres: the folder of particle ``index``'s boundary checkpoints (results/store/truncation.py)."""
+        return self.root / PARTICLES_DIR / particle_dir_name(index)
 
     def launcher_dir(self, generation: int) -> Path:
         return self.generation_dir(generation) / LAUNCHER_DIR
