@@ -176,13 +176,34 @@ class SearchConfig:
     def search_member_alone_min(self) -> float:
         """``member_alone_min`` of a search member at es.member_steps: from the measured step time where one is given
         (member_steps x step_time_s + overhead_min), else member_time_min scaled by member_steps / train.steps."""
-        full = self.member_alone_min
-        if self.member_steps == self.full_steps:
+        full, steps = self.member_alone_min, self.longest_search_member_steps  # an online searcher's: a truncation
+        if steps >= self.full_steps:
             return full
         if self.resources.get("step_time_s") is not None:
-            return steps_minutes(self.member_steps, float(self.resources["step_time_s"]),
+            return steps_minutes(steps, float(self.resources["step_time_s"]),
                                  float(self.resources.get("overhead_min") or 0.0))
-        return full * self.member_steps / max(1, self.full_steps)
+        return full * steps / max(1, self.full_steps)
+
+    @property
+    def longest_search_member_steps(self) -> int:
+        """The most steps one search member trains: es.member_steps, or an online searcher's longest truncation."""
+        from meta.searchers import searcher_class
+
+        bound = searcher_class(str(self.es.get("name", ""))).longest_member_steps(self.es)
+        return self.member_steps if bound is None else int(bound)
+
+    @property
+    def search_timeout_s(self) -> float:
+        """inner.timeout_s of a search member: the whole run's limit scaled to the longest search member's expected
+        time where a measured step time gives it (steps x resources.step_time_s + overhead_min), so that a hung
+        100-step member does not hold its GPU (and its SLURM array task does not ask for) a 1,600-step run's hours.
+        Without a measured step time the whole run's limit stays: a member's fixed cost (model load, validation)
+        cannot be told from its steps, and a healthy short member must never be cut."""
+        steps, step_s = self.longest_search_member_steps, self.resources.get("step_time_s")
+        if steps >= self.full_steps or step_s is None or self.member_alone_min <= 0:
+            return self.inner_timeout_s
+        short = steps_minutes(steps, float(step_s), float(self.resources.get("overhead_min") or 0.0))
+        return float(math.ceil(self.inner_timeout_s * min(1.0, short / self.member_alone_min)))
 
     @property
     def member_alone_min(self) -> float:

@@ -202,7 +202,7 @@ def _plan_context(cfg: SearchConfig, raw: Mapping[str, Any], generations: int = 
     """What the launcher's part of the plan reads of the search (launch/base.py: PlanContext)."""
     return PlanContext(
         members_per_generation=members_per_generation(cfg), generations=generations, first_generation=first,
-        inner_timeout_s=cfg.inner_timeout_s, resources=cfg.resources,
+        inner_timeout_s=cfg.search_timeout_s, resources=cfg.resources,  # the generation's members' limit
         num_threads=int(raw["train"].get("num_threads") or 1), sharing=member_sharing(raw),
         launcher_dir=store.launcher_dir(first) if store is not None else None, run_id=run_id or "RUNID")
 
@@ -251,7 +251,9 @@ def _member_hours(cfg: SearchConfig, sharing: GpuSharing, generations: int, afte
 
 
 def member_steps_key(cfg: SearchConfig) -> str:
-    """The key a search member's steps come from, as the plan names it."""
+    """The key a search member's steps come from, as the plan names it (an online searcher's: its truncation)."""
+    if cfg.longest_search_member_steps != cfg.member_steps:
+        return "es.truncation_steps" if cfg.es.get("truncation_steps") is not None else "its truncation's steps"
     return "train.steps" if cfg.member_steps == cfg.full_steps else f"es.{MEMBER_STEPS_KEY}"
 
 
@@ -339,10 +341,10 @@ def build_plan(
         f"model={raw['model'].get('name')} train.steps={raw['train'].get('steps')}"
         + (f", es.{MEMBER_STEPS_KEY}={cfg.member_steps}" if cfg.member_steps != cfg.full_steps else ""),
         f"time per member: {round(member_min, 1):g} min expected ({shared_text}"
-        f"{member_time_text(cfg.resources, cfg.member_steps, member_steps_key(cfg))}); "
+        f"{member_time_text(cfg.resources, cfg.longest_search_member_steps, member_steps_key(cfg))}); "
         f"inner.timeout_s={cfg.inner_timeout_s:g} s ({cfg.inner_timeout_s / 3600:.2f} h) of running time, summed over "
-        "requeues",
-        *timeout_headroom_lines(cfg.inner_timeout_s, member_min * cfg.seeds_per_member),
+        "requeues" + search_timeout_text(cfg),
+        *timeout_headroom_lines(cfg.search_timeout_s, member_min * cfg.seeds_per_member),
     ]
     lines += member_steps_line(cfg)
     part = _launcher_plan(cfg, _plan_context(cfg, raw, generations, first, store, run_id))
@@ -362,7 +364,9 @@ def build_plan(
     selection, reporting, done = runs_left(cfg, store, resuming)
     runs = training_runs(cfg, generations, selection, reporting)
     gpu_h = search_gpu_hours(cfg, sharing, gpus, generations, selection + reporting)
-    worst_h = gpu_time_h(runs * (cfg.retries + 1) * (cfg.inner_timeout_s / 3600.0), gpus, sharing.members_per_gpu)
+    worst_h = gpu_time_h((search_runs(cfg, generations) * cfg.search_timeout_s
+                          + (selection + reporting) * cfg.inner_timeout_s) * (cfg.retries + 1) / 3600.0,
+                         gpus, sharing.members_per_gpu)
     control = " (population + the control member)" if cfg.control_member else ""
     scope = "what is left of the search" if resuming else "whole search"
     online = online_cost(cfg, raw, generations)
@@ -433,6 +437,14 @@ def online_lines(cfg: SearchConfig, raw: Mapping[str, Any], online: OnlineCost, 
     ]
 
 
+def search_timeout_text(cfg: SearchConfig) -> str:
+    """The plan's note of a search member's own limit, where it is shorter than the whole run's."""
+    if cfg.search_timeout_s >= cfg.inner_timeout_s:
+        return ""
+    return (f"; a search member's {cfg.search_timeout_s:g} s ({cfg.search_timeout_s / 3600:.2f} h), the limit scaled "
+            f"to its {cfg.longest_search_member_steps} steps at resources.step_time_s")
+
+
 def timeout_headroom_lines(timeout_s: float, expected_min: float) -> list[str]:
     """A warning when a member's running-time limit leaves less than TIMEOUT_HEADROOM x its expected time: a
     member slower than expected (seed spread, a slower node, a requeue's reload) would be killed near its end."""
@@ -469,7 +481,8 @@ def early_stop_lines(cfg: SearchConfig, generations: int, member_h: float, gpus:
 
 
 def _disk_lines(raw: Mapping[str, Any], cfg: SearchConfig, concurrent: int, generations: int) -> list[str]:
-    disk = disk_plan({**raw, "train": member_train(raw["train"], cfg.member_steps)})  # a search member's checkpoints
+    # a search member's checkpoints (an online searcher's: its longest truncation's)
+    disk = disk_plan({**raw, "train": member_train(raw["train"], cfg.longest_search_member_steps)})
     if disk is None:
         return [f"disk: unknown for model={raw['model'].get('name')} (no parameter count known for it here)"]
     model = raw["model"]
@@ -494,7 +507,7 @@ def _disk_lines(raw: Mapping[str, Any], cfg: SearchConfig, concurrent: int, gene
         f"checkpoint: {disk.trainable:,} trainable parameters ({what}) x 3 (weights + Adam's two moments) = "
         f"{_gb(ckpt)} and {disk.files_per_checkpoint} files per checkpoint",
         f"checkpoint policy train.keep_checkpoints={policy_text}; {disk.written} written per member "
-        f"({member_steps_key(cfg)}={cfg.member_steps} / save_every={raw['train'].get('save_every')})",
+        f"({member_steps_key(cfg)}={cfg.longest_search_member_steps} / save_every={raw['train'].get('save_every')})",
         f"disk per member: peak {_gb(disk.steady * ckpt)} ({disk.steady} checkpoint(s); one more for a moment while "
         f"the next is written), left after it finished {_gb(disk.kept * ckpt)}",
         f"disk per generation: peak {_gb(peak_ckpts * ckpt)} ({peak_ckpts} checkpoints, "

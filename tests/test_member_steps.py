@@ -65,6 +65,26 @@ def test_the_plan_prices_search_members_at_member_steps_and_the_runs_after_at_tr
     assert "16 written per member (train.steps=1600 / save_every=100)" in full
 
 
+def test_a_search_members_time_limit_follows_its_steps_where_a_step_time_is_measured(tmp_path, capsys, monkeypatch):
+    """A 100-step member of a 1,600-step preset is limited (and its SLURM array task asks) for its own time x the
+    preset's timeout_factor, not the whole run's 10.3 h; the runs after the search keep the whole run's limit. Without a
+    measured step time (the tiny preset) the whole run's limit stays: a short member's fixed cost is unknown."""
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")  # no scheduler command is asked
+    cfg = build_search_config(compose(["experiment=mbpp_qwen3", "es.member_steps=100", MBPP[-1]]))
+    assert cfg.inner_timeout_s == 412 * 60 * 1.5
+    assert cfg.search_timeout_s == 37 * 60 * 1.5  # (100 x 15 s + 12 min) rounded up to 37 min, x 1.5
+    assert build_search_config(compose(["experiment=mbpp_qwen3", MBPP[-1]])).search_timeout_s == cfg.inner_timeout_s
+    assert main([f"run_dir={tmp_path / 'a'}", *MBPP]) == 0
+    full = capsys.readouterr().out
+    assert main([f"run_dir={tmp_path / 'b'}", *MBPP, "es.member_steps=100"]) == 0
+    short = capsys.readouterr().out
+    assert "a search member's 3330 s" in short and "a search member's" not in full
+    sbatch_time = [int(re.search(r"#SBATCH --time=(\d+)", out).group(1)) for out in (full, short)]
+    assert sbatch_time[1] * 5 < sbatch_time[0]
+    tiny = build_search_config(compose(["es.member_steps=15"]))
+    assert tiny.search_timeout_s == tiny.inner_timeout_s
+
+
 def test_members_train_member_steps_the_runs_after_train_steps_and_status_and_report_say_so(tmp_path):
     assert main([f"run_dir={tmp_path}", *SYNTH, "generations=1", "es.member_steps=20", "reevaluate.top_k=1",
                  "reevaluate.seeds=2", "reevaluate.report_seeds=2", "reevaluate.baselines=[center]"]) == 0

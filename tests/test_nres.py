@@ -243,6 +243,8 @@ def test_the_mbpp_plan_of_nres_costs_at_most_an_eighth_of_the_whole_run_search_a
     assert share <= 1 / 8
     assert "a particle pays for its run once over the search" in out
     assert "180 particles x 1 boundary checkpoint each" in out and "#SBATCH --array=0-179%180" in out
+    # a truncation's time limit (and its array task's --time) is its own 100 steps', not the whole run's 10.3 h
+    assert "a search member's 3330 s" in out and "#SBATCH --time=56" in out
 
 
 def test_a_training_run_in_two_truncations_continues_from_the_particles_checkpoint(tmp_path, monkeypatch):

@@ -56,7 +56,7 @@ class Orchestrator:
         self.store = store
         self.launcher = launcher
         self.run_id = run_id
-        self.policy = runner_policy(cfg.retries, cfg.inner_timeout_s, cfg.launcher)
+        self.policy = runner_policy(cfg.retries, cfg.search_timeout_s, cfg.launcher)  # search members' own
         self.searcher: Searcher = build_searcher(cfg.es, cfg.center(), cfg.population, cfg.seed)
         self.best: dict[str, Any] | None = None
         self.next_generation = 0

@@ -82,6 +82,12 @@ class Searcher(abc.ABC):
         None: every member trains a whole run of train.steps."""
         return None
 
+    @classmethod
+    def longest_member_steps(cls, settings: Mapping[str, Any]) -> int | None:
+        """An online searcher's most steps in one member (its longest truncation: what a member's time limit must
+        cover); None: a member trains a whole run of es.member_steps."""
+        return None
+
     def truncations(self) -> list[dict[str, int]] | None:
         """An online searcher's pieces for the next generation, one per member ({particle, episode, start, stop,
         horizon}: results/store/truncation.py); None: every member trains a whole run."""

@@ -118,6 +118,13 @@ class NRESSearcher(Searcher):
         return planned_steps(population, generations, int(settings["horizon_steps"]),
                              settings.get("truncation_steps"), bool(settings.get("stagger", False)))
 
+    @classmethod
+    def longest_member_steps(cls, settings: Mapping[str, Any]) -> int | None:
+        horizon = int(settings["horizon_steps"])
+        if bool(settings.get("stagger", False)):  # a staggered pair's first truncation can span nearly the whole run
+            return horizon
+        return truncation_length(horizon, settings.get("truncation_steps"))
+
     # ------------------------------------------------------------ particles
     def _noise(self, pair: int, episode: int) -> torch.Tensor:
         """The pair's noise for its run number ``episode``: a pure function of (seed, pair, episode)."""
