@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import pytest
 
 from inner_loop.generation.backends import CONTINUOUS_BATCHING, HF_GENERATE, PERSISTENT_COMPILED, STATIC_CACHE
 from inner_loop.models.from_config import ARCHITECTURES, architecture_config
+from time_limits import run_with_progress
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench" / "bench_member_gpu.py"
@@ -60,11 +60,11 @@ def _positive(row: dict, *keys: str) -> None:
 
 def test_bench_runs_on_cpu_and_reports_every_figure(tmp_path):
     out = tmp_path / "summary.json"
-    proc = subprocess.run([sys.executable, str(BENCH), "--device", "cpu", *SHAPES, "--members", "1,2",
+    proc = run_with_progress([sys.executable, str(BENCH), "--device", "cpu", *SHAPES, "--members", "1,2",
                            "--backends", f"{HF_GENERATE},{HF_STATIC},{HF_PERSISTENT},{CONTINUOUS_BATCHING}",
                            "--share-backends", HF_GENERATE, "--compile-backend", "aot_eager",
                            "--json", str(out), "--work-dir", str(tmp_path / "work")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+                          cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads(out.read_text())
 

@@ -17,6 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 import gpu_pass  # noqa: E402  (scripts/gpu_pass.py, for its plan and its rules)
+from time_limits import scaled, wait_until  # noqa: E402
 
 STANDIN = ROOT / "tests" / "standin_bench.py"
 #: the bench settings the pass measures, in its order: the compiled cache that decides the presets first, then its
@@ -29,14 +30,6 @@ def pass_command(record: Path, work: Path, budget_min: float = 10.0) -> list[str
             str(STANDIN), "--record", str(record), "--work", str(work), "--budget-min", str(budget_min)]
 
 
-def wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
 def calls(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.is_file() else []
 
@@ -47,7 +40,8 @@ def run_pass(tmp_path: Path, only: str, *extra: str, **standin: str) -> subproce
     env = {**os.environ, "STANDIN_CALLS": str(tmp_path / "calls.txt"), **standin}
     command = pass_command(tmp_path / "pass.jsonl", tmp_path / "w")
     command[command.index("bench")] = only
-    return subprocess.run([*command, *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run([*command, *extra], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=scaled(120))
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -59,7 +53,7 @@ def test_a_pass_cut_anywhere_is_finished_by_a_second_call_without_measuring_anyt
     first = subprocess.Popen(pass_command(record, tmp_path / "w1"), cwd=ROOT, env=env, start_new_session=True,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        wait_for(lambda: len(calls(calls_file)) >= cut_during or first.poll() is not None, 120,
+        wait_until(lambda: len(calls(calls_file)) >= cut_during or first.poll() is not None, 120,
                  f"setting {cut_during} to start")
     finally:
         os.killpg(first.pid, signal.SIGKILL)  # what a command limit does: everything, mid-measurement
@@ -69,7 +63,7 @@ def test_a_pass_cut_anywhere_is_finished_by_a_second_call_without_measuring_anyt
     before = calls(calls_file)
 
     second = subprocess.run(pass_command(record, tmp_path / "w2"), cwd=ROOT, env=env, capture_output=True, text=True,
-                            timeout=300)
+                            timeout=scaled(300))
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     again = calls(calls_file)[len(before):]
     assert again == SETTINGS[cut_during - 1:]  # the cut one and the rest; nothing measured is measured again
@@ -103,7 +97,7 @@ def test_a_compiled_cache_measured_faster_by_the_rule_is_what_the_pass_says_to_s
     record, calls_file = tmp_path / "pass.jsonl", tmp_path / "calls.txt"
     env = {**os.environ, "STANDIN_CALLS": str(calls_file), "STANDIN_PERSISTENT_STEP_S": "6.0", "STANDIN_SLEEP": "0"}
     done = subprocess.run(pass_command(record, tmp_path / "w"), cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=scaled(300))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "decode_cache=persistent_compiled: 2.50x the dynamic cache's step" in done.stdout
     assert "static_compiled" not in done.stdout  # not measured: its CUDA graphs are recorded at every step
@@ -120,7 +114,7 @@ def test_the_budget_stops_the_pass_before_a_check_it_cannot_finish(tmp_path):
     record, calls_file = tmp_path / "pass.jsonl", tmp_path / "calls.txt"
     env = {**os.environ, "STANDIN_CALLS": str(calls_file)}
     done = subprocess.run(pass_command(record, tmp_path / "w", budget_min=0.5), cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=scaled(120))
     assert done.returncode == 3, done.stdout[-2000:] + done.stderr[-2000:]  # incomplete: call again
     assert not calls(calls_file) and not record.exists()  # nothing started, nothing recorded as measured
     assert "not started" in done.stderr and "not run" in done.stdout
@@ -156,11 +150,11 @@ def test_a_bench_stopped_at_the_budget_takes_its_members_with_it(tmp_path):
         stderr=subprocess.DEVNULL)
     marker = str(work / "hf_generate-x1" / "job-0.json")
     try:
-        wait_for(lambda: member_pids(marker) or bench.poll() is not None, 300, "the member to start")
+        wait_until(lambda: member_pids(marker) or bench.poll() is not None, 300, "the member to start")
         assert member_pids(marker), "the bench ended before its member started"
         os.killpg(bench.pid, signal.SIGTERM)  # what scripts/gpu_pass.py sends first at its budget
-        bench.wait(timeout=60)
-        wait_for(lambda: not member_pids(marker), 30, "the member to end with its bench")
+        bench.wait(timeout=scaled(60))
+        wait_until(lambda: not member_pids(marker), 30, "the member to end with its bench")
     finally:
         for pid in member_pids(marker):
             os.kill(pid, signal.SIGKILL)
@@ -252,7 +246,7 @@ def test_a_bench_stopped_at_its_limit_is_cut_while_compiling_and_failed_while_st
 
 def test_a_misnamed_bench_setting_in_bench_minutes_is_refused_naming_the_settings(tmp_path):
     done = subprocess.run([*pass_command(tmp_path / "r.jsonl", tmp_path / "w"), "--bench-minutes", "bench:dynamic=3"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+                          cwd=ROOT, capture_output=True, text=True, timeout=scaled(120))
     assert done.returncode == 2 and "bench:dynamic:x1" in done.stderr and not (tmp_path / "r.jsonl").exists()
 
 
