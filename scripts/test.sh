@@ -27,8 +27,8 @@ if [ "$WORKERS" != 0 ]; then SPREAD=(-n "$WORKERS" --dist loadfile --no-loadscop
 for arg in "$@"; do
     if [ -e "${arg%%::*}" ]; then "${PYTEST[@]}" "${SPREAD[@]}" "$@"; exit $?; fi
 done
-# Tests marked heavy (each takes every core: a whole job, a vLLM engine) run one at a time across both sessions: they
-# lock one file (tests/heavy_lock.py). Time limits follow progress, not the clock (tests/time_limits.py).
+# The heavy test files (each takes every core: a whole job, a vLLM engine) run one at a time across both sessions:
+# one worker runs them in turn, and they lock one file (tests/heavy_lock.py). Time limits follow progress, not the clock (tests/time_limits.py).
 export MIRROR_ES_HEAVY_LOCK
 MIRROR_ES_HEAVY_LOCK=$(mktemp "${TMPDIR:-/tmp}/mirror-es-heavy.XXXXXX.lock")
 # (each session in pytest's own numbered temp dir: the SLURM tests recognise an interrupted session's jobs by it)

@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from node_bundle import Target, canonical, parse_node_packages, project_pins, resolve  # noqa: E402
 from time_limits import run_with_progress
 
-pytestmark = [pytest.mark.slow, pytest.mark.heavy]  # a whole job: every core
+pytestmark = pytest.mark.slow
 PROBE = ROOT / "tests" / "import_probe"
 NODE_LIST = ROOT / "tests" / "fixtures" / "gpu_node_packages.txt"
 #: our own top-level packages (the repository travels to the node; PYTHONPATH names it)

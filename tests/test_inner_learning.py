@@ -46,7 +46,7 @@ NO_COLLAPSE_MARGIN = 0.15
 DIVERGENCES = ("kl", "prob_l2", "neural_mirror")
 TRUST_REGIONS = ("kl3_clip", "dppo_tv", "dppo_kl", "spo", "drpo")
 
-pytestmark = [pytest.mark.slow, pytest.mark.heavy]  # two member processes at once: every core
+pytestmark = pytest.mark.slow
 
 
 def _default_inner(divergence: str, **train: object) -> dict:

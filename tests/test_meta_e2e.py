@@ -24,7 +24,6 @@ def _python(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-@pytest.mark.heavy  # a whole job, members side by side: every core
 def test_embedded_default_search_export_and_single_run(tmp_path):
     """The embedded default with its control member, selection (top 1 member + centre, 2 seeds each) and the
     result table (the exported init and the 7 baselines on 2 other seeds, with the test split), exported by its

@@ -21,7 +21,7 @@ from conf_groups import PRESETS, preset_sampling
 from results.store.layout import RESULT_FILE
 from time_limits import run_with_progress
 
-pytestmark = [pytest.mark.slow, pytest.mark.heavy]  # vLLM's CPU engine threads over every core
+pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 if importlib.util.find_spec("vllm") is None:
     if os.environ.get("MIRROR_ES_REQUIRE_VLLM"):

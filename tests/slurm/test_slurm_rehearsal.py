@@ -18,7 +18,7 @@ from results.store.run_store import RunStore
 from slurm_helpers import LocalSlurm
 from time_limits import scaled
 
-pytestmark = [pytest.mark.slow, pytest.mark.heavy]  # a whole job on the cluster's CPUs
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "fixtures" / "mbpp_rehearsal"
