@@ -213,7 +213,8 @@ def _peak_memory(device: str) -> dict[str, Any]:
     if device == "cuda" and torch.cuda.is_initialized():
         # what the member held from the driver at its peak (its cap counts it; a static KV cache and the CUDA graph
         # pools are held through the backward) beside its peak allocation, and the graph pools at the end
-        out.update(peak_memory_bytes=torch.cuda.max_memory_allocated(), peak_memory_kind="torch.cuda.max_memory_allocated",
+        out.update(peak_memory_bytes=torch.cuda.max_memory_allocated(),
+                   peak_memory_kind="torch.cuda.max_memory_allocated",
                    peak_gpu_reserved_bytes=torch.cuda.max_memory_reserved(),
                    graph_pool_bytes=private_pool_bytes(torch.cuda.memory_snapshot())[0])
     return out

@@ -18,11 +18,11 @@ command cut at its limit loses only the check in flight and a second call finish
    recorded at every step (docs/gpus.md, "Decoding").
 
 ``--only`` runs the checks it names in the order it names them. Each bench setting has a budget (ALONE_MINUTES and
-SHARING_MINUTES, the minutes it needs on one H100): it is not started with less left, and is stopped at BENCH_LIMIT_MARGIN times it. A
-setting stopped before any member logged its first step was still building the model or compiling: that is recorded
-as cut, not failed, and a second call measures it again (with inductor's cache on the machine then warm). Each
-setting's member logs (with ``TORCH_LOGS=graph_breaks,recompiles,cudagraphs``) stay in ``--work``, by default
-beside the record.
+SHARING_MINUTES, the minutes it needs on one H100): it is not started with less left, and is stopped at
+BENCH_LIMIT_MARGIN times it. A setting stopped before any member logged its first step was still building the model
+or compiling: that is recorded as cut, not failed, and a second call measures it again (with inductor's cache on the
+machine then warm). Each setting's member logs (with ``TORCH_LOGS=graph_breaks,recompiles,cudagraphs``) stay in
+``--work``, by default beside the record.
 
 Each check's outcome is appended to ``--record`` (JSON lines, fsync'd) as it ends. A later call with the same record
 skips every check already measured on the same machine (card and host; passed or failed) and reruns those cut or
@@ -85,12 +85,13 @@ BENCH_STEPS = 3
 #: recompile, a CUDA graph recorded again) shows in the s/step as well as in the member's decode counts
 COMPILED_BENCH_STEPS = 6
 #: minutes each bench setting needs on one H100 at the preset's shapes (one member alone, by cache; k members sharing
-#: the card, by k): the least budget it is started with (the lines of docs/gpus.md's one call add up to 8.25 of its 9). From the H100 pass of 2026-11-27 (docs/benchmarks.md):
-#: a member's process start, imports, model load and trainer ~45 s, its first step 44 s, then 24.6 s a step with the
-#: dynamic cache (45 + 44 + 2 x 24.6 = 138 s); persistent_compiled: the model built first on a fresh machine (~30 s
-#: in bf16 on the card), the same start, the compile in its first step (<= 120 s aimed), 5 steps at the issue's
-#: expected ~5 s (45 + 30 + 120 + 25 = 220 s); two members sharing the card with the faster cache: both start at
-#: once, compile from inductor's warm cache, and step a little slower
+#: the card, by k): the least budget it is started with (the lines of docs/gpus.md's one call add up to 8.25 of its
+#: 9). From the H100 pass of 2026-11-27 (docs/benchmarks.md): a member's process start, imports, model load and
+#: trainer ~45 s, its first step 44 s, then 24.6 s a step with the dynamic cache (45 + 44 + 2 x 24.6 = 138 s);
+#: persistent_compiled: the model built first on a fresh machine (~30 s in bf16 on the card), the same start, the
+#: compile in its first step (<= 120 s aimed), 5 steps at the issue's expected ~5 s (45 + 30 + 120 + 25 = 220 s); two
+#: members sharing the card with the faster cache: both start at once, compile from inductor's warm cache, and step
+#: a little slower
 ALONE_MINUTES = {PERSISTENT_COMPILED: 3.5, DYNAMIC_CACHE: 2.25}
 SHARING_MINUTES = {2: 2.5, 4: 3.0}
 #: a bench setting is stopped at this many times the minutes it needs (a finding: it ran past what it needs)
@@ -370,8 +371,8 @@ def run_bench(ctx: Pass, cache: str, members: int, key: str, need_min: float) ->
                        ran_as=sorted({str(r.get("ran_as")) for r in ok}))
     status = PASSED if len(ok) == members else FAILED
     detail = (f"{figures.get('step_s', 0):.2f} s/step ({_generation_text(figures)}), "
-              f"{figures.get('tokens_per_s', 0):.0f} completion tok/s, {figures.get('held_gib_member', 0):.1f} GiB held "
-              "per member" if status == PASSED
+              f"{figures.get('tokens_per_s', 0):.0f} completion tok/s, "
+              f"{figures.get('held_gib_member', 0):.1f} GiB held per member" if status == PASSED
               else f"{len(ok)}/{members} members ok: {'; '.join(figures['errors'])[:1200]}")
     # a compiled decode step must have replayed, not recompiled or recorded its CUDA graph again at every step
     problems = [decode_counts_problem({"generation": {"decode_cache": cache, "decode_counts": r.get("decode_counts")}})

@@ -78,8 +78,8 @@ def test_the_acceptance_run_trains_every_record_on_the_device_it_names_without_r
     # ray when it is imported, and the members must not need either
     env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": f"{PROBE}{os.pathsep}{ROOT}",
            "MIRROR_ES_BLOCK_IMPORTS": "ray,vllm", "MIRROR_ES_IMPORT_LOG": str(log)}
-    done = run_with_progress([str(ROOT / "scripts" / "gpu_check.sh"), "--device", "cpu", "--work", str(tmp_path / "job"),
-                              "--json", str(out)], cwd=ROOT, env=env)
+    done = run_with_progress([str(ROOT / "scripts" / "gpu_check.sh"), "--device", "cpu", "--work",
+                              str(tmp_path / "job"), "--json", str(out)], cwd=ROOT, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "CUDA tests" in done.stderr and "skipped: no usable CUDA device" in done.stderr
     summary = json.loads(out.read_text())

@@ -101,7 +101,8 @@ def _run_driven(launcher: LocalLauncher, specs: list[MemberSpec], folder: Path,
                 drive: Callable[[MemberArrayRunner], None]) -> dict[int, Any]:
     """The members to their final records, ``drive`` acting on them once per polling round."""
     runner = MemberArrayRunner(launcher, ENTRY, specs, {}, lambda jobs: None, folder,
-                               RunnerPolicy(retries=0, timeout_s=scaled(120), result_scan_interval_s=0.05), on_tick=drive)
+                               RunnerPolicy(retries=0, timeout_s=scaled(120), result_scan_interval_s=0.05),
+                               on_tick=drive)
     try:
         return runner.run()
     finally:

@@ -39,7 +39,8 @@ def _gpu_torch(monkeypatch: pytest.MonkeyPatch, *, cuda: str | None = "12.8", in
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: H200)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: 11_808_000_000)
     monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda: 15_032_385_536)  # 14 GiB
-    monkeypatch.setattr(torch.cuda, "memory_snapshot", lambda *args, **kwargs: [  # a CUDA graph's pool beside the default
+    # a CUDA graph's pool beside the default one
+    monkeypatch.setattr(torch.cuda, "memory_snapshot", lambda *args, **kwargs: [
         {"segment_pool_id": (0, 0), "total_size": 2 << 30, "allocated_size": 1 << 30},
         {"segment_pool_id": (1, 0), "total_size": 512 << 20, "allocated_size": 100 << 20}])
     monkeypatch.setattr(device, "kernel_problem", lambda where: "")  # TRL's kernels run on the simulated GPU

@@ -174,8 +174,8 @@ def test_staged_fixtures_train_with_the_network_blocked(tmp_path):
     (blocker / "sitecustomize.py").write_text(BLOCK_NETWORK)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(blocker), str(ROOT)]), "HF_HUB_OFFLINE": "1",
            "HF_DATASETS_OFFLINE": "1", "HF_DATASETS_CACHE": str(tmp_path / "datasets-cache")}
-    done = run_with_progress([sys.executable, "-m", "meta.run", *SEARCH, f"stage.cache_dir={cache}", f"run_dir={run_dir}",
-                              "launcher=debug"], cwd=ROOT, env=env)
+    done = run_with_progress([sys.executable, "-m", "meta.run", *SEARCH, f"stage.cache_dir={cache}",
+                              f"run_dir={run_dir}", "launcher=debug"], cwd=ROOT, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     manifest = json.loads((run_dir / "manifest.json").read_text())
     pins = {item["repo_id"]: item for item in manifest["staged"]["items"]}

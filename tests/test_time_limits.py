@@ -21,7 +21,8 @@ def test_a_silent_command_that_keeps_computing_is_not_stopped_at_its_quiet_limit
 
 def test_a_child_in_a_session_of_its_own_counts_as_progress():
     """The bench and the launchers start members in sessions of their own; the parent waits, idle, on them."""
-    child = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {BUSY.format(s=4)!r}], start_new_session=True)"
+    child = (f"import subprocess, sys; subprocess.run([sys.executable, '-c', {BUSY.format(s=4)!r}], "
+             "start_new_session=True)")
     done = run_with_progress([sys.executable, "-c", child], quiet_s=1.5)
     assert done.returncode == 0 and done.stdout.strip() == "done"
 
