@@ -25,7 +25,7 @@ TERMINAL_STATES = frozenset(
     {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
      "BOOT_FAIL", "DEADLINE"}
 )
-COMMAND_TIMEOUT_S = 20.0
+COMMAND_TIMEOUT_S = scaled(20.0)
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ def test_a_requeued_member_adds_up_its_running_time_and_not_its_queue_time(
     member_specs = specs(tmp_path, 1, {"steps": 10, "step_s": 1.0})
     work_dir = Path(member_specs[0].work_dir)
     background = Background(SlurmLauncher(**FAST, time_min=15, job_name="mirror-es-ledger"), member_specs,
-                            tmp_path / "launcher", timeout_s=600)
+                            tmp_path / "launcher", timeout_s=scaled(600))
     deadline = time.monotonic() + scaled(60)
     while _step(work_dir) < 3:
         assert time.monotonic() < deadline, "member not at step 3 within 60 s"

@@ -107,7 +107,7 @@ def test_node_out_of_service_for_good_ends_the_member_after_max_pending_s(
     saved: dict[int, dict] = {}
     runner = MemberArrayRunner(
         launcher, ENTRY, member_specs, {}, saved.update, tmp_path / "launcher",
-        RunnerPolicy(retries=0, timeout_s=600, kill_grace_s=30, max_pending_s=launcher.config.max_pending_s),
+        RunnerPolicy(retries=0, timeout_s=scaled(600), kill_grace_s=30, max_pending_s=launcher.config.max_pending_s),
     )
     outcome: dict = {}
     thread = threading.Thread(target=lambda: outcome.update(records=runner.run()), daemon=True)

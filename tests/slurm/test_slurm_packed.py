@@ -77,7 +77,7 @@ def test_packed_tasks_end_each_member_alone(slurm_cluster: LocalSlurm, tmp_path:
 
     saved: dict[int, dict] = {}
     runner = MemberArrayRunner(SlurmLauncher(**PACKED), ENTRY, members, jobs, saved.update, folder,
-                               RunnerPolicy(retries=0, timeout_s=600, kill_grace_s=30), on_tick=drive)
+                               RunnerPolicy(retries=0, timeout_s=scaled(600), kill_grace_s=30), on_tick=drive)
     final = runner.run()
     assert set(acted) == {"killed", "stopped", "requeued"}
     assert {i: r.status for i, r in final.items()} == {0: "ok", 1: "ok", 2: "failed", 3: "ok", 4: "late", 5: "ok"}

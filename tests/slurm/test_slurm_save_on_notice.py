@@ -31,7 +31,7 @@ def test_scontrol_requeue_costs_at_most_the_step_under_way(slurm_cluster: LocalS
     saved_jobs: dict[int, dict] = {}
     runner = MemberArrayRunner(SlurmLauncher(**FAST, time_min=15, job_name="mirror-es-notice-requeue"), ENTRY,
                                [spec], {}, saved_jobs.update, tmp_path / "launcher",
-                               RunnerPolicy(retries=0, timeout_s=900, kill_grace_s=30))
+                               RunnerPolicy(retries=0, timeout_s=scaled(900), kill_grace_s=30))
     outcome: dict = {}
     thread = threading.Thread(target=lambda: outcome.update(records=runner.run()), daemon=True)
     thread.start()
