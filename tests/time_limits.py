@@ -73,7 +73,8 @@ def run_with_progress(args: Sequence[str], *, quiet_s: float = QUIET_S, input: s
     """``subprocess.run(args, capture_output=True, text=True)``, stopped only when neither its output nor the CPU time
     of its process tree (it and every process it started) grew for ``quiet_s`` seconds; then its session is killed
     and ``subprocess.TimeoutExpired`` raised, with the output so far. ``popen``: cwd, env."""
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+    captured = [tempfile.TemporaryFile("w+", errors="replace") for _ in range(2)]
+    with captured[0] as out, captured[1] as err:
         proc = subprocess.Popen(args, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL, stdout=out,
                                 stderr=err, text=True, start_new_session=True, **popen)
         try:
