@@ -11,16 +11,21 @@ once and replayed, inner_loop/generation/decode_step.py; issue 38: HF generate's
 which a compiled step over a static cache cuts). For a compiled variant the first step (its compile) is reported
 apart ("1st step s"), with the compiles, recompiles and CUDA graph recordings its record counted: a recording or
 recompile at every step shows there, which a mean over a few steps would hide.
-The model is built in code from Qwen3-1.7B's config (inner_loop/models/from_config.py, cached in the model cache):
-its shapes decide a step's cost, its weights do not. Every member is a separate process running the real member
-path (``train_member`` with the preset's inner config; only shapes, data files, the backend's ``train.trl``
-fields and ``train.decode_cache`` are overridden), and writes its measurement to a JSON file; this parent prints the tables.
+The model is built in code from Qwen3-1.7B's config (inner_loop/models/from_config.py, cached in the model cache),
+in bf16 on the measured device, in a process of its own (this parent never holds a CUDA context): its shapes
+decide a step's cost, its weights do not. Every member is a separate process that trains as a member does (its
+trainer built by ``build_trainer`` from the preset's inner config, on its device and share of the card; only
+shapes, data files, the backend's ``train.trl`` fields and ``train.decode_cache`` are overridden) but neither
+saves a checkpoint nor runs the final validation (a random model's fitness says nothing; both cost minutes), and
+writes its measurement to a JSON file; this parent prints the tables.
 
 - Data: the MBPP fixture of the SLURM rehearsal (tests/fixtures/mbpp_rehearsal), no hub.
 - Per member: the steps after the first (which carries the one-off set-up: CUDA/vLLM initialisation, the paged
   cache) are timed with TRL's ``step_time``; step time = their mean; completion tokens/s = their completion
-  tokens / their total time; peak memory = ``torch.cuda.max_memory_allocated`` on CUDA (the trainer's and a
-  colocated vLLM's torch allocations in that process), the process's peak RSS on CPU.
+  tokens / their total time; generation s = the mean of the same steps' ``generate_time`` (the rest of a step is
+  what a faster decode cannot save); peak memory = ``torch.cuda.max_memory_allocated`` on CUDA (the trainer's
+  and a colocated vLLM's torch allocations in that process), beside ``max_memory_reserved`` (what the process held,
+  a static KV cache and CUDA graph pools included); the process's peak RSS on CPU.
 - Sharing: N members started at once. Total tokens/s and steps/s = the members' own rates summed; "window" =
   all timed tokens / the span from the first member's first timed step to the last member's last one (lower when
   their timed steps did not overlap: "overlap" is the shared share of that span). With vLLM each member's
@@ -57,6 +62,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -152,8 +158,7 @@ def compose_inner(opts: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
     data = Path(opts.data)
     overrides = ["experiment=mbpp_qwen3", f"model.name_or_path={model_dir}", f"task.train_file={data / 'train.jsonl'}",
                  f"task.validation_file={data / 'validation.jsonl'}", f"task.test_file={data / 'test.jsonl'}",
-                 f"train.steps={opts.steps}", f"train.save_every={opts.steps}", "train.keep_checkpoints=last",
-                 "work_dir=unused"]
+                 f"train.steps={opts.steps}", "work_dir=unused"]
     for flag, key in (("group_size", "group_size"), ("batch_size", "batch_size"),
                       ("completion_length", "max_completion_length"), ("threads", "num_threads")):
         if getattr(opts, flag) is not None:
@@ -201,54 +206,100 @@ def _peak_memory(device: str) -> dict[str, Any]:
 
     import torch
 
+    from inner_loop.generation.memory import private_pool_bytes
+
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
     out: dict[str, Any] = {"peak_rss_bytes": rss, "peak_memory_bytes": rss, "peak_memory_kind": "peak RSS"}
-    if device == "cuda":
-        allocated = torch.cuda.max_memory_allocated() if torch.cuda.is_initialized() else 0
-        reserved = torch.cuda.max_memory_reserved() if torch.cuda.is_initialized() else 0
-        out.update(peak_memory_bytes=allocated, peak_memory_kind="torch.cuda.max_memory_allocated",
-                   peak_gpu_reserved_bytes=reserved)
+    if device == "cuda" and torch.cuda.is_initialized():
+        # what the member held from the driver at its peak (its cap counts it; a static KV cache and the CUDA graph
+        # pools are held through the backward) beside its peak allocation, and the graph pools at the end
+        out.update(peak_memory_bytes=torch.cuda.max_memory_allocated(),
+                   peak_memory_kind="torch.cuda.max_memory_allocated",
+                   peak_gpu_reserved_bytes=torch.cuda.max_memory_reserved(),
+                   graph_pool_bytes=private_pool_bytes(torch.cuda.memory_snapshot())[0])
     return out
 
 
-def _step_figures(work_dir: Path, batch_size: int) -> dict[str, Any]:
-    """Step time, tokens/s and the timed window, from the member's last checkpoint and progress.json."""
-    from inner_loop.training.checkpoints import CHECKPOINT_DIR
-    from results.store.metric_keys import COMPLETIONS_MEAN_LENGTH, STEP_TIME
+def _step_figures(history: list[dict[str, Any]], work_dir: Path, batch_size: int) -> dict[str, Any]:
+    """Step time, generation time, tokens/s and the timed window, from the trainer's log and progress.json."""
+    from results.store.metric_keys import COMPLETIONS_MEAN_LENGTH, GENERATE_TIME, STEP_TIME
     from results.store.progress import read_progress
 
-    states = sorted((work_dir / CHECKPOINT_DIR).glob("checkpoint-*/trainer_state.json"),
-                    key=lambda p: int(p.parent.name.rsplit("-", 1)[1]))
-    logs = [h for h in json.loads(states[-1].read_text())["log_history"] if STEP_TIME in h]
+    logs = [h for h in history if STEP_TIME in h]
     timed = logs[1:] if len(logs) > 1 else logs  # the first step carries the one-off set-up (and any compile)
     times = [h[STEP_TIME] for h in timed]
     tokens = [h[COMPLETIONS_MEAN_LENGTH] * batch_size for h in timed]
+    generating = [h[GENERATE_TIME] for h in timed if GENERATE_TIME in h]
     progress = read_progress(work_dir)
     window = [progress.started_at, progress.updated_at] if progress is not None and len(logs) > 1 else None
     return {"steps_logged": len(logs), "steps_timed": len(timed), "step_times_s": times,
             "first_step_s": logs[0][STEP_TIME] if len(logs) > 1 else None,
             "step_s": sum(times) / len(times), "completion_tokens": sum(tokens),
+            # the step's generation (the decode) beside the step: the rest is what a faster decode cannot save
+            "generate_s": sum(generating) / len(generating) if generating else None,
             "tokens_per_s": sum(tokens) / sum(times), "mean_completion_length": sum(tokens) / len(tokens) / batch_size,
             "window": window}
 
 
+def _no_checkpoint() -> Any:
+    """A callback that cancels every checkpoint save (TRL saves every train.save_every steps and at the end): a bench
+    member's steps are what it measures, and a save of its weights and optimizer would only lengthen its run."""
+    from transformers import TrainerCallback
+
+    class NoCheckpoint(TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+            control.should_save = False
+            return control
+
+    return NoCheckpoint()
+
+
+def _train(spec: dict[str, Any], device: dict[str, Any]) -> Any:
+    """The member's trainer, built and set up as a member builds it (inner_loop/member/lifecycle.py: its device, its
+    share of the card, its threads), trained for its steps without a checkpoint; the final validation, which a real
+    member scores its fitness by, is not run (a random model's fitness says nothing, and it costs minutes)."""
+    import torch
+
+    from inner_loop.member.gpu_share import apply_memory_share
+    from inner_loop.training.setup import build_trainer, prepare
+
+    run = prepare(spec["inner"], spec["seed"], spec["params"])
+    device.update(apply_memory_share(device, run.cfg.gpu_memory_fraction, run.cfg.members_per_gpu))
+    torch.set_num_threads(run.cfg.train.num_threads)
+    work_dir = Path(spec["work_dir"])
+    work_dir.mkdir(parents=True, exist_ok=True)
+    trainer = build_trainer(run, work_dir, spec["seed"])
+    trainer.add_callback(_no_checkpoint())  # after TRL's own flow callback: its decision to save is undone
+    trainer.train()
+    return trainer
+
+
 def member_job(job_file: Path, out_file: Path) -> None:
-    """Run one member as a member process does and write its measurement to ``out_file``."""
+    """Run one member's training as a member process does (without its validation and checkpoints) and write its
+    measurement to ``out_file``."""
     job = json.loads(job_file.read_text())
     started = time.time()
-    from inner_loop.member.lifecycle import train_member
+    from inner_loop.member.device import require_device
+    from inner_loop.member.gpu_share import out_of_memory_reason
 
     if job["skip_exact_share"]:
         _skip_exact_share()
-    record = train_member(job["spec"])
-    generation = getattr(record, "generation", None) or {}
-    out: dict[str, Any] = {"index": job["spec"]["index"], "backend": job["backend"], "members": job["members"],
-                           "status": record.status, "error": record.error, "wall_s": time.time() - started,
-                           "ran_as": measured_name(generation.get("backend"), generation.get("decode_cache")),
-                           "decode_counts": generation.get("decode_counts"), "device": job["device"]}
+    spec = job["spec"]
+    out: dict[str, Any] = {"index": spec["index"], "backend": job["backend"], "members": job["members"],
+                           "device": job["device"]}
+    device: dict[str, Any] = {}
+    try:
+        device = require_device(spec["inner"])
+        trainer = _train(spec, device)
+        generation = trainer.generation_summary()
+        out.update(status="ok", error=None, decode_counts=generation.get("decode_counts"),
+                   ran_as=measured_name(generation.get("backend"), generation.get("decode_cache")))
+        out.update(_step_figures(trainer.state.log_history, Path(spec["work_dir"]), job["batch_size"]))
+    except Exception as exc:  # the member's failure is its row's, with the reason a member's record would give
+        traceback.print_exc()
+        out.update(status="failed", error=out_of_memory_reason(exc, device) or f"{type(exc).__name__}: {exc}")
+    out["wall_s"] = time.time() - started
     out.update(_peak_memory(job["device"]))
-    if record.ok:
-        out.update(_step_figures(Path(job["spec"]["work_dir"]), job["batch_size"]))
     tmp = out_file.with_suffix(".tmp")
     tmp.write_text(json.dumps(out, indent=1))
     tmp.replace(out_file)
@@ -404,8 +455,9 @@ def single_row(backend: str, result: dict[str, Any] | None, reason: str | None) 
         return {"backend": backend, "status": "skipped", "reason": reason}
     row = {"backend": backend, "status": result["status"], "reason": result.get("error"),
            "ran_as": result.get("ran_as")}
-    for key in ("step_s", "first_step_s", "tokens_per_s", "peak_memory_bytes", "peak_memory_kind", "peak_rss_bytes",
-                "peak_gpu_reserved_bytes", "mean_completion_length", "steps_timed", "wall_s", "decode_counts"):
+    for key in ("step_s", "first_step_s", "generate_s", "tokens_per_s", "peak_memory_bytes", "peak_memory_kind",
+                "peak_rss_bytes", "peak_gpu_reserved_bytes", "graph_pool_bytes", "mean_completion_length",
+                "steps_timed", "wall_s", "decode_counts"):
         row[key] = result.get(key)
     return row
 
@@ -551,7 +603,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--json", default=None, help="write every measurement here")
     parser.add_argument("--member-job", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--member-out", default=None, help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
+    parser.add_argument("--build-model", action="store_true", help=argparse.SUPPRESS)
+    opts = parser.parse_args(argv)
+    opts.argv = list(sys.argv[1:] if argv is None else argv)  # for the model-building child (built_model_source)
+    return opts
 
 
 def parameter_count(config: dict[str, Any]) -> int:
@@ -584,7 +639,16 @@ def model_source(opts: argparse.Namespace) -> tuple[str, Path, dict[str, Any]]:
 
     config = architecture_config(ARCHITECTURE, model_overrides(opts))
     return ARCHITECTURE, random_model_dir(ARCHITECTURE, model_overrides(opts), tokenizer=opts.tokenizer,
-                                          seed=opts.seed), config
+                                          seed=opts.seed, device=opts.device), config
+
+
+def built_model_source(opts: argparse.Namespace) -> tuple[str, Path, dict[str, Any]]:
+    """``model_source``, the random model built first (on CUDA) by a process of its own, which ends before any member
+    starts: this parent never holds a CUDA context, whose memory every member's figures would share the card with."""
+    if opts.device == "cuda" and opts.model == ARCHITECTURE:
+        subprocess.run([sys.executable, str(Path(__file__).resolve()), *opts.argv, "--device", "cuda", "--build-model"],
+                       cwd=str(ROOT), env=member_env("cuda"), check=True)
+    return model_source(opts)
 
 
 def run_bench(opts: argparse.Namespace) -> dict[str, Any]:
@@ -595,7 +659,7 @@ def run_bench(opts: argparse.Namespace) -> dict[str, Any]:
         opts.device = "cuda" if torch.cuda.is_available() else "cpu"
     if opts.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device is visible to torch here")
-    architecture, model_dir, config = model_source(opts)
+    architecture, model_dir, config = built_model_source(opts)
     parameters = parameter_count(config)
     inner = compose_inner(opts, model_dir)
     train, model = inner["train"], inner["model"]
@@ -645,6 +709,9 @@ def main(argv: list[str] | None = None) -> None:
     opts = parse_args(argv)
     if opts.member_job:
         member_job(Path(opts.member_job), Path(opts.member_out))
+        return
+    if opts.build_model:  # the parent's child that builds the model on the device (built_model_source)
+        model_source(opts)
         return
     # a SIGTERM (scripts/gpu_pass.py at its budget) unwinds run_members, which kills the members' sessions
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))

@@ -11,10 +11,18 @@ command cut at its limit loses only the check in flight and a second call finish
 4. ``acceptance``: the acceptance run (scripts/gpu_check.py: meta.run with two members sharing the GPU,
    re-evaluation, export, a single run): 4.8 minutes on one H100;
 5. ``bench:*``: bench/bench_member_gpu.py at the mbpp_qwen3 preset's real shapes (Qwen3-1.7B's architecture at full
-   depth, random weights, the preset's batch and lengths): ``train.decode_cache`` dynamic, persistent_compiled, then
-   static_compiled, one member alone (compile time reported apart: the first step's excess; a compiled cache over 8
-   timed steps, so that a per-step recompile or recording would show), then 2 members sharing the GPU with the
-   fastest cache, then 4 if time is left.
+   depth, random weights, the preset's batch and lengths): ``train.decode_cache`` persistent_compiled (the figure
+   that decides the presets), then dynamic (its baseline), one member alone (compile time reported apart: the first
+   step's excess), then 2 members sharing the GPU with the faster cache, then 4 if time is left.
+   ``static_compiled`` is not measured: transformers makes its cache anew at every call, so its CUDA graphs are
+   recorded at every step (docs/gpus.md, "Decoding").
+
+``--only`` runs the checks it names in the order it names them. Each bench setting has a budget (ALONE_MINUTES and
+SHARING_MINUTES, the minutes it needs on one H100): it is not started with less left, and is stopped at
+BENCH_LIMIT_MARGIN times it. A setting stopped before any member logged its first step was still building the model
+or compiling: that is recorded as cut, not failed, and a second call measures it again (with inductor's cache on the
+machine then warm). Each setting's member logs (with ``TORCH_LOGS=graph_breaks,recompiles,cudagraphs``) stay in
+``--work``, by default beside the record.
 
 Each check's outcome is appended to ``--record`` (JSON lines, fsync'd) as it ends. A later call with the same record
 skips every check already measured on the same machine (card and host; passed or failed) and reruns those cut or
@@ -25,7 +33,8 @@ counted as the search's dry-run plan counts them (meta/plan.py, results/store/gp
 decode cache that follows on this card (a compiled cache where its lone member steps >= 1.5x faster than the dynamic
 cache's, with the step time to set).
 
-    scripts/gpu_pass.sh --budget-min 8 --bundle .node_bundle --record $OUT/gpu_pass.jsonl
+    scripts/gpu_pass.sh --budget-min 9 --only bench:persistent_compiled,bench:dynamic,bench:faster:x2 \
+        --record $OUT/gpu_pass.jsonl          # the deciding figures, one call (docs/gpus.md)
 
 Exit status: 0 every check passed; 1 a check failed; 3 the budget ran out before every check ran (call again).
 """
@@ -50,8 +59,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from inner_loop.generation.backends import (  # noqa: E402
-    DYNAMIC_CACHE, HF_GENERATE, PERSISTENT_COMPILED, STATIC_COMPILED)
+    DYNAMIC_CACHE, HF_GENERATE, PERSISTENT_COMPILED)
 from inner_loop.generation.decode_step import decode_counts_problem  # noqa: E402
+from inner_loop.member.gpu_share import CONTEXT_ALLOWANCE_BYTES  # noqa: E402
 
 logger = logging.getLogger("gpu_pass")
 
@@ -61,18 +71,34 @@ FINAL = (PASSED, FAILED)
 EXIT_FAILED, EXIT_INCOMPLETE = 1, 3
 #: seconds kept back from the budget for the summary
 SUMMARY_RESERVE_S = 15.0
-#: the decode caches compared one member alone, in this order of value (the baseline; the member's one static cache
-#: with its decode step compiled once; transformers' own compiled static cache, remade at every call); the fastest
-#: is used for sharing
-CACHES = (DYNAMIC_CACHE, PERSISTENT_COMPILED, STATIC_COMPILED)
+#: the decode caches measured one member alone, in this order of value: the member's one static cache with its decode
+#: step compiled once (the figure that decides the presets), then the baseline; the faster is used for sharing.
+#: transformers' own compiled static cache (static_compiled) is left out: remade at every call, its CUDA graphs are
+#: recorded at every step
+CACHES = (PERSISTENT_COMPILED, DYNAMIC_CACHE)
 #: sharing counts after one member alone, in order of value
 SHARING = (2, 4)
-#: optimizer steps per bench member with the dynamic cache: the first (set-up) untimed, then three timed ones (its
-#: steps cannot recompile or record anything again; on the H100 they were 25.8, 24.1 and 23.9 s)
-BENCH_STEPS = 4
-#: ... with a compiled cache: the first (the compile) untimed, then 8 timed, so that a cost paid at every step (a
+#: optimizer steps per bench member with the dynamic cache: the first (set-up) untimed, then two timed ones (its
+#: steps cannot recompile or record anything again; on the H100 three were 25.8, 24.1 and 23.9 s)
+BENCH_STEPS = 3
+#: ... with a compiled cache: the first (the compile) untimed, then 5 timed, so that a cost paid at every step (a
 #: recompile, a CUDA graph recorded again) shows in the s/step as well as in the member's decode counts
-COMPILED_BENCH_STEPS = 9
+COMPILED_BENCH_STEPS = 6
+#: minutes each bench setting needs on one H100 at the preset's shapes (one member alone, by cache; k members sharing
+#: the card, by k): the least budget it is started with (the lines of docs/gpus.md's one call add up to 8.25 of its
+#: 9). From the H100 pass of 2026-11-27 (docs/benchmarks.md): a member's process start, imports, model load and
+#: trainer ~45 s, its first step 44 s, then 24.6 s a step with the dynamic cache (45 + 44 + 2 x 24.6 = 138 s);
+#: persistent_compiled: the model built first on a fresh machine (~30 s in bf16 on the card), the same start, the
+#: compile in its first step (<= 120 s aimed), 5 steps at the issue's expected ~5 s (45 + 30 + 120 + 25 = 220 s); two
+#: members sharing the card with the faster cache: both start at once, compile from inductor's warm cache, and step
+#: a little slower
+ALONE_MINUTES = {PERSISTENT_COMPILED: 3.5, DYNAMIC_CACHE: 2.25}
+SHARING_MINUTES = {2: 2.5, 4: 3.0}
+#: a bench setting is stopped at this many times the minutes it needs (a finding: it ran past what it needs)
+BENCH_LIMIT_MARGIN = 1.3
+#: what a bench's member processes log beside their own output: each graph break, recompile and CUDA graph event,
+#: with inductor's reason (kept with the setting's logs)
+BENCH_TORCH_LOGS = "graph_breaks,recompiles,cudagraphs"
 #: the search whose GPU-hours each setting implies (the README's search)
 SEARCH = ["experiment=mbpp_qwen3", "population=180", "generations=15"]
 #: issue 38's rule for a preset's members_per_gpu: k members must give at least this much of one member's tokens/s...
@@ -137,8 +163,8 @@ class Pass:
     def left_s(self) -> float:
         return self.deadline - time.monotonic() - SUMMARY_RESERVE_S
 
-    def env(self) -> dict[str, str]:
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    def env(self, **extra: str) -> dict[str, str]:
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **extra}
         if self.device == "cpu":
             env["CUDA_VISIBLE_DEVICES"] = ""
         return env
@@ -152,13 +178,14 @@ class TooLong(Exception):
     """A check's command ran past the longest a check of its kind should take: a finding, recorded as a failure."""
 
 
-def run_command(ctx: Pass, args: list[str], log: Path, most_min: float | None = None) -> subprocess.CompletedProcess:
+def run_command(ctx: Pass, args: list[str], log: Path, most_min: float | None = None,
+                env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run ``args`` (output to ``log``) until it ends, the budget ends (Cut) or ``most_min`` minutes pass (TooLong);
     either way its whole process group (members, sandbox workers) is stopped."""
     budget_s = max(1.0, ctx.left_s())
     limit_s = min(budget_s, most_min * 60.0) if most_min else budget_s
     with log.open("w") as handle:
-        proc = subprocess.Popen(args, cwd=ROOT, env=ctx.env(), stdout=handle, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(args, cwd=ROOT, env=env or ctx.env(), stdout=handle, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         try:
             proc.wait(timeout=limit_s)
@@ -276,43 +303,76 @@ def bench_steps(opts: argparse.Namespace, cache: str) -> int:
     return opts.bench_steps if cache == DYNAMIC_CACHE else max(opts.bench_steps, opts.compiled_bench_steps)
 
 
-def run_bench(ctx: Pass, cache: str, members: int, label: str) -> dict[str, Any]:
-    """One bench setting: ``members`` members with ``cache`` at the preset's real shapes (small ones on the CPU)."""
-    out = ctx.work / f"{label}.json"
+def steps_logged(work: Path) -> list[int]:
+    """Steps each member of a bench setting has logged so far (its progress.json; 0 before its first step ended)."""
+    from results.store.progress import read_progress
+
+    members = sorted(m for m in work.glob("*/member-*") if m.is_dir())  # (member-N.log beside each)
+    return [(read_progress(m).step if read_progress(m) is not None else 0) for m in members]
+
+
+def run_bench(ctx: Pass, cache: str, members: int, key: str, need_min: float) -> dict[str, Any]:
+    """One bench setting: ``members`` members with ``cache`` at the preset's real shapes (small ones on the CPU),
+    stopped at BENCH_LIMIT_MARGIN x the ``need_min`` minutes it needs: a cut where no member had ended its first step
+    yet (a model build or a cold compile, which a second call finds warm), a failure where they were stepping
+    (slower than it needs)."""
+    label = key.replace(":", "_")
+    out, work = ctx.work / f"{label}.json", ctx.work / label
+    if work.exists():  # an earlier call's, cut: its logs are kept beside this one's
+        work.rename(work.with_name(f"{label}.cut-{_dt.datetime.now():%H%M%S}"))
     backend = bench_backend(cache)
+    limit_min = need_min * BENCH_LIMIT_MARGIN
     args = [sys.executable, str(ctx.opts.bench), "--device", ctx.device, "--members", str(members), "--backends",
             backend, "--steps", str(bench_steps(ctx.opts, cache)), "--tokenizer", "tiny", "--json", str(out),
-            "--member-timeout", str(int(max(60.0, ctx.left_s())))]
+            "--work-dir", str(work), "--member-timeout", str(int(max(60.0, min(ctx.left_s(), limit_min * 60.0))))]
     if members > 1:
         args.append("--without-alone")
     if ctx.device == "cpu":
         args += CPU_BENCH_SHAPES
     if ctx.opts.no_isolation:
         args.append("--no-isolation")
-    result = run_command(ctx, args, ctx.work / f"{label}.log", most_min=6.0)
+    logs = {"bench": str(ctx.work / f"{label}.log"), "members": str(work)}
+    try:
+        result = run_command(ctx, args, ctx.work / f"{label}.log", most_min=limit_min,
+                             env=ctx.env(TORCH_LOGS=os.environ.get("TORCH_LOGS", BENCH_TORCH_LOGS)))
+    except TooLong as exc:
+        logged = steps_logged(work)
+        if not logged or min(logged) == 0:
+            raise Cut(f"stopped at its limit ({limit_min:g} min) before its first step ended (steps logged: "
+                      f"{logged}): the model's build or a cold compile; a second call measures it again, with "
+                      f"inductor's cache warm (logs: {work})") from None
+        return {"status": FAILED, "figures": {"cache": cache, "members": members, "steps_logged": logged,
+                                              "logs": logs},
+                "detail": f"ran past {limit_min:g} min after {logged} steps: slower than it needs. {exc}"[:1500]}
     if result.returncode != 0 or not out.is_file():
-        return {"status": FAILED, "figures": {"cache": cache, "members": members},
+        return {"status": FAILED, "figures": {"cache": cache, "members": members, "logs": logs},
                 "detail": f"the bench failed (exit {result.returncode}): {_tail(result.stdout, 20)}"}
     summary = json.loads(out.read_text())
     runs = summary["runs"].get(f"{backend}-x{members}", [])
     ok = [r for r in runs if r.get("status") == "ok"]
+    sharing = next((r for r in summary.get("sharing", []) if r.get("members") == members), {})
     figures: dict[str, Any] = {"cache": cache, "members": members, "backend": backend, "ok": len(ok),
-                               "steps": bench_steps(ctx.opts, cache),
+                               "steps": bench_steps(ctx.opts, cache), "logs": logs,
                                "settings": summary.get("settings"), "model": summary.get("model", {}).get("config"),
                                "errors": [str(r.get("error"))[-500:] for r in runs if r.get("status") != "ok"]}
     if ok:
         step = sum(r["step_s"] for r in ok) / len(ok)
         first = sum(r.get("first_step_s") or r["step_s"] for r in ok) / len(ok)
+        generating = [r["generate_s"] for r in ok if r.get("generate_s") is not None]
         figures.update(step_s=step, first_step_s=first, setup_s=max(0.0, first - step),
+                       generate_s=sum(generating) / len(generating) if generating else None,
                        tokens_per_s=sum(r["tokens_per_s"] for r in ok),
                        tokens_per_s_member=sum(r["tokens_per_s"] for r in ok) / len(ok),
                        peak_gib_member=max(r["peak_memory_bytes"] for r in ok) / 2**30,
+                       held_gib_member=max(held_bytes(r) for r in ok) / 2**30,
                        peak_gib_total=sum(r["peak_memory_bytes"] for r in ok) / 2**30,
+                       held_gib_total=card_held_bytes(ok, sharing.get("device_peak_bytes")) / 2**30,
                        mean_completion_length=ok[0].get("mean_completion_length"),
                        ran_as=sorted({str(r.get("ran_as")) for r in ok}))
     status = PASSED if len(ok) == members else FAILED
-    detail = (f"{figures.get('step_s', 0):.2f} s/step, {figures.get('tokens_per_s', 0):.0f} completion tok/s, "
-              f"{figures.get('peak_gib_member', 0):.1f} GiB peak per member" if status == PASSED
+    detail = (f"{figures.get('step_s', 0):.2f} s/step ({_generation_text(figures)}), "
+              f"{figures.get('tokens_per_s', 0):.0f} completion tok/s, "
+              f"{figures.get('held_gib_member', 0):.1f} GiB held per member" if status == PASSED
               else f"{len(ok)}/{members} members ok: {'; '.join(figures['errors'])[:1200]}")
     # a compiled decode step must have replayed, not recompiled or recorded its CUDA graph again at every step
     problems = [decode_counts_problem({"generation": {"decode_cache": cache, "decode_counts": r.get("decode_counts")}})
@@ -321,6 +381,29 @@ def run_bench(ctx: Pass, cache: str, members: int, label: str) -> dict[str, Any]
     if any(problems):
         status, detail = FAILED, f"{detail}; decoding: {next(p for p in problems if p)}"
     return {"status": status, "figures": figures, "detail": detail}
+
+
+def _generation_text(figures: dict[str, Any]) -> str:
+    generate = figures.get("generate_s")
+    if generate is None:
+        return "generation not timed"
+    return f"{generate:.2f} s generating, {figures['step_s'] - generate:.2f} s the rest"
+
+
+def held_bytes(run: dict[str, Any]) -> int:
+    """What one bench member held on the card: its allocator's peak hold (a static KV cache and the CUDA graph pools
+    are held through the backward; the cap counts them) and, beside it, its CUDA context (CONTEXT_ALLOWANCE_BYTES,
+    which no torch counter sees); its peak allocation where the hold was not measured (the CPU, older benches)."""
+    reserved = run.get("peak_gpu_reserved_bytes")
+    if reserved is None:
+        return int(run["peak_memory_bytes"])
+    return int(reserved) + CONTEXT_ALLOWANCE_BYTES
+
+
+def card_held_bytes(runs: list[dict[str, Any]], device_peak: float | None) -> float:
+    """What k members held on the card together: their holds summed, or the device's own peak (nvidia-smi, every
+    process on it) where that is higher."""
+    return max(sum(held_bytes(r) for r in runs), device_peak or 0.0)
 
 
 def alone_key(cache: str) -> str:
@@ -343,34 +426,53 @@ def faster_cache(done: dict[str, dict[str, Any]]) -> str | None:
     return min(alone, key=lambda c: alone[c]["step_s"]) if alone else None
 
 
-def alone_check(cache: str) -> Callable[[Pass, dict[str, dict[str, Any]]], dict[str, Any]]:
-    return lambda ctx, done: run_bench(ctx, cache, 1, alone_key(cache).replace(":", "_"))
+def alone_check(cache: str, need_min: float) -> Callable[[Pass, dict[str, dict[str, Any]]], dict[str, Any]]:
+    return lambda ctx, done: run_bench(ctx, cache, 1, alone_key(cache), need_min)
 
 
-def sharing_check(members: int) -> Callable[[Pass, dict[str, dict[str, Any]]], dict[str, Any]]:
+def sharing_check(members: int, need_min: float) -> Callable[[Pass, dict[str, dict[str, Any]]], dict[str, Any]]:
     def run(ctx: Pass, done: dict[str, dict[str, Any]]) -> dict[str, Any]:
         cache = faster_cache(done)
         if cache is None:
             return {"status": FAILED, "figures": {"members": members},
                     "detail": "no lone member was measured: nothing to share with"}
-        return run_bench(ctx, cache, members, sharing_key(members).replace(":", "_"))
+        return run_bench(ctx, cache, members, sharing_key(members), need_min)
     return run
 
 
+def bench_minutes(opts: argparse.Namespace) -> dict[str, float]:
+    """Minutes each bench setting needs, by check key: ALONE_MINUTES and SHARING_MINUTES (one H100), with
+    ``--bench-minutes`` (another card's) over them."""
+    return {**{alone_key(c): ALONE_MINUTES[c] for c in CACHES}, **{sharing_key(k): SHARING_MINUTES[k] for k in SHARING},
+            **opts.bench_minutes}
+
+
+def _minutes_arg(text: str) -> dict[str, float]:
+    try:
+        return {key.strip(): float(value) for key, value in (item.split("=") for item in text.split(",") if item)}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected KEY=MINUTES,... (e.g. bench:dynamic:x1=4), got {text!r}") from None
+
+
 def checks(opts: argparse.Namespace) -> list[Check]:
-    """Every check of the pass, in order of value (the minutes each needs on one H100, from its first run)."""
+    """Every check of the pass, in order of value (the minutes each needs on one H100, from its first run); with
+    ``--only``, the checks it names (a key, or a prefix such as ``bench``) in the order it names them."""
     out = [Check("cuda", "CUDA usable", 0.2, cuda_check)]
     if opts.bundle is not None:
         out.append(Check("bundle", "the bundle importable", 0.5, bundle_check))
     out += [Check("cuda_tests", "the CUDA tests", 1.0, cuda_tests_check),
             Check("acceptance", "the acceptance run", 2.5, acceptance_check)]
-    out += [Check(alone_key(c), f"bench: 1 member, decode_cache={c}", 1.5, alone_check(c)) for c in CACHES]
-    out += [Check(sharing_key(k), f"bench: {k} members sharing the GPU, the faster cache", 2.0, sharing_check(k))
-            for k in SHARING]
-    if opts.only:
-        wanted = [k.strip() for k in opts.only.split(",") if k.strip()]
-        out = [c for c in out if any(c.key == w or c.key.startswith(w + ":") for w in wanted)]
-    return out
+    minutes = bench_minutes(opts)
+    out += [Check(alone_key(c), f"bench: 1 member, decode_cache={c}", minutes[alone_key(c)],
+                  alone_check(c, minutes[alone_key(c)])) for c in CACHES]
+    out += [Check(sharing_key(k), f"bench: {k} members sharing the GPU, the faster cache", minutes[sharing_key(k)],
+                  sharing_check(k, minutes[sharing_key(k)])) for k in SHARING]
+    if not opts.only:
+        return out
+    ordered: list[Check] = []
+    for wanted in (k.strip() for k in opts.only.split(",") if k.strip()):
+        ordered += [c for c in out if (c.key == wanted or c.key.startswith(wanted + ":")) and c not in ordered]
+    return ordered
 
 
 # ------------------------------------------------------------------ GPU-hours of a real search
@@ -405,7 +507,11 @@ def setting_rows(done: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         slowdown = fig["step_s"] / base["step_s"]
         row = {"setting": f"{fig['cache']} x{fig['members']}", **{k: fig.get(k) for k in (
-            "step_s", "setup_s", "tokens_per_s", "tokens_per_s_member", "peak_gib_member", "peak_gib_total")},
+            "step_s", "setup_s", "generate_s", "tokens_per_s", "tokens_per_s_member", "peak_gib_member",
+            "peak_gib_total")},
+            # what the members held (records before issue 53 measured their peak allocation only)
+            "held_gib_member": fig.get("held_gib_member", fig.get("peak_gib_member")),
+            "held_gib_total": fig.get("held_gib_total", fig.get("peak_gib_total")),
             "members": fig["members"], "slowdown": slowdown, "scaling": fig["tokens_per_s"] / base["tokens_per_s"]}
         try:
             row["runs"], row["gpu_hours"] = search_gpu_hours(base["step_s"], fig["members"], slowdown)
@@ -424,7 +530,7 @@ def decode_cache_decision(done: dict[str, dict[str, Any]], card: str | None) -> 
         return []
     card = card or "this machine's CPU (not a measurement)"
     lines, winners = [], []
-    for cache in CACHES[1:]:
+    for cache in (c for c in CACHES if c != DYNAMIC_CACHE):
         entry = done.get(alone_key(cache))
         if entry is None:
             continue
@@ -440,9 +546,8 @@ def decode_cache_decision(done: dict[str, dict[str, Any]], card: str | None) -> 
         lines.append(f"decode_cache={cache}: {speedup:.2f}x the dynamic cache's step on {card} "
                      f"({base['step_s']:.2f} -> {fig['step_s']:.2f} s/step over {fig.get('steps', '?')} steps, first "
                      f"step {fig.get('first_step_s', 0):.1f} s; {fig.get('tokens_per_s', 0):.0f} vs "
-                     f"{base.get('tokens_per_s', 0):.0f} completion tok/s; {fig.get('peak_gib_member', 0):.1f} vs "
-                     f"{base.get('peak_gib_member', 0):.1f} GiB): {'meets' if meets else 'does not meet'} the rule "
-                     f"(>= {DECODE_CACHE_MIN_SPEEDUP}x)")
+                     f"{base.get('tokens_per_s', 0):.0f} completion tok/s; {_held(fig):.1f} vs {_held(base):.1f} GiB "
+                     f"held): {'meets' if meets else 'does not meet'} the rule (>= {DECODE_CACHE_MIN_SPEEDUP}x)")
         if meets:
             winners.append((fig["step_s"], cache))
     if winners:
@@ -452,6 +557,22 @@ def decode_cache_decision(done: dict[str, dict[str, Any]], card: str | None) -> 
     elif lines:
         lines.append(f"-> {DECODE_CACHE_PRESET}: keep train.decode_cache: dynamic on {card}")
     return lines
+
+
+def _held(fig: dict[str, Any]) -> float:
+    return fig.get("held_gib_member", fig.get("peak_gib_member")) or 0.0
+
+
+def sharing_verdict(row: dict[str, Any], card_gib: float) -> str:
+    """Issue 38's rule for ``members_per_gpu`` on one setting row: k members give >= SHARING_MIN_SCALING x one
+    member's tokens/s, and what they held together (each one's allocator hold, a static KV cache and the CUDA graph
+    pools among it, plus its CUDA context; or the card's own peak where higher) fits SHARING_MAX_MEMORY_SHARE of it."""
+    held = row["held_gib_total"]
+    fits = held <= SHARING_MAX_MEMORY_SHARE * card_gib
+    verdict = "meets" if row["scaling"] >= SHARING_MIN_SCALING and fits else "does not meet"
+    return (f"{row['setting']}: {verdict} the rule for members_per_gpu={row['members']} (>= {SHARING_MIN_SCALING}x "
+            f"one member's tokens/s: {row['scaling']:.2f}x; held together <= {SHARING_MAX_MEMORY_SHARE:.0%} of "
+            f"{card_gib:.0f} GiB: {held:.1f} GiB)")
 
 
 def print_summary(check_list: list[Check], done: dict[str, dict[str, Any]], cut: dict[str, str],
@@ -466,23 +587,22 @@ def print_summary(check_list: list[Check], done: dict[str, dict[str, Any]], cut:
     if not rows:
         return
     print(f"\n{'setting':24s} {'s/step':>7s} {'set-up s':>8s} {'tok/s':>8s} {'tok/s/member':>12s} "
-          f"{'GiB/member':>10s} {'vs 1':>6s} {'slowdown':>8s} {'GPU-h, 180 x 15':>16s}")
+          f"{'GiB/member':>10s} {'vs 1':>6s} {'slowdown':>8s} {'GPU-h, 180 x 15':>16s} {'gen. s':>7s}")
     for r in rows:
         gpu_h = f"{r['gpu_hours']:,.0f}" if r["gpu_hours"] is not None else "n/a"
+        generate = f"{r['generate_s']:7.2f}" if r.get("generate_s") is not None else f"{'-':>7s}"
         print(f"{r['setting']:24s} {r['step_s']:7.2f} {r['setup_s'] or 0:8.1f} {r['tokens_per_s']:8.0f} "
-              f"{r['tokens_per_s_member']:12.0f} {r['peak_gib_member']:10.1f} {r['scaling']:5.2f}x "
-              f"{r['slowdown']:8.3f} {gpu_h:>16s}")
+              f"{r['tokens_per_s_member']:12.0f} {r['held_gib_member']:10.1f} {r['scaling']:5.2f}x "
+              f"{r['slowdown']:8.3f} {gpu_h:>16s} {generate}")
         if r.get("gpu_hours_error"):
             print(f"    GPU-hours not computed: {r['gpu_hours_error'][:300]}")
     print(f"(GPU-hours: `python -m meta.run {' '.join(SEARCH)} dry_run=true` with resources.step_time_s = the lone "
-          "member's s/step of that cache and, for k members, resources.members_per_gpu=k and shared_slowdown)")
+          "member's s/step of that cache and, for k members, resources.members_per_gpu=k and shared_slowdown; "
+          "GiB/member: what a member held, its CUDA context included; gen. s: the step's generation, the rest of the "
+          "step beside it is what a faster decode cannot save)")
     for r in rows:
         if r["members"] > 1 and card_gib:
-            fits = r["peak_gib_total"] <= SHARING_MAX_MEMORY_SHARE * card_gib
-            verdict = "meets" if r["scaling"] >= SHARING_MIN_SCALING and fits else "does not meet"
-            print(f"{r['setting']}: {verdict} the rule for members_per_gpu={r['members']} (>= {SHARING_MIN_SCALING}x "
-                  f"one member's tokens/s: {r['scaling']:.2f}x; together <= {SHARING_MAX_MEMORY_SHARE:.0%} of "
-                  f"{card_gib:.0f} GiB: {r['peak_gib_total']:.1f} GiB)")
+            print(sharing_verdict(r, card_gib))
     for line in decode_cache_decision(done, card):
         print(line)
 
@@ -503,10 +623,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="optimizer steps per bench member (the first untimed)")
     parser.add_argument("--compiled-bench-steps", type=int, default=COMPILED_BENCH_STEPS,
                         help="optimizer steps per bench member with a compiled decode cache (at least --bench-steps)")
+    parser.add_argument("--bench-minutes", type=_minutes_arg, default={},
+                        help="minutes a bench setting needs on this card, over the H100's (e.g. "
+                             "bench:persistent_compiled:x1=5): it is not started with less left and is stopped at "
+                             f"{BENCH_LIMIT_MARGIN}x them")
     parser.add_argument("--no-isolation", action="store_true",
                         help="bench members without bubblewrap (the acceptance run keeps the preset's isolation)")
-    parser.add_argument("--work", type=Path, default=None, help="logs and outputs of the checks (default: a temp dir)")
-    return parser.parse_args(argv)
+    parser.add_argument("--work", type=Path, default=None,
+                        help="logs and outputs of the checks, kept (default: beside the record, <record>.logs/)")
+    opts = parser.parse_args(argv)
+    unknown = sorted(set(opts.bench_minutes) - set(bench_minutes(argparse.Namespace(bench_minutes={}))))
+    if unknown:  # exit 2 before anything runs
+        parser.error(f"--bench-minutes names no bench setting: {unknown} (the settings: "
+                     f"{sorted(bench_minutes(argparse.Namespace(bench_minutes={})))})")
+    return opts
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -518,14 +648,15 @@ def main(argv: list[str] | None = None) -> int:
     device = opts.device if opts.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     card = torch.cuda.get_device_name(0) if device == "cuda" and torch.cuda.is_available() else None
     card_gib = torch.cuda.get_device_properties(0).total_memory / 2**30 if card else None
-    work = opts.work or Path(tempfile.mkdtemp(prefix="gpu_pass-"))
+    work = opts.work or opts.record.with_name(opts.record.name + ".logs")  # beside the record, kept with it
     work.mkdir(parents=True, exist_ok=True)
     ctx = Pass(opts, started + opts.budget_min * 60.0, device, card, work)
     done = final_outcomes(read_record(opts.record), card, platform.node())
     check_list = checks(opts)
     cut: dict[str, str] = {}
-    logger.info("device %s (%s), budget %.1f min, record %s (%d check(s) measured already)", device, card or "-",
-                opts.budget_min, opts.record, sum(c.key in done for c in check_list))
+    logger.info("device %s (%s), budget %.1f min, record %s (%d check(s) measured already); logs in %s", device,
+                card or "-", opts.budget_min, opts.record, sum(c.key in done for c in check_list), work)
+    logger.info("plan: %s", ", ".join(f"{c.key} ({c.least_min:g} min)" for c in check_list if c.key not in done))
     for check in check_list:
         if check.key in done:
             logger.info("%s: measured already (%s): %s", check.key, done[check.key]["status"],
@@ -543,7 +674,7 @@ def main(argv: list[str] | None = None) -> int:
             cut[check.key] = str(exc)
             append_record(opts.record, {"check": check.key, "status": CUT, "card": card, "detail": str(exc),
                                         "seconds": round(time.monotonic() - began, 1)})
-            logger.info("%s: cut at the budget", check.key)
+            logger.info("%s: cut: %s", check.key, exc)
             continue
         except TooLong as exc:
             outcome = {"status": FAILED, "figures": {}, "detail": str(exc)[:1500]}

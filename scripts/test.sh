@@ -27,6 +27,10 @@ if [ "$WORKERS" != 0 ]; then SPREAD=(-n "$WORKERS" --dist loadfile --no-loadscop
 for arg in "$@"; do
     if [ -e "${arg%%::*}" ]; then "${PYTEST[@]}" "${SPREAD[@]}" "$@"; exit $?; fi
 done
+# The heavy test files (each takes every core: a whole job, a vLLM engine) run one at a time across both sessions:
+# one worker runs them in turn, and they lock one file (tests/heavy_lock.py). Time limits follow progress, not the clock (tests/time_limits.py).
+export MIRROR_ES_HEAVY_LOCK
+MIRROR_ES_HEAVY_LOCK=$(mktemp "${TMPDIR:-/tmp}/mirror-es-heavy.XXXXXX.lock")
 # (each session in pytest's own numbered temp dir: the SLURM tests recognise an interrupted session's jobs by it)
 SLURM_LOG=$(mktemp "${TMPDIR:-/tmp}/mirror-es-slurm-tests.XXXXXX.log")
 "${PYTEST[@]}" "$@" tests/slurm >"$SLURM_LOG" 2>&1 &
@@ -39,5 +43,6 @@ SLURM=$?
 set -e
 echo "=================================== tests/slurm (its own session, run alongside) ==================================="
 cat "$SLURM_LOG"
+rm -f "$MIRROR_ES_HEAVY_LOCK"
 [ "$SLURM" = 5 ] && SLURM=0   # 5: no test collected
 [ "$MAIN" = 0 ] && [ "$SLURM" = 0 ]

@@ -8,6 +8,9 @@ scripts/test.sh runs tests/slurm/ in a session of its own (one test after anothe
 nodes some of them take down) beside the rest, which MIRROR_ES_TEST_WORKERS pytest-xdist workers share file by file
 (``--dist loadfile``: a file's module fixtures, e.g. a set of training runs, are built once). The workers of one
 session share its empty cache (every cache entry is built once under a lock, models/cache.py).
+
+The heavy test files (every core: a whole job, member processes side by side, a vLLM engine) run one after another,
+never beside each other, in either session (tests/heavy_lock.py). Time limits follow tests/time_limits.py.
 """
 from __future__ import annotations
 
@@ -22,11 +25,14 @@ logger = logging.getLogger(__name__)
 
 #: the files that take longest (minutes: a set of training runs, vLLM members, the whole main job), measured with
 #: ``--durations``, started first: the workers share files in collection order (scripts/test.sh passes
-#: ``--no-loadscope-reorder``), so a long file never starts last while the other worker sits idle
+#: ``--no-loadscope-reorder``), so a long file never starts last while the other worker sits idle. The first four are
+#: the heavy files (tests/heavy_lock.py), which one worker runs in turn as one unit while the others take the rest
 LONGEST_FIRST = (
     "test_inner_learning.py", "test_vllm_member.py", "test_meta_e2e.py", "test_gpu_check.py", "test_meta_run_paths.py",
     "test_numerics.py", "test_bench_member_gpu.py", "test_inner_member.py", "test_fingerprint.py",
 )
+#: heavy tests one at a time, across workers and sessions
+pytest_plugins = ["heavy_lock"]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -4,10 +4,14 @@ Why: the pass's resumption (a command cut at its limit, a second call finishing 
 the bench; a real member takes minutes. Each call appends "<backend> x<members>" to $STANDIN_CALLS at its start,
 sleeps $STANDIN_SLEEP seconds (a measurement under way, where a cut lands) and writes the figures below.
 The persistent compiled cache's member reports its decode counts (one compile, one CUDA graph recording; one per
-step with $STANDIN_RERECORD). Step times: HF generate dynamic 15.0 s alone (the mbpp_qwen3 preset's measured figure), the compiled caches 15.5
-and 16.0 s (slower here, so the pass must pick dynamic to share), two members 17.745 s each (15.0 x 1.183, the preset's
-measured slowdown), four 37.5 s; $STANDIN_PERSISTENT_STEP_S sets the persistent compiled cache's lone step (a faster
-one is then the cache members share, at the same slowdowns).
+step with $STANDIN_RERECORD). Step times: HF generate dynamic 15.0 s alone (the mbpp_qwen3 preset's measured figure),
+the compiled caches 15.5 and 16.0 s (slower here, so the pass must pick dynamic to share), two members 17.745 s each
+(15.0 x 1.183, the preset's measured slowdown), four 37.5 s; $STANDIN_PERSISTENT_STEP_S sets the persistent compiled
+cache's lone step (a faster one is then the cache members share, at the same slowdowns). Each member generates for
+80% of its step and holds 12 GiB (11 allocated).
+
+$STANDIN_HANG_AFTER_STEPS=N: each member writes its progress.json in ``--work-dir`` (as a member does at each logged
+step) with N steps done, then the bench hangs: N=0 is a member still building or compiling, N>0 one stepping slowly.
 """
 from __future__ import annotations
 
@@ -15,10 +19,14 @@ import argparse
 import json
 import os
 import time
+from pathlib import Path
+
+from results.store.progress import MemberProgress, write_progress
 
 ALONE_STEP_S = {"hf_generate": 15.0, "hf_generate_persistent_compiled": 15.5, "hf_generate_static_compiled": 16.0}
 SLOWDOWN = {1: 1.0, 2: 1.183, 4: 2.5}
 TOKENS_PER_STEP = 64 * 256
+GENERATING = 0.8
 
 
 def main() -> None:
@@ -28,16 +36,28 @@ def main() -> None:
     parser.add_argument("--json", required=True)
     parser.add_argument("--without-alone", action="store_true")
     parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--work-dir", type=Path, required=True)
     opts, _ = parser.parse_known_args()
     with open(os.environ["STANDIN_CALLS"], "a") as calls:
         calls.write(f"{opts.backends} x{opts.members}\n")
+    if os.environ.get("STANDIN_HANG_AFTER_STEPS"):
+        steps = int(os.environ["STANDIN_HANG_AFTER_STEPS"])
+        for index in range(opts.members):
+            member = opts.work_dir / f"{opts.backends}-x{opts.members}" / f"member-{index}"
+            member.mkdir(parents=True)
+            member.with_name(f"member-{index}.log").write_text("")  # as the bench writes its members' output
+            if steps:
+                write_progress(member, MemberProgress(step=steps, max_steps=opts.steps, started_at=time.time(),
+                                                      updated_at=time.time()))
+        time.sleep(3600)
     time.sleep(float(os.environ.get("STANDIN_SLEEP", "0.5")))
     alone = dict(ALONE_STEP_S)
     if os.environ.get("STANDIN_PERSISTENT_STEP_S"):
         alone["hf_generate_persistent_compiled"] = float(os.environ["STANDIN_PERSISTENT_STEP_S"])
     step = alone[opts.backends] * SLOWDOWN[opts.members]
     member = {"status": "ok", "step_s": step, "first_step_s": step + 30.0, "tokens_per_s": TOKENS_PER_STEP / step,
-              "peak_memory_bytes": 11 * 2**30, "mean_completion_length": 256.0, "ran_as": opts.backends}
+              "generate_s": GENERATING * step, "peak_memory_bytes": 11 * 2**30, "peak_gpu_reserved_bytes": 12 * 2**30,
+              "mean_completion_length": 256.0, "ran_as": opts.backends}
     if opts.backends.endswith("persistent_compiled"):  # the member's one cache: compiled once, recorded once...
         calls = opts.steps
         member["decode_counts"] = {"generate_calls": calls, "compiles": 1, "recompiles": 0, "weights_moved": 0,

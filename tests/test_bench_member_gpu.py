@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import pytest
 
 from inner_loop.generation.backends import CONTINUOUS_BATCHING, HF_GENERATE, PERSISTENT_COMPILED, STATIC_CACHE
 from inner_loop.models.from_config import ARCHITECTURES, architecture_config
+from time_limits import run_with_progress
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench" / "bench_member_gpu.py"
@@ -41,6 +41,18 @@ def test_the_named_architecture_is_qwen3_1_7b_and_overrides_are_checked():
         architecture_config("qwen3_17b")
 
 
+def test_the_random_model_is_built_in_bf16_on_the_device_asked_for():
+    """Not in float32 on the CPU and then cast and moved: a 1.7B model's float32 init on the CPU took most of a GPU
+    pass's first minute. (The meta device stands in for a card here: nothing is allocated.)"""
+    from inner_loop.models.from_config import SAVED_DTYPE, build_random_model
+    from inner_loop.models.tiny import build_tiny_tokenizer
+
+    config = architecture_config("qwen3_1_7b", {"num_hidden_layers": 2, "hidden_size": 128, "vocab_size": 512,
+                                                "intermediate_size": 256})
+    model = build_random_model(config, build_tiny_tokenizer(), seed=0, device="meta")
+    assert {(p.dtype, p.device.type) for p in model.parameters()} == {(SAVED_DTYPE, "meta")}
+
+
 def _positive(row: dict, *keys: str) -> None:
     for key in keys:
         assert isinstance(row[key], (int, float)) and row[key] > 0, (key, row)
@@ -48,11 +60,11 @@ def _positive(row: dict, *keys: str) -> None:
 
 def test_bench_runs_on_cpu_and_reports_every_figure(tmp_path):
     out = tmp_path / "summary.json"
-    proc = subprocess.run([sys.executable, str(BENCH), "--device", "cpu", *SHAPES, "--members", "1,2",
+    proc = run_with_progress([sys.executable, str(BENCH), "--device", "cpu", *SHAPES, "--members", "1,2",
                            "--backends", f"{HF_GENERATE},{HF_STATIC},{HF_PERSISTENT},{CONTINUOUS_BATCHING}",
                            "--share-backends", HF_GENERATE, "--compile-backend", "aot_eager",
-                           "--json", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+                           "--json", str(out), "--work-dir", str(tmp_path / "work")],
+                          cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads(out.read_text())
 
@@ -72,6 +84,13 @@ def test_bench_runs_on_cpu_and_reports_every_figure(tmp_path):
     counts = single[HF_PERSISTENT]["decode_counts"]  # the compiled variant's record, its first step apart
     assert counts["generate_calls"] == 2 and counts["recompiles"] == 0 and counts["compile_backend"] == "aot_eager"
     assert single[HF_PERSISTENT]["first_step_s"] > 0 and single[HF_GENERATE]["decode_counts"] is None
+    # each member timed its generation beside its step, and trained without a checkpoint or the final validation
+    for runs in summary["runs"].values():
+        assert all(0 < r["generate_s"] < r["step_s"] for r in runs), runs
+    members = [m for m in (tmp_path / "work").glob("*/member-*") if m.is_dir()]
+    assert members and all((m / "progress.json").is_file() for m in members)
+    assert not [p.name for m in members for p in m.rglob("*") if p.name.startswith("checkpoint-") or
+                p.name == "result.json"]
 
     sharing = {(row["backend"], row["members"]): row for row in summary["sharing"]}
     assert set(sharing) == {(HF_GENERATE, 1), (HF_GENERATE, 2)}

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from time_limits import run_with_progress
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "extending.md"
@@ -70,12 +71,11 @@ def unchanged_repository():
     assert status() == before, "an extension had to change the repository"
 
 
-def _run(toy: dict[str, str], *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def _run(toy: dict[str, str], *args: str) -> subprocess.CompletedProcess:
     """``python -m <args>`` from the toy folder (whatever a command writes by default lands there), with the toy's
     environment."""
     env = {k: v for k, v in toy.items() if k != "root"}
-    return subprocess.run([sys.executable, "-m", *args], cwd=toy["root"], env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return run_with_progress([sys.executable, "-m", *args], cwd=toy["root"], env=env)
 
 
 def test_each_recipe_is_one_module_and_one_yaml():
@@ -163,7 +163,7 @@ def test_divergence_defaults_are_their_yaml_fallbacks(toy):
              "    out[name] = [entry.default_coef, coef]\n"
              "print(json.dumps(out))\n")
     env = {k: v for k, v in toy.items() if k != "root"}
-    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    done = run_with_progress([sys.executable, "-c", probe], env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     found = json.loads(done.stdout)
     assert "toy_sq" in found and "kl" in found

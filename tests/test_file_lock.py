@@ -20,6 +20,7 @@ import pytest
 from results.store import file_lock
 from results.store.file_lock import FileLock, LockHeld
 from launch.member import LOCK_FILE, member_lock, run_member
+from time_limits import scaled
 
 ROOT = Path(__file__).resolve().parent.parent
 OTHER_HOST = "node-elsewhere-17"
@@ -128,7 +129,7 @@ def test_the_heartbeat_is_refreshed_while_held(tmp_path, mode):
     path = tmp_path / "LOCK"
     with FileLock(path, heartbeat_s=0.1, stale_after_s=1.0):
         first = _holder(path)["heartbeat"]
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + scaled(5)
         while _holder(path)["heartbeat"] <= first + 0.2 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert _holder(path)["heartbeat"] > first + 0.2
@@ -148,7 +149,7 @@ def test_a_killed_holder_process_blocks_while_alive_and_is_taken_over_once_dead(
 
         holder.kill()  # SIGKILL, and not reaped yet: a zombie counts as dead too
         lock = FileLock(path, owner="orchestrator")
-        lock.acquire(blocking=True, timeout_s=10)
+        lock.acquire(blocking=True, timeout_s=scaled(10))
     finally:
         holder.kill()
         holder.wait()
@@ -279,7 +280,7 @@ def test_processes_racing_for_a_stale_lock_exactly_one_wins(tmp_path, mode):
                                   text=True) for _ in range(4)]
         outcomes = [proc.stdout.readline().strip() for proc in procs]  # the winner holds until all have tried
         for proc in procs:
-            _, err = proc.communicate("\n", timeout=60)
+            _, err = proc.communicate("\n", timeout=scaled(60))
             assert proc.returncode == 0, err
         assert sorted(outcomes) == ["lost", "lost", "lost", "won"], outcomes
         assert not path.exists()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 import inner_loop.numerics.pinned as numerics
 from inner_loop.numerics.fingerprint import DIGEST_KEYS, FINGERPRINT_FILE
 from inner_loop.training.warmup import cpu_capabilities
+from time_limits import run_with_progress
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow,
@@ -21,8 +21,8 @@ pytestmark = [pytest.mark.slow,
 
 
 def _fingerprint(env: dict[str, str]) -> tuple[int, dict, str]:
-    done = subprocess.run([sys.executable, "-m", "inner_loop.fingerprint", "--check"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=900, env={**os.environ, **env})
+    done = run_with_progress([sys.executable, "-m", "inner_loop.fingerprint", "--check"], cwd=ROOT,
+                             env={**os.environ, **env})
     found = json.loads(done.stdout) if done.stdout.strip().startswith("{") else {}
     return done.returncode, found, done.stderr[-3000:]
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from inner_loop.loss import grad_share
 from inner_loop.loss.grad_share import full_form_token_norms
 from mirror_maps import NeuralMirrorMap, forms
 from mirror_maps.forms import full_divergence
+from time_limits import run_with_progress
 
 ROOT = Path(__file__).resolve().parent.parent
 #: the most a full-form step may take beyond a sampled-form step, in multiples of the batch's float32 logits
@@ -28,8 +28,8 @@ EXTRA_PEAK_LOGITS = 4.0
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's resettable peak RSS")
 def test_a_full_form_step_at_qwen3_vocabulary_takes_a_bounded_multiple_of_its_logits():
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MALLOC_MMAP_THRESHOLD_": "131072"}
-    done = subprocess.run([sys.executable, str(ROOT / "tests" / "full_form_memory_probe.py"), "full", "sampled"],
-                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    done = run_with_progress([sys.executable, str(ROOT / "tests" / "full_form_memory_probe.py"), "full", "sampled"],
+                             env=env, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     measured = json.loads(done.stdout.strip().splitlines()[-1])
     peaks, logits_bytes = measured["peaks"], measured["logits_bytes"]

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from inner_loop.generation.memory import private_pool_bytes
 from inner_loop.grpo import trainer as trainer_module
 from inner_loop.grpo.trainer import (FULL_FORM_BUDGET_BYTES, FULL_FORM_CUDA_FREE_FRACTION, MirrorGRPOTrainer,
                                 full_form_budget_bytes, full_form_rows_for)
@@ -15,14 +16,17 @@ QWEN3_VOCAB = 151_936
 GIB = 2**30
 
 
-def _fake_cuda(monkeypatch: pytest.MonkeyPatch, total: int = 80 * GIB, allocated: int = 0) -> None:
-    """A GPU of ``total`` bytes on which this member holds ``allocated``; its free memory is never to be asked."""
+def _fake_cuda(monkeypatch: pytest.MonkeyPatch, total: int = 80 * GIB, allocated: int = 0,
+               segments: list[dict] | None = None) -> None:
+    """A GPU of ``total`` bytes on which this member holds ``allocated`` in tensors and the allocator's ``segments``
+    (torch.cuda.memory_snapshot()); its free memory is never to be asked."""
     def refuse(*args, **kwargs):
         raise AssertionError("the device's free memory was asked: it counts the other members packed on it")
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", refuse)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: SimpleNamespace(total_memory=total))
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: allocated)
+    monkeypatch.setattr(torch.cuda, "memory_snapshot", lambda *args, **kwargs: list(segments or []))
 
 
 def _trainer_stub(device: str, vocab: int, rows: int | None = None) -> SimpleNamespace:
@@ -43,6 +47,21 @@ def test_cuda_budget_is_a_fraction_of_what_the_members_own_budget_leaves(monkeyp
     assert full_form_budget_bytes(torch.device("cuda")) == int(FULL_FORM_CUDA_FREE_FRACTION * 78 * GIB)  # all of it
     assert full_form_budget_bytes(torch.device("cuda"), 40 * GIB) == int(FULL_FORM_CUDA_FREE_FRACTION * 38 * GIB)
     assert full_form_budget_bytes(torch.device("cuda"), GIB) == 0  # over its budget already: one row (below)
+
+
+def _segment(pool: tuple[int, int], total: int, allocated: int) -> dict:
+    return {"segment_pool_id": pool, "total_size": total, "allocated_size": allocated}
+
+
+def test_a_cuda_graph_pool_held_through_the_backward_is_not_room(monkeypatch):
+    """persistent_compiled: the decode step's CUDA graphs keep a private pool reserved from one replay to the next;
+    its idle blocks serve no other tensor, so the chunks are sized from what is left beside them (the static cache,
+    a live tensor, is in memory_allocated already); the default pool's idle blocks stay room."""
+    pools = [_segment((0, 0), 6 * GIB, 2 * GIB),   # the default pool: 4 GiB cached, reusable
+             _segment((1, 7), 3 * GIB, GIB)]       # a CUDA graph's pool: 3 GiB reserved, 2 of them idle
+    assert private_pool_bytes(pools) == (3 * GIB, 2 * GIB)
+    _fake_cuda(monkeypatch, total=80 * GIB, allocated=10 * GIB, segments=pools)
+    assert full_form_budget_bytes(torch.device("cuda"), 40 * GIB) == int(FULL_FORM_CUDA_FREE_FRACTION * 28 * GIB)
 
 
 def test_qwen3_vocabulary_gets_many_rows_per_chunk_on_a_roomy_gpu(monkeypatch):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from collections import defaultdict
 from importlib import metadata, util
@@ -22,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from node_bundle import Target, canonical, parse_node_packages, project_pins, resolve  # noqa: E402
+from time_limits import run_with_progress
 
 pytestmark = pytest.mark.slow
 PROBE = ROOT / "tests" / "import_probe"
@@ -78,8 +78,8 @@ def test_the_acceptance_run_trains_every_record_on_the_device_it_names_without_r
     # ray when it is imported, and the members must not need either
     env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": f"{PROBE}{os.pathsep}{ROOT}",
            "MIRROR_ES_BLOCK_IMPORTS": "ray,vllm", "MIRROR_ES_IMPORT_LOG": str(log)}
-    done = subprocess.run([str(ROOT / "scripts" / "gpu_check.sh"), "--device", "cpu", "--work", str(tmp_path / "job"),
-                           "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
+    done = run_with_progress([str(ROOT / "scripts" / "gpu_check.sh"), "--device", "cpu", "--work",
+                              str(tmp_path / "job"), "--json", str(out)], cwd=ROOT, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "CUDA tests" in done.stderr and "skipped: no usable CUDA device" in done.stderr
     summary = json.loads(out.read_text())

@@ -101,10 +101,16 @@ def test_a_member_alone_in_its_packed_task_takes_the_whole_card(memory_caps, mon
 
 def test_out_of_memory_names_the_cards_whole_use_and_every_member_on_it(monkeypatch):
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (int(1.5 * 2**30), H100["memory_bytes"]))
+    # this member's hold, a CUDA graph's pool within it (kept through the backward, like a static KV cache)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a: int(38.5 * 2**30))
+    monkeypatch.setattr(torch.cuda, "memory_snapshot", lambda *a, **k: [
+        {"segment_pool_id": (0, 0), "total_size": 37 << 30, "allocated_size": 36 << 30},
+        {"segment_pool_id": (3, 1), "total_size": 3 << 29, "allocated_size": 1 << 29}])
     device = {**H100, MEMBER_GPU_MEMORY_KEY: 0.5, MEMBER_GPU_SHARERS_KEY: 2, PARTNERS_KEY: [5]}
     reason = out_of_memory_reason(torch.OutOfMemoryError("CUDA out of memory"), device)
-    assert reason.startswith(f"out of GPU memory within its share: {H100_HALF} (the card had 77.7 of 79.2 GiB in use; "
-                             "members on it: this one and 5); lower train.batch_size"), reason
+    assert reason.startswith(f"out of GPU memory within its share: {H100_HALF} (the card had 77.7 of 79.2 GiB in use, "
+                             "this member 38.5 GiB (1.5 in CUDA graph pools); members on it: this one and 5); lower "
+                             "train.batch_size"), reason
 
 
 def test_a_member_with_the_whole_card_or_on_the_cpu_sets_no_cap(memory_caps):

@@ -17,6 +17,7 @@ from inner_loop.member.lifecycle import train_member
 from inner_loop.training.setup import prepare, validate_inner
 from mirror_maps import NeuralMirrorMap, save_init
 from conf_groups import load_group
+from time_limits import run_with_progress
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 
@@ -162,8 +163,8 @@ def test_cli_exits_2_on_a_config_error_and_writes_nothing(tmp_path):
     import sys
 
     work = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "inner_loop.run", "train.batch_size=30", f"work_dir={work}"],
-                          cwd=CONF.parent, capture_output=True, text=True, timeout=300)
+    proc = run_with_progress([sys.executable, "-m", "inner_loop.run", "train.batch_size=30", f"work_dir={work}"],
+                             cwd=CONF.parent)
     assert proc.returncode == 2
     assert "train.batch_size" in proc.stderr
     assert not work.exists()

@@ -14,6 +14,7 @@ import pytest
 
 from inner_loop.training.checkpoints import last_checkpoint
 from inner_loop.member.lifecycle import train_member
+from results.store.metric_keys import GENERATE_TIME_MEAN, STEP_TIME_MEAN
 from results.store.records import read_result
 from conf_groups import load_group
 
@@ -62,6 +63,8 @@ def test_member_writes_a_complete_record_and_is_idempotent(cache, tmp_path):
     for key in ("reward_mean", "zero_variance_group_frac", "clipped_completion_ratio", "regularizer_value",
                 "regularizer_grad_share", "wall_time_s", "steps_done"):
         assert key in record.diagnostics and math.isfinite(record.diagnostics[key])
+    # the step's generation is timed beside the step (the decode's share of it measured, not guessed)
+    assert 0.0 < record.diagnostics[GENERATE_TIME_MEAN] < record.diagnostics[STEP_TIME_MEAN]
     assert read_result(tmp_path / "m") == record
     stamp = (tmp_path / "m" / "result.json").stat().st_mtime_ns
     again = train_member(_spec(tmp_path / "m", _inner()))

@@ -4,8 +4,8 @@ CPU build. ``--which`` prints the choice and installs nothing."""
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
+from time_limits import run_with_progress
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "install_vllm.sh"
@@ -27,8 +27,9 @@ def _which(tmp_path: Path, torch_cuda: str | None = None, **env: str) -> tuple[s
         (fake / "__init__.py").write_text("from . import version\n__version__ = '2.13.0+cu128'\n")
         (fake / "version.py").write_text(f"cuda = {torch_cuda!r}\n")
         environ["PYTHONPATH"] = str(tmp_path / "fake")
-    out = subprocess.run([str(SCRIPT), "--which"], cwd=ROOT, env=environ, capture_output=True, text=True, timeout=120,
-                         check=True).stdout.strip()
+    done = run_with_progress([str(SCRIPT), "--which"], cwd=ROOT, env=environ)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout.strip()
     return out, called.exists()
 
 

@@ -21,11 +21,12 @@ from launch.runner import MemberArrayRunner, RunnerPolicy
 from results.store.gpu_share import read_gpu_share
 from results.store.layout import GPU_SLOTS_FILE
 from results.store.records import MemberSpec
+from time_limits import scaled, wait_until
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 ENTRY = "test_local_gpu_slots:gated_member"
-GATE_S = 60.0  # a gated member that is never released gives up after this long (the test has failed by then)
+GATE_S = scaled(60.0)  # a gated member that is never released gives up after this long (the test has failed by then)
 
 
 def _write_end(work: Path) -> None:
@@ -93,17 +94,15 @@ def member_path(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _wait(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
+    wait_until(condition, timeout, what, interval_s=0.02)
 
 
 def _run_driven(launcher: LocalLauncher, specs: list[MemberSpec], folder: Path,
                 drive: Callable[[MemberArrayRunner], None]) -> dict[int, Any]:
     """The members to their final records, ``drive`` acting on them once per polling round."""
     runner = MemberArrayRunner(launcher, ENTRY, specs, {}, lambda jobs: None, folder,
-                               RunnerPolicy(retries=0, timeout_s=120, result_scan_interval_s=0.05), on_tick=drive)
+                               RunnerPolicy(retries=0, timeout_s=scaled(120), result_scan_interval_s=0.05),
+                               on_tick=drive)
     try:
         return runner.run()
     finally:

@@ -38,6 +38,11 @@ def _gpu_torch(monkeypatch: pytest.MonkeyPatch, *, cuda: str | None = "12.8", in
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: H200)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: 11_808_000_000)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda: 15_032_385_536)  # 14 GiB
+    # a CUDA graph's pool beside the default one
+    monkeypatch.setattr(torch.cuda, "memory_snapshot", lambda *args, **kwargs: [
+        {"segment_pool_id": (0, 0), "total_size": 2 << 30, "allocated_size": 1 << 30},
+        {"segment_pool_id": (1, 0), "total_size": 512 << 20, "allocated_size": 100 << 20}])
     monkeypatch.setattr(device, "kernel_problem", lambda where: "")  # TRL's kernels run on the simulated GPU
 
 
@@ -67,8 +72,11 @@ def test_the_device_is_described_on_a_gpu_and_on_the_cpu(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
     gpu = device.with_peak_memory(device.require_device({MEMBER_GPUS_KEY: 1}))
     assert gpu == {"type": "cuda", "name": "NVIDIA H200", "memory_bytes": H200.total_memory, "torch": torch.__version__,
-                   "cuda": "12.8", "cuda_visible_devices": "3", "peak_memory_bytes": 11_808_000_000}
-    assert device_text(gpu) == "NVIDIA H200 140.4 GiB, peak 11.0 GiB"
+                   "cuda": "12.8", "cuda_visible_devices": "3", "peak_memory_bytes": 11_808_000_000,
+                   # what the allocator held at its peak (the cap counts it; a static cache and the CUDA graph pools
+                   # are held through the backward), and the graph pools at the end
+                   "peak_reserved_bytes": 15_032_385_536, "graph_pool_bytes": 512 << 20}
+    assert device_text(gpu) == "NVIDIA H200 140.4 GiB, peak 11.0 GiB (held 14.0 GiB, 0.5 in CUDA graph pools)"
     again = ResultRecord.from_dict(json.loads(json.dumps(ResultRecord(status="ok", device=gpu).to_dict())))
     assert again.device == gpu and ResultRecord(status="ok", device="garbage").device == {}  # type: ignore[arg-type]
 
@@ -109,7 +117,8 @@ def test_a_member_that_fails_after_the_check_names_its_device_in_the_record(monk
     monkeypatch.setattr(member, "build_trainer", broken)
     record = member.train_member(_spec(tmp_path / "m", _inner()))
     assert record.status == "failed" and "the model would not load" in record.error
-    assert read_result(tmp_path / "m").device == {**device.describe_device(), "peak_memory_bytes": None}
+    assert read_result(tmp_path / "m").device == {**device.describe_device(), "peak_memory_bytes": None,
+                                                  "peak_reserved_bytes": None, "graph_pool_bytes": None}
     assert record.device["type"] == "cpu" and record.device["name"] == cpu_name()
 
 

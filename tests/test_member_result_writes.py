@@ -20,6 +20,7 @@ from conf_groups import load_group
 from launch.member import run_member
 from results.store.layout import RESULT_FILE, archived_result_name, seed_dir_name
 from results.store.records import MEMBER_SEEDS_KEY, ResultRecord, read_result, write_result
+from time_limits import scaled
 
 ROOT = Path(__file__).resolve().parents[1]
 SELF_RECORDING = f"{__name__}:self_recording_entry"
@@ -119,14 +120,14 @@ def test_a_single_run_without_the_wrapper_still_writes_its_result_once(tmp_path,
 
 def test_a_self_recording_entry_points_record_is_kept_not_rewritten(tmp_path, result_writes):
     spec = _spec(tmp_path)
-    out = run_member(SELF_RECORDING, spec, timeout_s=10)
+    out = run_member(SELF_RECORDING, spec, timeout_s=scaled(10))
     assert out["status"] == "ok" and out["fitness"] == pytest.approx(0.25) and out["wall_time_s"] == 1.5
     assert result_writes == [tmp_path / "member_000" / RESULT_FILE]
 
 
 def test_an_entry_point_that_only_returns_its_record_gets_it_written_by_the_wrapper(tmp_path, result_writes):
     spec = _spec(tmp_path)
-    out = run_member("meta.synthetic:member", spec, timeout_s=10)
+    out = run_member("meta.synthetic:member", spec, timeout_s=scaled(10))
     assert out["status"] == "ok" and out["wall_time_s"] > 0
     assert result_writes == [tmp_path / "member_000" / RESULT_FILE]
     assert read_result(spec["work_dir"]).to_dict() == out
@@ -175,7 +176,7 @@ def test_a_record_the_entry_point_wrote_stands_when_its_run_then_fails(tmp_path,
 
 def test_a_member_on_several_seeds_writes_each_result_once(tmp_path, result_writes):
     spec = _spec(tmp_path, seeds=[7, 8])
-    out = run_member(SELF_RECORDING, spec, timeout_s=10)
+    out = run_member(SELF_RECORDING, spec, timeout_s=scaled(10))
     work = tmp_path / "member_000"
     assert out["status"] == "ok" and out["fitness"] == pytest.approx(0.25 + 0.075)
     assert result_writes == [work / seed_dir_name(0) / RESULT_FILE, work / seed_dir_name(1) / RESULT_FILE,
@@ -184,7 +185,7 @@ def test_a_member_on_several_seeds_writes_each_result_once(tmp_path, result_writ
 
 def test_a_seed_that_recorded_its_own_failure_fails_the_member_with_one_write_each(tmp_path, result_writes):
     work = tmp_path / "member_000"
-    out = run_member(SELF_RECORDING, _spec(tmp_path, seeds=[7, 8], failed_seeds=[8]), timeout_s=10)
+    out = run_member(SELF_RECORDING, _spec(tmp_path, seeds=[7, 8], failed_seeds=[8]), timeout_s=scaled(10))
     assert out["status"] == "failed" and out["error"] == "seed 1 (seed=8): training: loss is nan"
     assert result_writes == [work / seed_dir_name(0) / RESULT_FILE, work / seed_dir_name(1) / RESULT_FILE,
                              work / RESULT_FILE]
@@ -193,14 +194,14 @@ def test_a_seed_that_recorded_its_own_failure_fails_the_member_with_one_write_ea
 
 def test_a_failed_seed_fails_the_member_once_and_a_retry_runs_only_the_seeds_left(tmp_path, result_writes):
     work = tmp_path / "member_000"
-    first = run_member(SELF_RECORDING, _spec(tmp_path, seeds=[7, 8], fail_seeds=[8]), timeout_s=10)
+    first = run_member(SELF_RECORDING, _spec(tmp_path, seeds=[7, 8], fail_seeds=[8]), timeout_s=scaled(10))
     assert first["status"] == "failed" and "injected failure on seed 8" in first["error"]
     assert result_writes == [work / seed_dir_name(0) / RESULT_FILE, work / RESULT_FILE]
     assert read_result(work / seed_dir_name(1)) is None  # nothing recorded: the retry runs this seed again
     # the runner's retry: the attempt's record moved aside, the member submitted again under the next attempt
     os.replace(work / RESULT_FILE, work / archived_result_name(0))
     result_writes.clear()
-    retry = run_member(SELF_RECORDING, _spec(tmp_path, attempt=1, seeds=[7, 8]), timeout_s=10)
+    retry = run_member(SELF_RECORDING, _spec(tmp_path, attempt=1, seeds=[7, 8]), timeout_s=scaled(10))
     assert retry["status"] == "ok"
     assert _calls(work / seed_dir_name(0)) == 1 and _calls(work / seed_dir_name(1)) == 2
     assert result_writes == [work / seed_dir_name(1) / RESULT_FILE, work / RESULT_FILE]
@@ -214,9 +215,9 @@ def requeued_entry(spec):
 def test_a_requeued_run_writes_no_result_so_its_next_run_resumes(tmp_path, result_writes):
     spec = _spec(tmp_path)
     with pytest.raises(SystemExit):
-        run_member(f"{__name__}:requeued_entry", spec, timeout_s=10)
+        run_member(f"{__name__}:requeued_entry", spec, timeout_s=scaled(10))
     assert result_writes == [] and read_result(spec["work_dir"]) is None
-    assert run_member(SELF_RECORDING, spec, timeout_s=10)["status"] == "ok"
+    assert run_member(SELF_RECORDING, spec, timeout_s=scaled(10))["status"] == "ok"
     assert result_writes == [tmp_path / "member_000" / RESULT_FILE]
 
 

@@ -13,13 +13,14 @@ import pytest
 
 from mirror_maps import load_init
 from results.store.run_store import RunStore
+from time_limits import run_with_progress
 
 ROOT = Path(__file__).resolve().parent.parent
 SHORT = ["train.steps=2", "train.val_size=8", "train.save_every=1"]
 
 
-def _python(*args: str, timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+def _python(*args: str) -> subprocess.CompletedProcess:
+    return run_with_progress([sys.executable, *args], cwd=ROOT)  # stopped only when idle: tests/time_limits.py
 
 
 @pytest.mark.slow
@@ -29,7 +30,7 @@ def test_embedded_default_search_export_and_single_run(tmp_path):
     lower bound, then trained by a single run exactly as its reporting run was."""
     run_dir = tmp_path / "search"
     done = _python("-m", "meta.run", f"run_dir={run_dir}", "new=true", "population=4", "generations=2", "launcher=local",
-                   "reevaluate.top_k=1", "reevaluate.seeds=2", "reevaluate.report_seeds=2", *SHORT, timeout=1200)
+                   "reevaluate.top_k=1", "reevaluate.seeds=2", "reevaluate.report_seeds=2", *SHORT)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "NM-GRPO-ES (exported init) minus each baseline" in done.stdout  # the table ends the run
     store = RunStore(run_dir)
@@ -42,7 +43,7 @@ def test_embedded_default_search_export_and_single_run(tmp_path):
         leftovers = [str(p.relative_to(member_dir)) for p in member_dir.rglob("checkpoint-*")]
         assert leftovers == [], f"{member_dir} kept checkpoints {leftovers}"
     assert (members["disk_peak_bytes"] > 0).all()
-    report = _python("-m", "results.report", str(run_dir), timeout=300)
+    report = _python("-m", "results.report", str(run_dir))
     assert report.returncode == 0, report.stderr[-3000:]
     assert "disk" in report.stdout and "disk_peak_bytes" in (run_dir / "report" / "members.csv").read_text()
     summary = store.read_reevaluation()
@@ -60,7 +61,7 @@ def test_embedded_default_search_export_and_single_run(tmp_path):
         (records[0]["evaluations"]["test"]["pass_at_1"] + records[1]["evaluations"]["test"]["pass_at_1"]) / 2)
 
     init = tmp_path / "best_mirror.safetensors"
-    done = _python("-m", "meta.export", f"run_dir={run_dir}", f"out={init}", timeout=120)
+    done = _python("-m", "meta.export", f"run_dir={run_dir}", f"out={init}")
     assert done.returncode == 0, done.stderr[-3000:]
     _, metadata = load_init(init)
     chosen = next(c for c in summary["candidates"] if c["name"] == summary["chosen"])
@@ -69,7 +70,7 @@ def test_embedded_default_search_export_and_single_run(tmp_path):
     # The preset's single run of the exported init, on the exported row's first reporting seed: the same record
     spec = json.loads((reporting / "member_000" / "spec.json").read_text())
     done = _python("-m", "inner_loop.run", "experiment=tiny_arith", f"divergence.init={init}", f"seed={spec['seed']}",
-                   f"work_dir={tmp_path / 'single'}", *SHORT, timeout=600)
+                   f"work_dir={tmp_path / 'single'}", *SHORT)
     assert done.returncode == 0, done.stderr[-3000:]
     record = json.loads((tmp_path / "single" / "result.json").read_text())
     assert record["status"] == "ok"

@@ -13,6 +13,7 @@ from meta.search.generation_close import QuorumClock
 from meta.run import main
 from results.store.records import ResultRecord, read_result, write_result
 from results.store.run_store import RunStore
+from time_limits import scaled
 
 # Members run one after another in-process (debug launcher), so "members 0-3 finished, 4-7 pending" is exact.
 SYNTH = ["launcher=debug", "inner.entrypoint=meta.synthetic:member", "population=8", "generations=2",
@@ -104,7 +105,7 @@ def test_a_hung_member_is_cancelled_as_late_instead_of_holding_the_generation(tm
     assert read_result(store.member_dir(0, 2)).status == "late"
     jobs = json.loads(store.jobs_path(0).read_text())["members"]
     controller = jobs["2"]["job_id"]  # the member's local controller process (a zombie once dead counts as dead)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + scaled(30)
     while controller_running(controller) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not controller_running(controller), f"the late member's process {controller} is still running"

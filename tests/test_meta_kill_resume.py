@@ -15,6 +15,7 @@ import torch
 
 from meta.run import main
 from results.store.run_store import RunStore
+from time_limits import scaled
 
 ROOT = Path(__file__).resolve().parent.parent
 ARGS = ["inner.entrypoint=meta.synthetic:member", "population=4", "generations=3", "es=cmaes",
@@ -30,7 +31,7 @@ def _start(run_dir: Path) -> subprocess.Popen:
 
 
 def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while not path.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
 
@@ -59,7 +60,7 @@ def test_sigkill_at_random_points_then_resume_matches_an_uninterrupted_run(tmp_p
     assert kills >= 4, "the orchestrator finished before it could be killed; the test did not test anything"
 
     final = _start(run_dir)
-    _, err = final.communicate(timeout=300)
+    _, err = final.communicate(timeout=scaled(300))
     assert final.returncode == 0, err.decode()[-3000:]
 
     ref_store = RunStore(reference)

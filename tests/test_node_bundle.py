@@ -17,6 +17,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import node_bundle  # noqa: E402
 from node_bundle import BundleError, Plan, Target, build_bundle, parse_node_packages, wheel_modules  # noqa: E402
+from time_limits import run_with_progress
 
 PROBE = ROOT / "tests" / "import_probe"
 
@@ -83,12 +84,11 @@ def test_wheel_modules_are_the_top_level_packages_and_modules(tmp_path):
 
 
 def test_without_ray_the_search_refuses_an_evotorch_searcher_by_name_and_plans_with_openai_es():
-    refused = subprocess.run([sys.executable, "-m", "meta.run", "dry_run=true"], cwd=ROOT, env=blocked_env(),
-                             capture_output=True, text=True, timeout=300)
+    refused = run_with_progress([sys.executable, "-m", "meta.run", "dry_run=true"], cwd=ROOT, env=blocked_env())
     assert refused.returncode == 2, refused.stderr[-2000:]
     assert "es=pgpe needs evotorch, ray, and ray cannot be imported here" in refused.stderr
     assert "'openai_es_elite'" in refused.stderr and "Traceback" not in refused.stderr
-    planned = subprocess.run([sys.executable, "-m", "meta.run", "dry_run=true", "es=openai_es_elite"], cwd=ROOT,
-                             env=blocked_env(), capture_output=True, text=True, timeout=300)
+    planned = run_with_progress([sys.executable, "-m", "meta.run", "dry_run=true", "es=openai_es_elite"], cwd=ROOT,
+                                env=blocked_env())
     assert planned.returncode == 0, planned.stderr[-2000:]
     assert "DRY RUN" in planned.stdout and "es=openai_es_elite" in planned.stdout

@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib
 import pickle
 import pickletools
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from launch.member import resolve_target
 from launch.slurm.member import CheckpointableMember
 from meta.config import ADDED_SEARCH_KEYS
 from meta.search.resume import split_differences
+from time_limits import run_with_progress
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,7 +61,7 @@ def test_a_fresh_process_imports_the_old_entry_path_without_torch():
     code = ("import sys, inner_loop.member_entry as e; from launch.member import resolve_target; "
             "assert resolve_target('inner_loop.member_entry:train_member', 'k') is e.train_member; "
             "assert e.__name__ == 'inner_loop.member.entry' and 'torch' not in sys.modules")
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = run_with_progress([sys.executable, "-c", code], cwd=ROOT)
     assert done.returncode == 0, done.stderr
 
 

@@ -19,6 +19,7 @@ from inner_loop.training.checkpoints import checkpoint_folders
 from results.store.progress import read_progress
 from results.store.records import read_result
 from conf_groups import load_group
+from time_limits import scaled, wait_until
 
 pytestmark = pytest.mark.skipif(not numerics.can_pin(), reason="the tiny preset's pinned numerics need AVX2 and FMA")
 
@@ -47,12 +48,6 @@ def _job(spec: dict) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
-def _wait(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not {what} within {timeout:.0f} s")
-        time.sleep(0.05)
 
 
 def same_outcome(record, reference) -> tuple:
@@ -65,10 +60,10 @@ def test_a_notice_saves_the_step_under_way_and_the_rerun_ends_as_the_uninterrupt
     spec = notice_spec(tmp_path / "noticed")
     work = Path(spec["work_dir"])
     job = _job(spec)
-    _wait(lambda: (progress := read_progress(work)) is not None and progress.step >= 3, 300, "the member at step 3")
+    wait_until(lambda: (progress := read_progress(work)) is not None and progress.step >= 3, 300, "the member at step 3")
     seen = read_progress(work).step
     job.send_signal(signal.SIGTERM)
-    _, stderr = job.communicate(timeout=120)
+    _, stderr = job.communicate(timeout=scaled(120))
     assert job.returncode == 128 + signal.SIGTERM, stderr[-3000:]
     assert read_result(work) is None  # stopped for a requeue: no record, nothing charged
     saved = [int(p.name.rpartition("-")[2]) for p in checkpoint_folders(work)]
@@ -76,10 +71,10 @@ def test_a_notice_saves_the_step_under_way_and_the_rerun_ends_as_the_uninterrupt
     assert "on notice" in stderr
 
     rerun = _job(spec)
-    _, rerun_err = rerun.communicate(timeout=300)
+    _, rerun_err = rerun.communicate(timeout=scaled(300))
     assert rerun.returncode == 0, rerun_err[-3000:]
     assert f"checkpoint-{saved[0]}" in rerun_err  # resumed from the notice's checkpoint
-    reference_job.communicate(timeout=300)
+    reference_job.communicate(timeout=scaled(300))
     record, reference = read_result(work), read_result(tmp_path / "straight")
     assert record.status == reference.status == "ok" and record.steps_done == STEPS, record.error
     mine, theirs = same_outcome(record, reference)

@@ -11,7 +11,6 @@ import json
 import logging
 import os
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import pytest
 from inner_loop.config import ModelConfig
 from inner_loop.models.tiny import build_tiny_model, build_tiny_tokenizer
 from inner_loop.member.staging import hub_references, stage_inner
+from time_limits import run_with_progress
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -174,8 +174,8 @@ def test_staged_fixtures_train_with_the_network_blocked(tmp_path):
     (blocker / "sitecustomize.py").write_text(BLOCK_NETWORK)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(blocker), str(ROOT)]), "HF_HUB_OFFLINE": "1",
            "HF_DATASETS_OFFLINE": "1", "HF_DATASETS_CACHE": str(tmp_path / "datasets-cache")}
-    done = subprocess.run([sys.executable, "-m", "meta.run", *SEARCH, f"stage.cache_dir={cache}", f"run_dir={run_dir}",
-                           "launcher=debug"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    done = run_with_progress([sys.executable, "-m", "meta.run", *SEARCH, f"stage.cache_dir={cache}",
+                              f"run_dir={run_dir}", "launcher=debug"], cwd=ROOT, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     manifest = json.loads((run_dir / "manifest.json").read_text())
     pins = {item["repo_id"]: item for item in manifest["staged"]["items"]}
@@ -217,8 +217,7 @@ def test_a_member_process_reading_nothing_from_the_hub_goes_offline_without_impo
         " hub.HF_HUB_OFFLINE), 'torch' in sys.modules]))\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_OFFLINE"))}
-    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
+    done = run_with_progress([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     before, after, torch_imported = json.loads(done.stdout.splitlines()[-1])
     assert before == [None, False]  # a member that loads Qwen3 by hub name keeps the network

@@ -24,6 +24,7 @@ from results.store.intermediate import read_intermediate
 from results.store.layout import JOURNAL_FILE, STUDY_FILE, TRIAL_FILE
 from results.store.records import read_result
 from results.store.study_store import LOST_ATTR, SAVED_ATTR, SLOT_ATTR, load_study
+from time_limits import scaled
 
 ROOT = Path(__file__).resolve().parent.parent
 SYNTH = ["inner.entrypoint=meta.tune.synthetic:run", "tune.sampler=random", "tune.pruner=none"]
@@ -146,7 +147,7 @@ def _start(run_dir: Path, extra: list[str]) -> subprocess.Popen:
 
 
 def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while not path.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
 
@@ -172,7 +173,7 @@ def test_sigkill_at_random_points_then_resume_gives_the_uninterrupted_study(tmp_
         proc.wait()
     assert kills >= 3, "the tuner finished before it could be killed; the test did not test anything"
     final = _start(run_dir, ["launcher=local", *args])
-    _, err = final.communicate(timeout=300)
+    _, err = final.communicate(timeout=scaled(300))
     assert final.returncode == 0, err.decode()[-3000:]
 
     got, want = load_study(run_dir), load_study(reference)
@@ -376,10 +377,10 @@ def test_optuna_dashboard_serves_the_journal_study(tmp_path):
                                str(run_dir / JOURNAL_FILE), "--host", "127.0.0.1", "--port", str(port), "--quiet"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        deadline, body = time.monotonic() + 60, None
+        deadline, body = time.monotonic() + scaled(60), None
         while body is None:
             assert server.poll() is None, server.stderr.read().decode()[-2000:]
-            assert time.monotonic() < deadline, "optuna-dashboard did not answer within 60 s"
+            assert time.monotonic() < deadline, f"optuna-dashboard did not answer within {scaled(60):.0f} s"
             try:
                 body = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=5).read())
             except OSError:
@@ -391,4 +392,4 @@ def test_optuna_dashboard_serves_the_journal_study(tmp_path):
         assert [t["state"] for t in detail["trials"]] == ["Complete", "Complete"]
     finally:
         server.terminate()
-        server.wait(timeout=30)
+        server.wait(timeout=scaled(30))

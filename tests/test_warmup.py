@@ -3,7 +3,6 @@ step count, and the tiny model itself is the same on every CPU."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from inner_loop.tasks import build_task
 from inner_loop.training.warmup import (WarmupTargetError, cpu_capabilities, read_warmup_outcome, split_probe, warm_up_to_band,
                                warmed_model_dir, warmup_key)
 from conf_groups import load_group
+from time_limits import run_with_progress
 
 ROOT = Path(__file__).resolve().parent.parent
 ARITH = yaml.safe_load((ROOT / "conf" / "task" / "arith.yaml").read_text())
@@ -139,8 +139,7 @@ def test_tiny_model_weights_do_not_depend_on_the_cpu_kernels():
     seen = {}
     for capability in cpu_capabilities():  # a capability this CPU lacks dies of SIGILL instead of falling back
         env = {"ATEN_CPU_CAPABILITY": capability, "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
-        done = subprocess.run([sys.executable, "-c", _WEIGHTS_DIGEST], env=env, cwd=ROOT, capture_output=True,
-                              text=True, timeout=300)
+        done = run_with_progress([sys.executable, "-c", _WEIGHTS_DIGEST], env=env, cwd=ROOT)
         assert done.returncode == 0, done.stderr[-2000:]
         reported, digest = done.stdout.split()
         seen[reported] = digest

@@ -8,8 +8,9 @@ killer end them all. One owner for the budget: the vLLM CPU cache and the contin
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 #: Share of the member's memory allocation its generation cache may take (the weights, optimizer state,
 #: activations and the reference copy take the rest).
@@ -91,3 +92,31 @@ def member_gpu_budget_bytes(total_bytes: int, fraction: float) -> int:
     GPU's total memory. Never what the device has free: that counts the memory of members packed beside it, and
     whatever this member already holds, so the sizes it gives change from one moment to the next."""
     return int(total_bytes * fraction)
+
+
+#: the caching allocator's id of its default pool; every other pool is private (a CUDA graph's, a MemPool's)
+DEFAULT_POOL_ID = (0, 0)
+
+
+def private_pool_bytes(segments: Iterable[Mapping[str, Any]]) -> tuple[int, int]:
+    """(reserved, idle) bytes of the allocator's private pools in ``segments`` (``torch.cuda.memory_snapshot()``).
+
+    Why: CUDA graphs (the compiled decode step's, ``train.decode_cache=persistent_compiled``) allocate from a private
+    pool that stays reserved from one replay to the next, through the backward; an idle block of it is never handed to
+    another tensor, unlike an idle block of the default pool, so it is memory the member holds, not room."""
+    reserved = idle = 0
+    for segment in segments:
+        if tuple(segment.get("segment_pool_id") or DEFAULT_POOL_ID) == DEFAULT_POOL_ID:
+            continue
+        reserved += int(segment["total_size"])
+        idle += int(segment["total_size"]) - int(segment["allocated_size"])
+    return reserved, idle
+
+
+def held_gpu_bytes(device: Any) -> int:
+    """The GPU memory this member holds that no new tensor can use: its live tensors (a static KV cache among them)
+    plus the idle part of its private pools (CUDA graphs'). What a budget's room is counted against."""
+    import torch
+
+    _, idle = private_pool_bytes(torch.cuda.memory_snapshot())
+    return int(torch.cuda.memory_allocated(device)) + idle

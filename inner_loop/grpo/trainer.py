@@ -10,6 +10,7 @@ import copy
 import hashlib
 import logging
 import math
+import time
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -24,7 +25,7 @@ from inner_loop.generation.backends import (DYNAMIC_CACHE, HF_GENERATE, PERSISTE
                                             cache_implementation, decode_cache_refusal, generation_backend)
 from inner_loop.generation.decode_step import TRANSFORMERS_INPUT_GRAD_HOOK, PersistentDecoder
 from inner_loop.generation.sampling import importance_sampling_ratio, processed_logps
-from inner_loop.generation.memory import member_gpu_budget_bytes
+from inner_loop.generation.memory import held_gpu_bytes, member_gpu_budget_bytes
 from inner_loop.generation.vllm_colocate import (claim_rendezvous_port, engine_in_policy_dtype,
                                                   set_cpu_cache_from_allocation, use_reload_push_on_cpu)
 from inner_loop.loss.grad_share import exact_share, full_form_token_norms, logit_space_share, logp_space_share
@@ -32,9 +33,9 @@ from inner_loop.loss.compose import compose_loss
 from inner_loop.loss.policy_terms import PolicyInputs, PolicyParams
 from inner_loop.loss.regularizers import Regularizer
 from inner_loop.grpo.trl_contract import unsupported_grpo_fields
-from results.store.metric_keys import (GRAD_SHARE, GRAD_SHARE_EXACT, GRAD_SHARE_EXACT_STEP,
+from results.store.metric_keys import (GENERATE_TIME, GRAD_SHARE, GRAD_SHARE_EXACT, GRAD_SHARE_EXACT_STEP,
                                        IMPORTANCE_SAMPLING_RATIO, POLICY_LOSS, REGULARIZER_VALUE,
-                                       SAMPLING_LOGP_DIFFERENCE)
+                                       SAMPLING_LOGP_DIFFERENCE, STEP_TIME)
 
 logger = logging.getLogger(__name__)
 
@@ -58,15 +59,17 @@ def full_form_budget_bytes(device: torch.device, gpu_budget_bytes: int | None = 
     """Bytes one full-form chunk's policy + reference logits may take on `device`.
 
     CUDA: a fraction of what the member's GPU budget (``gpu_budget_bytes``, inner_loop/generation/memory.py; None:
-    the whole device) leaves beside the tensors it holds now. Memory the caching allocator keeps but does not use
-    counts as room (it is reused before the driver is asked), so the previous step's chunks do not shrink the next.
-    Never the device's free memory: members packed on one GPU would each size their chunks from the others' room.
+    the whole device) leaves beside the memory it holds now (``held_gpu_bytes``: its tensors, the static KV cache
+    among them, and the idle part of the CUDA graph pools, which stay reserved through the backward). Memory the
+    default pool keeps but does not use counts as room (it is reused before the driver is asked), so the previous
+    step's chunks do not shrink the next. Never the device's free memory: members packed on one GPU would each size
+    their chunks from the others' room.
     """
     if device.type != "cuda":
         return FULL_FORM_BUDGET_BYTES
     if gpu_budget_bytes is None:
         gpu_budget_bytes = member_gpu_budget_bytes(torch.cuda.get_device_properties(device).total_memory, 1.0)
-    room = gpu_budget_bytes - torch.cuda.memory_allocated(device)
+    room = gpu_budget_bytes - held_gpu_bytes(device)
     return int(FULL_FORM_CUDA_FREE_FRACTION * max(room, 0))
 
 
@@ -158,6 +161,8 @@ class MirrorGRPOTrainer(GRPOTrainer):
         #: its completions gives the same digest (the record keeps it with the step it started from)
         self._completions_sha256 = hashlib.sha256()
         self._digest_from_step: int | None = None
+        #: wall seconds spent generating since TRL last logged a step time (GENERATE_TIME, beside it)
+        self._generate_s = 0.0
         if self.generation_backend == VLLM_COLOCATE:
             with engine_in_policy_dtype(next(model.parameters()).dtype):
                 super().__init__(*args, **kwargs)
@@ -204,6 +209,27 @@ class MirrorGRPOTrainer(GRPOTrainer):
         for row, keep in zip(ids.tolist(), mask.tolist()):
             self._completions_sha256.update(repr([t for t, k in zip(row, keep) if k]).encode())
         return output
+
+    def _generate(self, *args: Any, **kwargs: Any) -> Any:
+        """TRL's generation (any backend), timed: a training generation's wall seconds go into the step's
+        GENERATE_TIME (an evaluation's are not the step's)."""
+        began, training = time.perf_counter(), self.model.training
+        try:
+            return super()._generate(*args, **kwargs)
+        finally:  # the completions came back as lists: on a GPU the decode has finished by now
+            if training:
+                self._generate_s += time.perf_counter() - began
+
+    def training_step(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """TRL's step; where it logged the step's time, the seconds the step spent generating are logged beside it
+        (GENERATE_TIME), so a record says how much of its step time is decoding."""
+        train = self._metrics["train"]
+        logged = len(train[STEP_TIME])
+        out = super().training_step(*args, **kwargs)
+        if len(train[STEP_TIME]) > logged:
+            train[GENERATE_TIME].append(self._generate_s)
+            self._generate_s = 0.0
+        return out
 
     @contextmanager
     def _master_weights_kept(self) -> Iterator[None]:

@@ -14,7 +14,7 @@ import os
 from typing import Any, Mapping
 
 from results.store.node_failure import node_name
-from results.store.records import MEMBER_GPUS_KEY
+from results.store.records import GRAPH_POOL_KEY, MEMBER_GPUS_KEY, PEAK_ALLOCATED_KEY, PEAK_RESERVED_KEY
 
 logger = logging.getLogger(__name__)
 
@@ -122,15 +122,23 @@ def describe_device() -> dict[str, Any]:
 
 
 def with_peak_memory(device: Mapping[str, Any]) -> dict[str, Any]:
-    """``device`` plus the peak GPU memory torch's allocator held in this process (bytes; None on the CPU)."""
+    """``device`` plus this process's GPU memory (bytes; None on the CPU): ``peak_memory_bytes``, torch's peak
+    allocation; ``peak_reserved_bytes``, the most its allocator held from the driver, which is what the member's cap
+    (inner_loop/member/gpu_share.py) is counted against and what k members on one card add up to: a static KV cache
+    and the CUDA graphs' private pools stay held through the backward, where a dynamic cache is freed before it;
+    ``graph_pool_bytes``, what the private pools (CUDA graphs') held at the end."""
     info = dict(device)
-    peak = None
+    figures: dict[str, int | None] = dict.fromkeys((PEAK_ALLOCATED_KEY, PEAK_RESERVED_KEY, GRAPH_POOL_KEY))
     if info.get("type") == "cuda":
         import torch
 
+        from inner_loop.generation.memory import private_pool_bytes
+
         try:
-            peak = int(torch.cuda.max_memory_allocated())
+            figures = {PEAK_ALLOCATED_KEY: int(torch.cuda.max_memory_allocated()),
+                       PEAK_RESERVED_KEY: int(torch.cuda.max_memory_reserved()),
+                       GRAPH_POOL_KEY: private_pool_bytes(torch.cuda.memory_snapshot())[0]}
         except Exception as exc:  # noqa: BLE001 - a diagnostic must never fail a finished member
             logger.warning("could not read the peak GPU memory: %s", exc)
-    info["peak_memory_bytes"] = peak
+    info.update(figures)
     return info

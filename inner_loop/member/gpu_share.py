@@ -20,6 +20,7 @@ from typing import Any, Mapping
 from inner_loop.config import share_keys
 from inner_loop.generation.backends import VLLM_COLOCATE
 from inner_loop.generation.engine_start import engine_start_turn
+from inner_loop.generation.memory import private_pool_bytes
 from results.store.member_keys import MEMBER_GPU_MEMORY_KEY, MEMBER_GPU_SHARERS_KEY, MEMBERS_ON_GPU_ENV
 
 logger = logging.getLogger(__name__)
@@ -107,6 +108,12 @@ def card_use_text(device: Mapping[str, Any]) -> str:
 
         free, total = torch.cuda.mem_get_info()
         parts.append(f"the card had {(total - free) / _GIB:.1f} of {total / _GIB:.1f} GiB in use")
+        # this member's part: its allocator's hold, the static KV cache and the CUDA graphs' pools (kept reserved
+        # through the backward) within it
+        held, pools = torch.cuda.memory_reserved(), private_pool_bytes(torch.cuda.memory_snapshot())[0]
+        if held:
+            parts[-1] += f", this member {held / _GIB:.1f} GiB" + (
+                f" ({pools / _GIB:.1f} in CUDA graph pools)" if pools else "")
     except Exception:  # the context itself may be what failed; the record keeps the rest
         pass
     partners = device.get(PARTNERS_KEY)

@@ -38,9 +38,9 @@ TOKENIZERS = ("smollm2", "tiny")
 #: The tiny tokenizer's chat template in these models: the messages' text, one a line, so that a preset that formats
 #: prompts as chats (Qwen3's, with its template's keyword arguments) runs on such a model as it would on the real one
 TINY_CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}\n{% endfor %}"
-#: Part of the cache key: bump when the way these models are built changes.
-FROM_CONFIG_BUILD_VERSION = 1
-#: The dtype the weights are saved in (the real checkpoints'); a member loads them in its model.dtype.
+#: Part of the cache key: bump when the way these models are built changes (2: built in SAVED_DTYPE on a device).
+FROM_CONFIG_BUILD_VERSION = 2
+#: The dtype the weights are built and saved in (the real checkpoints'); a member loads them in its model.dtype.
 SAVED_DTYPE = torch.bfloat16
 
 
@@ -74,10 +74,11 @@ def _load_tokenizer(kind: str) -> Any:
     return tokenizer
 
 
-def build_random_model(config: Mapping[str, Any], tokenizer: Any, seed: int) -> torch.nn.Module:
-    """The causal LM of ``config`` with transformers' own random init drawn from ``seed``, its special tokens the
-    tokenizer's (the architecture's own ids would point into another vocabulary). The caller's RNG is left as it
-    was."""
+def build_random_model(config: Mapping[str, Any], tokenizer: Any, seed: int, device: str = "cpu") -> torch.nn.Module:
+    """The causal LM of ``config`` with transformers' own random init drawn from ``seed``, built in SAVED_DTYPE on
+    ``device`` (a 1.7B model initialised in float32 on the CPU, then cast, took most of a GPU pass's first minute;
+    on the GPU it is seconds), its special tokens the tokenizer's (the architecture's own ids would point into
+    another vocabulary). The caller's RNG is left as it was."""
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     keys = dict(config)
@@ -85,20 +86,23 @@ def build_random_model(config: Mapping[str, Any], tokenizer: Any, seed: int) -> 
                else tokenizer.eos_token_id,
                "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id}
     model_config = AutoConfig.for_model(keys.pop("model_type"), **keys, **special)
-    with torch.random.fork_rng(devices=[]):
+    where = torch.device(device)
+    forked = [where.index or 0] if where.type == "cuda" else []
+    with torch.random.fork_rng(devices=forked), where:
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(model_config, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(model_config, dtype=SAVED_DTYPE)
     model.generation_config = GenerationConfig(**special)
     return model
 
 
 def random_model_dir(name: str, overrides: Mapping[str, Any] | None = None, tokenizer: str = "smollm2",
-                     seed: int = 0, root: Path | None = None) -> Path:
+                     seed: int = 0, root: Path | None = None, device: str = "cpu") -> Path:
     """The cached directory of architecture ``name`` (with ``overrides``) with random weights from ``seed`` and the
-    ``tokenizer`` (one of TOKENIZERS), built on first use; loadable by ``from_pretrained`` and by vLLM."""
+    ``tokenizer`` (one of TOKENIZERS), built on first use on ``device`` (its kind is part of the key: the same seed
+    draws other weights there); loadable by ``from_pretrained`` and by vLLM."""
     config = architecture_config(name, overrides)
     key = {"architecture": name, "config": config, "tokenizer": _tokenizer_key(tokenizer), "seed": seed,
-           "build_version": FROM_CONFIG_BUILD_VERSION}
+           "build_version": FROM_CONFIG_BUILD_VERSION, "device": torch.device(device).type}
     final = (root or cache_root()) / "models" / f"{name}-random-{config_digest(key)}"
 
     def build(tmp: Path) -> None:
@@ -106,8 +110,8 @@ def random_model_dir(name: str, overrides: Mapping[str, Any] | None = None, toke
         if config["vocab_size"] < len(tok):
             raise ValueError(f"vocab_size {config['vocab_size']} is below the {tokenizer} tokenizer's {len(tok)} "
                              "entries: its prompts' ids would fall outside the embedding")
-        model = build_random_model(config, tok, seed)
-        model.to(SAVED_DTYPE).save_pretrained(tmp)
+        model = build_random_model(config, tok, seed, device)
+        model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
 
     return build_once(final, build)

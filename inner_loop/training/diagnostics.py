@@ -19,6 +19,7 @@ _DIAGNOSTIC_KEYS = {
     keys.GRAD_SHARE_EXACT: keys.GRAD_SHARE_EXACT_DIAGNOSTIC,
     keys.GRAD_SHARE_EXACT_STEP: keys.GRAD_SHARE_EXACT_STEP_DIAGNOSTIC,
     keys.STEP_TIME: keys.STEP_TIME_MEAN,
+    keys.GENERATE_TIME: keys.GENERATE_TIME_MEAN,  # the step's generation, beside it
     # vLLM only: how far the sampler's log-probs were from the trained policy's, and the correction applied
     keys.SAMPLING_LOGP_DIFFERENCE: keys.SAMPLING_LOGP_DIFFERENCE_MEAN,
     keys.IMPORTANCE_SAMPLING_RATIO: keys.IMPORTANCE_SAMPLING_RATIO_MEAN,

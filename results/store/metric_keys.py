@@ -37,6 +37,9 @@ GRAD_SHARE = "regularizer/grad_share"
 GRAD_SHARE_EXACT = "regularizer/grad_share_exact"
 #: the optimizer step at which GRAD_SHARE_EXACT was measured
 GRAD_SHARE_EXACT_STEP = "regularizer/grad_share_exact_step"
+#: wall seconds of one optimizer step spent generating (TRL's ``_generate``: the decode, whatever the backend), beside
+#: STEP_TIME: what is left of the step (log-probs, loss, backward, update, rewards) is measured, not guessed
+GENERATE_TIME = "generate_time"
 #: prefixes of the policy term's own metrics (clipping, trust-region masks, mean ratio), kept under their names
 CLIP_RATIO_PREFIX = "clip_ratio/"
 TRUST_REGION_PREFIX = "trust_region/"
@@ -52,6 +55,7 @@ GRAD_SHARE_DIAGNOSTIC = "regularizer_grad_share"
 GRAD_SHARE_EXACT_DIAGNOSTIC = "regularizer_grad_share_exact"
 GRAD_SHARE_EXACT_STEP_DIAGNOSTIC = "regularizer_grad_share_exact_step"
 STEP_TIME_MEAN = "step_time_mean"
+GENERATE_TIME_MEAN = "generate_time_mean"
 SAMPLING_LOGP_DIFFERENCE_MEAN = "sampling_logp_difference_mean"
 IMPORTANCE_SAMPLING_RATIO_MEAN = "importance_sampling_ratio_mean"
 
@@ -60,4 +64,4 @@ KEYS = (REWARD, FRAC_REWARD_ZERO_STD, COMPLETIONS_CLIPPED_RATIO, COMPLETIONS_MEA
         REGULARIZER_VALUE, GRAD_SHARE, GRAD_SHARE_EXACT, GRAD_SHARE_EXACT_STEP, REWARD_MEAN, ZERO_VARIANCE_GROUP_FRAC,
         CLIPPED_COMPLETION_RATIO, REGULARIZER_VALUE_MEAN, GRAD_SHARE_DIAGNOSTIC, GRAD_SHARE_EXACT_DIAGNOSTIC,
         GRAD_SHARE_EXACT_STEP_DIAGNOSTIC, SAMPLING_LOGP_DIFFERENCE, IMPORTANCE_SAMPLING_RATIO, STEP_TIME_MEAN,
-        SAMPLING_LOGP_DIFFERENCE_MEAN, IMPORTANCE_SAMPLING_RATIO_MEAN)
+        SAMPLING_LOGP_DIFFERENCE_MEAN, IMPORTANCE_SAMPLING_RATIO_MEAN, GENERATE_TIME, GENERATE_TIME_MEAN)

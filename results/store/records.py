@@ -15,6 +15,11 @@ from typing import Any, Mapping
 from results.store.gpu_time import members_per_gpu
 from results.store.member_keys import MEMBER_GPU_MEMORY_KEY, MEMBER_GPU_SHARERS_KEY, MEMBER_GPUS_KEY  # re-exported
 from results.store.atomic import atomic_create_bytes, atomic_write_json, json_bytes
+
+#: the record's ``device`` keys for a GPU member's memory (inner_loop/member/device.py writes them): torch's peak
+#: allocation; the most its allocator held from the driver (what the member's cap counts, and what a static KV cache
+#: and CUDA graph pools held through the backward add to); what the CUDA graphs' private pools held at the end
+PEAK_ALLOCATED_KEY, PEAK_RESERVED_KEY, GRAPH_POOL_KEY = "peak_memory_bytes", "peak_reserved_bytes", "graph_pool_bytes"
 from results.store.layout import RESULT_FILE, SPEC_FILE  # re-exported: importers use results.store.records.RESULT_FILE
 
 #: late: cancelled unfinished when its ES generation closed at the quorum (no measurement, never retried);
@@ -110,8 +115,9 @@ class ResultRecord:
     #: (inner_loop/generation/backends.py names the backends); empty for older records and synthetic objectives
     generation: dict[str, Any] = field(default_factory=dict)
     #: the device the member trained on (inner_loop/member/device.py): type (cuda / cpu), name, memory_bytes, torch, cuda
-    #: (torch's CUDA version), peak_memory_bytes (torch's peak GPU allocation); empty where not recorded (older
-    #: records, records the launcher wrote, synthetic objectives)
+    #: (torch's CUDA version), peak_memory_bytes (torch's peak GPU allocation), peak_reserved_bytes (the most its
+    #: allocator held: a static KV cache and CUDA graph pools held through the backward count there), graph_pool_bytes;
+    #: empty where not recorded (older records, records the launcher wrote, synthetic objectives)
     device: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -172,8 +178,12 @@ def device_text(device: Mapping[str, Any] | None) -> str:
     if device.get("type") != "cuda":
         return f"cpu ({device.get('name') or 'unknown'})"
     text = f"{device.get('name') or 'unknown GPU'} {_gib(device.get('memory_bytes'))}"
-    peak = device.get("peak_memory_bytes")
-    return text + (f", peak {_gib(peak)}" if peak is not None else "")
+    peak = device.get(PEAK_ALLOCATED_KEY)
+    text += f", peak {_gib(peak)}" if peak is not None else ""
+    held, pools = device.get(PEAK_RESERVED_KEY), device.get(GRAPH_POOL_KEY)
+    if held is not None:  # absent from records before issue 53
+        text += f" (held {_gib(held)}" + (f", {pools / 2**30:.1f} in CUDA graph pools" if pools else "") + ")"
+    return text
 
 
 def _gib(value: Any) -> str:

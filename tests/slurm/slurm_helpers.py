@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 import pytest
+from time_limits import scaled
 
 logger = logging.getLogger(__name__)
 
@@ -24,7 +25,7 @@ TERMINAL_STATES = frozenset(
     {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
      "BOOT_FAIL", "DEADLINE"}
 )
-COMMAND_TIMEOUT_S = 20.0
+COMMAND_TIMEOUT_S = scaled(20.0)
 
 
 @dataclass(frozen=True)
@@ -104,14 +105,14 @@ class LocalSlurm:
     ) -> list[JobRow]:
         """Poll sacct until `done(rows)`; fail the test with the last rows seen after `timeout` seconds."""
         ids = list(job_ids)
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + scaled(timeout)
         rows: list[JobRow] = []
         while True:
             rows = self.sacct(ids, duplicates=duplicates)
             if done(rows):
                 return rows
             if time.monotonic() > deadline:
-                pytest.fail(f"jobs {ids}: not {what} within {timeout:.0f} s; sacct shows {rows}")
+                pytest.fail(f"jobs {ids}: not {what} within {scaled(timeout):.0f} s; sacct shows {rows}")
             time.sleep(interval)
 
     def wait_terminal(self, job_ids: Iterable[int], expected_tasks: int, timeout: float) -> list[JobRow]:
@@ -168,7 +169,7 @@ def wait_until_queue_empty(timeout: float, own_tmp_root: Path, interval: float =
     The tests size their waits for a node of their own; started next to someone else's array they would
     time out with a confusing PENDING. Held jobs abandoned by an interrupted test session are cancelled
     (they would never end). Raise SlurmCommandError naming the jobs after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while True:
         queued = run_slurm_command(["squeue", "-h", "-o", SQUEUE_FORMAT]).splitlines()
         abandoned = abandoned_test_jobs(queued, own_tmp_root)

@@ -15,6 +15,7 @@ from launch.member import read_ledger
 from launch.slurm.launcher import SlurmLauncher
 from slurm_helpers import LocalSlurm, run_slurm_command
 from slurm_launch_helpers import FAST, Background, specs
+from time_limits import scaled
 
 pytestmark = pytest.mark.slow
 logger = logging.getLogger(__name__)
@@ -33,8 +34,8 @@ def test_a_requeued_member_adds_up_its_running_time_and_not_its_queue_time(
     member_specs = specs(tmp_path, 1, {"steps": 10, "step_s": 1.0})
     work_dir = Path(member_specs[0].work_dir)
     background = Background(SlurmLauncher(**FAST, time_min=15, job_name="mirror-es-ledger"), member_specs,
-                            tmp_path / "launcher", timeout_s=600)
-    deadline = time.monotonic() + 60
+                            tmp_path / "launcher", timeout_s=scaled(600))
+    deadline = time.monotonic() + scaled(60)
     while _step(work_dir) < 3:
         assert time.monotonic() < deadline, "member not at step 3 within 60 s"
         time.sleep(0.3)
@@ -42,7 +43,7 @@ def test_a_requeued_member_adds_up_its_running_time_and_not_its_queue_time(
     job_id = background.jobs[0]["job_id"]
     slurm_cluster.submitted.append(int(job_id.split("_")[0]))
     run_slurm_command(["scancel", "--signal=USR2", "--batch", job_id])
-    records, jobs = background.join(timeout=180)
+    records, jobs = background.join(timeout=scaled(180))
     ended = time.time()
     assert records[0].status == "ok", records[0].error
     assert jobs[0]["job_id"] == job_id and jobs[0]["submissions"] == 1  # requeued, not resubmitted

@@ -9,6 +9,7 @@ import pytest
 
 from results.store.run_store import RunStore
 from slurm_helpers import LocalSlurm
+from time_limits import scaled
 
 pytestmark = pytest.mark.slow
 
@@ -20,7 +21,7 @@ def test_default_search_runs_its_members_as_slurm_array_tasks(slurm_cluster: Loc
     done = subprocess.run(
         [sys.executable, "-m", "meta.run", f"run_dir={run_dir}", "new=true", "launcher=slurm", "population=2", "generations=1",
          "train.steps=2", "train.val_size=8", "reevaluate.top_k=0", "launcher.poll_interval_s=1", "launcher.query_interval_s=5"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        cwd=ROOT, capture_output=True, text=True, timeout=scaled(600),
     )
     assert done.returncode == 0, done.stderr[-3000:]
     store = RunStore(run_dir)

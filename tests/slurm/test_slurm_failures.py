@@ -19,6 +19,7 @@ import pytest
 from launch.slurm.launcher import SlurmLauncher
 from slurm_helpers import LocalSlurm, run_slurm_command
 from slurm_launch_helpers import FAST, Background, specs
+from time_limits import scaled
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +40,7 @@ def _checkpoint(work_dir: Path) -> dict:
 
 
 def _wait(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError(f"not {what} within {timeout:.0f} s")
@@ -91,7 +92,7 @@ def test_exception_scancel_and_preemption_end_in_the_right_status(runs: dict, sl
     background: Background = runs["classes"]
     root = runs["root"] / "classes"
     preempted = runs["acted"]["requeued"]
-    records, final_jobs = background.join(timeout=150)
+    records, final_jobs = background.join(timeout=scaled(150))
     assert records[0].status == "ok"
     assert records[1].status == "failed" and "injected failure" in records[1].error
     assert (root / "member_001" / "result.attempt0.json").exists()  # retries=1: a second attempt ran
@@ -117,7 +118,7 @@ def test_preemption_notice_requeues_and_the_member_resumes_from_its_checkpoint(r
     background: Background = runs[f"notice{mode}"]
     work_dir = runs["root"] / f"notice{mode}" / "member_000"
     job_id = runs["acted"][f"signalled{mode}"]
-    records, jobs = background.join(timeout=120)
+    records, jobs = background.join(timeout=scaled(120))
     assert records[0].status == "ok", records[0].error
     assert records[0].steps_done == 12
     starts = _checkpoint(work_dir)["starts"]
@@ -127,7 +128,7 @@ def test_preemption_notice_requeues_and_the_member_resumes_from_its_checkpoint(r
 
 @pytest.mark.parametrize("mode", list(SRUN_MODES))
 def test_time_limit_requeues_as_configured_then_ends_in_timeout(runs: dict, mode: str) -> None:
-    records, jobs = runs[f"time_limit{mode}"].join(timeout=300)
+    records, jobs = runs[f"time_limit{mode}"].join(timeout=scaled(300))
     assert records[0].status == "timeout", (records[0].status, records[0].error)
     assert "timed-out too many times" in records[0].error
     starts = _checkpoint(runs["root"] / f"tl{mode}" / "member_000")["starts"]

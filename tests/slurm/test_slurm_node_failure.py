@@ -23,6 +23,7 @@ from launch.slurm.launcher import SlurmLauncher
 from results.store.records import read_result
 from slurm_helpers import LocalSlurm, run_slurm_command
 from slurm_launch_helpers import ENTRY, FAST, Background, specs
+from time_limits import scaled
 
 
 def _checkpoint(work_dir: Path) -> dict:
@@ -33,7 +34,7 @@ def _checkpoint(work_dir: Path) -> dict:
 
 
 def _wait(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError(f"not {what} within {timeout:.0f} s")
@@ -70,7 +71,7 @@ def test_node_down_mid_job_requeues_it_and_the_member_resumes(
     job_id = background.jobs[0]["job_id"]
     slurm_cluster.submitted.append(int(job_id.split("_")[0]))
     _set_node(node, "down")
-    records, jobs = background.join(timeout=120)
+    records, jobs = background.join(timeout=scaled(120))
     assert records[0].status == "ok", records[0].error
     assert records[0].steps_done == 10
     starts = _checkpoint(work_dir)["starts"]
@@ -91,7 +92,7 @@ def test_node_drained_mid_job_lets_the_running_member_finish(
     _wait(lambda: _checkpoint(work_dir)["step"] >= 2, 60, "member at step 2")
     slurm_cluster.submitted.append(int(background.jobs[0]["job_id"].split("_")[0]))
     _set_node(node, "drain")
-    records, jobs = background.join(timeout=60)
+    records, jobs = background.join(timeout=scaled(60))
     assert records[0].status == "ok", records[0].error
     assert _checkpoint(work_dir)["starts"] == [0]  # never interrupted
     assert "drain" in _node_state(node)  # the node really was drained while the member ran
@@ -106,7 +107,7 @@ def test_node_out_of_service_for_good_ends_the_member_after_max_pending_s(
     saved: dict[int, dict] = {}
     runner = MemberArrayRunner(
         launcher, ENTRY, member_specs, {}, saved.update, tmp_path / "launcher",
-        RunnerPolicy(retries=0, timeout_s=600, kill_grace_s=30, max_pending_s=launcher.config.max_pending_s),
+        RunnerPolicy(retries=0, timeout_s=scaled(600), kill_grace_s=30, max_pending_s=launcher.config.max_pending_s),
     )
     outcome: dict = {}
     thread = threading.Thread(target=lambda: outcome.update(records=runner.run()), daemon=True)
@@ -118,7 +119,7 @@ def test_node_out_of_service_for_good_ends_the_member_after_max_pending_s(
     began = time.monotonic()  # the job cannot be pending before the node goes down
     _set_node(node, "down")  # kills and requeues the job ...
     _set_node(node, "drain")  # ... and keeps the node from taking it back
-    thread.join(timeout=240)  # a deadline, not a wait: under load slurmctld requeues late
+    thread.join(timeout=scaled(240))  # a deadline, not a wait: under load slurmctld requeues late
     assert not thread.is_alive(), "the runner kept waiting for a job that can never start"
     waited = time.monotonic() - began
     record = outcome["records"][0]

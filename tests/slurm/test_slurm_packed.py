@@ -21,6 +21,7 @@ from results.store.gpu_share import read_gpu_share
 from results.store.records import read_result
 from slurm_helpers import LocalSlurm, run_slurm_command
 from slurm_launch_helpers import ENTRY, FAST, specs
+from time_limits import scaled
 
 pytestmark = pytest.mark.slow
 
@@ -76,7 +77,7 @@ def test_packed_tasks_end_each_member_alone(slurm_cluster: LocalSlurm, tmp_path:
 
     saved: dict[int, dict] = {}
     runner = MemberArrayRunner(SlurmLauncher(**PACKED), ENTRY, members, jobs, saved.update, folder,
-                               RunnerPolicy(retries=0, timeout_s=600, kill_grace_s=30), on_tick=drive)
+                               RunnerPolicy(retries=0, timeout_s=scaled(600), kill_grace_s=30), on_tick=drive)
     final = runner.run()
     assert set(acted) == {"killed", "stopped", "requeued"}
     assert {i: r.status for i, r in final.items()} == {0: "ok", 1: "ok", 2: "failed", 3: "ok", 4: "late", 5: "ok"}
@@ -114,7 +115,7 @@ def test_a_packed_search_has_the_centres_of_the_unpacked_one(slurm_cluster: Loca
             "alone": ["launcher=debug"]}
     for name, overrides in runs.items():
         done = subprocess.run([sys.executable, "-m", "meta.run", f"run_dir={tmp_path / name}", *common, *overrides],
-                              cwd=root, capture_output=True, text=True, timeout=600)
+                              cwd=root, capture_output=True, text=True, timeout=scaled(600))
         assert done.returncode == 0, done.stderr[-3000:]
     packed, alone = RunStore(tmp_path / "packed"), RunStore(tmp_path / "alone")
     jobs = packed.read_jobs(0)

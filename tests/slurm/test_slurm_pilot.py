@@ -15,6 +15,7 @@ import pytest
 from results.store.layout import JOBS_FILE
 from results.store.run_store import RunStore, read_jobs_file
 from slurm_helpers import LocalSlurm
+from time_limits import scaled
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +29,7 @@ def test_the_pilot_runs_its_design_as_slurm_array_tasks(slurm_cluster: LocalSlur
     done = subprocess.run([sys.executable, "-m", "meta.pilot", f"run_dir={run_dir}", "new=true", "launcher=slurm",
                            "launcher.poll_interval_s=1", "launcher.query_interval_s=5", "train.steps=1",
                            f"train.val_size={VALIDATION_PROBLEMS}", "population=4", "pilot.seeds=2", "pilot.pairs=1"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+                          cwd=ROOT, capture_output=True, text=True, timeout=scaled(900))
     store = RunStore(run_dir)
     jobs = read_jobs_file(store.pilot_runs_dir / JOBS_FILE) if run_dir.exists() else {}
     slurm_cluster.submitted.extend({int(j["job_id"].split("_")[0]) for j in jobs.values()})
@@ -42,5 +43,5 @@ def test_the_pilot_runs_its_design_as_slurm_array_tasks(slurm_cluster: LocalSlur
     centre = [r["fitness"] for r in records[:2]]
     assert combination["centre"]["mean"] == pytest.approx(sum(centre) / 2)
     report = subprocess.run([sys.executable, "-m", "results.report", str(run_dir)], cwd=ROOT, capture_output=True,
-                            text=True, timeout=300)
+                            text=True, timeout=scaled(300))
     assert report.returncode == 0 and "seed noise of one init" in report.stdout, report.stderr[-2000:]

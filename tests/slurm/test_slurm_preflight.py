@@ -16,6 +16,7 @@ from results.store.layout import PREFLIGHT_FILE, RESULT_FILE
 from results.store.records import MemberSpec
 from slurm_helpers import LocalSlurm
 from slurm_launch_helpers import FAST
+from time_limits import scaled
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
@@ -48,7 +49,7 @@ def test_a_member_failing_preflight_is_resubmitted_without_its_node(slurm_cluste
                               setup=setup)
     jobs: dict[int, dict] = {}
     runner = MemberArrayRunner(launcher, "inner_loop.member.entry:train_member", [spec], {}, jobs.update,
-                               tmp_path / "submitit", RunnerPolicy(retries=0, timeout_s=600, max_lost_resubmits=2))
+                               tmp_path / "submitit", RunnerPolicy(retries=0, timeout_s=scaled(600), max_lost_resubmits=2))
     with pytest.raises(AbortRun) as stopped:
         runner.run()
     slurm_cluster.submitted.append(int(str(jobs[0]["job_id"]).split("_")[0]))

@@ -16,6 +16,7 @@ from launch.runner import MemberArrayRunner, RunnerPolicy
 from launch.slurm.launcher import SlurmLauncher
 from slurm_helpers import LocalSlurm, SlurmCommandError, run_slurm_command
 from slurm_launch_helpers import ENTRY, FAST, specs
+from time_limits import scaled
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +25,7 @@ MAX_PENDING_S = 3.0
 
 def _runner(launcher: SlurmLauncher, member_specs: list, folder: Path, saved: dict) -> MemberArrayRunner:
     return MemberArrayRunner(launcher, ENTRY, member_specs, {}, saved.update, folder,
-                             RunnerPolicy(retries=0, timeout_s=600, kill_grace_s=30, max_pending_s=MAX_PENDING_S))
+                             RunnerPolicy(retries=0, timeout_s=scaled(600), kill_grace_s=30, max_pending_s=MAX_PENDING_S))
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ import pytest
 
 from results.store.run_store import RunStore
 from slurm_helpers import LocalSlurm
+from time_limits import scaled
 
 pytestmark = pytest.mark.slow
 
@@ -52,7 +53,7 @@ def test_the_mbpp_qwen3_preset_runs_end_to_end_as_slurm_array_tasks(slurm_cluste
                                                                      tmp_path: Path) -> None:
     run_dir = tmp_path / "rehearsal"
     done = subprocess.run([sys.executable, "-m", "meta.run", *rehearsal_overrides(run_dir)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=1500)
+                          capture_output=True, text=True, timeout=scaled(1500))
     store = RunStore(run_dir)
     jobs = store.read_jobs(0) if run_dir.exists() else {}
     slurm_cluster.submitted.extend({int(j["job_id"].split("_")[0]) for j in jobs.values()})

@@ -14,6 +14,7 @@ import pytest
 
 from results.store.run_store import RunStore
 from slurm_helpers import LocalSlurm, run_slurm_command
+from time_limits import scaled
 
 pytestmark = pytest.mark.slow
 
@@ -45,7 +46,7 @@ def test_sigkill_mid_generation_then_resume_reattaches_and_resubmits_nothing(
     gate, first_log, resumed_log = tmp_path / "release", tmp_path / "first.err", tmp_path / "resumed.err"
     first = _meta_run(run_dir, job_name, gate, first_log)
     # Kill once member 0 finished while the others are still queued or running (array_parallelism=3).
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + scaled(120)
     while sum((store.member_dir(0, i) / "result.json").exists() for i in range(POPULATION)) < 1:
         assert first.poll() is None, first_log.read_text()[-3000:]
         assert time.monotonic() < deadline, "no member finished within 120 s"
@@ -59,13 +60,13 @@ def test_sigkill_mid_generation_then_resume_reattaches_and_resubmits_nothing(
     assert unfinished, "every member finished before the kill; the test did not test re-attaching"
 
     resumed = _meta_run(run_dir, job_name, gate, resumed_log)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + scaled(120)
     while "re-attached" not in resumed_log.read_text():  # the live jobs are found, not resubmitted
         assert resumed.poll() is None, resumed_log.read_text()[-3000:]
         assert time.monotonic() < deadline, "the resumed orchestrator re-attached to no job within 120 s"
         time.sleep(0.2)
     gate.touch()
-    resumed.wait(timeout=180)
+    resumed.wait(timeout=scaled(180))
     err = resumed_log.read_text()
     assert resumed.returncode == 0, err[-3000:]
 
@@ -78,7 +79,7 @@ def test_sigkill_mid_generation_then_resume_reattaches_and_resubmits_nothing(
         assert calls == ["attempt 0"], f"member {i} ran {len(calls)} times"
     array_name = f"{job_name}.{store.read_manifest()['run_id']}.g0000.c000"  # <job_name>.<run>.g<gen>.c<chunk>
     expected = sorted(j["job_id"] for j in jobs_before.values())
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + scaled(60)
     while True:  # the accounting database lists a task that just ended only after slurmctld has sent it over
         rows = run_slurm_command(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "--name", array_name,
                                   "-S", "now-1hour"])

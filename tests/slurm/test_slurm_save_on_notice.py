@@ -19,6 +19,7 @@ from results.store.records import MemberSpec
 from slurm_helpers import LocalSlurm, run_slurm_command
 from slurm_launch_helpers import FAST
 from test_save_on_notice import STEPS, notice_spec, same_outcome
+from time_limits import scaled
 
 pytestmark = pytest.mark.slow
 
@@ -30,12 +31,12 @@ def test_scontrol_requeue_costs_at_most_the_step_under_way(slurm_cluster: LocalS
     saved_jobs: dict[int, dict] = {}
     runner = MemberArrayRunner(SlurmLauncher(**FAST, time_min=15, job_name="mirror-es-notice-requeue"), ENTRY,
                                [spec], {}, saved_jobs.update, tmp_path / "launcher",
-                               RunnerPolicy(retries=0, timeout_s=900, kill_grace_s=30))
+                               RunnerPolicy(retries=0, timeout_s=scaled(900), kill_grace_s=30))
     outcome: dict = {}
     thread = threading.Thread(target=lambda: outcome.update(records=runner.run()), daemon=True)
     thread.start()
     work = Path(spec.work_dir)
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + scaled(300)
     while (progress := read_progress(work)) is None or progress.step < 3:
         assert time.monotonic() < deadline and thread.is_alive(), "the member never reached step 3"
         time.sleep(0.05)
@@ -43,7 +44,7 @@ def test_scontrol_requeue_costs_at_most_the_step_under_way(slurm_cluster: LocalS
     slurm_cluster.submitted.append(int(job_id.split("_")[0]))
     run_slurm_command(["scontrol", "requeue", job_id])
     reference = train_member(notice_spec(tmp_path / "straight"))  # meanwhile, the same member uninterrupted
-    thread.join(timeout=600)
+    thread.join(timeout=scaled(600))
     assert not thread.is_alive(), "the requeued member did not finish"
     record = outcome["records"][0]
     assert record.status == "ok" and record.steps_done == STEPS, record.error

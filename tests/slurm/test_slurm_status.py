@@ -12,6 +12,7 @@ from meta.status.view import render
 from results.store.layout import JOBS_FILE
 from results.store.run_store import RunStore, read_jobs_file
 from slurm_helpers import LocalSlurm, run_slurm_command
+from time_limits import scaled
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,7 +25,7 @@ def test_a_queued_member_shows_the_schedulers_pending_reason(slurm_cluster: Loca
          "inner.entrypoint=meta.synthetic:member", "reevaluate.top_k=1", "reevaluate.seeds=2", "reevaluate.report_seeds=2",
          "reevaluate.baselines=[kl]", "control_member=false",
          "launcher.poll_interval_s=1", "launcher.query_interval_s=5"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        cwd=ROOT, capture_output=True, text=True, timeout=scaled(600),
     )
     assert done.returncode == 0, done.stderr[-3000:]
     store = RunStore(run_dir)

@@ -22,6 +22,7 @@ import pytest
 
 from results.store.run_store import RunStore
 from slurm_helpers import LocalSlurm, run_slurm_command
+from time_limits import scaled
 
 pytestmark = pytest.mark.slow
 
@@ -68,7 +69,7 @@ def _meta_run(run_dir: Path, job_name: str, env: dict[str, str]) -> subprocess.C
         "control_member=false", "reevaluate.top_k=0",  # the chunk and sbatch counts below are the population's
     ]
     return subprocess.run([sys.executable, "-m", "meta.run", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=240)
+                          text=True, timeout=scaled(240))
 
 
 def _arrays_named(prefix: str) -> dict[str, list[tuple[str, str]]]:
@@ -145,7 +146,7 @@ def test_orchestrator_killed_right_after_an_sbatch_is_resumed_without_running_a_
     # never reach accounting, so the controller's record is asked (MinJobAge keeps it a day).
     states = run_slurm_command(["squeue", "-h", "-t", "all", "-r", "-n", orphan, "-o", "%T"]).split()
     assert states and set(states) == {"CANCELLED"}, states  # a pending array cancelled whole is one record
-    deadline = time.monotonic() + 30  # accounting may lag a few seconds behind the last task's end
+    deadline = time.monotonic() + scaled(30)  # accounting may lag a few seconds behind the last task's end
     while True:
         arrays = _arrays_named(job_name)
         if sum(len(tasks) for tasks in arrays.values()) >= POPULATION or time.monotonic() > deadline:

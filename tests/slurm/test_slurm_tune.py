@@ -20,6 +20,7 @@ from results.store.records import read_result
 from results.store.run_store import read_jobs_file
 from results.store.study_store import LOST_ATTR, load_study
 from slurm_helpers import LocalSlurm
+from time_limits import scaled
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +47,7 @@ def test_a_pruned_tuning_survives_a_sigkill_and_resumes_on_slurm(slurm_cluster: 
             "tune.pruner=median", "tune.pruner_options={n_startup_trials: 1}", "train.steps=30", "train.eval_every=3",
             "+inner.options={step_s: 0.5, count_calls: true}", f"launcher.job_name=mirror-es-tune-{os.getpid()}"]
     first = _tune(run_dir, *args)
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + scaled(180)
     while not (trial_dir(run_dir, 2) / TRIAL_FILE).exists():  # two trials asked, a third on its way
         assert first.poll() is None, first.stderr.read().decode()[-3000:]
         assert time.monotonic() < deadline, "the tuner asked no third trial within 180 s"
@@ -56,7 +57,7 @@ def test_a_pruned_tuning_survives_a_sigkill_and_resumes_on_slurm(slurm_cluster: 
     slurm_cluster.submitted.extend(_job_ids(run_dir))
 
     resumed = _tune(run_dir, *args)
-    _, err = resumed.communicate(timeout=420)
+    _, err = resumed.communicate(timeout=scaled(420))
     assert resumed.returncode == 0, err.decode()[-3000:]
     slurm_cluster.submitted.extend(_job_ids(run_dir))
 
@@ -84,7 +85,7 @@ def test_the_embedded_default_tuning_runs_its_trials_as_slurm_jobs(slurm_cluster
     done = subprocess.run(
         [sys.executable, "-m", "meta.tune", f"run_dir={run_dir}", "new=true", *SLURM, "tune.trials=2", "tune.parallel=2",
          "train.steps=4", "train.eval_every=2", "train.eval_subset=8", "train.val_size=16"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600)
+        cwd=ROOT, capture_output=True, text=True, timeout=scaled(600))
     slurm_cluster.submitted.extend(_job_ids(run_dir))
     assert done.returncode == 0, done.stderr[-3000:]
     study = load_study(run_dir)
