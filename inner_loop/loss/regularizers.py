@@ -14,8 +14,8 @@ from typing import Sequence
 
 import torch
 
-from inner_loop.config import DivergenceConfig
-from inner_loop.loss.divergences import divergence
+from inner_loop.config import divergence_config
+from inner_loop.loss.divergences import DivergenceConfig, divergence
 from mirror_maps import (
     AUTHORS_INIT_SEED,
     VECTOR_LENGTH,
@@ -108,11 +108,12 @@ def load_init_map(path: str | Path) -> NeuralMirrorMap:
 
 
 def build_potential(cfg: DivergenceConfig, params: Sequence[float] | None = None) -> Potential | None:
-    """The potential of the divergence ``cfg`` names (its registry entry); for a learned map: ES ``params`` >
-    ``cfg.init`` file > seeded random init."""
+    """The potential of the divergence ``cfg`` names (its registry entry), built with its own settings; for a
+    learned map: ES ``params`` > ``cfg.init`` file > seeded random init."""
+    cfg = divergence_config(cfg)  # the entry's own config class, whatever class ``cfg`` was built or pickled as
     entry = divergence(cfg.name)
     if not entry.learned_map:
-        return entry.build_potential()
+        return entry.build_potential(cfg.own_settings())
     if params is not None and len(params) > 0:
         vector = torch.tensor([float(x) for x in params], dtype=torch.float32)
         if vector.numel() != VECTOR_LENGTH:
