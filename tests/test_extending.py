@@ -110,18 +110,53 @@ def test_a_searcher(toy, tmp_path, unchanged_repository):
 def test_a_divergence(toy, tmp_path, unchanged_repository):
     plan = _run(toy, "meta.run", f"run_dir={tmp_path / 'plan'}", "new=true", "dry_run=true")
     assert plan.returncode == 0, plan.stderr[-3000:]
-    assert "squared difference (toy)" in plan.stdout  # its baseline row, under its own label
-    tune = _run(toy, "meta.tune", f"run_dir={tmp_path / 'tune'}", "new=true", "dry_run=true", "divergence=toy_sq")
+    assert "power potential (toy)" in plan.stdout  # its baseline row, under its own label
+    tune = _run(toy, "meta.tune", f"run_dir={tmp_path / 'tune'}", "new=true", "dry_run=true", "divergence=toy_power")
     assert "divergence.coef: log [0.001, 1]" in tune.stdout, tune.stderr[-2000:]  # its declared tune_range
-    refused = _run(toy, "inner_loop.run", "divergence=toy_sq", "divergence.form=sampled_is", "task=arith",
+    refused = _run(toy, "inner_loop.run", "divergence=toy_power", "divergence.form=sampled_is", "task=arith",
                    "model=tiny", f"work_dir={tmp_path / 'refused'}")
     assert refused.returncode == 2 and "supports ['sampled', 'full']" in refused.stderr, refused.stderr[-2000:]
     work_dir = tmp_path / "single"
-    done = _run(toy, "inner_loop.run", "divergence=toy_sq", "task=arith", "model=tiny", "model.warmup_max_steps=0",
-                "train.steps=2", "train.val_size=8", "train.batch_size=16", f"work_dir={work_dir}")
+    done = _run(toy, "inner_loop.run", "divergence=toy_power", "divergence.alpha=3", "task=arith", "model=tiny",
+                "model.warmup_max_steps=0", "train.steps=2", "train.val_size=8", "train.batch_size=16",
+                f"work_dir={work_dir}")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "toy_sq[sampled] x 0.05" in done.stderr  # the loss it trained with, as the trainer logs it
+    assert "toy_power[sampled](alpha=3) x 0.05" in done.stderr  # the loss it trained with, as the trainer logs it
     assert json.loads((work_dir / "result.json").read_text())["status"] == "ok"
+
+
+def test_a_divergence_s_own_parameter_reaches_its_potential(toy):
+    """``divergence.alpha`` of the toy's YAML (and of the command line) is the potential's alpha, and its terms are
+    the power potential's: no file of the repository names the parameter."""
+    probe = ("import json, torch\n"
+             "from meta.compose import compose\n"
+             "from inner_loop.config import divergence_config\n"
+             "from inner_loop.loss.regularizers import build_regularizer\n"
+             "out = {}\n"
+             "for extra in ([], ['divergence.alpha=3']):\n"
+             "    cfg = divergence_config(compose(['divergence=toy_power', *extra])['divergence'])\n"
+             "    cfg.validate()\n"
+             "    reg = build_regularizer(cfg)\n"
+             "    p, q = torch.tensor([[0.5]]), torch.tensor([[0.25]])\n"
+             "    out[str(extra)] = [reg.potential.alpha, reg.per_token(p.log(), q.log()).item()]\n"
+             "print(json.dumps(out))\n")
+    env = {k: v for k, v in toy.items() if k != "root"}
+    done = subprocess.run([sys.executable, "-c", probe], cwd=toy["root"], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = json.loads(done.stdout)
+    assert found["[]"] == pytest.approx([2.0, 0.25 ** 2])  # alpha 2: (p - q)^2
+    assert found["['divergence.alpha=3']"] == pytest.approx([3.0, 0.5 ** 3 - 0.25 ** 3 - 3 * 0.25 ** 2 * 0.25])
+
+
+@pytest.mark.parametrize("value,words", [("1", "divergence.alpha must be > 1"), ("abc", "divergence.alpha")])
+def test_a_bad_value_of_a_divergence_s_own_parameter_is_refused_before_anything_is_written(toy, tmp_path, value,
+                                                                                           words):
+    work_dir = tmp_path / "refused"
+    refused = _run(toy, "inner_loop.run", "divergence=toy_power", f"divergence.alpha={value}", "task=arith",
+                   "model=tiny", f"work_dir={work_dir}")
+    assert refused.returncode == 2 and words in refused.stderr, refused.stderr[-2000:]
+    assert not work_dir.exists()
 
 
 def test_a_task(toy, tmp_path, unchanged_repository):
@@ -166,7 +201,7 @@ def test_divergence_defaults_are_their_yaml_fallbacks(toy):
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     found = json.loads(done.stdout)
-    assert "toy_sq" in found and "kl" in found
+    assert "toy_power" in found and "kl" in found
     for name, (default, coef) in found.items():
         fallback = float(str(coef).rsplit(",", 1)[-1].rstrip("}")) if isinstance(coef, str) else float(coef)
         assert fallback == pytest.approx(default), name
