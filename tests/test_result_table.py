@@ -14,6 +14,7 @@ from meta.after.reevaluate import choose_by_lower_bound, lower_bound
 from meta.run import main
 from mirror_maps import NeuralMirrorMap
 from results.report.paired import paired_difference, seeds_to_exclude_zero, t_quantile
+from inner_loop.loss.divergences import length_reference
 from results.report.result_table import build_table, render_markdown
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -120,7 +121,7 @@ def test_bad_reevaluation_settings_exit_2_before_anything_is_written(tmp_path, c
     assert fragment in capsys.readouterr().err and not (tmp_path / "r").exists()
 
 
-def test_the_table_renders_intervals_and_the_length_change_relative_to_kl():
+def test_the_table_renders_intervals_and_the_length_change_relative_to_the_registry_s_reference():
     def runs(values, length):
         return [{"status": "ok", "fitness": v, "mean_response_tokens": length, "evaluations": {}} for v in values]
 
@@ -128,9 +129,15 @@ def test_the_table_renders_intervals_and_the_length_change_relative_to_kl():
              "coef_source": "x", "runs": runs([0.5, 0.6, 0.7], 12.0)},
             {"name": "kl", "label": "KL", "divergence": {"name": "kl", "coef": 0.04}, "coef_source": "y",
              "runs": runs([0.4, 0.45, 0.65], 10.0) + [{"status": "failed", "fitness": 0.0}]}]
-    table = build_table(rows, [11, 12, 13], ["kl"], "exported")
+    table = build_table(rows, [11, 12, 13], ["kl"], "exported", length_reference=length_reference())
     exported, kl = table["rows"]
-    assert exported["response_tokens_vs_kl"] == pytest.approx(0.2) and kl["failed"] == 1
+    assert length_reference() == "kl" and table["length_reference"] == "kl"
+    assert exported["response_tokens_vs_reference"] == pytest.approx(0.2) and kl["failed"] == 1
     assert kl["metrics"]["validation"]["n"] == 3
     text = render_markdown(table)
-    assert "+20.0%" in text and "+0.100 [-0.024, +0.224] (n=3)" in text and "includes 0" in text
+    other = build_table(rows, [11, 12, 13], ["kl"], "exported", length_reference="exported")
+    assert [r["response_tokens_vs_reference"] for r in other["rows"]] == pytest.approx([0.0, 10.0 / 12.0 - 1.0])
+    assert "response tokens (vs E)" in render_markdown(other)
+    none = build_table(rows, [11, 12, 13], ["kl"], "exported")
+    assert [r["response_tokens_vs_reference"] for r in none["rows"]] == [None, None]
+    assert "response tokens (vs KL)" in text and "+20.0%" in text and "+0.100 [-0.024, +0.224] (n=3)" in text and "includes 0" in text

@@ -111,6 +111,9 @@ class Divergence:
     compared: bool = True
     #: [low, high] of divergence.coef (log scale) in meta.tune's default space; None: the space's own range
     tune_range: tuple[float, float] | None = (1.0e-4, 1.0)
+    #: the row every other row's response length is compared with (the paper reports lengths relative to KL): the
+    #: result table's and ``results.compare``'s reference; one divergence at most declares it
+    length_reference: bool = False
     #: the dataclass of its YAML's keys (a DivergenceConfig subclass for a divergence with settings of its own)
     config_class: type[DivergenceConfig] = DivergenceConfig
 
@@ -130,7 +133,8 @@ class Divergence:
 
 BUILT_IN = (
     Divergence("none", label="Dr. GRPO (no regularizer)", default_coef=0.0, compared=False, tune_range=None),
-    Divergence("kl", label="KL", default_coef=0.04, potential="mirror_maps.potentials:KL", kl_estimators=True),
+    Divergence("kl", label="KL", default_coef=0.04, potential="mirror_maps.potentials:KL", kl_estimators=True,
+               length_reference=True),
     Divergence("prob_l2", label="ProbL2", default_coef=0.1, potential="mirror_maps.potentials:ProbL2"),
     Divergence("neural_mirror", label="NM-GRPO", default_coef=1.0e-4, learned_map=True, baseline=False,
                config_class=NeuralMirrorConfig),
@@ -151,6 +155,15 @@ def divergence(name: str) -> Divergence:
     if name not in known:
         raise ValueError(f"divergence.name={name!r} is not one of {list(known)} (conf/divergence/*.yaml)")
     return known[name]
+
+
+def length_reference() -> str | None:
+    """The divergence the response lengths are compared with (its entry declares ``length_reference``); None when
+    none does. ValueError when several do: the comparison would depend on the registry's order."""
+    names = [name for name, entry in divergences().items() if entry.length_reference]
+    if len(names) > 1:
+        raise ValueError(f"divergences {names} all declare length_reference; one divergence at most may")
+    return names[0] if names else None
 
 
 def unregularized() -> str:
