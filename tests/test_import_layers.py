@@ -105,7 +105,8 @@ MODULE_EXCEPTIONS: dict[str, frozenset[str]] = {
     "meta.after": _META_BASE | {"inner_loop.loss.divergences"},  # the divergences' baseline rows and labels
     # a pilot writes its run files as meta.run does, and reports early cuts as meta.early_cuts does; its status
     # view prints the rows the search's view prints (meta/status/rows.py)
-    "meta.pilot": _META_BASE | {"meta.run", "meta.early_cuts", "meta.status.rows"},
+    # (and writes a preset's coefficient under the key the divergence registry names)
+    "meta.pilot": _META_BASE | {"meta.run", "meta.early_cuts", "meta.status.rows", "inner_loop.loss.divergences"},
     "meta.tune": _META_BASE | {"meta.status.rows", "inner_loop.loss.divergences"},  # coefficient tune ranges
 }
 #: Third-party packages a member process must not load through results.store (they cost seconds and memory in

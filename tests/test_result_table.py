@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from meta.after.baselines import build_rows, nm_random_vector
+from inner_loop.config import DivergenceConfig
+from inner_loop.loss.divergences import divergence
+from meta.after.baselines import Coef, Composed, build_rows, nm_random_vector, resolve_coef
 from meta.compose import compose
 from meta.config import build_search_config
 from meta.after.reevaluate import choose_by_lower_bound, lower_bound
@@ -89,6 +91,19 @@ def test_the_kl_row_under_mbpp_qwen3_runs_at_kl_coefficient_and_says_where_it_co
     preset = _mbpp_rows("+coef_by_divergence.kl=0.5")
     assert preset["kl"].divergence["coef"] == 0.5 and preset["kl"].coef_source == "coef_by_divergence.kl (command line)"
     assert preset["exported"].coef_source == "coef_by_divergence.neural_mirror (experiment=mbpp_qwen3)"
+
+
+def test_a_coefficient_s_source_names_the_preset_hydra_composed_not_a_guess():
+    """Where no override names the preset, the source is Hydra's choice of experiment (not the default's name written
+    in the code), and the registry's default is the coefficient a config node leaves unset."""
+    composed = Composed({"name": "kl", "coef": 0.3}, {"coef_by_divergence": {"kl": 0.3}}, {"experiment": "gsm8k_qwen3"})
+    assert resolve_coef(composed, []) == Coef(0.3, "coef_by_divergence.kl (experiment=gsm8k_qwen3)")
+    assert resolve_coef(composed, ["divergence.coef=2"], own=True).source == "divergence.coef (command line)"
+    assert resolve_coef(composed, ["divergence.coef=2"]).source == "coef_by_divergence.kl (experiment=gsm8k_qwen3)"
+    alone = Composed({"name": "kl", "coef": 0.04}, {}, {"experiment": "tiny_arith"})
+    assert resolve_coef(alone, []).source == "conf/divergence/kl.yaml"
+    assert [DivergenceConfig(name=n).coef for n in ("kl", "prob_l2", "neural_mirror")] == [
+        divergence(n).default_coef for n in ("kl", "prob_l2", "neural_mirror")]
 
 
 def test_the_random_init_row_has_the_authors_parameters_whatever_the_transform():

@@ -24,6 +24,14 @@ from results.store.entry_points import entry_point_objects
 #: divided by its probability (unbiased for the full sum), or the sum over the whole vocabulary
 FORMS = ("sampled", "sampled_is", "full")
 KL_ESTIMATORS = ("k1", "k2", "k3")
+#: the mapping a preset sets each divergence's coefficient in (``coef_by_divergence.<name>``, which the divergence's
+#: YAML selects its ``coef`` from): a preset's coefficient never leaks into another divergence's row
+COEF_PRESETS = "coef_by_divergence"
+
+
+def coef_key(name: str) -> str:
+    """The dotted key a preset sets the coefficient of divergence ``name`` with."""
+    return f"{COEF_PRESETS}.{name}"
 
 
 @dataclass
@@ -35,11 +43,16 @@ class DivergenceConfig:
     name: str = "neural_mirror"
     form: str = "sampled"
     estimator: str = "k3"
-    coef: float = 1e-4
+    #: None: the registry's ``default_coef`` of the divergence (the one default; its YAML's fallback says the same)
+    coef: float | None = None
     chunk_size: int | None = None
     #: a member whose mean per-step regularizer gradient share (||grad coef*D|| / ||grad policy||) ends below this
     #: is logged with a warning: its regularizer barely moved the policy, so ES would rank noise. null: no check.
     grad_share_floor: float | None = 0.01
+
+    def __post_init__(self) -> None:
+        if self.coef is None:
+            self.coef = divergence(self.name).default_coef
 
     def own_settings(self) -> dict[str, Any]:
         """The fields a subclass adds (its divergence's own parameters), by name."""
