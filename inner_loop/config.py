@@ -15,11 +15,11 @@ from results.store.config_nodes import plain, refuse_unknown_keys, typed_node
 from results.store.member_keys import MEMBER_GPU_MEMORY_KEY, MEMBER_GPU_SHARERS_KEY
 # DivergenceConfig is read here as it was before its home moved (pickled jobs and callers name inner_loop.config)
 from inner_loop.loss.divergences import DivergenceConfig as DivergenceConfig, divergence, divergences
+from inner_loop.models.registry import model_entry, models
 from inner_loop.numerics.pinned import NUMERICS_MODES, PINNED_THREADS
 
 T = TypeVar("T")
 
-MODEL_KINDS = ("tiny", "smollm2_135m", "qwen3_1_7b", "hub")
 AGGREGATIONS = ("dr_grpo", "grpo", "bnpo")
 DTYPES = ("float32", "bfloat16", "float16")
 #: train.keep_checkpoints: what of a member's checkpoints survives once its result.json is final.
@@ -107,13 +107,14 @@ class ModelConfig:
     )
 
     def validate(self) -> None:
-        if self.name not in MODEL_KINDS and not self.name_or_path:
+        entry = model_entry(self.name)
+        if entry is None and not self.name_or_path:
             raise ValueError(
-                f"model.name={self.name!r} is not one of {list(MODEL_KINDS)}; for any other model set "
-                "model.name=hub and model.name_or_path=<hub id or local directory>"
+                f"model.name={self.name!r} is not one of {list(models())} (conf/model/*.yaml); for any other model "
+                "set model.name=hub and model.name_or_path=<hub id or local directory>"
             )
-        if self.name == "hub" and not self.name_or_path:
-            raise ValueError("model.name=hub needs model.name_or_path (a hub id or a local model directory)")
+        if entry is not None and entry.needs_path and not self.name_or_path:
+            raise ValueError(f"model.name={self.name} needs model.name_or_path (a hub id or a local model directory)")
         _one_of("model.dtype", self.dtype, DTYPES)
         _one_of("model.cpu_numerics", self.cpu_numerics, NUMERICS_MODES)
         if self.chat_template_kwargs and not self.chat_template:
