@@ -1,4 +1,4 @@
-"""docs/extending.md's four recipes, run as written: each toy entry is one module and one YAML in a temporary folder
+"""docs/extending.md's five recipes, run as written: each toy entry is one module and one YAML in a temporary folder
 outside the repository (its package's entry points in a ``*.dist-info`` beside it, its YAML in a config tree named by
 MIRROR_ES_CONFIG_PATH), goes through a dry run and (searcher, divergence, task) a tiny run on the embedded default,
 and no file of the repository changes.
@@ -82,8 +82,9 @@ def test_each_recipe_is_one_module_and_one_yaml():
     paths = [p for p, _ in _blocks() if p != "pyproject.toml"]
     modules = sorted(p for p in paths if p.endswith(".py"))
     yamls = sorted(p for p in paths if p.endswith(".yaml"))
-    assert modules == ["toy_ext/divergence.py", "toy_ext/launcher.py", "toy_ext/searcher.py", "toy_ext/task.py"]
-    assert [Path(p).parent.name for p in yamls] == ["divergence", "es", "launcher", "task"]
+    assert modules == ["toy_ext/divergence.py", "toy_ext/launcher.py", "toy_ext/model.py", "toy_ext/searcher.py",
+                       "toy_ext/task.py"]
+    assert [Path(p).parent.name for p in yamls] == ["divergence", "es", "launcher", "model", "task"]
 
 
 def test_a_searcher(toy, tmp_path, unchanged_repository):
@@ -183,6 +184,23 @@ def test_a_launcher(toy, tmp_path, unchanged_repository):
                    "launcher=toy_serial", "launcher.gpu_sharing=packed")
     assert refused.returncode == 2, refused.stderr[-2000:]
     assert "launcher.gpu_sharing='packed' is not a mode of launcher=toy_serial" in refused.stderr
+
+
+def test_a_model(toy, tmp_path, unchanged_repository):
+    offline = {**toy, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    staged = _run(offline, "meta.stage", "dry_run=true", "model=toy_smollm2_360m", f"stage.cache_dir={tmp_path / 'hub'}")
+    said = staged.stdout + staged.stderr
+    assert staged.returncode == 2, said[-3000:]
+    assert "missing: model HuggingFaceTB/SmolLM2-360M-Instruct (model.name_or_path)" in said  # its hub id is staged
+    weights = tmp_path / "weights"  # a local copy: nothing to stage, the plan still sizes it by its declared shape
+    weights.mkdir()
+    plan = _run(offline, "meta.run", f"run_dir={tmp_path / 'plan'}", "new=true", "dry_run=true",
+                "model=toy_smollm2_360m", f"model.name_or_path={weights}")
+    assert plan.returncode == 0, plan.stderr[-3000:]
+    assert "3,276,800" in plan.stdout, plan.stdout[-3000:]  # LoRA r=16 on 4 projections x 32 blocks of its shape
+    unknown = _run(offline, "inner_loop.run", "model=toy_smollm2_360m", "model.name=toy_smollm2_999m", "task=arith",
+                   f"work_dir={tmp_path / 'refused'}")
+    assert unknown.returncode == 2 and "toy_smollm2_360m" in unknown.stderr, unknown.stderr[-2000:]  # listed as known
 
 
 def test_divergence_defaults_are_their_yaml_fallbacks(toy):
