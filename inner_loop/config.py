@@ -55,7 +55,12 @@ def divergence_config(data: Mapping[str, Any] | DivergenceConfig | None) -> Dive
 
 
 def _divergence_class(values: Mapping[str, Any]) -> type[DivergenceConfig]:
-    return divergence(str(values.get("name", DivergenceConfig.name))).config_class
+    name = str(values.get("name", DivergenceConfig.name))
+    cls = divergence(name).config_class
+    if not (isinstance(cls, type) and issubclass(cls, DivergenceConfig)):
+        raise ValueError(f"divergence={name}: its entry's config_class {cls!r} is not a DivergenceConfig subclass "
+                         "(inner_loop.loss.divergences.DivergenceConfig; docs/extending.md)")
+    return cls
 
 
 def _field_names(cls: type[DivergenceConfig]) -> set[str]:

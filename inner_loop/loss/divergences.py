@@ -2,12 +2,13 @@
 
 Why one registry: the typed config checks ``divergence.name`` and its form against it, the loss builds the potential
 from it, the result table takes its baseline rows, labels and roles from it, and the tuner its coefficient range, so
-a new divergence is one module (a ``Divergence`` entry, and its potential where it has no mirror_maps one) and one
+a new divergence is one module (a ``Divergence`` entry, its potential where it has no mirror_maps one, and its
+config class where it has settings of its own: the YAML's extra keys reach the potential) and one
 YAML (conf/divergence/<name>.yaml), with no other file edited (docs/extending.md).
 
 Light on purpose: only the standard library and the entry-point reader are imported here (the potentials are named
 as ``module:attr`` strings and imported when a run builds its loss), so the config checks and meta's light commands
-read the registry without torch. meta reads it too (the one module of inner_loop it may import).
+read the registry without torch. meta reads it too (with the model registry, the modules of inner_loop it may import).
 """
 from __future__ import annotations
 
