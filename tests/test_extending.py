@@ -203,17 +203,16 @@ def test_a_model(toy, tmp_path, unchanged_repository):
     assert unknown.returncode == 2 and "toy_smollm2_360m" in unknown.stderr, unknown.stderr[-2000:]  # listed as known
 
 
-def test_divergence_defaults_are_their_yaml_fallbacks(toy):
-    """A divergence's default_coef and its YAML's coefficient without a preset are one number (the built-in ones and
-    the toy's)."""
-    probe = ("import json, pathlib, os, yaml\n"
+def test_a_divergence_s_default_coefficient_is_its_entry_s_alone(toy):
+    """Composed with no preset setting it, every divergence (the built-in ones and the toy's) trains at its entry's
+    default_coef: its YAML falls back to null, not to a number of its own."""
+    probe = ("import json\n"
              "from inner_loop.loss.divergences import divergences\n"
-             "from results.store.config_nodes import group_file\n"
-             "from meta.config import CONF_DIR\n"
+             "from meta.compose import compose\n"
              "out = {}\n"
              "for name, entry in divergences().items():\n"
-             "    coef = yaml.safe_load(group_file(CONF_DIR, 'divergence', name).read_text()).get('coef')\n"
-             "    out[name] = [entry.default_coef, coef]\n"
+             "    raw = compose([f'divergence={name}', '~coef_by_divergence'])\n"
+             "    out[name] = [entry.default_coef, raw['divergence']['coef']]\n"
              "print(json.dumps(out))\n")
     env = {k: v for k, v in toy.items() if k != "root"}
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
@@ -221,5 +220,7 @@ def test_divergence_defaults_are_their_yaml_fallbacks(toy):
     found = json.loads(done.stdout)
     assert "toy_power" in found and "kl" in found
     for name, (default, coef) in found.items():
-        fallback = float(str(coef).rsplit(",", 1)[-1].rstrip("}")) if isinstance(coef, str) else float(coef)
-        assert fallback == pytest.approx(default), name
+        assert coef == pytest.approx(default), name
+    for path in [*(ROOT / "conf" / "divergence").glob("*.yaml")]:
+        coef = yaml.safe_load(path.read_text()).get("coef")
+        assert coef is None or str(coef).endswith(",null}"), path  # no second default written in a YAML

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,7 +44,7 @@ class DivergenceConfig:
     name: str = "neural_mirror"
     form: str = "sampled"
     estimator: str = "k3"
-    #: None: the registry's ``default_coef`` of the divergence (the one default; its YAML's fallback says the same)
+    #: None: the registry's ``default_coef`` of the divergence (the one default)
     coef: float | None = None
     chunk_size: int | None = None
     #: a member whose mean per-step regularizer gradient share (||grad coef*D|| / ||grad policy||) ends below this
@@ -108,7 +108,8 @@ class Divergence:
     name: str
     #: its row's label in the result table
     label: str
-    #: divergence.coef when no preset sets ``coef_by_divergence.<name>``; its YAML's fallback must equal it (a test)
+    #: divergence.coef when no preset sets ``coef_by_divergence.<name>``: its YAML's fallback is null, filled from
+    #: here (fill_default_coef), so this is the one default
     default_coef: float
     #: ``module:attr`` of a mirror_maps.Potential subclass built with no arguments; None: no regularizer (no
     #: reference forward at all)
@@ -169,6 +170,16 @@ def divergence(name: str) -> Divergence:
     if name not in known:
         raise ValueError(f"divergence.name={name!r} is not one of {list(known)} (conf/divergence/*.yaml)")
     return known[name]
+
+
+def fill_default_coef(config: MutableMapping[str, Any]) -> None:
+    """Set ``divergence.coef`` of a composed config to its divergence's ``default_coef`` where the YAML left it null
+    (no preset sets ``coef_by_divergence.<name>``, no command line sets ``divergence.coef``): the one place a default
+    coefficient enters a composed config (meta's compose, inner_loop.run's spec). An unknown name is left for the
+    config check to report."""
+    node = config.get("divergence")
+    if isinstance(node, MutableMapping) and node.get("coef") is None and node.get("name") in divergences():
+        node["coef"] = divergence(str(node["name"])).default_coef
 
 
 def length_reference() -> str | None:
