@@ -79,7 +79,7 @@ def _mbpp_rows(*extra):
 
 def test_the_kl_row_under_mbpp_qwen3_runs_at_kl_coefficient_and_says_where_it_comes_from():
     rows = _mbpp_rows("divergence.coef=3")
-    assert rows["kl"].divergence["coef"] == 0.04 and rows["kl"].coef_source == "conf/divergence/kl.yaml"
+    assert rows["kl"].divergence["coef"] == 0.04 and rows["kl"].coef_source == "default_coef of divergence=kl"
     assert rows["prob_l2"].divergence["coef"] == 0.1
     assert rows["center"].divergence["coef"] == 3 and rows["center"].coef_source == "divergence.coef (command line)"
     authors = NeuralMirrorMap.random_init(42, dtype=torch.float64).to_vector()  # the inner loop's default map
@@ -101,7 +101,9 @@ def test_a_coefficient_s_source_names_the_preset_hydra_composed_not_a_guess():
     assert resolve_coef(composed, ["divergence.coef=2"], own=True).source == "divergence.coef (command line)"
     assert resolve_coef(composed, ["divergence.coef=2"]).source == "coef_by_divergence.kl (experiment=gsm8k_qwen3)"
     alone = Composed({"name": "kl", "coef": 0.04}, {}, {"experiment": "tiny_arith"})
-    assert resolve_coef(alone, []).source == "conf/divergence/kl.yaml"
+    assert resolve_coef(alone, []).source == "default_coef of divergence=kl"
+    written = Composed({"name": "kl", "coef": 0.07}, {}, {"experiment": "tiny_arith"})  # a YAML's own number
+    assert resolve_coef(written, []).source == "conf/divergence/kl.yaml"
     assert [DivergenceConfig(name=n).coef for n in ("kl", "prob_l2", "neural_mirror")] == [
         divergence(n).default_coef for n in ("kl", "prob_l2", "neural_mirror")]
 
@@ -120,7 +122,7 @@ def test_the_dry_run_plan_prints_every_row_with_its_divergence_and_counts_every_
     out = capsys.readouterr().out
     assert "result table: 8 rows x report_seeds=4" in out and "= 32 runs" in out
     kl_line = next(line for line in out.splitlines() if line.strip().startswith("kl "))
-    assert '"coef": 0.04' in kl_line and "conf/divergence/kl.yaml" in kl_line
+    assert '"coef": 0.04' in kl_line and "default_coef of divergence=kl" in kl_line
     assert "+ 32 reporting runs" in out and not (tmp_path / "plan").exists()
 
 

@@ -128,9 +128,9 @@ class Coef:
 def resolve_coef(composed: Composed, overrides: Sequence[str], *, own: bool = False) -> Coef:
     """The coefficient of ``composed``'s divergence and its source: ``divergence.coef`` on the command line (``own``:
     the run's own divergence, which keeps its ``divergence.*`` overrides), else ``coef_by_divergence.<name>`` as the
-    command line or the preset Hydra composed sets it, else the divergence's own YAML (whose fallback is the
-    registry's default_coef)."""
-    from inner_loop.loss.divergences import COEF_PRESETS, coef_key
+    command line or the preset Hydra composed sets it, else the registry's default_coef (or a number the
+    divergence's own YAML writes)."""
+    from inner_loop.loss.divergences import COEF_PRESETS, coef_key, divergence
 
     name, value = str(composed.block.get("name")), composed.block.get("coef")
     key = coef_key(name)
@@ -140,6 +140,8 @@ def resolve_coef(composed: Composed, overrides: Sequence[str], *, own: bool = Fa
         return Coef(value, f"{key} (command line)")
     if name in (composed.raw.get(COEF_PRESETS) or {}):
         return Coef(value, f"{key} (experiment={composed.choices.get('experiment')})")
+    if value == divergence(name).default_coef:
+        return Coef(value, f"default_coef of divergence={name}")
     return Coef(value, f"conf/divergence/{name}.yaml")
 
 
