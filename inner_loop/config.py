@@ -9,18 +9,17 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
 from results.store.config_nodes import plain, refuse_unknown_keys, typed_node
 from results.store.member_keys import MEMBER_GPU_MEMORY_KEY, MEMBER_GPU_SHARERS_KEY
-from inner_loop.loss.divergences import FORMS, divergence, divergences
+# DivergenceConfig is read here as it was before its home moved (pickled jobs and callers name inner_loop.config)
+from inner_loop.loss.divergences import DivergenceConfig as DivergenceConfig, divergence, divergences
+from inner_loop.models.registry import model_entry, models
 from inner_loop.numerics.pinned import NUMERICS_MODES, PINNED_THREADS
 
 T = TypeVar("T")
 
-MODEL_KINDS = ("tiny", "smollm2_135m", "qwen3_1_7b", "hub")
-KL_ESTIMATORS = ("k1", "k2", "k3")
 AGGREGATIONS = ("dr_grpo", "grpo", "bnpo")
 DTYPES = ("float32", "bfloat16", "float16")
 #: train.keep_checkpoints: what of a member's checkpoints survives once its result.json is final.
@@ -36,6 +35,36 @@ def node_config(cls: type[T], node: str, data: Mapping[str, Any] | None) -> T:
     finished run's stored node can be read without parsing the whole inner config: that must not depend on the
     files its training needed (a ``divergence.init`` that has moved since)."""
     return typed_node(cls, data, node)
+
+
+def divergence_config(data: Mapping[str, Any] | DivergenceConfig | None) -> DivergenceConfig:
+    """The ``divergence`` node as the config class its entry declares (unknown keys and wrong types refused, naming
+    ``divergence.<key>``; not yet ``validate``d). A DivergenceConfig of another class (one pickled before the learned
+    map's keys moved to its own class, or built in code with the shared fields only) is read field by field."""
+    if isinstance(data, DivergenceConfig):
+        known = _field_names(_divergence_class(vars(data)))
+        data = {key: value for key, value in vars(data).items() if key in known}
+    values = plain(data or {})
+    cls = _divergence_class(values)
+    for key in sorted(set(values) - _field_names(cls)):
+        owners = [name for name, entry in divergences().items() if key in _field_names(entry.config_class)]
+        if owners:
+            raise ValueError(f"divergence.{key} only applies to divergence={'|'.join(owners)} (its own setting); "
+                             f"remove it or switch")
+    return typed_node(cls, values, "divergence")
+
+
+def _divergence_class(values: Mapping[str, Any]) -> type[DivergenceConfig]:
+    name = str(values.get("name", DivergenceConfig.name))
+    cls = divergence(name).config_class
+    if not (isinstance(cls, type) and issubclass(cls, DivergenceConfig)):
+        raise ValueError(f"divergence={name}: its entry's config_class {cls!r} is not a DivergenceConfig subclass "
+                         "(inner_loop.loss.divergences.DivergenceConfig; docs/extending.md)")
+    return cls
+
+
+def _field_names(cls: type[DivergenceConfig]) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
 
 
 def _one_of(key: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -83,13 +112,14 @@ class ModelConfig:
     )
 
     def validate(self) -> None:
-        if self.name not in MODEL_KINDS and not self.name_or_path:
+        entry = model_entry(self.name)
+        if entry is None and not self.name_or_path:
             raise ValueError(
-                f"model.name={self.name!r} is not one of {list(MODEL_KINDS)}; for any other model set "
-                "model.name=hub and model.name_or_path=<hub id or local directory>"
+                f"model.name={self.name!r} is not one of {list(models())} (conf/model/*.yaml); for any other model "
+                "set model.name=hub and model.name_or_path=<hub id or local directory>"
             )
-        if self.name == "hub" and not self.name_or_path:
-            raise ValueError("model.name=hub needs model.name_or_path (a hub id or a local model directory)")
+        if entry is not None and entry.needs_path and not self.name_or_path:
+            raise ValueError(f"model.name={self.name} needs model.name_or_path (a hub id or a local model directory)")
         _one_of("model.dtype", self.dtype, DTYPES)
         _one_of("model.cpu_numerics", self.cpu_numerics, NUMERICS_MODES)
         if self.chat_template_kwargs and not self.chat_template:
@@ -118,48 +148,6 @@ class ModelConfig:
                 raise ValueError(f"model.{key} must be >= 1, got {getattr(self, key)}")
         if self.warmup_lr <= 0:
             raise ValueError(f"model.warmup_lr must be > 0, got {self.warmup_lr}")
-
-
-@dataclass
-class DivergenceConfig:
-    """The regularizer toward the reference policy: which divergence, in which form, with which weight."""
-
-    name: str = "neural_mirror"
-    form: str = "sampled"
-    estimator: str = "k3"
-    coef: float = 1e-4
-    init: str | None = None
-    param_transform: str = "abs"
-    chunk_size: int | None = None
-    #: a member whose mean per-step regularizer gradient share (||grad coef*D|| / ||grad policy||) ends below this
-    #: is logged with a warning: its regularizer barely moved the policy, so ES would rank noise. null: no check.
-    grad_share_floor: float | None = 0.01
-
-    def validate(self) -> None:
-        entry = divergence(self.name)
-        _one_of("divergence.form", self.form, FORMS)
-        if self.form not in entry.forms:
-            raise ValueError(f"divergence.form={self.form!r}: divergence={self.name} supports {list(entry.forms)}")
-        _one_of("divergence.estimator", self.estimator, KL_ESTIMATORS)
-        if entry.kl_estimators and self.form == "sampled" and self.estimator == "k1":
-            raise ValueError(
-                "divergence.estimator=k1 with divergence.form=sampled has zero expected gradient: as a per-token loss "
-                "on tokens sampled from the policy, E[grad log pi(y)] = 0, so the regularizer would silently do "
-                "nothing. Use divergence.estimator=k2 (gradient of KL(pi || ref)), k3 (gradient of KL(ref || pi)) "
-                "or divergence.form=full (exact KL(pi || ref) over the vocabulary)"
-            )
-        if self.grad_share_floor is not None and not self.grad_share_floor >= 0.0:
-            raise ValueError(f"divergence.grad_share_floor must be >= 0 or null (no check), got {self.grad_share_floor}")
-        if not self.coef >= 0.0:
-            raise ValueError(f"divergence.coef must be >= 0, got {self.coef}")
-        if self.init is not None and not entry.learned_map:
-            maps = [name for name, other in divergences().items() if other.learned_map]
-            raise ValueError(f"divergence.init only applies to a learned map (divergence={'|'.join(maps)}); remove it "
-                             "or switch")
-        if self.init is not None and not Path(self.init).is_file():
-            raise ValueError(f"divergence.init={self.init!r}: no such file (export one with meta.export)")
-        if self.chunk_size is not None and self.chunk_size < 1:
-            raise ValueError(f"divergence.chunk_size must be >= 1 or null, got {self.chunk_size}")
 
 
 @dataclass
@@ -380,7 +368,7 @@ class InnerConfig:
         cfg = cls(
             task=task,
             model=node_config(ModelConfig, "model", data["model"]),
-            divergence=node_config(DivergenceConfig, "divergence", data["divergence"]),
+            divergence=divergence_config(data["divergence"]),
             train=node_config(TrainConfig, "train", data["train"]),
             seed=int(data.get("seed", 0) if seed is None else seed),
             options=dict(data.get("options") or {}),

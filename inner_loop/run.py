@@ -27,6 +27,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from inner_loop.loss.divergences import fill_default_coef
 from inner_loop.member.entry import keep_vllm_out_unless_used, train_member
 from results.store.config_nodes import check_group_choice, checked_overrides, config_groups, with_config_path
 from results.store.records import MemberSpec, gpus_entry
@@ -39,6 +40,7 @@ def spec_from_config(cfg: DictConfig) -> MemberSpec:
     """A single run is a member spec like any other (so both paths share idempotence and resume)."""
     resolved = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(resolved, dict)
+    fill_default_coef(resolved)  # as meta's compose does: the stored spec says the coefficient the run trains with
     inner = {k: resolved[k] for k in ("task", "model", "divergence", "train")}
     inner["options"] = resolved.get("options") or {}
     inner["eval_split"] = resolved.get("eval_split") or "validation"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from inner_loop.loss.divergences import fill_default_coef
 from meta.config import CONF_DIR, ConfigError, derive_inner_timeout, derive_member_time, member_sharing
 from meta.search.resume import NEW_KEY
 from results.store.config_nodes import check_group_choice, checked_overrides, config_groups, with_config_path
@@ -78,6 +79,7 @@ def _hydra_compose(overrides: Sequence[str], config_name: str) -> tuple[dict[str
         raise ConfigError(
             f"{message}\n(check the key against conf/{config_name}.yaml; a config group is chosen with group=name)"
         ) from None
+    fill_default_coef(raw)  # a divergence's YAML leaves its default coefficient to the registry
     member_sharing(raw)  # resources.members_per_gpu and its slowdowns, whether or not inner.timeout_s is given
     derive_member_time(raw)
     derive_inner_timeout(raw)

@@ -75,13 +75,12 @@ class ModelShape:
         return self.layers * sum(rank * (shapes[t][0] + shapes[t][1]) for t in targets)
 
 
-# Published configs (config.json on the hub) of the models the presets name.
-KNOWN_SHAPES = {
-    "qwen3_1_7b": ModelShape(layers=28, hidden=2048, intermediate=6144, q_heads=16, kv_heads=8, head_dim=128,
-                             vocab=151936, tied=True),
-    "smollm2_135m": ModelShape(layers=30, hidden=576, intermediate=1536, q_heads=9, kv_heads=3, head_dim=64,
-                               vocab=49152, tied=True),
-}
+def known_shape(name: str) -> ModelShape | None:
+    """The published shape (config.json on the hub) the model registry declares for ``model.name``; None: unknown."""
+    from inner_loop.models.registry import model_entry
+
+    entry = model_entry(name)
+    return ModelShape(**entry.shape) if entry is not None and entry.shape is not None else None
 
 
 def model_shape(model: Mapping[str, Any]) -> ModelShape | None:
@@ -91,7 +90,7 @@ def model_shape(model: Mapping[str, Any]) -> ModelShape | None:
         hidden, heads = int(model["hidden_size"]), int(model["num_heads"])
         return ModelShape(layers=int(model["num_layers"]), hidden=hidden, intermediate=int(model["intermediate_size"]),
                           q_heads=heads, kv_heads=heads, head_dim=hidden // heads, vocab=TINY_VOCAB, tied=True)
-    return KNOWN_SHAPES.get(name)
+    return known_shape(name)
 
 
 @dataclass

@@ -7,12 +7,18 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from inner_loop.loss.divergences import fill_default_coef
+
 CONF = Path(__file__).resolve().parent.parent / "conf"
 
 
 def load_group(group: str, name: str, root: Path = CONF) -> dict[str, Any]:
-    """``conf/<group>/<name>.yaml`` as a plain dict with its interpolations resolved."""
-    return OmegaConf.to_container(OmegaConf.load(root / group / f"{name}.yaml"), resolve=True)  # type: ignore[return-value]
+    """``conf/<group>/<name>.yaml`` as a plain dict with its interpolations resolved (and, for a divergence, its
+    default coefficient filled from the registry, as a composition does)."""
+    node = OmegaConf.to_container(OmegaConf.load(root / group / f"{name}.yaml"), resolve=True)
+    if group == "divergence":
+        fill_default_coef({"divergence": node})
+    return node  # type: ignore[return-value]
 
 
 #: the experiment presets, by name

@@ -1,4 +1,4 @@
-"""docs/extending.md's four recipes, run as written: each toy entry is one module and one YAML in a temporary folder
+"""docs/extending.md's five recipes, run as written: each toy entry is one module and one YAML in a temporary folder
 outside the repository (its package's entry points in a ``*.dist-info`` beside it, its YAML in a config tree named by
 MIRROR_ES_CONFIG_PATH), goes through a dry run and (searcher, divergence, task) a tiny run on the embedded default,
 and no file of the repository changes.
@@ -82,8 +82,9 @@ def test_each_recipe_is_one_module_and_one_yaml():
     paths = [p for p, _ in _blocks() if p != "pyproject.toml"]
     modules = sorted(p for p in paths if p.endswith(".py"))
     yamls = sorted(p for p in paths if p.endswith(".yaml"))
-    assert modules == ["toy_ext/divergence.py", "toy_ext/launcher.py", "toy_ext/searcher.py", "toy_ext/task.py"]
-    assert [Path(p).parent.name for p in yamls] == ["divergence", "es", "launcher", "task"]
+    assert modules == ["toy_ext/divergence.py", "toy_ext/launcher.py", "toy_ext/model.py", "toy_ext/searcher.py",
+                       "toy_ext/task.py"]
+    assert [Path(p).parent.name for p in yamls] == ["divergence", "es", "launcher", "model", "task"]
 
 
 def test_a_searcher(toy, tmp_path, unchanged_repository):
@@ -110,18 +111,53 @@ def test_a_searcher(toy, tmp_path, unchanged_repository):
 def test_a_divergence(toy, tmp_path, unchanged_repository):
     plan = _run(toy, "meta.run", f"run_dir={tmp_path / 'plan'}", "new=true", "dry_run=true")
     assert plan.returncode == 0, plan.stderr[-3000:]
-    assert "squared difference (toy)" in plan.stdout  # its baseline row, under its own label
-    tune = _run(toy, "meta.tune", f"run_dir={tmp_path / 'tune'}", "new=true", "dry_run=true", "divergence=toy_sq")
+    assert "power potential (toy)" in plan.stdout  # its baseline row, under its own label
+    tune = _run(toy, "meta.tune", f"run_dir={tmp_path / 'tune'}", "new=true", "dry_run=true", "divergence=toy_power")
     assert "divergence.coef: log [0.001, 1]" in tune.stdout, tune.stderr[-2000:]  # its declared tune_range
-    refused = _run(toy, "inner_loop.run", "divergence=toy_sq", "divergence.form=sampled_is", "task=arith",
+    refused = _run(toy, "inner_loop.run", "divergence=toy_power", "divergence.form=sampled_is", "task=arith",
                    "model=tiny", f"work_dir={tmp_path / 'refused'}")
     assert refused.returncode == 2 and "supports ['sampled', 'full']" in refused.stderr, refused.stderr[-2000:]
     work_dir = tmp_path / "single"
-    done = _run(toy, "inner_loop.run", "divergence=toy_sq", "task=arith", "model=tiny", "model.warmup_max_steps=0",
-                "train.steps=2", "train.val_size=8", "train.batch_size=16", f"work_dir={work_dir}")
+    done = _run(toy, "inner_loop.run", "divergence=toy_power", "divergence.alpha=3", "task=arith", "model=tiny",
+                "model.warmup_max_steps=0", "train.steps=2", "train.val_size=8", "train.batch_size=16",
+                f"work_dir={work_dir}")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "toy_sq[sampled] x 0.05" in done.stderr  # the loss it trained with, as the trainer logs it
+    assert "toy_power[sampled](alpha=3) x 0.05" in done.stderr  # the loss it trained with, as the trainer logs it
     assert json.loads((work_dir / "result.json").read_text())["status"] == "ok"
+
+
+def test_a_divergence_s_own_parameter_reaches_its_potential(toy):
+    """``divergence.alpha`` of the toy's YAML (and of the command line) is the potential's alpha, and its terms are
+    the power potential's: no file of the repository names the parameter."""
+    probe = ("import json, torch\n"
+             "from meta.compose import compose\n"
+             "from inner_loop.config import divergence_config\n"
+             "from inner_loop.loss.regularizers import build_regularizer\n"
+             "out = {}\n"
+             "for extra in ([], ['divergence.alpha=3']):\n"
+             "    cfg = divergence_config(compose(['divergence=toy_power', *extra])['divergence'])\n"
+             "    cfg.validate()\n"
+             "    reg = build_regularizer(cfg)\n"
+             "    p, q = torch.tensor([[0.5]]), torch.tensor([[0.25]])\n"
+             "    out[str(extra)] = [reg.potential.alpha, reg.per_token(p.log(), q.log()).item()]\n"
+             "print(json.dumps(out))\n")
+    env = {k: v for k, v in toy.items() if k != "root"}
+    done = subprocess.run([sys.executable, "-c", probe], cwd=toy["root"], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = json.loads(done.stdout)
+    assert found["[]"] == pytest.approx([2.0, 0.25 ** 2])  # alpha 2: (p - q)^2
+    assert found["['divergence.alpha=3']"] == pytest.approx([3.0, 0.5 ** 3 - 0.25 ** 3 - 3 * 0.25 ** 2 * 0.25])
+
+
+@pytest.mark.parametrize("value,words", [("1", "divergence.alpha must be > 1"), ("abc", "divergence.alpha")])
+def test_a_bad_value_of_a_divergence_s_own_parameter_is_refused_before_anything_is_written(toy, tmp_path, value,
+                                                                                           words):
+    work_dir = tmp_path / "refused"
+    refused = _run(toy, "inner_loop.run", "divergence=toy_power", f"divergence.alpha={value}", "task=arith",
+                   "model=tiny", f"work_dir={work_dir}")
+    assert refused.returncode == 2 and words in refused.stderr, refused.stderr[-2000:]
+    assert not work_dir.exists()
 
 
 def test_a_task(toy, tmp_path, unchanged_repository):
@@ -150,23 +186,41 @@ def test_a_launcher(toy, tmp_path, unchanged_repository):
     assert "launcher.gpu_sharing='packed' is not a mode of launcher=toy_serial" in refused.stderr
 
 
-def test_divergence_defaults_are_their_yaml_fallbacks(toy):
-    """A divergence's default_coef and its YAML's coefficient without a preset are one number (the built-in ones and
-    the toy's)."""
-    probe = ("import json, pathlib, os, yaml\n"
+def test_a_model(toy, tmp_path, unchanged_repository):
+    offline = {**toy, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    staged = _run(offline, "meta.stage", "dry_run=true", "model=toy_smollm2_360m", f"stage.cache_dir={tmp_path / 'hub'}")
+    said = staged.stdout + staged.stderr
+    assert staged.returncode == 2, said[-3000:]
+    assert "missing: model HuggingFaceTB/SmolLM2-360M-Instruct (model.name_or_path)" in said  # its hub id is staged
+    weights = tmp_path / "weights"  # a local copy: nothing to stage, the plan still sizes it by its declared shape
+    weights.mkdir()
+    plan = _run(offline, "meta.run", f"run_dir={tmp_path / 'plan'}", "new=true", "dry_run=true",
+                "model=toy_smollm2_360m", f"model.name_or_path={weights}")
+    assert plan.returncode == 0, plan.stderr[-3000:]
+    assert "3,276,800" in plan.stdout, plan.stdout[-3000:]  # LoRA r=16 on 4 projections x 32 blocks of its shape
+    unknown = _run(offline, "inner_loop.run", "model=toy_smollm2_360m", "model.name=toy_smollm2_999m", "task=arith",
+                   f"work_dir={tmp_path / 'refused'}")
+    assert unknown.returncode == 2 and "toy_smollm2_360m" in unknown.stderr, unknown.stderr[-2000:]  # listed as known
+
+
+def test_a_divergence_s_default_coefficient_is_its_entry_s_alone(toy):
+    """Composed with no preset setting it, every divergence (the built-in ones and the toy's) trains at its entry's
+    default_coef: its YAML falls back to null, not to a number of its own."""
+    probe = ("import json\n"
              "from inner_loop.loss.divergences import divergences\n"
-             "from results.store.config_nodes import group_file\n"
-             "from meta.config import CONF_DIR\n"
+             "from meta.compose import compose\n"
              "out = {}\n"
              "for name, entry in divergences().items():\n"
-             "    coef = yaml.safe_load(group_file(CONF_DIR, 'divergence', name).read_text()).get('coef')\n"
-             "    out[name] = [entry.default_coef, coef]\n"
+             "    raw = compose([f'divergence={name}', '~coef_by_divergence'])\n"
+             "    out[name] = [entry.default_coef, raw['divergence']['coef']]\n"
              "print(json.dumps(out))\n")
     env = {k: v for k, v in toy.items() if k != "root"}
     done = run_with_progress([sys.executable, "-c", probe], env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     found = json.loads(done.stdout)
-    assert "toy_sq" in found and "kl" in found
+    assert "toy_power" in found and "kl" in found
     for name, (default, coef) in found.items():
-        fallback = float(str(coef).rsplit(",", 1)[-1].rstrip("}")) if isinstance(coef, str) else float(coef)
-        assert fallback == pytest.approx(default), name
+        assert coef == pytest.approx(default), name
+    for path in [*(ROOT / "conf" / "divergence").glob("*.yaml")]:
+        coef = yaml.safe_load(path.read_text()).get("coef")
+        assert coef is None or str(coef).endswith(",null}"), path  # no second default written in a YAML

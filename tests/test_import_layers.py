@@ -84,7 +84,9 @@ MODULE_EXCEPTIONS: dict[str, frozenset[str]] = {
                                     # the backend names and train.decode_cache's values (imports nothing of ours)
                                     "inner_loop.generation.backends",
                                     # the divergence registry: divergence.name and its forms (no torch, nothing above)
-                                    "inner_loop.loss.divergences"}),
+                                    "inner_loop.loss.divergences",
+                                    # the model registry: model.name (no torch, nothing above)
+                                    "inner_loop.models.registry"}),
     "inner_loop.member": frozenset({_PINNED}),
     # a run's stages read two things of the process they run in: its job's end notice (save at the step's end) and
     # its share of the card (whose turn it is to start a vLLM engine); neither imports a stage
@@ -95,7 +97,8 @@ MODULE_EXCEPTIONS: dict[str, frozenset[str]] = {
     "inner_loop.loss": frozenset({"results.store.metric_keys", "results.store.entry_points"}),
     # the result table's divergence rows, labels and roles and the tuner's coefficient ranges come from the divergence
     # registry (it imports the standard library and the entry-point reader, never torch or the loss)
-    "meta": frozenset({"inner_loop.loss.divergences"}),
+    # and the plan's model shapes from the model registry (the standard library, the hub ids and the same reader)
+    "meta": frozenset({"inner_loop.loss.divergences", "inner_loop.models.registry"}),
     "inner_loop.grpo": frozenset({"results.store.metric_keys"}),
     "results.store": frozenset({"mirror_maps.init_file"}),
     # the searchers draw from the run's seeds (meta/search/seeding.py imports nothing of ours)
@@ -105,7 +108,8 @@ MODULE_EXCEPTIONS: dict[str, frozenset[str]] = {
     "meta.after": _META_BASE | {"inner_loop.loss.divergences"},  # the divergences' baseline rows and labels
     # a pilot writes its run files as meta.run does, and reports early cuts as meta.early_cuts does; its status
     # view prints the rows the search's view prints (meta/status/rows.py)
-    "meta.pilot": _META_BASE | {"meta.run", "meta.early_cuts", "meta.status.rows"},
+    # (and writes a preset's coefficient under the key the divergence registry names)
+    "meta.pilot": _META_BASE | {"meta.run", "meta.early_cuts", "meta.status.rows", "inner_loop.loss.divergences"},
     "meta.tune": _META_BASE | {"meta.status.rows", "inner_loop.loss.divergences"},  # coefficient tune ranges
 }
 #: Third-party packages a member process must not load through results.store (they cost seconds and memory in

@@ -65,6 +65,18 @@ def test_bad_config_values_name_the_key(node, key, value, message):
         InnerConfig.from_dict(_with(node, key, value))
 
 
+def test_the_learned_map_s_keys_are_its_own_config_class_s():
+    """``init`` and ``param_transform`` are NeuralMirrorConfig's, read from the same YAML keys; another divergence
+    refuses them naming the divergence that takes them."""
+    cfg = InnerConfig.from_dict(_with("divergence", "param_transform", "softplus"))
+    assert type(cfg.divergence).__name__ == "NeuralMirrorConfig" and cfg.divergence.param_transform == "softplus"
+    kl = InnerConfig.from_dict(_inner("kl")).divergence
+    assert not hasattr(kl, "init") and not hasattr(kl, "param_transform")
+    for key, value in (("init", None), ("param_transform", "abs")):
+        with pytest.raises(ValueError, match=rf"divergence\.{key} only applies to divergence=neural_mirror"):
+            InnerConfig.from_dict(_with("divergence", key, value, divergence="kl"))
+
+
 @pytest.mark.parametrize("value", ["newest", "None", 1, True])
 def test_keep_checkpoints_names_the_key_and_the_allowed_values(value):
     with pytest.raises(ValueError, match=r"train\.keep_checkpoints") as error:

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from inner_loop.config import DivergenceConfig
+from inner_loop.config import DivergenceConfig, divergence_config
 from inner_loop.loss.compose import aggregate, compose_loss
 from inner_loop.loss.policy_registry import POLICY_TERMS
 from inner_loop.loss.policy_terms import PolicyInputs, PolicyParams
@@ -94,11 +94,16 @@ CASES = [
 ]
 
 
+def _config(**node) -> DivergenceConfig:
+    """The divergence node as its entry's config class; a learned map reads its vector untransformed."""
+    return divergence_config(node | ({"param_transform": "none"} if node["name"] == "neural_mirror" else {}))
+
+
 @pytest.mark.parametrize("aggregation", ["dr_grpo", "grpo", "bnpo"])
 @pytest.mark.parametrize("name,form,estimator,neural", CASES)
 def test_composed_loss_sampled_forms(name, form, estimator, neural, aggregation):
     real = "neural_mirror" if name.startswith("neural") else name
-    cfg = DivergenceConfig(name=real, form=form, estimator=estimator, coef=0.3, param_transform="none")
+    cfg = _config(name=real, form=form, estimator=estimator, coef=0.3)
     reg = build_regularizer(cfg, _neural_vector(*neural) if neural else None)
     logps, ref = torch.log(P), torch.log(Q)
     inputs = PolicyInputs(logps=logps, old_logps=logps, advantages=torch.tensor([1.0, -2.0]), mask=MASK)
@@ -119,7 +124,7 @@ def test_composed_loss_sampled_forms(name, form, estimator, neural, aggregation)
 def test_full_form_sums_over_the_vocabulary(name, neural):
     torch.manual_seed(0)
     logits, ref_logits = torch.randn(2, 3, 7), torch.randn(2, 3, 7)
-    cfg = DivergenceConfig(name=name, form="full", coef=1.0, param_transform="none", chunk_size=2)
+    cfg = _config(name=name, form="full", coef=1.0, chunk_size=2)
     reg = build_regularizer(cfg, _neural_vector(*neural) if neural else None)
     assert reg.needs_full_logits
     p, q = torch.softmax(logits, -1), torch.softmax(ref_logits, -1)
@@ -144,7 +149,7 @@ def test_none_regularizer_adds_nothing_and_needs_no_reference():
 
 
 def test_member_params_build_the_neural_map_and_wrong_length_is_rejected():
-    reg = build_regularizer(DivergenceConfig(name="neural_mirror", param_transform="none"), _neural_vector(1.0, 0))
+    reg = build_regularizer(_config(name="neural_mirror"), _neural_vector(1.0, 0))
     torch.testing.assert_close(reg.per_token(torch.log(P), torch.log(Q)), 0.5 * (P - Q) ** 2)
     with pytest.raises(ValueError, match="380"):
         build_regularizer(DivergenceConfig(name="neural_mirror"), [0.1] * 10)

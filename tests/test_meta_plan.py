@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from meta.plan import KNOWN_SHAPES, disk_plan, model_shape
+from meta.plan import disk_plan, known_shape, model_shape
 from meta.compose import compose
 from meta.run import main
 
@@ -89,7 +89,7 @@ def test_a_bad_config_still_fails_in_a_dry_run(tmp_path, capsys):
 
 
 def test_qwen3_lora_and_full_parameter_counts_follow_from_the_published_shape():
-    shape = KNOWN_SHAPES["qwen3_1_7b"]
+    shape = known_shape("qwen3_1_7b")
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     # per layer: r x (in + out) summed: q 64x4096, k 64x3072, v 64x3072, o 64x4096, gate/up/down 64x8192 each
     assert shape.lora_parameters(64, targets) == 28 * 64 * (4096 + 3072 + 3072 + 4096 + 3 * 8192) == 69_730_304

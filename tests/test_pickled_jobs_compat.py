@@ -72,3 +72,26 @@ def test_a_run_stored_with_the_old_entry_point_resumes_under_the_new_default():
     assert refused == [] and [key for key, *_ in allowed] == ["inner.entrypoint"]
     other = {**old, "inner": {"entrypoint": "meta.synthetic:member"}}
     assert [key for key, *_ in split_differences(old, other)[0]] == ["inner.entrypoint"]  # another function: refused
+
+
+def test_a_divergence_config_pickled_before_the_learned_map_had_its_own_class_keeps_its_settings():
+    """Before NeuralMirrorConfig, ``init`` and ``param_transform`` were fields of inner_loop.config.DivergenceConfig;
+    such a pickle (the shared class, the map's keys in its state) still builds the map it described."""
+    import torch
+
+    from inner_loop.config import DivergenceConfig, divergence_config
+    from inner_loop.loss.regularizers import build_regularizer
+    from mirror_maps import VECTOR_LENGTH, NeuralMirrorMap
+
+    before = DivergenceConfig(name="neural_mirror", coef=0.5)
+    vars(before).update(init=None, param_transform="none")
+    data = pickle.dumps(before, protocol=2)  # GLOBAL names the class as text: put it back where it lived
+    old = data.replace(b"inner_loop.loss.divergences\nDivergenceConfig", b"inner_loop.config\nDivergenceConfig")
+    assert old != data
+    loaded = pickle.loads(old)
+    cfg = divergence_config(loaded)
+    assert type(cfg).__name__ == "NeuralMirrorConfig" and (cfg.param_transform, cfg.coef) == ("none", 0.5)
+    vector = torch.linspace(-1.0, 1.0, VECTOR_LENGTH)
+    reg = build_regularizer(loaded, vector.tolist())
+    expected = NeuralMirrorMap.from_vector(vector, param_transform="none")
+    torch.testing.assert_close(reg.potential.to_vector(), expected.to_vector())

@@ -7,13 +7,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from meta.after.baselines import build_rows, nm_random_vector
+from inner_loop.config import DivergenceConfig
+from inner_loop.loss.divergences import divergence
+from meta.after.baselines import Coef, Composed, build_rows, nm_random_vector, resolve_coef
 from meta.compose import compose
 from meta.config import build_search_config
 from meta.after.reevaluate import choose_by_lower_bound, lower_bound
 from meta.run import main
 from mirror_maps import NeuralMirrorMap
 from results.report.paired import paired_difference, seeds_to_exclude_zero, t_quantile
+from inner_loop.loss.divergences import length_reference
 from results.report.result_table import build_table, render_markdown
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -76,7 +79,7 @@ def _mbpp_rows(*extra):
 
 def test_the_kl_row_under_mbpp_qwen3_runs_at_kl_coefficient_and_says_where_it_comes_from():
     rows = _mbpp_rows("divergence.coef=3")
-    assert rows["kl"].divergence["coef"] == 0.04 and rows["kl"].coef_source == "conf/divergence/kl.yaml"
+    assert rows["kl"].divergence["coef"] == 0.04 and rows["kl"].coef_source == "default_coef of divergence=kl"
     assert rows["prob_l2"].divergence["coef"] == 0.1
     assert rows["center"].divergence["coef"] == 3 and rows["center"].coef_source == "divergence.coef (command line)"
     authors = NeuralMirrorMap.random_init(42, dtype=torch.float64).to_vector()  # the inner loop's default map
@@ -88,6 +91,21 @@ def test_the_kl_row_under_mbpp_qwen3_runs_at_kl_coefficient_and_says_where_it_co
     preset = _mbpp_rows("+coef_by_divergence.kl=0.5")
     assert preset["kl"].divergence["coef"] == 0.5 and preset["kl"].coef_source == "coef_by_divergence.kl (command line)"
     assert preset["exported"].coef_source == "coef_by_divergence.neural_mirror (experiment=mbpp_qwen3)"
+
+
+def test_a_coefficient_s_source_names_the_preset_hydra_composed_not_a_guess():
+    """Where no override names the preset, the source is Hydra's choice of experiment (not the default's name written
+    in the code), and the registry's default is the coefficient a config node leaves unset."""
+    composed = Composed({"name": "kl", "coef": 0.3}, {"coef_by_divergence": {"kl": 0.3}}, {"experiment": "gsm8k_qwen3"})
+    assert resolve_coef(composed, []) == Coef(0.3, "coef_by_divergence.kl (experiment=gsm8k_qwen3)")
+    assert resolve_coef(composed, ["divergence.coef=2"], own=True).source == "divergence.coef (command line)"
+    assert resolve_coef(composed, ["divergence.coef=2"]).source == "coef_by_divergence.kl (experiment=gsm8k_qwen3)"
+    alone = Composed({"name": "kl", "coef": 0.04}, {}, {"experiment": "tiny_arith"})
+    assert resolve_coef(alone, []).source == "default_coef of divergence=kl"
+    written = Composed({"name": "kl", "coef": 0.07}, {}, {"experiment": "tiny_arith"})  # a YAML's own number
+    assert resolve_coef(written, []).source == "conf/divergence/kl.yaml"
+    assert [DivergenceConfig(name=n).coef for n in ("kl", "prob_l2", "neural_mirror")] == [
+        divergence(n).default_coef for n in ("kl", "prob_l2", "neural_mirror")]
 
 
 def test_the_random_init_row_has_the_authors_parameters_whatever_the_transform():
@@ -104,7 +122,7 @@ def test_the_dry_run_plan_prints_every_row_with_its_divergence_and_counts_every_
     out = capsys.readouterr().out
     assert "result table: 8 rows x report_seeds=4" in out and "= 32 runs" in out
     kl_line = next(line for line in out.splitlines() if line.strip().startswith("kl "))
-    assert '"coef": 0.04' in kl_line and "conf/divergence/kl.yaml" in kl_line
+    assert '"coef": 0.04' in kl_line and "default_coef of divergence=kl" in kl_line
     assert "+ 32 reporting runs" in out and not (tmp_path / "plan").exists()
 
 
@@ -120,7 +138,7 @@ def test_bad_reevaluation_settings_exit_2_before_anything_is_written(tmp_path, c
     assert fragment in capsys.readouterr().err and not (tmp_path / "r").exists()
 
 
-def test_the_table_renders_intervals_and_the_length_change_relative_to_kl():
+def test_the_table_renders_intervals_and_the_length_change_relative_to_the_registry_s_reference():
     def runs(values, length):
         return [{"status": "ok", "fitness": v, "mean_response_tokens": length, "evaluations": {}} for v in values]
 
@@ -128,9 +146,15 @@ def test_the_table_renders_intervals_and_the_length_change_relative_to_kl():
              "coef_source": "x", "runs": runs([0.5, 0.6, 0.7], 12.0)},
             {"name": "kl", "label": "KL", "divergence": {"name": "kl", "coef": 0.04}, "coef_source": "y",
              "runs": runs([0.4, 0.45, 0.65], 10.0) + [{"status": "failed", "fitness": 0.0}]}]
-    table = build_table(rows, [11, 12, 13], ["kl"], "exported")
+    table = build_table(rows, [11, 12, 13], ["kl"], "exported", length_reference=length_reference())
     exported, kl = table["rows"]
-    assert exported["response_tokens_vs_kl"] == pytest.approx(0.2) and kl["failed"] == 1
+    assert length_reference() == "kl" and table["length_reference"] == "kl"
+    assert exported["response_tokens_vs_reference"] == pytest.approx(0.2) and kl["failed"] == 1
     assert kl["metrics"]["validation"]["n"] == 3
     text = render_markdown(table)
-    assert "+20.0%" in text and "+0.100 [-0.024, +0.224] (n=3)" in text and "includes 0" in text
+    other = build_table(rows, [11, 12, 13], ["kl"], "exported", length_reference="exported")
+    assert [r["response_tokens_vs_reference"] for r in other["rows"]] == pytest.approx([0.0, 10.0 / 12.0 - 1.0])
+    assert "response tokens (vs E)" in render_markdown(other)
+    none = build_table(rows, [11, 12, 13], ["kl"], "exported")
+    assert [r["response_tokens_vs_reference"] for r in none["rows"]] == [None, None]
+    assert "response tokens (vs KL)" in text and "+20.0%" in text and "+0.100 [-0.024, +0.224] (n=3)" in text and "includes 0" in text

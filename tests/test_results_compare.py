@@ -7,6 +7,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from inner_loop.loss.divergences import divergence
 from results.report.compare import compare, main, to_markdown
 from results.store.provenance import build_run_manifest, code_version, config_hash, data_hashes, write_run_manifest
 from results.store.records import ResultRecord, write_result
@@ -20,7 +21,8 @@ def make_run(root, method, seed, fitness=None, tokens=0.0, status="ok", task="ar
     """A single-run dir as inner_loop.run leaves it: manifest.json, and result.json once finished."""
     work = root / f"{task}_{method}_seed{seed}"
     inner = {"task": {"name": task}, "divergence": {"name": method}, "train": {"learning_rate": lr}, "model": {}}
-    write_run_manifest(work, build_run_manifest(run_id="single", seed=seed, inner=inner, splits=SPLITS))
+    write_run_manifest(work, build_run_manifest(run_id="single", seed=seed, inner=inner, splits=SPLITS,
+                                                length_reference=divergence(method).length_reference))
     if result:
         write_result(work, ResultRecord(status=status, fitness=fitness or 0.0, mean_response_tokens=tokens,
                                         error="CUDA out of memory" if status != "ok" else ""))
@@ -87,7 +89,19 @@ def test_no_baseline_and_split_configs_are_said_not_guessed(tmp_path):
     result = compare([tmp_path])
     assert len(result.table) == 2 and result.table["method"].str.startswith("prob_l2[").all()
     assert result.table["response_tokens_rel_change"].isna().all()
-    assert any("'kl' baseline" in note for note in result.notes)
+    assert any("no length-reference (the divergence registry's" in note for note in result.notes)
+
+
+def test_the_length_reference_is_the_registry_s_flag_as_runs_recorded_it_or_the_named_baseline(multirun):
+    table = compare([multirun]).table.set_index("method")
+    assert table.loc["prob_l2", "response_tokens_rel_change"] == pytest.approx(88.0 / 110.0 - 1.0)  # kl: flagged
+    named = compare([multirun], baseline="prob_l2").table.set_index("method")
+    assert named.loc["kl", "response_tokens_rel_change"] == pytest.approx(110.0 / 88.0 - 1.0)
+    for manifest in multirun.rglob("manifest.json"):  # runs recorded before the flag: no reference is guessed
+        manifest.write_text(manifest.read_text().replace('"length_reference": true', '"length_reference": false'))
+    older = compare([multirun])
+    assert older.table["response_tokens_rel_change"].isna().all()
+    assert any("pass --baseline" in note for note in older.notes)
 
 
 def test_cli_writes_markdown_and_csv_and_rejects_bad_dirs(multirun, tmp_path, capsys):

@@ -2,17 +2,21 @@
 
 Why one registry: the typed config checks ``divergence.name`` and its form against it, the loss builds the potential
 from it, the result table takes its baseline rows, labels and roles from it, and the tuner its coefficient range, so
-a new divergence is one module (a ``Divergence`` entry, and its potential where it has no mirror_maps one) and one
+a new divergence is one module (a ``Divergence`` entry, its potential where it has no mirror_maps one, and its
+config class where it has settings of its own: the YAML's extra keys reach the potential) and one
 YAML (conf/divergence/<name>.yaml), with no other file edited (docs/extending.md).
 
 Light on purpose: only the standard library and the entry-point reader are imported here (the potentials are named
 as ``module:attr`` strings and imported when a run builds its loss), so the config checks and meta's light commands
-read the registry without torch. meta reads it too (the one module of inner_loop it may import).
+read the registry without torch. meta reads it too (with the model registry, the modules of inner_loop it may import).
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from results.store.entry_points import entry_point_objects
@@ -20,6 +24,81 @@ from results.store.entry_points import entry_point_objects
 #: every form a divergence can be computed in (inner_loop/loss/regularizers.py): the sampled token alone, the same
 #: divided by its probability (unbiased for the full sum), or the sum over the whole vocabulary
 FORMS = ("sampled", "sampled_is", "full")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+#: the mapping a preset sets each divergence's coefficient in (``coef_by_divergence.<name>``, which the divergence's
+#: YAML selects its ``coef`` from): a preset's coefficient never leaks into another divergence's row
+COEF_PRESETS = "coef_by_divergence"
+
+
+def coef_key(name: str) -> str:
+    """The dotted key a preset sets the coefficient of divergence ``name`` with."""
+    return f"{COEF_PRESETS}.{name}"
+
+
+@dataclass
+class DivergenceConfig:
+    """The settings every divergence has: which one, in which form, with which weight. A divergence with settings
+    of its own declares a subclass (``Divergence.config_class``) whose extra fields are exactly its YAML's extra
+    keys; they reach its potential's constructor as keyword arguments (``own_settings``)."""
+
+    name: str = "neural_mirror"
+    form: str = "sampled"
+    estimator: str = "k3"
+    #: None: the registry's ``default_coef`` of the divergence (the one default)
+    coef: float | None = None
+    chunk_size: int | None = None
+    #: a member whose mean per-step regularizer gradient share (||grad coef*D|| / ||grad policy||) ends below this
+    #: is logged with a warning: its regularizer barely moved the policy, so ES would rank noise. null: no check.
+    grad_share_floor: float | None = 0.01
+
+    def __post_init__(self) -> None:
+        if self.coef is None:
+            self.coef = divergence(self.name).default_coef
+
+    def own_settings(self) -> dict[str, Any]:
+        """The fields a subclass adds (its divergence's own parameters), by name."""
+        shared = {f.name for f in dataclasses.fields(DivergenceConfig)}
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in shared}
+
+    def validate(self) -> None:
+        """ValueError naming the key for a value the divergence cannot train with; a subclass extends it for its
+        own fields (calling this first)."""
+        entry = divergence(self.name)
+        if self.form not in FORMS:
+            raise ValueError(f"divergence.form={self.form!r} is not one of {list(FORMS)}")
+        if self.form not in entry.forms:
+            raise ValueError(f"divergence.form={self.form!r}: divergence={self.name} supports {list(entry.forms)}")
+        if self.estimator not in KL_ESTIMATORS:
+            raise ValueError(f"divergence.estimator={self.estimator!r} is not one of {list(KL_ESTIMATORS)}")
+        if entry.kl_estimators and self.form == "sampled" and self.estimator == "k1":
+            raise ValueError(
+                "divergence.estimator=k1 with divergence.form=sampled has zero expected gradient: as a per-token loss "
+                "on tokens sampled from the policy, E[grad log pi(y)] = 0, so the regularizer would silently do "
+                "nothing. Use divergence.estimator=k2 (gradient of KL(pi || ref)), k3 (gradient of KL(ref || pi)) "
+                "or divergence.form=full (exact KL(pi || ref) over the vocabulary)"
+            )
+        if self.grad_share_floor is not None and not self.grad_share_floor >= 0.0:
+            raise ValueError(f"divergence.grad_share_floor must be >= 0 or null (no check), got {self.grad_share_floor}")
+        if not self.coef >= 0.0:
+            raise ValueError(f"divergence.coef must be >= 0, got {self.coef}")
+        if self.chunk_size is not None and self.chunk_size < 1:
+            raise ValueError(f"divergence.chunk_size must be >= 1 or null, got {self.chunk_size}")
+
+
+@dataclass
+class NeuralMirrorConfig(DivergenceConfig):
+    """The learned map's own keys: where its map comes from when no ES vector is given, and how a vector's 380
+    numbers become map parameters."""
+
+    #: a file from mirror_maps.save_init / meta.export; None: the authors' seeded random map
+    init: str | None = None
+    #: none | abs | softplus (mirror_maps.neural.PARAM_TRANSFORMS, checked where the map is built)
+    param_transform: str = "abs"
+
+    def validate(self) -> None:
+        super().validate()
+        if self.init is not None and not Path(self.init).is_file():
+            raise ValueError(f"divergence.init={self.init!r}: no such file (export one with meta.export)")
 
 
 @dataclass(frozen=True)
@@ -29,7 +108,8 @@ class Divergence:
     name: str
     #: its row's label in the result table
     label: str
-    #: divergence.coef when no preset sets ``coef_by_divergence.<name>``; its YAML's fallback must equal it (a test)
+    #: divergence.coef when no preset sets ``coef_by_divergence.<name>``: its YAML's fallback is null, filled from
+    #: here (fill_default_coef), so this is the one default
     default_coef: float
     #: ``module:attr`` of a mirror_maps.Potential subclass built with no arguments; None: no regularizer (no
     #: reference forward at all)
@@ -46,25 +126,33 @@ class Divergence:
     compared: bool = True
     #: [low, high] of divergence.coef (log scale) in meta.tune's default space; None: the space's own range
     tune_range: tuple[float, float] | None = (1.0e-4, 1.0)
+    #: the row every other row's response length is compared with (the paper reports lengths relative to KL): the
+    #: result table's and ``results.compare``'s reference; one divergence at most declares it
+    length_reference: bool = False
+    #: the dataclass of its YAML's keys (a DivergenceConfig subclass for a divergence with settings of its own)
+    config_class: type[DivergenceConfig] = DivergenceConfig
 
     @property
     def regularizes(self) -> bool:
         """Whether it adds a term at all (a potential or a learned map)."""
         return self.potential is not None or self.learned_map
 
-    def build_potential(self) -> Any:
-        """A fresh potential (a mirror_maps.Potential); None for a divergence without one."""
+    def build_potential(self, settings: Mapping[str, Any] | None = None) -> Any:
+        """A fresh potential (a mirror_maps.Potential) built with the divergence's own ``settings`` (its config
+        class's extra fields) as keyword arguments; None for a divergence without one."""
         if self.potential is None:
             return None
         module, _, attr = self.potential.partition(":")
-        return getattr(importlib.import_module(module), attr)()
+        return getattr(importlib.import_module(module), attr)(**dict(settings or {}))
 
 
 BUILT_IN = (
     Divergence("none", label="Dr. GRPO (no regularizer)", default_coef=0.0, compared=False, tune_range=None),
-    Divergence("kl", label="KL", default_coef=0.04, potential="mirror_maps.potentials:KL", kl_estimators=True),
+    Divergence("kl", label="KL", default_coef=0.04, potential="mirror_maps.potentials:KL", kl_estimators=True,
+               length_reference=True),
     Divergence("prob_l2", label="ProbL2", default_coef=0.1, potential="mirror_maps.potentials:ProbL2"),
-    Divergence("neural_mirror", label="NM-GRPO", default_coef=1.0e-4, learned_map=True, baseline=False),
+    Divergence("neural_mirror", label="NM-GRPO", default_coef=1.0e-4, learned_map=True, baseline=False,
+               config_class=NeuralMirrorConfig),
 )
 
 
@@ -82,6 +170,25 @@ def divergence(name: str) -> Divergence:
     if name not in known:
         raise ValueError(f"divergence.name={name!r} is not one of {list(known)} (conf/divergence/*.yaml)")
     return known[name]
+
+
+def fill_default_coef(config: MutableMapping[str, Any]) -> None:
+    """Set ``divergence.coef`` of a composed config to its divergence's ``default_coef`` where the YAML left it null
+    (no preset sets ``coef_by_divergence.<name>``, no command line sets ``divergence.coef``): the one place a default
+    coefficient enters a composed config (meta's compose, inner_loop.run's spec). An unknown name is left for the
+    config check to report."""
+    node = config.get("divergence")
+    if isinstance(node, MutableMapping) and node.get("coef") is None and node.get("name") in divergences():
+        node["coef"] = divergence(str(node["name"])).default_coef
+
+
+def length_reference() -> str | None:
+    """The divergence the response lengths are compared with (its entry declares ``length_reference``); None when
+    none does. ValueError when several do: the comparison would depend on the registry's order."""
+    names = [name for name, entry in divergences().items() if entry.length_reference]
+    if len(names) > 1:
+        raise ValueError(f"divergences {names} all declare length_reference; one divergence at most may")
+    return names[0] if names else None
 
 
 def unregularized() -> str:

@@ -8,14 +8,14 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
-from inner_loop.config import DivergenceConfig
-from inner_loop.loss.divergences import divergence
+from inner_loop.config import divergence_config
+from inner_loop.loss.divergences import DivergenceConfig, divergence
 from mirror_maps import (
     AUTHORS_INIT_SEED,
     VECTOR_LENGTH,
@@ -54,6 +54,8 @@ class Regularizer:
     chunk_size: int | None = None
     #: the sampled form is a per-token KL estimator (``estimator``): the divergence declares it (kl_estimators)
     kl_estimators: bool = False
+    #: the divergence's own settings its potential was built with (its config class's extra fields)
+    settings: dict[str, Any] = field(default_factory=dict)
 
     @property
     def active(self) -> bool:
@@ -68,7 +70,9 @@ class Regularizer:
         if not self.active:
             return "none"
         detail = f"/{self.estimator}" if self.kl_estimators and self.form == "sampled" else ""
-        return f"{self.name}[{self.form}{detail}] x {self.coef:g}"
+        settings = ", ".join(f"{key}={value:g}" if isinstance(value, float) else f"{key}={value}"
+                             for key, value in self.settings.items())
+        return f"{self.name}[{self.form}{detail}]{f'({settings})' if settings else ''} x {self.coef:g}"
 
     def full_per_token(self, logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tensor:
         """(B, T) full-vocabulary divergence from (B, T, V) logits of the policy and the reference."""
@@ -108,11 +112,12 @@ def load_init_map(path: str | Path) -> NeuralMirrorMap:
 
 
 def build_potential(cfg: DivergenceConfig, params: Sequence[float] | None = None) -> Potential | None:
-    """The potential of the divergence ``cfg`` names (its registry entry); for a learned map: ES ``params`` >
-    ``cfg.init`` file > seeded random init."""
+    """The potential of the divergence ``cfg`` names (its registry entry), built with its own settings; for a
+    learned map: ES ``params`` > ``cfg.init`` file > seeded random init."""
+    cfg = divergence_config(cfg)  # the entry's own config class, whatever class ``cfg`` was built or pickled as
     entry = divergence(cfg.name)
     if not entry.learned_map:
-        return entry.build_potential()
+        return entry.build_potential(cfg.own_settings())
     if params is not None and len(params) > 0:
         vector = torch.tensor([float(x) for x in params], dtype=torch.float32)
         if vector.numel() != VECTOR_LENGTH:
@@ -126,6 +131,8 @@ def build_potential(cfg: DivergenceConfig, params: Sequence[float] | None = None
 
 def build_regularizer(cfg: DivergenceConfig, params: Sequence[float] | None = None) -> Regularizer:
     """A ready Regularizer for a validated divergence config (and optional ES parameters)."""
+    cfg = divergence_config(cfg)
+    entry = divergence(cfg.name)
     return Regularizer(
         name=cfg.name,
         form=cfg.form,
@@ -133,7 +140,8 @@ def build_regularizer(cfg: DivergenceConfig, params: Sequence[float] | None = No
         potential=build_potential(cfg, params),
         estimator=cfg.estimator,
         chunk_size=cfg.chunk_size,
-        kl_estimators=divergence(cfg.name).kl_estimators,
+        kl_estimators=entry.kl_estimators,
+        settings={} if entry.learned_map else cfg.own_settings(),
     )
 
 

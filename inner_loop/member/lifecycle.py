@@ -32,6 +32,7 @@ from inner_loop.member.preflight import record_node_failure, run_preflight
 from inner_loop.training.setup import ExtraRun, PreparedRun, build_trainer, prepare, validate_inner
 from inner_loop.training import truncation as truncations
 from inner_loop.grpo.trainer import MirrorGRPOTrainer
+from inner_loop.loss.divergences import divergence
 from results.store.gpu_share import read_gpu_share
 from results.store.layout import FINAL_MODEL_DIR  # a single run's trained model, whatever keep_checkpoints says
 from results.store.provenance import build_run_manifest, write_run_manifest
@@ -154,7 +155,9 @@ def train_member(spec: MemberSpec | Mapping[str, Any], save_final: bool = False)
         write_run_manifest(work_dir, build_run_manifest(run_id=spec.run_id, seed=spec.seed, inner=spec.inner,
                                                         splits={"train": run.train,
                                                                 run.cfg.eval_split: run.scored},
-                                                        params=spec.params, numerics=numerics_used))
+                                                        params=spec.params, numerics=numerics_used,
+                                                        length_reference=divergence(
+                                                            run.cfg.divergence.name).length_reference))
         stage = "model and trainer setup"
         trainer = build_trainer(run, work_dir, spec.seed)
         start_score = None

@@ -96,11 +96,12 @@ def _extra_tasks(inner: Mapping[str, Any]) -> list[tuple[int, str, Mapping[str, 
 def hub_references(inner: Mapping[str, Any]) -> list[StageItem]:
     """The hub repositories an inner config loads by name (none for the tiny model, local paths or local data): its
     model, its task's dataset and the datasets of its extra evaluations' tasks (transfer tasks)."""
-    from inner_loop.models.hub_ids import QWEN3_1_7B
+    from inner_loop.models.registry import model_entry
 
     items = []
     model = node_config(ModelConfig, "model", inner.get("model"))
-    repo = model.name_or_path or (QWEN3_1_7B if model.name == "qwen3_1_7b" else None)
+    entry = model_entry(model.name)
+    repo = model.name_or_path or (entry.hub_id if entry is not None else None)  # a built model fetches nothing
     if repo and not _is_local(repo):
         items.append(StageItem("model", repo, "model.name_or_path"))
     hub_id = _task_hub_id(inner["task"])

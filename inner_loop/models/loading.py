@@ -12,9 +12,7 @@ from pathlib import Path
 import torch
 
 from inner_loop.config import ModelConfig
-from inner_loop.models.hub_ids import QWEN3_1_7B
-from inner_loop.models.smollm2 import smollm2_model_dir
-from inner_loop.models.tiny import tiny_model_dir
+from inner_loop.models.registry import model_entry
 
 logger = logging.getLogger(__name__)
 
@@ -32,12 +30,12 @@ def resolve_model_dir(cfg: ModelConfig) -> str:
         if (cfg.name_or_path.startswith((".", "/", "~")) or path.exists()) and not path.is_dir():
             raise ValueError(f"model.name_or_path={cfg.name_or_path!r}: no such model directory")
         return str(path) if path.is_dir() else cfg.name_or_path
-    if cfg.name == "tiny":
-        return str(tiny_model_dir(cfg))
-    if cfg.name == "smollm2_135m":
-        return str(smollm2_model_dir(cfg))
-    if cfg.name == "qwen3_1_7b":
-        return QWEN3_1_7B
+    entry = model_entry(cfg.name)
+    local = entry.local_dir(cfg) if entry is not None else None
+    if local is not None:
+        return str(local)
+    if entry is not None and entry.hub_id:
+        return entry.hub_id
     raise ValueError(f"model.name={cfg.name!r} needs model.name_or_path")
 
 

@@ -98,31 +98,51 @@ def _drops(override: str, group: str) -> bool:
     return key == group or key.startswith(group + ".")
 
 
-def group_block(group: str, option: str, overrides: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Config group ``group`` set to ``option`` under the run's overrides with that group's own overrides dropped:
-    (the group's resolved block, the whole resolved config)."""
-    from meta.compose import compose
+@dataclass(frozen=True)
+class Composed:
+    """A config group set to one option under the run's overrides: the group's block, the whole resolved config,
+    and the option Hydra chose in each group (the preset among them)."""
+
+    block: dict[str, Any]
+    raw: dict[str, Any]
+    choices: dict[str, str]
+
+
+def group_block(group: str, option: str, overrides: Sequence[str]) -> Composed:
+    """Config group ``group`` set to ``option`` under the run's overrides with that group's own overrides dropped."""
+    from meta.compose import compose_with_choices
 
     kept = [o for o in overrides if not _drops(o, group)]
-    raw = compose([*kept, f"{group}={option}"])
-    return dict(raw[group]), raw
+    raw, choices = compose_with_choices([*kept, f"{group}={option}"])
+    return Composed(dict(raw[group]), raw, choices)
 
 
-def coef_source(name: str, overrides: Sequence[str], raw: Mapping[str, Any]) -> str:
-    """Where the ``name`` divergence's coefficient comes from (shown in the plan and the table)."""
-    key = f"coef_by_divergence.{name}"
+@dataclass(frozen=True)
+class Coef:
+    """A divergence's coefficient and where it came from (the plan and the table show both)."""
+
+    value: float | None
+    source: str
+
+
+def resolve_coef(composed: Composed, overrides: Sequence[str], *, own: bool = False) -> Coef:
+    """The coefficient of ``composed``'s divergence and its source: ``divergence.coef`` on the command line (``own``:
+    the run's own divergence, which keeps its ``divergence.*`` overrides), else ``coef_by_divergence.<name>`` as the
+    command line or the preset Hydra composed sets it, else the registry's default_coef (or a number the
+    divergence's own YAML writes)."""
+    from inner_loop.loss.divergences import COEF_PRESETS, coef_key, divergence
+
+    name, value = str(composed.block.get("name")), composed.block.get("coef")
+    key = coef_key(name)
+    if own and any(_key(o) == "divergence.coef" for o in overrides):
+        return Coef(value, "divergence.coef (command line)")
     if any(_key(o) == key for o in overrides):
-        return f"{key} (command line)"
-    if name in (raw.get("coef_by_divergence") or {}):
-        experiment = next((o.split("=", 1)[1] for o in overrides if _key(o) == "experiment"), "tiny_arith")
-        return f"{key} (experiment={experiment})"
-    return f"conf/divergence/{name}.yaml"
-
-
-def _search_coef_source(overrides: Sequence[str], raw: Mapping[str, Any], name: str) -> str:
-    if any(_key(o) == "divergence.coef" for o in overrides):
-        return "divergence.coef (command line)"
-    return coef_source(name, overrides, raw)
+        return Coef(value, f"{key} (command line)")
+    if name in (composed.raw.get(COEF_PRESETS) or {}):
+        return Coef(value, f"{key} (experiment={composed.choices.get('experiment')})")
+    if value == divergence(name).default_coef:
+        return Coef(value, f"default_coef of divergence={name}")
+    return Coef(value, f"conf/divergence/{name}.yaml")
 
 
 def nm_random_vector(param_transform: str) -> list[float]:
@@ -140,7 +160,7 @@ def transfer_tasks(names: Sequence[str], overrides: Sequence[str]) -> list[dict[
     composed under the run's overrides with its own task.* overrides dropped)."""
     entries = []
     for name in names:
-        block, _ = group_block("task", name, overrides)
+        block = group_block("task", name, overrides).block
         entries.append({"name": f"transfer/{block.get('name', name)}", "task": block})
     return entries
 
@@ -235,7 +255,8 @@ def build_rows(cfg: SearchConfig, overrides: Sequence[str], exported_params: Seq
     the exported init is not known yet. ``seeds``: the reporting seeds (the radius_random row draws one map each)."""
     search_block = dict(cfg.inner_config["divergence"])
     search_name = str(search_block.get("name"))
-    _, search_raw = group_block("divergence", search_name, overrides)
+    composed = group_block("divergence", search_name, overrides)
+    search = resolve_coef(dataclasses.replace(composed, block=search_block), overrides, own=True)
     extra = ([{"name": "test", "task": None}] if test else []) + transfer_tasks(transfer, overrides)
     base_inner = cfg.member_inner()
     if extra:
@@ -249,13 +270,14 @@ def build_rows(cfg: SearchConfig, overrides: Sequence[str], exported_params: Seq
         params: list[float] | None = None
         per_seed: list[list[float]] | None = None
         if name in group_rows:
-            block, raw = group_block("divergence", name, overrides)
-            source = coef_source(name, overrides, raw) if group_rows[name].regularizes else "no regularizer"
+            composed = group_block("divergence", name, overrides)
+            block = composed.block
+            source = resolve_coef(composed, overrides).source if group_rows[name].regularizes else "no regularizer"
         elif name == UNTRAINED_BASELINE:
-            block, source = group_block("divergence", unregularized(), overrides)[0], "no training"
+            block, source = group_block("divergence", unregularized(), overrides).block, "no training"
             inner["train"] = {**inner["train"], "steps": 0}
         elif name in _MAP_ROWS:
-            block, source = search_block, _search_coef_source(overrides, search_raw, search_name)
+            block, source = search_block, search.source
             if name == "center":
                 params = cfg.center().tolist()
             elif name == "nm_random":

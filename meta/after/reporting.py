@@ -15,6 +15,7 @@ import dataclasses
 import logging
 from typing import Any, Sequence
 
+from inner_loop.loss.divergences import length_reference
 from launch.base import Launcher
 from meta.after.baselines import EXPORTED, ReportRow, build_rows, verdict_roles
 from meta.config import ConfigError, ReevaluateConfig, SearchConfig
@@ -96,7 +97,8 @@ def run_reporting(cfg: SearchConfig, store: RunStore, launcher: Launcher, run_id
         runs = [records[r * len(seeds) + s].to_dict() for s in range(len(seeds))]
         table_rows.append({key: row[key] for key in ("name", "label", "divergence", "coef_source")} | {"runs": runs})
     baselines = [row["name"] for row in rows if row["name"] != EXPORTED]
-    table = build_table(table_rows, seeds, baselines, EXPORTED, verdict_roles(baselines))
+    table = build_table(table_rows, seeds, baselines, EXPORTED, verdict_roles(baselines),
+                        length_reference=length_reference())
     table["exported"] = exported["name"]
     store.write_result_table(table)
     paths = write_table_files(table, store.reevaluate_dir(reporting=True))

@@ -31,6 +31,7 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
+from inner_loop.loss.divergences import coef_key
 from meta.cli_args import run_command
 from meta.compose import CONF_DIR, compose_with_choices, merge_overrides
 from meta.config import (
@@ -435,7 +436,10 @@ def horizon_plan_lines(cfg: SearchConfig, pilot: PilotConfig, sharing: Any, gpus
 # ------------------------------------------------------------------ export
 def preset_key(group: str, choice: str | None, leaf: str) -> str:
     """The dotted key a preset sets to change ``group.leaf``: the one the group's yaml selects it from when it does
-    (``stdev_init: ${oc.select:search_radius,0.01}``: search_radius), else ``group.leaf`` itself."""
+    (``stdev_init: ${oc.select:search_radius,0.01}``: search_radius), else ``group.leaf`` itself. A divergence's
+    coefficient: the key the divergence registry names (``coef_by_divergence.<name>``), never read from YAML text."""
+    if group == "divergence" and leaf == "coef" and choice is not None:
+        return coef_key(str(choice))
     path = group_file(CONF_DIR, group, str(choice))
     try:
         value = (yaml.safe_load(path.read_text()) or {}).get(leaf) if path is not None else None

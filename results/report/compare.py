@@ -1,8 +1,9 @@
-"""``python -m results.compare DIR... [--out DIR] [--baseline kl]``: the paper-style table over single runs.
+"""``python -m results.compare DIR... [--out DIR] [--baseline METHOD]``: the paper-style table over single runs.
 
 One row per (method, task, split, config): mean +- std of pass@1 over seeds on the split the runs were scored on
 (validation, or test for runs started with ``eval_split=test``; never mixed in one row), mean response length and its
-relative change against the baseline method (KL) on the same task, the seeds used, and provenance (config
+relative change against the baseline method on the same task (the divergence registry's length reference, KL, as
+each run's manifest records it; ``--baseline`` names another), the seeds used, and provenance (config
 hash, code versions, data hashes). Runs that failed, are missing a result or cannot be read are listed, never
 averaged in silently. Writes ``comparison.md`` and ``comparison.csv`` (and ``comparison_runs.csv``, one row per
 run) to ``--out`` (default: the common parent of the DIRs).
@@ -132,8 +133,10 @@ def _evaluations(runs: pd.DataFrame, notes: list[str]) -> pd.DataFrame:
     return pd.DataFrame(table, columns=EVALUATION_COLUMNS)
 
 
-def compare(dirs: Sequence[str | Path], baseline: str = "kl") -> Comparison:
-    """Scan ``dirs`` for single runs and build the comparison (pure: writes nothing)."""
+def compare(dirs: Sequence[str | Path], baseline: str | None = None) -> Comparison:
+    """Scan ``dirs`` for single runs and build the comparison (pure: writes nothing). ``baseline``: the method
+    response lengths are compared with; None: the one whose runs' manifests mark it as the divergence registry's
+    length reference."""
     scan: Scan = find_run_dirs(dirs)
     runs = pd.DataFrame([asdict(r) for r in scan.rows]).drop(columns=["extra"], errors="ignore")
     notes: list[str] = []
@@ -167,11 +170,14 @@ def compare(dirs: Sequence[str | Path], baseline: str = "kl") -> Comparison:
             "data_hashes": _join(group["data_hash"].tolist()),
         })
     table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
+    flagged = set(known.loc[known["length_reference"], "label"])
     for (task, split), group in table.groupby(["task", "split"]):
-        base = group[group["method"] == baseline]
+        base = group[group["method"].isin(flagged) if baseline is None else group["method"] == baseline]
         if len(base) != 1 or not (base["response_tokens_mean"].iloc[0] > 0):
             what = "no" if base.empty else ("several" if len(base) > 1 else "no usable")
-            notes.append(f"task {task} ({split} split): {what} {baseline!r} baseline row; relative length change "
+            named = ("length-reference (the divergence registry's; runs recorded before it: pass --baseline)"
+                     if baseline is None else repr(baseline))
+            notes.append(f"task {task} ({split} split): {what} {named} baseline row; relative length change "
                          "left empty")
             continue
         ref = float(base["response_tokens_mean"].iloc[0])
@@ -244,7 +250,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("dirs", nargs="+", type=run_dir_argument,
                         help="single-run dirs or folders holding them (e.g. a multirun dir): paths or run_dir=<path>")
     parser.add_argument("--out", default=None, help="where to write comparison.md/.csv (default: common parent)")
-    parser.add_argument("--baseline", default="kl", help="method the response length is compared against")
+    parser.add_argument("--baseline", default=None,
+                        help="method the response length is compared against (default: the divergence the registry "
+                             "declares the length reference, as the runs recorded it)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=os.environ.get("MIRROR_ES_LOG_LEVEL", "WARNING"),
                         format="%(levelname)s %(name)s: %(message)s")

@@ -24,8 +24,6 @@ logger = logging.getLogger(__name__)
 #: the metric every run is chosen and compared by; the others are named by their evaluation ("test",
 #: "transfer/humaneval")
 VALIDATION = "validation"
-#: the row that anchors the response-length comparison (the paper reports lengths relative to KL)
-LENGTH_REFERENCE = "kl"
 #: what a baseline row is to the verdict (meta/after/baselines.py gives each of its rows one): the search's start, maps
 #: drawn at the search's radius with no selection, a regularizer or tuned row compared with, the untrained model
 ROLE_START, ROLE_RADIUS, ROLE_COMPARED, ROLE_BASE = "start", "radius", "compared", "base"
@@ -68,11 +66,13 @@ def metrics_of(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def build_table(rows: Sequence[Mapping[str, Any]], seeds: Sequence[int], baselines: Sequence[str],
-                first: str | None = None, roles: Mapping[str, str] | None = None) -> dict[str, Any]:
+                first: str | None = None, roles: Mapping[str, str] | None = None,
+                length_reference: str | None = None) -> dict[str, Any]:
     """The table's data (JSON-able). ``rows``: dicts with name, label, divergence, coef_source and ``runs`` (one
     per reporting seed, in ``seeds`` order; None for a run that has no record). ``first``: the row the table is
     about (the exported init), whose differences to each baseline are shown first. ``roles``: baseline name ->
-    ROLE_*, the comparisons the verdict speaks of (``verdict``)."""
+    ROLE_*, the comparisons the verdict speaks of (``verdict``). ``length_reference``: the row every row's response
+    length is compared with (the divergence registry's ``length_reference``; None: no comparison)."""
     metrics = metrics_of(rows)
     table_rows = []
     for row in rows:
@@ -86,10 +86,10 @@ def build_table(rows: Sequence[Mapping[str, Any]], seeds: Sequence[int], baselin
             "metrics": {metric: _summary(_metric_values(runs, metric)) for metric in metrics},
             "response_tokens": statistics.fmean(lengths.values()) if lengths else None,
         })
-    reference = next((r for r in table_rows if r["name"] == LENGTH_REFERENCE), None)
+    reference = next((r for r in table_rows if r["name"] == length_reference), None)
     for row in table_rows:
         ref = reference["response_tokens"] if reference else None
-        row["response_tokens_vs_kl"] = (row["response_tokens"] / ref - 1.0
+        row["response_tokens_vs_reference"] = (row["response_tokens"] / ref - 1.0
                                         if ref and row["response_tokens"] is not None else None)
     by_name = {row["name"]: row for row in rows}
     differences = []
@@ -102,7 +102,7 @@ def build_table(rows: Sequence[Mapping[str, Any]], seeds: Sequence[int], baselin
                                          _metric_values(by_name[baseline]["runs"], metric))
                 differences.append({"metric": metric, **diff.to_dict()})
     table = {"confidence": CONFIDENCE, "seeds": list(seeds), "metrics": metrics, "baselines": list(baselines),
-             "first": first, "rows": table_rows, "differences": differences, "roles": dict(roles or {})}
+             "first": first, "length_reference": reference["name"] if reference else None, "rows": table_rows, "differences": differences, "roles": dict(roles or {})}
     table["verdict"] = verdict(table)
     return table
 
@@ -197,6 +197,12 @@ def _seeds_needed(diff: Mapping[str, Any]) -> str:
     return "-" if needed is None else str(needed)
 
 
+def _reference_label(table: Mapping[str, Any]) -> str:
+    """The label of the row response lengths are compared with ("no reference" when the table has none)."""
+    name = table.get("length_reference")
+    return next((row["label"] for row in table["rows"] if row["name"] == name), "no reference")
+
+
 def render_markdown(table: Mapping[str, Any], all_pairs: bool = True) -> str:
     """The table as markdown: rows, then the paired differences: the first row's against every baseline, then
     (``all_pairs``) every row's against every baseline on validation."""
@@ -204,12 +210,12 @@ def render_markdown(table: Mapping[str, Any], all_pairs: bool = True) -> str:
     metrics = table["metrics"]
     level = int(round(table["confidence"] * 100))
     head = ["row", "divergence (coef, from)", "validation pass@1 mean ± std (n)",
-            *[f"{m} pass@1" for m in metrics[1:]], "response tokens (vs KL)"]
+            *[f"{m} pass@1" for m in metrics[1:]], f"response tokens (vs {_reference_label(table)})"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in table["rows"]:
         coef = "" if row["coef"] is None else f"{row['coef']:g}, "
-        vs_kl = row["response_tokens_vs_kl"]
-        length = _number(row["response_tokens"], 2) + ("" if vs_kl is None else f" ({vs_kl:+.1%})")
+        versus = row["response_tokens_vs_reference"]
+        length = _number(row["response_tokens"], 2) + ("" if versus is None else f" ({versus:+.1%})")
         cells = [row["label"], f"{row['divergence']} ({coef}{row['coef_source']})",
                  _mean_std(row["metrics"][metrics[0]]), *[_mean_std(row["metrics"][m]) for m in metrics[1:]], length]
         lines.append("| " + " | ".join(cells) + " |")
@@ -253,7 +259,7 @@ def table_frames(table: Mapping[str, Any]) -> tuple[Any, Any]:
     records = []
     for row in table["rows"]:
         record = {k: row[k] for k in ("name", "label", "divergence", "coef", "coef_source", "runs", "failed",
-                                      "response_tokens", "response_tokens_vs_kl")}
+                                      "response_tokens", "response_tokens_vs_reference")}
         for metric, summary in row["metrics"].items():
             for key in ("mean", "std", "n", "low", "high"):
                 record[f"{metric}_{key}"] = summary[key]

@@ -35,6 +35,8 @@ class RunRow:
     path: str
     state: str
     method: str = "unknown"
+    #: its manifest says its divergence is the response-length reference (the registry's flag, recorded by the run)
+    length_reference: bool = False
     task: str = "unknown"
     seed: int | None = None
     config_hash: str = ""
@@ -123,6 +125,7 @@ def read_run_dir(path: str | Path) -> RunRow:
         return row
     if manifest is not None:
         row.method = str(manifest.get("method", "unknown"))
+        row.length_reference = bool(manifest.get("length_reference", False))
         row.task = str(manifest.get("task", "unknown"))
         seed = manifest.get("seed")
         row.seed = int(seed) if isinstance(seed, int) else None

@@ -101,9 +101,11 @@ def build_run_manifest(
     splits: Mapping[str, Iterable[Any]],
     params: Iterable[float] = (),
     numerics: Mapping[str, Any] | None = None,
+    length_reference: bool = False,
 ) -> dict[str, Any]:
     """The manifest of one training run (``numerics``: the CPU settings it computed with, as the member reports
-    them). ``config_hash`` covers the inner config, the mirror-map parameters and
+    them; ``length_reference``: its divergence is the one response lengths are compared with, as the divergence
+    registry declares, which results.compare cannot import). ``config_hash`` covers the inner config, the mirror-map parameters and
     the init file's content, but not the seed, so the seeds of one method share a hash."""
     inner = plain(inner)
     params = [float(x) for x in params]
@@ -120,6 +122,7 @@ def build_run_manifest(
         "kind": SINGLE_RUN if run_id == "single" else ES_MEMBER,
         "run_id": run_id,
         "method": str(divergence.get("name", "unknown")),
+        "length_reference": bool(length_reference),
         "divergence_form": divergence.get("form"),
         "task": str(task.get("name", "unknown")),
         "model": _model_name(inner.get("model")),
