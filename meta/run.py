@@ -161,8 +161,10 @@ def run(argv: Sequence[str]) -> int:
         try:
             summary = Orchestrator(cfg, store, launcher, manifest["run_id"]).run()
             best = summary.best
-            logger.info("search finished after %d generation(s); best member's (single-run) fitness %s",
-                        summary.generations_done, f"{best['fitness']:.4f}" if best else "n/a")
+            what = ("largest gain of validation pass@1 over one truncation (not a run's score: the runs after the "
+                    "search measure that)" if cfg.searcher_online else "best member's (single-run) fitness")
+            logger.info("search finished after %d generation(s); %s %s", summary.generations_done, what,
+                        f"{best['fitness']:.4f}" if best else "n/a")
             if cfg.reevaluate.top_k > 0:
                 reevaluation = run_reevaluation(cfg, store, launcher, manifest["run_id"],
                                                 overrides=manifest.get("overrides", []))
