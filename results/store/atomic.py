@@ -20,6 +20,26 @@ class CorruptFileError(ValueError):
     """A state file is missing its checksum, fails it, or cannot be parsed."""
 
 
+def fsync_tree(folder: str | os.PathLike) -> None:
+    """fsync every file under ``folder`` and every directory of it: a folder filled by a copy (a checkpoint) is on
+    disk before the rename that publishes it, as atomic_write_bytes makes one file."""
+    root = Path(folder)
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    for directory in [*sorted(p for p in root.rglob("*") if p.is_dir()), root]:
+        _fsync_dir(directory)
+
+
+def fsync_dir(directory: str | os.PathLike) -> None:
+    """fsync a directory's entries (a rename in it), where the filesystem allows."""
+    _fsync_dir(Path(directory))
+
+
 def _fsync_dir(directory: Path) -> None:
     try:
         fd = os.open(directory, os.O_RDONLY)

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from results.store.atomic import atomic_write_json
+from results.store.atomic import atomic_write_json, fsync_dir, fsync_tree
 from results.store.layout import BOUNDARY_FILE, boundary_dir_name, parse_boundary_dir_name
 
 #: the diagnostics a truncation's record carries (members table: diag_<name>)
@@ -77,13 +77,14 @@ def publish_boundary(truncation: Truncation, score: float, generation: int, fill
     temp = target.parent / f"{_TEMP_PREFIX}{target.name}-{uuid.uuid4().hex[:8]}"
     temp.mkdir(parents=True)
     fill(temp)
+    fsync_tree(temp)  # the checkpoint's files on disk before its record says it is complete
     atomic_write_json(temp / BOUNDARY_FILE, {**dict(extra or {}), "episode": truncation.episode,
                                              "step": truncation.stop, "score": float(score),
                                              "generation": int(generation)})
     if target.exists():
         _discard(target)
     os.replace(temp, target)
-    _fsync_dir(target.parent)
+    fsync_dir(target.parent)
     return target
 
 
@@ -122,11 +123,3 @@ def _discard(folder: Path) -> None:
     trash = folder.parent / f"{_TRASH_PREFIX}{folder.name}-{uuid.uuid4().hex[:8]}"
     os.replace(folder, trash)
     shutil.rmtree(trash, ignore_errors=True)
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
