@@ -19,7 +19,7 @@ from results.store.layout import TENSORBOARD_DIR
 from results.store.progress import MemberProgress
 from results.store.records import ResultRecord, write_result
 from results.store.run_store import RunStore
-from results.report.tensorboard import log_missing, logged_generations
+from results.report.tensorboard import log_missing, logged_generations, write_generation
 
 ROOT = Path(__file__).resolve().parent.parent
 SYNTH = ["launcher=debug", "inner.entrypoint=meta.synthetic:member", "population=4", "reevaluate.top_k=0"]
@@ -171,3 +171,17 @@ def test_generation_eta_from_step_rates_and_finished_times():
     assert generation_eta([20.0, 40.0], running, 0, None) == 14.0
     assert generation_eta([20.0, 40.0], running, 5, 2) == 14.0 + 3 * 30.0  # 5 queued on 2 free slots: 3 waves
     assert generation_eta([], running, 1, None) is None  # nothing finished: a queued member's time is unknown
+
+
+def test_a_backfilled_generation_keeps_every_generations_points_in_tensorboard(tmp_path):
+    """A generation written after its successors (a resume's backfill) must not make TensorBoard drop them."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    for generation in (0, 2, 3, 1):  # generation 1's file was lost and is written again last
+        write_generation(tmp_path, generation, {"fitness/mean": 0.1 * (generation + 1)})
+    assert logged_generations(tmp_path) == {0, 1, 2, 3}
+    events = EventAccumulator(str(tmp_path / TENSORBOARD_DIR))
+    events.Reload()
+    means = events.Scalars("fitness/mean")
+    assert [e.step for e in means] == [0, 1, 2, 3]
+    assert [e.value for e in means] == pytest.approx([0.1, 0.2, 0.3, 0.4])

@@ -3,6 +3,10 @@
 One event file per generation, written in a temporary directory and moved into place whole, so a crash never
 leaves a torn one, and a resumed search neither repeats a generation's points (its file exists) nor loses one
 (``log_missing`` writes every finished generation that has no file yet, from the tables).
+
+The file is named after its generation, not the clock: TensorBoard reads a folder's event files in name order
+and drops every point whose step is at or after one that comes later in that order, so a generation backfilled
+on resume (written after its successors) must still sort before them.
 """
 from __future__ import annotations
 
@@ -22,6 +26,11 @@ _MARK = ".gen"
 
 def _marker(generation: int) -> str:
     return f"{_MARK}{generation:04d}"
+
+
+def _file_name(generation: int) -> str:
+    """``events.out.tfevents.<generation, zero-padded>.gen<generation>``: name order is generation order."""
+    return f"events.out.tfevents.{generation:010d}{_marker(generation)}"
 
 
 def logged_generations(run_dir: str | Path) -> set[int]:
@@ -50,7 +59,7 @@ def write_generation(run_dir: str | Path, generation: int, scalars: Mapping[str,
                 writer.add_scalar(tag, float(value), global_step=generation, walltime=wall_time)
         writer.close()
         (event,) = Path(tmp).glob("events.out.tfevents.*")
-        target = folder / event.name
+        target = folder / _file_name(generation)
         os.replace(event, target)
     return target
 
