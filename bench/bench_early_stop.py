@@ -47,7 +47,7 @@ from meta.search.early_stop import update_fitness  # noqa: E402
 from meta.search.init import initial_center  # noqa: E402
 from meta.searchers import build_searcher  # noqa: E402
 from meta.synthetic import objective  # noqa: E402
-from results.store.records import STOPPED_EARLY  # noqa: E402
+from core.records import STOPPED_EARLY  # noqa: E402
 from results.store.run_store import RunStore  # noqa: E402
 
 ES = {"name": "snes", "stdev_init": 0.01, "center_learning_rate": 1.0, "stdev_learning_rate": None,

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from transformers import TrainerCallback  # noqa: E402
 
 from inner_loop.training.setup import build_trainer as _build_trainer, prepare  # noqa: E402
-from results.store.metric_keys import GRAD_SHARE, GRAD_SHARE_EXACT, GRAD_SHARE_EXACT_STEP, REWARD  # noqa: E402
+from core.keys import GRAD_SHARE, GRAD_SHARE_EXACT, GRAD_SHARE_EXACT_STEP, REWARD  # noqa: E402
 
 
 def _inner(args: argparse.Namespace, form: str, coef: float) -> dict:

@@ -32,7 +32,7 @@ from meta.after.baselines import radius_random_vectors  # noqa: E402
 from meta.compose import compose  # noqa: E402
 from meta.config import build_search_config  # noqa: E402
 from meta.search.seeding import member_seed  # noqa: E402
-from results.store.records import MemberSpec  # noqa: E402
+from core.records import MemberSpec  # noqa: E402
 from results.store.run_store import RunStore  # noqa: E402
 
 

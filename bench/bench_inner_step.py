@@ -27,7 +27,7 @@ from inner_loop.models.tiny import tiny_model_dir  # noqa: E402
 from inner_loop.loss.regularizers import build_regularizer  # noqa: E402
 from inner_loop.tasks import build_task  # noqa: E402
 from inner_loop.grpo.trainer import MirrorGRPOTrainer  # noqa: E402
-from results.store.metric_keys import STEP_TIME  # noqa: E402
+from core.keys import STEP_TIME  # noqa: E402
 
 VARIANTS = {
     "trl_kl (baseline, beta=0.04)": None,

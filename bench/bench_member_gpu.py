@@ -222,8 +222,8 @@ def _peak_memory(device: str) -> dict[str, Any]:
 
 def _step_figures(history: list[dict[str, Any]], work_dir: Path, batch_size: int) -> dict[str, Any]:
     """Step time, generation time, tokens/s and the timed window, from the trainer's log and progress.json."""
-    from results.store.metric_keys import COMPLETIONS_MEAN_LENGTH, GENERATE_TIME, STEP_TIME
-    from results.store.progress import read_progress
+    from core.keys import COMPLETIONS_MEAN_LENGTH, GENERATE_TIME, STEP_TIME
+    from results.store.member_files import read_progress
 
     logs = [h for h in history if STEP_TIME in h]
     timed = logs[1:] if len(logs) > 1 else logs  # the first step carries the one-off set-up (and any compile)

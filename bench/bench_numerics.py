@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from results.store.metric_keys import STEP_TIME_MEAN  # noqa: E402
+from core.keys import STEP_TIME_MEAN  # noqa: E402
 
 logger = logging.getLogger("bench_numerics")
 VARIANTS = ("native", "pinned")

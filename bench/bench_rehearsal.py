@@ -41,7 +41,7 @@ def _inner(work_dir: Path, opts: argparse.Namespace, extra: list[str]) -> dict:
 def _measure(opts: argparse.Namespace, extra: list[str]) -> dict[str, float]:
     from inner_loop.training.checkpoints import CHECKPOINT_DIR
     from inner_loop.member.lifecycle import train_member
-    from results.store.metric_keys import COMPLETIONS_MEAN_LENGTH, GRAD_SHARE_DIAGNOSTIC, STEP_TIME
+    from core.keys import COMPLETIONS_MEAN_LENGTH, GRAD_SHARE_DIAGNOSTIC, STEP_TIME
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp) / "member"

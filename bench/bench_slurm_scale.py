@@ -42,7 +42,8 @@ sys.path.insert(0, str(ROOT))
 from launch.runner import MemberArrayRunner, RunnerPolicy  # noqa: E402
 from launch.slurm.launcher import SlurmLauncher  # noqa: E402
 from results.store.layout import LAUNCHER_DIR, member_dir_name  # noqa: E402
-from results.store.records import MemberSpec, read_result  # noqa: E402
+from core.records import MemberSpec
+from results.store.member_files import read_result  # noqa: E402
 
 COUNTED = ("sacct", "squeue", "sbatch", "scancel", "scontrol", "srun")
 SIDES = ("bare-sleep", "bare-member", "launcher", "launcher-srun")

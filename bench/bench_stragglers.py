@@ -34,7 +34,7 @@ from meta.search.generation_close import QuorumClock  # noqa: E402
 from meta.search.init import initial_center  # noqa: E402
 from meta.searchers import build_searcher  # noqa: E402
 from meta.synthetic import member_time_s, objective  # noqa: E402
-from results.store.records import MemberSpec, ResultRecord  # noqa: E402
+from core.records import MemberSpec, ResultRecord  # noqa: E402
 from results.store.run_store import RunStore  # noqa: E402
 
 

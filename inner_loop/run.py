@@ -29,8 +29,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from inner_loop.loss.divergences import fill_default_coef
 from inner_loop.member.entry import keep_vllm_out_unless_used, train_member
-from results.store.config_nodes import check_group_choice, checked_overrides, config_groups, with_config_path
-from results.store.records import MemberSpec, gpus_entry
+from core.config_nodes import check_group_choice, checked_overrides, config_groups, with_config_path
+from core.records import MemberSpec, gpus_entry
 
 logger = logging.getLogger("inner_loop.run")
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")

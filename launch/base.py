@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Iterator, Mapping, Sequence
 
-from results.store.gpu_time import GpuSharing
-from results.store.records import MemberSpec
+from core.gpu_time import GpuSharing
+from core.records import MemberSpec
 
 
 @dataclass

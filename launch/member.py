@@ -32,13 +32,13 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from results.store.file_lock import FileLock
+from core.file_lock import FileLock
 from results.store.layout import MEMBER_LOCK_FILE as LOCK_FILE  # re-exported under its old name
-from results.store.layout import STARTED_FILE
+from results.store.layout import STARTED_FILE, SPEC_FILE
 from results.store.atomic import atomic_write_json
 from launch.seed_group import run_seed_group
-from results.store.records import (MEMBER_SEEDS_KEY, SPEC_FILE, MemberSpec, ResultRecord, read_result,
-                                   write_final_result)
+from core.records import MEMBER_SEEDS_KEY, MemberSpec, ResultRecord
+from results.store.member_files import read_result, write_final_result
 
 logger = logging.getLogger(__name__)
 

@@ -29,8 +29,8 @@ from launch.base import DEFAULT_KILL_GRACE_S, DEFAULT_MAX_LOST_RESUBMITS, JobRef
 from launch.member import RunLedger, read_ledger
 from results.store.layout import RESULT_FILE, archived_result_name
 from results.store.node_failure import read_node_failure
-from results.store.records import (DECIDED_STATUSES, NODE_FAILED, MemberSpec, ResultRecord, read_result,
-                                   write_result_if_absent)
+from core.records import DECIDED_STATUSES, NODE_FAILED, MemberSpec, ResultRecord
+from results.store.member_files import read_result, write_result_if_absent
 
 logger = logging.getLogger(__name__)
 

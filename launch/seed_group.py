@@ -17,7 +17,8 @@ from typing import Any, Callable
 
 from results.store.atomic import atomic_write_json
 from results.store.layout import RESULT_FILE, SPEC_FILE, archived_result_name, seed_dir_name
-from results.store.records import MEMBER_SEEDS_KEY, MemberSpec, ResultRecord, read_result, write_final_result
+from core.records import MEMBER_SEEDS_KEY, MemberSpec, ResultRecord
+from results.store.member_files import read_result, write_final_result
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 from launch.base import JobRef, Launcher
 from launch.member import run_member
-from results.store.records import MemberSpec
+from core.records import MemberSpec
 
 logger = logging.getLogger(__name__)
 

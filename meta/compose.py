@@ -11,7 +11,7 @@ from typing import Any, Sequence
 from inner_loop.loss.divergences import fill_default_coef
 from meta.config import CONF_DIR, ConfigError, derive_inner_timeout, derive_member_time, member_sharing
 from meta.search.resume import NEW_KEY
-from results.store.config_nodes import check_group_choice, checked_overrides, config_groups, with_config_path
+from core.config_nodes import check_group_choice, checked_overrides, config_groups, with_config_path
 
 
 def compose(overrides: Sequence[str], config_name: str = "config") -> dict[str, Any]:
@@ -23,7 +23,7 @@ def compose(overrides: Sequence[str], config_name: str = "config") -> dict[str, 
 def compose_with_choices(overrides: Sequence[str], config_name: str = "config") -> tuple[dict[str, Any], dict[str, str]]:
     """``compose``, plus the option Hydra chose in each config group (``{"divergence": "kl", ...}``).
 
-    Every key is checked first (results/store/config_nodes.py): a ``+`` that would quietly add a misspelled key, a
+    Every key is checked first (core/config_nodes.py): a ``+`` that would quietly add a misspelled key, a
     plain key Hydra cannot find, or a group option that does not exist is a ConfigError naming the closest known
     keys or the group's choices. The check composes the groups alone, so it runs only where it is needed: when an
     override adds (``+``) or deletes (``~``), or when Hydra refused the command line."""

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, MutableMapping, Sequence
 
 from meta.search.early_stop import EarlyStopConfig, EarlyStopError, check_early_stop
-from results.store.gpu_time import GpuSharing, gpu_sharing
-from results.store.records import gpus_entry
-from results.store.config_nodes import MEMBER_STEPS_KEY, group_file, plain, refuse_unknown_keys
+from core.gpu_time import GpuSharing, gpu_sharing
+from core.records import gpus_entry
+from core.config_nodes import MEMBER_STEPS_KEY, group_file, plain, refuse_unknown_keys
 
 if TYPE_CHECKING:
     import torch
@@ -326,7 +326,7 @@ def member_time_text(resources: Mapping[str, Any], steps: Any, steps_key: str = 
 
 
 def member_sharing(raw: Mapping[str, Any]) -> GpuSharing:
-    """How many members share one GPU and how much slower each runs (results/store/gpu_time.py), checked up front by
+    """How many members share one GPU and how much slower each runs (core/gpu_time.py), checked up front by
     every command that composes a config: ConfigError naming the key, before anything is written."""
     resources = raw.get("resources")
     try:

@@ -37,8 +37,7 @@ from meta.search.early_stop import EarlyStopConfig, EarlyStopJudge, update_fitne
 from meta.config import param_transform_of
 from meta.search.init import initial_center
 from meta.searchers import build_searcher
-from results.store.intermediate import read_intermediate
-from results.store.records import read_result
+from results.store.member_files import read_intermediate, read_result
 from results.store.run_store import RunStore
 
 logger = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from meta.config import MEMBER_STEPS_KEY, SearchConfig, member_sharing, member_t
 from launch.base import LauncherPlan, PlanContext
 from meta.search.early_stop import stop_capacity
 from meta.search.resume import run_dir_label
-from results.store.gpu_time import GpuSharing, gpu_time_h
+from core.gpu_time import GpuSharing, gpu_time_h
 from results.store.run_store import RunStore
 
 #: a member's running-time limit should leave at least this multiple of its expected time (seed spread, slower
@@ -305,7 +305,7 @@ def new_search_gpu_hours(cfg: SearchConfig, raw: Mapping[str, Any]) -> tuple[int
     """(training runs, GPU-hours) of a new search of ``cfg``, the figures its dry-run plan prints.
 
     Why: the GPU pass (scripts/gpu_pass.py) turns each measured step time and sharing into what a real search would
-    cost, and must count it exactly as the plan does (the arithmetic's one owner: results/store/gpu_time.py)."""
+    cost, and must count it exactly as the plan does (the arithmetic's one owner: core/gpu_time.py)."""
     after = selection_runs(cfg) + reporting_runs(cfg)
     online = online_cost(cfg, raw, cfg.generations)
     if online is not None:

@@ -37,7 +37,7 @@ from meta.cli_args import run_command
 from meta.compose import compose, merge_overrides
 from meta.search.resume import NEW_KEY, check_job_namespace, check_resume, open_run_dir, run_dir_label
 from meta.search.staging import preflight_run, stage_run
-from results.store.config_nodes import config_groups, group_file
+from core.config_nodes import config_groups, group_file
 from results.store.provenance import code_version
 from results.store.run_store import RunStore
 
@@ -134,9 +134,9 @@ def run(argv: Sequence[str]) -> int:
     from meta.search.orchestrator import Orchestrator
     from meta.after.reevaluate import ReevaluationError, run_reevaluation
     from meta.after.reporting import check_rows
-    from results.report.result_table import render_markdown
-    from results.report.search import format_noise
-    from results.report.snapshot import load_run
+    from results.report.search.result_table import render_markdown
+    from results.report.search.report import format_noise
+    from results.report.search.snapshot import load_run
 
     cfg, raw, store, manifest, resuming = prepare(argv)
     logging.getLogger().setLevel(cfg.log_level)

@@ -16,7 +16,7 @@ import logging
 import sys
 from typing import Sequence
 
-from results.store.stage_pins import MANIFEST_KEY, STAGED
+from core.stage_pins import MANIFEST_KEY, STAGED
 
 logger = logging.getLogger("meta.stage")
 

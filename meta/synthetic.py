@@ -57,8 +57,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from results.store.atomic import atomic_write_json
-from results.store.intermediate import append_intermediate
-from results.store.records import MemberSpec
+from results.store.member_files import append_intermediate
+from core.records import MemberSpec
 from results.store.truncation import (END_SCORE, START_SCORE, START_STEP, STOP_STEP, Truncation, publish_boundary,
                                       read_boundary)
 

@@ -29,7 +29,7 @@ skips every check already measured on the same machine (card and host; passed or
 never reached. The
 pass ends with a summary: pass or fail per check; s/step, completion tokens/s and peak GiB per member for each bench
 setting; and the GPU-hours of ``experiment=mbpp_qwen3 population=180 generations=15`` that each setting implies,
-counted as the search's dry-run plan counts them (meta/plan.py, results/store/gpu_time.py); and the presets'
+counted as the search's dry-run plan counts them (meta/plan.py, core/gpu_time.py); and the presets'
 decode cache that follows on this card (a compiled cache where its lone member steps >= 1.5x faster than the dynamic
 cache's, with the step time to set).
 
@@ -305,7 +305,7 @@ def bench_steps(opts: argparse.Namespace, cache: str) -> int:
 
 def steps_logged(work: Path) -> list[int]:
     """Steps each member of a bench setting has logged so far (its progress.json; 0 before its first step ended)."""
-    from results.store.progress import read_progress
+    from results.store.member_files import read_progress
 
     members = sorted(m for m in work.glob("*/member-*") if m.is_dir())  # (member-N.log beside each)
     return [(read_progress(m).step if read_progress(m) is not None else 0) for m in members]

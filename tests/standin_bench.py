@@ -21,7 +21,7 @@ import os
 import time
 from pathlib import Path
 
-from results.store.progress import MemberProgress, write_progress
+from results.store.member_files import MemberProgress, write_progress
 
 ALONE_STEP_S = {"hf_generate": 15.0, "hf_generate_persistent_compiled": 15.5, "hf_generate_static_compiled": 16.0}
 SLOWDOWN = {1: 1.0, 2: 1.183, 4: 2.5}

@@ -22,12 +22,12 @@ from meta.run import main
 from meta.status.view import render
 from meta.compose import compose
 from meta.config import config_hash
-from results.report.snapshot import load_run
-from results.report.tensorboard import generation_scalars
+from results.report.search.snapshot import load_run
+from results.report.search.tensorboard import generation_scalars
 from meta.searchers import build_searcher
-from results.store.intermediate import append_intermediate
+from results.store.member_files import append_intermediate, write_result
 from results.store.layout import seed_dir_name
-from results.store.records import ResultRecord, write_result
+from core.records import ResultRecord
 from results.store.run_store import RunStore
 
 ON = EarlyStopConfig(enabled=True, at_fraction=0.5, min_reported=0.5, margin=2.0, noise=0.01)

@@ -1,4 +1,4 @@
-"""results/store/file_lock.py: one lock for run dirs, member dirs and the model cache that works with and without flock
+"""core/file_lock.py: one lock for run dirs, member dirs and the model cache that works with and without flock
 (Lustre without flock: ENOSYS; some NFS: ENOLCK / EOPNOTSUPP) and tells a live holder on another host from a
 dead one by its heartbeat."""
 from __future__ import annotations
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from results.store import file_lock
-from results.store.file_lock import FileLock, LockHeld
+from core import file_lock
+from core.file_lock import FileLock, LockHeld
 from launch.member import LOCK_FILE, member_lock, run_member
 from time_limits import scaled
 
@@ -33,7 +33,7 @@ HOLDER = textwrap.dedent("""
         def refuse(fd, op):
             raise OSError(errno.ENOSYS, "Function not implemented")
         fcntl.flock = refuse
-    from results.store.file_lock import FileLock, LockHeld
+    from core.file_lock import FileLock, LockHeld
     lock = FileLock(path, owner=owner)
     if len(sys.argv) > 5:  # racing contender: wait for the common start time, try once
         time.sleep(max(0.0, float(sys.argv[5]) - time.time()))

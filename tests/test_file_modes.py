@@ -49,7 +49,7 @@ def test_the_atomic_writers_and_init_files_follow_the_umask(tmp_path, mask):
 def test_a_finished_search_its_report_and_its_export_follow_the_umask(tmp_path, mask, monkeypatch):
     from meta.after.export import main as export_main
     from meta.run import main as run_main
-    from results.report.search import main as report_main
+    from results.report.search.report import main as report_main
 
     run_dir = tmp_path / "search"
     monkeypatch.chdir(tmp_path)

@@ -27,8 +27,8 @@ from inner_loop.member.gpu_share import (CAP_KEY, CONTEXT_ALLOWANCE_BYTES, PARTN
 from inner_loop.grpo.args import build_grpo_config
 from inner_loop.member.lifecycle import train_member
 from inner_loop.training.setup import validate_inner
-from results.store.member_keys import MEMBER_GPU_MEMORY_KEY, MEMBER_GPU_SHARERS_KEY, MEMBERS_ON_GPU_ENV
-from results.store.records import read_result
+from core.keys import MEMBER_GPU_MEMORY_KEY, MEMBER_GPU_SHARERS_KEY, MEMBERS_ON_GPU_ENV
+from results.store.member_files import read_result
 
 TINY = {"warmup_max_steps": 0, "hidden_size": 16, "num_layers": 1, "num_heads": 2, "intermediate_size": 32}
 H100 = {"type": "cuda", "name": "NVIDIA H100 80GB HBM3", "memory_bytes": int(79.2 * 2**30), "torch": torch.__version__,

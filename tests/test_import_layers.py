@@ -13,15 +13,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("meta", "inner_loop", "mirror_maps", "launch", "results")
+PACKAGES = ("core", "meta", "inner_loop", "mirror_maps", "launch", "results")
 
 #: Rooms, most specific first; a module belongs to the first room its dotted name starts with.
 ROOMS = (
     "inner_loop.sandbox", "inner_loop.loss", "inner_loop.grpo", "inner_loop.generation", "inner_loop.models",
     "inner_loop.tasks", "inner_loop.config", "inner_loop.member", "inner_loop.training", "inner_loop.numerics",
     "inner_loop", "results.store", "results.report", "results", "launch",
-    "meta.searchers", "meta.search", "meta.after", "meta.pilot", "meta.status", "meta.tune", "meta", "mirror_maps",
+    "meta.searchers", "meta.search", "meta.after", "meta.pilot", "meta.status", "meta.tune", "meta", "mirror_maps", "core",
 )
+#: The ground floor (core/): every room may import it, and it imports nothing of ours but itself.
+GROUND = "core"
 #: What the inner loop's stages below the member process may use: its subpackages of one concern each.
 _INNER_PARTS = frozenset({"inner_loop.config", "inner_loop.grpo", "inner_loop.generation", "inner_loop.loss",
                           "inner_loop.models", "inner_loop.tasks", "results.store", "mirror_maps"})
@@ -62,6 +64,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "results.report": frozenset({"results.store"}),
     "results.store": frozenset(),  # plus mirror_maps' init files, below
     "mirror_maps": frozenset(),
+    GROUND: frozenset(),
 }
 #: The outer loop's config and command line (meta/config.py, compose.py, cli_args.py): every stage reads them.
 _META_BASE = frozenset({"meta.config", "meta.compose", "meta.cli_args"})
@@ -75,10 +78,6 @@ MODULE_EXCEPTIONS: dict[str, frozenset[str]] = {
     "inner_loop.config": frozenset({"inner_loop.loss.policy_registry", "inner_loop.loss.policy_terms",
                                     "inner_loop.loss.trust_regions", "inner_loop.grpo.trl_overrides",
                                     "inner_loop.grpo.trl_contract",
-                                    # the one reading of config nodes, shared with the task package and the stores
-                                    "results.store.config_nodes",
-                                    # the keys a member's inner config carries from its resources (imports nothing)
-                                    "results.store.member_keys",
                                     # the numerics modes and the pinned thread count (imports nothing of ours)
                                     _PINNED,
                                     # the backend names and train.decode_cache's values (imports nothing of ours)
@@ -93,17 +92,15 @@ MODULE_EXCEPTIONS: dict[str, frozenset[str]] = {
     "inner_loop.training": frozenset({_PINNED, "inner_loop.member.notice", "inner_loop.member.gpu_share"}),
     # the fingerprint composes the single run's config as python -m inner_loop.run does
     "inner_loop.numerics": frozenset({"inner_loop.run"}),
-    # the registry's third-party entries (the entry-point reader imports only the standard library)
-    "inner_loop.loss": frozenset({"results.store.metric_keys", "results.store.entry_points"}),
+
     # the result table's divergence rows, labels and roles and the tuner's coefficient ranges come from the divergence
     # registry (it imports the standard library and the entry-point reader, never torch or the loss)
     # and the plan's model shapes from the model registry (the standard library, the hub ids and the same reader)
     "meta": frozenset({"inner_loop.loss.divergences", "inner_loop.models.registry"}),
-    "inner_loop.grpo": frozenset({"results.store.metric_keys"}),
     "results.store": frozenset({"mirror_maps.init_file"}),
     # the searchers draw from the run's seeds (meta/search/seeding.py imports nothing of ours)
     # and their third-party entries (the entry-point reader imports only the standard library)
-    "meta.searchers": frozenset({"meta.search.seeding", "results.store.entry_points"}),
+    "meta.searchers": frozenset({"meta.search.seeding"}),
     "meta.search": _META_BASE,
     "meta.after": _META_BASE | {"inner_loop.loss.divergences"},  # the divergences' baseline rows and labels
     # a pilot writes its run files as meta.run does, and reports early cuts as meta.early_cuts does; its status
@@ -212,7 +209,8 @@ def wrong_way_imports(graph: dict[str, set[str]]) -> list[str]:
         here = room_of(source)
         for target in sorted(targets):
             there = room_of(target)
-            if there == here or there in MAY_IMPORT[here] or target in MODULE_EXCEPTIONS.get(here, ()):
+            if (there == here or (there == GROUND and here != GROUND) or there in MAY_IMPORT[here]
+                    or target in MODULE_EXCEPTIONS.get(here, ())):
                 continue
             bad.append(f"{source} -> {target} ({here} may not import {there})")
     return bad
@@ -250,11 +248,16 @@ def test_the_sandbox_and_the_mirror_maps_import_nothing_else_of_ours():
             assert {room_of(t) for t in targets} <= {room_of(module)}, module
 
 
-def test_the_metric_names_import_nothing():
-    """The loss and the trainer may import results.store.metric_keys alone of the store: it must stay a leaf,
-    or the exception would let them reach the rest of the store through it."""
+def test_the_ground_floor_imports_nothing_of_ours_above_it():
+    """Every room may import core/: it must import only itself (and the standard library or light third-party
+    packages), or a room would reach others through it. The key names and the config reading are leaves."""
     ours, theirs = import_graph()
-    assert ours["results.store.metric_keys"] == set() and theirs["results.store.metric_keys"] == set()
+    for module, targets in ours.items():
+        if room_of(module) == GROUND:
+            assert {room_of(t) for t in targets} <= {GROUND}, (module, targets)
+            assert not theirs[module] & set(HEAVY), (module, theirs[module])
+    for leaf in ("core.keys", "core.config_nodes", "core.entry_points"):
+        assert ours[leaf] == set() and theirs[leaf] == set(), leaf
 
 
 def test_the_leaves_other_rooms_may_import_import_nothing_of_ours():
@@ -263,10 +266,10 @@ def test_the_leaves_other_rooms_may_import_import_nothing_of_ours():
     ours, _ = import_graph()
     for module in (_PINNED, "meta.search.seeding"):
         assert ours[module] == set(), (module, ours[module])
-    assert {room_of(t) for t in ours["inner_loop.member.notice"]} <= {"results.store"}
+    assert {room_of(t) for t in ours["inner_loop.member.notice"]} <= {"results.store", GROUND}
     assert {room_of(t) for t in ours["inner_loop.member.gpu_share"]} <= {"inner_loop.config", "inner_loop.generation",
-                                                                         "results.store"}
-    assert {room_of(t) for t in ours["meta.status.rows"]} <= {"meta.status", "meta.search", *_OUTER_BELOW}
+                                                                         "results.store", GROUND}
+    assert {room_of(t) for t in ours["meta.status.rows"]} <= {"meta.status", "meta.search", *_OUTER_BELOW, GROUND}
 
 
 #: Folders of inner_loop/ and meta/ over the limit, with their count: one module per task beside the task package's
@@ -275,22 +278,15 @@ CROWDED: dict[str, int] = {}
 
 
 def test_no_package_folder_holds_more_than_ten_modules_beside_its_subpackages():
-    """The layout by stage keeps each folder of inner_loop/ and meta/ to what one reader takes in: at most ten
-    modules (the package's __init__.py and __main__.py not counted), the rest in subpackages."""
+    """The layout by stage keeps each package folder to what one reader takes in: at most ten modules (the
+    package's __init__.py and __main__.py not counted), the rest in subpackages."""
     crowded = {}
-    for package in ("inner_loop", "meta"):
+    for package in PACKAGES:
         for folder in [ROOT / package, *(p.parent for p in (ROOT / package).rglob("__init__.py"))]:
             modules = [p.name for p in folder.glob("*.py") if p.name not in ("__init__.py", "__main__.py")]
             if len(modules) > 10:
                 crowded[str(folder.relative_to(ROOT))] = len(modules)
     assert {name: n for name, n in crowded.items() if n > CROWDED.get(name, 10)} == {}
-
-
-def test_the_config_reading_imports_nothing():
-    """The typed config may import results.store.config_nodes alone of the store: it must stay a standard-library
-    leaf, or the exception would let the config reach the rest of the store (and its imports) through it."""
-    ours, theirs = import_graph()
-    assert ours["results.store.config_nodes"] == set() and theirs["results.store.config_nodes"] == set()
 
 
 def test_what_a_member_process_imports_from_the_store_is_light():

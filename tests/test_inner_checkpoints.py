@@ -16,7 +16,7 @@ from inner_loop.training.checkpoints import (CHECKPOINT_DIR, TRASH_DIR, DiskUsag
                                     dir_bytes, last_checkpoint)
 from inner_loop.member.lifecycle import train_member
 from results.store.layout import FINAL_MODEL_DIR
-from results.store.records import read_result, write_result
+from results.store.member_files import read_result, write_result
 from conf_groups import load_group
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -108,7 +108,7 @@ def test_single_run_entry_point_asks_for_the_final_model(monkeypatch, tmp_path):
     import sys
 
     import inner_loop.run as run
-    from results.store.records import ResultRecord
+    from core.records import ResultRecord
 
     calls = []
     monkeypatch.setattr(run, "train_member", lambda spec, **kw: calls.append(kw) or ResultRecord(status="ok"))
@@ -145,7 +145,7 @@ def test_policy_last_drops_older_and_incomplete_checkpoints(tmp_path):
 
 def test_cleanup_interrupted_by_a_crash_is_finished_by_the_next_call(tmp_path):
     """Result written, then killed mid-delete: the idempotent entry returns the result and finishes the job."""
-    from results.store.records import ResultRecord
+    from core.records import ResultRecord
 
     work = tmp_path / "m"
     _fake_checkpoint(work, 2)

@@ -11,7 +11,7 @@ from inner_loop.config import InnerConfig
 from inner_loop.member.lifecycle import train_member
 from meta.config import INNER_NODES
 from results.store.layout import RUN_MANIFEST_FILE
-from results.store.records import ResultRecord
+from core.records import ResultRecord
 from conf_groups import load_group
 
 CONF = Path(__file__).resolve().parent.parent / "conf"

@@ -24,7 +24,7 @@ import pytest
 from inner_loop.member.entry import train_member
 from results.report.paired import mean_interval
 from results.store.provenance import read_run_manifest
-from results.store.records import ResultRecord
+from core.records import ResultRecord
 from conf_groups import load_group
 
 #: Seeds per divergence; per trust-region host (whose claim is weaker, and whose runs are shorter).

@@ -14,8 +14,8 @@ import pytest
 
 from inner_loop.training.checkpoints import last_checkpoint
 from inner_loop.member.lifecycle import train_member
-from results.store.metric_keys import GENERATE_TIME_MEAN, STEP_TIME_MEAN
-from results.store.records import read_result
+from core.keys import GENERATE_TIME_MEAN, STEP_TIME_MEAN
+from results.store.member_files import read_result
 from conf_groups import load_group
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -93,7 +93,6 @@ def test_non_finite_loss_ends_as_failed_with_the_reason(cache, tmp_path, monkeyp
 
 _CHILD = """
 import json, sys
-from inner_loop.member.lifecycle import train_member
 train_member(json.loads(sys.argv[1]))
 """
 
@@ -172,7 +171,7 @@ def test_a_member_shows_its_progress_and_logs_trls_metrics_to_tensorboard(cache,
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from results.store.layout import TENSORBOARD_DIR
-    from results.store.progress import read_progress
+    from results.store.member_files import read_progress
 
     record = train_member(_spec(tmp_path / "m", _inner()))
     assert record.status == "ok", record.error

@@ -17,7 +17,7 @@ import inner_loop.member.lifecycle as member
 import inner_loop.training.setup as run_setup
 from inner_loop.member.lifecycle import train_member
 from results.store.provenance import read_run_manifest
-from results.store.records import read_result
+from results.store.member_files import read_result
 from conf_groups import load_group
 
 CONF = Path(__file__).resolve().parent.parent / "conf"

@@ -21,7 +21,8 @@ from inner_loop.tasks import build_task
 from inner_loop.training.warmup import warmed_model_dir
 from results.store.layout import CHECKPOINT_DIR, FINAL_MODEL_DIR, evaluation_file_name
 from results.store.provenance import build_run_manifest, write_run_manifest
-from results.store.records import ResultRecord, read_result, write_result
+from core.records import ResultRecord
+from results.store.member_files import read_result, write_result
 from conf_groups import load_group
 
 CONF = Path(__file__).resolve().parent.parent / "conf"

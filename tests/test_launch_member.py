@@ -9,7 +9,7 @@ import time
 import pytest
 
 from launch.member import load_entrypoint, read_ledger, run_member
-from results.store.records import read_result
+from results.store.member_files import read_result
 
 ENTRY = "meta.synthetic:member"
 

@@ -11,7 +11,7 @@ import yaml
 
 from launch.factory import build_launcher
 from launch.runner import AbortRun, MemberArrayRunner, RunnerPolicy
-from results.store.records import MemberSpec
+from core.records import MemberSpec
 
 ENTRY = "meta.synthetic:member"
 LOCAL = {"name": "local", "cls": "launch.local.launchers:LocalLauncher", "kill_grace_s": 5}

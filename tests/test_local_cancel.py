@@ -18,7 +18,8 @@ from launch.base import JobRef
 from launch.factory import build_launcher
 from launch.local.controllers import controller_running
 from meta.run import main
-from results.store.records import MemberSpec, read_result
+from core.records import MemberSpec
+from results.store.member_files import read_result
 from results.store.run_store import RunStore
 
 LOCAL = {"name": "local", "cls": "launch.local.launchers:LocalLauncher", "kill_grace_s": 5}

@@ -20,7 +20,7 @@ from launch.local.launchers import LocalLauncher
 from launch.runner import MemberArrayRunner, RunnerPolicy
 from results.store.gpu_share import read_gpu_share
 from results.store.layout import GPU_SLOTS_FILE
-from results.store.records import MemberSpec
+from core.records import MemberSpec
 from time_limits import scaled, wait_until
 
 TESTS = Path(__file__).resolve().parent

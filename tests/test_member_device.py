@@ -14,7 +14,8 @@ import inner_loop.member.device as device
 from inner_loop.numerics.pinned import cpu_name
 from meta.config import build_search_config
 from meta.compose import compose
-from results.store.records import MEMBER_GPUS_KEY, ResultRecord, device_text, read_result
+from core.records import MEMBER_GPUS_KEY, ResultRecord, device_text
+from results.store.member_files import read_result
 from test_inner_member import _inner, _spec
 
 H200 = SimpleNamespace(name="NVIDIA H200", total_memory=150_754_820_096)
@@ -124,8 +125,8 @@ def test_a_member_that_fails_after_the_check_names_its_device_in_the_record(monk
 
 def test_the_members_table_and_status_show_the_device_and_peak_memory(tmp_path):
     from meta.status.rows import member_row
-    from results.report.snapshot import _member_row_from_dir
-    from results.store.records import write_result
+    from results.report.search.snapshot import _member_row_from_dir
+    from results.store.member_files import write_result
 
     gpu = {"type": "cuda", "name": "NVIDIA H200", "memory_bytes": H200.total_memory, "torch": "2.13.0", "cuda": "12.8",
            "peak_memory_bytes": 11_808_000_000}

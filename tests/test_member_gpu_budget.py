@@ -14,7 +14,7 @@ from inner_loop.generation.continuous_batching import (GenerationWorkload, bound
                                                        member_continuous_batching_config)
 from inner_loop.generation.memory import generation_cache_bytes, member_gpu_budget_bytes
 from inner_loop.generation.vllm_colocate import member_vllm_max_model_length
-from results.store.records import MEMBER_GPU_MEMORY_KEY, gpus_entry
+from core.records import MEMBER_GPU_MEMORY_KEY, gpus_entry
 from test_inner_member import _inner
 
 GIB = 2**30

@@ -1,4 +1,4 @@
-"""Each member's result.json is written exactly once, by one writer (results.store.records.write_final_result).
+"""Each member's result.json is written exactly once, by one writer (results.store.member_files.write_final_result).
 
 The entry point records its own outcome where it can (train_member: a single run has no wrapper, and it deletes
 checkpoints only once the record is durable); the job wrapper (launch/member.run_member) and the seed group then
@@ -19,7 +19,8 @@ import pytest
 from conf_groups import load_group
 from launch.member import run_member
 from results.store.layout import RESULT_FILE, archived_result_name, seed_dir_name
-from results.store.records import MEMBER_SEEDS_KEY, ResultRecord, read_result, write_result
+from core.records import MEMBER_SEEDS_KEY, ResultRecord
+from results.store.member_files import read_result, write_result
 from time_limits import scaled
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -227,7 +228,7 @@ def test_members_write_their_result_through_the_one_writer():
     users = []
     for package in ("meta", "launch", "inner_loop", "mirror_maps", "results", "bench"):
         for path in sorted((ROOT / package).rglob("*.py")):
-            if path == ROOT / "results" / "store" / "records.py":
+            if path == ROOT / "results" / "store" / "member_files.py":
                 continue
             tree = ast.parse(path.read_text(), str(path))
             names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}

@@ -14,7 +14,7 @@ from meta.compose import compose
 from meta.config import ConfigError, build_search_config, config_hash, member_train
 from meta.run import main
 from meta.status.view import render
-from results.report.search import build_report, format_report
+from results.report.search.report import build_report, format_report
 from results.store.run_store import RunStore
 
 SYNTH = ["launcher=debug", "inner.entrypoint=meta.synthetic:member", "population=4", "new=true"]

@@ -17,9 +17,9 @@ from meta.config import ConfigError
 from meta.run import main
 from meta.status.rows import GpuUse, gpu_hours, gpu_use, member_row, row_line
 from results.store.gpu_share import write_gpu_share
-from results.store.gpu_time import SLOWDOWN_BENCH, gpu_sharing
-from results.store.member_keys import MEMBER_GPU_MEMORY_KEY, MEMBER_GPU_SHARERS_KEY, MEMBER_GPUS_KEY
-from results.store.records import gpus_entry
+from core.gpu_time import SLOWDOWN_BENCH, gpu_sharing
+from core.keys import MEMBER_GPU_MEMORY_KEY, MEMBER_GPU_SHARERS_KEY, MEMBER_GPUS_KEY
+from core.records import gpus_entry
 from results.store.run_store import RunStore
 
 #: the issue's mbpp plan with the synthetic entry point: the plan's figures are the preset's (its resources, steps,

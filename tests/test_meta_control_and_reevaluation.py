@@ -11,7 +11,7 @@ from meta.after.export import main as export_main
 from meta.after.reevaluate import main as reevaluate_main
 from meta.run import main
 from mirror_maps import load_init
-from results.store.records import MemberSpec
+from core.records import MemberSpec
 from results.store.run_store import RunStore
 
 # noise: seed-to-seed spread of a "training run" (same params and seed, same fitness)
@@ -110,7 +110,7 @@ def test_selection_retrains_top_members_and_centre_and_reporting_uses_other_seed
     assert len(table["verdict"]) >= 4 and all(sentence in markdown for sentence in table["verdict"])
     # meta.run and results.report end with the verdict's sentences
     assert run_out.rstrip().endswith("\n".join(table["verdict"]))
-    from results.report.search import main as report_main
+    from results.report.search.report import main as report_main
 
     assert report_main([str(tmp_path)]) == 0
     assert capsys.readouterr().out.rstrip().endswith("\n".join(table["verdict"]))

@@ -11,7 +11,8 @@ import torch
 from launch.local.controllers import controller_running
 from meta.search.generation_close import QuorumClock
 from meta.run import main
-from results.store.records import ResultRecord, read_result, write_result
+from core.records import ResultRecord
+from results.store.member_files import read_result, write_result
 from results.store.run_store import RunStore
 from time_limits import scaled
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from results.store import file_lock
+from core import file_lock
 from meta.search.lock import RunLock, RunLockedError
 from meta.run import main
 from results.store.run_store import RunStore

@@ -19,8 +19,8 @@ import yaml
 from meta.compose import CONF_DIR, compose
 from meta.pilot.cli import PilotConfig, main, radius_key
 from meta.synthetic import member as synthetic_member
-from results.report.pilot import format_pilot, is_pilot_dir
-from results.store.records import MemberSpec
+from results.report.pilot.findings import format_pilot, is_pilot_dir
+from core.records import MemberSpec
 from results.store.run_store import RunStore
 from test_meta_kill_resume import _wait_for  # the kill/resume tests' wait-on-a-condition helper
 
@@ -276,7 +276,7 @@ def test_kill_and_resume_finishes_without_retraining_finished_runs(tmp_path):
 
 
 def test_the_report_of_an_unfinished_pilot_shows_the_runs_final_so_far(tmp_path, capsys):
-    from results.report.pilot import main as report_main
+    from results.report.pilot.findings import main as report_main
 
     run_dir = tmp_path / "pilot"
     assert main([f"run_dir={run_dir}", "new=true", *SYNTH, "+inner.options={slope: 10.0, param_noise: 0.05}", "pilot.seeds=2",

@@ -13,7 +13,7 @@ import pytest
 
 from launch.local.launchers import LocalLauncher
 from meta import synthetic
-from results.store.records import MemberSpec
+from core.records import MemberSpec
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent

@@ -1,4 +1,4 @@
-"""One owner per metric name: results/store/metric_keys.py alone spells the keys the trainer logs and the
+"""One owner per metric name: core/keys.py alone spells the keys the trainer logs and the
 diagnostic names the result record keeps; every writer and reader imports the constant.
 
 A key spelled twice drifts: a renamed trainer metric leaves a reader (diagnostics, progress.json, the inertness
@@ -11,11 +11,11 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from results.store import metric_keys
+import core.keys as metric_keys
 
 ROOT = Path(__file__).resolve().parents[1]
-SCANNED = ("meta", "launch", "inner_loop", "mirror_maps", "results", "bench", "scripts")
-OWNER = ROOT / "results" / "store" / "metric_keys.py"
+SCANNED = ("core", "meta", "launch", "inner_loop", "mirror_maps", "results", "bench", "scripts")
+OWNER = ROOT / "core" / "keys.py"
 
 
 def spelled_keys(source: str, filename: str = "<source>") -> list[tuple[int, str]]:
@@ -36,14 +36,14 @@ def test_only_the_owner_spells_a_metric_key():
                 continue
             for line, literal in spelled_keys(path.read_text(), str(path)):
                 offenders.append(f"{path.relative_to(ROOT)}:{line}: {literal!r}")
-    assert offenders == [], "import the name from results.store.metric_keys instead:\n" + "\n".join(offenders)
+    assert offenders == [], "import the name from core.keys instead:\n" + "\n".join(offenders)
 
 
 def test_the_owner_names_each_key_once():
     assert len(set(metric_keys.KEYS)) == len(metric_keys.KEYS)
     constants = {name: value for name, value in vars(metric_keys).items() if name.isupper() and isinstance(value, str)}
     prefixes = set(metric_keys.POLICY_METRIC_PREFIXES)
-    assert set(constants.values()) == set(metric_keys.KEYS) | prefixes  # KEYS lists every whole key
+    assert set(constants.values()) == set(metric_keys.KEYS) | prefixes | set(metric_keys.MEMBER_KEYS)  # KEYS: every key
 
 
 def test_the_scan_sees_keys_in_subscripts_calls_and_f_strings():

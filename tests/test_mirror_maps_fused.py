@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mirror_maps import NeuralMirrorMap, VECTOR_LENGTH, sampled_divergence
-from mirror_maps import fused
+from mirror_maps import NeuralMirrorMap, VECTOR_LENGTH, sampled_divergence, fused
 
 
 def _vector(seed: int, low: float, high: float) -> torch.Tensor:

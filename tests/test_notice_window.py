@@ -1,4 +1,4 @@
-"""The save window after a job's end notice (results/store/notice_window.py): on the time-limit warning it follows
+"""The save window after a job's end notice (core/notice_window.py): on the time-limit warning it follows
 launcher.signal_delay_s (the launcher passes it to the job), not a fixed 25 s, so a member whose step takes longer
 than 25 s still saves; the packed task waits by the same number; the dry-run plan warns when the delay cannot cover
 a step and a save."""
@@ -13,8 +13,8 @@ import pytest
 from inner_loop.member import notice
 from launch.slurm.options import SlurmOptions
 from launch.slurm.plan import notice_lines
-from results.store.gpu_time import GpuSharing
-from results.store.notice_window import SIGNAL_DELAY_ENV, save_window_s, signal_delay_s, task_grace_s
+from core.gpu_time import GpuSharing
+from core.notice_window import SIGNAL_DELAY_ENV, save_window_s, signal_delay_s, task_grace_s
 
 
 class SimulatedClock:

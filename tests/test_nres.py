@@ -21,7 +21,7 @@ from inner_loop.member import preflight
 from meta.run import main
 from meta.synthetic import CHECKPOINT_FILE, member as synthetic_member, unrolled_optimum
 from results.store.layout import boundary_dir_name
-from results.store.records import NODE_FAILED, MemberSpec, ResultRecord
+from core.records import NODE_FAILED, MemberSpec, ResultRecord
 from results.store.run_store import RunStore
 from results.store.truncation import END_SCORE, START_SCORE, Truncation, read_boundary
 

@@ -15,8 +15,9 @@ import pytest
 from launch.member import read_ledger
 from launch.slurm.packed import PackedTask, run_packed, write_cancel_request
 from results.store.gpu_share import read_gpu_share
-from results.store.member_keys import MEMBERS_ON_GPU_ENV
-from results.store.records import MemberSpec, read_result
+from core.keys import MEMBERS_ON_GPU_ENV
+from core.records import MemberSpec
+from results.store.member_files import read_result
 
 ENTRY = "meta.synthetic:member"
 

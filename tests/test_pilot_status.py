@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from meta.pilot.cli import main as pilot_main
-from meta.status.view import main as status_main
-from meta.status.view import render
-from results.store.records import ResultRecord, write_result
+from meta.status.view import main as status_main, render
+from core.records import ResultRecord
+from results.store.member_files import write_result
 from results.store.run_store import RunStore, read_jobs_file, write_jobs_file
 from test_meta_status import RUNNING_MEMBER, _child  # a process holding a run's ledger at step 3 of 10
 

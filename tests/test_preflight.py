@@ -22,7 +22,7 @@ from inner_loop.sandbox import isolation
 from inner_loop.member.preflight import PreflightError, check_room, checkpoint_bytes, run_preflight
 from results.store.layout import PREFLIGHT_FILE, RESULT_FILE
 from results.store.node_failure import node_name
-from results.store.records import NODE_FAILED, ResultRecord
+from core.records import NODE_FAILED, ResultRecord
 from sandbox_programs import fork_counter
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -147,7 +147,7 @@ def test_a_member_that_fails_its_preflight_ends_without_a_result(tmp_path, monke
     """Through the job wrapper: no result.json (nothing charged to the init), the node and cause in its work dir."""
     from launch.member import run_member
     from meta.compose import compose
-    from results.store.records import MemberSpec
+    from core.records import MemberSpec
 
     raw = compose(["task=mbpp", f"task.train_file={FIXTURES / 'mbpp_train.jsonl'}",
                    f"task.test_file={FIXTURES / 'mbpp_test.jsonl'}", "task.validation_size=1",
@@ -191,7 +191,7 @@ def test_a_member_whose_node_fails_preflight_is_resubmitted_then_given_up_withou
     (the nodes' failure, never charged to the init); the in-process debug launcher survives the BaseException."""
     from launch.factory import build_launcher
     from launch.runner import MemberArrayRunner, RunnerPolicy
-    from results.store.records import MemberSpec
+    from core.records import MemberSpec
 
     spec = MemberSpec(run_id="t", generation=0, index=0, seed=0, params=[0.0] * 380, work_dir=str(tmp_path / "m"))
     launcher = build_launcher({"name": "debug", "cls": "launch.local.launchers:DebugLauncher"})

@@ -11,10 +11,9 @@ import pytest
 
 from meta.after.export import main as export_main
 from meta.run import main as run_main
-from meta.status.view import finished
-from meta.status.view import main as status_main
+from meta.status.view import finished, main as status_main
 from results.report.compare import main as compare_main
-from results.report.search import main as report_main
+from results.report.search.report import main as report_main
 
 
 @pytest.fixture(scope="module")

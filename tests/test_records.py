@@ -13,7 +13,8 @@ from results.store.atomic import (
     read_with_checksum,
     write_with_checksum,
 )
-from results.store.records import MemberSpec, ResultRecord, read_result, write_result
+from core.records import MemberSpec, ResultRecord
+from results.store.member_files import read_result, write_result
 
 
 def test_result_record_round_trips_through_result_json(tmp_path):

@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from results.report import plots
+from results.report.search import plots
 
 GENERATIONS = pd.DataFrame({
     "generation": [0, 1, 2], "mean_fitness": [0.40, 0.42, 0.45], "std_fitness": [0.02, 0.03, 0.02],

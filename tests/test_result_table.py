@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from inner_loop.config import DivergenceConfig
-from inner_loop.loss.divergences import divergence
+from inner_loop.loss.divergences import divergence, length_reference
 from meta.after.baselines import Coef, Composed, build_rows, nm_random_vector, resolve_coef
 from meta.compose import compose
 from meta.config import build_search_config
@@ -16,8 +16,7 @@ from meta.after.reevaluate import choose_by_lower_bound, lower_bound
 from meta.run import main
 from mirror_maps import NeuralMirrorMap
 from results.report.paired import paired_difference, seeds_to_exclude_zero, t_quantile
-from inner_loop.loss.divergences import length_reference
-from results.report.result_table import build_table, render_markdown
+from results.report.search.result_table import build_table, render_markdown
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 MBPP_LOCAL = [f"task.train_file={FIXTURES / 'mbpp_train.jsonl'}", f"task.test_file={FIXTURES / 'mbpp_test.jsonl'}",

@@ -10,7 +10,7 @@ from meta.compose import compose
 from meta.config import ConfigError, build_search_config
 from meta.run import main
 from meta.searchers import build_searcher
-from results.report.result_table import build_table, render_markdown
+from results.report.search.result_table import build_table, render_markdown
 
 SYNTHETIC = "meta.synthetic:member"
 

@@ -10,7 +10,8 @@ import pytest
 from inner_loop.loss.divergences import divergence
 from results.report.compare import compare, main, to_markdown
 from results.store.provenance import build_run_manifest, code_version, config_hash, data_hashes, write_run_manifest
-from results.store.records import ResultRecord, write_result
+from core.records import ResultRecord
+from results.store.member_files import write_result
 from results.store.run_store import RunStore
 from conf_groups import load_group
 
@@ -187,7 +188,7 @@ def test_hydra_multirun_of_inner_loop_runs_every_job_and_compares(tmp_path, monk
     import sys
 
     import inner_loop.run as inner_run
-    from results.store.records import MemberSpec
+    from core.records import MemberSpec
 
     def fake_train(spec: MemberSpec, save_final: bool = False) -> ResultRecord:
         write_run_manifest(spec.work_dir, build_run_manifest(run_id=spec.run_id, seed=spec.seed, inner=spec.inner,

@@ -9,7 +9,8 @@ from results.report.compare import compare, main, to_markdown
 from results.store.atomic import atomic_write_json
 from results.store.layout import evaluation_file_name, parse_evaluation_file_name
 from results.store.provenance import build_run_manifest, write_run_manifest
-from results.store.records import ResultRecord, write_result
+from core.records import ResultRecord
+from results.store.member_files import write_result
 
 SPLITS = {"train": ["1+1=", "2+2="], "validation": ["3+3="]}
 HUMANEVAL = {"name": "humaneval", "problems_file": None, "test_size": 4}

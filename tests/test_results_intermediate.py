@@ -2,7 +2,7 @@
 and none is lost to an earlier crash."""
 from __future__ import annotations
 
-from results.store.intermediate import append_intermediate, read_intermediate
+from results.store.member_files import append_intermediate, read_intermediate
 from results.store.layout import INTERMEDIATE_FILE
 
 

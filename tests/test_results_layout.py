@@ -114,7 +114,7 @@ def test_old_import_paths_still_work():
     from launch.slurm.launcher import CANCELLED_FILE
     from launch.slurm.chunks import MARKER_DIR
     from results.store import provenance
-    from results.store.records import RESULT_FILE, SPEC_FILE
+    from results.store.layout import RESULT_FILE, SPEC_FILE
 
     assert (LOCK_FILE, STARTED_FILE, CANCELLED_FILE, MARKER_DIR, RESULT_FILE, SPEC_FILE, provenance.RUN_MANIFEST_FILE) \
         == (layout.MEMBER_LOCK_FILE, layout.STARTED_FILE, layout.CANCELLED_FILE, layout.SUBMISSIONS_DIR,

@@ -1,4 +1,4 @@
-"""results.report.search on synthetic ES run dirs: right numbers, live runs, corrupt files, real PNGs, CLI."""
+"""results.report.search.report on synthetic ES run dirs: right numbers, live runs, corrupt files, real PNGs, CLI."""
 from __future__ import annotations
 
 import json
@@ -10,9 +10,10 @@ import torch
 from PIL import Image
 
 from results.store.provenance import write_run_manifest
-from results.store.records import ResultRecord, write_result
-from results.report.search import build_report, main
-from results.report.snapshot import load_run
+from core.records import ResultRecord
+from results.store.member_files import write_result
+from results.report.search.report import build_report, main
+from results.report.search.snapshot import load_run
 from results.store.run_store import RunStore
 
 DIM = 380
@@ -206,7 +207,7 @@ def test_disk_per_generation_from_result_files(run_dir, tmp_path, capsys):
 
 
 def test_format_bytes_picks_readable_units():
-    from results.report.search import format_bytes
+    from results.report.search.report import format_bytes
 
     assert [format_bytes(v) for v in (0, 1023, 1536, 5 * 2**20, 2.4e12, None, float("nan"))] == [
         "0 B", "1023 B", "1.5 KiB", "5.0 MiB", "2.2 TiB", "n/a", "n/a"]
@@ -214,7 +215,7 @@ def test_format_bytes_picks_readable_units():
 
 def _noise_lines(run_dir) -> dict[str, str]:
     """The last noise line that mentions each key (the result table's pooled noise comes after the selection's)."""
-    from results.report.search import format_noise
+    from results.report.search.report import format_noise
 
     lines = format_noise(load_run(run_dir))
     return {key: [line for line in lines if key in line][-1] for key in ("one init", "ratio across-members")}

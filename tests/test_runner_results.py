@@ -23,7 +23,9 @@ from launch.runner import MemberArrayRunner, RunnerPolicy
 from launch.slurm.options import SlurmOptions
 from launch.local.launchers import DebugLauncher
 import results.store.atomic as atomic_module
-from results.store.records import RESULT_FILE, MemberSpec, ResultRecord, read_result, write_result, write_result_if_absent
+from results.store.layout import RESULT_FILE
+from core.records import MemberSpec, ResultRecord
+from results.store.member_files import read_result, write_result, write_result_if_absent
 
 ENTRY = "meta.synthetic:member"
 CONF = Path(__file__).resolve().parents[1] / "conf" / "launcher"

@@ -14,7 +14,8 @@ import pytest
 
 from launch.base import JobRef, Launcher
 from launch.runner import MemberArrayRunner, RunnerPolicy
-from results.store.records import MemberSpec, ResultRecord, read_result, write_result
+from core.records import MemberSpec, ResultRecord
+from results.store.member_files import read_result, write_result
 
 ENTRY = "meta.synthetic:member"
 

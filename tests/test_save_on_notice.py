@@ -16,8 +16,7 @@ import pytest
 
 import inner_loop.numerics.pinned as numerics
 from inner_loop.training.checkpoints import checkpoint_folders
-from results.store.progress import read_progress
-from results.store.records import read_result
+from results.store.member_files import read_progress, read_result
 from conf_groups import load_group
 from time_limits import scaled, wait_until
 

@@ -11,7 +11,8 @@ import yaml
 from meta.config import config_hash
 from meta.compose import compose
 from meta.run import main
-from results.store.records import MemberSpec, read_result
+from core.records import MemberSpec
+from results.store.member_files import read_result
 from results.store.run_store import RunStore
 
 SYNTH = ["launcher=debug", "inner.entrypoint=meta.synthetic:member", "population=4",

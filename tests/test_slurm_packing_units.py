@@ -13,7 +13,8 @@ from launch.base import JobRef
 from launch.slurm.launcher import SlurmLauncher
 from launch.slurm.options import SlurmOptions
 from launch.slurm.packed import cancel_requested
-from results.store.records import MemberSpec, ResultRecord, write_final_result
+from core.records import MemberSpec, ResultRecord
+from results.store.member_files import write_final_result
 
 ENTRY = "meta.synthetic:member"
 

@@ -16,7 +16,7 @@ from launch.base import JobRef
 from launch.runner import MemberArrayRunner, RunnerPolicy
 from launch.slurm.launcher import SlurmLauncher
 from launch.slurm.queries import TaskState, pending_may_never_start
-from results.store.records import MemberSpec
+from core.records import MemberSpec
 
 WAITING_TURN = ["Priority", "Resources", "QOSMaxJobsPerUserLimit", "QOSGrpGRES", "AssocGrpGRES",
                 "JobArrayTaskLimit", "BeginTime", "Dependency", "None", "", "AssocMaxJobsLimit",

@@ -21,7 +21,7 @@ from launch.slurm.launcher import SlurmLauncher
 from launch.slurm.chunks import MARKER_DIR, chunk_job_name, parse_chunk_job_name, read_markers
 from launch.slurm.options import SlurmOptions
 from results.store.atomic import CorruptFileError
-from results.store.records import MemberSpec
+from core.records import MemberSpec
 
 ENTRY = "meta.synthetic:member"
 

@@ -7,7 +7,7 @@ import statistics
 import pytest
 
 from meta.synthetic import member_time_s
-from results.store.records import MemberSpec
+from core.records import MemberSpec
 
 
 def _spec(generation: int, index: int) -> MemberSpec:

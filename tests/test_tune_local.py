@@ -20,9 +20,8 @@ from optuna.trial import TrialState
 from meta.tune.cli import main
 from meta.tune.synthetic import quality, score
 from meta.tune.trials import plan_trial, run_seed, trial_dir, write_trial
-from results.store.intermediate import read_intermediate
+from results.store.member_files import read_intermediate, read_result
 from results.store.layout import JOURNAL_FILE, STUDY_FILE, TRIAL_FILE
-from results.store.records import read_result
 from results.store.study_store import LOST_ATTR, SAVED_ATTR, SLOT_ATTR, load_study
 from time_limits import scaled
 
@@ -294,7 +293,7 @@ def test_the_exported_preset_reproduces_the_best_trial_in_inner_loop_and_meta_ru
 
 
 def test_the_report_of_a_tune_run_has_the_trials_importances_and_plots(tmp_path, capsys):
-    from results.report.search import main as report_main
+    from results.report.search.report import main as report_main
 
     run_dir = tmp_path / "run"
     assert main([f"run_dir={run_dir}", "new=true", *SYNTH, "launcher=debug", "tune.trials=5",

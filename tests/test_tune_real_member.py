@@ -9,7 +9,7 @@ from optuna.trial import TrialState
 
 from inner_loop.member.lifecycle import train_member
 from meta.tune.cli import main
-from results.store.intermediate import read_intermediate
+from results.store.member_files import read_intermediate
 from results.store.layout import INTERMEDIATE_FILE
 from results.store.study_store import load_study
 from conf_groups import load_group

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from results.store.entry_points import entry_point_objects
+from core.entry_points import entry_point_objects
 
 #: every form a divergence can be computed in (inner_loop/loss/regularizers.py): the sampled token alone, the same
 #: divided by its probability (unbiased for the full sum), or the sum over the whole vocabulary

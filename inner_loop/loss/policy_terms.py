@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 import torch
 
-from results.store.metric_keys import CLIP_RATIO_PREFIX
+from core.keys import CLIP_RATIO_PREFIX
 
 
 @dataclass

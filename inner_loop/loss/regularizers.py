@@ -26,7 +26,7 @@ from mirror_maps import (
     load_init,
     sampled_divergence,
 )
-from results.store.metric_keys import GRAD_SHARE_DIAGNOSTIC  # what the floor check reads: the mean per-step share
+from core.keys import GRAD_SHARE_DIAGNOSTIC  # what the floor check reads: the mean per-step share
 
 logger = logging.getLogger(__name__)
 

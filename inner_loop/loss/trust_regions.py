@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from inner_loop.loss.policy_terms import PolicyInputs, PolicyOutput, PolicyParams
-from results.store.metric_keys import TRUST_REGION_PREFIX
+from core.keys import TRUST_REGION_PREFIX
 
 #: Default trust-region sizes: the values the papers report (DRPO's stated 12.5 conflicts with its own
 #: boundary pi* = mu +- delta, so ours is a plain configured value with a default inside (0, 1]).

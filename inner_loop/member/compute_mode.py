@@ -18,7 +18,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, Mapping
 
-from results.store.member_keys import MEMBER_GPU_SHARERS_KEY
+from core.keys import MEMBER_GPU_SHARERS_KEY
 
 logger = logging.getLogger(__name__)
 

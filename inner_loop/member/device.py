@@ -14,7 +14,7 @@ import os
 from typing import Any, Mapping
 
 from results.store.node_failure import node_name
-from results.store.records import GRAPH_POOL_KEY, MEMBER_GPUS_KEY, PEAK_ALLOCATED_KEY, PEAK_RESERVED_KEY
+from core.records import GRAPH_POOL_KEY, MEMBER_GPUS_KEY, PEAK_ALLOCATED_KEY, PEAK_RESERVED_KEY
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,8 @@ from typing import Any, Iterable, Mapping
 
 import inner_loop.numerics.pinned as numerics
 import inner_loop.member.notice as notice
-from results.store.records import MemberSpec, ResultRecord, read_result
+from core.records import MemberSpec, ResultRecord
+from results.store.member_files import read_result
 
 logger = logging.getLogger(__name__)
 

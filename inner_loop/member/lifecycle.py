@@ -36,7 +36,8 @@ from inner_loop.loss.divergences import divergence
 from results.store.gpu_share import read_gpu_share
 from results.store.layout import FINAL_MODEL_DIR  # a single run's trained model, whatever keep_checkpoints says
 from results.store.provenance import build_run_manifest, write_run_manifest
-from results.store.records import MemberSpec, ResultRecord, read_result
+from core.records import MemberSpec, ResultRecord
+from results.store.member_files import read_result
 from results.store.truncation import Truncation
 
 logger = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ on disk the run stops with ``NoticeHonoured`` (no record: the requeued run resum
 job process then does what it would have done on the signal (submitit requeues on ``USR2``; the process exits on
 SIGTERM). A member not training yet (loading, validating) hands the signal on at once. A trainer that does not
 reach the end of its step within its window is not waited for: the signal is handed on and the last periodic
-checkpoint is what the requeued run finds. The window follows the notice (results/store/notice_window.py): on the
+checkpoint is what the requeued run finds. The window follows the notice (core/notice_window.py): on the
 time-limit warning ``launcher.signal_delay_s`` less a few seconds, on a SIGTERM SLURM's KillWait less those; a
 member whose measured step is longer than its window says so when the notice comes.
 
@@ -28,7 +28,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from results.store.notice_window import save_window_s
+from core.notice_window import save_window_s
 
 logger = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 One place decides what an `ok` and a `failed` record carry (fitness and validation figures, diagnostics, steps,
 wall time, peak disk), so a member that fails late keeps what it measured and a finished one never lacks a field.
 The record written here is the member's only write of result.json: the job wrapper and the seed group (launch/)
-find it and keep it instead of writing it again (results.store.records.write_final_result).
+find it and keep it instead of writing it again (results.store.member_files.write_final_result).
 """
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from inner_loop.training.evaluate import EvalResult
 from inner_loop.member.gpu_share import out_of_memory_reason
 from inner_loop.loss.regularizers import warn_if_inert
 from inner_loop.grpo.trainer import MirrorGRPOTrainer, NonFiniteLossError
-from results.store.records import ResultRecord, write_final_result
+from core.records import ResultRecord
+from results.store.member_files import write_final_result
 from results.store.truncation import END_SCORE, START_SCORE, START_STEP, STOP_STEP, Truncation
 
 logger = logging.getLogger(__name__)

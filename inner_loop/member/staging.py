@@ -27,7 +27,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from inner_loop.config import ModelConfig, node_config
 from inner_loop.models.cache import cache_root
 from results.store.atomic import atomic_write_json
-from results.store.stage_pins import LOCAL, MISSING, STAGED
+from core.stage_pins import LOCAL, MISSING, STAGED
 
 #: the files of a model snapshot a run reads: weights (safetensors), configs, tokenizer and chat template
 MODEL_PATTERNS = ("*.json", "*.safetensors", "*.txt", "*.jinja", "*.model", "*.tiktoken")

@@ -16,7 +16,7 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-from results.store.file_lock import FileLock
+from core.file_lock import FileLock
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ def config_digest(payload: object) -> str:
 def build_once(final_dir: Path, build: Callable[[Path], None]) -> Path:
     """Create ``final_dir`` by ``build(tmp_dir)`` then an atomic rename; safe when processes race.
 
-    A lock file beside the directory (``results.store.file_lock``: with or without flock, across hosts) makes
+    A lock file beside the directory (``core.file_lock``: with or without flock, across hosts) makes
     concurrent members wait for one builder instead of all spending the same minute of CPU (where even the lock
     file cannot be created, the rename still keeps the result whole: the loser discards its copy). A complete
     directory is recognised by its ``.complete`` marker, written last inside the temp dir, so a crashed builder

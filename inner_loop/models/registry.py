@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from inner_loop.models.hub_ids import QWEN3_1_7B
-from results.store.entry_points import entry_point_objects
+from core.entry_points import entry_point_objects
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ def task_classes() -> dict[str, type[Task]]:
     from inner_loop.tasks.gsm_symbolic import GSMSymbolicTask
     from inner_loop.tasks.humaneval import HumanEvalTask
     from inner_loop.tasks.mbpp import MBPPTask
-    from results.store.entry_points import entry_point_objects
+    from core.entry_points import entry_point_objects
 
     classes: list[type[Task]] = [ArithTask, GSM8KTask, GSMSymbolicTask, MBPPTask, HumanEvalTask]
     classes += entry_point_objects("tasks", "an inner_loop.tasks.base.Task subclass",

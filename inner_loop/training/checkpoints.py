@@ -20,8 +20,7 @@ from transformers.trainer_callback import ExportableState
 import inner_loop.member.notice as notice
 from inner_loop.config import KEEP_CHECKPOINTS, InnerConfig
 # the Trainer's output_dir in a member's work dir, and where a checkpoint goes while it is deleted (re-exported)
-from results.store.layout import CHECKPOINT_DIR
-from results.store.layout import CHECKPOINT_TRASH_DIR as TRASH_DIR
+from results.store.layout import CHECKPOINT_DIR, CHECKPOINT_TRASH_DIR as TRASH_DIR
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from results.store import metric_keys as keys
+import core.keys as keys
 
 #: TRL log keys averaged over the run into the result's diagnostics.
 _DIAGNOSTIC_KEYS = {

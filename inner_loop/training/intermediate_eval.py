@@ -3,7 +3,7 @@
 Scored greedily on the first ``train.eval_subset`` problems of the validation split (the same problems at every
 step, the start of the set the final fitness is scored on), so successive values are comparable and cheap; the
 final step is left to the full validation that follows training. Each value is appended to the member's
-intermediate.jsonl (results/store/intermediate.py), which ``python -m meta.tune`` reads while the member runs.
+intermediate.jsonl (results/store/member_files.py), which ``python -m meta.tune`` reads while the member runs.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from transformers import TrainerCallback
 
-from results.store.intermediate import append_intermediate
+from results.store.member_files import append_intermediate
 
 logger = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ from typing import Any
 from transformers import TrainerCallback
 
 from results.store.layout import TENSORBOARD_DIR
-from results.store.metric_keys import FRAC_REWARD_ZERO_STD, GRAD_SHARE, REWARD
-from results.store.progress import RECENT, MemberProgress, write_progress
+from core.keys import FRAC_REWARD_ZERO_STD, GRAD_SHARE, REWARD
+from results.store.member_files import RECENT, MemberProgress, write_progress
 
 
 class ProgressFileCallback(TrainerCallback):

@@ -12,8 +12,8 @@ from launch.local.gpu_slots import GpuSlotBook, Slot, cut_slots
 from launch.member import run_member
 from launch.submitit_base import MAX_GPUS_PER_MEMBER, SubmititLauncher, check_gpus_per_member
 from results.store.gpu_share import read_gpu_share, write_gpu_share
-from results.store.gpu_time import MEMBERS_PER_GPU_CHOICES
-from results.store.records import MemberSpec
+from core.gpu_time import MEMBERS_PER_GPU_CHOICES
+from core.records import MemberSpec
 
 logger = logging.getLogger(__name__)
 

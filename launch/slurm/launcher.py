@@ -43,7 +43,8 @@ from launch.submitit_base import SubmititLauncher, check_gpus_per_member
 from results.store.atomic import atomic_write_json
 from results.store.layout import CANCELLED_FILE, MEMBER_LOG_FILE
 from results.store.node_failure import read_node_failure
-from results.store.records import MemberSpec, read_result
+from core.records import MemberSpec
+from results.store.member_files import read_result
 
 logger = logging.getLogger(__name__)
 

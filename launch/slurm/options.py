@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from launch.base import DEFAULT_KILL_GRACE_S, DEFAULT_MAX_LOST_RESUBMITS
-from results.store.gpu_time import MEMBERS_PER_GPU_CHOICES
-from results.store.notice_window import SIGNAL_DELAY_ENV
-from results.store.config_nodes import typed_node
+from core.gpu_time import MEMBERS_PER_GPU_CHOICES
+from core.notice_window import SIGNAL_DELAY_ENV
+from core.config_nodes import typed_node
 
 #: how members share a GPU: ``packed`` (k members in one array task holding the GPU: works on any cluster) or
 #: ``shard`` (one member per task asking for its part of the GPU's shards: needs the site's gres shard set-up)
@@ -188,7 +188,7 @@ class SlurmOptions:
             extra.setdefault("gres", f"shard:{self.shards_per_gpu // self.members_per_gpu}")
         elif self.gpus_per_node:
             params["gpus_per_node"] = self.gpus_per_node
-        # the member's save window on the time-limit warning follows this delay (results/store/notice_window.py)
+        # the member's save window on the time-limit warning follows this delay (core/notice_window.py)
         params["setup"] = [f"export {SIGNAL_DELAY_ENV}={delay}", *self.setup]
         if not self.use_srun:
             # submitit writes --signal=USR2@delay, which SLURM sends to job steps only; without srun there is

@@ -39,10 +39,11 @@ from launch.member import requeue_cut_short, run_member
 from results.store.atomic import atomic_write_json
 from results.store.gpu_share import write_gpu_share
 from results.store.layout import CANCEL_REQUEST_FILE, MEMBER_LOG_FILE
-from results.store.member_keys import MEMBERS_ON_GPU_ENV
+from core.keys import MEMBERS_ON_GPU_ENV
 from results.store.node_failure import read_node_failure
-from results.store.notice_window import task_grace_s
-from results.store.records import MemberSpec, ResultRecord, read_result, write_result_if_absent
+from core.notice_window import task_grace_s
+from core.records import MemberSpec, ResultRecord
+from results.store.member_files import read_result, write_result_if_absent
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +119,7 @@ class PackedTask:
             if self.notice_signal is not None and notice_at is None:
                 notice_at = time.monotonic()
             # after a notice, members get their own window to save and stop (the one number they wait by:
-            # results/store/notice_window.py), then are killed
+            # core/notice_window.py), then are killed
             if (notice_at is not None and self.notice_signal is not None
                     and time.monotonic() - notice_at > task_grace_s(self.notice_signal)):
                 for member in self.running:

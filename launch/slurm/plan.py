@@ -14,8 +14,8 @@ from typing import Any, Mapping
 
 from launch.base import LauncherPlan, PlanContext
 from launch.slurm.options import SlurmOptions
-from results.store.gpu_time import GpuSharing
-from results.store.notice_window import notice_shortfall
+from core.gpu_time import GpuSharing
+from core.notice_window import notice_shortfall
 
 #: SLURM's default MaxArraySize; a dry run asks no scheduler, so without launcher.max_array_size it assumes this
 DEFAULT_MAX_ARRAY_SIZE = 1001

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from meta.config import PRESET_MARK, UNTRAINED_BASELINE, ConfigError, SearchConfig, baselines as known_baselines
-from results.report.result_table import ROLE_BASE, ROLE_COMPARED, ROLE_RADIUS, ROLE_START
+from results.report.search.result_table import ROLE_BASE, ROLE_COMPARED, ROLE_RADIUS, ROLE_START
 
 EXPORTED = "exported"
 RADIUS_RANDOM = "radius_random"

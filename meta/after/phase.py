@@ -10,7 +10,7 @@ from launch.factory import runner_policy
 from launch.runner import MemberArrayRunner
 from meta.config import SearchConfig
 from results.store.layout import JOBS_FILE, LAUNCHER_DIR
-from results.store.records import MemberSpec, ResultRecord
+from core.records import MemberSpec, ResultRecord
 from results.store.run_store import read_jobs_file, write_jobs_file
 
 logger = logging.getLogger(__name__)

@@ -31,9 +31,9 @@ from meta.after.phase import run_phase
 from meta.after.reporting import run_reporting
 from meta.search.seeding import member_seed
 from results.report.paired import pooled_std
-from results.report.result_table import render_markdown
+from results.report.search.result_table import render_markdown
 from results.store.layout import member_dir_name
-from results.store.records import MemberSpec
+from core.records import MemberSpec
 from results.store.run_store import RunStore
 
 logger = logging.getLogger(__name__)

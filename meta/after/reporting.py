@@ -3,7 +3,7 @@
 These seeds are used for nothing else (not the search, not the selection stage), and every row trains on the
 same ones, so the rows are paired. Each run is scored on validation, on the test split and on every transfer task
 from the same trained model (inner ``extra_evaluations``). The result table is built from the runs' own records
-(results/report/result_table.py).
+(results/report/search/result_table.py).
 
 Resumable like a generation: rows.json (every row's divergence, params and inner config) is written before
 anything is submitted, jobs.json after each submission, member outcomes are files, and the table is written last.
@@ -22,9 +22,9 @@ from meta.config import ConfigError, ReevaluateConfig, SearchConfig
 from meta.after.phase import run_phase
 from meta.search.seeding import member_seed
 from meta.search.staging import staged_inner
-from results.report.result_table import build_table, write_table_files
+from results.report.search.result_table import build_table, write_table_files
 from results.store.layout import member_dir_name
-from results.store.records import MemberSpec
+from core.records import MemberSpec
 from results.store.run_store import RunStore
 
 logger = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ Takes the same overrides as meta.run. For every (radius, coef) combination of ``
 trains the search's starting centre c (``SearchConfig.center()``) with k seeds and m antithetic pairs c + e_i,
 c - e_i with e_i ~ N(0, radius^2 I), every init on the same k seeds (common random numbers), so a pair's difference
 on seed s is paired. The directions e_i / radius are drawn once (from derive_seed(seed, "pilot", "direction", i)) and
-shared by all combinations, so combinations are compared on the same directions too. results/report/pilot.py turns
+shared by all combinations, so combinations are compared on the same directions too. results/report/pilot/findings.py turns
 the runs into the findings: the seed noise of one init and its binomial/training parts, the pairs' differences, the
 signal-to-noise ratio of one generation's ES step at the configured population, how early intermediate scores rank
 runs, and the smallest population / seeds per member / validation size that reach ``pilot.target_snr``.
@@ -51,11 +51,10 @@ from meta.config import (
 )
 from meta.search.resume import NEW_KEY, check_resume, open_run_dir, run_dir_label
 from meta.search.staging import stage_run
-from results.report.pilot import (CENTRE, FULL_HORIZON, PILOT_KIND, PLUS, horizon_index, map_roles,
-                                  member_index)
-from results.store.config_nodes import group_file, refuse_unknown_keys
+from results.report.pilot.findings import (CENTRE, FULL_HORIZON, PILOT_KIND, PLUS, horizon_index, map_roles, member_index)
+from core.config_nodes import group_file, refuse_unknown_keys
 from results.store.layout import JOBS_FILE, LAUNCHER_DIR, member_dir_name
-from results.store.records import MemberSpec
+from core.records import MemberSpec
 from results.store.run_store import RunStore
 
 logger = logging.getLogger("meta.pilot")
@@ -364,7 +363,7 @@ def run_members(prepared: Prepared, specs: list[MemberSpec], launcher: Any) -> N
 # ------------------------------------------------------------------ dry run
 def build_dry_run_plan(prepared: Prepared) -> str:
     """What the pilot would run and cost, from the validated config alone: nothing is read from a scheduler."""
-    from results.store.records import read_result
+    from results.store.member_files import read_result
 
     cfg, pilot, raw = prepared.cfg, prepared.pilot, prepared.raw
     k, m = pilot.seeds, pilot.pairs
@@ -513,7 +512,7 @@ def run(argv: Sequence[str]) -> int:
     from meta.search.lock import run_locked
     from meta.search.resume import check_job_namespace
     from meta.run import write_run_files
-    from results.report.pilot import format_pilot, summarize_run_dir
+    from results.report.pilot.findings import format_pilot, summarize_run_dir
 
     prepared = prepare(argv)
     cfg, store = prepared.cfg, prepared.store

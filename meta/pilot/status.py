@@ -16,7 +16,7 @@ import yaml
 
 from meta.status.rows import (GpuUse, MemberRow, eta_text, gpu_hours, gpu_use, is_final, member_rows,
                               orchestrator_line, row_line, rows_eta, run_queue, state_summary)
-from results.report.pilot import CENTRE, FULL_HORIZON, PLUS, main_runs
+from results.report.pilot.findings import CENTRE, FULL_HORIZON, PLUS, main_runs
 from results.store.layout import JOBS_FILE
 from results.store.run_store import RunStore, read_jobs_file
 

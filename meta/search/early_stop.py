@@ -30,12 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Collection, Mapping, Sequence
 
-from results.store.config_nodes import typed_node
-from results.store.intermediate import read_intermediate
+from core.config_nodes import typed_node
+from results.store.member_files import read_intermediate
 from results.store.layout import seed_dir_name
-from results.store.records import STOPPED_EARLY
+from core.records import STOPPED_EARLY
 
-#: the status of a member stopped by this rule (owned by results/store/records.py)
+#: the status of a member stopped by this rule (owned by core/records.py)
 STOPPED_STATUS = STOPPED_EARLY
 
 

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-from results.store.records import ResultRecord
+from core.records import ResultRecord
 
 
 @dataclass

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from launch.member import read_ledger
-from results.store.progress import MemberProgress, read_progress
-from results.store.records import STOPPED_EARLY
+from results.store.member_files import MemberProgress, read_progress
+from core.records import STOPPED_EARLY
 
 if TYPE_CHECKING:
     from launch.runner import MemberArrayRunner

@@ -1,6 +1,6 @@
 """One orchestrator per run directory.
 
-The lock is a ``results.store.file_lock.FileLock`` on run_dir/LOCK: an flock-backed lock file where the filesystem has
+The lock is a ``core.file_lock.FileLock`` on run_dir/LOCK: an flock-backed lock file where the filesystem has
 flock (the kernel frees it when the holder dies, even by SIGKILL, so a resume right after a crash is never
 blocked), a lock file with the holder's pid and a heartbeat where it has not (Lustre without flock, some NFS),
 and in both cases a holder on another host counts as alive while its heartbeat is fresh. The second
@@ -13,7 +13,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Callable
 
-from results.store.file_lock import DEFAULT_HEARTBEAT_S, FileLock, LockHeld
+from core.file_lock import DEFAULT_HEARTBEAT_S, FileLock, LockHeld
 
 
 logger = logging.getLogger(__name__)

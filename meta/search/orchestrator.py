@@ -31,8 +31,8 @@ from meta.search.live_watch import LiveWatch, all_same_warning, format_duration
 from meta.searchers import Searcher, build_searcher
 from meta.search.seeding import member_seed
 from results.store.gpu_share import read_gpu_share, share_text
-from results.store.records import (MEMBER_SEEDS_KEY, NODE_FAILED, UNMEASURED_STATUSES, MemberSpec, ResultRecord,
-                                   device_text, read_result)
+from core.records import MEMBER_SEEDS_KEY, NODE_FAILED, UNMEASURED_STATUSES, MemberSpec, ResultRecord, device_text
+from results.store.member_files import read_result
 from results.store.run_store import RunStore
 from results.store.truncation import Truncation, prune_boundaries
 
@@ -194,8 +194,8 @@ class Orchestrator:
         return values
 
     def _log_tensorboard(self) -> None:
-        """Per-generation scalars under run_dir/tensorboard (results/report/tensorboard.py); never stops a search."""
-        from results.report.tensorboard import log_missing
+        """Per-generation scalars under run_dir/tensorboard (results/report/search/tensorboard.py); never stops a search."""
+        from results.report.search.tensorboard import log_missing
 
         try:
             log_missing(self.store)

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, MutableMapping, Sequence
 
 from meta.config import INNER_NODES, ConfigError
-from results.store.config_nodes import refuse_unknown_keys
-from results.store.stage_pins import LOCAL, MANIFEST_KEY, STAGED
+from core.config_nodes import refuse_unknown_keys
+from core.stage_pins import LOCAL, MANIFEST_KEY, STAGED
 
 if TYPE_CHECKING:
     from meta.config import SearchConfig

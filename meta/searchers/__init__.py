@@ -23,7 +23,7 @@ def _registry() -> dict[str, type[Searcher]]:
     from meta.searchers.openai_es import OpenAIESEliteSearcher
     from meta.searchers.pgpe import PGPESearcher
     from meta.searchers.snes import SNESSearcher
-    from results.store.entry_points import entry_point_objects
+    from core.entry_points import entry_point_objects
 
     classes = [PGPESearcher, SNESSearcher, CEMSearcher, CMAESSearcher, OpenAIESEliteSearcher, NRESSearcher]
     classes += entry_point_objects(

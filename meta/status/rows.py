@@ -15,9 +15,9 @@ from launch.member import read_ledger
 from meta.search.live_watch import format_duration, generation_eta
 from meta.search.lock import RunLock
 from results.store.gpu_share import read_gpu_share, share_text
-from results.store.gpu_time import gpu_time_h, members_per_gpu
-from results.store.progress import MemberProgress, read_progress
-from results.store.records import device_text, read_result
+from core.gpu_time import gpu_time_h, members_per_gpu
+from results.store.member_files import MemberProgress, read_progress, read_result
+from core.records import device_text
 from results.store.run_store import RunStore
 
 
@@ -48,7 +48,7 @@ class GpuUse:
     members_per_gpu: int = 1
 
     def hours(self, running_s: float, sharers: int | None = None) -> float:
-        """GPU-hours of a member's running time: x gpus / k (results/store/gpu_time.py owns the formula).
+        """GPU-hours of a member's running time: x gpus / k (core/gpu_time.py owns the formula).
 
         ``sharers``: the members its gpu_share.json says were on its GPU, itself included; a member that had the
         card to itself (the odd one of a packed generation) is charged the whole GPU, never more than k share it."""

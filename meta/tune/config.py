@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from meta.config import INNER_NODES, ConfigError, _bool, _float, _get_dotted, _int, check_member_launch, config_hash
 from meta.tune.space import Dimension, around_the_preset, leaves_missing_under, parse_space
-from results.store.config_nodes import refuse_unknown_keys
-from results.store.records import gpus_entry
+from core.config_nodes import refuse_unknown_keys
+from core.records import gpus_entry
 
 if TYPE_CHECKING:
     import optuna

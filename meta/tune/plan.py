@@ -6,7 +6,7 @@ from typing import Any, Mapping
 
 from meta.search.resume import run_dir_label
 from meta.tune.config import TuneConfig
-from results.store.gpu_time import gpu_sharing
+from core.gpu_time import gpu_sharing
 
 
 def build_plan(cfg: TuneConfig, run_dir: Path, resuming: bool) -> str:

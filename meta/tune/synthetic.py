@@ -17,9 +17,8 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from results.store.intermediate import append_intermediate
-from results.store.progress import MemberProgress, write_progress
-from results.store.records import MemberSpec, ResultRecord
+from results.store.member_files import append_intermediate, MemberProgress, write_progress
+from core.records import MemberSpec, ResultRecord
 
 
 def quality(coef: float, lr: float, options: Mapping[str, Any], divergence: str = "") -> float:

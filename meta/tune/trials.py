@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence
 from meta.search.seeding import member_seed
 from results.store.atomic import CorruptFileError, atomic_write_json
 from results.store.layout import TRIAL_FILE, TRIALS_DIR, member_dir_name, trial_dir_name
-from results.store.records import MemberSpec, ResultRecord
+from core.records import MemberSpec, ResultRecord
 
 #: the ``generation`` every tuning run carries (job names, logs): one launcher folder holds them all
 TUNE_GENERATION = 9997

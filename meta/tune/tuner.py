@@ -33,10 +33,9 @@ from meta.tune.config import TuneConfig, build_sampler
 from meta.tune.space import suggest, trial_overrides
 from meta.tune.trials import TrialPlan, member_indices, objective, plan_trial, read_trial, trials_dir, write_trial
 from results.store.atomic import CorruptFileError
-from results.store.intermediate import read_intermediate
+from results.store.member_files import read_intermediate, read_progress, read_result
 from results.store.layout import JOBS_FILE, LAUNCHER_DIR
-from results.store.progress import read_progress
-from results.store.records import MemberSpec, ResultRecord, read_result
+from core.records import MemberSpec, ResultRecord
 from results.store.run_store import read_jobs_file, write_jobs_file
 from results.store.study_store import (ERROR_ATTR, LOST_ATTR, PRUNED_STEP_ATTR, RUN_VALUES_ATTR, SAVED_ATTR, SLOT_ATTR,
                                   best_complete_trial, state_counts)

@@ -31,7 +31,7 @@ from results.report.arguments import check_output_folder, run_dir_argument
 from results.store.atomic import atomic_write_text
 from results.store.layout import RESULT_FILE, parse_evaluation_file_name
 from results.store.provenance import config_hash
-from results.store.records import ResultRecord
+from core.records import ResultRecord
 from results.report.single_runs import Scan, find_run_dirs
 
 logger = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from results.store.atomic import CorruptFileError
 from results.store.layout import (CHECKPOINT_DIR, CONFIG_FILE, GENERATION_DIR_PREFIX, LAUNCHER_DIR, RESULT_FILE,
                             RUN_MANIFEST_FILE, parse_member_dir_name)
 from results.store.provenance import ES_MEMBER, read_run_manifest
-from results.store.records import ResultRecord
+from core.records import ResultRecord
 
 logger = logging.getLogger(__name__)
 

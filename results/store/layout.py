@@ -56,7 +56,7 @@ process imports it.
       pilot_plan.json                         PILOT_PLAN_FILE: centre, pair directions, (radius, coef) combinations and
                                               every run's role, written before any submission
       pilot_runs/                             PILOT_RUNS_DIR: every run of the pilot, one runner for all of them
-        jobs.json, submitit/, member_012/     as in a generation dir (index: results/report/pilot.py member_index)
+        jobs.json, submitit/, member_012/     as in a generation dir (index: results/report/pilot/findings.py member_index)
       pilot.json                              PILOT_FILE: the findings (noise, pair differences, SNR, recommendation)
 
     member_dir/  (also a single run's work dir, ``python -m inner_loop.run work_dir=...``)
@@ -170,14 +170,14 @@ CHECKPOINT_TRASH_DIR = ".checkpoints.deleting"
 #: where a single run leaves its trained model, whatever train.keep_checkpoints says
 FINAL_MODEL_DIR = "final"
 #: the member's latest training progress (step, reward, zero-std groups, gradient share), for meta.status and the
-#: orchestrator's warnings (results/store/progress.py)
+#: orchestrator's warnings (results/store/member_files.py)
 PROGRESS_FILE = "progress.json"
 #: event files: TRL's metrics of a member (train.report_to tensorboard); a search's per-generation scalars
 TENSORBOARD_DIR = "tensorboard_logs"
 
 SEED_DIR_PREFIX = "seed_"
 
-#: one line per intermediate validation (train.eval_every), read by a tuner's pruner (results/store/intermediate.py)
+#: one line per intermediate validation (train.eval_every), read by a tuner's pruner (results/store/member_files.py)
 INTERMEDIATE_FILE = "intermediate.jsonl"
 
 # ------------------------------------------------------------ tune run dir (meta/tune/)
@@ -192,7 +192,7 @@ TRIAL_FILE = "trial.json"
 PILOT_PLAN_FILE = "pilot_plan.json"
 #: every run of the pilot (jobs.json, submitit/, member dirs), laid out like a generation dir
 PILOT_RUNS_DIR = "pilot_runs"
-#: the pilot's findings, written once every run is final (results/report/pilot.py computes and formats them)
+#: the pilot's findings, written once every run is final (results/report/pilot/findings.py computes and formats them)
 PILOT_FILE = "pilot.json"
 
 _GENERATION_WIDTH = 4

@@ -2,7 +2,7 @@
 
 A comparison table is only trustworthy if every row says where it came from. A single training run (and every
 ES member trained by ``inner_loop.member.lifecycle.train_member``) writes ``<work_dir>/manifest.json`` through
-``write_run_manifest`` before training starts; ``results.report.compare`` and ``results.report.search`` read it back with
+``write_run_manifest`` before training starts; ``results.report.compare`` and ``results.report.search.report`` read it back with
 ``read_run_manifest``.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from results.store.atomic import CorruptFileError, atomic_write_json, sha256_file
-from results.store.config_nodes import plain
+from core.config_nodes import plain
 from results.store.layout import RUN_MANIFEST_FILE  # re-exported: importers use results.store.provenance.RUN_MANIFEST_FILE
 
 logger = logging.getLogger(__name__)

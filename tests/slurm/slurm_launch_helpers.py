@@ -7,7 +7,7 @@ from typing import Any
 
 from launch.runner import MemberArrayRunner, RunnerPolicy
 from launch.slurm.launcher import SlurmLauncher
-from results.store.records import MemberSpec, ResultRecord
+from core.records import MemberSpec, ResultRecord
 
 ENTRY = "meta.synthetic:member"
 # Fast polling for tests: a real cluster keeps the 30 s default.

@@ -20,7 +20,7 @@ import pytest
 from launch.base import JobRef, Launcher
 from launch.runner import MemberArrayRunner, RunnerPolicy
 from launch.slurm.launcher import SlurmLauncher
-from results.store.records import read_result
+from results.store.member_files import read_result
 from slurm_helpers import LocalSlurm, run_slurm_command
 from slurm_launch_helpers import ENTRY, FAST, Background, specs
 from time_limits import scaled

@@ -18,7 +18,7 @@ from launch.member import read_ledger
 from launch.runner import MemberArrayRunner, RunnerPolicy
 from launch.slurm.launcher import SlurmLauncher
 from results.store.gpu_share import read_gpu_share
-from results.store.records import read_result
+from results.store.member_files import read_result
 from slurm_helpers import LocalSlurm, run_slurm_command
 from slurm_launch_helpers import ENTRY, FAST, specs
 from time_limits import scaled

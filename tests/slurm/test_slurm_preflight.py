@@ -13,7 +13,7 @@ from launch.runner import AbortRun, MemberArrayRunner, RunnerPolicy
 from launch.slurm.launcher import SlurmLauncher
 from meta.compose import compose
 from results.store.layout import PREFLIGHT_FILE, RESULT_FILE
-from results.store.records import MemberSpec
+from core.records import MemberSpec
 from slurm_helpers import LocalSlurm
 from slurm_launch_helpers import FAST
 from time_limits import scaled

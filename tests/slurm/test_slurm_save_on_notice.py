@@ -14,8 +14,8 @@ import pytest
 from inner_loop.member.entry import train_member
 from launch.runner import MemberArrayRunner, RunnerPolicy
 from launch.slurm.launcher import SlurmLauncher
-from results.store.progress import read_progress
-from results.store.records import MemberSpec
+from results.store.member_files import read_progress
+from core.records import MemberSpec
 from slurm_helpers import LocalSlurm, run_slurm_command
 from slurm_launch_helpers import FAST
 from test_save_on_notice import STEPS, notice_spec, same_outcome

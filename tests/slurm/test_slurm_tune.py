@@ -16,7 +16,7 @@ from optuna.trial import TrialState
 
 from meta.tune.trials import trial_dir
 from results.store.layout import JOBS_FILE, TRIAL_FILE, TRIALS_DIR
-from results.store.records import read_result
+from results.store.member_files import read_result
 from results.store.run_store import read_jobs_file
 from results.store.study_store import LOST_ATTR, load_study
 from slurm_helpers import LocalSlurm

@@ -1,7 +1,8 @@
 """The contract between the outer loop (meta), the launchers and the inner loop: member spec and result record.
 
 Both are plain dataclasses that round-trip through JSON, so a member can be described in a file, run on any
-node, and its outcome read back by an orchestrator that may have restarted in between.
+node, and its outcome read back by an orchestrator that may have restarted in between. Where they are written and
+read (a member's ``result.json``) is the run store's: results/store/member_files.py.
 """
 from __future__ import annotations
 
@@ -12,15 +13,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from results.store.gpu_time import members_per_gpu
-from results.store.member_keys import MEMBER_GPU_MEMORY_KEY, MEMBER_GPU_SHARERS_KEY, MEMBER_GPUS_KEY  # re-exported
-from results.store.atomic import atomic_create_bytes, atomic_write_json, json_bytes
+from core.gpu_time import members_per_gpu
+from core.keys import MEMBER_GPU_MEMORY_KEY, MEMBER_GPU_SHARERS_KEY, MEMBER_GPUS_KEY  # re-exported
 
 #: the record's ``device`` keys for a GPU member's memory (inner_loop/member/device.py writes them): torch's peak
 #: allocation; the most its allocator held from the driver (what the member's cap counts, and what a static KV cache
 #: and CUDA graph pools held through the backward add to); what the CUDA graphs' private pools held at the end
 PEAK_ALLOCATED_KEY, PEAK_RESERVED_KEY, GRAPH_POOL_KEY = "peak_memory_bytes", "peak_reserved_bytes", "graph_pool_bytes"
-from results.store.layout import RESULT_FILE, SPEC_FILE  # re-exported: importers use results.store.records.RESULT_FILE
 
 #: late: cancelled unfinished when its ES generation closed at the quorum (no measurement, never retried);
 #: pruned: stopped by a tuner's pruner (never retried); stopped_early: stopped at an ES generation's early decision
@@ -188,43 +187,3 @@ def device_text(device: Mapping[str, Any] | None) -> str:
 
 def _gib(value: Any) -> str:
     return f"{value / 2**30:.1f} GiB" if isinstance(value, (int, float)) and not isinstance(value, bool) else "?"
-
-
-def write_result(work_dir: str | Path, record: ResultRecord) -> Path:
-    """Atomically write ``<work_dir>/result.json`` (the primitive: members go through ``write_final_result``)."""
-    return atomic_write_json(Path(work_dir) / RESULT_FILE, record.to_dict())
-
-
-def write_final_result(work_dir: str | Path, record: ResultRecord) -> ResultRecord:
-    """Make ``record`` the member's result unless ``<work_dir>/result.json`` already holds one; return the record
-    that is final now. Every writer of a member's result goes through here, so each member's file is written once.
-
-    The entry point records its own outcome (train_member must: a single run has no job wrapper, and its
-    checkpoints are deleted only after the record is durable); the job wrapper and the seed group then find it and
-    write nothing. They write a record themselves only for what the entry point could not record: an exception it
-    let through, the wall limit, an entry point that only returns its record (synthetic objectives). A final
-    record is never replaced: a member that wrote `ok` and then ran out of time while settling its checkpoints did
-    finish. The caller holds the member's lock (or is the only process on the directory), so reading first does
-    not race another writer; the write is atomic, so a crash leaves no file or a whole one.
-    """
-    existing = read_result(work_dir)
-    if existing is not None:
-        return existing
-    write_result(work_dir, record)
-    return record
-
-
-def write_result_if_absent(work_dir: str | Path, record: ResultRecord) -> bool:
-    """Create ``<work_dir>/result.json`` only where none exists (True if created): how the orchestrator records
-    an outcome it decided (timeout, failed), so that a member's own result, possibly not yet visible on this
-    host, is never replaced."""
-    return atomic_create_bytes(Path(work_dir) / RESULT_FILE, json_bytes(record.to_dict()))
-
-
-def read_result(work_dir: str | Path) -> ResultRecord | None:
-    """The record in ``<work_dir>/result.json``, or None if absent or unreadable (treated as not finished)."""
-    path = Path(work_dir) / RESULT_FILE
-    try:
-        return ResultRecord.from_dict(json.loads(path.read_text()))
-    except (FileNotFoundError, ValueError, TypeError):
-        return None

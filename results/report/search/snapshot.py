@@ -21,7 +21,7 @@ from results.store.atomic import CorruptFileError
 from results.store.gpu_share import read_gpu_share, share_text
 from results.store.layout import RESULT_FILE, parse_generation_dir_name, parse_member_dir_name
 from results.store.provenance import read_run_manifest
-from results.store.records import STOPPED_EARLY, ResultRecord, device_text
+from core.records import STOPPED_EARLY, ResultRecord, device_text
 from results.store.run_store import RunStore
 
 logger = logging.getLogger(__name__)

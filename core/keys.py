@@ -1,12 +1,14 @@
-"""The names of the values a training run logs and of the diagnostics a member's result record keeps.
+"""The names every room shares: the values a training run logs, the diagnostics a member's result record keeps, and
+the keys a member's inner config carries from its resources.
 
 One owner per name: the trainer appends a value under one of these keys, and the readers (the result's
 diagnostics, progress.json, the inertness warning, benchmarks) look it up under the same constant, so renaming a
 metric is one edit here instead of a silent miss in a reader. tests/test_metric_keys.py fails on any of these
 names spelled as a string literal elsewhere in the packages or the benchmarks.
 
-It lives in the run store because the diagnostic names are part of the result record (results/store/records.py)
-and every room that logs or reads them may import it; standard library only, imports nothing.
+It lives on the ground floor (core/) because the diagnostic names are part of the result record (core/records.py)
+and every room that logs or reads them may import it, as the typed inner config reads the member keys; standard
+library only, imports nothing.
 """
 from __future__ import annotations
 
@@ -65,3 +67,22 @@ KEYS = (REWARD, FRAC_REWARD_ZERO_STD, COMPLETIONS_CLIPPED_RATIO, COMPLETIONS_MEA
         CLIPPED_COMPLETION_RATIO, REGULARIZER_VALUE_MEAN, GRAD_SHARE_DIAGNOSTIC, GRAD_SHARE_EXACT_DIAGNOSTIC,
         GRAD_SHARE_EXACT_STEP_DIAGNOSTIC, SAMPLING_LOGP_DIFFERENCE, IMPORTANCE_SAMPLING_RATIO, STEP_TIME_MEAN,
         SAMPLING_LOGP_DIFFERENCE_MEAN, IMPORTANCE_SAMPLING_RATIO_MEAN, GENERATE_TIME, GENERATE_TIME_MEAN)
+
+# --- keys a member's inner config carries from its resources (the typed inner config reads them)
+#: the inner-config key of a member whose resources ask for GPUs (resources.gpus >= 1): how many. The member refuses
+#: to train without a usable GPU (inner_loop/member/device.py); absent: a CPU member, or one that takes what it finds
+MEMBER_GPUS_KEY = "gpus"
+#: the inner-config key of a GPU member's share of its GPU's memory (resources.gpu_memory_fraction; absent: all of it,
+#: one member per GPU): its generation cache and the full form's chunks are sized from that budget, never from what
+#: the device has free (members packed on one GPU would each take the others' memory)
+MEMBER_GPU_MEMORY_KEY = "gpu_memory_fraction"
+#: the inner-config key of a GPU member that shares its GPU with others (resources.members_per_gpu >= 2): how many
+#: members share it. Its memory share (MEMBER_GPU_MEMORY_KEY) is already divided by it; the member names both when
+#: it runs out of memory, and staggers its vLLM engine's start with the others on the card
+MEMBER_GPU_SHARERS_KEY = "members_per_gpu"
+#: the environment variable a packed SLURM task sets for each member it starts: how many of its members it started
+#: together on the card. Fewer than members_per_gpu (the odd member of a generation, a requeued task's survivors):
+#: each takes the card divided among those present, not among k (inner_loop/gpu_share.py)
+MEMBERS_ON_GPU_ENV = "MIRROR_ES_MEMBERS_ON_GPU"
+#: every member key above (they are config keys, not metrics: the metric scan leaves them alone)
+MEMBER_KEYS = (MEMBER_GPUS_KEY, MEMBER_GPU_MEMORY_KEY, MEMBER_GPU_SHARERS_KEY, MEMBERS_ON_GPU_ENV)

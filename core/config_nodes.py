@@ -221,7 +221,7 @@ def _without_none(hint: Any) -> tuple[Any, bool]:
         rest = tuple(a for a in args if a is not type(None))
         if len(rest) == 1:
             return rest[0], len(rest) < len(args)
-        raise TypeError(f"{hint}: a union of several types has no reading rule in results/store/config_nodes.py")
+        raise TypeError(f"{hint}: a union of several types has no reading rule in core/config_nodes.py")
     return hint, False
 
 
@@ -277,7 +277,7 @@ def typed_value(where: str, value: Any, hint: Any, *, prefix: str = "") -> Any:
         if not isinstance(value, (str, Path)):
             raise ValueError(f"{prefix}{where} must be a string, got {value!r}")
         return str(value)
-    raise TypeError(f"{where}: the annotation {hint} has no reading rule in results/store/config_nodes.py")
+    raise TypeError(f"{where}: the annotation {hint} has no reading rule in core/config_nodes.py")
 
 
 def typed_node(cls: type[T], data: Mapping[str, Any] | None, node: str, *, prefix: str = "", see: str = "") -> T:

@@ -20,18 +20,17 @@ from typing import Sequence
 
 import pandas as pd
 
-from results.store.atomic import atomic_write_text
+from results.store.atomic import atomic_write_text, CorruptFileError
 from results.store.layout import REPORT_DIR
-from results.store.atomic import CorruptFileError
 from results.report.arguments import check_output_folder, run_dir_argument
 from results.report.paired import pooled_std
-from results.report.plots import plot_disk, plot_failures, plot_fitness, plot_fitness_vs_control, plot_response_length
+from results.report.search.plots import (plot_disk, plot_failures, plot_fitness, plot_fitness_vs_control, plot_response_length)
 from results.store.run_store import RunStore
-from results.store.config_nodes import horizon_text
-from results.report.snapshot import RunSnapshot, load_run, top_members
+from core.config_nodes import horizon_text
+from results.report.search.snapshot import RunSnapshot, load_run, top_members
 from results.store.study_store import read_study_file
 from results.report.tune import build_tune_report, format_tune_report
-from results.report.result_table import render_markdown, table_file_paths
+from results.report.search.result_table import render_markdown, table_file_paths
 
 logger = logging.getLogger(__name__)
 

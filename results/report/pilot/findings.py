@@ -36,13 +36,13 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from results.report.arguments import check_output_folder, run_dir_argument
-from results.report.horizon import format_horizon, horizon_check, spearman
+from results.report.pilot.horizon import format_horizon, horizon_check, spearman
 from results.report.paired import CONFIDENCE, mean_interval
 from results.store.atomic import CorruptFileError, atomic_write_text
-from results.store.gpu_time import GpuSharing, gpu_sharing, gpu_time_h
-from results.store.intermediate import read_intermediate
+from core.gpu_time import GpuSharing, gpu_sharing, gpu_time_h
+from results.store.member_files import read_intermediate, read_result
 from results.store.layout import REPORT_DIR
-from results.store.records import ResultRecord, read_result
+from core.records import ResultRecord
 from results.store.run_store import RunStore
 
 logger = logging.getLogger(__name__)
@@ -416,7 +416,7 @@ def summarize_run_dir(run_dir: str | Path) -> dict[str, Any]:
 
 def _horizon(plan: Mapping[str, Any], records: Mapping[int, ResultRecord], ctx: PilotContext,
              main: int) -> dict[str, Any] | None:
-    """The horizon check (results/report/horizon.py) from the first combination's runs at es.member_steps and their
+    """The horizon check (results/report/pilot/horizon.py) from the first combination's runs at es.member_steps and their
     twins at train.steps; None for a pilot whose members train train.steps."""
     horizon = plan.get("horizon")
     if not horizon:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from results.store.proc_stat import proc_stat
+from core.proc_stat import proc_stat
 
 logger = logging.getLogger(__name__)
 
