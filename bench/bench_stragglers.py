@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from meta.search.generation_close import QuorumClock  # noqa: E402
+from meta.search.generation_shape import GenerationShape  # noqa: E402
 from meta.search.init import initial_center  # noqa: E402
 from meta.searchers import build_searcher  # noqa: E402
 from meta.synthetic import member_time_s, objective  # noqa: E402
@@ -103,7 +104,7 @@ def _close(times: list[float], quorum: float, grace: float) -> list[bool]:
     """Which members the orchestrator's rule leaves late, replayed on known finishing times."""
     population = len(times)
     clock_now = [0.0]
-    clock = QuorumClock(population, quorum, grace, _now=lambda: clock_now[0])
+    clock = QuorumClock(GenerationShape(population, quorum=quorum), grace, _now=lambda: clock_now[0])
     final: dict[int, ResultRecord] = {}
     for index in sorted(range(population), key=lambda i: times[i]):
         clock_now[0] = times[index]

@@ -22,6 +22,8 @@ from results.store.config_nodes import MEMBER_STEPS_KEY, group_file, plain, refu
 if TYPE_CHECKING:
     import torch
 
+    from meta.search.generation_shape import GenerationShape
+
 #: the Hydra config tree of every command (conf/)
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 INNER_NODES = ("task", "model", "divergence", "train")
@@ -210,6 +212,14 @@ class SearchConfig:
         """A member's expected running time alone on its GPU, minutes: resources.member_time_min (derived from the
         measured step time where one is given), else its time limit, inner.timeout_s."""
         return float(self.resources.get("member_time_min") or self.inner_timeout_s / 60.0)
+
+    @property
+    def generation_shape(self) -> "GenerationShape":
+        """One generation's members, control member, jobs, quorum count and early-stop capacity: the one count the
+        plan, the orchestrator, the quorum, early stopping and the live view share (meta/search/generation_shape.py)."""
+        from meta.search.generation_shape import GenerationShape
+
+        return GenerationShape.build(self.population, self.es, self.control_member, self.quorum)
 
     @property
     def searcher_online(self) -> bool:
@@ -458,7 +468,6 @@ def build_search_config(raw: Mapping[str, Any]) -> SearchConfig:
     if cfg.log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(f"log_level={cfg.log_level!r} must be one of DEBUG, INFO, WARNING, ERROR")
     _check_search_components(cfg)
-    cfg.control_member = cfg.control_member and not cfg.searcher_online
     if cfg.searcher_online and cfg.member_steps != cfg.full_steps:
         raise ConfigError(f"es.{MEMBER_STEPS_KEY}={cfg.member_steps} does not apply to es={cfg.es.get('name')}: its "
                           f"particles train the whole train.steps={cfg.full_steps}, a truncation at a time "
@@ -470,7 +479,7 @@ def build_search_config(raw: Mapping[str, Any]) -> SearchConfig:
     try:
         cfg.early_stop = EarlyStopConfig.from_mapping(raw.get("early_stop"))
         cfg.early_stop_step = check_early_stop(cfg.early_stop, cfg.es, member_train(raw["train"], cfg.member_steps),
-                                               cfg.population)
+                                               cfg.generation_shape)
     except EarlyStopError as exc:
         raise ConfigError(str(exc)) from None
     check_member_launch(raw, cfg.launcher, cfg.inner_timeout_s, cfg.inner_entrypoint, cfg.member_inner(),
