@@ -123,8 +123,8 @@ def part_two(opts: argparse.Namespace) -> dict:
     out = {}
     for tracks in (0.0, 20.0, -20.0):
         options = _options(opts, tracks)
-        full = build_searcher({"name": "pgpe"}, initial_center("uniform", 0), opts.population, 0)
-        quick = build_searcher({"name": "pgpe"}, initial_center("uniform", 0), opts.population, 0)
+        full = build_searcher({"name": "pgpe", "radius": 0.01}, initial_center("uniform", 0), opts.population, 0)
+        quick = build_searcher({"name": "pgpe", "radius": 0.01}, initial_center("uniform", 0), opts.population, 0)
         cosines, lates = [], []
         for generation in range(opts.bias_generations):
             values = quick.ask(generation)
@@ -133,7 +133,7 @@ def part_two(opts: argparse.Namespace) -> dict:
             times = [member_time_s(spec, options, float(f)) for spec, f in zip(specs, fitness)]
             late = torch.tensor(_close(times, opts.quorum, opts.grace))
             ok = torch.ones(opts.population, dtype=torch.bool)
-            reference = build_searcher({"name": "pgpe"}, initial_center("uniform", 0), opts.population, 0)
+            reference = build_searcher({"name": "pgpe", "radius": 0.01}, initial_center("uniform", 0), opts.population, 0)
             reference.load_state_dict(quick.state_dict())
             before = quick.center
             reference.tell(generation, values, fitness, ok)

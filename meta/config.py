@@ -249,6 +249,9 @@ def param_transform_of(config: Mapping[str, Any]) -> str:
 def config_hash(raw: Mapping[str, Any], keys: Sequence[str] = SEARCH_KEYS) -> str:
     """Hash of the keys that define what a run computes (provenance for exported inits and presets): a search's
     SEARCH_KEYS by default, a tuning study's own (meta/tune/config.py STUDY_KEYS)."""
+    from meta.searchers.radius import with_radius_renamed
+
+    raw = with_radius_renamed(raw)  # a run stored under a former radius key hashes as under es.radius
     picked = plain({key: _get_dotted(raw, key) for key in keys})
     for key, default in ADDED_SEARCH_KEYS.items():
         *parents, leaf = key.split(".")
@@ -433,6 +436,9 @@ def absolute_overrides(overrides: Sequence[str], cwd: str | Path) -> list[str]:
 
 def build_search_config(raw: Mapping[str, Any]) -> SearchConfig:
     """Validate the resolved config (a plain dict) into a SearchConfig; ConfigError on the first problem."""
+    from meta.searchers.radius import with_radius_renamed
+
+    raw = with_radius_renamed(raw)  # a run dir's config stored before es.radius (meta.reevaluate, meta.export read it)
     for node in ("es", "launcher", "inner", *INNER_NODES):
         if not isinstance(raw.get(node), Mapping):
             raise ConfigError(f"config node {node!r} is missing; check conf/config.yaml's defaults list")

@@ -58,8 +58,8 @@ def _same(a: dict, b: dict) -> bool:
     return len(left) == len(right) and all(torch.allclose(x, y, rtol=0, atol=1e-12) for x, y in zip(left, right))
 
 
-SNES = {"name": "snes", "stdev_init": 0.1, "ranking_method": "nes"}
-CEM = {"name": "cem", "stdev_init": 0.1, "parenthood_ratio": 0.5}
+SNES = {"name": "snes", "radius": 0.1, "ranking_method": "nes"}
+CEM = {"name": "cem", "radius": 0.1, "parenthood_ratio": 0.5}
 SHAPE = GenerationShape.build(8, SNES)
 # final pass@1 of 8 members, with ties: a tie group (0.5) straddles the median, failures tie at 0.0
 FINAL = [0.7, 0.5, 0.2, 0.5, 0.1, 0.0, 0.9, 0.0]
@@ -192,7 +192,7 @@ def test_with_several_seeds_the_mean_decides_once_every_seed_reported(tmp_path):
 # Local processes, all at once: every member reports its intermediate scores as it starts (its final fitness,
 # no noise: early decisions are right), then "trains" 6 s more, during which the losers are stopped.
 SEARCH = ["launcher=local", "launcher.array_parallelism=9", "inner.entrypoint=meta.synthetic:member",
-          "population=8", "generations=1", "reevaluate.top_k=0", "es=snes", "search_radius=0.02",
+          "population=8", "generations=1", "reevaluate.top_k=0", "es=snes", "es.radius=0.02",
           "train.steps=60", "train.eval_every=10",
           "+inner.options={intermediate_noise: 0.0, time_median_s: 6, time_sigma: 0.0}"]
 EARLY = ["early_stop.enabled=true", "early_stop.at_fraction=0.5", "early_stop.noise=0.001", "early_stop.margin=2"]
