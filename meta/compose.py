@@ -93,8 +93,8 @@ def _override_key(override: str) -> str:
 
 
 def merge_overrides(old: Sequence[str], new: Sequence[str]) -> list[str]:
-    """Old overrides with those re-set in ``new`` replaced (later wins), run_dir and new (meta/search/resume.py) dropped.
-    ``old`` (a run's stored command line) under today's key names: a former radius key reads as es.radius."""
+    """Old overrides with those re-set in ``new`` replaced (later wins), run_dir and new (meta/search/resume.py)
+    dropped. ``old`` (a run's stored command line) under today's key names: a former radius key reads as es.radius."""
     merged: dict[str, str] = {}
     for override in [*(renamed_override(o) for o in old), *new]:
         key = _override_key(override)

@@ -146,8 +146,8 @@ def combinations(cfg: SearchConfig, pilot: PilotConfig) -> list[dict[str, float 
     if radii is None:
         value = cfg.es.get(RADIUS_KEY)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-            raise ConfigError(f"es.{RADIUS_KEY}={value!r} is the pilot's radius (pilot.radii=null) and must be a number above "
-                              "0; or set pilot.radii=[...]")
+            raise ConfigError(f"es.{RADIUS_KEY}={value!r} is the pilot's radius (pilot.radii=null) and must be a "
+                              "number above 0; or set pilot.radii=[...]")
         radii = (float(value),)
     divergence = cfg.inner_config["divergence"]
     if pilot.coefs is not None and "coef" not in divergence:
@@ -367,7 +367,8 @@ def build_dry_run_plan(prepared: Prepared) -> str:
         f"{finished}",
         f"centre: init={cfg.init}, seed={cfg.seed}; k={k} seeds per init (the same for every init), m={m} antithetic "
         f"pairs c +- e_i, e_i ~ N(0, radius^2 I), directions shared by every combination",
-        f"radius: es.{RADIUS_KEY} of es={cfg.es.get('name')}" + ("" if pilot.radii is None else " (scanned: pilot.radii)")
+        f"radius: es.{RADIUS_KEY} of es={cfg.es.get('name')}"
+        + ("" if pilot.radii is None else " (scanned: pilot.radii)")
         + f"; coef: divergence.coef of divergence={cfg.inner_config['divergence'].get('name')}"
         + ("" if pilot.coefs is None else " (scanned: pilot.coefs)"),
         f"combinations (radius x coef): {len(combos)}",

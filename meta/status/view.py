@@ -74,8 +74,6 @@ def render(run_dir: str | Path, show_all: bool = False, now: float | None = None
     now = time.time() if now is None else now
     raw = yaml.safe_load(store.read_config_text()) or {}
     population, generations = int(raw["population"]), int(raw["generations"])
-    # who is the control member: the orchestrator's count (a run's stored config predating the key had one)
-    shape = GenerationShape.build(population, raw["es"], bool(raw.get("control_member", True)))
     use = gpu_use(raw)
     queue = run_queue(raw)
     done = set(store.state_generations())
@@ -95,6 +93,8 @@ def render(run_dir: str | Path, show_all: bool = False, now: float | None = None
         jobs = store.read_jobs(generation)
         on_disk = {parse_member_dir_name(p.name) for p in store.generation_dir(generation).iterdir() if p.is_dir()}
         indices = sorted(set(range(population)) | set(jobs) | {i for i in on_disk if i is not None})
+        # the generation as the orchestrator counts it; whether it has a control member, from what it submitted
+        shape = GenerationShape(population, control=population in indices)
         rows = member_rows([(f"member {i:03d}" + (" (control)" if i == shape.control_index else ""), i,
                              store.member_dir(generation, i)) for i in indices],
                            jobs, queue if generation not in done else None, now)
