@@ -50,10 +50,10 @@ from meta.synthetic import objective  # noqa: E402
 from core.records import STOPPED_EARLY  # noqa: E402
 from results.store.run_store import RunStore  # noqa: E402
 
-ES = {"name": "snes", "stdev_init": 0.01, "center_learning_rate": 1.0, "stdev_learning_rate": None,
+ES = {"name": "snes", "radius": 0.01, "center_learning_rate": 1.0, "stdev_learning_rate": None,
       "ranking_method": "nes"}
 #: the presets' searcher (conf/es/pgpe.yaml), whose update early_stop cannot leave unchanged: what moving to snes costs
-PGPE = {"name": "pgpe", "center_learning_rate": 0.005, "stdev_learning_rate": 0.1, "stdev_init": 0.01,
+PGPE = {"name": "pgpe", "center_learning_rate": 0.005, "stdev_learning_rate": 0.1, "radius": 0.01,
         "stdev_max_change": 0.2, "ranking_method": "centered", "optimizer": "clipup"}
 STEPS, EVERY = 60, 10
 
@@ -62,7 +62,7 @@ def _run_arm(run_dir: Path, opts: argparse.Namespace, early: bool) -> float:
     options = (f"{{intermediate_noise:{opts.early_noise},time_median_s:{opts.median_s},time_sigma:0.3,"
                f"noise:{opts.seed_noise}}}")
     command = [sys.executable, "-m", "meta.run", f"run_dir={run_dir}", "launcher=local",
-               f"launcher.array_parallelism={opts.population}", "seed=0", "es=snes", "search_radius=0.01",
+               f"launcher.array_parallelism={opts.population}", "seed=0", "es=snes", "es.radius=0.01",
                "inner.entrypoint=meta.synthetic:member", f"population={opts.population}",
                f"generations={opts.generations}", "control_member=false", "reevaluate.top_k=0",
                f"train.steps={STEPS}", f"train.eval_every={EVERY}", f"+inner.options={options}", "log_level=WARNING"]

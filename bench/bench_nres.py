@@ -57,7 +57,7 @@ def start_center() -> torch.Tensor:
 
 def whole_runs(steps: int, population: int, generations: int, seed: int, learning_rate: float = 0.02) -> Outcome:
     """pgpe (the default searcher), each member a whole run of ``steps`` steps scored at its end."""
-    searcher = build_searcher({"name": "pgpe", "stdev_init": 0.01, "center_learning_rate": learning_rate},
+    searcher = build_searcher({"name": "pgpe", "radius": 0.01, "center_learning_rate": learning_rate},
                               start_center(), population, seed)
     for generation in range(generations):
         values = searcher.ask(generation)
@@ -71,7 +71,7 @@ def particles(horizon: int, truncation: int, population: int, generations: int, 
               learning_rate: float = 0.02, optimizer: str = "adam") -> Outcome:
     """es=nres: each member continues its particle's run for one truncation and reports its change of score."""
     searcher = build_searcher({"name": "nres", "horizon_steps": horizon, "truncation_steps": truncation,
-                               "sigma": 0.01, "stagger": stagger, "optimizer": optimizer,
+                               "radius": 0.01, "stagger": stagger, "optimizer": optimizer,
                                "center_learning_rate": learning_rate}, start_center(), population, seed)
     loss: dict[tuple[int, int], float] = {}
     steps = 0

@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from meta.search.generation_close import QuorumClock  # noqa: E402
+from meta.search.generation_shape import GenerationShape  # noqa: E402
 from meta.search.init import initial_center  # noqa: E402
 from meta.searchers import build_searcher  # noqa: E402
 from meta.synthetic import member_time_s, objective  # noqa: E402
@@ -103,7 +104,7 @@ def _close(times: list[float], quorum: float, grace: float) -> list[bool]:
     """Which members the orchestrator's rule leaves late, replayed on known finishing times."""
     population = len(times)
     clock_now = [0.0]
-    clock = QuorumClock(population, quorum, grace, _now=lambda: clock_now[0])
+    clock = QuorumClock(GenerationShape(population, quorum=quorum), grace, _now=lambda: clock_now[0])
     final: dict[int, ResultRecord] = {}
     for index in sorted(range(population), key=lambda i: times[i]):
         clock_now[0] = times[index]
@@ -122,8 +123,8 @@ def part_two(opts: argparse.Namespace) -> dict:
     out = {}
     for tracks in (0.0, 20.0, -20.0):
         options = _options(opts, tracks)
-        full = build_searcher({"name": "pgpe"}, initial_center("uniform", 0), opts.population, 0)
-        quick = build_searcher({"name": "pgpe"}, initial_center("uniform", 0), opts.population, 0)
+        full = build_searcher({"name": "pgpe", "radius": 0.01}, initial_center("uniform", 0), opts.population, 0)
+        quick = build_searcher({"name": "pgpe", "radius": 0.01}, initial_center("uniform", 0), opts.population, 0)
         cosines, lates = [], []
         for generation in range(opts.bias_generations):
             values = quick.ask(generation)
@@ -132,7 +133,7 @@ def part_two(opts: argparse.Namespace) -> dict:
             times = [member_time_s(spec, options, float(f)) for spec, f in zip(specs, fitness)]
             late = torch.tensor(_close(times, opts.quorum, opts.grace))
             ok = torch.ones(opts.population, dtype=torch.bool)
-            reference = build_searcher({"name": "pgpe"}, initial_center("uniform", 0), opts.population, 0)
+            reference = build_searcher({"name": "pgpe", "radius": 0.01}, initial_center("uniform", 0), opts.population, 0)
             reference.load_state_dict(quick.state_dict())
             before = quick.center
             reference.tell(generation, values, fitness, ok)

@@ -11,6 +11,7 @@ from typing import Any, Sequence
 from inner_loop.loss.divergences import fill_default_coef
 from meta.config import CONF_DIR, ConfigError, derive_inner_timeout, derive_member_time, member_sharing
 from meta.search.resume import NEW_KEY
+from meta.searchers.radius import refuse_former_radius, renamed_override
 from core.config_nodes import check_group_choice, checked_overrides, config_groups, with_config_path
 
 
@@ -31,6 +32,7 @@ def compose_with_choices(overrides: Sequence[str], config_name: str = "config") 
     groups = config_groups(CONF_DIR, overrides)
     checked = False
     try:
+        refuse_former_radius(overrides)  # a run's stored overrides come renamed (merge_overrides)
         for override in overrides:
             check_group_choice(override, groups, config_name)
         if any(o.lstrip().startswith(("+", "~")) for o in overrides):
@@ -91,9 +93,10 @@ def _override_key(override: str) -> str:
 
 
 def merge_overrides(old: Sequence[str], new: Sequence[str]) -> list[str]:
-    """Old overrides with those re-set in ``new`` replaced (later wins), run_dir and new (meta/search/resume.py) dropped."""
+    """Old overrides with those re-set in ``new`` replaced (later wins), run_dir and new (meta/search/resume.py)
+    dropped. ``old`` (a run's stored command line) under today's key names: a former radius key reads as es.radius."""
     merged: dict[str, str] = {}
-    for override in [*old, *new]:
+    for override in [*(renamed_override(o) for o in old), *new]:
         key = _override_key(override)
         if key in ("run_dir", NEW_KEY):  # where and whether new: this invocation's, never replayed
             continue

@@ -22,6 +22,8 @@ from core.config_nodes import MEMBER_STEPS_KEY, group_file, plain, refuse_unknow
 if TYPE_CHECKING:
     import torch
 
+    from meta.search.generation_shape import GenerationShape
+
 #: the Hydra config tree of every command (conf/)
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 INNER_NODES = ("task", "model", "divergence", "train")
@@ -212,6 +214,14 @@ class SearchConfig:
         return float(self.resources.get("member_time_min") or self.inner_timeout_s / 60.0)
 
     @property
+    def generation_shape(self) -> "GenerationShape":
+        """One generation's members, control member, jobs, quorum count and early-stop capacity: the one count the
+        plan, the orchestrator, the quorum, early stopping and the live view share (meta/search/generation_shape.py)."""
+        from meta.search.generation_shape import GenerationShape
+
+        return GenerationShape.build(self.population, self.es, self.control_member, self.quorum)
+
+    @property
     def searcher_online(self) -> bool:
         """Whether the searcher trains truncations of its particles' runs (es=nres), not whole runs."""
         return _online(self.es)
@@ -239,6 +249,9 @@ def param_transform_of(config: Mapping[str, Any]) -> str:
 def config_hash(raw: Mapping[str, Any], keys: Sequence[str] = SEARCH_KEYS) -> str:
     """Hash of the keys that define what a run computes (provenance for exported inits and presets): a search's
     SEARCH_KEYS by default, a tuning study's own (meta/tune/config.py STUDY_KEYS)."""
+    from meta.searchers.radius import with_radius_renamed
+
+    raw = with_radius_renamed(raw)  # a run stored under a former radius key hashes as under es.radius
     picked = plain({key: _get_dotted(raw, key) for key in keys})
     for key, default in ADDED_SEARCH_KEYS.items():
         *parents, leaf = key.split(".")
@@ -423,6 +436,9 @@ def absolute_overrides(overrides: Sequence[str], cwd: str | Path) -> list[str]:
 
 def build_search_config(raw: Mapping[str, Any]) -> SearchConfig:
     """Validate the resolved config (a plain dict) into a SearchConfig; ConfigError on the first problem."""
+    from meta.searchers.radius import with_radius_renamed
+
+    raw = with_radius_renamed(raw)  # a run dir's config stored before es.radius (meta.reevaluate, meta.export read it)
     for node in ("es", "launcher", "inner", *INNER_NODES):
         if not isinstance(raw.get(node), Mapping):
             raise ConfigError(f"config node {node!r} is missing; check conf/config.yaml's defaults list")
@@ -458,7 +474,6 @@ def build_search_config(raw: Mapping[str, Any]) -> SearchConfig:
     if cfg.log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(f"log_level={cfg.log_level!r} must be one of DEBUG, INFO, WARNING, ERROR")
     _check_search_components(cfg)
-    cfg.control_member = cfg.control_member and not cfg.searcher_online
     if cfg.searcher_online and cfg.member_steps != cfg.full_steps:
         raise ConfigError(f"es.{MEMBER_STEPS_KEY}={cfg.member_steps} does not apply to es={cfg.es.get('name')}: its "
                           f"particles train the whole train.steps={cfg.full_steps}, a truncation at a time "
@@ -470,7 +485,7 @@ def build_search_config(raw: Mapping[str, Any]) -> SearchConfig:
     try:
         cfg.early_stop = EarlyStopConfig.from_mapping(raw.get("early_stop"))
         cfg.early_stop_step = check_early_stop(cfg.early_stop, cfg.es, member_train(raw["train"], cfg.member_steps),
-                                               cfg.population)
+                                               cfg.generation_shape)
     except EarlyStopError as exc:
         raise ConfigError(str(exc)) from None
     check_member_launch(raw, cfg.launcher, cfg.inner_timeout_s, cfg.inner_entrypoint, cfg.member_inner(),

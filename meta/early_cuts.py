@@ -35,6 +35,7 @@ import yaml
 
 from meta.search.early_stop import EarlyStopConfig, EarlyStopJudge, update_fitness
 from meta.config import param_transform_of
+from meta.search.generation_shape import GenerationShape
 from meta.search.init import initial_center
 from meta.searchers import build_searcher
 from results.store.member_files import read_intermediate, read_result
@@ -143,7 +144,7 @@ def rule_stops(early: Sequence[float], step: int, margin: float, noise: float) -
     n = len(early)
     # at_fraction only names the step in a config; the judge decides at ``step``
     config = EarlyStopConfig(enabled=True, at_fraction=0.5, min_reported=1.0, margin=margin, noise=noise)
-    judge = EarlyStopJudge(config, step, n, n // 2)
+    judge = EarlyStopJudge(config, step, GenerationShape(population=n, early_stop_capacity=n // 2))
     judge.decide(dict(enumerate(early)), set(range(n)))
     stopped = set(judge.stopped())
     return [i in stopped for i in range(n)]

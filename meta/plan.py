@@ -15,7 +15,6 @@ from typing import Any, Mapping, Sequence
 
 from meta.config import MEMBER_STEPS_KEY, SearchConfig, member_sharing, member_time_text, member_train
 from launch.base import LauncherPlan, PlanContext
-from meta.search.early_stop import stop_capacity
 from meta.search.resume import run_dir_label
 from core.gpu_time import GpuSharing, gpu_time_h
 from results.store.run_store import RunStore
@@ -133,11 +132,6 @@ def _gb(n_bytes: float) -> str:
     return f"{n_bytes / 1e9:,.2f} GB" if n_bytes < 1e12 else f"{n_bytes / 1e12:,.2f} TB"
 
 
-def members_per_generation(cfg: SearchConfig) -> int:
-    """Jobs one generation submits: the population, plus the control member (the centre) when enabled."""
-    return cfg.population + (1 if cfg.control_member else 0)
-
-
 def selection_runs(cfg: SearchConfig) -> int:
     """Training runs of the selection stage: (top_k + the final centre) x seeds."""
     settings = cfg.reevaluate
@@ -200,7 +194,7 @@ def _plan_context(cfg: SearchConfig, raw: Mapping[str, Any], generations: int = 
                   store: RunStore | None = None, run_id: str | None = None) -> PlanContext:
     """What the launcher's part of the plan reads of the search (launch/base.py: PlanContext)."""
     return PlanContext(
-        members_per_generation=members_per_generation(cfg), generations=generations, first_generation=first,
+        members_per_generation=cfg.generation_shape.jobs, generations=generations, first_generation=first,
         inner_timeout_s=cfg.search_timeout_s, resources=cfg.resources,  # the generation's members' limit
         num_threads=int(raw["train"].get("num_threads") or 1), sharing=member_sharing(raw),
         launcher_dir=store.launcher_dir(first) if store is not None else None, run_id=run_id or "RUNID")
@@ -233,7 +227,7 @@ def training_runs(cfg: SearchConfig, generations: int, selection: int, reporting
 
 def search_runs(cfg: SearchConfig, generations: int) -> int:
     """The training runs of ``generations`` generations (es.member_steps each): members x seeds per member."""
-    return members_per_generation(cfg) * generations * cfg.seeds_per_member
+    return cfg.generation_shape.jobs * generations * cfg.seeds_per_member
 
 
 def search_gpu_hours(cfg: SearchConfig, sharing: GpuSharing, gpus: int, generations: int, after_runs: int) -> float:
@@ -287,7 +281,8 @@ def online_cost(cfg: SearchConfig, raw: Mapping[str, Any], generations: int) -> 
     steps = searcher_class(str(cfg.es.get("name"))).planned_member_steps(cfg.es, cfg.population, generations)
     if steps is None:
         return None
-    truncations = max(1, cfg.population * generations)
+    jobs = cfg.generation_shape.jobs * generations  # a truncation per particle per generation (no control member)
+    truncations = max(1, jobs)
     horizon = int(raw["train"]["steps"]) or 1
     step_s = cfg.resources.get("step_time_s")
     if step_s is not None:
@@ -298,7 +293,7 @@ def online_cost(cfg: SearchConfig, raw: Mapping[str, Any], generations: int) -> 
     else:
         hours = cfg.member_alone_min / 60.0 * steps / horizon
         basis = "a whole member's time x its share of train.steps (no resources.step_time_s measured)"
-    return OnlineCost(cfg.population * generations, steps, hours / truncations, basis)
+    return OnlineCost(jobs, steps, hours / truncations, basis)
 
 
 def new_search_gpu_hours(cfg: SearchConfig, raw: Mapping[str, Any]) -> tuple[int, float]:
@@ -358,7 +353,8 @@ def build_plan(
         + (f", {concurrent * mem:g} GB memory" if mem is not None else ""),
     ]
     member_h = alone_min / 60.0  # alone on its GPU: the sharing's slowdown and split are sharing.gpu_hours's
-    per_generation = members_per_generation(cfg)
+    shape = cfg.generation_shape  # the orchestrator's count of a generation (meta/search/generation_shape.py)
+    per_generation = shape.jobs
     k = cfg.seeds_per_member
     selection, reporting, done = runs_left(cfg, store, resuming)
     runs = training_runs(cfg, generations, selection, reporting)
@@ -366,7 +362,7 @@ def build_plan(
     worst_h = gpu_time_h((search_runs(cfg, generations) * cfg.search_timeout_s
                           + (selection + reporting) * cfg.inner_timeout_s) * (cfg.retries + 1) / 3600.0,
                          gpus, sharing.members_per_gpu)
-    control = " (population + the control member)" if cfg.control_member else ""
+    control = " (population + the control member)" if shape.control else ""
     scope = "what is left of the search" if resuming else "whole search"
     online = online_cost(cfg, raw, generations)
     if online is not None:
@@ -382,10 +378,7 @@ def build_plan(
         f"seeds={cfg.reevaluate.seeds}) + {reporting} reporting runs (below) = {runs}"
         + (f" left to run (done already: {first} generation(s)" + (f"; {done}" if done else "") + ")"
            if resuming else ""),
-        f"quorum={cfg.quorum:g}" + (" (every generation waits for all its members)" if cfg.quorum >= 1.0 else
-                                    f": a generation closes {cfg.straggler_grace:g} x its median member time after "
-                                    f"{math.ceil(cfg.quorum * cfg.population - 1e-9)} of {cfg.population} members "
-                                    "finished; the rest are cancelled as late (the GPU-hours below are an upper bound)"),
+        quorum_line(cfg),
         (f"GPU-hours, {scope}: {runs} runs x {sharing.hours_text(member_h, gpus)} = {gpu_h:,.1f} GPU-h"
          if cfg.member_steps == cfg.full_steps else
          f"GPU-hours, {scope}: {search_runs(cfg, generations)} search runs x {sharing.hours_text(member_h, gpus)} "
@@ -421,19 +414,31 @@ def online_lines(cfg: SearchConfig, raw: Mapping[str, Any], online: OnlineCost, 
         f"{online.member_steps:,} steps = {online.member_steps / horizon:,.1f} runs of {horizon} steps (a whole-run "
         f"search of the same population and generations trains {whole_runs} runs: "
         f"{whole_runs * horizon:,} steps, {whole_runs * horizon / max(1, online.member_steps):.1f}x as many)",
+        quorum_line(cfg),
         f"training runs after the search: {selection} selection runs (reevaluate: top_k={cfg.reevaluate.top_k} + "
         f"centre, x seeds={cfg.reevaluate.seeds}) + {reporting} reporting runs (below), each train.steps={horizon}",
         f"GPU-hours, {scope}: {online.truncations} truncations x {sharing.hours_text(online.alone_h, gpus)} "
         f"({online.basis}) = {search_h:,.1f} + {selection + reporting} runs x {sharing.hours_text(member_h, gpus)} = "
         f"{after_h:,.1f}; total {total:,.1f} GPU-h",
-        f"against today's whole-run search at the same step time: {whole_h:,.1f} GPU-h; this plan is "
-        f"{total / whole_h:.3f} of it ({whole_h / total:.1f}x fewer) because a particle pays for its run once over "
-        "the search, not once per generation, and its truncations telescope to the run's final pass@1 "
-        "(docs/searchers.md)",
-        *sharing.plan_lines(cfg.population),
+        *([f"against today's whole-run search at the same step time: {whole_h:,.1f} GPU-h; this plan is "
+           f"{total / whole_h:.3f} of it ({whole_h / total:.1f}x fewer) because a particle pays for its run once over "
+           "the search, not once per generation, and its truncations telescope to the run's final pass@1 "
+           "(docs/searchers.md)"] if total > 0 else []),  # members without a GPU (resources.gpus=0) cost no GPU-h
+        *sharing.plan_lines(cfg.generation_shape.jobs),
         f"CPU-hours, {scope}: "
         f"{(online.truncations * sharing.member_time(online.alone_h) + (selection + reporting) * sharing.member_time(member_h)) * int(raw['train'].get('num_threads') or 1):,.1f} CPU-h",
     ]
+
+
+def quorum_line(cfg: SearchConfig) -> str:
+    """When a generation closes: after all its members, or at its quorum count (the orchestrator's, from the same
+    GenerationShape) and the straggler grace."""
+    shape = cfg.generation_shape
+    if not shape.closes_early:
+        return f"quorum={shape.quorum:g} (every generation waits for all its members)"
+    return (f"quorum={shape.quorum:g}: a generation closes {cfg.straggler_grace:g} x its median member time after "
+            f"{shape.quorum_count} of {shape.population} members finished; the rest are cancelled as late (the "
+            "GPU-hours below are an upper bound)")
 
 
 def search_timeout_text(cfg: SearchConfig) -> str:
@@ -463,7 +468,7 @@ def early_stop_lines(cfg: SearchConfig, generations: int, member_h: float, gpus:
     if cfg.early_stop_step is None:
         return ["early_stop: off (every member trains to its last step)"]
     steps = cfg.member_steps
-    capacity = stop_capacity(cfg.es, cfg.population)
+    capacity = cfg.generation_shape.early_stop_capacity
     rest = 1.0 - cfg.early_stop_step / steps
     saved_runs = generations * capacity * rest
     saved_h = saved_runs * sharing.member_time(member_h)
@@ -488,7 +493,7 @@ def _disk_lines(raw: Mapping[str, Any], cfg: SearchConfig, concurrent: int, gene
     what = (f"LoRA r={model.get('lora_r')} on {', '.join(model.get('lora_target_modules') or [])}"
             if model.get("lora_r") else f"all weights ({model.get('dtype')})")
     ckpt = disk.bytes_per_checkpoint
-    pop = members_per_generation(cfg)
+    pop = cfg.generation_shape.jobs
     policy_text = {
         "none": "none: a member deletes its checkpoints once result.json is written",
         "last": "last: a member keeps its newest checkpoint",

@@ -15,7 +15,6 @@ from meta.search.early_stop import (
     check_early_stop,
     early_stop_refusal,
     reported_score,
-    stop_capacity,
     update_fitness,
 )
 from meta.run import main
@@ -24,6 +23,7 @@ from meta.compose import compose
 from meta.config import config_hash
 from results.report.search.snapshot import load_run
 from results.report.search.tensorboard import generation_scalars
+from meta.search.generation_shape import GenerationShape
 from meta.searchers import build_searcher
 from results.store.member_files import append_intermediate, write_result
 from results.store.layout import seed_dir_name
@@ -58,8 +58,9 @@ def _same(a: dict, b: dict) -> bool:
     return len(left) == len(right) and all(torch.allclose(x, y, rtol=0, atol=1e-12) for x, y in zip(left, right))
 
 
-SNES = {"name": "snes", "stdev_init": 0.1, "ranking_method": "nes"}
-CEM = {"name": "cem", "stdev_init": 0.1, "parenthood_ratio": 0.5}
+SNES = {"name": "snes", "radius": 0.1, "ranking_method": "nes"}
+CEM = {"name": "cem", "radius": 0.1, "parenthood_ratio": 0.5}
+SHAPE = GenerationShape.build(8, SNES)
 # final pass@1 of 8 members, with ties: a tie group (0.5) straddles the median, failures tie at 0.0
 FINAL = [0.7, 0.5, 0.2, 0.5, 0.1, 0.0, 0.9, 0.0]
 
@@ -96,26 +97,27 @@ def test_stopped_members_are_told_a_fitness_below_every_other_member_all_tied():
 def test_searchers_whose_update_reads_every_member_refuse_early_stop_with_the_reason(es, reason):
     assert reason in early_stop_refusal(es)
     with pytest.raises(EarlyStopError, match="refused"):
-        check_early_stop(ON, es, TRAIN, 8)
+        check_early_stop(ON, es, TRAIN, GenerationShape.build(8, es))
 
 
 def test_early_stop_settings_are_checked_before_anything_runs():
-    assert check_early_stop(ON, SNES, TRAIN, 8) == 30
-    assert check_early_stop(EarlyStopConfig(), {"name": "pgpe"}, TRAIN, 8) is None  # off: nothing is checked
+    assert check_early_stop(ON, SNES, TRAIN, SHAPE) == 30
+    assert check_early_stop(EarlyStopConfig(), {"name": "pgpe"}, TRAIN, SHAPE) is None  # off: nothing is checked
     with pytest.raises(EarlyStopError, match="train.eval_every"):
-        check_early_stop(ON, SNES, {"steps": 60, "eval_every": None}, 8)
+        check_early_stop(ON, SNES, {"steps": 60, "eval_every": None}, SHAPE)
     with pytest.raises(EarlyStopError, match="not an intermediate validation step"):
-        check_early_stop(ON, SNES, {"steps": 60, "eval_every": 7}, 8)
+        check_early_stop(ON, SNES, {"steps": 60, "eval_every": 7}, SHAPE)
     with pytest.raises(EarlyStopError, match="noise"):
-        check_early_stop(EarlyStopConfig(enabled=True, at_fraction=0.5), SNES, TRAIN, 8)
+        check_early_stop(EarlyStopConfig(enabled=True, at_fraction=0.5), SNES, TRAIN, SHAPE)
     with pytest.raises(EarlyStopError, match="early_stop.margin"):
         EarlyStopConfig.from_mapping({"enabled": True, "margin": -1})
     with pytest.raises(EarlyStopError, match="early_stop.enabled"):
         EarlyStopConfig.from_mapping({"enabled": "yes"})
     with pytest.raises(EarlyStopError, match="early_stop.patience"):
         EarlyStopConfig.from_mapping({"patience": 3})
-    assert stop_capacity(SNES, 8) == 4 and stop_capacity(SNES, 7) == 3
-    assert stop_capacity({"name": "cem", "parenthood_ratio": 0.25}, 8) == 6
+    capacity = [GenerationShape.build(n, SNES).early_stop_capacity for n in (8, 7)]
+    assert capacity == [4, 3]
+    assert GenerationShape.build(8, {"name": "cem", "parenthood_ratio": 0.25}).early_stop_capacity == 6
 
 
 def test_a_bad_early_stop_exits_2_before_any_member_is_submitted(tmp_path, capsys):
@@ -140,7 +142,7 @@ def test_the_dry_run_plan_prints_the_most_early_stop_can_save(tmp_path, capsys):
 
 # ------------------------------------------------------------------ the rule
 def test_members_are_decided_once_enough_reported_against_the_median_so_far_and_never_again():
-    judge = EarlyStopJudge(ON, step=30, population=8, capacity=4)
+    judge = EarlyStopJudge(ON, step=30, shape=GenerationShape(population=8, early_stop_capacity=4))
     open_members = set(range(8))
     assert judge.decide({0: 0.10, 1: 0.50, 2: 0.52}, open_members) == []  # 3 of the 4 needed
     new = judge.decide({0: 0.10, 1: 0.50, 2: 0.52, 3: 0.49}, open_members)
@@ -155,24 +157,24 @@ def test_members_are_decided_once_enough_reported_against_the_median_so_far_and_
 
 
 def test_finished_members_count_in_the_median_but_are_never_decided_and_the_capacity_holds():
-    judge = EarlyStopJudge(ON, step=30, population=6, capacity=2)
+    judge = EarlyStopJudge(ON, step=30, shape=GenerationShape(population=6, early_stop_capacity=2))
     scores = {0: 0.0, 1: 0.01, 2: 0.02, 3: 0.9, 4: 0.9, 5: 0.9}
     new = judge.decide(scores, open_members={1, 2, 3, 4, 5})
     assert judge.stopped() == [1, 2] and 0 not in judge.decisions
     assert [d.index for d in new if not d.stop] == [3, 4, 5]
     # the control member (index == population) never counts
-    fresh = EarlyStopJudge(ON, step=30, population=4, capacity=2)
+    fresh = EarlyStopJudge(ON, step=30, shape=GenerationShape(population=4, early_stop_capacity=2))
     assert fresh.decide({4: 0.0, 0: 0.5}, open_members={0, 4}) == []
 
 
 def test_the_judge_restores_its_decisions_and_refuses_another_step():
-    judge = EarlyStopJudge(ON, step=30, population=4, capacity=2)
+    judge = EarlyStopJudge(ON, step=30, shape=GenerationShape(population=4, early_stop_capacity=2))
     judge.decide({0: 0.1, 1: 0.5, 2: 0.6}, open_members={0, 1, 2, 3})
-    again = EarlyStopJudge(ON, step=30, population=4, capacity=2)
+    again = EarlyStopJudge(ON, step=30, shape=GenerationShape(population=4, early_stop_capacity=2))
     again.load(json.loads(json.dumps(judge.to_dict())))
     assert again.decisions == judge.decisions
     with pytest.raises(EarlyStopError, match="at step 30"):
-        EarlyStopJudge(ON, step=20, population=4, capacity=2).load(judge.to_dict())
+        EarlyStopJudge(ON, step=20, shape=GenerationShape(population=4, early_stop_capacity=2)).load(judge.to_dict())
 
 
 def test_with_several_seeds_the_mean_decides_once_every_seed_reported(tmp_path):
@@ -190,7 +192,7 @@ def test_with_several_seeds_the_mean_decides_once_every_seed_reported(tmp_path):
 # Local processes, all at once: every member reports its intermediate scores as it starts (its final fitness,
 # no noise: early decisions are right), then "trains" 6 s more, during which the losers are stopped.
 SEARCH = ["launcher=local", "launcher.array_parallelism=9", "inner.entrypoint=meta.synthetic:member",
-          "population=8", "generations=1", "reevaluate.top_k=0", "es=snes", "search_radius=0.02",
+          "population=8", "generations=1", "reevaluate.top_k=0", "es=snes", "es.radius=0.02",
           "train.steps=60", "train.eval_every=10",
           "+inner.options={intermediate_noise: 0.0, time_median_s: 6, time_sigma: 0.0}"]
 EARLY = ["early_stop.enabled=true", "early_stop.at_fraction=0.5", "early_stop.noise=0.001", "early_stop.margin=2"]

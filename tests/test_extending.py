@@ -100,7 +100,7 @@ def test_a_searcher(toy, tmp_path, unchanged_repository):
     usage = _run(toy, "meta.run", "--help")
     assert "toy_best" in usage.stdout
     pilot = _run(toy, "meta.pilot", f"run_dir={tmp_path / 'pilot'}", "new=true", "dry_run=true", "es=toy_best")
-    assert "radius: es.sigma of es=toy_best" in pilot.stdout, pilot.stderr[-2000:]  # its declared radius_key
+    assert "radius: es.radius of es=toy_best" in pilot.stdout, pilot.stderr[-2000:]  # the one radius key
     run_dir = tmp_path / "search"
     done = _run(toy, "meta.run", f"run_dir={run_dir}", "new=true", "es=toy_best", *TINY)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -10,6 +10,7 @@ import torch
 
 from launch.local.controllers import controller_running
 from meta.search.generation_close import QuorumClock
+from meta.search.generation_shape import GenerationShape
 from meta.run import main
 from core.records import ResultRecord
 from results.store.member_files import read_result, write_result
@@ -32,7 +33,7 @@ def _calls(store: RunStore, generation: int, index: int) -> int:
 
 def test_quorum_clock_waits_the_grace_relative_to_the_median_time():
     now = [100.0]
-    clock = QuorumClock(population=4, quorum=0.5, grace=0.5, _now=lambda: now[0])
+    clock = QuorumClock(GenerationShape(population=4, control=True, quorum=0.5), grace=0.5, _now=lambda: now[0])
     final = {0: ResultRecord(status="ok", fitness=0.1, wall_time_s=10.0)}
     assert clock.late_members(final, [1, 2, 3]) == []  # 1 of 2 needed
     final[1] = ResultRecord(status="ok", fitness=0.2, wall_time_s=30.0)
@@ -42,8 +43,8 @@ def test_quorum_clock_waits_the_grace_relative_to_the_median_time():
     now[0] = 110.0
     assert clock.late_members(final, [2, 3]) == [2, 3]
     # the control member (index == population) never counts toward the quorum
-    assert QuorumClock(4, 0.5, 0.0).late_members({0: final[0], 4: final[1]}, [1, 2, 3]) == []
-    assert not QuorumClock(4, 1.0, 0.0).enabled()
+    assert QuorumClock(GenerationShape(4, True, 0.5), 0.0).late_members({0: final[0], 4: final[1]}, [1, 2, 3]) == []
+    assert not QuorumClock(GenerationShape(4, True, 1.0), 0.0).enabled()
 
 
 def test_a_generation_closes_at_its_quorum_and_late_members_stay_out_of_the_update(tmp_path):

@@ -14,10 +14,12 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
+import torch
 
 from meta.compose import CONF_DIR, compose
-from meta.pilot.cli import PilotConfig, main, radius_key
+from meta.config import searcher_settings
+from meta.pilot.cli import PilotConfig, main
+from meta.searchers import build_searcher
 from meta.synthetic import member as synthetic_member
 from results.report.pilot.findings import format_pilot, is_pilot_dir
 from core.records import MemberSpec
@@ -28,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SYNTH = ["launcher=debug", "inner.entrypoint=meta.synthetic:member"]
 SLOPE, PARAM_NOISE, RADIUS, POPULATION = 10.0, 0.05, 0.01, 4
 #: what the fixed-seed numbers below depend on, pinned against changes of the defaults
-PINNED = ["es=pgpe", f"es.stdev_init={RADIUS}", "init=uniform"]
+PINNED = ["es=pgpe", f"es.radius={RADIUS}", "init=uniform"]
 # f(x, s) = base + SLOPE w.(x - target) + noise g(s) + PARAM_NOISE h(s, x), w a unit vector, g, h ~ N(0, 1):
 #   d_is = f(c + e_i, s) - f(c - e_i, s) = 2 SLOPE w.e_i + PARAM_NOISE (h(s, c+e_i) - h(s, c-e_i))   (g(s) cancels)
 #   w.e_i ~ N(0, RADIUS^2)  =>  sigma_s^2 = 4 SLOPE^2 RADIUS^2 = 4 * 100 * 1e-4 = 0.04
@@ -131,7 +133,7 @@ def test_export_writes_a_preset_that_meta_run_composes(slope_pilot, tmp_path):
     assert main([f"run_dir={slope_pilot}", "new=true", "pilot.target_snr=40", f"pilot.export={out}"]) == 0
     rec = _summary(slope_pilot)["recommendation"]
     raw = compose(["experiment=rec", f"hydra.searchpath=[file://{tmp_path / 'presets'}]"])
-    assert raw["population"] == rec["population"] and raw["es"]["stdev_init"] == rec["radius"]
+    assert raw["population"] == rec["population"] and raw["es"]["radius"] == rec["radius"]
     assert raw["divergence"]["coef"] == rec["coef"] and raw["train"]["eval_every"] is None
     assert out.read_text().startswith("# @package _global_\n# Exported by python -m meta.pilot")
     assert main([f"run_dir={slope_pilot}", "new=true", f"pilot.export={out}"]) == 0  # the same file again: fine
@@ -207,7 +209,7 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path, capsys):
     ("pilot.seeds=1", "pilot.seeds=1"), ("pilot.pairs=0", "pilot.pairs=0"),
     ("pilot.radii=[0.01,-0.02]", "pilot.radii"), ("pilot.radii=[0]", "pilot.radii"),
     ("pilot.coefs=[-1]", "pilot.coefs"), ("+pilot.sedes=3", "pilot.sedes"), ("pilot.target_snr=0", "pilot.target_snr"),
-    ("es=cmaes es.sigma_init=0", "sigma_init"),
+    ("es=cmaes es.radius=0", "es.radius"), ("es.sigma_init=0.1", "es.sigma_init is now es.radius"),
     ("pilot.radii=[0.01,0.01]", "repeats"),
 ])
 def test_bad_input_exits_2_before_anything_runs(tmp_path, capsys, override, fragment):
@@ -220,9 +222,9 @@ def test_bad_input_exits_2_before_anything_runs(tmp_path, capsys, override, frag
 def test_pilot_defaults_in_conf_match_the_dataclass_and_every_searcher_has_a_radius():
     defaults = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(PilotConfig()).items()}
     assert compose([])["pilot"] == defaults
-    for path in sorted((CONF_DIR / "es").glob("*.yaml")):
-        es = yaml.safe_load(path.read_text())
-        assert radius_key(es) in es, path.name
+    for path in sorted((CONF_DIR / "es").glob("*.yaml")):  # es.radius, the one key, reaches every searcher
+        raw = compose([f"es={path.stem}", "es.radius=0.03"])
+        assert build_searcher(searcher_settings(raw["es"]), torch.zeros(4, dtype=torch.float64), 4, 0), path.name
 
 
 def test_synthetic_slope_and_per_params_noise(tmp_path):
@@ -303,7 +305,7 @@ def test_help_prints_the_usage(capsys):
 # with a map's distance from target whatever the direction (c + e and c - e alike, to ~1e-3 here): a scale effect of
 # RADIAL (mean over members of rms(x - t) - rms(c - t)), known from the plan's own maps; slope adds a direction.
 RADIAL, SCALE_RADIUS = 2.0, 0.1
-SCALE_ARGS = [*SYNTH, "es=pgpe", f"es.stdev_init={SCALE_RADIUS}", "init=uniform", "pilot.seeds=3", "pilot.pairs=4",
+SCALE_ARGS = [*SYNTH, "es=pgpe", f"es.radius={SCALE_RADIUS}", "init=uniform", "pilot.seeds=3", "pilot.pairs=4",
               "seed=2"]
 
 

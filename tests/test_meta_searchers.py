@@ -12,11 +12,11 @@ from meta.synthetic import objective
 
 # Per-searcher settings for a 20-member population on the synthetic objective (the defaults target real runs).
 SETTINGS = {
-    "pgpe": {"name": "pgpe"},
-    "snes": {"name": "snes"},
-    "cem": {"name": "cem"},
-    "cmaes": {"name": "cmaes", "diagonal": True},
-    "openai_es_elite": {"name": "openai_es_elite", "learning_rate": 0.001},
+    "pgpe": {"name": "pgpe", "radius": 0.01},
+    "snes": {"name": "snes", "radius": 0.01},
+    "cem": {"name": "cem", "radius": 0.01},
+    "cmaes": {"name": "cmaes", "radius": 0.01, "diagonal": True},
+    "openai_es_elite": {"name": "openai_es_elite", "radius": 0.01, "learning_rate": 0.001},
 }
 POP = 20
 
@@ -68,7 +68,7 @@ def test_same_seed_same_search_and_resume_from_saved_state_is_identical(name):
 
 
 def test_ask_does_not_disturb_the_global_rng():
-    searcher = build_searcher({"name": "pgpe"}, initial_center("uniform", 0), 4, 0)
+    searcher = build_searcher({"name": "pgpe", "radius": 0.01}, initial_center("uniform", 0), 4, 0)
     torch.manual_seed(123)
     expected = torch.rand(3)
     torch.manual_seed(123)
@@ -79,11 +79,11 @@ def test_ask_does_not_disturb_the_global_rng():
 @pytest.mark.parametrize("name", ["pgpe", "openai_es_elite"])
 def test_antithetic_searchers_refuse_an_odd_population(name):
     with pytest.raises(ValueError, match="even population"):
-        build_searcher({"name": name}, initial_center("uniform", 0), 5, 0)
+        build_searcher({"name": name, "radius": 0.01}, initial_center("uniform", 0), 5, 0)
 
 
 def test_non_finite_fitness_never_reaches_the_searcher():
-    searcher = build_searcher({"name": "pgpe"}, initial_center("uniform", 0), 4, 0)
+    searcher = build_searcher({"name": "pgpe", "radius": 0.01}, initial_center("uniform", 0), 4, 0)
     values = searcher.ask(0)
     with pytest.raises(ValueError, match="non-finite"):
         searcher.tell(0, values, torch.tensor([0.1, float("nan"), 0.2, 0.3], dtype=torch.float64), torch.ones(4, dtype=torch.bool))
@@ -91,13 +91,13 @@ def test_non_finite_fitness_never_reaches_the_searcher():
 
 def test_unknown_setting_and_unknown_searcher_are_named():
     with pytest.raises(ValueError, match="es.learning_rat"):
-        build_searcher({"name": "pgpe", "learning_rat": 0.1}, initial_center("uniform", 0), 4, 0)
+        build_searcher({"name": "pgpe", "radius": 0.01, "learning_rat": 0.1}, initial_center("uniform", 0), 4, 0)
     with pytest.raises(ValueError, match="es.name='adam'"):
         build_searcher({"name": "adam"}, initial_center("uniform", 0), 4, 0)
 
 
 def test_openai_es_elite_keeps_the_top_quarter_when_the_mean_does_not_improve():
-    searcher = build_searcher({"name": "openai_es_elite"}, torch.zeros(380, dtype=torch.float64), 8, 0)
+    searcher = build_searcher({"name": "openai_es_elite", "radius": 0.01}, torch.zeros(380, dtype=torch.float64), 8, 0)
     ok = torch.ones(8, dtype=torch.bool)
     values = searcher.ask(0)
     searcher.tell(0, values, torch.full((8,), 0.5, dtype=torch.float64), ok)  # first step always accepted
@@ -159,7 +159,7 @@ def _perturb_cma_ask(monkeypatch, relative: float) -> None:
 def test_cmaes_resumes_on_a_cpu_whose_kernels_round_differently(monkeypatch):
     """A search started on one kind of node resumes on another: the replay's last-bit differences are absorbed
     (the stored populations are told), and the resumed search continues exactly as the uninterrupted one."""
-    cfg = {"name": "cmaes", "diagonal": False}
+    cfg = {"name": "cmaes", "radius": 0.01, "diagonal": False}
     reference, ref_history = _run(cfg, 5)
     state = _cmaes_state_after(3, cfg)
     restored = build_searcher(cfg, initial_center("uniform", 0), POP, 0)
@@ -172,8 +172,8 @@ def test_cmaes_resumes_on_a_cpu_whose_kernels_round_differently(monkeypatch):
 
 
 def test_cmaes_refuses_a_replay_that_is_another_algorithm(monkeypatch):
-    state = _cmaes_state_after(2, {"name": "cmaes", "diagonal": False})
-    restored = build_searcher({"name": "cmaes", "diagonal": False}, initial_center("uniform", 0), POP, 0)
+    state = _cmaes_state_after(2, {"name": "cmaes", "radius": 0.01, "diagonal": False})
+    restored = build_searcher({"name": "cmaes", "radius": 0.01, "diagonal": False}, initial_center("uniform", 0), POP, 0)
     _perturb_cma_ask(monkeypatch, 1e-3)
     with pytest.raises(ValueError, match="cma package's algorithm changed"):
         restored.load_state_dict(state)

@@ -28,7 +28,7 @@ from results.store.truncation import END_SCORE, START_SCORE, Truncation, read_bo
 ROOT = Path(__file__).resolve().parent.parent
 H, K = 12, 4
 SYNTH = ["launcher=debug", "inner.entrypoint=meta.synthetic:member", "es=nres", f"train.steps={H}",
-         f"es.truncation_steps={K}", "search_radius=0.01", "reevaluate.top_k=0",
+         f"es.truncation_steps={K}", "es.radius=0.01", "reevaluate.top_k=0",
          "+inner.options={unrolled:{floor:0.5},count_calls:true}"]
 
 

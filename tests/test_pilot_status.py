@@ -48,8 +48,8 @@ def test_a_finished_pilot_shows_every_run_final_and_its_findings(pilot, capsys):
     text = render(pilot)
     assert f"pilot run {pilot}: 2 combination(s) x 2 seeds x (centre + 1 antithetic pair(s)) = 12 runs" in text
     assert "orchestrator: not running" in text
-    assert "combination 0: radius 0.1 (es.stdev_init), divergence.coef 0.5: 6/6 final (6 ok)" in text
-    assert "combination 1: radius 0.1 (es.stdev_init), divergence.coef 1: 6/6 final (6 ok)" in text
+    assert "combination 0: radius 0.1 (es.radius), divergence.coef 0.5: 6/6 final (6 ok)" in text
+    assert "combination 1: radius 0.1 (es.radius), divergence.coef 1: 6/6 final (6 ok)" in text
     assert "all runs: 12/12 final (12 ok) | GPU time 0.00 h | done" in text
     assert f"findings: {RunStore(pilot).pilot_path}" in text
     assert not _rows(text)  # nothing in flight: the runs only with --all
@@ -84,8 +84,8 @@ def test_a_pilot_in_flight_shows_each_runs_state_and_the_counts(pilot, tmp_path)
     finally:
         member.kill()
         member.wait()
-    assert "combination 0: radius 0.1 (es.stdev_init), divergence.coef 0.5: 6/6 final (6 ok) | GPU time 0.00 h" in text
-    assert ("combination 1: radius 0.1 (es.stdev_init), divergence.coef 1: 3/6 final "
+    assert "combination 0: radius 0.1 (es.radius), divergence.coef 0.5: 6/6 final (6 ok) | GPU time 0.00 h" in text
+    assert ("combination 1: radius 0.1 (es.radius), divergence.coef 1: 3/6 final "
             "(1 failed, 1 not submitted, 2 ok, 1 queued, 1 running) | GPU time 0.50 h") in text
     rows = _rows(text)
     assert sorted(rows) == [f"{i:03d}" for i in range(6, 12)]  # the finished combination's runs only with --all

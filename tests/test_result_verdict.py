@@ -25,10 +25,10 @@ def _deviations(vectors, centre) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("overrides,radius", [
-    ((), 0.1),                                                   # the embedded default: pgpe, es.stdev_init
-    (("es=cmaes", "search_radius=0.3"), 0.3),                    # cmaes reads es.sigma_init
-    (("divergence.param_transform=softplus", "search_radius=2.0"), 2.0),
-    (("es=snes",), 0.1), (("es=cem",), 0.1), (("es=openai_es_elite", "search_radius=0.05"), 0.05),
+    ((), 0.1),                                                   # the embedded default: pgpe, es.radius
+    (("es=cmaes", "es.radius=0.3"), 0.3),                        # cmaes maps es.radius to its step size
+    (("divergence.param_transform=softplus", "es.radius=2.0"), 2.0),
+    (("es=snes",), 0.1), (("es=cem",), 0.1), (("es=openai_es_elite", "es.radius=0.05"), 0.05),
 ])
 def test_the_radius_row_draws_what_the_first_generation_draws_with_its_own_seed(overrides, radius):
     cfg = _cfg(*overrides)

@@ -15,7 +15,7 @@ NAMES = ["pgpe", "snes", "cem", "cmaes", "openai_es_elite"]
 
 
 def _searcher(name: str, pop: int = POP):
-    return build_searcher({"name": name}, torch.full((DIM,), 0.005, dtype=torch.float64), pop, 0)
+    return build_searcher({"name": name, "radius": 0.01}, torch.full((DIM,), 0.005, dtype=torch.float64), pop, 0)
 
 
 def _ok(pop: int = POP) -> torch.Tensor:

@@ -225,6 +225,7 @@ def _reevaluate(argv: list[str]) -> int:
 
     from launch.factory import build_launcher
     from launch.runner import AbortRun
+    from meta.compose import merge_overrides
     from meta.config import build_search_config
     from meta.search.lock import run_locked
 
@@ -239,8 +240,9 @@ def _reevaluate(argv: list[str]) -> int:
         launcher = build_launcher(cfg.launcher)
         try:
             manifest = store.read_manifest()
+            # the run's command line under today's key names (a run started before es.radius stored another)
             summary = run_reevaluation(cfg, store, launcher, manifest.get("run_id", "run"), settings,
-                                       manifest.get("overrides", []))
+                                       merge_overrides(manifest.get("overrides", []), []))
         except (ReevaluationError, AbortRun) as exc:
             logger.error("re-evaluation stopped: %s", exc)
             return 1

@@ -23,7 +23,6 @@ from __future__ import annotations
 import copy
 import logging
 import math
-import re
 import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -33,7 +32,7 @@ import yaml
 
 from inner_loop.loss.divergences import coef_key
 from meta.cli_args import run_command
-from meta.compose import CONF_DIR, compose_with_choices, merge_overrides
+from meta.compose import compose_with_choices, merge_overrides
 from meta.config import (
     INNER_NODES,
     SEARCH_KEYS,
@@ -51,8 +50,9 @@ from meta.config import (
 )
 from meta.search.resume import NEW_KEY, check_resume, open_run_dir, run_dir_label
 from meta.search.staging import stage_run
+from meta.searchers.radius import RADIUS_KEY
 from results.report.pilot.findings import (CENTRE, FULL_HORIZON, PILOT_KIND, PLUS, horizon_index, map_roles, member_index)
-from core.config_nodes import group_file, refuse_unknown_keys
+from core.config_nodes import refuse_unknown_keys
 from results.store.layout import JOBS_FILE, LAUNCHER_DIR, member_dir_name
 from core.records import MemberSpec
 from results.store.run_store import RunStore
@@ -67,8 +67,6 @@ PILOT_KEYS = (*(k for k in SEARCH_KEYS if k not in CONCLUSION_KEYS), "pilot.seed
 #: the ``generation`` the pilot's runs carry (job names, logs); a pilot dir has no generations of its own
 PILOT_GENERATION = 0
 EXPORT_KEY = "pilot.export"
-#: a group value a preset does not set itself: ``${oc.select:search_radius,0.01}`` is set through ``search_radius``
-_SELECTED = re.compile(r"^\$\{oc\.select:([\w.]+),")
 
 USAGE = """usage: python -m meta.pilot [key=value ...]
 
@@ -94,22 +92,6 @@ class PilotConfig:
 
 class ExportError(RuntimeError):
     """Nothing to export (no combination showed signal), or a different file is in the way."""
-
-
-def radius_key(es: Mapping[str, Any]) -> str:
-    """The es config key holding the searcher's search radius; ConfigError for a searcher without one here."""
-    from meta.searchers import searcher_class, searchers
-
-    name = str(es.get("name"))
-    try:
-        key = searcher_class(name).radius_key
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    if key is None:
-        known = ", ".join(f"{n}: es.{c.radius_key}" for n, c in searchers().items() if c.radius_key)
-        raise ConfigError(f"es={name} declares no radius_key (meta/searchers/base.py), so meta.pilot cannot vary "
-                          f"its search radius (searchers with one: {known})")
-    return key
 
 
 def _numbers(raw: Mapping[str, Any], key: str, positive: bool) -> tuple[float, ...] | None:
@@ -159,13 +141,12 @@ def build_pilot_config(raw: Mapping[str, Any]) -> PilotConfig:
 
 def combinations(cfg: SearchConfig, pilot: PilotConfig) -> list[dict[str, float | None]]:
     """Every (radius, coef) the pilot scans, radius-major; ConfigError when a default is missing or unusable."""
-    key = radius_key(cfg.es)
     radii = pilot.radii
     if radii is None:
-        value = cfg.es.get(key)
+        value = cfg.es.get(RADIUS_KEY)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-            raise ConfigError(f"es.{key}={value!r} is the pilot's radius (pilot.radii=null) and must be a number above "
-                              "0; or set pilot.radii=[...]")
+            raise ConfigError(f"es.{RADIUS_KEY}={value!r} is the pilot's radius (pilot.radii=null) and must be a "
+                              "number above 0; or set pilot.radii=[...]")
         radii = (float(value),)
     divergence = cfg.inner_config["divergence"]
     if pilot.coefs is not None and "coef" not in divergence:
@@ -287,7 +268,7 @@ def make_plan(prepared: Prepared) -> dict[str, Any]:
                                     "horizon": FULL_HORIZON,
                                     "work_dir": str(store.pilot_runs_dir / member_dir_name(twin))})
     return {
-        "seed": cfg.seed, "init": cfg.init, "es": cfg.es.get("name"), "radius_key": radius_key(cfg.es),
+        "seed": cfg.seed, "init": cfg.init, "es": cfg.es.get("name"), "radius_key": RADIUS_KEY,
         "seeds": [member_seed(cfg.seed, "pilot", "seed", s) for s in range(pilot.seeds)],
         "centre": centre.tolist(), "directions": directions, "combinations": prepared.combinations,
         "members": sorted(members, key=lambda m: m["index"]),
@@ -380,13 +361,13 @@ def build_dry_run_plan(prepared: Prepared) -> str:
     if plan is not None:
         done = sum(1 for mem in plan["members"] if read_result(mem["work_dir"]) is not None)
         finished = f" (resume: {done} of {runs} runs already final, never trained again)"
-    key = radius_key(cfg.es)
     lines = [
         f"DRY RUN (meta.pilot): nothing is submitted or written. {run_dir_label(cfg.run_dir, prepared.resuming, 'pilot')}"
         f"{finished}",
         f"centre: init={cfg.init}, seed={cfg.seed}; k={k} seeds per init (the same for every init), m={m} antithetic "
         f"pairs c +- e_i, e_i ~ N(0, radius^2 I), directions shared by every combination",
-        f"radius: es.{key} of es={cfg.es.get('name')}" + ("" if pilot.radii is None else " (scanned: pilot.radii)")
+        f"radius: es.{RADIUS_KEY} of es={cfg.es.get('name')}"
+        + ("" if pilot.radii is None else " (scanned: pilot.radii)")
         + f"; coef: divergence.coef of divergence={cfg.inner_config['divergence'].get('name')}"
         + ("" if pilot.coefs is None else " (scanned: pilot.coefs)"),
         f"combinations (radius x coef): {len(combos)}",
@@ -434,18 +415,11 @@ def horizon_plan_lines(cfg: SearchConfig, pilot: PilotConfig, sharing: Any, gpus
 
 # ------------------------------------------------------------------ export
 def preset_key(group: str, choice: str | None, leaf: str) -> str:
-    """The dotted key a preset sets to change ``group.leaf``: the one the group's yaml selects it from when it does
-    (``stdev_init: ${oc.select:search_radius,0.01}``: search_radius), else ``group.leaf`` itself. A divergence's
-    coefficient: the key the divergence registry names (``coef_by_divergence.<name>``), never read from YAML text."""
+    """The dotted key a preset sets to change ``group.leaf``: ``group.leaf`` itself, but for a divergence's
+    coefficient the key the divergence registry names (``coef_by_divergence.<name>``)."""
     if group == "divergence" and leaf == "coef" and choice is not None:
         return coef_key(str(choice))
-    path = group_file(CONF_DIR, group, str(choice))
-    try:
-        value = (yaml.safe_load(path.read_text()) or {}).get(leaf) if path is not None else None
-    except (OSError, yaml.YAMLError):
-        value = None
-    match = _SELECTED.match(value) if isinstance(value, str) else None
-    return match.group(1) if match else f"{group}.{leaf}"
+    return f"{group}.{leaf}"
 
 
 def _set_value(body: dict[str, Any], group: str, choice: str | None, leaf: str, value: Any) -> None:
@@ -474,7 +448,7 @@ def preset_text(summary: Mapping[str, Any], raw: Mapping[str, Any], choices: Map
     body["es"] = copy.deepcopy(dict(raw["es"]))
     if rec["coef"] is not None:
         _set_value(body, "divergence", choices.get("divergence"), "coef", rec["coef"])
-    _set_value(body, "es", choices.get("es"), summary["radius_key"], rec["radius"])
+    _set_value(body, "es", choices.get("es"), RADIUS_KEY, rec["radius"])  # a pilot's from before es.radius too
     body["population"] = rec["population"]
     body["generations"] = int(raw["generations"])
     body["resources"] = dict(raw["resources"])
@@ -484,7 +458,7 @@ def preset_text(summary: Mapping[str, Any], raw: Mapping[str, Any], choices: Map
         "# @package _global_",
         f"# Exported by python -m meta.pilot from {summary['run_dir']} (run {summary['run_id']}): combination "
         f"{rec['combination']} of {len(summary['combinations'])},",
-        f"# radius es.{summary['radius_key']}={rec['radius']:g}, divergence.coef={rec['coef']}, SNR of one generation "
+        f"# radius es.{RADIUS_KEY}={rec['radius']:g}, divergence.coef={rec['coef']}, SNR of one generation "
         f"{snr}; population {rec['population']} reaches the target SNR {rec['target_snr']:g}",
         f"# with {summary['seeds_per_member']} seed(s) per member (k={summary['seeds']} seeds, m={summary['pairs']} "
         "pairs: an estimate, see docs/pilot.md). Intermediate validation (train.eval_every) is off.",

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Collection, Mapping, Sequence
 
+from meta.search.generation_shape import GenerationShape
 from core.config_nodes import typed_node
 from results.store.member_files import read_intermediate
 from results.store.layout import seed_dir_name
@@ -89,13 +90,6 @@ def early_stop_refusal(es: Mapping[str, Any]) -> str | None:
     return f"es={name}: {refusal}; early stopping is exact only for {exact}"
 
 
-def stop_capacity(es: Mapping[str, Any], population: int) -> int:
-    """How many members the update ignores (the most ever stopped in a generation), as the searcher declares it."""
-    from meta.searchers import searcher_class
-
-    return searcher_class(str(es.get("name"))).stop_capacity(es, population)
-
-
 def decision_step(config: EarlyStopConfig, train: Mapping[str, Any]) -> int:
     """The training step the decision is taken at; EarlyStopError when no intermediate validation happens there."""
     steps = int(train.get("steps") or 0)
@@ -113,8 +107,9 @@ def decision_step(config: EarlyStopConfig, train: Mapping[str, Any]) -> int:
 
 
 def check_early_stop(config: EarlyStopConfig, es: Mapping[str, Any], train: Mapping[str, Any],
-                     population: int) -> int | None:
-    """Validate an enabled early_stop against the search; the decision step (None when disabled)."""
+                     shape: GenerationShape) -> int | None:
+    """Validate an enabled early_stop against the search (``shape``: its generations); the decision step (None when
+    disabled)."""
     if not config.enabled:
         return None
     refusal = early_stop_refusal(es)
@@ -124,8 +119,8 @@ def check_early_stop(config: EarlyStopConfig, es: Mapping[str, Any], train: Mapp
         raise EarlyStopError(
             f"early_stop.noise={config.noise} must be a positive number: the spread of an early score across seeds "
             "of one init, which `python -m meta.pilot ... train.eval_every=<k>` measures")
-    if stop_capacity(es, population) < 1:
-        raise EarlyStopError(f"population={population} leaves no member the update ignores: nothing can stop")
+    if shape.early_stop_capacity < 1:
+        raise EarlyStopError(f"population={shape.population} leaves no member the update ignores: nothing can stop")
     return decision_step(config, train)
 
 
@@ -150,9 +145,13 @@ class EarlyStopJudge:
 
     config: EarlyStopConfig
     step: int
-    population: int
-    capacity: int
+    #: the generation: who is a population member, and how many may stop (early_stop_capacity)
+    shape: GenerationShape
     decisions: dict[int, Decision] = field(default_factory=dict)
+
+    @property
+    def capacity(self) -> int:
+        return self.shape.early_stop_capacity
 
     @property
     def threshold(self) -> float:
@@ -166,9 +165,9 @@ class EarlyStopJudge:
         reported population member counts in the median (finished ones and those decided before too); only
         ``open_members`` (still queued or running, not decided yet) get a decision. Lowest scores first, so the
         capacity goes to the clearest losers."""
-        reported = {i: float(s) for i, s in scores.items() if i < self.population}
+        reported = {i: float(s) for i, s in scores.items() if self.shape.is_member(i)}
         reported.update({i: d.score for i, d in self.decisions.items()})
-        if len(reported) < math.ceil(self.config.min_reported * self.population - 1e-9):
+        if len(reported) < self.shape.share(self.config.min_reported):
             return []
         median = statistics.median(reported.values())
         stopped = len(self.stopped())

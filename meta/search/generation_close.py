@@ -18,12 +18,12 @@ that completed. bench/bench_stragglers.py measures what remains on an objective 
 """
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
+from meta.search.generation_shape import GenerationShape
 from core.records import ResultRecord
 
 
@@ -31,26 +31,25 @@ from core.records import ResultRecord
 class QuorumClock:
     """Decides, poll after poll, whether (and which members) to close the generation as late.
 
-    ``population``: members that count (indices below it; the control member's index is ``population``).
-    The clock starts when this process first sees the quorum reached: a restarted orchestrator waits its grace
-    afresh (later, never earlier, than the first process would have closed)."""
+    ``shape``: the generation (meta/search/generation_shape.py): its quorum, and which members count toward it (the
+    population's, never the control member). The clock starts when this process first sees the quorum reached: a
+    restarted orchestrator waits its grace afresh (later, never earlier, than the first process would have closed)."""
 
-    population: int
-    quorum: float
+    shape: GenerationShape
     grace: float
     reached_at: float | None = None
     _now: Callable[[], float] = field(default=time.monotonic, repr=False)
 
     @property
     def needed(self) -> int:
-        return max(1, math.ceil(self.quorum * self.population - 1e-9))
+        return self.shape.quorum_count
 
     def enabled(self) -> bool:
-        return self.quorum < 1.0
+        return self.shape.closes_early
 
     def deadline(self, final: Mapping[int, ResultRecord]) -> float | None:
         """Monotonic time at which the generation closes, or None while the quorum is not reached."""
-        counted = [r for i, r in final.items() if i < self.population]
+        counted = [r for i, r in final.items() if self.shape.is_member(i)]
         if not self.enabled() or len(counted) < self.needed:
             return None
         if self.reached_at is None:

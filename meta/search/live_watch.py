@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from launch.member import read_ledger
+from meta.search.generation_shape import GenerationShape
 from results.store.member_files import MemberProgress, read_progress
 from core.records import STOPPED_EARLY
 
@@ -152,7 +153,8 @@ def all_same_warning(generation: int, ok_fitness: Sequence[float]) -> str | None
 class LiveWatch:
     """The orchestrator's eyes on a running generation (scan rate-limited, see the module docstring)."""
 
-    population: int
+    #: the generation (meta/search/generation_shape.py): its best and mean are the population's, not the control's
+    shape: GenerationShape
     grad_share_floor: float | None = 0.01
     parallel_slots: int | None = None
     scan_interval_s: float = 30.0
@@ -182,7 +184,7 @@ class LiveWatch:
             if member_progress is not None:
                 for message in self.watch.check(f"gen {generation} member {index:03d}", member_progress):
                     logger.warning("%s", message)
-        ok = [r for i, r in runner.final.items() if r.ok and i < self.population]
+        ok = [r for i, r in runner.final.items() if r.ok and self.shape.is_member(i)]
         fitness = [r.fitness for r in ok]
         queued = sum(1 for s in states.values() if s == "queued")
         eta = generation_eta([r.wall_time_s for r in ok if r.wall_time_s > 0], list(progress.values()), queued,

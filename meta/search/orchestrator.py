@@ -9,7 +9,9 @@ Tables are written before the state, so a crash in between only repeats idempote
 
 Besides the population, a generation trains a control member (index ``population``: the unperturbed centre with
 the generation's seed; recorded, never told to the searcher) and may close at its quorum (meta/search/generation_close.py:
-the decision is a file written before any cancellation, so a resume settles the same members as late).
+the decision is a file written before any cancellation, so a resume settles the same members as late). Who is which,
+and how many each rule counts, is the config's one GenerationShape (meta/search/generation_shape.py), which the
+dry-run plan reads too.
 """
 from __future__ import annotations
 
@@ -25,8 +27,9 @@ from launch.base import Launcher
 from launch.factory import launcher_class, launcher_options, runner_policy
 from launch.runner import ArrayProgress, MemberArrayRunner
 from meta.config import SearchConfig
-from meta.search.early_stop import STOPPED_STATUS, EarlyStopJudge, reported_score, stop_capacity, update_fitness
+from meta.search.early_stop import STOPPED_STATUS, EarlyStopJudge, reported_score, update_fitness
 from meta.search.generation_close import QuorumClock
+from meta.search.generation_shape import GenerationShape
 from meta.search.live_watch import LiveWatch, all_same_warning, format_duration
 from meta.searchers import Searcher, build_searcher
 from meta.search.seeding import member_seed
@@ -57,14 +60,15 @@ class Orchestrator:
         self.launcher = launcher
         self.run_id = run_id
         self.policy = runner_policy(cfg.retries, cfg.search_timeout_s, cfg.launcher)  # search members' own
-        self.searcher: Searcher = build_searcher(cfg.es, cfg.center(), cfg.population, cfg.seed)
+        self.shape: GenerationShape = cfg.generation_shape
+        self.searcher: Searcher = build_searcher(cfg.es, cfg.center(), self.shape.population, cfg.seed)
         self.best: dict[str, Any] | None = None
         self.next_generation = 0
         self._durations: list[float] = []
         self._early_scores: dict[tuple[int, int], float] = {}  # (generation, member) -> score at the decision step
         divergence = cfg.inner_config.get("divergence") or {}
         slots = launcher_class(cfg.launcher).parallel_slots(launcher_options(cfg.launcher))
-        self._live = LiveWatch(cfg.population, grad_share_floor=divergence.get("grad_share_floor", 0.01),
+        self._live = LiveWatch(self.shape, grad_share_floor=divergence.get("grad_share_floor", 0.01),
                                parallel_slots=slots)
         self._restore()
 
@@ -90,15 +94,14 @@ class Orchestrator:
         center = self.searcher.center  # the centre this generation's population is sampled around
         values = self._population(generation)
         specs = self._specs(generation, values, center)
-        population = int(values.shape[0])
-        clock = QuorumClock(population, self.cfg.quorum, self.cfg.straggler_grace)
+        clock = QuorumClock(self.shape, self.cfg.straggler_grace)
         self._prune_particles(generation)
         closed = self.store.read_closed(generation)
         decided = _late_records(closed) if closed else {}
         if closed:
             logger.info("generation %d closed at its quorum before the restart: %d member(s) stay late",
                         generation, len(decided))
-        judge = self._early_stop_judge(generation, population)
+        judge = self._early_stop_judge(generation)
         if judge is not None:
             decided.update(self._stopped_records(judge))
         runner = MemberArrayRunner(
@@ -116,7 +119,7 @@ class Orchestrator:
         )
         records = runner.run()
         self._finalize_members(specs)
-        members = range(population)
+        members = self.shape.members
         ok = torch.tensor([records[i].ok for i in members], dtype=torch.bool)
         # no measurement of the init: closed as late, or no node could run it (never charged fitness_on_failure)
         late = torch.tensor([records[i].status in UNMEASURED_STATUSES for i in members], dtype=torch.bool)
@@ -129,7 +132,7 @@ class Orchestrator:
         summary = self.searcher.tell(generation, values, fitness, ok | stopped, late)
         if summary is not None and getattr(summary, "note", ""):
             logger.info("generation %d update: %s", generation, summary.note)
-        gen_best = self._update_best(generation, specs[:population], records)
+        gen_best = self._update_best(generation, specs[:self.shape.population], records)
         same = all_same_warning(generation, [records[i].fitness for i in members if records[i].ok])
         if same:
             logger.warning("%s", same)
@@ -202,12 +205,11 @@ class Orchestrator:
         except Exception as exc:  # an observer's failure must not cost a generation
             logger.warning("could not write the TensorBoard scalars: %s", exc)
 
-    def _early_stop_judge(self, generation: int, population: int) -> EarlyStopJudge | None:
+    def _early_stop_judge(self, generation: int) -> EarlyStopJudge | None:
         """early_stop's judge for this generation, with the decisions a previous process wrote (None: off)."""
         if self.cfg.early_stop_step is None:
             return None
-        judge = EarlyStopJudge(self.cfg.early_stop, self.cfg.early_stop_step, population,
-                               stop_capacity(self.cfg.es, population))
+        judge = EarlyStopJudge(self.cfg.early_stop, self.cfg.early_stop_step, self.shape)
         previous = self.store.read_early_stop(generation)
         if previous:
             judge.load(previous)
@@ -233,13 +235,12 @@ class Orchestrator:
 
     def _early_stop_tick(self, generation: int, runner: MemberArrayRunner, judge: EarlyStopJudge) -> None:
         """Decide the members that reported at the decision step; write the decisions, then stop the losers."""
-        population = judge.population
-        open_members = {i for i in runner.specs if i < population and i not in runner.final
+        open_members = {i for i in runner.specs if self.shape.is_member(i) and i not in runner.final
                         and i not in judge.decisions}
         if not open_members:
             return
         scores = {}
-        for index in range(population):
+        for index in self.shape.members:
             # decided members carry their score in the judge; a member never submitted has reported nothing
             if index in judge.decisions or not (index in runner.in_flight or index in runner.final):
                 continue
@@ -280,10 +281,10 @@ class Orchestrator:
         late = [i for i in late if read_result(runner.specs[i].work_dir) is None]
         if not late:
             return
-        reason = (f"generation closed at its quorum ({clock.needed} of {clock.population} members final, then "
+        reason = (f"generation closed at its quorum ({clock.needed} of {self.shape.population} members final, then "
                   f"straggler_grace={clock.grace:g} x their median time); cancelled before finishing")
         self.store.write_closed(generation, {
-            "generation": generation, "late": late, "quorum": clock.quorum, "straggler_grace": clock.grace,
+            "generation": generation, "late": late, "quorum": self.shape.quorum, "straggler_grace": clock.grace,
             "final_at_close": len(runner.final), "reason": reason,
         })
         logger.warning("generation %d: closing at the quorum; %d member(s) late: %s", generation, len(late),
@@ -291,11 +292,11 @@ class Orchestrator:
         runner.stop_members(late, "late", reason)
 
     def _specs(self, generation: int, values: torch.Tensor, center: torch.Tensor) -> list[MemberSpec]:
-        """The population's members, then (control_member) the centre itself as member ``population``."""
+        """The population's members, then (the shape's control member) the centre itself as member ``population``."""
         inner = self.cfg.search_member_inner()  # es.member_steps, not train.steps
-        rows = [values[index] for index in range(values.shape[0])]
+        rows = [values[index] for index in self.shape.members]
         pieces = self.searcher.truncations()
-        if self.cfg.control_member and pieces is None:
+        if self.shape.control:
             rows.append(center.to(torch.float64))
         specs = []
         for index, row in enumerate(rows):
@@ -327,12 +328,12 @@ class Orchestrator:
     def _abort_message(self, generation: int, final: Mapping[int, ResultRecord]) -> str | None:
         # Population members only (the control member is information, not the search); late is not a failure.
         failed = [i for i, r in final.items()
-                  if not r.ok and r.status not in ("late", STOPPED_STATUS) and i < self.cfg.population]
-        if len(failed) <= self.cfg.max_failed_fraction * self.cfg.population:
+                  if not r.ok and r.status not in ("late", STOPPED_STATUS) and self.shape.is_member(i)]
+        if len(failed) <= self.cfg.max_failed_fraction * self.shape.population:
             return None
         last = final[failed[-1]]
         return (
-            f"generation {generation}: {len(failed)} of {self.cfg.population} members failed, more than "
+            f"generation {generation}: {len(failed)} of {self.shape.population} members failed, more than "
             f"max_failed_fraction={self.cfg.max_failed_fraction}; last failure (member {failed[-1]}, "
             f"{last.status}): {last.error.strip()[-500:]}\nFix the cause, then resume with "
             f"`python -m meta.run run_dir={self.store.root}` (raising retries= or max_failed_fraction= is allowed)"
@@ -359,16 +360,16 @@ class Orchestrator:
         self, generation: int, records: Mapping[int, ResultRecord], fitness: torch.Tensor, ok: torch.Tensor,
         late: torch.Tensor, wall: float,
     ) -> None:
-        population = int(fitness.shape[0])
-        saved = _seconds_saved(records, population)
-        control = records.get(population)
+        shape = self.shape
+        saved = _seconds_saved(records, shape)
+        control = records.get(shape.control_index) if shape.control else None
         rows = []
         for index, record in records.items():
-            is_member = index < population
+            is_member = shape.is_member(index)
             row = {
                 "generation": generation,
                 "index": index,
-                "role": "member" if is_member else "control",
+                "role": shape.role(index),
                 "status": record.status,
                 "fitness": record.fitness,
                 # what the searcher was told; None for the control member and late or node-failed members (no
@@ -399,15 +400,15 @@ class Orchestrator:
             rows.append(row)
         self.store.upsert_members(rows)
         ok_fitness = fitness[ok]
-        stopped = torch.tensor([records[i].status == STOPPED_STATUS for i in range(population)], dtype=torch.bool)
+        stopped = torch.tensor([records[i].status == STOPPED_STATUS for i in shape.members], dtype=torch.bool)
         # the mean over members with a measurement of their own (not late, not stopped early)
         self.store.upsert_generation(
             {
                 "generation": generation,
                 "done": int(ok.sum()),
                 "failed": int((~ok & ~late & ~stopped).sum()),
-                "late": sum(1 for i in range(population) if records[i].status == "late"),
-                "node_failed": sum(1 for i in range(population) if records[i].status == NODE_FAILED),
+                "late": sum(1 for i in shape.members if records[i].status == "late"),
+                "node_failed": sum(1 for i in shape.members if records[i].status == NODE_FAILED),
                 "stopped_early": int(stopped.sum()),
                 "member_seconds_saved": sum(saved.values()),
                 "best_fitness": float(ok_fitness.max()) if len(ok_fitness) else float("nan"),
@@ -447,13 +448,13 @@ class Orchestrator:
         )
 
 
-def _seconds_saved(records: Mapping[int, ResultRecord], population: int) -> dict[int, float]:
+def _seconds_saved(records: Mapping[int, ResultRecord], shape: GenerationShape) -> dict[int, float]:
     """Training time early_stop saved, per stopped member: the share of training it did not run times the median
     wall time of the population's full (ok) runs; an estimate, since a member's time varies with its completions."""
-    walls = [r.wall_time_s for i, r in records.items() if i < population and r.ok and r.wall_time_s > 0]
+    walls = [r.wall_time_s for i, r in records.items() if shape.is_member(i) and r.ok and r.wall_time_s > 0]
     median = statistics.median(walls) if walls else 0.0
     return {i: median * r.diagnostics.get("training_not_run", 0.0)
-            for i, r in records.items() if i < population and r.status == STOPPED_STATUS}
+            for i, r in records.items() if shape.is_member(i) and r.status == STOPPED_STATUS}
 
 
 def _measured_mean(fitness: torch.Tensor, late: torch.Tensor) -> float:

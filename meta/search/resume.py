@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping, MutableMapping, Sequence
 
 from meta.config import HOUSEKEEPING_KEYS, SEARCH_KEYS, ConfigError, absolute_path, with_added_keys
+from meta.searchers.radius import with_radius_renamed
 from results.store.run_store import RunStore
 
 logger = logging.getLogger(__name__)
@@ -92,6 +93,7 @@ def split_differences(
     ``keys`` (what the run computes: meta.config.SEARCH_KEYS, or meta.tune's STUDY_KEYS) is refused."""
     refused, allowed = [], []
     old = with_added_keys(old)  # a run from before a key existed ran with the value that reproduces it
+    old = with_radius_renamed(old)  # and one from before es.radius stored the radius under its searcher's name
     for diff in config_differences(old, new):
         if diff[0] in IGNORED_KEYS:
             continue

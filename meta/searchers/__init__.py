@@ -74,7 +74,8 @@ def check_importable(cls: type[Searcher]) -> None:
 def build_searcher(
     es_cfg: Mapping[str, Any], center_init: torch.Tensor, popsize: int, seed: int
 ) -> Searcher:
-    """Instantiate ``es_cfg['name']`` with the remaining keys as hyperparameters; unknown keys are errors."""
+    """Instantiate ``es_cfg['name']`` with the remaining keys as hyperparameters (es.radius among them); unknown keys
+    are errors."""
     cfg = dict(es_cfg)
     cls = searcher_class(str(cfg.pop("name", "")))
     check_importable(cls)

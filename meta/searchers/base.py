@@ -33,13 +33,13 @@ class EarlyStopRule:
 
 class Searcher(abc.ABC):
     """Besides ask/tell, a searcher class declares what the rest of the code asks about it (docs/extending.md):
-    the registry at the package door reads these, and no other module names a searcher."""
+    the registry at the package door reads these, and no other module names a searcher. Its constructor takes the
+    es settings as keywords, among them ``radius`` (es.radius, every searcher's one name for the spread of its
+    samples: meta/searchers/radius.py), which it maps to its own algorithm's argument."""
 
     name: ClassVar[str] = ""
     #: antithetic (mirrored) sampling: the population must be even and a failed member drops its pair
     antithetic: ClassVar[bool] = False
-    #: the es key that sets the per-coordinate spread of its samples (meta.pilot varies it); None: it has none
-    radius_key: ClassVar[str | None] = None
     #: where early stopping is exact for it (None: nowhere; early_stop_reason says why)
     early_stop: ClassVar[EarlyStopRule | None] = None
     #: why early stopping would change its update, shown when early_stop.enabled=true is refused

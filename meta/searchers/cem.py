@@ -21,10 +21,9 @@ from meta.search.seeding import seeded_global_torch
 class CEMSearcher(Searcher):
     name = "cem"
     imports = ("evotorch", "ray")  # evotorch imports ray at import time
-    radius_key = "stdev_init"
     # CEM never uses a non-parent: stopping one changes nothing while the parents stay above the median
     early_stop = EarlyStopRule(when="parenthood_ratio <= 0.5",
-                               example={"name": "cem", "stdev_init": 0.1, "parenthood_ratio": 0.5})
+                               example={"name": "cem", "radius": 0.1, "parenthood_ratio": 0.5})
 
     @classmethod
     def early_stop_refusal(cls, settings: Mapping[str, Any]) -> str | None:
@@ -46,7 +45,7 @@ class CEMSearcher(Searcher):
         seed: int,
         *,
         parenthood_ratio: float = 0.5,
-        stdev_init: float = 0.01,
+        radius: float,
         stdev_max_change: float | None = 0.2,
         stdev_min: float | None = None,
     ) -> None:
@@ -60,7 +59,7 @@ class CEMSearcher(Searcher):
             center_init=center_init.to(DTYPE),
             parenthood_ratio=float(parenthood_ratio),
             objective_sense="max",
-            stdev_init=float(stdev_init),
+            stdev_init=float(radius),  # evotorch's name for the search radius
             stdev_max_change=stdev_max_change,
             stdev_min=stdev_min,
         )

@@ -52,7 +52,6 @@ def _relative_distance(replayed: np.ndarray, stored: np.ndarray) -> float:
 class CMAESSearcher(Searcher):
     name = "cmaes"
     imports = ("cma",)
-    radius_key = "sigma_init"
     early_stop_reason = "CMA-ES gives the worst members negative weights (active covariance update): their order counts"
 
     def __init__(
@@ -61,12 +60,12 @@ class CMAESSearcher(Searcher):
         popsize: int,
         seed: int,
         *,
-        sigma_init: float = 0.01,
+        radius: float,
         diagonal: bool = False,
     ) -> None:
         super().__init__(center_init, popsize, seed)
         self.center_init = center_init.to(DTYPE).clone()
-        self.sigma_init = float(sigma_init)
+        self.sigma_init = float(radius)  # cma's initial step size
         self.diagonal = bool(diagonal)
         self.history: list[torch.Tensor] = []
         self.populations: list[torch.Tensor] = []

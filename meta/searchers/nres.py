@@ -71,7 +71,6 @@ class NRESSearcher(Searcher):
     name = "nres"
     antithetic = True
     online = True
-    radius_key = "sigma"
     imports = ("evotorch", "ray")  # the functional optimizers and rankers; evotorch imports ray at import time
     early_stop_reason = "its update reads every pair's change over the truncation, and each pair's run goes on"
 
@@ -83,7 +82,7 @@ class NRESSearcher(Searcher):
         *,
         horizon_steps: int,
         truncation_steps: int | None = None,
-        sigma: float = 0.01,
+        radius: float,
         stagger: bool = False,
         center_learning_rate: float = 0.02,
         optimizer: str = "adam",
@@ -99,10 +98,10 @@ class NRESSearcher(Searcher):
         if truncation_steps is not None and not 1 <= int(truncation_steps) <= self.horizon:
             raise ValueError(f"es.truncation_steps={truncation_steps} must be between 1 and the run's "
                              f"train.steps={self.horizon} (null: train.steps/{DEFAULT_PIECES})")
-        if float(sigma) <= 0:
-            raise ValueError(f"es.sigma={sigma} must be above 0 (the radius of each particle's noise)")
+        if float(radius) <= 0:
+            raise ValueError(f"es.radius={radius} must be above 0 (the radius of each particle's noise)")
         self.length = truncation_length(self.horizon, truncation_steps)
-        self.sigma = float(sigma)
+        self.sigma = float(radius)
         self.ranking_method = check_ranking(self.name, str(ranking_method))
         self.optimizer = get_functional_optimizer(str(optimizer))
         self._opt = self.optimizer.initialize(center_init=center_init.to(DTYPE),

@@ -30,7 +30,6 @@ from meta.search.seeding import generator
 class OpenAIESEliteSearcher(Searcher):
     name = "openai_es_elite"
     antithetic = True
-    radius_key = "sigma"
     early_stop_reason = "OpenAI-ES weighs every member by its fitness: a stopped member has no final fitness"
 
     def __init__(
@@ -39,7 +38,7 @@ class OpenAIESEliteSearcher(Searcher):
         popsize: int,
         seed: int,
         *,
-        sigma: float = 0.01,
+        radius: float,
         sigma_decay: float = 0.99,
         learning_rate: float = 0.01,
         elite_fraction: float = 0.25,
@@ -51,7 +50,7 @@ class OpenAIESEliteSearcher(Searcher):
         self.sigma_decay = float(sigma_decay)
         self.elite_fraction = float(elite_fraction)
         self._center = center_init.to(DTYPE).clone()
-        self._sigma = float(sigma)
+        self._sigma = float(radius)  # the authors' sigma, decayed each generation
         self._best_mean = -math.inf
         self._elites = torch.empty((0, self.dim), dtype=DTYPE)
         self.accepted: list[bool] = []

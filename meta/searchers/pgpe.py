@@ -21,7 +21,6 @@ class PGPESearcher(Searcher):
     name = "pgpe"
     imports = ("evotorch", "ray")  # evotorch imports ray at import time
     antithetic = True
-    radius_key = "stdev_init"
     early_stop_reason = ("PGPE's update weighs every member by its centred rank within antithetic pairs: a stopped "
                          "member changes its pair's difference")
 
@@ -33,7 +32,7 @@ class PGPESearcher(Searcher):
         *,
         center_learning_rate: float = 0.005,
         stdev_learning_rate: float = 0.1,
-        stdev_init: float = 0.01,
+        radius: float,
         stdev_max_change: float = 0.2,
         ranking_method: str = "centered",
         optimizer: str = "clipup",
@@ -51,7 +50,7 @@ class PGPESearcher(Searcher):
             ranking_method="raw",  # utilities come ranked, ties averaged (tell)
             optimizer=str(optimizer),
             optimizer_config=dict(optimizer_config or {}),
-            stdev_init=float(stdev_init),
+            stdev_init=float(radius),  # evotorch's name for the search radius
             stdev_max_change=float(stdev_max_change),
             symmetric=True,
         )

@@ -19,10 +19,9 @@ from meta.search.seeding import generator
 class SNESSearcher(Searcher):
     name = "snes"
     imports = ("evotorch", "ray")  # evotorch imports ray at import time
-    radius_key = "stdev_init"
     # evotorch's nes weights are 0 on the bottom floor(N/2) ranks before the shared shift: one utility for them all
     early_stop = EarlyStopRule(when="ranking_method nes",
-                               example={"name": "snes", "stdev_init": 0.1, "ranking_method": "nes"})
+                               example={"name": "snes", "radius": 0.1, "ranking_method": "nes"})
 
     @classmethod
     def early_stop_refusal(cls, settings: Mapping[str, Any]) -> str | None:
@@ -38,7 +37,7 @@ class SNESSearcher(Searcher):
         popsize: int,
         seed: int,
         *,
-        stdev_init: float = 0.01,
+        radius: float,
         center_learning_rate: float = 1.0,
         stdev_learning_rate: float | None = None,
         ranking_method: str = "nes",
@@ -48,7 +47,7 @@ class SNESSearcher(Searcher):
             stdev_learning_rate = 0.2 * (3 + math.log(self.dim)) / math.sqrt(self.dim)
         self.learning_rates = {"mu": float(center_learning_rate), "sigma": float(stdev_learning_rate)}
         self.ranking_method = check_ranking(self.name, str(ranking_method))
-        self._dist = self._make(center_init.to(DTYPE), torch.full((self.dim,), float(stdev_init), dtype=DTYPE))
+        self._dist = self._make(center_init.to(DTYPE), torch.full((self.dim,), float(radius), dtype=DTYPE))
 
     def _make(self, mu: torch.Tensor, sigma: torch.Tensor) -> Any:
         from evotorch.distributions import ExpSeparableGaussian

@@ -23,6 +23,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
+from meta.search.generation_shape import GenerationShape
 from meta.search.live_watch import format_duration
 from meta.status.rows import (eta_text, gpu_hours, gpu_use, member_rows, orchestrator_line, row_line,
                               rows_eta, run_queue, state_summary)
@@ -92,11 +93,13 @@ def render(run_dir: str | Path, show_all: bool = False, now: float | None = None
         jobs = store.read_jobs(generation)
         on_disk = {parse_member_dir_name(p.name) for p in store.generation_dir(generation).iterdir() if p.is_dir()}
         indices = sorted(set(range(population)) | set(jobs) | {i for i in on_disk if i is not None})
-        rows = member_rows([(f"member {i:03d}" + (" (control)" if i == population else ""), i,
+        # the generation as the orchestrator counts it; whether it has a control member, from what it submitted
+        shape = GenerationShape(population, control=population in indices)
+        rows = member_rows([(f"member {i:03d}" + (" (control)" if i == shape.control_index else ""), i,
                              store.member_dir(generation, i)) for i in indices],
                            jobs, queue if generation not in done else None, now)
         summary = state_summary(rows)
-        fitness = [r.fitness for r in rows[:population] if r.fitness is not None]
+        fitness = [r.fitness for r, i in zip(rows, indices) if shape.is_member(i) and r.fitness is not None]
         stats = f" | best {max(fitness):.4f}, mean {statistics.fmean(fitness):.4f}" if fitness else ""
         eta = None if generation in done else rows_eta(rows, queue.parallel)
         tag = "done" if generation in done else eta_text(eta)

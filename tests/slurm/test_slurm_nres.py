@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 K = 8
 SEARCH = ["inner.entrypoint=meta.synthetic:member", "es=nres", "train.steps=24", f"es.truncation_steps={K}",
-          "search_radius=0.01", "population=4", "generations=2", "reevaluate.top_k=0",
+          "es.radius=0.01", "population=4", "generations=2", "reevaluate.top_k=0",
           "+inner.options={unrolled:{floor:0.5},count_calls:true,step_s:1.0}"]
 
 
