@@ -101,12 +101,12 @@ def split_differences(
 
 
 def same_entrypoint(old: Any, new: Any) -> bool:
-    """Whether two ``inner.entrypoint`` names resolve to one function: the entry point's module moved and its old
-    path, which a run started earlier stored, is kept as an alias (inner_loop/member_entry.py). Such a run resumes."""
-    from launch.member import resolve_target
+    """Whether two ``inner.entrypoint`` names load one member program: a name a run started earlier stored (an old
+    module path kept as an alias, a function kept as a name of its program) and today's. Such a run resumes."""
+    from launch.member import load_program
 
     try:
-        return resolve_target(old, ENTRYPOINT_KEY) is resolve_target(new, ENTRYPOINT_KEY)
+        return load_program(old) == load_program(new)
     except ValueError:
         return False
 
