@@ -254,7 +254,7 @@ def run_member(
             record.wall_time_s = time.monotonic() - start
         final = write_final_result(work_dir, record)
     if final.status != record.status:
-        logger.warning("member %s: its entry point recorded %s before the run ended as %s (%s); the recorded "
+        logger.warning("member %s: its program recorded %s before the run ended as %s (%s); the recorded "
                        "result stands", work_dir, final.status, record.status, _error_summary(record.error))
     return final.to_dict()
 

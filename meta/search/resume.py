@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 NEW_KEY = "new"
 #: keys of a run's command that say how this invocation runs, not what the run is: never a change on resume
 IGNORED_KEYS = ("run_dir", "dry_run", NEW_KEY)
-#: the member's entry point: a change of its name alone (the same function) is no change of the run
+#: the member program's name: a change of the name alone (the same program) is no change of the run
 ENTRYPOINT_KEY = "inner.entrypoint"
 
 

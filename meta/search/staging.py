@@ -2,11 +2,12 @@
 ``python -m meta.stage`` door is meta/stage.py).
 
 Staging: the member program's ``stage`` (the inner loop's: inner_loop.member.staging.stage_inner) finds every hub
-repository the members read in the stage cache (fetching what is missing unless this is a dry run): the model, the task's dataset and the datasets
-of the transfer tasks the reporting runs score; this module points the config's keys at the staged snapshots, pins
-them in the manifest under ``staged`` (commit, content hash, bytes per repository) and refuses, exit status 2 before
-anything is written, what is missing. A config composed later (a reporting row's transfer task, a tuning trial) reads
-the pinned snapshots through ``staged_inner``. Pre-flight: the program's ``preflight`` on this host.
+repository the members read in the stage cache (fetching what is missing unless this is a dry run): the model, the
+task's dataset and the datasets of the transfer tasks the reporting runs score; this module points the config's keys
+at the staged snapshots, pins them in the manifest under ``staged`` (commit, content hash, bytes per repository) and
+refuses, exit status 2 before anything is written, what is missing. A config composed later (a reporting row's
+transfer task, a tuning trial) reads the pinned snapshots through ``staged_inner``. Pre-flight: the program's
+``preflight`` on this host.
 The outer loop knows nothing about models: which keys name hub repositories is the program's to say.
 """
 from __future__ import annotations
