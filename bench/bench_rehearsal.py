@@ -40,13 +40,13 @@ def _inner(work_dir: Path, opts: argparse.Namespace, extra: list[str]) -> dict:
 
 def _measure(opts: argparse.Namespace, extra: list[str]) -> dict[str, float]:
     from inner_loop.training.checkpoints import CHECKPOINT_DIR
-    from inner_loop.member.lifecycle import train_member
+    from inner_loop.member.lifecycle import train_in_process
     from core.keys import COMPLETIONS_MEAN_LENGTH, GRAD_SHARE_DIAGNOSTIC, STEP_TIME
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp) / "member"
-        record = train_member({"run_id": "bench", "generation": 0, "index": 0, "seed": opts.seed, "params": [],
-                               "work_dir": str(work), "inner": _inner(work, opts, extra)})
+        record = train_in_process({"run_id": "bench", "generation": 0, "index": 0, "seed": opts.seed, "params": [],
+                                   "work_dir": str(work), "inner": _inner(work, opts, extra)})
         if not record.ok:
             raise RuntimeError(f"the member failed: {record.error}")
         state = json.loads(next((work / CHECKPOINT_DIR).glob("checkpoint-*/trainer_state.json")).read_text())

@@ -57,8 +57,8 @@ def main(cfg: DictConfig) -> None:
     from inner_loop.training.setup import validate_inner
 
     try:
-        # Config and data errors stop here, before anything is trained or written (inside train_member the same
-        # error would become a `failed` result record, as it must for an unattended ES member).
+        # Config and data errors stop here, before anything is trained or written (inside the member's training the
+        # same error would become a `failed` result record, as it must for an unattended ES member).
         validate_inner(spec.inner)
     except ValueError as exc:
         logger.error("configuration error: %s", exc)

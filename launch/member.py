@@ -1,11 +1,12 @@
-"""The function every job runs: call ``inner.entrypoint`` on a member spec and persist its outcome.
+"""The function every job runs: train a member spec with the program ``inner.entrypoint`` names; persist the outcome.
 
 It makes members safe to submit more than once: a member whose result.json holds a final status is returned
 without running again, and an exclusive lock on the member directory makes a duplicate job (an orphan of a
 killed orchestrator plus its resubmission) wait and then read the first one's result instead of training
 twice. Every Python-level outcome (exception, NaN fitness, wall-limit exceeded) becomes a result record, so
 a job that leaves no result.json died from outside (killed, out of memory, node lost). Each member's result.json
-is written once: by the entry point where it records its own outcome (train_member), else here.
+is written once: by the program where it records its own outcome (the inner loop's does), else here. A job's
+pickle holds the entry point's string, never a program: what it names is loaded in the job's own process.
 
 ``inner.timeout_s`` is a budget of RUNNING time for one attempt, summed over all runs of that attempt (a
 SLURM job requeued on its time limit or by preemption runs again under the same id); time spent queued never
@@ -30,9 +31,10 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 from core.file_lock import FileLock
+from core.member_program import MemberProgram, as_program
 from results.store.layout import MEMBER_LOCK_FILE as LOCK_FILE  # re-exported under its old name
 from results.store.layout import STARTED_FILE, SPEC_FILE
 from results.store.atomic import atomic_write_json
@@ -53,8 +55,8 @@ ERROR_TAIL_CHARS = 4000
 class MemberTimeout(BaseException):
     """Raised inside a member that ran past inner.timeout_s.
 
-    A BaseException, like KeyboardInterrupt: entry points record their own failures with ``except Exception``
-    (train_member does), and the alarm must pass through them to become a `timeout`, not a `failed` member."""
+    A BaseException, like KeyboardInterrupt: programs record their own failures with ``except Exception`` (the
+    inner loop's does), and the alarm must pass through them to become a `timeout`, not a `failed` member."""
 
 
 def resolve_target(target: str, key: str) -> Any:
@@ -75,12 +77,10 @@ def resolve_target(target: str, key: str) -> Any:
     return found
 
 
-def load_entrypoint(entrypoint: str) -> Callable[..., Any]:
-    """Resolve ``"package.module:function"``; ValueError naming the problem otherwise."""
-    fn = resolve_target(entrypoint, "inner.entrypoint")
-    if not callable(fn):
-        raise ValueError(f"inner.entrypoint {entrypoint!r} is not callable")
-    return fn
+def load_program(entrypoint: str) -> MemberProgram:
+    """The member program ``"package.module:attr"`` names (a MemberProgram, an old name of one, or a plain
+    ``fn(spec)``: core/member_program.py); ValueError naming the problem otherwise."""
+    return as_program(resolve_target(entrypoint, "inner.entrypoint"), entrypoint)
 
 
 @contextlib.contextmanager
@@ -233,8 +233,8 @@ def run_member(
     out_of_time: tuple[type[BaseException], ...] = (),
     ledger_interval_s: float = LEDGER_INTERVAL_S,
 ) -> dict[str, Any]:
-    """Run one member to a final ResultRecord (as a dict) in ``<work_dir>/result.json``: the record the entry point
-    wrote there itself (train_member does), else the outcome seen here, written once (``write_final_result``).
+    """Run one member to a final ResultRecord (as a dict) in ``<work_dir>/result.json``: the record the program
+    wrote there itself (the inner loop's does), else the outcome seen here, written once (``write_final_result``).
 
     ``timeout_s``: the attempt's running-time budget over all its runs (<= 0: none); a requeued run gets
     what is left of it. ``out_of_time``: extra exception types that mean "ran out of wall time" (status
@@ -254,7 +254,7 @@ def run_member(
             record.wall_time_s = time.monotonic() - start
         final = write_final_result(work_dir, record)
     if final.status != record.status:
-        logger.warning("member %s: its entry point recorded %s before the run ended as %s (%s); the recorded "
+        logger.warning("member %s: its program recorded %s before the run ended as %s (%s); the recorded "
                        "result stands", work_dir, final.status, record.status, _error_summary(record.error))
     return final.to_dict()
 
@@ -285,11 +285,10 @@ def _call(
         return ResultRecord(status="timeout", error=f"member used up its {budget} before this run")
     try:
         with wall_limit(remaining if timeout_s > 0 else 0, reason=f"member exceeded its {budget}"):
-            fn = load_entrypoint(entrypoint)
+            program = load_program(entrypoint)
             if member.inner.get(MEMBER_SEEDS_KEY):
-                return run_seed_group(fn, member)
-            raw = fn(member)
-            return ResultRecord.coerce(raw)
+                return run_seed_group(program.train, member)
+            return ResultRecord.coerce(program.train(member))
     except (MemberTimeout, *out_of_time) as exc:
         return ResultRecord(status="timeout", error=str(exc))
     except Exception as exc:  # any member failure becomes a record; the orchestrator decides about retries

@@ -47,7 +47,8 @@ def run_seed_group(fn: Callable[[MemberSpec], Any], member: MemberSpec) -> Resul
         if record is None:
             Path(spec.work_dir).mkdir(parents=True, exist_ok=True)
             atomic_write_json(Path(spec.work_dir) / SPEC_FILE, spec.to_dict())
-            # kept on disk so a retry skips this seed; train_member has written it already (then this writes nothing)
+            # kept on disk so a retry skips this seed; the inner loop's program has written it already (then this
+            # writes nothing)
             record = write_final_result(spec.work_dir, ResultRecord.coerce(fn(spec)))
         if not record.ok:
             return dataclasses.replace(record, error=f"seed {k} (seed={seed}): {record.error}")

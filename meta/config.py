@@ -587,25 +587,22 @@ def check_member_launch(raw: Mapping[str, Any], launcher: Mapping[str, Any], inn
                         entrypoint_name: str, member_inner: Mapping[str, Any], resources: Mapping[str, Any],
                         where: str = "") -> None:
     """What every member run needs, checked before anything is submitted (meta.run and meta.tune): the
-    resources fit the launcher, the entry point imports and accepts the inner config (its ``validate``), and the
-    launcher takes its options. ``where`` is added to messages (e.g. which tuned choice failed)."""
+    resources fit the launcher, the member program loads and accepts the inner config (its ``validate``: a bad
+    task/model/divergence/train setting fails here, not in every submitted member), and the launcher takes its
+    options. ``where`` is added to messages (e.g. which tuned choice failed)."""
     from launch.factory import check_gpu_sharing, launcher_class, launcher_options
-    from launch.member import load_entrypoint
+    from launch.member import load_program
     from launch.submitit_base import check_gpus_per_member
 
     _check_resources(raw, launcher, inner_timeout_s)
     try:
-        entrypoint = load_entrypoint(entrypoint_name)
+        program = load_program(entrypoint_name)
     except ValueError as exc:
-        raise ConfigError(f"{exc}; set inner.entrypoint=package.module:function") from None
-    # An entry point may carry its own up-front check of the inner config (`fn.validate(inner)`), so that
-    # a bad task/model/divergence/train setting fails here instead of in every submitted member.
-    validate = getattr(entrypoint, "validate", None)
-    if callable(validate):
-        try:
-            validate(member_inner)
-        except (ValueError, FileNotFoundError) as exc:
-            raise ConfigError(f"{exc}{where}") from None
+        raise ConfigError(f"{exc}; set inner.entrypoint=package.module:program") from None
+    try:
+        program.validate(member_inner)
+    except (ValueError, FileNotFoundError) as exc:
+        raise ConfigError(f"{exc}{where}") from None
     try:
         cls = launcher_class(launcher)
         cls.validate_options(launcher_options(launcher))

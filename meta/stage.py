@@ -35,7 +35,7 @@ def stage_command(argv: Sequence[str]) -> int:
     cfg, _raw, _store, manifest, _resuming = prepare(argv)
     items = (manifest.get(MANIFEST_KEY) or {}).get("items")
     if items is None:
-        sys.stdout.write("nothing to stage: the entry point reads nothing from the hub\n")
+        sys.stdout.write("nothing to stage: the member program reads nothing from the hub\n")
         return 0
     # The pins are this command's output (for pipes and files), as the plan is a dry run's.
     rows = [f"{item['status']:<8} {item['kind']:<8} {item['repo_id']} @ {item['revision'] or '-'}  "

@@ -1,6 +1,7 @@
 """A synthetic objective over the 380-vector that stands in for NM-GRPO training in tests and benchmarks.
 
-Used through ``inner.entrypoint=meta.synthetic:member``; its behaviour is steered by ``inner.options``:
+Used through ``inner.entrypoint=meta.synthetic:program`` (a MemberProgram; ``meta.synthetic:member``, its older name,
+loads the same program); its behaviour is steered by ``inner.options``:
   target (0.02), width (0.01): fitness = exp(-mean((x - target)^2) / (2 width^2)), in (0, 1], max at x = target,
       so 0 (the default fitness_on_failure) is the worst value, as for pass@1;
   sleep_s: sleep before answering (benchmark members);
@@ -58,6 +59,7 @@ from typing import Any, Mapping, Sequence
 
 from results.store.atomic import atomic_write_json
 from results.store.member_files import append_intermediate
+from core.member_program import MemberProgram, named_by
 from core.records import MemberSpec
 from results.store.truncation import (END_SCORE, START_SCORE, START_STEP, STOP_STEP, Truncation, publish_boundary,
                                       read_boundary)
@@ -134,66 +136,85 @@ def _selected(spec: MemberSpec, entries: Sequence[Any] | None) -> bool:
     return False
 
 
+class SyntheticProgram(MemberProgram):
+    """The synthetic objective as a member program: nothing to validate, stage or check on the host; it keeps a
+    step counter for a retry, which ``finalize`` drops."""
+
+    def train(self, spec: MemberSpec | Mapping[str, Any], save_final: bool = False) -> dict[str, Any]:
+        """A result record as a dict (see the module docstring); ``save_final``: no model to keep."""
+        if not isinstance(spec, MemberSpec):
+            spec = MemberSpec.from_dict(spec)
+        options = dict(spec.inner.get("options") or {})
+        start = time.monotonic()
+        if options.get("count_calls"):
+            with open(Path(spec.work_dir) / "calls.log", "a") as handle:
+                handle.write(f"attempt {spec.attempt}\n")
+        if options.get("env_log"):
+            seen = {k: v for k, v in os.environ.items() if k.startswith(("SLURM_", "SBATCH_", "MIRROR_ES_"))}
+            atomic_write_json(Path(spec.work_dir) / "env.json", seen)
+        if options.get("sleep_s"):
+            time.sleep(float(options["sleep_s"]))
+        if options.get("wait_for_file") and not _selected(spec, options.get("wait_skip")):
+            # A test's gate: these members stay running until the test creates the file (at most WAIT_FOR_FILE_MAX_S),
+            # so it can act on live jobs however slow the machine is.
+            deadline = time.monotonic() + WAIT_FOR_FILE_MAX_S
+            while not Path(options["wait_for_file"]).exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+        if spec.truncation is not None:
+            return _truncation(spec, options, start)
+        steps_done = _train_steps(Path(spec.work_dir), int(options.get("steps", 0)), float(options.get("step_s", 0.0)))
+        injected = spec.attempt < int(options.get("fail_attempts", 1 << 30))
+        if injected and _selected(spec, options.get("fail")):
+            raise RuntimeError(f"injected failure for member {spec.generation}:{spec.index}")
+        if injected and _selected(spec, options.get("hang")):
+            while True:
+                time.sleep(0.05)
+        if not spec.params:  # a result-table row without a map (KL, ProbL2, Dr. GRPO, the base model)
+            fitness = _baseline_fitness(spec, options)
+        elif options.get("unrolled") is not None:
+            unrolled = dict(options["unrolled"] or {})
+            rate = unrolled_rate(spec.params, float(unrolled.get("scale", 30.0)), float(options.get("target", 0.02)))
+            fitness = 1.0 - unrolled_loss(rate, int((spec.inner.get("train") or {}).get("steps") or 0),
+                                          float(unrolled.get("floor", 0.5)))
+        elif options.get("slope") is not None or options.get("radial") is not None:
+            fitness = linear_objective(spec.params, _slope(spec, options), float(options.get("base", 0.5)),
+                                       float(options.get("target", 0.02)), float(options.get("radial") or 0.0))
+        else:
+            fitness = objective(spec.params, float(options.get("target", 0.02)), float(options.get("width", 0.01)))
+        running_s = member_time_s(spec, options, fitness) if options.get("time_median_s") else 0.0
+        if options.get("noise"):
+            fitness += float(options["noise"]) * random.Random(spec.seed).gauss(0.0, 1.0)
+        if options.get("param_noise"):
+            digest = params_digest(spec.params)
+            fitness += float(options["param_noise"]) * random.Random(f"{spec.seed}:{digest}").gauss(0.0, 1.0)
+        if options.get("intermediate_noise") is not None:
+            running_s = _write_intermediate(spec, fitness, float(options["intermediate_noise"]), running_s)
+        time.sleep(running_s)
+        if injected and _selected(spec, options.get("nan_fitness")):
+            fitness = float("nan")
+        return {
+            "status": "ok",
+            "fitness": fitness,
+            "val_size": int(options.get("val_size", 1)),
+            "wall_time_s": time.monotonic() - start,
+            "steps_done": steps_done or 1,
+            "evaluations": _evaluations(spec, options, fitness),
+        }
+
+    def finalize(self, spec: MemberSpec | Mapping[str, Any]) -> None:
+        """A settled member's step-counter checkpoint goes, as the inner loop's checkpoints do."""
+        if not isinstance(spec, MemberSpec):
+            spec = MemberSpec.from_dict(spec)
+        (Path(spec.work_dir) / CHECKPOINT_FILE).unlink(missing_ok=True)
+
+
+program = SyntheticProgram()
+
+
+@named_by(program)
 def member(spec: MemberSpec | Mapping[str, Any]) -> dict[str, Any]:
-    """The ``inner.entrypoint`` for synthetic runs: returns a result record as a dict."""
-    if not isinstance(spec, MemberSpec):
-        spec = MemberSpec.from_dict(spec)
-    options = dict(spec.inner.get("options") or {})
-    start = time.monotonic()
-    if options.get("count_calls"):
-        with open(Path(spec.work_dir) / "calls.log", "a") as handle:
-            handle.write(f"attempt {spec.attempt}\n")
-    if options.get("env_log"):
-        seen = {k: v for k, v in os.environ.items() if k.startswith(("SLURM_", "SBATCH_", "MIRROR_ES_"))}
-        atomic_write_json(Path(spec.work_dir) / "env.json", seen)
-    if options.get("sleep_s"):
-        time.sleep(float(options["sleep_s"]))
-    if options.get("wait_for_file") and not _selected(spec, options.get("wait_skip")):
-        # A test's gate: these members stay running until the test creates the file (at most WAIT_FOR_FILE_MAX_S),
-        # so it can act on live jobs however slow the machine is.
-        deadline = time.monotonic() + WAIT_FOR_FILE_MAX_S
-        while not Path(options["wait_for_file"]).exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-    if spec.truncation is not None:
-        return _truncation(spec, options, start)
-    steps_done = _train_steps(Path(spec.work_dir), int(options.get("steps", 0)), float(options.get("step_s", 0.0)))
-    injected = spec.attempt < int(options.get("fail_attempts", 1 << 30))
-    if injected and _selected(spec, options.get("fail")):
-        raise RuntimeError(f"injected failure for member {spec.generation}:{spec.index}")
-    if injected and _selected(spec, options.get("hang")):
-        while True:
-            time.sleep(0.05)
-    if not spec.params:  # a result-table row without a map (KL, ProbL2, Dr. GRPO, the base model)
-        fitness = _baseline_fitness(spec, options)
-    elif options.get("unrolled") is not None:
-        unrolled = dict(options["unrolled"] or {})
-        rate = unrolled_rate(spec.params, float(unrolled.get("scale", 30.0)), float(options.get("target", 0.02)))
-        fitness = 1.0 - unrolled_loss(rate, int((spec.inner.get("train") or {}).get("steps") or 0),
-                                      float(unrolled.get("floor", 0.5)))
-    elif options.get("slope") is not None or options.get("radial") is not None:
-        fitness = linear_objective(spec.params, _slope(spec, options), float(options.get("base", 0.5)),
-                                   float(options.get("target", 0.02)), float(options.get("radial") or 0.0))
-    else:
-        fitness = objective(spec.params, float(options.get("target", 0.02)), float(options.get("width", 0.01)))
-    running_s = member_time_s(spec, options, fitness) if options.get("time_median_s") else 0.0
-    if options.get("noise"):
-        fitness += float(options["noise"]) * random.Random(spec.seed).gauss(0.0, 1.0)
-    if options.get("param_noise"):
-        digest = params_digest(spec.params)
-        fitness += float(options["param_noise"]) * random.Random(f"{spec.seed}:{digest}").gauss(0.0, 1.0)
-    if options.get("intermediate_noise") is not None:
-        running_s = _write_intermediate(spec, fitness, float(options["intermediate_noise"]), running_s)
-    time.sleep(running_s)
-    if injected and _selected(spec, options.get("nan_fitness")):
-        fitness = float("nan")
-    return {
-        "status": "ok",
-        "fitness": fitness,
-        "val_size": int(options.get("val_size", 1)),
-        "wall_time_s": time.monotonic() - start,
-        "steps_done": steps_done or 1,
-        "evaluations": _evaluations(spec, options, fitness),
-    }
+    """``program.train``, by the name earlier searches stored as ``inner.entrypoint`` (and tests call)."""
+    return program.train(spec)
 
 
 def _truncation(spec: MemberSpec, options: Mapping[str, Any], started: float) -> dict[str, Any]:
@@ -318,14 +339,6 @@ def member_time_s(spec: MemberSpec, options: Mapping[str, Any], fitness: float) 
 CHECKPOINT_FILE = "synthetic_ckpt.json"
 
 
-def finalize(spec: MemberSpec | Mapping[str, Any]) -> None:
-    """``member.finalize``: a settled member's step-counter checkpoint goes, as train_member's checkpoints do."""
-    if not isinstance(spec, MemberSpec):
-        spec = MemberSpec.from_dict(spec)
-    (Path(spec.work_dir) / CHECKPOINT_FILE).unlink(missing_ok=True)
-
-
-member.finalize = finalize  # type: ignore[attr-defined]
 
 
 def _train_steps(work_dir: Path, steps: int, step_s: float) -> int:

@@ -127,7 +127,7 @@ def test_a_tiny_member_trains_with_continuous_batching_in_its_budget(tmp_path: P
     import inner_loop.generation.continuous_batching as cb_module
     from conf_groups import load_group
     from inner_loop.generation.memory import generation_cache_bytes, member_memory_bytes
-    from inner_loop.member.lifecycle import train_member
+    from inner_loop.member.lifecycle import train_in_process
 
     monkeypatch.setenv("SLURM_MEM_PER_NODE", "1024")  # MiB, as SLURM writes it
     budget = generation_cache_bytes(member_memory_bytes())
@@ -152,7 +152,7 @@ def test_a_tiny_member_trains_with_continuous_batching_in_its_budget(tmp_path: P
                            "warmup_max_steps": 0})
     inner["train"].update({"steps": 2, "batch_size": 8, "group_size": 4, "val_size": 8, "max_completion_length": 6,
                            "report_to": [], "trl": {"use_transformers_continuous_batching": True}})
-    record = train_member({"run_id": "cb", "generation": 0, "index": 0, "seed": 0, "params": [],
+    record = train_in_process({"run_id": "cb", "generation": 0, "index": 0, "seed": 0, "params": [],
                            "work_dir": str(tmp_path / "m"), "inner": inner})
 
     assert record.status == "ok", record.error
@@ -172,6 +172,6 @@ def test_a_tiny_member_trains_with_continuous_batching_in_its_budget(tmp_path: P
     assert unbounded["num_blocks"] != expected["num_blocks"]  # the cache follows the member's allocation
     # the record names the backend, and the same seed reproduces the same completions with it
     assert record.generation["backend"] == "transformers_continuous_batching"
-    again = train_member({"run_id": "cb", "generation": 0, "index": 0, "seed": 0, "params": [],
+    again = train_in_process({"run_id": "cb", "generation": 0, "index": 0, "seed": 0, "params": [],
                           "work_dir": str(tmp_path / "again"), "inner": inner})
     assert again.generation["completions_sha256"] == record.generation["completions_sha256"]

@@ -33,9 +33,9 @@ def _inner(decode_cache: str, lora_r: int = 0, **train: Any) -> dict[str, Any]:
 
 
 def _member(tmp_path: Path, name: str, inner: dict[str, Any]) -> Any:
-    from inner_loop.member.lifecycle import train_member
+    from inner_loop.member.lifecycle import train_in_process
 
-    return train_member({"run_id": "cache", "generation": 0, "index": 0, "seed": 0, "params": [],
+    return train_in_process({"run_id": "cache", "generation": 0, "index": 0, "seed": 0, "params": [],
                          "work_dir": str(tmp_path / name), "inner": inner})
 
 

@@ -1,4 +1,4 @@
-"""docs/extending.md's five recipes, run as written: each toy entry is one module and one YAML in a temporary folder
+"""docs/extending.md's recipes, run as written: each toy entry is one module and one YAML in a temporary folder
 outside the repository (its package's entry points in a ``*.dist-info`` beside it, its YAML in a config tree named by
 MIRROR_ES_CONFIG_PATH), goes through a dry run and (searcher, divergence, task) a tiny run on the embedded default,
 and no file of the repository changes.
@@ -79,11 +79,12 @@ def _run(toy: dict[str, str], *args: str) -> subprocess.CompletedProcess:
 
 
 def test_each_recipe_is_one_module_and_one_yaml():
+    """... and a member program one module alone: ``inner.entrypoint`` names it, no config group does."""
     paths = [p for p, _ in _blocks() if p != "pyproject.toml"]
     modules = sorted(p for p in paths if p.endswith(".py"))
     yamls = sorted(p for p in paths if p.endswith(".yaml"))
-    assert modules == ["toy_ext/divergence.py", "toy_ext/launcher.py", "toy_ext/model.py", "toy_ext/searcher.py",
-                       "toy_ext/task.py"]
+    assert modules == ["toy_ext/divergence.py", "toy_ext/launcher.py", "toy_ext/model.py", "toy_ext/program.py",
+                       "toy_ext/searcher.py", "toy_ext/task.py"]
     assert [Path(p).parent.name for p in yamls] == ["divergence", "es", "launcher", "model", "task"]
 
 
@@ -224,3 +225,24 @@ def test_a_divergence_s_default_coefficient_is_its_entry_s_alone(toy):
     for path in [*(ROOT / "conf" / "divergence").glob("*.yaml")]:
         coef = yaml.safe_load(path.read_text()).get("coef")
         assert coef is None or str(coef).endswith(",null}"), path  # no second default written in a YAML
+
+
+def test_a_member_program(toy, tmp_path, unchanged_repository):
+    """The toy program as ``inner.entrypoint``: its ``validate`` refuses a bad option before anything is written, a
+    search trains its members with it, and its ``finalize`` tidies each member once its generation is settled."""
+    program = ["launcher=debug", "inner.entrypoint=toy_ext.program:program", "population=2", "generations=1",
+               "reevaluate.top_k=0"]
+    refused_dir = tmp_path / "refused"
+    refused = _run(toy, "meta.run", f"run_dir={refused_dir}", "new=true", *program, "+inner.options={target: far}")
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert "inner.options.target='far' must be a number" in refused.stderr
+    assert not refused_dir.exists()
+    run_dir = tmp_path / "search"
+    done = _run(toy, "meta.run", f"run_dir={run_dir}", "new=true", *program, "+inner.options={target: 0.1}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    members = sorted((run_dir / "gen_0000").glob("member_*"))
+    assert len(members) == 3  # two members and the control member
+    for member in members:
+        record = json.loads((member / "result.json").read_text())
+        assert record["status"] == "ok" and 0.0 < record["fitness"] <= 1.0, record
+        assert not (member / "scratch.txt").exists()  # written by train, removed by finalize

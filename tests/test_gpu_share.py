@@ -25,7 +25,7 @@ from inner_loop.generation.engine_start import LOCK_DIR_ENV, engine_start_lock_p
 from inner_loop.member.gpu_share import (CAP_KEY, CONTEXT_ALLOWANCE_BYTES, PARTNERS_KEY, apply_memory_share,
                                          engine_start_turn_for, out_of_memory_reason)
 from inner_loop.grpo.args import build_grpo_config
-from inner_loop.member.lifecycle import train_member
+from inner_loop.member.lifecycle import train_in_process
 from inner_loop.training.setup import validate_inner
 from core.keys import MEMBER_GPU_MEMORY_KEY, MEMBER_GPU_SHARERS_KEY, MEMBERS_ON_GPU_ENV
 from results.store.member_files import read_result
@@ -132,7 +132,7 @@ def test_a_member_out_of_gpu_memory_fails_alone_naming_its_share(tmp_path, monke
 
     monkeypatch.setattr(run_setup, "load_policy", load_policy)
     work = tmp_path / "m"
-    record = train_member({"run_id": "t", "generation": 0, "index": 3, "seed": 0, "params": [],
+    record = train_in_process({"run_id": "t", "generation": 0, "index": 3, "seed": 0, "params": [],
                            "work_dir": str(work), "inner": _inner()})
     assert record.status == "failed"
     assert record.error.startswith(f"model and trainer setup: out of GPU memory within its share: {H100_HALF}; "

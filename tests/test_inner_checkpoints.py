@@ -14,7 +14,7 @@ import yaml
 
 from inner_loop.training.checkpoints import (CHECKPOINT_DIR, TRASH_DIR, DiskUsageCallback, apply_checkpoint_policy,
                                     dir_bytes, last_checkpoint)
-from inner_loop.member.lifecycle import train_member
+from inner_loop.member.lifecycle import train_in_process
 from results.store.layout import FINAL_MODEL_DIR
 from results.store.member_files import read_result, write_result
 from conf_groups import load_group
@@ -57,7 +57,7 @@ def members(tmp_path_factory) -> dict[str, tuple[Path, object]]:
     out = {}
     for keep in ("all", "last", "none"):
         work = root / keep
-        out[keep] = (work, train_member(_spec(work, _inner(keep_checkpoints=keep))))
+        out[keep] = (work, train_in_process(_spec(work, _inner(keep_checkpoints=keep))))
     return out
 
 
@@ -95,7 +95,7 @@ def test_peak_disk_is_recorded_and_covers_the_checkpoints(members):
 def test_final_model_survives_keep_none_for_single_runs(tmp_path):
     from safetensors.torch import load_file
 
-    record = train_member(_spec(tmp_path / "m", _inner(steps=2)), save_final=True)
+    record = train_in_process(_spec(tmp_path / "m", _inner(steps=2)), save_final=True)
     assert record.status == "ok", record.error
     assert _checkpoints(tmp_path / "m") == []
     weights = load_file(str(tmp_path / "m" / FINAL_MODEL_DIR / "model.safetensors"))
@@ -153,7 +153,7 @@ def test_cleanup_interrupted_by_a_crash_is_finished_by_the_next_call(tmp_path):
     (work / TRASH_DIR / "0-checkpoint-1" / "optimizer.pt").write_bytes(b"o")
     record = ResultRecord(status="ok", fitness=0.5, steps_done=2, disk_peak_bytes=123)
     write_result(work, record)
-    again = train_member(_spec(work, _inner()))
+    again = train_in_process(_spec(work, _inner()))
     assert again == record
     assert _checkpoints(work) == [] and not (work / TRASH_DIR).exists()
 
@@ -167,17 +167,18 @@ def test_failed_member_keeps_its_checkpoint_for_a_retry(tmp_path, monkeypatch):
 
     monkeypatch.setattr(member, "_evaluate", boom)
     work = tmp_path / "m"
-    record = train_member(_spec(work, _inner(steps=2)))
+    record = train_in_process(_spec(work, _inner(steps=2)))
     assert record.status == "failed" and "evaluation crashed" in record.error
     assert _checkpoints(work) == ["checkpoint-2"] and record.disk_peak_bytes and record.disk_peak_bytes > 0
     # A later call (a duplicate job) finds the final result and removes the kept checkpoint ...
-    assert train_member(_spec(work, _inner(steps=2))) == record
+    assert train_in_process(_spec(work, _inner(steps=2))) == record
     assert _checkpoints(work) == []
 
 
 def test_a_member_settled_as_failed_loses_its_checkpoint_when_the_search_finalizes_it(tmp_path, monkeypatch):
-    """... but a settled member is never called again: the orchestrator calls the entry point's ``finalize``."""
+    """... but a settled member is never called again: the orchestrator calls the member program's ``finalize``."""
     import inner_loop.member.lifecycle as member
+    from inner_loop.member.entry import program
 
     def boom(*args, **kwargs):
         raise RuntimeError("evaluation crashed")
@@ -186,8 +187,8 @@ def test_a_member_settled_as_failed_loses_its_checkpoint_when_the_search_finaliz
     work = tmp_path / "m"
     spec = _spec(work, _inner(steps=2))
     member.finalize_member(spec)  # nothing final yet: nothing happens
-    assert train_member(spec).status == "failed" and _checkpoints(work) == ["checkpoint-2"]
-    train_member.finalize(spec)
+    assert train_in_process(spec).status == "failed" and _checkpoints(work) == ["checkpoint-2"]
+    program.finalize(spec)
     assert _checkpoints(work) == [] and read_result(work).status == "failed"
 
 
@@ -203,25 +204,25 @@ def test_a_delete_that_fails_never_turns_a_finished_member_into_a_failure(tmp_pa
 
     monkeypatch.setattr(checkpoints, "apply_checkpoint_policy", refuse)
     work = tmp_path / "m"
-    record = train_member(_spec(work, _inner(steps=2)))
+    record = train_in_process(_spec(work, _inner(steps=2)))
     assert record.status == "ok", record.error
     assert read_result(work) == record and _checkpoints(work) == ["checkpoint-2"]
     monkeypatch.setattr(checkpoints, "apply_checkpoint_policy", real)
-    assert train_member(_spec(work, _inner(steps=2))) == record
+    assert train_in_process(_spec(work, _inner(steps=2))) == record
     assert _checkpoints(work) == []
 
 
 def test_resume_from_a_checkpoint_written_before_disk_tracking(tmp_path):
     """A member checkpointed by an older version (no DiskUsageCallback entry in trainer_state.json) resumes."""
     work = tmp_path / "m"
-    first = train_member(_spec(work, _inner(steps=2, keep_checkpoints="all")))
+    first = train_in_process(_spec(work, _inner(steps=2, keep_checkpoints="all")))
     assert first.status == "ok", first.error
     state_file = work / CHECKPOINT_DIR / "checkpoint-2" / "trainer_state.json"
     state = json.loads(state_file.read_text())
     assert state["stateful_callbacks"].pop("DiskUsageCallback")["attributes"]["peak_bytes"] > 0
     state_file.write_text(json.dumps(state))
     (work / "result.json").unlink()
-    resumed = train_member(_spec(work, _inner(steps=3, keep_checkpoints="all")))
+    resumed = train_in_process(_spec(work, _inner(steps=3, keep_checkpoints="all")))
     assert resumed.status == "ok" and resumed.steps_done == 3, resumed.error
     assert _checkpoints(work) == ["checkpoint-1", "checkpoint-2", "checkpoint-3"]
 

@@ -13,7 +13,7 @@ from safetensors import safe_open
 
 from inner_loop.config import InnerConfig
 from inner_loop.training.evaluate import pass_at_k
-from inner_loop.member.lifecycle import train_member
+from inner_loop.member.lifecycle import train_in_process
 from inner_loop.training.setup import prepare, validate_inner
 from mirror_maps import NeuralMirrorMap, save_init
 from conf_groups import load_group
@@ -130,7 +130,7 @@ def test_init_file_of_wrong_shape_is_rejected_before_training(tmp_path):
     with pytest.raises(ValueError, match="380"):
         validate_inner(spec["inner"])  # the orchestrator's up-front check: raises, writes nothing
     assert not (tmp_path / "m").exists()
-    record = train_member(spec)  # a member that gets it anyway ends as a failed record, never a bare exception
+    record = train_in_process(spec)  # a member that gets it anyway ends as a failed record, never a bare exception
     assert record.status == "failed" and "380" in record.error and (tmp_path / "m" / "result.json").is_file()
 
 

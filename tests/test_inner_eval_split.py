@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from inner_loop.config import InnerConfig
-from inner_loop.member.lifecycle import train_member
+from inner_loop.member.lifecycle import train_in_process
 from meta.config import INNER_NODES
 from results.store.layout import RUN_MANIFEST_FILE
 from core.records import ResultRecord
@@ -38,7 +38,7 @@ def cache(tmp_path, monkeypatch):
 @pytest.mark.parametrize("split, size", [("validation", 40), ("test", 24)])
 def test_a_run_is_scored_on_the_split_it_names_and_its_record_says_which(cache, tmp_path, split, size):
     work = tmp_path / "run"
-    record = train_member({"run_id": "single", "generation": 0, "index": 0, "seed": 0, "params": [],
+    record = train_in_process({"run_id": "single", "generation": 0, "index": 0, "seed": 0, "params": [],
                            "work_dir": str(work), "inner": _inner(eval_split=split)})
     assert record.status == "ok", record.error
     assert (record.eval_split, record.val_size) == (split, size)

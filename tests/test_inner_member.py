@@ -1,4 +1,4 @@
-"""train_member end to end on a small tiny model: result record, idempotence, failure status, resume after kill."""
+"""train_in_process end to end on a small tiny model: result record, idempotence, failure status, resume after kill."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from inner_loop.training.checkpoints import last_checkpoint
-from inner_loop.member.lifecycle import train_member
+from inner_loop.member.lifecycle import train_in_process
 from core.keys import GENERATE_TIME_MEAN, STEP_TIME_MEAN
 from results.store.member_files import read_result
 from conf_groups import load_group
@@ -56,7 +56,7 @@ def cache(tmp_path_factory):
 
 
 def test_member_writes_a_complete_record_and_is_idempotent(cache, tmp_path):
-    record = train_member(_spec(tmp_path / "m", _inner()))
+    record = train_in_process(_spec(tmp_path / "m", _inner()))
     assert record.status == "ok", record.error
     assert record.steps_done == 4 and record.val_size == 32
     assert 0.0 <= record.fitness <= 1.0 and record.mean_response_tokens > 0
@@ -67,7 +67,7 @@ def test_member_writes_a_complete_record_and_is_idempotent(cache, tmp_path):
     assert 0.0 < record.diagnostics[GENERATE_TIME_MEAN] < record.diagnostics[STEP_TIME_MEAN]
     assert read_result(tmp_path / "m") == record
     stamp = (tmp_path / "m" / "result.json").stat().st_mtime_ns
-    again = train_member(_spec(tmp_path / "m", _inner()))
+    again = train_in_process(_spec(tmp_path / "m", _inner()))
     assert again == record and (tmp_path / "m" / "result.json").stat().st_mtime_ns == stamp
 
 
@@ -86,14 +86,14 @@ def test_non_finite_loss_ends_as_failed_with_the_reason(cache, tmp_path, monkeyp
         return Overflowing(reg.name, reg.form, reg.coef, reg.potential)
 
     monkeypatch.setattr(run_setup, "build_regularizer", build)
-    record = train_member(_spec(tmp_path / "m", _inner(steps=3)))
+    record = train_in_process(_spec(tmp_path / "m", _inner(steps=3)))
     assert record.status == "failed" and "non-finite loss" in record.error
     assert record.fitness == 0.0 and json.loads((tmp_path / "m" / "result.json").read_text())["status"] == "failed"
 
 
 _CHILD = """
 import json, sys
-train_member(json.loads(sys.argv[1]))
+train_in_process(json.loads(sys.argv[1]))
 """
 
 
@@ -103,7 +103,7 @@ def test_killed_member_resumes_from_its_checkpoint_and_matches(cache, tmp_path):
     the uninterrupted reference keeps all of them (its checkpoint-4 shows that training moved the weights)."""
     inner = _inner(steps=24, save_every=4, keep_checkpoints="last")
     assert inner["train"]["save_total_limit"] == 1
-    reference = train_member(_spec(tmp_path / "straight", {**inner, "train": {**inner["train"],
+    reference = train_in_process(_spec(tmp_path / "straight", {**inner, "train": {**inner["train"],
                                                                             "keep_checkpoints": "all"}}))
     assert reference.status == "ok", reference.error
 
@@ -125,7 +125,7 @@ def test_killed_member_resumes_from_its_checkpoint_and_matches(cache, tmp_path):
     # Rotation kept at most the newest complete checkpoint plus one being written when the kill came.
     assert len(list((work / "checkpoints").glob("checkpoint-*"))) <= 2
 
-    resumed = train_member(_spec(work, inner))
+    resumed = train_in_process(_spec(work, inner))
     assert resumed.status == "ok", resumed.error
     assert resumed.steps_done == 24
     assert sorted(p.name for p in (work / "checkpoints").glob("checkpoint-*")) == ["checkpoint-24"]
@@ -173,7 +173,7 @@ def test_a_member_shows_its_progress_and_logs_trls_metrics_to_tensorboard(cache,
     from results.store.layout import TENSORBOARD_DIR
     from results.store.member_files import read_progress
 
-    record = train_member(_spec(tmp_path / "m", _inner()))
+    record = train_in_process(_spec(tmp_path / "m", _inner()))
     assert record.status == "ok", record.error
     progress = read_progress(tmp_path / "m")
     assert progress is not None and (progress.step, progress.max_steps) == (4, 4)

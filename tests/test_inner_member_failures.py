@@ -1,6 +1,6 @@
 """Every failure of a member, from parsing its config to saving its final model, ends as a `failed` result record.
 
-A member runs unattended in a job: an exception that escapes train_member leaves the orchestrator nothing but a
+A member runs unattended in a job: an exception that escapes train_in_process leaves the orchestrator nothing but a
 traceback tail (and, outside our job wrapper, nothing at all). Each test injects a failure at one stage and checks
 that the record on disk and the one returned carry the stage and the error. A timeout (a BaseException from the
 job wrapper's alarm) must pass through untouched, to become status `timeout`.
@@ -15,7 +15,7 @@ import torch
 
 import inner_loop.member.lifecycle as member
 import inner_loop.training.setup as run_setup
-from inner_loop.member.lifecycle import train_member
+from inner_loop.member.lifecycle import train_in_process
 from results.store.provenance import read_run_manifest
 from results.store.member_files import read_result
 from conf_groups import load_group
@@ -57,7 +57,7 @@ def _assert_failed(work: Path, record, stage: str, text: str) -> None:
 
 def test_a_config_the_member_cannot_parse_ends_as_a_failed_record(tmp_path):
     work = tmp_path / "m"
-    record = train_member(_spec(work, _inner(trl={"use_vlm": True})))
+    record = train_in_process(_spec(work, _inner(trl={"use_vlm": True})))
     _assert_failed(work, record, "config and data", "train.trl.use_vlm is not a field")
     assert record.steps_done == 0 and record.disk_peak_bytes is None
 
@@ -66,13 +66,13 @@ def test_a_missing_data_file_ends_as_a_failed_record(tmp_path):
     inner = _inner()
     inner["task"] = {"name": "gsm8k", "train_file": str(tmp_path / "absent.jsonl")}
     work = tmp_path / "m"
-    _assert_failed(work, train_member(_spec(work, inner)), "config and data", "absent.jsonl")
+    _assert_failed(work, train_in_process(_spec(work, inner)), "config and data", "absent.jsonl")
 
 
 def test_a_value_grpo_config_rejects_fails_before_the_model_is_loaded(tmp_path, monkeypatch):
     monkeypatch.setattr(run_setup, "load_policy", _boom("the model must not be loaded for a bad lr_scheduler"))
     work = tmp_path / "m"
-    record = train_member(_spec(work, _inner(lr_scheduler="cosin")))
+    record = train_in_process(_spec(work, _inner(lr_scheduler="cosin")))
     _assert_failed(work, record, "model and trainer setup", "train.lr_scheduler: rejected by TRL's GRPOConfig")
     assert read_run_manifest(work) is not None, "the manifest is still written before the trainer is built"
 
@@ -81,21 +81,21 @@ def test_a_model_that_cannot_be_resolved_ends_as_a_failed_record(tmp_path, monke
     monkeypatch.setattr(run_setup, "resolve_model_dir", _boom("model.name_or_path='/nope': no such model directory",
                                                               ValueError))
     work = tmp_path / "m"
-    _assert_failed(work, train_member(_spec(work, _inner())), "model and trainer setup", "no such model directory")
+    _assert_failed(work, train_in_process(_spec(work, _inner())), "model and trainer setup", "no such model directory")
 
 
 def test_a_model_load_out_of_memory_ends_as_a_failed_record(tmp_path, monkeypatch):
     monkeypatch.setattr(run_setup, "load_policy", _boom("CUDA out of memory. Tried to allocate 2.00 GiB",
                                                         torch.OutOfMemoryError))
     work = tmp_path / "m"
-    record = train_member(_spec(work, _inner()))
+    record = train_in_process(_spec(work, _inner()))
     _assert_failed(work, record, "model and trainer setup", "OutOfMemoryError: CUDA out of memory")
 
 
 def test_a_trainer_that_cannot_be_built_ends_as_a_failed_record(tmp_path, monkeypatch):
     monkeypatch.setattr(run_setup, "MirrorGRPOTrainer", _boom("trainer refused its arguments", TypeError))
     work = tmp_path / "m"
-    _assert_failed(work, train_member(_spec(work, _inner())), "model and trainer setup",
+    _assert_failed(work, train_in_process(_spec(work, _inner())), "model and trainer setup",
                    "TypeError: trainer refused its arguments")
 
 
@@ -111,7 +111,7 @@ def test_a_crash_in_a_training_step_ends_as_a_failed_record_with_the_steps_done(
 
     monkeypatch.setattr(member.MirrorGRPOTrainer, "training_step", second_step_crashes)
     work = tmp_path / "m"
-    record = train_member(_spec(work, _inner()))
+    record = train_in_process(_spec(work, _inner()))
     _assert_failed(work, record, "training", "RuntimeError: CUDA error: an illegal memory access")
     assert record.steps_done == 1 and record.diagnostics, "what the first step logged is kept"
     assert record.disk_peak_bytes and record.disk_peak_bytes > 0
@@ -120,7 +120,7 @@ def test_a_crash_in_a_training_step_ends_as_a_failed_record_with_the_steps_done(
 def test_a_crash_in_evaluation_ends_as_a_failed_record(tmp_path, monkeypatch):
     monkeypatch.setattr(member, "_evaluate", _boom("sandbox pool died"))
     work = tmp_path / "m"
-    record = train_member(_spec(work, _inner()))
+    record = train_in_process(_spec(work, _inner()))
     _assert_failed(work, record, "evaluation", "RuntimeError: sandbox pool died")
     assert record.steps_done == 2
 
@@ -128,7 +128,7 @@ def test_a_crash_in_evaluation_ends_as_a_failed_record(tmp_path, monkeypatch):
 def test_a_crash_saving_the_final_model_ends_as_a_failed_record(tmp_path, monkeypatch):
     monkeypatch.setattr(member, "save_final_model", _boom("No space left on device", OSError))
     work = tmp_path / "m"
-    record = train_member(_spec(work, _inner()), save_final=True)
+    record = train_in_process(_spec(work, _inner()), save_final=True)
     _assert_failed(work, record, "saving the final model", "OSError: No space left on device")
 
 
@@ -139,7 +139,7 @@ def test_a_timeout_passes_through_without_a_record(tmp_path, monkeypatch):
     monkeypatch.setattr(run_setup, "load_policy", _boom("member exceeded inner.timeout_s=1", MemberTimeout))
     work = tmp_path / "m"
     with pytest.raises(MemberTimeout):
-        train_member(_spec(work, _inner()))
+        train_in_process(_spec(work, _inner()))
     assert not (work / "result.json").exists()
 
 
@@ -150,7 +150,7 @@ def test_the_job_wrapper_hands_the_orchestrator_the_members_own_record(tmp_path,
 
     monkeypatch.setattr(run_setup, "load_policy", _boom("CUDA out of memory", torch.OutOfMemoryError))
     work = tmp_path / "m"
-    out = run_member("inner_loop.member.lifecycle:train_member", _spec(work, _inner()), timeout_s=0)
+    out = run_member("inner_loop.member.lifecycle:train_in_process", _spec(work, _inner()), timeout_s=0)
     assert out["status"] == "failed"
     assert out["error"] == "model and trainer setup: OutOfMemoryError: CUDA out of memory"
     assert read_result(work).error == out["error"]

@@ -14,7 +14,7 @@ import torch
 
 from inner_loop.config import InnerConfig
 from inner_loop.training.evaluate import evaluate, main
-from inner_loop.member.lifecycle import train_member
+from inner_loop.member.lifecycle import train_in_process
 from inner_loop.models.loading import load_policy, resolve_model_dir
 from inner_loop.training.setup import prepare, validate_inner
 from inner_loop.tasks import build_task
@@ -79,7 +79,7 @@ def trained(tmp_path_factory) -> tuple[Path, ResultRecord]:
     """A 2-step single run with its own test split and a transfer task scored in the run, its model in final/."""
     work = tmp_path_factory.mktemp("transfer") / "run"
     extra = [{"name": "test", "task": None}, {"name": "transfer/arith", "task": TRANSFER}]
-    record = train_member(_spec(work, _inner(extra=extra)), save_final=True)
+    record = train_in_process(_spec(work, _inner(extra=extra)), save_final=True)
     assert record.status == "ok", record.error
     return work, record
 
@@ -123,7 +123,7 @@ def test_a_zero_step_run_scores_the_untouched_model(tmp_path, caplog):
     inner = _inner(steps=0, extra=[{"name": "test", "task": None}], divergence=KL)
     validate_inner(inner)  # 0 steps pass the up-front checks, TRL's GRPOConfig included
     with caplog.at_level(logging.WARNING):
-        record = train_member(_spec(tmp_path / "base", inner), save_final=True)
+        record = train_in_process(_spec(tmp_path / "base", inner), save_final=True)
     assert record.status == "ok", record.error
     assert record.steps_done == 0 and record.diagnostics["steps_done"] == 0.0
     assert not any("grad_share_floor" in r.getMessage() for r in caplog.records)  # no step, no share
@@ -149,7 +149,7 @@ def test_a_failing_extra_evaluation_fails_the_member_naming_it(tmp_path, monkeyp
 
     monkeypatch.setattr(member, "evaluate", flaky)
     inner = _inner(steps=0, extra=[{"name": "transfer/arith", "task": TRANSFER}])
-    record = train_member(_spec(tmp_path / "run", inner))
+    record = train_in_process(_spec(tmp_path / "run", inner))
     assert record.status == "failed" and record.evaluations == {}
     assert record.error == "extra evaluation 'transfer/arith': RuntimeError: sandbox gone"
     assert read_result(tmp_path / "run").error == record.error

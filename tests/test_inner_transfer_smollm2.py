@@ -34,11 +34,11 @@ def _inner() -> dict:
 
 def test_a_lora_run_on_mbpp_is_scored_on_humaneval_afterwards(tmp_path):
     from inner_loop.training.evaluate import main
-    from inner_loop.member.lifecycle import train_member
+    from inner_loop.member.lifecycle import train_in_process
     from results.store.layout import FINAL_MODEL_DIR, evaluation_file_name
 
     work = tmp_path / "mbpp_run"
-    record = train_member({"run_id": "single", "generation": 0, "index": 0, "seed": 0, "params": [],
+    record = train_in_process({"run_id": "single", "generation": 0, "index": 0, "seed": 0, "params": [],
                            "work_dir": str(work), "inner": _inner()}, save_final=True)
     assert record.status == "ok", record.error
     assert (work / FINAL_MODEL_DIR / "adapter_config.json").is_file()

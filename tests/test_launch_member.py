@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from launch.member import load_entrypoint, read_ledger, run_member
+from launch.member import load_program, read_ledger, run_member
+from core.records import MemberSpec
 from results.store.member_files import read_result
 
 ENTRY = "meta.synthetic:member"
@@ -69,9 +70,20 @@ def test_a_duplicate_job_waits_for_the_first_and_reuses_its_result(tmp_path):
 
 def test_bad_entrypoints_are_named():
     for bad, fragment in [("meta.synthetic", "module:function"), ("no_such_mod:f", "cannot import"),
-                          ("meta.synthetic:nope", "no attribute")]:
+                          ("meta.synthetic:nope", "no attribute"), ("meta.synthetic:CHECKPOINT_FILE", "nor callable"),
+                          ("meta.synthetic:SyntheticProgram", r"MemberProgram class: name an instance of it")]:
         with pytest.raises(ValueError, match=fragment):
-            load_entrypoint(bad)
+            load_program(bad)
+
+
+def test_a_plain_function_is_a_program_without_hooks(tmp_path):
+    """The simplest entry point a user may name: ``fn(spec) -> record``; the loader makes it a program whose train
+    calls it and whose hooks do nothing, and two loads of it are one program (a resume compares them)."""
+    program = load_program(f"{__name__}:requeue_entry")
+    assert program == load_program(f"{__name__}:requeue_entry") and program != load_program(ENTRY)
+    assert program.stage({}) is None and program.use_staged({"a": 1}, []) == {"a": 1}
+    spec = MemberSpec.from_dict(_spec(tmp_path))
+    assert program.train(spec) == {"status": "ok", "fitness": 0.5, "val_size": 1, "steps_done": 1}
 
 
 def requeue_entry(spec):
@@ -148,8 +160,8 @@ def test_an_unreadable_ledger_counts_as_absent(tmp_path):
 
 
 def guarded_entry(spec):
-    """An entry point that, like inner_loop.member.lifecycle.train_member, turns every Exception of its training into a
-    `failed` record of its own."""
+    """An entry point that, like inner_loop.member.lifecycle.train_in_process, turns every Exception of its training
+    into a `failed` record of its own."""
     try:
         while True:
             time.sleep(0.05)
@@ -158,7 +170,7 @@ def guarded_entry(spec):
 
 
 def test_the_wall_limit_is_a_timeout_even_through_an_entry_point_that_catches_every_exception(tmp_path):
-    """The alarm must not be swallowed by the entry point's own error handling (train_member records any
+    """The alarm must not be swallowed by the entry point's own error handling (the inner loop's records any
     Exception as `failed`): a member out of time is `timeout`, which retries and reports treat differently."""
     record = run_member(f"{__name__}:guarded_entry", _spec(tmp_path), timeout_s=0.3)
     assert record["status"] == "timeout", record

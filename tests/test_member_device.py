@@ -93,7 +93,7 @@ def test_a_gpu_member_on_a_cpu_node_stops_before_its_model_loads_and_writes_no_r
     monkeypatch.setattr(member, "build_trainer", never)
     inner = {**_inner(), MEMBER_GPUS_KEY: 1}
     with pytest.raises(device.DeviceUnavailableError, match="CPU build"):
-        member.train_member(_spec(tmp_path / "m", inner))
+        member.train_in_process(_spec(tmp_path / "m", inner))
     assert read_result(tmp_path / "m") is None  # the node's failure: the launcher resubmits, the init is not charged
 
 
@@ -116,7 +116,7 @@ def test_a_member_that_fails_after_the_check_names_its_device_in_the_record(monk
         raise RuntimeError("the model would not load")
 
     monkeypatch.setattr(member, "build_trainer", broken)
-    record = member.train_member(_spec(tmp_path / "m", _inner()))
+    record = member.train_in_process(_spec(tmp_path / "m", _inner()))
     assert record.status == "failed" and "the model would not load" in record.error
     assert read_result(tmp_path / "m").device == {**device.describe_device(), "peak_memory_bytes": None,
                                                   "peak_reserved_bytes": None, "graph_pool_bytes": None}
@@ -165,7 +165,7 @@ def test_a_gpu_node_without_a_c_compiler_is_the_nodes_failure_not_the_members(mo
     monkeypatch.setattr(member, "build_trainer", lambda *a, **k: pytest.fail("the model was loaded"))
     inner = {**_inner(), MEMBER_GPUS_KEY: 1}
     with pytest.raises(device.DeviceUnavailableError, match="Triton log-prob kernels.*Failed to find C compiler"):
-        member.train_member(_spec(tmp_path / "m", inner))
+        member.train_in_process(_spec(tmp_path / "m", inner))
     assert launched  # the kernels were launched before the model loaded
     assert read_result(tmp_path / "m") is None  # nothing charged to the init
     cause = json.loads((tmp_path / "m" / PREFLIGHT_FILE).read_text())["cause"]

@@ -1,6 +1,6 @@
 """Each member's result.json is written exactly once, by one writer (results.store.member_files.write_final_result).
 
-The entry point records its own outcome where it can (train_member: a single run has no wrapper, and it deletes
+The entry point records its own outcome where it can (train_in_process: a single run has no wrapper, and it deletes
 checkpoints only once the record is durable); the job wrapper (launch/member.run_member) and the seed group then
 keep that record instead of writing it again, and write one themselves only for what the entry point could not
 record: an exception it let through, the wall limit, a used-up budget, an entry point that only returns its record.
@@ -51,10 +51,10 @@ def result_writes(monkeypatch) -> list[Path]:
 
 
 def self_recording_entry(spec):
-    """An entry point that records its own outcome as train_member does (result.json first, then returns it).
+    """An entry point that records its own outcome as train_in_process does (result.json first, then returns it).
 
     Options: ``fail_seeds`` raise before recording for these seeds, ``failed_seeds`` record `failed` for them (as
-    train_member records its own failures); ``after_writing`` "raise" or "hang" once the record is written (a crash
+    train_in_process records its own failures); ``after_writing`` "raise" or "hang" once the record is written (a crash
     or the wall limit while the member settles its checkpoints)."""
     options = spec.inner.get("options", {})
     calls = Path(spec.work_dir) / "calls.log"
@@ -97,24 +97,25 @@ def _tiny_inner() -> dict:
 
 
 def test_an_ok_member_run_through_the_wrapper_writes_its_result_once(tmp_path, result_writes):
-    """The issue's case: train_member wrote result.json and the wrapper wrote the same record again."""
+    """The issue's case: train_in_process wrote result.json and the wrapper wrote the same record again."""
     spec = {"run_id": "t", "generation": 0, "index": 0, "seed": 0, "params": [], "work_dir": str(tmp_path / "m"),
             "inner": _tiny_inner()}
-    out = run_member("inner_loop.member.lifecycle:train_member", spec, timeout_s=0)
+    out = run_member("inner_loop.member.lifecycle:train_in_process", spec, timeout_s=0)
     assert out["status"] == "ok", out["error"]
     assert result_writes == [tmp_path / "m" / RESULT_FILE]
     assert read_result(tmp_path / "m").to_dict() == out
-    assert run_member("inner_loop.member.lifecycle:train_member", spec, timeout_s=0) == out  # final: never run or written again
+    again = run_member("inner_loop.member.lifecycle:train_in_process", spec, timeout_s=0)
+    assert again == out  # final: never run or written again
     assert result_writes == [tmp_path / "m" / RESULT_FILE]
 
 
 def test_a_single_run_without_the_wrapper_still_writes_its_result_once(tmp_path, result_writes):
-    """`python -m inner_loop.run` calls train_member directly: the member's own write is its only one."""
-    from inner_loop.member.lifecycle import train_member
+    """`python -m inner_loop.run` calls train_in_process directly: the member's own write is its only one."""
+    from inner_loop.member.lifecycle import train_in_process
 
     spec = {"run_id": "single", "generation": 0, "index": 0, "seed": 0, "params": [],
             "work_dir": str(tmp_path / "run"), "inner": _tiny_inner()}
-    record = train_member(spec)
+    record = train_in_process(spec)
     assert record.ok, record.error
     assert result_writes == [tmp_path / "run" / RESULT_FILE] and read_result(tmp_path / "run") == record
 

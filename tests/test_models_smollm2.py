@@ -58,11 +58,11 @@ def test_gguf_converts_once_and_the_model_answers(cache):
 
 
 def test_one_gbmpo_step_on_the_real_model(cache, tmp_path):
-    from inner_loop.member.lifecycle import train_member
+    from inner_loop.member.lifecycle import train_in_process
 
     inner = _inner(steps=1, batch_size=4, group_size=2, val_size=4, val_batch_size=4, max_completion_length=8,
                    save_every=1, num_threads=2)
-    record = train_member({"run_id": "smol", "generation": 0, "index": 0, "seed": 0, "params": [],
+    record = train_in_process({"run_id": "smol", "generation": 0, "index": 0, "seed": 0, "params": [],
                            "work_dir": str(tmp_path / "member"), "inner": inner})
     assert record.status == "ok", record.error
     assert record.steps_done == 1 and record.val_size == 4

@@ -23,7 +23,7 @@ def test_a_result_pickled_under_the_old_path_loads_in_a_fresh_process():
     """What a job finished before the move returns (submitit pickles it) unpickles to today's class."""
     record = ResultRecord(status="ok", fitness=0.25, steps_done=3)
     old = pickle.dumps(record, protocol=0).replace(b"ccore.records\n", b"cresults.store.records\n")
-    assert b"core.records" in old
+    assert b"results.store.records" in old
     code = ("import pickle, sys; r = pickle.loads(sys.stdin.buffer.read()); "
             "print(type(r).__module__, r.steps_done, r.fitness, r.status)")
     done = subprocess.run([sys.executable, "-c", code], input=old, capture_output=True, check=True)

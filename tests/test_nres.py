@@ -248,11 +248,11 @@ def test_the_mbpp_plan_of_nres_costs_at_most_an_eighth_of_the_whole_run_search_a
 
 
 def test_a_training_run_in_two_truncations_continues_from_the_particles_checkpoint(tmp_path, monkeypatch):
-    """The real member (train_member, tiny model): [0, 2) then [2, 4) of a 4-step run. The first scores the untouched
-    model, trains, and publishes its checkpoint at step 2; the second resumes there (the schedule still over 4 steps)
-    and reports its change from the first's end; the particle's score telescopes."""
+    """The real member (train_in_process, tiny model): [0, 2) then [2, 4) of a 4-step run. The first scores the
+    untouched model, trains, and publishes its checkpoint at step 2; the second resumes there (the schedule still
+    over 4 steps) and reports its change from the first's end; the particle's score telescopes."""
     from conf_groups import load_group
-    from inner_loop.member.lifecycle import train_member
+    from inner_loop.member.lifecycle import train_in_process
 
     monkeypatch.setenv("MIRROR_ES_CACHE", str(tmp_path / "cache"))
     inner = {"task": load_group("task", "arith"), "model": load_group("model", "tiny"),
@@ -268,7 +268,7 @@ def test_a_training_run_in_two_truncations_continues_from_the_particles_checkpoi
         piece = Truncation(particle=0, episode=0, start=start, stop=stop, horizon=4, particle_dir=str(particle))
         spec = MemberSpec(run_id="t", generation=generation, index=0, seed=3, params=[], inner=inner,
                           work_dir=str(tmp_path / f"gen{generation}"), truncation=piece.to_dict())
-        records.append(train_member(spec))
+        records.append(train_in_process(spec))
         assert records[-1].status == "ok", records[-1].error
         boundary = piece.boundary(stop)
         state = json.loads((boundary / "trainer_state.json").read_text())

@@ -2,6 +2,7 @@
 member callable by its old module path, and a job requeued after the upgrade must still unpickle it."""
 from __future__ import annotations
 
+import functools
 import importlib
 import pickle
 import pickletools
@@ -10,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from launch.member import resolve_target
+from launch.member import load_program, run_member
 from launch.slurm.member import CheckpointableMember
 from meta.config import ADDED_SEARCH_KEYS
 from meta.search.resume import split_differences
+from core.member_program import MemberProgram
+from core.records import MemberSpec
 from time_limits import run_with_progress
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,27 +30,32 @@ def test_a_pickle_that_names_the_old_module_path_loads_the_current_member_callab
     assert type(pickle.loads(old)) is CheckpointableMember
 
 
-# The layout by stage (inner_loop/member/, inner_loop/training/, meta/search/, ...) moved the member's entry point. A
-# search started before it stored ``inner.entrypoint`` in its config.yaml and in the arguments of its queued jobs.
+# The layout by stage (inner_loop/member/, inner_loop/training/, meta/search/, ...) moved the member's entry point, and
+# the member program (core/member_program.py) replaced the entry function. A search started before either
+# stored ``inner.entrypoint`` in its config.yaml and in the arguments of its queued jobs; each name loads the program
+# it ran, hooks and all.
 OLD_ENTRYPOINTS = {
-    "inner_loop.member_entry:train_member": ("inner_loop.member.entry", "train_member"),   # conf's default until then
-    "inner_loop.member:train_member": ("inner_loop.member.lifecycle", "train_member"),     # the one before it
+    "inner_loop.member.entry:train_member": "inner_loop.member.entry",   # conf's default until the member program
+    "inner_loop.member_entry:train_member": "inner_loop.member.entry",   # ... until the layout by stage
+    "inner_loop.member:train_member": "inner_loop.member.entry",         # the one before it
+    "inner_loop:train_member": "inner_loop.member.entry",                # the package door's export
+    "meta.synthetic:member": "meta.synthetic",                          # the synthetic objective's function
+    "meta.tune.synthetic:run": "meta.tune.synthetic",                   # the tuning stand-in's function
 }
 
 
 @pytest.mark.parametrize("old", sorted(OLD_ENTRYPOINTS))
-def test_an_entry_point_a_run_stored_before_the_move_resolves_to_the_current_function(old):
-    module, name = OLD_ENTRYPOINTS[old]
-    assert resolve_target(old, "inner.entrypoint") is getattr(importlib.import_module(module), name)
+def test_an_entry_point_a_run_stored_before_the_change_loads_the_current_program(old):
+    program = importlib.import_module(OLD_ENTRYPOINTS[old]).program
+    assert isinstance(program, MemberProgram) and load_program(old) is program
 
 
-def test_the_old_entry_module_is_the_new_one_with_its_hooks():
+def test_the_old_entry_module_is_the_new_one():
     import inner_loop.member.entry as entry
     import inner_loop.member_entry as old
 
     assert old is entry and old.__name__ == "inner_loop.member.entry"  # a pinned child starts the new path
-    for hook in ("validate", "finalize", "stage", "use_staged", "preflight"):  # what meta asks of the entry point
-        assert getattr(old.train_member, hook) is getattr(entry.train_member, hook)
+    assert old.train_member is entry.train_member
 
 
 def test_a_pickle_of_the_entry_function_by_its_old_module_path_loads_the_current_one():
@@ -57,21 +65,38 @@ def test_a_pickle_of_the_entry_function_by_its_old_module_path_loads_the_current
     assert pickle.loads(data) is train_member
 
 
-def test_a_fresh_process_imports_the_old_entry_path_without_torch():
-    code = ("import sys, inner_loop.member_entry as e; from launch.member import resolve_target; "
+def test_a_fresh_process_loads_the_program_by_the_old_entry_path_without_torch():
+    code = ("import sys, inner_loop.member_entry as e; from launch.member import load_program, resolve_target; "
             "assert resolve_target('inner_loop.member_entry:train_member', 'k') is e.train_member; "
+            "assert load_program('inner_loop.member_entry:train_member') is e.program; "
             "assert e.__name__ == 'inner_loop.member.entry' and 'torch' not in sys.modules")
     done = run_with_progress([sys.executable, "-c", code], cwd=ROOT)
     assert done.returncode == 0, done.stderr
 
 
-def test_a_run_stored_with_the_old_entry_point_resumes_under_the_new_default():
-    old = {**ADDED_SEARCH_KEYS, "population": 4, "inner": {"entrypoint": "inner_loop.member_entry:train_member"}}
-    new = {**old, "inner": {"entrypoint": "inner_loop.member.entry:train_member"}}
+@pytest.mark.parametrize("stored", ["inner_loop.member_entry:train_member", "inner_loop.member.entry:train_member"])
+def test_a_run_stored_with_an_old_entry_point_resumes_under_the_new_default(stored):
+    old = {**ADDED_SEARCH_KEYS, "population": 4, "inner": {"entrypoint": stored}}
+    new = {**old, "inner": {"entrypoint": "inner_loop.member.entry:program"}}
     refused, allowed = split_differences(old, new)
     assert refused == [] and [key for key, *_ in allowed] == ["inner.entrypoint"]
-    other = {**old, "inner": {"entrypoint": "meta.synthetic:member"}}
-    assert [key for key, *_ in split_differences(old, other)[0]] == ["inner.entrypoint"]  # another function: refused
+    other = {**old, "inner": {"entrypoint": "meta.synthetic:program"}}
+    assert [key for key, *_ in split_differences(old, other)[0]] == ["inner.entrypoint"]  # another program: refused
+
+
+def test_a_queued_job_pickled_with_an_old_entry_point_runs_and_its_program_finalizes(tmp_path):
+    """A job submitted before the change: submitit pickled ``run_member`` with the entry point's string. It runs the
+    program that string loads now, and the search's finalize of that name reaches the program's hook."""
+    from meta.synthetic import CHECKPOINT_FILE
+
+    work_dir = tmp_path / "member"
+    spec = {"run_id": "old", "generation": 0, "index": 0, "seed": 0, "params": [0.02] * 380,
+            "work_dir": str(work_dir), "inner": {"options": {"steps": 2}}}
+    job = pickle.loads(pickle.dumps(functools.partial(run_member, "meta.synthetic:member", spec, 0.0), protocol=4))
+    assert job()["status"] == "ok"
+    assert (work_dir / CHECKPOINT_FILE).exists()  # the synthetic step counter, kept for a retry
+    load_program("meta.synthetic:member").finalize(MemberSpec.from_dict(spec))
+    assert not (work_dir / CHECKPOINT_FILE).exists()
 
 
 def test_a_divergence_config_pickled_before_the_learned_map_had_its_own_class_keeps_its_settings():

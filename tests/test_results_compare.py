@@ -158,7 +158,7 @@ def test_code_version_has_commit_and_dirty_flag(tmp_path):
     assert code_version(tmp_path / "plain") == "unknown"
 
 
-def test_train_member_records_provenance_before_training(tmp_path, monkeypatch):
+def test_a_member_records_provenance_before_training(tmp_path, monkeypatch):
 
     import inner_loop.member.lifecycle as member
 
@@ -172,7 +172,7 @@ def test_train_member_records_provenance_before_training(tmp_path, monkeypatch):
 
     monkeypatch.setattr(member, "build_trainer", stop)
     work = tmp_path / "single"
-    record = member.train_member({"run_id": "single", "generation": 0, "index": 0, "seed": 3, "params": [],
+    record = member.train_in_process({"run_id": "single", "generation": 0, "index": 0, "seed": 3, "params": [],
                                   "work_dir": str(work), "inner": inner})
     assert record.status == "failed" and "stop before training" in record.error
     result = compare([tmp_path])

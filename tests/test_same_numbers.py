@@ -16,7 +16,7 @@ import torch
 
 from conf_groups import load_group
 from inner_loop.config import ModelConfig
-from inner_loop.member.lifecycle import train_member
+from inner_loop.member.lifecycle import train_in_process
 from inner_loop.models.loading import load_policy, resolve_model_dir
 from inner_loop.tasks.arith import ArithTask
 
@@ -84,9 +84,9 @@ def test_a_lora_adapters_init_comes_from_the_seed_alone_and_leaves_the_global_ge
 def test_the_same_member_trained_twice_in_one_process_gives_the_same_steps_and_weights(tmp_path: Path):
     inner = _inner()
     torch.manual_seed(1)  # the process's history before the first member
-    first = train_member(_spec(tmp_path / "first", inner))
+    first = train_in_process(_spec(tmp_path / "first", inner))
     torch.rand(17)  # and more of it before the second
-    second = train_member(_spec(tmp_path / "second", inner))
+    second = train_in_process(_spec(tmp_path / "second", inner))
     assert first.status == second.status == "ok", (first.error, second.error)
     _assert_same_run(tmp_path / "first", tmp_path / "second")
     assert first.generation["completions_sha256"] == second.generation["completions_sha256"]
@@ -100,7 +100,7 @@ def test_a_member_stopped_after_a_checkpoint_and_resumed_continues_bitwise(tmp_p
     import inner_loop.member.lifecycle as lifecycle
 
     inner = _inner(save_every=3)
-    straight = train_member(_spec(tmp_path / "straight", inner))
+    straight = train_in_process(_spec(tmp_path / "straight", inner))
     assert straight.status == "ok", straight.error
     real = lifecycle.MirrorGRPOTrainer.training_step
     calls: list[int] = []
@@ -114,11 +114,11 @@ def test_a_member_stopped_after_a_checkpoint_and_resumed_continues_bitwise(tmp_p
     monkeypatch.setattr(lifecycle.MirrorGRPOTrainer, "training_step", killed_at_step_five)
     work = tmp_path / "resumed"
     with pytest.raises(KeyboardInterrupt):
-        train_member(_spec(work, inner))
+        train_in_process(_spec(work, inner))
     assert not (work / "result.json").exists() and (work / "checkpoints" / "checkpoint-3").is_dir()
     monkeypatch.setattr(lifecycle.MirrorGRPOTrainer, "training_step", real)
     torch.rand(5)  # another history before the rerun
-    resumed = train_member(_spec(work, inner))
+    resumed = train_in_process(_spec(work, inner))
     assert resumed.status == "ok", resumed.error
     _assert_same_run(tmp_path / "straight", work)
     assert (resumed.fitness, resumed.steps_done) == (straight.fitness, straight.steps_done)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from optuna.trial import TrialState
 
-from inner_loop.member.lifecycle import train_member
+from inner_loop.member.lifecycle import train_in_process
 from meta.tune.cli import main
 from results.store.member_files import read_intermediate
 from results.store.layout import INTERMEDIATE_FILE
@@ -37,8 +37,8 @@ def _spec(work_dir: Path, inner: dict) -> dict:
 
 
 def test_intermediate_validation_is_written_every_eval_every_steps_and_leaves_training_unchanged(tmp_path):
-    plain = train_member(_spec(tmp_path / "plain", _inner()))
-    watched = train_member(_spec(tmp_path / "watched", _inner(eval_every=2, eval_subset=8)))
+    plain = train_in_process(_spec(tmp_path / "plain", _inner()))
+    watched = train_in_process(_spec(tmp_path / "watched", _inner(eval_every=2, eval_subset=8)))
     assert plain.status == watched.status == "ok", (plain.error, watched.error)
     values = read_intermediate(tmp_path / "watched")
     assert sorted(values) == [2, 4]  # not the last step: the full validation scores that one

@@ -1,4 +1,5 @@
-"""The member process's entry point (``inner.entrypoint``): the numerics a run asks for, then `train_member`.
+"""The inner loop's member program (``inner.entrypoint=inner_loop.member.entry:program``): what meta asks of an
+NM-GRPO member (core/member_program.py), and its training under the numerics the run asks for.
 
 A run with ``model.cpu_numerics: pinned`` must compute under the pinned settings (inner_loop/numerics/pinned.py), which
 only take effect in a process that starts with them. Unless this process did (it is such a child, or torch runs
@@ -24,6 +25,7 @@ from typing import Any, Iterable, Mapping
 
 import inner_loop.numerics.pinned as numerics
 import inner_loop.member.notice as notice
+from core.member_program import MemberProgram, named_by
 from core.records import MemberSpec, ResultRecord
 from results.store.member_files import read_result
 
@@ -39,7 +41,7 @@ def _spec_dict(spec: MemberSpec | Mapping[str, Any]) -> dict[str, Any]:
         return spec.to_dict()
     if isinstance(spec, Mapping):
         return dict(spec)
-    raise TypeError(f"train_member expects a MemberSpec or its dict, got {type(spec).__name__}")
+    raise TypeError(f"a member expects a MemberSpec or its dict, got {type(spec).__name__}")
 
 
 def needs_pinned_child(inner: Mapping[str, Any]) -> bool:
@@ -56,24 +58,12 @@ def needs_pinned_child(inner: Mapping[str, Any]) -> bool:
     return not ("torch" in sys.modules and numerics.pinned_in_force())
 
 
-def train_member(spec: MemberSpec | Mapping[str, Any], save_final: bool = False) -> ResultRecord:
-    """Train and validate one member under the numerics its config asks for; returns its ResultRecord."""
-    data = _spec_dict(spec)
-    executor = os.environ.get("SUBMITIT_EXECUTOR")
-    if "torch" not in sys.modules and executor in JOB_PROCESS_EXECUTORS:
-        settle_member_process(data.get("inner") or {})  # a job's own process, there for this member alone
-    if executor == SLURM_EXECUTOR and threading.current_thread() is threading.main_thread():
-        notice.install()  # after submitit's handlers, which run once the checkpoint is saved
-        return notice.run_handing_on(lambda: _train_here_or_pinned(data, save_final))
-    return _train_here_or_pinned(data, save_final)
-
-
 def _train_here_or_pinned(data: dict[str, Any], save_final: bool) -> ResultRecord:
     if needs_pinned_child(data.get("inner") or {}):
         return _train_in_pinned_child(data, save_final)
-    from inner_loop.member.lifecycle import train_member as train
+    from inner_loop.member.lifecycle import train_in_process
 
-    return train(data, save_final=save_final)
+    return train_in_process(data, save_final=save_final)
 
 
 def settle_member_process(inner: Mapping[str, Any]) -> None:
@@ -122,50 +112,63 @@ def _train_in_pinned_child(data: dict[str, Any], save_final: bool) -> ResultReco
     return record
 
 
-def validate_inner(inner: Mapping[str, Any]) -> None:
-    """The up-front check of a member's config (no training): see inner_loop.training.setup.validate_inner."""
-    from inner_loop.training.setup import validate_inner as validate
+class NMGRPOProgram(MemberProgram):
+    """One NM-GRPO training run per member; each hook imports its module when called, so that meta, which loads this
+    program to validate and stage, and the job process, which must decide its numerics first, load no torch here."""
 
-    validate(inner)
+    def train(self, spec: MemberSpec | Mapping[str, Any], save_final: bool = False) -> ResultRecord:
+        """Train and validate one member under the numerics its config asks for; returns its ResultRecord."""
+        data = _spec_dict(spec)
+        executor = os.environ.get("SUBMITIT_EXECUTOR")
+        if "torch" not in sys.modules and executor in JOB_PROCESS_EXECUTORS:
+            settle_member_process(data.get("inner") or {})  # a job's own process, there for this member alone
+        if executor == SLURM_EXECUTOR and threading.current_thread() is threading.main_thread():
+            notice.install()  # after submitit's handlers, which run once the checkpoint is saved
+            return notice.run_handing_on(lambda: _train_here_or_pinned(data, save_final))
+        return _train_here_or_pinned(data, save_final)
+
+    def validate(self, inner: Mapping[str, Any]) -> None:
+        """The config and data checked without training: inner_loop.training.setup.validate_inner."""
+        from inner_loop.training.setup import validate_inner
+
+        validate_inner(inner)
+
+    def finalize(self, spec: MemberSpec | Mapping[str, Any]) -> None:
+        """A settled member's checkpoints follow train.keep_checkpoints: inner_loop.member.lifecycle.finalize_member."""
+        from inner_loop.member.lifecycle import finalize_member
+
+        finalize_member(spec)
+
+    def stage(self, inner: Mapping[str, Any], **options: Any) -> list[dict[str, Any]]:
+        """The model's and the tasks' hub repositories in the stage cache: inner_loop.member.staging.stage_inner."""
+        from inner_loop.member.staging import stage_inner
+
+        return stage_inner(inner, **options)
+
+    def use_staged(self, inner: Mapping[str, Any], pins: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+        """``inner`` reading the staged snapshots: inner_loop.member.staging.use_staged."""
+        from inner_loop.member.staging import use_staged
+
+        return use_staged(inner, pins)
+
+    def preflight(self, inner: Mapping[str, Any], directory: str | Path, probe_sandbox: bool) -> None:
+        """The members' pre-flight (inner_loop/member/preflight.py) on the submitting host, before the first
+        submission: ValueError naming this host and the cause."""
+        from inner_loop.member.preflight import PreflightError, run_preflight
+
+        try:
+            run_preflight(inner, Path(directory), probe_sandbox=probe_sandbox, member=False)
+        except PreflightError as exc:
+            raise ValueError(str(exc)) from None
 
 
-def finalize_member(spec: MemberSpec | Mapping[str, Any]) -> None:
-    """See inner_loop.member.lifecycle.finalize_member."""
-    from inner_loop.member.lifecycle import finalize_member as finalize
-
-    finalize(spec)
+program = NMGRPOProgram()
 
 
-def stage_inner(inner: Mapping[str, Any], **options: Any) -> list[dict[str, Any]]:
-    """What a member of ``inner`` reads from the hub, staged: see inner_loop.member.staging.stage_inner."""
-    from inner_loop.member.staging import stage_inner as stage
-
-    return stage(inner, **options)
-
-
-def use_staged(inner: Mapping[str, Any], pins: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """``inner`` reading the staged snapshots ``pins`` holds: see inner_loop.member.staging.use_staged."""
-    from inner_loop.member.staging import use_staged as use
-
-    return use(inner, pins)
-
-
-def preflight_host(inner: Mapping[str, Any], directory: str | Path, probe_sandbox: bool) -> None:
-    """The members' pre-flight (inner_loop/member/preflight.py) on the submitting host, before the first submission:
-    ValueError naming this host and the cause. ``probe_sandbox``: the members run on this host (local launchers)."""
-    from inner_loop.member.preflight import PreflightError, run_preflight
-
-    try:
-        run_preflight(inner, Path(directory), probe_sandbox=probe_sandbox, member=False)
-    except PreflightError as exc:
-        raise ValueError(str(exc)) from None
-
-
-train_member.validate = validate_inner  # type: ignore[attr-defined]
-train_member.finalize = finalize_member  # type: ignore[attr-defined]
-train_member.stage = stage_inner  # type: ignore[attr-defined]
-train_member.preflight = preflight_host  # type: ignore[attr-defined]
-train_member.use_staged = use_staged  # type: ignore[attr-defined]
+@named_by(program)
+def train_member(spec: MemberSpec | Mapping[str, Any], save_final: bool = False) -> ResultRecord:
+    """``program.train``, by the name earlier searches stored as ``inner.entrypoint`` (and direct callers use)."""
+    return program.train(spec, save_final=save_final)
 
 
 def _child_main() -> int:
@@ -175,7 +178,7 @@ def _child_main() -> int:
     settle_member_process(payload["spec"].get("inner") or {})
     notice.install()  # a notice forwarded by the job process: save at the end of the step, then stop
     try:
-        train_member(payload["spec"], save_final=bool(payload.get("save_final")))  # the record is in its work dir
+        program.train(payload["spec"], save_final=bool(payload.get("save_final")))  # the record is in its work dir
     except notice.NoticeHonoured:
         return notice.SAVED_ON_NOTICE_EXIT
     return 0

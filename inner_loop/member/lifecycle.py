@@ -1,10 +1,12 @@
-"""`train_member(spec) -> ResultRecord`: one NM-GRPO training run + validation, idempotent and resumable.
+"""`train_in_process(spec) -> ResultRecord`: one NM-GRPO training run + validation, in this process, idempotent and
+resumable.
 
-This is the function the ES orchestrator runs for every population member, possibly several times for the
-same member (requeue after preemption, retries, orchestrator resume). So: a final result.json is returned as
-is, a partial run continues from its newest TRL checkpoint in the work dir, and every way of failing ends in
-a written record with a status and a reason - never a NaN fitness. Once the result is final, the member's
-checkpoints follow ``train.keep_checkpoints`` (inner_loop/training/checkpoints.py) and the record carries its peak disk use.
+This is what the member program (inner_loop/member/entry.py) runs for every population member, possibly several
+times for the same member (requeue after preemption, retries, orchestrator resume). So: a final result.json is
+returned as is, a partial run continues from its newest TRL checkpoint in the work dir, and every way of failing
+ends in a written record with a status and a reason - never a NaN fitness. Once the result is final, the member's
+checkpoints follow ``train.keep_checkpoints`` (inner_loop/training/checkpoints.py) and the record carries its peak
+disk use.
 
 This module is the lifecycle only, readable top to bottom; each step's work lives in its own module:
 run_setup (config, data, trainer), checkpoints (resume and cleanup), member_records (the result record),
@@ -29,7 +31,7 @@ from inner_loop.member.gpu_share import apply_memory_share
 from inner_loop.training.intermediate_eval import IntermediateEvalCallback
 from inner_loop.member.records import record_failure, record_success, record_truncation_done
 from inner_loop.member.preflight import record_node_failure, run_preflight
-from inner_loop.training.setup import ExtraRun, PreparedRun, build_trainer, prepare, validate_inner
+from inner_loop.training.setup import ExtraRun, PreparedRun, build_trainer, prepare
 from inner_loop.training import truncation as truncations
 from inner_loop.grpo.trainer import MirrorGRPOTrainer
 from inner_loop.loss.divergences import divergence
@@ -48,7 +50,7 @@ def _as_spec(spec: MemberSpec | Mapping[str, Any]) -> MemberSpec:
         return spec
     if isinstance(spec, Mapping):
         return MemberSpec.from_dict(spec)
-    raise TypeError(f"train_member expects a MemberSpec or its dict, got {type(spec).__name__}")
+    raise TypeError(f"a member expects a MemberSpec or its dict, got {type(spec).__name__}")
 
 
 def _numerics_for(run: PreparedRun) -> dict[str, Any]:
@@ -59,7 +61,7 @@ def _numerics_for(run: PreparedRun) -> dict[str, Any]:
         if numerics.pinned_in_force():
             return numerics.enter_pinned().as_dict()
         logger.warning("model.cpu_numerics=pinned, but this process was started with other numerics (call "
-                       "inner_loop.member.entry.train_member to train in a pinned process): its numbers are this "
+                       "inner_loop.member.entry.program to train in a pinned process): its numbers are this "
                        "machine's own")
     return numerics.in_force().as_dict()
 
@@ -100,7 +102,7 @@ def _intermediate_eval(trainer: MirrorGRPOTrainer, run: PreparedRun, work_dir: P
     return IntermediateEvalCallback(work_dir, int(run.cfg.train.eval_every or 0), score)
 
 
-def train_member(spec: MemberSpec | Mapping[str, Any], save_final: bool = False) -> ResultRecord:
+def train_in_process(spec: MemberSpec | Mapping[str, Any], save_final: bool = False) -> ResultRecord:
     """Train and validate one member; returns (and writes to ``<work_dir>/result.json``) its ResultRecord.
 
     Every failure, from parsing the config to loading the model, training, evaluating and saving, is written and
@@ -208,13 +210,10 @@ def train_member(spec: MemberSpec | Mapping[str, Any], save_final: bool = False)
 
 def finalize_member(spec: MemberSpec | Mapping[str, Any]) -> None:
     """Apply train.keep_checkpoints to a member the search has settled for good (its last attempt failed or
-    timed out: train_member keeps a failed member's checkpoints for a retry, and a settled member is never
+    timed out: train_in_process keeps a failed member's checkpoints for a retry, and a settled member is never
     called again, so without this they would stay). Nothing happens before a final result.json exists."""
     spec = _as_spec(spec)
     work_dir = Path(spec.work_dir)
     if read_result(work_dir) is not None:
         settle_after_final(work_dir, spec.inner, spec.seed)
 
-
-train_member.validate = validate_inner  # type: ignore[attr-defined]
-train_member.finalize = finalize_member  # type: ignore[attr-defined]

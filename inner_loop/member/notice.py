@@ -44,7 +44,7 @@ SAVED_ON_NOTICE_EXIT = 75
 class NoticeHonoured(BaseException):
     """Raised once the notice's checkpoint is on disk: the run stops here, without a record.
 
-    A BaseException, like launch.member.MemberTimeout: ``train_member`` records its failures with ``except
+    A BaseException, like launch.member.MemberTimeout: ``train_in_process`` records its failures with ``except
     Exception``, and a run stopped for a requeue is no failure."""
 
     def __init__(self, signum: int) -> None:

@@ -20,14 +20,13 @@ import json
 import os
 import socket
 import sys
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from inner_loop.config import ModelConfig, node_config
 from inner_loop.models.cache import cache_root
 from results.store.atomic import atomic_write_json
-from core.stage_pins import LOCAL, MISSING, STAGED
+from core.stage_pins import LOCAL, MISSING, STAGED, StagePin
 
 #: the files of a model snapshot a run reads: weights (safetensors), configs, tokenizer and chat template
 MODEL_PATTERNS = ("*.json", "*.safetensors", "*.txt", "*.jinja", "*.model", "*.tiktoken")
@@ -37,35 +36,6 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_
 EXTRA_KEY = "extra_evaluations"
 #: where content hashes of staged snapshots are kept, inside the stage cache (hashing weights once, not per check)
 _HASHES_DIR = ".content-hashes"
-
-
-@dataclass
-class StageItem:
-    """One hub repository a run needs: where the config names it, and (once found) its pinned local snapshot."""
-
-    kind: str  # "model" or "dataset" ("task" for an evaluation's task that reads nothing from the hub)
-    repo_id: str
-    #: the dotted inner-config key that names it (list items by index); a staged run's config holds ``path`` there
-    key: str
-    #: what reads it when that is not the run's own model or task (an extra evaluation: "transfer/gsm8k")
-    used_by: str = ""
-    status: str = MISSING
-    revision: str | None = None  # the commit the snapshot is at
-    path: str | None = None
-    sha256: str | None = None  # of the snapshot's files (relative names and contents)
-    bytes: int | None = None
-    detail: str = ""
-
-    def line(self) -> str:
-        """One line for the user: what it is, and where it is or why it is missing."""
-        name = f"{self.kind} {self.repo_id} ({self.used_by or self.key})"
-        if self.status == STAGED:
-            return f"staged:  {name} @ {self.revision} -> {self.path}"
-        return f"{self.status + ':':<8} {name}: {self.detail}"
-
-    def as_dict(self, offline: bool = False) -> dict[str, Any]:
-        """The pin a manifest keeps, plus its ``line`` and whether this host is ``offline`` (cannot fetch it)."""
-        return {**asdict(self), "line": self.line(), "offline": offline}
 
 
 def default_cache_dir() -> Path:
@@ -93,7 +63,7 @@ def _extra_tasks(inner: Mapping[str, Any]) -> list[tuple[int, str, Mapping[str, 
             if isinstance(extra, Mapping) and isinstance(extra.get("task"), Mapping)]
 
 
-def hub_references(inner: Mapping[str, Any]) -> list[StageItem]:
+def hub_references(inner: Mapping[str, Any]) -> list[StagePin]:
     """The hub repositories an inner config loads by name (none for the tiny model, local paths or local data): its
     model, its task's dataset and the datasets of its extra evaluations' tasks (transfer tasks)."""
     from inner_loop.models.registry import model_entry
@@ -103,21 +73,21 @@ def hub_references(inner: Mapping[str, Any]) -> list[StageItem]:
     entry = model_entry(model.name)
     repo = model.name_or_path or (entry.hub_id if entry is not None else None)  # a built model fetches nothing
     if repo and not _is_local(repo):
-        items.append(StageItem("model", repo, "model.name_or_path"))
+        items.append(StagePin("model", repo, "model.name_or_path"))
     hub_id = _task_hub_id(inner["task"])
     if hub_id:
-        items.append(StageItem("dataset", hub_id, "task.hub_id"))
+        items.append(StagePin("dataset", hub_id, "task.hub_id"))
     for index, name, task in _extra_tasks(inner):
         hub_id = _task_hub_id(task)
         if hub_id:
-            items.append(StageItem("dataset", hub_id, f"{EXTRA_KEY}.{index}.task.hub_id", used_by=name))
+            items.append(StagePin("dataset", hub_id, f"{EXTRA_KEY}.{index}.task.hub_id", used_by=name))
     return items
 
 
-def local_evaluations(inner: Mapping[str, Any]) -> list[StageItem]:
+def local_evaluations(inner: Mapping[str, Any]) -> list[StagePin]:
     """The extra evaluations whose task reads nothing from the hub (HumanEval's package, local files): nothing to
     stage, but a dry run's list names them, so a transfer task missing from it is never taken for a local one."""
-    return [StageItem("task", name, f"{EXTRA_KEY}.{index}.task", status=LOCAL,
+    return [StagePin("task", name, f"{EXTRA_KEY}.{index}.task", status=LOCAL,
                       detail="needs nothing from the hub (its data is a local file or ships with a package)")
             for index, name, task in _extra_tasks(inner) if _task_hub_id(task) is None]
 
@@ -157,7 +127,7 @@ def snapshot_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
-def _hash_of(cache_dir: Path, item: StageItem, snapshot: Path) -> tuple[str, int]:
+def _hash_of(cache_dir: Path, item: StagePin, snapshot: Path) -> tuple[str, int]:
     """The snapshot's content hash, computed once per snapshot and kept in the stage cache."""
     record = cache_dir / _HASHES_DIR / f"{item.kind}--{item.repo_id.replace('/', '--')}--{snapshot.name}.json"
     if record.is_file():
@@ -170,7 +140,7 @@ def _hash_of(cache_dir: Path, item: StageItem, snapshot: Path) -> tuple[str, int
     return sha256, total
 
 
-def _snapshot(item: StageItem, revision: str, cache_dir: Path, fetch: bool,
+def _snapshot(item: StagePin, revision: str, cache_dir: Path, fetch: bool,
               model_patterns: Sequence[str] | None) -> Path:
     from huggingface_hub import snapshot_download
 
@@ -187,7 +157,7 @@ def stage_inner(inner: Mapping[str, Any], cache_dir: str | Path | None = None,
     ``pins``: the items of an earlier staging (a run's manifest); a pinned repository is looked up at its pinned
     commit and must still hold the same bytes, so a resumed run never reads another revision. ``revisions``: the
     revision per repo id to stage when nothing is pinned yet (default ``main``). Returns the items as dicts
-    (``StageItem`` fields, with ``line`` and ``offline``: this host can fetch nothing, as it was told (HF_HUB_OFFLINE)
+    (``StagePin`` fields, with ``line`` and ``offline``: this host can fetch nothing, as it was told (HF_HUB_OFFLINE)
     or finds by one connection to the hub before fetching, or in a dry run when something is missing), staged or
     missing with the reason; nothing here raises for a missing repository.
     """

@@ -65,7 +65,7 @@ def fingerprint(work_root: Path) -> dict[str, Any]:
 
     Must run in a process pinned before torch was imported (``main`` does that)."""
     os.environ["MIRROR_ES_CACHE"] = str(work_root / "cache")
-    from inner_loop.member.lifecycle import train_member
+    from inner_loop.member.lifecycle import train_in_process
     from inner_loop.models.loading import resolve_model_dir
     from inner_loop.training.setup import prepare
     from inner_loop.training.warmup import read_warmup_outcome, warmed_model_dir
@@ -76,7 +76,7 @@ def fingerprint(work_root: Path) -> dict[str, Any]:
     tcfg = run.cfg.train
     warm = warmed_model_dir(run.cfg.model, resolve_model_dir(run.cfg.model), run.task, run.cfg.task,
                             probe_max_new_tokens=tcfg.val_max_new_tokens or tcfg.max_completion_length)
-    record = train_member(spec, save_final=True)
+    record = train_in_process(spec, save_final=True)
     if not record.ok:
         raise RuntimeError(f"the fingerprint run failed: {record.error}")
     outcome = read_warmup_outcome(warm)

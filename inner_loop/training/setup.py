@@ -106,8 +106,8 @@ def prepare(inner: Mapping[str, Any], seed: int, params: list[float] | None = No
 def validate_inner(inner: Mapping[str, Any]) -> None:
     """Check a member's inner config and data up front (ValueError naming the key), training nothing.
 
-    Attached to `train_member` as `.validate`, so the orchestrator rejects a bad task/model/divergence/train
-    config before it submits a single job, without knowing anything about LLMs.
+    The member program's ``validate`` (inner_loop/member/entry.py), so the orchestrator rejects a bad
+    task/model/divergence/train config before it submits a single job, without knowing anything about LLMs.
     """
     divergence = inner.get("divergence") or {}
     # With an init file, validate that file; otherwise stand-in numbers (members bring their own vector).

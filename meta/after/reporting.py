@@ -116,18 +116,16 @@ def plan_rows(cfg: SearchConfig, overrides: Sequence[str]) -> list[ReportRow]:
 
 
 def check_rows(cfg: SearchConfig, overrides: Sequence[str]) -> None:
-    """Every reporting row's inner config through the entry point's own check, before the search submits anything
-    (a bad transfer task or baseline must not surface after days of search). ConfigError naming the row."""
-    from launch.member import load_entrypoint
+    """Every reporting row's inner config through the member program's own check, before the search submits
+    anything (a bad transfer task or baseline must not surface after days of search). ConfigError naming the row."""
+    from launch.member import load_program
 
     settings = cfg.reevaluate
     if settings.top_k <= 0 or settings.report_seeds <= 0:
         return
-    validate = getattr(load_entrypoint(cfg.inner_entrypoint), "validate", None)
-    if not callable(validate):
-        return
+    program = load_program(cfg.inner_entrypoint)
     for row in plan_rows(cfg, overrides):
         try:
-            validate(row.inner)
+            program.validate(row.inner)
         except (ValueError, FileNotFoundError) as exc:
             raise ConfigError(f"reevaluate: the result table's row {row.name!r} ({row.label}) would fail: {exc}") from None

@@ -157,17 +157,15 @@ class Orchestrator:
 
     # -------------------------------------------------------------- pieces
     def _finalize_members(self, specs: list[MemberSpec]) -> None:
-        """Every member of the generation is settled for good: call the entry point's ``finalize(spec)`` where
-        it has one (train_member's deletes the checkpoints a failed member kept for a retry that will not
-        come). A failure here is logged: the search's results do not depend on it."""
-        from launch.member import load_entrypoint
+        """Every member of the generation is settled for good: the member program's ``finalize(spec)`` for each
+        (the inner loop's deletes the checkpoints a failed member kept for a retry that will not come). A failure
+        here is logged: the search's results do not depend on it."""
+        from launch.member import load_program
 
-        finalize = getattr(load_entrypoint(self.cfg.inner_entrypoint), "finalize", None)
-        if not callable(finalize):
-            return
+        program = load_program(self.cfg.inner_entrypoint)
         for spec in specs:
             try:
-                finalize(spec)
+                program.finalize(spec)
             except Exception as exc:  # housekeeping must never stop a search
                 logger.warning("gen %d member %03d: finalize failed: %s", spec.generation, spec.index, exc)
 

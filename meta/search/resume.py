@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 NEW_KEY = "new"
 #: keys of a run's command that say how this invocation runs, not what the run is: never a change on resume
 IGNORED_KEYS = ("run_dir", "dry_run", NEW_KEY)
-#: the member's entry point: a change of its name alone (the same function) is no change of the run
+#: the member program's name: a change of the name alone (the same program) is no change of the run
 ENTRYPOINT_KEY = "inner.entrypoint"
 
 
@@ -103,12 +103,12 @@ def split_differences(
 
 
 def same_entrypoint(old: Any, new: Any) -> bool:
-    """Whether two ``inner.entrypoint`` names resolve to one function: the entry point's module moved and its old
-    path, which a run started earlier stored, is kept as an alias (inner_loop/member_entry.py). Such a run resumes."""
-    from launch.member import resolve_target
+    """Whether two ``inner.entrypoint`` names load one member program: a name a run started earlier stored (an old
+    module path kept as an alias, a function kept as a name of its program) and today's. Such a run resumes."""
+    from launch.member import load_program
 
     try:
-        return resolve_target(old, ENTRYPOINT_KEY) is resolve_target(new, ENTRYPOINT_KEY)
+        return load_program(old) == load_program(new)
     except ValueError:
         return False
 

@@ -1,13 +1,14 @@
 """Staging and pre-flight as meta.run, meta.pilot and meta.tune do them before their first submission (the
 ``python -m meta.stage`` door is meta/stage.py).
 
-Staging: the entry point's ``stage`` (inner_loop.member.staging.stage_inner) finds every hub repository the members read in
-the stage cache (fetching what is missing unless this is a dry run): the model, the task's dataset and the datasets
-of the transfer tasks the reporting runs score; this module points the config's keys at the staged snapshots, pins
-them in the manifest under ``staged`` (commit, content hash, bytes per repository) and refuses, exit status 2 before
-anything is written, what is missing. A config composed later (a reporting row's transfer task, a tuning trial) reads
-the pinned snapshots through ``staged_inner``. Pre-flight: the entry point's ``preflight`` on this host.
-The outer loop knows nothing about models: which keys name hub repositories is the entry point's to say.
+Staging: the member program's ``stage`` (the inner loop's: inner_loop.member.staging.stage_inner) finds every hub
+repository the members read in the stage cache (fetching what is missing unless this is a dry run): the model, the
+task's dataset and the datasets of the transfer tasks the reporting runs score; this module points the config's keys
+at the staged snapshots, pins them in the manifest under ``staged`` (commit, content hash, bytes per repository) and
+refuses, exit status 2 before anything is written, what is missing. A config composed later (a reporting row's
+transfer task, a tuning trial) reads the pinned snapshots through ``staged_inner``. Pre-flight: the program's
+``preflight`` on this host.
+The outer loop knows nothing about models: which keys name hub repositories is the program's to say.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Mapping, MutableMapping, Sequence
 
 from meta.config import INNER_NODES, ConfigError
 from core.config_nodes import refuse_unknown_keys
+from core.member_program import MemberProgram
 from core.stage_pins import LOCAL, MANIFEST_KEY, STAGED
 
 if TYPE_CHECKING:
@@ -30,24 +32,23 @@ STAGE_KEYS = ("cache_dir", "revisions", "model_patterns")
 STAGE_HINT = "`python -m meta.stage <the same overrides>`"
 
 
-def _entry_hook(raw: Mapping[str, Any], name: str) -> Any:
-    """The entry point's ``name`` function, None when it has none or the entry point is bad (the config check that
-    follows names that)."""
-    from launch.member import load_entrypoint
+def _program(entrypoint: Any) -> MemberProgram | None:
+    """The member program ``inner.entrypoint`` names, None when it names none (the config check that follows says
+    why)."""
+    from launch.member import load_program
 
     try:
-        hook = getattr(load_entrypoint(str((raw.get("inner") or {}).get("entrypoint") or "")), name, None)
+        return load_program(str(entrypoint or ""))
     except ValueError:
         return None
-    return hook if callable(hook) else None
 
 
 def staged_inner(entrypoint: str, inner: Mapping[str, Any], manifest: Mapping[str, Any]) -> dict[str, Any]:
     """``inner`` reading every repository the run's manifest pins from its staged snapshot: for configs composed
     after staging (a reporting row's transfer tasks, a tuning trial's overrides). Unchanged for an unstaged run."""
     pins = (manifest.get(MANIFEST_KEY) or {}).get("items")
-    use = _entry_hook({"inner": {"entrypoint": entrypoint}}, "use_staged")
-    return use(inner, pins) if pins and use is not None else dict(inner)
+    program = _program(entrypoint)
+    return program.use_staged(inner, pins) if pins and program is not None else dict(inner)
 
 
 def stage_run(raw: MutableMapping[str, Any], manifest: MutableMapping[str, Any], resuming: bool,
@@ -57,13 +58,11 @@ def stage_run(raw: MutableMapping[str, Any], manifest: MutableMapping[str, Any],
     missing when the run cannot go on without it. A run resumed from before staging existed is left as it was.
     ``extra_evaluations``: what its reporting runs score besides (transfer tasks), staged and pinned with it.
     ``hint``: the command that stages them on a host with network, for the refusal."""
-    stage = _entry_hook(raw, "stage")
-    if stage is None:
-        return  # an objective that reads nothing from the hub (e.g. a synthetic one)
-    if not callable(stage):
-        return  # an objective that reads nothing from the hub (e.g. a synthetic one)
+    program = _program((raw.get("inner") or {}).get("entrypoint"))
+    if program is None:
+        return
     if resuming and MANIFEST_KEY not in manifest:
-        logger.info("staging: this run was started unstaged; its members keep loading by hub name")
+        logger.info("staging: this run was started with nothing staged; its members read what their config names")
         return
     settings = dict(raw.get("stage") or {})
     refuse_unknown_keys(settings, STAGE_KEYS, "stage")
@@ -73,10 +72,12 @@ def stage_run(raw: MutableMapping[str, Any], manifest: MutableMapping[str, Any],
     if extra_evaluations:
         inner["extra_evaluations"] = [dict(extra) for extra in extra_evaluations]
     try:
-        items = stage(inner, cache_dir=cache_dir, revisions=settings.get("revisions") or {}, pins=pins, fetch=fetch,
-                      model_patterns=settings.get("model_patterns"))
+        items = program.stage(inner, cache_dir=cache_dir, revisions=settings.get("revisions") or {}, pins=pins,
+                              fetch=fetch, model_patterns=settings.get("model_patterns"))
     except (ValueError, KeyError, TypeError):
         return  # a bad inner config: the config check that follows names the key
+    if items is None:
+        return  # a program that reads nothing from the hub (e.g. a synthetic objective)
     offline = False
     for item in items:
         logger.info("staging: %s", item.pop("line"))
@@ -96,10 +97,8 @@ def stage_run(raw: MutableMapping[str, Any], manifest: MutableMapping[str, Any],
     if missing:
         logger.info("staging: the run stages the missing item(s) before its first submission")
         return
-    use = _entry_hook(raw, "use_staged")
-    if use is not None:
-        staged = use({node: raw[node] for node in INNER_NODES if node in raw}, items)
-        raw.update({node: staged[node] for node in INNER_NODES if node in raw})
+    staged = program.use_staged({node: raw[node] for node in INNER_NODES if node in raw}, items)
+    raw.update({node: staged[node] for node in INNER_NODES if node in raw})
 
 
 def preflight_run(cfg: "SearchConfig", manifest: Mapping[str, Any],
@@ -110,16 +109,14 @@ def preflight_run(cfg: "SearchConfig", manifest: Mapping[str, Any],
     declares ``runs_here``), the sandbox works. ConfigError (exit 2) naming the host and the cause; nothing is
     written."""
     from launch.factory import launcher_class
-    from launch.member import load_entrypoint
+    from launch.member import load_program
 
-    check = getattr(load_entrypoint(cfg.inner_entrypoint), "preflight", None)
-    if not callable(check):
-        return
     inner = cfg.member_inner()
     if extra_evaluations:
         inner = staged_inner(cfg.inner_entrypoint, {**inner, "extra_evaluations": [dict(e) for e in extra_evaluations]},
                              manifest)
     try:
-        check(inner, cfg.run_dir, probe_sandbox=launcher_class(cfg.launcher).runs_here)
+        load_program(cfg.inner_entrypoint).preflight(inner, cfg.run_dir,
+                                                     probe_sandbox=launcher_class(cfg.launcher).runs_here)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None

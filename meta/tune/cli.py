@@ -80,15 +80,13 @@ class Prepared:
 
     def trial_inner(self, overrides: Sequence[str]) -> dict[str, Any]:
         """A trial member's inner config: the run's composition with the trial's overrides, validated."""
-        from launch.member import load_entrypoint
+        from launch.member import load_program
 
         raw = composed([*self.overrides, *overrides], self.cwd)
         # composed by hub name: the trial reads the snapshots the run staged and pinned before its first trial
         inner = self.cfg.member_inner({node: raw[node] for node in INNER_NODES})
         inner = staged_inner(self.cfg.inner_entrypoint, inner, self.manifest)
-        validate = getattr(load_entrypoint(self.cfg.inner_entrypoint), "validate", None)
-        if callable(validate):
-            validate(inner)
+        load_program(self.cfg.inner_entrypoint).validate(inner)
         return inner
 
 

@@ -103,7 +103,7 @@ def write_final_result(work_dir: str | Path, record: ResultRecord) -> ResultReco
     """Make ``record`` the member's result unless ``<work_dir>/result.json`` already holds one; return the record
     that is final now. Every writer of a member's result goes through here, so each member's file is written once.
 
-    The entry point records its own outcome (train_member must: a single run has no job wrapper, and its
+    The member program records its own outcome (the inner loop's must: a single run has no job wrapper, and its
     checkpoints are deleted only after the record is durable); the job wrapper and the seed group then find it and
     write nothing. They write a record themselves only for what the entry point could not record: an exception it
     let through, the wall limit, an entry point that only returns its record (synthetic objectives). A final

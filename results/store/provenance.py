@@ -1,7 +1,7 @@
 """Provenance of a run: which code, which config and which data produced a number.
 
 A comparison table is only trustworthy if every row says where it came from. A single training run (and every
-ES member trained by ``inner_loop.member.lifecycle.train_member``) writes ``<work_dir>/manifest.json`` through
+ES member trained by ``inner_loop.member.lifecycle.train_in_process``) writes ``<work_dir>/manifest.json`` through
 ``write_run_manifest`` before training starts; ``results.report.compare`` and ``results.report.search.report`` read it back with
 ``read_run_manifest``.
 """
