@@ -93,6 +93,15 @@ def _assert_each_member_ran_once(store: RunStore, log: str) -> None:
         assert calls == ["attempt 0"], f"member {i} ran {len(calls)} times; orchestrator log:\n{log[-3000:]}"
 
 
+def _chunk_one_reattached_or_read_back(stderr: str) -> bool:
+    """Members 0 and 1 (chunk 1, recorded before the interruption) were taken up again, not resubmitted: re-attached
+    to their jobs when still running at the resume, or, when they finished first (a slow machine, a busy cluster),
+    their results read back before anything was submitted. Which of the two happens is the machine's timing."""
+    before_submitting = stderr.split("submitted 2 member(s) as SLURM array", 1)[0]
+    return all(f"gen 0 member {i:03d}: re-attached" in stderr or f"gen 0 member {i:03d} ok" in before_submitting
+               for i in (0, 1))
+
+
 def test_sbatch_failing_on_the_second_chunk_ends_cleanly_and_the_resume_submits_only_the_rest(
     slurm_cluster: LocalSlurm, tmp_path: Path
 ) -> None:
@@ -113,7 +122,7 @@ def test_sbatch_failing_on_the_second_chunk_ends_cleanly_and_the_resume_submits_
     resumed = _meta_run(run_dir, job_name, _wrapped_env(tmp_path, second_log))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert _calls(second_log) == 2  # members 2-3 and 4-5: chunk 1 was not submitted again
-    assert "re-attached" in resumed.stderr, resumed.stderr[-3000:]
+    assert _chunk_one_reattached_or_read_back(resumed.stderr), resumed.stderr[-3000:]
     jobs = store.read_jobs(0)
     assert {i: jobs[i]["job_id"] for i in (0, 1)} == {i: recorded[i]["job_id"] for i in (0, 1)}
     _assert_each_member_ran_once(store, resumed.stderr)
@@ -141,7 +150,8 @@ def test_orchestrator_killed_right_after_an_sbatch_is_resumed_without_running_a_
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert _calls(second_log) == 2  # the orphan's members again, and chunk 3: chunk 1 not resubmitted
     _assert_each_member_ran_once(store, resumed.stderr)
-    assert "re-attached" in resumed.stderr and "submitted without their call" in resumed.stderr, resumed.stderr[-3000:]
+    assert _chunk_one_reattached_or_read_back(resumed.stderr), resumed.stderr[-3000:]
+    assert "submitted without their call" in resumed.stderr, resumed.stderr[-3000:]
     # The orphan was found by name and cancelled. A held array cancelled before it was ever eligible may
     # never reach accounting, so the controller's record is asked (MinJobAge keeps it a day).
     states = run_slurm_command(["squeue", "-h", "-t", "all", "-r", "-n", orphan, "-o", "%T"]).split()
