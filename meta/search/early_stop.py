@@ -43,9 +43,10 @@ class EarlyStopError(ValueError):
     """An early_stop setting that cannot work with this search (reported before anything runs)."""
 
 
-@dataclass(frozen=True)
+@dataclass
 class EarlyStopConfig:
-    """``early_stop.*`` of conf/config.yaml; this dataclass owns the defaults and their meaning."""
+    """``early_stop.*`` of conf/config.yaml; this dataclass owns the defaults and their meaning (the schema,
+    meta/settings/schema.py, registers it as the node; not frozen, since Hydra sets its fields from overrides)."""
 
     #: off by default: stopping is exact only when early decisions are right, which the pilot must show first
     enabled: bool = False
