@@ -80,7 +80,7 @@ def _hydra_compose(overrides: Sequence[str], config_name: str) -> tuple[dict[str
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         cause = exc.__cause__ if isinstance(exc.__cause__, OmegaConfBaseException) else None
         if cause is not None and getattr(cause, "full_key", None):  # a value the schema refuses: name the key
-            message = f"{message}: {schema_error(cause)}"
+            message = schema_error(cause, given=message.removeprefix("Error merging override ").strip())
         raise ConfigError(
             f"{message}\n(check the key against conf/{config_name}.yaml; a config group is chosen with group=name)"
         ) from None

@@ -77,7 +77,7 @@ Before a search: train the starting centre with pilot.seeds seeds and pilot.pair
 every (radius, coef) in pilot.radii x pilot.coefs, and report the seed noise, the signal-to-noise ratio of one ES
 generation and the population that reaches pilot.target_snr. Takes meta.run's overrides (experiment=, es=, launcher=,
 population=, ...) plus pilot.seeds, pilot.pairs, pilot.radii=[..], pilot.coefs=[..], pilot.target_snr,
-pilot.export=<preset.yaml>, run_dir= (resume), dry_run=true. See conf/config.yaml (pilot:) and docs/pilot.md."""
+pilot.export=<preset.yaml>, run_dir= (resume), dry_run=true. See meta/settings/schema.py (PilotConfig) and docs/pilot.md."""
 
 
 class ExportError(RuntimeError):
@@ -121,7 +121,7 @@ def build_pilot_config(raw: Mapping[str, Any]) -> PilotConfig:
     refused), plus what one key cannot say; ConfigError naming the key."""
     node = raw.get("pilot")
     if node is not None and not isinstance(node, Mapping):
-        raise ConfigError(f"pilot={node!r} must be a mapping (see conf/config.yaml)")
+        raise ConfigError(f"pilot={node!r} must be a mapping (its keys: meta/settings/schema.py PilotConfig)")
     pilot = typed_config(PilotConfig, node or {}, "pilot")
     if not 0 < pilot.target_snr < math.inf:
         raise ConfigError(f"pilot.target_snr={pilot.target_snr!r} must be a number above 0")

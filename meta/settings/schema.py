@@ -307,14 +307,15 @@ def _optional(schema: type, key: str) -> bool:
     return wanted.default_factory is dataclasses.MISSING
 
 
-def schema_error(exc: BaseException, node: str = "") -> str:
-    """An OmegaConf error (a wrong type, a key the schema lacks) as one line naming the key (under ``node``)."""
+def schema_error(exc: BaseException, node: str = "", given: str = "") -> str:
+    """An OmegaConf error (a wrong type, a key the schema lacks) as one line naming the key (under ``node``), or what
+    the user wrote (``given``: the override)."""
     key = getattr(exc, "full_key", None) or ""
     key = f"{node}.{key}" if node and key else key
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     if not key:
-        return text
-    return f"{key}: {text} (the key's type and default: meta/settings/schema.py)"
+        return f"{given}: {text}" if given else text
+    return f"{given or key}: {text} (the type and default of {key}: meta/settings/schema.py)"
 
 
 def check_ranges(node: Any, prefix: str = "") -> None:
