@@ -9,8 +9,9 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from inner_loop.loss.divergences import fill_default_coef
-from meta.config import CONF_DIR, ConfigError, derive_inner_timeout, derive_member_time, member_sharing
-from meta.settings.schema import register, schema_error
+from meta.config import CONF_DIR
+from meta.settings.member_time import derive_inner_timeout, derive_member_time, member_sharing
+from meta.settings.schema import ConfigError, register, schema_error
 from meta.search.resume import NEW_KEY
 from results.store.config_nodes import check_group_choice, checked_overrides, config_groups, with_config_path
 

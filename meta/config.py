@@ -3,7 +3,9 @@
 Every check here runs before anything is written or submitted, and each failure names the key and the fix,
 so a typo costs seconds instead of a generation of cluster time. The keys, their types, defaults and ranges are
 the schema's (meta/settings/schema.py); this module adds what a single key cannot say: cross-key checks, the
-searcher and init built once to try them, and the launcher's and entry point's checks.
+searcher and init built once to try them, and the launcher's and entry point's checks. The names other modules
+import from here that now live in meta/settings/ (the search keys and hash, the path keys, a member's time) stay
+importable from here.
 """
 from __future__ import annotations
 
@@ -15,10 +17,9 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from meta.search.early_stop import EarlyStopConfig, EarlyStopError, check_early_stop
 from meta.settings.keys import (ADDED_SEARCH_KEYS, HOUSEKEEPING_KEYS, INNER_NODES, SEARCH_KEYS,  # noqa: F401
                                 config_hash, with_added_keys)
-from meta.settings.member_time import (check_resources as _check_resources, derive_inner_timeout,  # noqa: F401
-                                       derive_member_time, member_sharing, member_time_text, steps_minutes,
-                                       train_steps)
-from meta.settings.paths import PATH_KEYS, absolute_overrides, absolute_path, absolute_paths  # noqa: F401
+from meta.settings.member_time import (check_resources as _check_resources, member_sharing,  # noqa: F401
+                                       member_time_text, steps_minutes, train_steps)
+from meta.settings.paths import absolute_overrides, absolute_path, absolute_paths  # noqa: F401
 from meta.settings.schema import ConfigError, Reevaluate, SearchSchema, typed_config
 from results.store.records import gpus_entry
 from results.store.config_nodes import MEMBER_STEPS_KEY, group_file, select_key
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 
 #: the Hydra config tree of every command (conf/)
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
 
 def searcher_settings(es: Mapping[str, Any]) -> dict[str, Any]:
     """The es node without the search's own key es.member_steps (a member's steps, not a setting of the searcher):
@@ -259,7 +261,7 @@ def build_search_config(raw: Mapping[str, Any]) -> SearchConfig:
                           "particle is one training run with one checkpoint; set seeds_per_member=1 (a larger "
                           "population averages more runs)")
     try:
-        cfg.early_stop = EarlyStopConfig.from_mapping(raw.get("early_stop"))
+        cfg.early_stop = typed.early_stop.checked()
         cfg.early_stop_step = check_early_stop(cfg.early_stop, cfg.es, member_train(raw["train"], cfg.member_steps),
                                                cfg.population)
     except EarlyStopError as exc:

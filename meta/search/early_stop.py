@@ -68,13 +68,18 @@ class EarlyStopConfig:
             config = typed_node(cls, node, "early_stop")
         except ValueError as exc:
             raise EarlyStopError(str(exc)) from None
-        if not 0.0 < config.at_fraction < 1.0:
-            raise EarlyStopError(f"early_stop.at_fraction={config.at_fraction} must be between 0 and 1 (exclusive)")
-        if not 0.0 < config.min_reported <= 1.0:
-            raise EarlyStopError(f"early_stop.min_reported={config.min_reported} must be in (0, 1]")
-        if config.margin < 0.0:
-            raise EarlyStopError(f"early_stop.margin={config.margin} must be >= 0")
-        return config
+        return config.checked()
+
+    def checked(self) -> "EarlyStopConfig":
+        """This config, its values' ranges checked (a search's config has its types read by the schema already);
+        EarlyStopError naming the key."""
+        if not 0.0 < self.at_fraction < 1.0:
+            raise EarlyStopError(f"early_stop.at_fraction={self.at_fraction} must be between 0 and 1 (exclusive)")
+        if not 0.0 < self.min_reported <= 1.0:
+            raise EarlyStopError(f"early_stop.min_reported={self.min_reported} must be in (0, 1]")
+        if self.margin < 0.0:
+            raise EarlyStopError(f"early_stop.margin={self.margin} must be >= 0")
+        return self
 
 
 def early_stop_refusal(es: Mapping[str, Any]) -> str | None:

@@ -261,7 +261,7 @@ def _refuse_unknown(schema: type, data: Mapping[str, Any], node: str) -> None:
     """Unknown keys in every dataclass node under ``data`` (``node`` its dotted name), in refuse_unknown_keys' words."""
     for f in dataclasses.fields(schema):
         child, kind = data.get(f.name), f.default_factory
-        if _is_node(f) and isinstance(child, Mapping):
+        if _is_node(f) and isinstance(child, Mapping):  # kind: the node's dataclass
             where = f"{node}.{f.name}" if node else f.name
             try:
                 refuse_unknown_keys(child, [g.name for g in dataclasses.fields(kind)], where)
@@ -272,39 +272,33 @@ def _refuse_unknown(schema: type, data: Mapping[str, Any], node: str) -> None:
 
 def typed_config(schema: type[T], raw: Mapping[str, Any], node: str = "") -> T:
     """``raw`` (plain data) read through ``schema``: unknown keys of its nodes and values of the wrong type refused
-    naming the key, missing keys at their defaults, ranges checked (:func:`check_ranges`). Keys at the root of a whole
-    config that the schema lacks are left out, not refused: compose refuses them on a command line, and a run's
-    stored config keeps the keys of the version that wrote it. ``node``: where ``raw`` sits in the whole config (``resources``)."""
+    naming the key, missing keys at their defaults, ranges checked (:func:`check_ranges`). ``node``: where ``raw``
+    sits in the whole config (``resources``); its own unknown keys are refused. Keys at the root of a whole config
+    that the schema lacks are left out, not refused: compose refuses them on a command line, and a run's stored
+    config keeps the keys of the version that wrote it."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    names = {f.name for f in dataclasses.fields(schema)}  # type: ignore[arg-type]
+    fields = {f.name: f for f in dataclasses.fields(schema)}  # type: ignore[arg-type]
     if node:  # a node's own keys are the schema's: a typo there must fail, not fall back to a default
         try:
-            refuse_unknown_keys(raw, names, node)
+            refuse_unknown_keys(raw, fields, node)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-    data = {k: v for k, v in plain(raw).items() if k in names}
+    data = {k: v for k, v in plain(raw).items() if k in fields}
     for key, value in data.items():
-        wanted = next(f for f in dataclasses.fields(schema) if f.name == key)  # type: ignore[arg-type]
-        if _is_node(wanted) and value is not None and not isinstance(value, Mapping):
+        if _is_node(fields[key]) and value is not None and not isinstance(value, Mapping):
             raise ConfigError(f"{node + '.' if node else ''}{key}={value!r} must be a mapping (its keys and "
                               "defaults: meta/settings/schema.py)")
     _refuse_unknown(schema, data, node)
+    # a null node (or free-form mapping) reads as its defaults, as it always did
+    given = {k: v for k, v in data.items() if v is not None or fields[k].default_factory is dataclasses.MISSING}
     try:
-        typed = OmegaConf.merge(OmegaConf.structured(schema), {k: v for k, v in data.items() if v is not None
-                                                                or _optional(schema, k)})
-        value = OmegaConf.to_object(typed)
+        value = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), given))
     except OmegaConfBaseException as exc:
         raise ConfigError(schema_error(exc, node)) from None
     check_ranges(value, f"{node}." if node else "")
     return value  # type: ignore[return-value]
-
-
-def _optional(schema: type, key: str) -> bool:
-    """Whether the root field ``key`` takes null (a null for a node is read as its defaults)."""
-    wanted = next(f for f in dataclasses.fields(schema) if f.name == key)  # type: ignore[arg-type]
-    return wanted.default_factory is dataclasses.MISSING
 
 
 def schema_error(exc: BaseException, node: str = "", given: str = "") -> str:
