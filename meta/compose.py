@@ -67,7 +67,7 @@ def _hydra_compose(overrides: Sequence[str], config_name: str) -> tuple[dict[str
     from omegaconf import OmegaConf, open_dict
     from omegaconf.errors import OmegaConfBaseException
 
-    register()  # the schemas the defaults lists name (base_config, member_settings)
+    register()  # the schemas the defaults lists name (base_config, tune_base_config)
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None, job_name="meta_run"):
             cfg = hydra_compose(config_name=config_name, overrides=with_config_path(overrides),
