@@ -100,6 +100,23 @@ def _lookup(tree: Mapping[str, Any], key: str) -> tuple[bool, bool, Any]:
     return True, False, node
 
 
+def select_key(tree: Mapping[str, Any], key: str, default: Any = None) -> Any:
+    """The value at dotted ``key`` of plain nested mappings (``default`` where a part is missing). Plain data, not
+    OmegaConf.select: a stored config is read as written, so a string that looks like an interpolation stays a
+    string and a hash over it never changes."""
+    exists, _, value = _lookup(tree, key)
+    return value if exists else default
+
+
+def parent_of(tree: Mapping[str, Any], key: str) -> tuple[Any, str]:
+    """(the mapping that holds dotted ``key``'s last part, or None where a parent is missing; that last part)."""
+    *parents, leaf = key.split(".")
+    node: Any = tree
+    for part in parents:
+        node = node.get(part) if isinstance(node, Mapping) else None
+    return (node if isinstance(node, Mapping) else None), leaf
+
+
 #: mappings whose keys are the options of a config group (a preset's coefficient per divergence, which
 #: conf/divergence/*.yaml read): ``+coef_by_divergence.kl=0.2`` adds a key there, and only an option's name may
 KEYED_BY_GROUP = {"coef_by_divergence": "divergence"}

@@ -9,7 +9,9 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from inner_loop.loss.divergences import fill_default_coef
-from meta.config import CONF_DIR, ConfigError, derive_inner_timeout, derive_member_time, member_sharing
+from meta.config import CONF_DIR
+from meta.settings.member_time import derive_inner_timeout, derive_member_time, member_sharing
+from meta.settings.schema import ConfigError, register, schema_error
 from meta.search.resume import NEW_KEY
 from meta.searchers.radius import refuse_former_radius, renamed_override
 from core.config_nodes import check_group_choice, checked_overrides, config_groups, with_config_path
@@ -67,6 +69,7 @@ def _hydra_compose(overrides: Sequence[str], config_name: str) -> tuple[dict[str
     from omegaconf import OmegaConf, open_dict
     from omegaconf.errors import OmegaConfBaseException
 
+    register()  # the schemas the defaults lists name (base_config, tune_base_config)
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None, job_name="meta_run"):
             cfg = hydra_compose(config_name=config_name, overrides=with_config_path(overrides),
@@ -78,6 +81,9 @@ def _hydra_compose(overrides: Sequence[str], config_name: str) -> tuple[dict[str
         raw: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        cause = exc.__cause__ if isinstance(exc.__cause__, OmegaConfBaseException) else None
+        if cause is not None and getattr(cause, "full_key", None):  # a value the schema refuses: name the key
+            message = schema_error(cause, given=message.removeprefix("Error merging override ").strip())
         raise ConfigError(
             f"{message}\n(check the key against conf/{config_name}.yaml; a config group is chosen with group=name)"
         ) from None

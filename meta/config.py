@@ -1,23 +1,28 @@
 """The orchestrator's configuration: a dataclass built from the composed Hydra config and validated up front.
 
 Every check here runs before anything is written or submitted, and each failure names the key and the fix,
-so a typo costs seconds instead of a generation of cluster time.
+so a typo costs seconds instead of a generation of cluster time. The keys, their types, defaults and ranges are
+the schema's (meta/settings/schema.py); this module adds what a single key cannot say: cross-key checks, the
+searcher and init built once to try them, and the launcher's and entry point's checks. The names other modules
+import from here that now live in meta/settings/ (the search keys and hash, the path keys, a member's time) stay
+importable from here.
 """
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, MutableMapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from meta.search.early_stop import EarlyStopConfig, EarlyStopError, check_early_stop
-from core.gpu_time import GpuSharing, gpu_sharing
+from meta.settings.keys import (ADDED_SEARCH_KEYS, HOUSEKEEPING_KEYS, INNER_NODES, SEARCH_KEYS,  # noqa: F401
+                                config_hash, with_added_keys)
+from meta.settings.member_time import (check_resources as _check_resources, member_sharing,  # noqa: F401
+                                       member_time_text, steps_minutes, train_steps)
+from meta.settings.paths import absolute_overrides, absolute_path, absolute_paths  # noqa: F401
+from meta.settings.schema import ConfigError, Reevaluate, SearchSchema, typed_config
 from core.records import gpus_entry
-from core.config_nodes import MEMBER_STEPS_KEY, group_file, plain, refuse_unknown_keys
+from core.config_nodes import MEMBER_STEPS_KEY, group_file, select_key
 
 if TYPE_CHECKING:
     import torch
@@ -26,38 +31,6 @@ if TYPE_CHECKING:
 
 #: the Hydra config tree of every command (conf/)
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-INNER_NODES = ("task", "model", "divergence", "train")
-# Keys that change what the search computes; a resume refuses to change them.
-SEARCH_KEYS = ("population", "seed", "es", "init", "fitness_on_failure", "common_random_numbers", "inner.entrypoint",
-               "inner.options", "seeds_per_member", "early_stop", *INNER_NODES)
-#: search keys added after runs existed, with the value that reproduces those runs: a run whose config lacks one
-#: resumes (and hashes) as if it had this value
-ADDED_SEARCH_KEYS = {"seeds_per_member": 1, "early_stop": dataclasses.asdict(EarlyStopConfig()),
-                     f"es.{MEMBER_STEPS_KEY}": None}
-# Keys inside SEARCH_KEYS that say what a member keeps on disk, not what it computes: a resume may change them
-# (e.g. keep checkpoints from now on), and runs started before they existed resume.
-HOUSEKEEPING_KEYS = ("train.keep_checkpoints", "train.save_total_limit")
-
-
-class ConfigError(ValueError):
-    """A user mistake in the configuration (exit status 2, no traceback)."""
-
-
-def with_added_keys(raw: Mapping[str, Any]) -> dict[str, Any]:
-    """``raw`` with every ADDED_SEARCH_KEYS key it lacks set to the value that reproduces a run from before the key
-    existed (dotted keys inside their node), so that such a run resumes and hashes as it did."""
-    out = dict(raw)
-    for key, default in ADDED_SEARCH_KEYS.items():
-        *parents, leaf = key.split(".")
-        node = out
-        for part in parents:
-            child = node.get(part)
-            if not isinstance(child, Mapping):
-                break
-            node[part] = node = dict(child)
-        else:
-            node.setdefault(leaf, default)
-    return out
 
 
 def searcher_settings(es: Mapping[str, Any]) -> dict[str, Any]:
@@ -68,8 +41,8 @@ def searcher_settings(es: Mapping[str, Any]) -> dict[str, Any]:
 
 def member_steps_of(raw: Mapping[str, Any]) -> int:
     """es.member_steps of a composed config, checked: an integer in 1..train.steps, or null (train.steps)."""
-    steps = _int(raw, "train.steps", 0)
-    value = _get_dotted(raw, f"es.{MEMBER_STEPS_KEY}")
+    steps = train_steps(raw)
+    value = select_key(raw, f"es.{MEMBER_STEPS_KEY}")
     if value is None:
         return steps
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= steps:
@@ -117,12 +90,12 @@ class ReevaluateConfig:
     scored on validation, on the test split (``test``) and on each ``transfer`` task's test split, all from the
     same trained model: the result table."""
 
-    top_k: int = 3
-    seeds: int = 3
-    report_seeds: int = 3
+    top_k: int = Reevaluate.top_k
+    seeds: int = Reevaluate.seeds
+    report_seeds: int = Reevaluate.report_seeds
     baselines: tuple[str, ...] = field(default_factory=baselines)
     transfer: tuple[str, ...] = ()
-    test: bool = True
+    test: bool = Reevaluate.test
 
 
 @dataclass
@@ -137,20 +110,21 @@ class SearchConfig:
     inner_timeout_s: float
     inner_options: dict[str, Any] = field(default_factory=dict)
     inner_config: dict[str, Any] = field(default_factory=dict)
-    init: str = "uniform"
-    fitness_on_failure: float = 0.0
-    max_failed_fraction: float = 0.5
-    retries: int = 1
-    common_random_numbers: bool = True
-    log_level: str = "INFO"
-    dry_run: bool = False
+    # the defaults are the schema's (meta/settings/schema.py SearchSchema), for configs built in code
+    init: str = SearchSchema.init
+    fitness_on_failure: float = SearchSchema.fitness_on_failure
+    max_failed_fraction: float = SearchSchema.max_failed_fraction
+    retries: int = SearchSchema.retries
+    common_random_numbers: bool = SearchSchema.common_random_numbers
+    log_level: str = SearchSchema.log_level
+    dry_run: bool = SearchSchema.dry_run
     resources: dict[str, Any] = field(default_factory=dict)
-    control_member: bool = True
-    quorum: float = 1.0
-    straggler_grace: float = 0.5
+    control_member: bool = SearchSchema.control_member
+    quorum: float = SearchSchema.quorum
+    straggler_grace: float = SearchSchema.straggler_grace
     reevaluate: "ReevaluateConfig" = field(default_factory=lambda: ReevaluateConfig())
     #: training runs (seeds) per member, the same seeds for every member of a generation; fitness = their mean
-    seeds_per_member: int = 1
+    seeds_per_member: int = SearchSchema.seeds_per_member
     #: stopping clear losers at an early validation step (meta/search/early_stop.py); off by default
     early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
     #: the training step early_stop decides at (None: early_stop off)
@@ -246,193 +220,6 @@ def param_transform_of(config: Mapping[str, Any]) -> str:
     return str((config.get("divergence") or {}).get("param_transform") or DEFAULT_PARAM_TRANSFORM)
 
 
-def config_hash(raw: Mapping[str, Any], keys: Sequence[str] = SEARCH_KEYS) -> str:
-    """Hash of the keys that define what a run computes (provenance for exported inits and presets): a search's
-    SEARCH_KEYS by default, a tuning study's own (meta/tune/config.py STUDY_KEYS)."""
-    from meta.searchers.radius import with_radius_renamed
-
-    raw = with_radius_renamed(raw)  # a run stored under a former radius key hashes as under es.radius
-    picked = plain({key: _get_dotted(raw, key) for key in keys})
-    for key, default in ADDED_SEARCH_KEYS.items():
-        *parents, leaf = key.split(".")
-        node = picked
-        for part in parents:
-            node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict) and leaf in node and node[leaf] in (None, default):
-            del node[leaf]
-    for key in HOUSEKEEPING_KEYS:
-        *parents, leaf = key.split(".")
-        node = picked
-        for part in parents:
-            node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict):
-            node.pop(leaf, None)
-    return hashlib.sha256(json.dumps(picked, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def _get_dotted(raw: Mapping[str, Any], key: str) -> Any:
-    node: Any = raw
-    for part in key.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return None
-        node = node[part]
-    return node
-
-
-def _int(raw: Mapping[str, Any], key: str, minimum: int) -> int:
-    value = _get_dotted(raw, key)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{key}={value!r} must be an integer >= {minimum} (e.g. {key}={max(minimum, 2)})")
-    return value
-
-
-def _float(raw: Mapping[str, Any], key: str, low: float = -math.inf, high: float = math.inf) -> float:
-    value = _get_dotted(raw, key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ConfigError(f"{key}={value!r} must be a finite number")
-    if not low <= value <= high:
-        raise ConfigError(f"{key}={value!r} must be between {low} and {high}")
-    return float(value)
-
-
-def _bool(raw: Mapping[str, Any], key: str) -> bool:
-    value = _get_dotted(raw, key)
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise ConfigError(f"{key}={value!r} must be true or false")
-    return value
-
-
-# ------------------------------------------------------------------ time budget and resources
-def derive_member_time(raw: MutableMapping[str, Any]) -> None:
-    """Fill ``resources.member_time_min: null`` from a measured step time, in place: train.steps x
-    resources.step_time_s + resources.overhead_min (model load, checkpoints, validations), rounded up. So the
-    time budget of a preset follows its measurement, and a command-line ``train.steps`` moves it along."""
-    resources = raw.get("resources")
-    if not isinstance(resources, MutableMapping) or resources.get("member_time_min") is not None:
-        return
-    if resources.get("step_time_s") is None:
-        raise ConfigError("resources.member_time_min is null and resources.step_time_s is not set: give the time of "
-                          "one member in minutes (resources.member_time_min=360) or a measured step time "
-                          "(resources.step_time_s=15.0, with resources.step_time_source saying where it was measured)")
-    step_s = _float(raw, "resources.step_time_s", 1e-6)
-    overhead = _float(raw, "resources.overhead_min", 0.0) if resources.get("overhead_min") is not None else 0.0
-    resources["member_time_min"] = steps_minutes(_int(raw, "train.steps", 0), step_s, overhead)
-
-
-def steps_minutes(steps: int, step_s: float, overhead_min: float) -> float:
-    """A member's minutes from a measured step time: steps x step_s / 60 + overhead_min, rounded up."""
-    return float(math.ceil(steps * step_s / 60.0 + overhead_min))
-
-
-def member_time_text(resources: Mapping[str, Any], steps: Any, steps_key: str = "train.steps") -> str:
-    """Where the expected time per member comes from, for the plans: the preset's minutes, or its measured step
-    time and the source of that figure (resources.step_time_source); ``steps_key`` names where ``steps`` is set."""
-    step_s = resources.get("step_time_s")
-    if step_s is None:
-        return ("resources.member_time_min" if steps_key == "train.steps" else
-                f"resources.member_time_min x {steps_key}={steps} / train.steps")
-    source = resources.get("step_time_source") or "no source given (resources.step_time_source)"
-    return (f"resources.step_time_s={step_s:g} s/step x {steps_key}={steps} + resources.overhead_min="
-            f"{resources.get('overhead_min') or 0:g} min; step time measured: {source}")
-
-
-def member_sharing(raw: Mapping[str, Any]) -> GpuSharing:
-    """How many members share one GPU and how much slower each runs (core/gpu_time.py), checked up front by
-    every command that composes a config: ConfigError naming the key, before anything is written."""
-    resources = raw.get("resources")
-    try:
-        return gpu_sharing(resources if isinstance(resources, Mapping) else {})
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-
-
-def derive_inner_timeout(raw: MutableMapping[str, Any]) -> None:
-    """Fill ``inner.timeout_s: null`` from the preset's time per member (member_time_min x 60 x
-    timeout_factor; x the measured slowdown when members share a GPU), in place, so that the stored config says the
-    number the members ran under."""
-    inner = raw.get("inner")
-    if not isinstance(inner, MutableMapping) or inner.get("timeout_s") is not None:
-        return
-    minutes = member_sharing(raw).member_time(_float(raw, "resources.member_time_min", 1e-3))
-    factor = _float(raw, "resources.timeout_factor", 1.0)
-    seeds = raw.get("seeds_per_member") or 1  # a member trains its seeds one after another
-    inner["timeout_s"] = float(math.ceil(minutes * 60.0 * factor * (seeds if isinstance(seeds, int) else 1)))
-
-
-def _check_resources(raw: Mapping[str, Any], launcher: Mapping[str, Any], inner_timeout_s: float) -> None:
-    """Cross-node checks a single node cannot make: a member needs the CPUs its threads use, and a SLURM
-    member must be able to finish within its requeues. Launchers without these keys (local, debug) skip them."""
-    threads = _get_dotted(raw, "train.num_threads")
-    cpus = launcher.get("cpus_per_task")
-    if isinstance(cpus, int) and isinstance(threads, int) and not isinstance(cpus, bool) and cpus < threads:
-        raise ConfigError(
-            f"launcher.cpus_per_task={cpus} is smaller than train.num_threads={threads}: the member's torch threads "
-            f"would share {cpus} core(s). Set launcher.cpus_per_task={threads} (or resources.cpus), or lower "
-            "train.num_threads"
-        )
-    time_min, requeues = launcher.get("time_min"), launcher.get("requeues")
-    if isinstance(time_min, int) and isinstance(requeues, int) and time_min > 0 and requeues >= 0:
-        reachable_s = (requeues + 1) * time_min * 60
-        if reachable_s < inner_timeout_s:
-            need = math.ceil(inner_timeout_s / (time_min * 60)) - 1
-            raise ConfigError(
-                f"a member could never finish: (launcher.requeues={requeues} + 1) x launcher.time_min={time_min} min "
-                f"= {reachable_s / 3600:.2f} h of running time is less than inner.timeout_s={inner_timeout_s:g} s "
-                f"({inner_timeout_s / 3600:.2f} h). Raise launcher.requeues to {need} or launcher.time_min to "
-                f"{math.ceil(inner_timeout_s / 60 / (requeues + 1))}, or set launcher.time_min=null (one run of "
-                "inner.timeout_s + kill_grace_s)"
-            )
-
-
-# ------------------------------------------------------------------ absolute paths
-# Keys holding a filesystem path. A run records them absolute (resolved against the directory the user ran
-# in), so that a resume from another directory, and every member on every node, reads the same files.
-PATH_KEYS = ("run_dir", "init", "task.train_file", "task.test_file", "task.problems_file", "divergence.init",
-             "model.gguf_file", "model.name_or_path", "stage.cache_dir")
-# Values of these keys that are names, not paths.
-_NOT_PATHS = {"init": ("uniform", "gaussian")}
-
-
-def absolute_path(value: str, cwd: str | Path) -> str:
-    """``value`` (``~`` expanded) made absolute against ``cwd``, normalised but with symlinks kept."""
-    return os.path.normpath(os.path.join(str(cwd), os.path.expanduser(value)))
-
-
-def _absolute_value(key: str, value: Any, cwd: str | Path) -> Any:
-    if not isinstance(value, str) or not value or value in _NOT_PATHS.get(key, ()):
-        return value
-    if key == "model.name_or_path":  # a hub id ("Qwen/Qwen3-1.7B") is not a path: only local ones change
-        local = value.startswith((".", "~", os.sep)) or os.path.exists(os.path.join(str(cwd), value))
-        if not local:
-            return value
-    return absolute_path(value, cwd)
-
-
-def absolute_paths(raw: MutableMapping[str, Any], cwd: str | Path) -> None:
-    """Make every PATH_KEYS value of the resolved config absolute (in place)."""
-    for key in PATH_KEYS:
-        *parents, leaf = key.split(".")
-        node: Any = raw
-        for part in parents:
-            node = node.get(part) if isinstance(node, MutableMapping) else None
-        if isinstance(node, MutableMapping) and leaf in node:
-            node[leaf] = _absolute_value(key, node[leaf], cwd)
-
-
-def absolute_overrides(overrides: Sequence[str], cwd: str | Path) -> list[str]:
-    """Command-line overrides with path values made absolute: they are recorded and replayed on resume,
-    possibly from another directory, where a relative path would name another file."""
-    result = []
-    for override in overrides:
-        key, sep, value = override.partition("=")
-        bare = key.lstrip("+~")
-        if sep and bare in PATH_KEYS:
-            override = f"{key}={_absolute_value(bare, value, cwd)}"
-        result.append(override)
-    return result
-
 
 def build_search_config(raw: Mapping[str, Any]) -> SearchConfig:
     """Validate the resolved config (a plain dict) into a SearchConfig; ConfigError on the first problem."""
@@ -442,31 +229,34 @@ def build_search_config(raw: Mapping[str, Any]) -> SearchConfig:
     for node in ("es", "launcher", "inner", *INNER_NODES):
         if not isinstance(raw.get(node), Mapping):
             raise ConfigError(f"config node {node!r} is missing; check conf/config.yaml's defaults list")
-    population = _int(raw, "population", 2)
+    typed = typed_config(SearchSchema, raw)
+    if typed.inner.timeout_s is None:
+        raise ConfigError("inner.timeout_s=None must be a number of seconds (compose derives it from "
+                          "resources.member_time_min)")
     cfg = SearchConfig(
-        population=population,
-        generations=_int(raw, "generations", 1),
-        seed=_int(raw, "seed", 0),
-        run_dir=str(raw.get("run_dir") or ""),
+        population=typed.population,
+        generations=typed.generations,
+        seed=typed.seed,
+        run_dir=str(typed.run_dir or ""),
         es=searcher_settings(raw["es"]),
         launcher=dict(raw["launcher"]),
-        inner_entrypoint=str(_get_dotted(raw, "inner.entrypoint") or ""),
-        inner_timeout_s=_float(raw, "inner.timeout_s", 1e-3),
-        inner_options=dict(_get_dotted(raw, "inner.options") or {}),
+        inner_entrypoint=typed.inner.entrypoint,
+        inner_timeout_s=typed.inner.timeout_s,
+        inner_options=dict(typed.inner.options),
         inner_config={node: raw[node] for node in INNER_NODES},
-        init=str(raw.get("init", "uniform")),
-        fitness_on_failure=_float(raw, "fitness_on_failure"),
-        max_failed_fraction=_float(raw, "max_failed_fraction", 0.0, 1.0),
-        retries=_int(raw, "retries", 0),
-        common_random_numbers=bool(raw.get("common_random_numbers", True)),
-        log_level=str(raw.get("log_level", "INFO")).upper(),
-        dry_run=_bool(raw, "dry_run"),
+        init=typed.init,
+        fitness_on_failure=typed.fitness_on_failure,
+        max_failed_fraction=typed.max_failed_fraction,
+        retries=typed.retries,
+        common_random_numbers=typed.common_random_numbers,
+        log_level=typed.log_level.upper(),
+        dry_run=typed.dry_run,
         resources=dict(raw.get("resources") or {}),
-        control_member=_bool(raw, "control_member") if "control_member" in raw else True,
-        quorum=_float(raw, "quorum", 0.0, 1.0) if "quorum" in raw else 1.0,
-        straggler_grace=_float(raw, "straggler_grace", 0.0) if "straggler_grace" in raw else 0.5,
-        reevaluate=_reevaluate(raw),
-        seeds_per_member=_int(raw, "seeds_per_member", 1) if "seeds_per_member" in raw else 1,
+        control_member=typed.control_member,
+        quorum=typed.quorum,
+        straggler_grace=typed.straggler_grace,
+        reevaluate=_reevaluate(typed.reevaluate),
+        seeds_per_member=typed.seeds_per_member,
         member_steps=member_steps_of(raw),
     )
     if cfg.quorum <= 0.0:
@@ -483,7 +273,7 @@ def build_search_config(raw: Mapping[str, Any]) -> SearchConfig:
                           "particle is one training run with one checkpoint; set seeds_per_member=1 (a larger "
                           "population averages more runs)")
     try:
-        cfg.early_stop = EarlyStopConfig.from_mapping(raw.get("early_stop"))
+        cfg.early_stop = typed.early_stop.checked()
         cfg.early_stop_step = check_early_stop(cfg.early_stop, cfg.es, member_train(raw["train"], cfg.member_steps),
                                                cfg.generation_shape)
     except EarlyStopError as exc:
@@ -493,30 +283,20 @@ def build_search_config(raw: Mapping[str, Any]) -> SearchConfig:
     return cfg
 
 
-def _names(raw: Mapping[str, Any], key: str, known: Sequence[str] | None) -> tuple[str, ...]:
-    value = _get_dotted(raw, key)
-    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(f"{key}={value!r} must be a list of names, e.g. {key}=[{', '.join(known or ['humaneval'])}]")
-    unknown = [v for v in value if known is not None and v not in known]
-    if unknown:
-        raise ConfigError(f"{key}: {unknown[0]!r} is not one of {', '.join(known or ())}")
+def _names(key: str, value: Sequence[str]) -> tuple[str, ...]:
     if len(set(value)) != len(value):
         raise ConfigError(f"{key}={list(value)} names a row twice")
     return tuple(value)
 
 
-def _baselines(raw: Mapping[str, Any]) -> tuple[str, ...]:
+def _baselines(value: Sequence[str] | None) -> tuple[str, ...]:
     """reevaluate.baselines: known rows, or ``<row>@<preset file>`` with an existing file (meta/after/baselines.py reads
     it); the untrained model has no training settings to take from a preset."""
     key = "reevaluate.baselines"
-    value = _get_dotted(raw, key)
     known = baselines()
     if value is None:
         return known
-    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(f"{key}={value!r} must be a list of rows or null (every row), e.g. "
-                          f"{key}=[{', '.join(known)}]")
-    names = _names(raw, key, None)
+    names = _names(key, value)
     for name in names:
         row, mark, path = name.partition(PRESET_MARK)
         if row not in known:
@@ -531,34 +311,20 @@ def _baselines(raw: Mapping[str, Any]) -> tuple[str, ...]:
     return names
 
 
-def _reevaluate(raw: Mapping[str, Any]) -> ReevaluateConfig:
-    node = raw.get("reevaluate")
-    defaults = ReevaluateConfig()
-    if node is None:
-        return defaults
-    if not isinstance(node, Mapping):
-        raise ConfigError(f"reevaluate={node!r} must be a mapping {{top_k: 3, seeds: 3, report_seeds: 3, ...}}")
-    try:
-        refuse_unknown_keys(node, ReevaluateConfig.__dataclass_fields__, "reevaluate")
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    top_k = _int(raw, "reevaluate.top_k", 0) if "top_k" in node else defaults.top_k
-    seeds = _int(raw, "reevaluate.seeds", 1) if "seeds" in node else defaults.seeds
-    report_seeds = _int(raw, "reevaluate.report_seeds", 0) if "report_seeds" in node else defaults.report_seeds
-    if top_k and seeds < 2:
-        raise ConfigError(f"reevaluate.seeds={seeds} gives no spread to compare inits by; use 2 or more "
+def _reevaluate(node: Reevaluate) -> ReevaluateConfig:
+    """The reevaluate node's cross-key checks (each key's type and range: the schema)."""
+    if node.top_k and node.seeds < 2:
+        raise ConfigError(f"reevaluate.seeds={node.seeds} gives no spread to compare inits by; use 2 or more "
                           "(or reevaluate.top_k=0 to skip re-evaluation)")
-    if top_k and report_seeds == 1:
+    if node.top_k and node.report_seeds == 1:
         raise ConfigError("reevaluate.report_seeds=1 gives no interval; use 2 or more (3+ for a useful one), "
                           "or 0 to skip the result table")
-    transfer = _names(raw, "reevaluate.transfer", None) if "transfer" in node else defaults.transfer
+    transfer = _names("reevaluate.transfer", node.transfer)
     missing = [t for t in transfer if group_file(CONF_DIR, "task", t) is None]
     if missing:
         raise ConfigError(f"reevaluate.transfer: {missing[0]!r} is not a task (conf/task/{missing[0]}.yaml)")
-    return ReevaluateConfig(
-        top_k=top_k, seeds=seeds, report_seeds=report_seeds,
-        baselines=_baselines(raw) if "baselines" in node else defaults.baselines,
-        transfer=transfer, test=_bool(raw, "reevaluate.test") if "test" in node else defaults.test)
+    return ReevaluateConfig(top_k=node.top_k, seeds=node.seeds, report_seeds=node.report_seeds,
+                            baselines=_baselines(node.baselines), transfer=transfer, test=node.test)
 
 
 def _check_search_components(cfg: SearchConfig) -> None:

@@ -37,6 +37,7 @@ from meta.search.early_stop import EarlyStopConfig, EarlyStopJudge, update_fitne
 from meta.config import param_transform_of
 from meta.search.generation_shape import GenerationShape
 from meta.search.init import initial_center
+from meta.settings.schema import SearchSchema
 from meta.searchers import build_searcher
 from results.store.member_files import read_intermediate, read_result
 from results.store.run_store import RunStore
@@ -76,7 +77,7 @@ def search_populations(store: RunStore) -> list[Population]:
     """Every finished generation of a search whose members all finished ok with intermediate scores."""
     raw = _config(store)
     population = int(raw["population"])
-    center = initial_center(str(raw.get("init", "uniform")), int(raw.get("seed", 0)),
+    center = initial_center(str(raw.get("init", SearchSchema.init)), int(raw.get("seed", SearchSchema.seed)),
                             param_transform_of(raw)).to(torch.float64)
     found = []
     for generation in sorted(store.state_generations()):

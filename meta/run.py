@@ -53,7 +53,7 @@ init=uniform|gaussian|<file>, inner.entrypoint, inner.timeout_s, resources.*, re
 max_failed_fraction, task={'|'.join(_GROUPS.get('task', []))}, model=..., train.steps=...,
 es.member_steps=... (a search member's steps; null: train.steps),
 dry_run=true (print the plan, submit and write nothing)
-See conf/config.yaml (and conf/member_settings.yaml for resources.* and inner.*) for every key and its default."""
+See meta/settings/schema.py (SearchSchema) for every key, its default and its range."""
 
 
 def transfer_evaluations(raw: dict[str, Any], overrides: Sequence[str]) -> list[dict[str, Any]]:

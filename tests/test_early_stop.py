@@ -1,7 +1,6 @@
 """early_stop: the rule, where it is exact (ties included), where it is refused, and exact resume."""
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -127,10 +126,6 @@ def test_a_bad_early_stop_exits_2_before_any_member_is_submitted(tmp_path, capsy
     assert code == 2
     assert "es=pgpe" in capsys.readouterr().err
     assert not (run_dir / "gen_0000").exists()
-
-
-def test_the_config_yaml_early_stop_node_is_the_dataclass_defaults():
-    assert compose([])["early_stop"] == dataclasses.asdict(EarlyStopConfig())
 
 
 def test_the_dry_run_plan_prints_the_most_early_stop_can_save(tmp_path, capsys):

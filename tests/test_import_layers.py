@@ -66,8 +66,10 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "mirror_maps": frozenset(),
     GROUND: frozenset(),
 }
-#: The outer loop's config and command line (meta/config.py, compose.py, cli_args.py): every stage reads them.
-_META_BASE = frozenset({"meta.config", "meta.compose", "meta.cli_args"})
+#: The outer loop's config and command line (meta/config.py, compose.py, cli_args.py, and the schema, keys, paths and
+#: member time of meta/settings/): every stage reads them.
+_META_BASE = frozenset({"meta.config", "meta.compose", "meta.cli_args", "meta.settings", "meta.settings.schema",
+                        "meta.settings.keys", "meta.settings.paths", "meta.settings.member_time"})
 #: Pinned numerics: the modes, the thread count and the pinned child (inner_loop/numerics/pinned.py imports nothing
 #: of ours), read by the config, the member process and the warm-up.
 _PINNED = "inner_loop.numerics.pinned"

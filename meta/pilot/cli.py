@@ -24,7 +24,8 @@ import copy
 import logging
 import math
 import sys
-from dataclasses import dataclass, fields
+import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -39,8 +40,6 @@ from meta.config import (
     ConfigError,
     check_members_can_start,
     SearchConfig,
-    _get_dotted,
-    _int,
     absolute_overrides,
     absolute_path,
     absolute_paths,
@@ -50,9 +49,9 @@ from meta.config import (
 )
 from meta.search.resume import NEW_KEY, check_resume, open_run_dir, run_dir_label
 from meta.search.staging import stage_run
-from meta.searchers.radius import RADIUS_KEY
 from results.report.pilot.findings import (CENTRE, FULL_HORIZON, PILOT_KIND, PLUS, horizon_index, map_roles, member_index)
-from core.config_nodes import refuse_unknown_keys
+from meta.searchers.radius import RADIUS_KEY
+from meta.settings.schema import PilotConfig, typed_config
 from results.store.layout import JOBS_FILE, LAUNCHER_DIR, member_dir_name
 from core.records import MemberSpec
 from results.store.run_store import RunStore
@@ -74,69 +73,40 @@ Before a search: train the starting centre with pilot.seeds seeds and pilot.pair
 every (radius, coef) in pilot.radii x pilot.coefs, and report the seed noise, the signal-to-noise ratio of one ES
 generation and the population that reaches pilot.target_snr. Takes meta.run's overrides (experiment=, es=, launcher=,
 population=, ...) plus pilot.seeds, pilot.pairs, pilot.radii=[..], pilot.coefs=[..], pilot.target_snr,
-pilot.export=<preset.yaml>, run_dir= (resume), dry_run=true. See conf/config.yaml (pilot:) and docs/pilot.md."""
-
-
-@dataclass(frozen=True)
-class PilotConfig:
-    """The ``pilot:`` settings; the one owner of their defaults (conf/config.yaml repeats them, a test holds them
-    equal). radii / coefs None: the es config's radius / divergence.coef."""
-
-    seeds: int = 3
-    pairs: int = 4
-    radii: tuple[float, ...] | None = None
-    coefs: tuple[float, ...] | None = None
-    target_snr: float = 1.0
-    export: str | None = None
+pilot.export=<preset.yaml>, run_dir= (resume), dry_run=true. See meta/settings/schema.py (PilotConfig) and docs/pilot.md."""
 
 
 class ExportError(RuntimeError):
     """Nothing to export (no combination showed signal), or a different file is in the way."""
 
 
-def _numbers(raw: Mapping[str, Any], key: str, positive: bool) -> tuple[float, ...] | None:
-    value = _get_dotted(raw, key)
+def _numbers(key: str, value: list[float] | None, positive: bool) -> list[float] | None:
+    """A scan list (pilot.radii, pilot.coefs; the schema made its items numbers): not empty, each finite and above 0
+    (``positive``) or >= 0, no value twice."""
     if value is None:
         return None
-    items = value if isinstance(value, (list, tuple)) else [value]
     bound = "above 0" if positive else ">= 0"
-    if not items:
+    if not value:
         raise ConfigError(f"{key}=[] is empty: give a list such as {key}=[0.5,1.0], or null")
-    out = []
-    for item in items:
-        ok = isinstance(item, (int, float)) and not isinstance(item, bool) and math.isfinite(item)
-        if not ok or (item <= 0 if positive else item < 0):
+    for item in value:
+        if not math.isfinite(item) or (item <= 0 if positive else item < 0):
             raise ConfigError(f"{key}={value!r}: every value must be a finite number {bound}, got {item!r}")
-        out.append(float(item))
-    if len(set(out)) != len(out):
+    if len(set(value)) != len(value):
         raise ConfigError(f"{key}={value!r} repeats a value: each would be the same combination twice")
-    return tuple(out)
+    return list(value)
 
 
 def build_pilot_config(raw: Mapping[str, Any]) -> PilotConfig:
-    """Validate the ``pilot:`` node; ConfigError naming the key (unknown keys included)."""
+    """The ``pilot:`` node read through its schema (meta/settings/schema.py: types, defaults, ranges, unknown keys
+    refused), plus what one key cannot say; ConfigError naming the key."""
     node = raw.get("pilot")
-    if node is None:
-        node = {}
-    if not isinstance(node, Mapping):
-        raise ConfigError(f"pilot={node!r} must be a mapping (see conf/config.yaml)")
-    try:
-        refuse_unknown_keys(node, [f.name for f in fields(PilotConfig)], "pilot")
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    defaults = PilotConfig()
-    target = _get_dotted(raw, "pilot.target_snr") if "target_snr" in node else defaults.target_snr
-    if isinstance(target, bool) or not isinstance(target, (int, float)) or not 0 < target < math.inf:
-        raise ConfigError(f"pilot.target_snr={target!r} must be a number above 0")
-    export = node.get("export")
-    if export is not None and not isinstance(export, str):
-        raise ConfigError(f"pilot.export={export!r} must be a file path or null")
-    return PilotConfig(
-        seeds=_int(raw, "pilot.seeds", 2) if "seeds" in node else defaults.seeds,
-        pairs=_int(raw, "pilot.pairs", 1) if "pairs" in node else defaults.pairs,
-        radii=_numbers(raw, "pilot.radii", positive=True), coefs=_numbers(raw, "pilot.coefs", positive=False),
-        target_snr=float(target), export=export,
-    )
+    if node is not None and not isinstance(node, Mapping):
+        raise ConfigError(f"pilot={node!r} must be a mapping (its keys: meta/settings/schema.py PilotConfig)")
+    pilot = typed_config(PilotConfig, node or {}, "pilot")
+    if not 0 < pilot.target_snr < math.inf:
+        raise ConfigError(f"pilot.target_snr={pilot.target_snr!r} must be a number above 0")
+    return dataclasses.replace(pilot, radii=_numbers("pilot.radii", pilot.radii, positive=True),
+                               coefs=_numbers("pilot.coefs", pilot.coefs, positive=False))
 
 
 def combinations(cfg: SearchConfig, pilot: PilotConfig) -> list[dict[str, float | None]]:
@@ -225,8 +195,6 @@ def prepare(argv: Sequence[str]) -> Prepared:
     raw["run_dir"] = run_dir
     cfg = build_search_config(raw)
     pilot = build_pilot_config(raw)
-    if "seeds_per_member" in raw:
-        _int(raw, "seeds_per_member", 1)
     combos = combinations(cfg, pilot)
     if pilot.coefs is not None:  # each scanned coef must be a valid run config, checked before anything runs
         for coef in pilot.coefs:

@@ -44,9 +44,10 @@ class EarlyStopError(ValueError):
     """An early_stop setting that cannot work with this search (reported before anything runs)."""
 
 
-@dataclass(frozen=True)
+@dataclass
 class EarlyStopConfig:
-    """``early_stop.*`` of conf/config.yaml; this dataclass owns the defaults and their meaning."""
+    """``early_stop.*`` of conf/config.yaml; this dataclass owns the defaults and their meaning (the schema,
+    meta/settings/schema.py, registers it as the node; not frozen, since Hydra sets its fields from overrides)."""
 
     #: off by default: stopping is exact only when early decisions are right, which the pilot must show first
     enabled: bool = False
@@ -68,13 +69,18 @@ class EarlyStopConfig:
             config = typed_node(cls, node, "early_stop")
         except ValueError as exc:
             raise EarlyStopError(str(exc)) from None
-        if not 0.0 < config.at_fraction < 1.0:
-            raise EarlyStopError(f"early_stop.at_fraction={config.at_fraction} must be between 0 and 1 (exclusive)")
-        if not 0.0 < config.min_reported <= 1.0:
-            raise EarlyStopError(f"early_stop.min_reported={config.min_reported} must be in (0, 1]")
-        if config.margin < 0.0:
-            raise EarlyStopError(f"early_stop.margin={config.margin} must be >= 0")
-        return config
+        return config.checked()
+
+    def checked(self) -> "EarlyStopConfig":
+        """This config, its values' ranges checked (a search's config has its types read by the schema already);
+        EarlyStopError naming the key."""
+        if not 0.0 < self.at_fraction < 1.0:
+            raise EarlyStopError(f"early_stop.at_fraction={self.at_fraction} must be between 0 and 1 (exclusive)")
+        if not 0.0 < self.min_reported <= 1.0:
+            raise EarlyStopError(f"early_stop.min_reported={self.min_reported} must be in (0, 1]")
+        if self.margin < 0.0:
+            raise EarlyStopError(f"early_stop.margin={self.margin} must be >= 0")
+        return self
 
 
 def early_stop_refusal(es: Mapping[str, Any]) -> str | None:

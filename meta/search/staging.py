@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("meta.stage")
 
-#: the ``stage`` node of conf/member_settings.yaml
+#: the ``stage`` node of the config (meta/settings/schema.py Stage)
 STAGE_KEYS = ("cache_dir", "revisions", "model_patterns")
 #: how a missing item is staged from a host with network, for meta.run and meta.pilot (meta.tune says its own)
 STAGE_HINT = "`python -m meta.stage <the same overrides>`"

@@ -10,9 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from meta.config import INNER_NODES, ConfigError, _bool, _float, _get_dotted, _int, check_member_launch, config_hash
+from meta.config import INNER_NODES, ConfigError, check_member_launch, config_hash
+from meta.settings.schema import TuneSchema, typed_config
 from meta.tune.space import Dimension, around_the_preset, leaves_missing_under, parse_space
-from core.config_nodes import refuse_unknown_keys
+from core.config_nodes import select_key
 from core.records import gpus_entry
 
 if TYPE_CHECKING:
@@ -93,8 +94,7 @@ def build_pruner(name: str, options: Mapping[str, Any]) -> "optuna.pruners.BaseP
     raise ValueError(f"tune.pruner={name!r} is not one of {', '.join(PRUNERS)}")
 
 
-def _options(raw: Mapping[str, Any], key: str) -> dict[str, Any]:
-    value = _get_dotted(raw, key)
+def _options(key: str, value: Any) -> dict[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
@@ -140,42 +140,39 @@ def build_tune_config(raw: Mapping[str, Any], conf_dir: Path,
     for node in ("tune", "launcher", "inner", *INNER_NODES):
         if not isinstance(raw.get(node), Mapping):
             raise ConfigError(f"config node {node!r} is missing; check conf/tune.yaml's defaults list")
-    tune = raw["tune"]
-    known = {"space", "default_space", "trials", "parallel", "seeds", "sampler", "sampler_options", "pruner",
-             "pruner_options", "storage", "study_name"}
-    try:
-        refuse_unknown_keys(tune, known, "tune")
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    if tune.get("space") is not None:
-        dims = parse_space(tune["space"], raw, conf_dir)
+    typed = typed_config(TuneSchema, raw)  # every key's type, default and range: meta/settings/schema.py
+    tune = typed.tune
+    if tune.space is not None:
+        dims = parse_space(tune.space, raw, conf_dir)
     else:  # the default ranges follow the preset: each contains the value the composed config runs
-        dims = around_the_preset(divergence_range(parse_space(tune.get("default_space"), raw, conf_dir), raw), raw)
-    study_name = tune.get("study_name")
-    if study_name is not None and (not isinstance(study_name, str) or not study_name.strip()):
-        raise ConfigError(f"tune.study_name={study_name!r} must be a non-empty string or null")
+        dims = around_the_preset(divergence_range(parse_space(tune.default_space, raw, conf_dir), raw), raw)
+    if tune.study_name is not None and not tune.study_name.strip():
+        raise ConfigError(f"tune.study_name={tune.study_name!r} must be a non-empty string or null")
+    if typed.inner.timeout_s is None:
+        raise ConfigError("inner.timeout_s=None must be a number of seconds (compose derives it from "
+                          "resources.member_time_min)")
     cfg = TuneConfig(
-        run_dir=str(raw.get("run_dir") or ""),
-        seed=_int(raw, "seed", 0),
+        run_dir=str(typed.run_dir or ""),
+        seed=typed.seed,
         dims=dims,
-        trials=_int(raw, "tune.trials", 1),
-        parallel=_int(raw, "tune.parallel", 1),
-        seeds=_int(raw, "tune.seeds", 1),
-        sampler=str(tune.get("sampler")),
-        pruner=str(tune.get("pruner")),
-        sampler_options=_options(raw, "tune.sampler_options"),
-        pruner_options=_options(raw, "tune.pruner_options"),
-        storage=_check_storage(tune.get("storage")),
-        study_name=study_name,
+        trials=tune.trials,
+        parallel=tune.parallel,
+        seeds=tune.seeds,
+        sampler=tune.sampler,
+        pruner=tune.pruner,
+        sampler_options=_options("tune.sampler_options", tune.sampler_options),
+        pruner_options=_options("tune.pruner_options", tune.pruner_options),
+        storage=_check_storage(tune.storage),
+        study_name=tune.study_name,
         launcher=dict(raw["launcher"]),
-        inner_entrypoint=str(_get_dotted(raw, "inner.entrypoint") or ""),
-        inner_timeout_s=_float(raw, "inner.timeout_s", 1e-3),
-        inner_options=dict(_get_dotted(raw, "inner.options") or {}),
+        inner_entrypoint=typed.inner.entrypoint,
+        inner_timeout_s=typed.inner.timeout_s,
+        inner_options=dict(typed.inner.options),
         inner_config={node: raw[node] for node in INNER_NODES},
-        retries=_int(raw, "retries", 0),
-        log_level=str(raw.get("log_level", "INFO")).upper(),
-        dry_run=_bool(raw, "dry_run"),
-        export=raw.get("export"),
+        retries=typed.retries,
+        log_level=typed.log_level.upper(),
+        dry_run=typed.dry_run,
+        export=typed.export,
         resources=dict(raw.get("resources") or {}),
     )
     if cfg.log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
@@ -188,7 +185,7 @@ def build_tune_config(raw: Mapping[str, Any], conf_dir: Path,
         build_pruner(cfg.pruner, cfg.pruner_options)
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"{exc} (tune.pruner={cfg.pruner}, tune.pruner_options={cfg.pruner_options})") from None
-    if cfg.pruner != "none" and not _get_dotted(raw, "train.eval_every"):
+    if cfg.pruner != "none" and not select_key(raw, "train.eval_every"):
         raise ConfigError(f"tune.pruner={cfg.pruner} decides from intermediate scores: set train.eval_every (steps "
                           "between intermediate validations), or tune.pruner=none")
     check_member_launch(raw, cfg.launcher, cfg.inner_timeout_s, cfg.inner_entrypoint, cfg.member_inner(),

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from meta.config import INNER_NODES, ConfigError, _get_dotted
+from meta.config import INNER_NODES, ConfigError
+from core.config_nodes import select_key
 
 if TYPE_CHECKING:
     import optuna
@@ -45,13 +46,12 @@ class Dimension:
         return trial.suggest_float(self.key, float(self.low), float(self.high), log=self.kind == "log")  # type: ignore[arg-type]
 
 
+_ABSENT = object()
+
+
 def _leaf_exists(raw: Mapping[str, Any], key: str) -> bool:
-    node: Any = raw
-    for part in key.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return False
-        node = node[part]
-    return not isinstance(node, Mapping)
+    node = select_key(raw, key, _ABSENT)
+    return node is not _ABSENT and not isinstance(node, Mapping)
 
 
 def _number(key: str, value: Any, what: str) -> float:
@@ -114,7 +114,7 @@ def around_the_preset(dims: Sequence[Dimension], raw: Mapping[str, Any]) -> list
     it already stays. So tuning a preset never leaves out the setting the preset runs."""
     moved = []
     for dim in dims:
-        value = _get_dotted(raw, dim.key)
+        value = select_key(raw, dim.key)
         if dim.kind in ("log", "float") and isinstance(value, (int, float)) and not isinstance(value, bool) \
                 and not dim.low <= value <= dim.high and (dim.kind == "float" or value > 0):  # type: ignore[operator]
             if dim.kind == "log":

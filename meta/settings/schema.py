@@ -1,0 +1,338 @@
+"""The schemas of conf/config.yaml (meta.run, meta.pilot) and conf/tune.yaml (meta.tune): dataclasses registered in
+Hydra's ConfigStore, each field the one home of its key's type, default and allowed range.
+
+Why dataclasses: Hydra composes ``base_config`` (SearchSchema; ``tune_base_config``, TuneSchema) first, so a YAML file or preset only overrides; a key
+the schema lacks, or a value of the wrong type, is refused while composing, before anything is written. A value's
+range lives in the field's metadata (``at_least``, ``between``) and :func:`check_ranges` reads it, so a bound is
+written once, beside the default. :func:`typed_config` gives a plain config (a stored run's config.yaml, or a test's
+dict) the same reading: unknown keys in the schema's nodes refused in the words of refuse_unknown_keys, values
+converted or refused naming the key, missing keys filled with their defaults.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, TypeVar
+
+from meta.search.early_stop import EarlyStopConfig
+from meta.searchers.radius import RADIUS_KEY
+from core.config_nodes import MEMBER_STEPS_KEY, plain, refuse_unknown_keys
+
+T = TypeVar("T")
+
+#: the ConfigStore names of the root schemas, first in the defaults lists of conf/config.yaml and conf/tune.yaml
+BASE_CONFIG = "base_config"
+TUNE_BASE_CONFIG = "tune_base_config"
+
+
+class ConfigError(ValueError):
+    """A user mistake in the configuration (exit status 2, no traceback)."""
+
+
+def at_least(low: float) -> dict[str, Any]:
+    """Field metadata: the value must be >= ``low``."""
+    return {"low": low}
+
+
+def between(low: float, high: float) -> dict[str, Any]:
+    """Field metadata: the value must lie in [``low``, ``high``]."""
+    return {"low": low, "high": high}
+
+
+def _free() -> Any:
+    """A free-form node (a config group's option, whose keys its own reader checks)."""
+    return field(default_factory=dict)
+
+
+@dataclass
+class Resources:
+    """``resources.*``: what one member needs, whichever launcher runs it (docs/gpus.md, docs/usage.md)."""
+
+    #: GPUs per member (0 or 1); >= 1: the member refuses to train without a usable GPU
+    gpus: int = 0
+    #: a GPU member's share of its GPU's memory (null: all of it, one member per GPU)
+    gpu_memory_fraction: Optional[float] = None
+    #: members sharing one GPU: 1, 2 or 4 (core/gpu_time.py checks it)
+    members_per_gpu: int = 1
+    #: measured, per members_per_gpu k: a member's running time when k share one GPU over its time alone ({2: 1.183})
+    shared_slowdown: Dict[Any, Any] = field(default_factory=dict)
+    #: where and how shared_slowdown was measured (the plan prints it beside the figure)
+    shared_slowdown_source: Optional[str] = None
+    #: CPU cores per member: the member's torch threads
+    cpus: Any = "${train.num_threads}"
+    #: host memory per member; null: the cluster's default
+    mem_gb: Any = None
+    #: realistic running time of one member, minutes; null: train.steps x step_time_s / 60 + overhead_min
+    member_time_min: Optional[float] = field(default=3.0, metadata={"low": 1e-3})
+    #: measured seconds per training step on the target GPU
+    step_time_s: Optional[float] = field(default=None, metadata={"low": 1e-6})
+    #: where and how step_time_s was measured
+    step_time_source: Optional[str] = None
+    #: minutes per member besides the steps: model load, checkpoints, validations
+    overhead_min: float = field(default=0.0, metadata=at_least(0.0))
+    #: inner.timeout_s (when null) = member_time_min x 60 x timeout_factor
+    timeout_factor: float = field(default=2.0, metadata=at_least(1.0))
+
+
+@dataclass
+class Inner:
+    """``inner.*``: how a member is called."""
+
+    #: module:attr naming a MemberProgram (or a plain fn(spec) -> result record)
+    entrypoint: str = "inner_loop.member.entry:program"
+    #: free-form, passed to the member program (synthetic objectives)
+    options: Dict[str, Any] = _free()
+    #: one member's running-time budget in seconds over its requeues; null: resources.member_time_min x 60 x
+    #: resources.timeout_factor (meta/config_resources.py fills it in)
+    timeout_s: Optional[float] = field(default=None, metadata={"low": 1e-3})
+
+
+@dataclass
+class Stage:
+    """``stage.*``: what members read from the Hugging Face hub, fetched once before the first submission."""
+
+    #: the stage cache (a hub cache, on the shared filesystem); null: $MIRROR_ES_CACHE/hub
+    cache_dir: Optional[str] = None
+    #: revision per repo id; unnamed ones: main, pinned at staging
+    revisions: Dict[str, Any] = _free()
+    #: the model files fetched (snapshot_download allow_patterns); null: inner_loop/member/staging.py MODEL_PATTERNS
+    model_patterns: Optional[List[str]] = None
+
+
+@dataclass
+class Reevaluate:
+    """``reevaluate.*``: the two stages after a search (docs/result_table.md): selection (the ``top_k`` members and
+    the final centre on ``seeds`` fresh seeds each) and reporting (the exported init and every baseline on
+    ``report_seeds`` other seeds)."""
+
+    top_k: int = field(default=3, metadata=at_least(0))
+    seeds: int = field(default=3, metadata=at_least(1))
+    report_seeds: int = field(default=3, metadata=at_least(0))
+    #: null: every row (meta.config.baselines()); or a list of rows, ``<row>@<preset file>`` for a tuned one
+    baselines: Optional[List[str]] = None
+    #: tasks scored zero-shot by every reporting run on its trained model
+    transfer: List[str] = field(default_factory=list)
+    #: reporting runs also score the task's test split
+    test: bool = True
+
+
+@dataclass
+class PilotConfig:
+    """``pilot.*`` (python -m meta.pilot, docs/pilot.md). radii / coefs null: the es config's radius /
+    divergence.coef."""
+
+    #: k: seeds of each init; the centre and every pair member train on the same k seeds
+    seeds: int = field(default=3, metadata=at_least(2))
+    #: m: antithetic pairs c + e_i, c - e_i per combination
+    pairs: int = field(default=4, metadata=at_least(1))
+    #: search radii to scan, e.g. [0.005, 0.01, 0.02]
+    radii: Optional[List[float]] = None
+    #: divergence.coef values to scan, e.g. [0.3, 1.0]
+    coefs: Optional[List[float]] = None
+    #: the SNR of one generation's ES step that the recommended population must reach
+    target_snr: float = 1.0
+    #: a path: write the recommendation there as a preset YAML (not recorded)
+    export: Optional[str] = None
+
+
+@dataclass
+class RunSchema:
+    """The keys meta.run, meta.pilot and meta.tune share: the member's groups and settings, the run's own keys, and
+    the keys a preset of conf/experiment/ sets for whichever command composes it."""
+
+    task: Dict[str, Any] = _free()
+    model: Dict[str, Any] = _free()
+    divergence: Dict[str, Any] = _free()
+    train: Dict[str, Any] = _free()
+    launcher: Dict[str, Any] = _free()
+    resources: Resources = field(default_factory=Resources)
+    inner: Inner = field(default_factory=Inner)
+    stage: Stage = field(default_factory=Stage)
+    #: every draw derives from (seed, generation, purpose); a study's sampler and runs are seeded from it too
+    seed: int = field(default=0, metadata=at_least(0))
+    #: null: outputs/<command>_<timestamp>; an existing run dir resumes that run
+    run_dir: Optional[str] = None
+    #: true: a run_dir that does not exist starts a new run there (a mistyped resume path never does; never recorded)
+    new: bool = False
+    #: extra attempts for a failed / timed-out member (a study's pruned runs are never retried)
+    retries: int = field(default=1, metadata=at_least(0))
+    log_level: str = "INFO"
+    #: true: validate and print the plan and its cost; submit and write nothing
+    dry_run: bool = False
+    #: a preset's coefficient per divergence (keys: options of the divergence group), read by conf/divergence/*.yaml
+    coef_by_divergence: Dict[str, Any] = _free()
+
+
+@dataclass
+class SearchSchema(RunSchema):
+    """The root of conf/config.yaml (meta.run, meta.pilot): every key, its type and its default."""
+
+    #: the searcher's own settings (conf/es/<name>.yaml), plus two keys every searcher has:
+    #: - es.radius: the search radius, the per-coordinate spread of the samples around the centre (pgpe, snes and cem
+    #:   start their stdev there, cmaes its step size, openai_es_elite and nres their sigma); a preset sets it,
+    #:   meta.pilot scans it (pilot.radii);
+    #: - es.member_steps: training steps of one search member (null: train.steps, which stays the length of the
+    #:   exported single run, the selection and reporting runs and transfer; a member's schedule is train's shrunk to
+    #:   its own steps). Shorter members cost less but rank maps by how they do early (short-horizon bias):
+    #:   meta.pilot's horizon check measures whether member_steps ranks maps as train.steps does (docs/pilot.md)
+    es: Dict[str, Any] = field(default_factory=lambda: {RADIUS_KEY: 0.01, MEMBER_STEPS_KEY: None})
+    #: members per generation (even for antithetic searchers)
+    population: int = field(default=4, metadata=at_least(2))
+    generations: int = field(default=2, metadata=at_least(1))
+    #: centre init: uniform | gaussian | path to an init file
+    init: str = "uniform"
+    #: fitness given to members that failed after all retries
+    fitness_on_failure: float = field(default=0.0, metadata=at_least(-math.inf))
+    #: abort the run when more than this fraction of a generation fails
+    max_failed_fraction: float = field(default=0.5, metadata=between(0.0, 1.0))
+    #: all members of a generation train with the same seed
+    common_random_numbers: bool = True
+    #: training runs per member, on the same seeds for every member of a generation; fitness: their mean
+    seeds_per_member: int = field(default=1, metadata=at_least(1))
+    #: per generation, one more member: the unperturbed centre trained with the generation's seed
+    control_member: bool = True
+    #: stopping clear losers at an early validation step (meta/search/early_stop.py)
+    early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
+    #: fraction of the population after which a generation may close (1.0: wait for all)
+    quorum: float = field(default=1.0, metadata=between(0.0, 1.0))
+    #: after the quorum, wait this many x the generation's median member time, then cancel the rest
+    straggler_grace: float = field(default=0.5, metadata=at_least(0.0))
+    reevaluate: Reevaluate = field(default_factory=Reevaluate)
+    pilot: PilotConfig = field(default_factory=PilotConfig)
+
+
+@dataclass
+class TuneNode:
+    """``tune.*`` of conf/tune.yaml (python -m meta.tune): Optuna over the inner run's settings (docs/usage.md)."""
+
+    # (space and the options: Any, checked as mappings by meta/tune/config.py: OmegaConf cannot merge a mapping
+    # into a null Optional[Dict] node)
+    #: key: [log, low, high] | [float, low, high] | [int, low, high] | [choice, a, b, ...]; null: default_space, each
+    #: number range moved (same width) to contain the value the composed config runs. A separate key because Hydra
+    #: merges a dict given for a dict: setting space replaces the default whole instead of adding to it
+    space: Any = None
+    default_space: Dict[str, Any] = field(default_factory=lambda: {
+        "divergence.coef": ["log", 1.0e-4, 1.0], "train.learning_rate": ["log", 1.0e-5, 1.0e-3]})
+    #: trials that end complete, pruned or failed (a trial the tuner lost is replaced, not counted)
+    trials: int = field(default=8, metadata=at_least(1))
+    #: trials in flight at once (each with ``seeds`` runs)
+    parallel: int = field(default=2, metadata=at_least(1))
+    #: training runs per trial (seeds derived from ``seed``); the objective is their mean pass@1
+    seeds: int = field(default=1, metadata=at_least(1))
+    #: tpe | random | cmaes (needs the cmaes package)
+    sampler: str = "tpe"
+    #: keyword arguments of the Optuna sampler (e.g. {n_startup_trials: 4} for tpe)
+    sampler_options: Any = None
+    #: none | median | successive_halving; needs train.eval_every
+    pruner: str = "median"
+    #: keyword arguments of the Optuna pruner (median waits for 5 finished trials by default)
+    pruner_options: Any = None
+    #: null: Optuna's JournalStorage file <run_dir>/optuna_journal.log; or an RDB URL (sqlite:////abs/path/study.db)
+    storage: Optional[str] = None
+    #: null: tune_<run id>
+    study_name: Optional[str] = None
+
+
+@dataclass
+class TuneSchema(RunSchema):
+    """The root of conf/tune.yaml (meta.tune): every key, its type and its default."""
+
+    #: a path: write the best trial's settings as a preset YAML there
+    export: Optional[str] = None
+    tune: TuneNode = field(default_factory=TuneNode)
+
+
+def register() -> None:
+    """Put the root schemas in Hydra's ConfigStore (idempotent): ``base_config`` for conf/config.yaml,
+    ``tune_base_config`` for conf/tune.yaml. The tune's root stays open (its nodes are typed, its own scalars are
+    checked by typed_config in meta/tune/config.py): a preset is shared by meta.run and meta.tune, and the search
+    keys it sets (population, quorum, reevaluate) must not stop a study from composing."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    store.store(name=BASE_CONFIG, node=SearchSchema)
+    store.store(name=TUNE_BASE_CONFIG, node={
+        f.name: (f.default_factory if _is_node(f) else getattr(TuneSchema(), f.name))
+        for f in dataclasses.fields(TuneSchema)})
+
+
+def _is_node(f: dataclasses.Field) -> bool:
+    """Whether a schema field is a typed node (a dataclass of its own), not a value or a free-form mapping."""
+    return isinstance(f.default_factory, type) and dataclasses.is_dataclass(f.default_factory)
+
+
+def _refuse_unknown(schema: type, data: Mapping[str, Any], node: str) -> None:
+    """Unknown keys in every dataclass node under ``data`` (``node`` its dotted name), in refuse_unknown_keys' words."""
+    for f in dataclasses.fields(schema):
+        child, kind = data.get(f.name), f.default_factory
+        if _is_node(f) and isinstance(child, Mapping):  # kind: the node's dataclass
+            where = f"{node}.{f.name}" if node else f.name
+            try:
+                refuse_unknown_keys(child, [g.name for g in dataclasses.fields(kind)], where)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+            _refuse_unknown(kind, child, where)
+
+
+def typed_config(schema: type[T], raw: Mapping[str, Any], node: str = "") -> T:
+    """``raw`` (plain data) read through ``schema``: unknown keys of its nodes and values of the wrong type refused
+    naming the key, missing keys at their defaults, ranges checked (:func:`check_ranges`). ``node``: where ``raw``
+    sits in the whole config (``resources``); its own unknown keys are refused. Keys at the root of a whole config
+    that the schema lacks are left out, not refused: compose refuses them on a command line, and a run's stored
+    config keeps the keys of the version that wrote it."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    fields = {f.name: f for f in dataclasses.fields(schema)}  # type: ignore[arg-type]
+    if node:  # a node's own keys are the schema's: a typo there must fail, not fall back to a default
+        try:
+            refuse_unknown_keys(raw, fields, node)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    data = {k: v for k, v in plain(raw).items() if k in fields}
+    for key, value in data.items():
+        if _is_node(fields[key]) and value is not None and not isinstance(value, Mapping):
+            raise ConfigError(f"{node + '.' if node else ''}{key}={value!r} must be a mapping (its keys and "
+                              "defaults: meta/settings/schema.py)")
+    _refuse_unknown(schema, data, node)
+    # a null node (or free-form mapping) reads as its defaults, as it always did
+    given = {k: v for k, v in data.items() if v is not None or fields[k].default_factory is dataclasses.MISSING}
+    try:
+        value = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), given))
+    except OmegaConfBaseException as exc:
+        raise ConfigError(schema_error(exc, node)) from None
+    check_ranges(value, f"{node}." if node else "")
+    return value  # type: ignore[return-value]
+
+
+def schema_error(exc: BaseException, node: str = "", given: str = "") -> str:
+    """An OmegaConf error (a wrong type, a key the schema lacks) as one line naming the key (under ``node``), or what
+    the user wrote (``given``: the override)."""
+    key = getattr(exc, "full_key", None) or ""
+    key = f"{node}.{key}" if node and key else key
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if not key:
+        return f"{given}: {text}" if given else text
+    return f"{given or key}: {text} (the type and default of {key}: meta/settings/schema.py)"
+
+
+def check_ranges(node: Any, prefix: str = "") -> None:
+    """ConfigError for the first field of dataclass ``node`` (nested ones included) outside the range its metadata
+    gives, in the words the commands always used (``population=1 must be an integer >= 2``)."""
+    for f in dataclasses.fields(node):
+        value, key = getattr(node, f.name), f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            check_ranges(value, key + ".")
+            continue
+        low, high = f.metadata.get("low"), f.metadata.get("high", math.inf)
+        if low is None or value is None:
+            continue
+        if isinstance(value, int) and not isinstance(value, bool):
+            if value < low:
+                raise ConfigError(f"{key}={value!r} must be an integer >= {low} (e.g. {key}={max(int(low), 2)})")
+        elif not math.isfinite(value):
+            raise ConfigError(f"{key}={value!r} must be a finite number")
+        elif not low <= value <= high:
+            bound = f"between {low} and {high}" if high != math.inf else f">= {low}"
+            raise ConfigError(f"{key}={value!r} must be {bound}")

@@ -1,0 +1,101 @@
+"""The dataclass schemas (meta/settings/schema.py) are the one home of every root key's type, default and range:
+conf/*.yaml only choose and override, a bad value is refused naming the key before anything is written, and a run
+whose config was stored before the schema (or by a version with other root keys) still resumes."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import yaml
+
+from meta.compose import CONF_DIR, compose
+from meta.config import ConfigError, build_search_config, config_hash
+from meta.run import main
+from meta.settings.schema import SearchSchema, TuneSchema
+from results.store.run_store import RunStore
+
+SYNTH = ["launcher=debug", "inner.entrypoint=meta.synthetic:member", "population=4"]
+
+
+def _defaults(schema: type, prefix: str = "") -> dict[str, object]:
+    """Every dotted key of a schema with its default (a node's keys inside it)."""
+    out: dict[str, object] = {}
+    for value_field in dataclasses.fields(schema):
+        default = (value_field.default_factory() if value_field.default_factory is not dataclasses.MISSING
+                   else value_field.default)
+        if dataclasses.is_dataclass(default):
+            out.update(_defaults(type(default), f"{prefix}{value_field.name}."))
+        else:
+            out[prefix + value_field.name] = default
+    return out
+
+
+def _leaves(tree: dict, prefix: str = "") -> dict[str, object]:
+    out: dict[str, object] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            out.update(_leaves(value, f"{prefix}{key}."))
+        else:
+            out[prefix + str(key)] = value
+    return out
+
+
+@pytest.mark.parametrize(("name", "schema"), [("config", SearchSchema), ("tune", TuneSchema)])
+def test_the_root_yaml_repeats_no_default_of_its_schema(name, schema):
+    """A default written in the YAML too would be a second home that can drift from the first."""
+    text = yaml.safe_load((CONF_DIR / f"{name}.yaml").read_text())
+    defaults = _defaults(schema)
+    repeated = {key: value for key, value in _leaves(text).items()
+                if key != "defaults" and key in defaults and defaults[key] == value}
+    assert repeated == {}
+    assert compose([], config_name=name)["seed"] == schema.seed  # the composed config takes the schema's default
+
+
+@pytest.mark.parametrize(("override", "fragment"), [
+    ("population=abc", "population=abc: Value 'abc' of type 'str' could not be converted to Integer"),
+    ("early_stop.margin=abc", "early_stop.margin=abc"),
+    ("pilot.radii=0.01", "pilot.radii=0.01"),
+    ("resources.gpus=1.5", "resources.gpus=1.5"),
+    ("quorum=2", "quorum=2.0 must be between 0.0 and 1.0"),
+    ("straggler_grace=-1", "straggler_grace=-1.0 must be >= 0.0"),
+    ("resources.timeout_factor=0.5", "resources.timeout_factor=0.5 must be >= 1.0"),
+    ("reevaluate.top_k=-1", "reevaluate.top_k=-1 must be an integer >= 0"),
+    ("fitness_on_failure=nan", "fitness_on_failure=nan must be a finite number"),
+])
+def test_a_bad_value_exits_2_naming_the_key_before_anything_is_written(tmp_path, capsys, override, fragment):
+    run_dir = tmp_path / "run"
+    assert main([f"run_dir={run_dir}", "new=true", *SYNTH, override]) == 2
+    assert fragment in capsys.readouterr().err
+    assert not run_dir.exists()
+
+
+def test_a_stored_config_reads_through_the_schema_with_its_defaults_and_its_old_root_keys():
+    """meta.reevaluate builds the search config from a run's stored config.yaml: a key the schema added since is
+    read at its default, a root key the writing version had and this one lacks is left alone, and a bad value in a
+    node is still refused naming it."""
+    raw = compose([*SYNTH])
+    del raw["quorum"], raw["reevaluate"]["top_k"]
+    raw["a_root_key_of_an_older_version"] = 0.1
+    cfg = build_search_config(raw)
+    assert cfg.quorum == SearchSchema.quorum and cfg.reevaluate.top_k == 3
+    raw["reevaluate"]["seeds"] = "three"
+    with pytest.raises(ConfigError, match=r"reevaluate\.seeds"):
+        build_search_config(raw)
+
+
+def test_a_search_stored_before_the_schema_resumes(tmp_path, caplog):
+    """Before the schema, integral minutes were stored as integers (member_time_min: 2), and a version may store
+    root keys this one lacks: neither is a change of the search, and its hash is what it was."""
+    run_dir = tmp_path / "run"
+    assert main([f"run_dir={run_dir}", "new=true", *SYNTH, "generations=1"]) == 0
+    store = RunStore(run_dir)
+    stored = yaml.safe_load(store.read_config_text())
+    before = config_hash(stored)
+    resources = stored["resources"]
+    resources["member_time_min"], resources["overhead_min"] = int(resources["member_time_min"]), 0
+    stored["a_root_key_of_an_older_version"] = 0.1
+    store.write_config(yaml.safe_dump(stored, sort_keys=True))
+    assert config_hash(stored) == before
+    assert main([f"run_dir={run_dir}", "generations=2"]) == 0
+    assert len(store.state_generations()) == 2
+    assert "refused" not in caplog.text
