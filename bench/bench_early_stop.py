@@ -42,8 +42,8 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from meta.early_cuts import rule_stops, weighed_members  # noqa: E402
-from meta.search.early_stop import update_fitness  # noqa: E402
+from meta.pilot.early_cuts import rule_stops, weighed_members  # noqa: E402
+from meta.search.generation.early_stop import update_fitness  # noqa: E402
 from meta.search.init import initial_center  # noqa: E402
 from meta.searchers import build_searcher  # noqa: E402
 from meta.synthetic import objective  # noqa: E402

@@ -4,7 +4,7 @@ es.member_steps=T (short members), and es=nres (particles of train.steps cut int
 Each arm is `python -m meta.run` on the embedded default (tiny model, arith, CPU), launcher=debug, as many generations
 as fit in ``--budget-s`` seconds of its own (killed at the budget: the search resumes exactly from its latest state, so
 its centre after the last finished generation is what it would export with which=center). Then every arm's centre,
-the start and the result table's radius_random maps (meta/after/baselines.py: what one step of the search's size gives
+the start and the result table's radius_random maps (meta/search/after/baselines.py: what one step of the search's size gives
 by itself) are trained for train.steps on ``--seeds`` fresh seeds, the same seeds for all, and scored on validation.
 
 Printed: per arm, member-steps per outer update, outer updates done and per hour, and validation pass@1 of its centre
@@ -28,9 +28,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from meta.after.baselines import radius_random_vectors  # noqa: E402
+from meta.search.after.baselines import radius_random_vectors  # noqa: E402
 from meta.compose import compose  # noqa: E402
-from meta.config import build_search_config  # noqa: E402
+from meta.search.config import build_search_config  # noqa: E402
 from meta.search.seeding import member_seed  # noqa: E402
 from core.records import MemberSpec  # noqa: E402
 from results.store.run_store import RunStore  # noqa: E402

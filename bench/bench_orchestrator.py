@@ -49,8 +49,8 @@ def run_baseline(folder: Path, population: int, sleep_s: float) -> tuple[float, 
 
 def run_orchestrator(folder: Path, population: int, sleep_s: float) -> tuple[float, float]:
     from launch.factory import build_launcher
-    from meta.config import build_search_config
-    from meta.search.orchestrator import Orchestrator
+    from meta.search.config import build_search_config
+    from meta.search.generation.orchestrator import Orchestrator
     from meta.compose import compose
     from results.store.run_store import RunStore
 

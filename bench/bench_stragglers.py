@@ -30,8 +30,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from meta.search.generation_close import QuorumClock  # noqa: E402
-from meta.search.generation_shape import GenerationShape  # noqa: E402
+from meta.search.generation.generation_close import QuorumClock  # noqa: E402
+from meta.search.generation.generation_shape import GenerationShape  # noqa: E402
 from meta.search.init import initial_center  # noqa: E402
 from meta.searchers import build_searcher  # noqa: E402
 from meta.synthetic import member_time_s, objective  # noqa: E402

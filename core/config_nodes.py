@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
-#: how many training steps a search member takes, an es key of conf/config.yaml (null: train.steps; meta/config.py
+#: how many training steps a search member takes, an es key of conf/config.yaml (null: train.steps; meta/search/config.py
 #: checks it); train.steps stays the length of the exported run and of the runs after the search
 MEMBER_STEPS_KEY = "member_steps"
 

@@ -23,7 +23,7 @@ PEAK_ALLOCATED_KEY, PEAK_RESERVED_KEY, GRAPH_POOL_KEY = "peak_memory_bytes", "pe
 
 #: late: cancelled unfinished when its ES generation closed at the quorum (no measurement, never retried);
 #: pruned: stopped by a tuner's pruner (never retried); stopped_early: stopped at an ES generation's early decision
-#: step, below the reported median beyond noise (meta/search/early_stop.py; ranked at the bottom, never retried)
+#: step, below the reported median beyond noise (meta/search/generation/early_stop.py; ranked at the bottom, never retried)
 STOPPED_EARLY = "stopped_early"
 #: node_failed: every node the member was sent to failed its pre-flight or could not give it its GPU (the job ended
 #: without a result each time, up to launcher.max_lost_resubmits resubmits): the node's failure, not the init's, so

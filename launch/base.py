@@ -75,7 +75,7 @@ DEFAULT_MAX_LOST_RESUBMITS = 3
 
 @dataclass(frozen=True)
 class PlanContext:
-    """What a launcher's part of a dry-run plan reads of the search, given in one go by meta/plan.py."""
+    """What a launcher's part of a dry-run plan reads of the search, given in one go by meta/search/plan.py."""
 
     #: members of one generation (the population, plus the control member when there is one)
     members_per_generation: int

@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Callable, Mapping, Sequence
 
-from meta.config import ConfigError
+from meta.search.config import ConfigError
 from results.report.arguments import RUN_DIR_KEY
 from core.config_nodes import closest_keys
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from inner_loop.loss.divergences import fill_default_coef
-from meta.config import CONF_DIR
+from meta.search.config import CONF_DIR
 from meta.settings.member_time import derive_inner_timeout, derive_member_time, member_sharing
 from meta.settings.schema import ConfigError, register, schema_error
 from meta.search.resume import NEW_KEY

@@ -1,7 +1,7 @@
-"""``python -m meta.export run_dir=... which=best|center|best_member out=...``: the door of meta/after/export.py."""
+"""``python -m meta.export run_dir=... which=best|center|best_member out=...``: the door of meta/search/after/export.py."""
 import sys
 
-from meta.after.export import main
+from meta.search.after.export import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,7 +1,7 @@
-"""``python -m meta.reevaluate run_dir=...``: the door of meta/after/reevaluate.py."""
+"""``python -m meta.reevaluate run_dir=...``: the door of meta/search/after/reevaluate.py."""
 import sys
 
-from meta.after.reevaluate import main
+from meta.search.after.reevaluate import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -30,7 +30,7 @@ stage.revisions={repo_id: revision} pins a revision (default main); dry_run=true
 
 def stage_command(argv: Sequence[str]) -> int:
     """Stage (or, with dry_run=true, only check) what ``meta.run <argv>`` would need; writes no run directory."""
-    from meta.run import prepare
+    from meta.search.run import prepare
 
     cfg, _raw, _store, manifest, _resuming = prepare(argv)
     items = (manifest.get(MANIFEST_KEY) or {}).get("items")

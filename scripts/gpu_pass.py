@@ -29,7 +29,7 @@ skips every check already measured on the same machine (card and host; passed or
 never reached. The
 pass ends with a summary: pass or fail per check; s/step, completion tokens/s and peak GiB per member for each bench
 setting; and the GPU-hours of ``experiment=mbpp_qwen3 population=180 generations=15`` that each setting implies,
-counted as the search's dry-run plan counts them (meta/plan.py, core/gpu_time.py); and the presets'
+counted as the search's dry-run plan counts them (meta/search/plan.py, core/gpu_time.py); and the presets'
 decode cache that follows on this card (a compiled cache where its lone member steps >= 1.5x faster than the dynamic
 cache's, with the step time to set).
 
@@ -479,8 +479,8 @@ def checks(opts: argparse.Namespace) -> list[Check]:
 def search_gpu_hours(step_s: float, members: int, slowdown: float) -> tuple[int, float]:
     """(runs, GPU-hours) of SEARCH had its members this step time alone and this sharing: the plan's own count."""
     from meta.compose import compose
-    from meta.config import build_search_config
-    from meta.plan import new_search_gpu_hours
+    from meta.search.config import build_search_config
+    from meta.search.plan import new_search_gpu_hours
     from scripts.gpu_check import DATA
 
     overrides = [*SEARCH, "es=openai_es_elite",  # the runs do not depend on the searcher; this one needs no ray

@@ -202,7 +202,7 @@ def test_every_settings_node_refuses_an_unknown_key_in_the_same_words(node):
     """One reader of unknown keys (refuse_unknown_keys) for every node the commands build by hand."""
     from launch.slurm.options import SlurmOptions
     from meta.compose import CONF_DIR, compose
-    from meta.config import build_search_config
+    from meta.search.config import build_search_config
     from meta.pilot.cli import build_pilot_config
     from meta.tune.config import build_tune_config
 

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from meta.compose import CONF_DIR, compose
-from meta.config import ConfigError, build_search_config, config_hash
-from meta.run import main
+from meta.search.config import ConfigError, build_search_config, config_hash
+from meta.search.run import main
 from meta.settings.schema import SearchSchema, TuneSchema
 from results.store.run_store import RunStore
 

@@ -432,9 +432,9 @@ def _prepare_program(command: Documented, program: Program, outcome: Outcome,
 def prepared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prepared]:
     """Small finished runs of every kind a documented command reads, made by the commands themselves (synthetic
     objectives for the search, the tuning and the pilot; the tiny model, 0 steps, for the single run)."""
-    from meta.after.export import main as export_main
+    from meta.search.after.export import main as export_main
     from meta.pilot.cli import main as pilot_main
-    from meta.run import main as run_main
+    from meta.search.run import main as run_main
     from meta.tune.cli import main as tune_main
 
     base = tmp_path_factory.mktemp("documented")

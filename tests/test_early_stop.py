@@ -6,23 +6,15 @@ import json
 import pytest
 import torch
 
-from meta.search.early_stop import (
-    STOPPED_STATUS,
-    EarlyStopConfig,
-    EarlyStopError,
-    EarlyStopJudge,
-    check_early_stop,
-    early_stop_refusal,
-    reported_score,
-    update_fitness,
-)
-from meta.run import main
+from meta.search.generation.early_stop import (STOPPED_STATUS, EarlyStopConfig, EarlyStopError, EarlyStopJudge,
+                                               check_early_stop, early_stop_refusal, reported_score, update_fitness)
+from meta.search.run import main
 from meta.status.view import render
 from meta.compose import compose
-from meta.config import config_hash
+from meta.search.config import config_hash
 from results.report.search.snapshot import load_run
 from results.report.search.tensorboard import generation_scalars
-from meta.search.generation_shape import GenerationShape
+from meta.search.generation.generation_shape import GenerationShape
 from meta.searchers import build_searcher
 from results.store.member_files import append_intermediate, write_result
 from results.store.layout import seed_dir_name

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from inner_loop.training.setup import validate_inner
-from meta.config import ConfigError, build_search_config
+from meta.search.config import ConfigError, build_search_config
 from meta.compose import compose
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

@@ -47,8 +47,8 @@ def test_the_atomic_writers_and_init_files_follow_the_umask(tmp_path, mask):
 
 @pytest.mark.parametrize("mask", [0o022, 0o077])
 def test_a_finished_search_its_report_and_its_export_follow_the_umask(tmp_path, mask, monkeypatch):
-    from meta.after.export import main as export_main
-    from meta.run import main as run_main
+    from meta.search.after.export import main as export_main
+    from meta.search.run import main as run_main
     from results.report.search.report import main as report_main
 
     run_dir = tmp_path / "search"

@@ -1,4 +1,4 @@
-"""One generation as a value (meta/search/generation_shape.py): the dry-run plan and the run count the same jobs and
+"""One generation as a value (meta/search/generation/generation_shape.py): the dry-run plan and the run count the same jobs and
 close at the same quorum count, with and without a control member, for odd and even populations and for an online
 searcher's particles."""
 from __future__ import annotations
@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from meta.run import main
-from meta.search.generation_shape import GenerationShape
+from meta.search.run import main
+from meta.search.generation.generation_shape import GenerationShape
 from results.store.run_store import RunStore
 
 # Members run one after another in-process (debug launcher), so with straggler_grace=0 a generation closes the moment

@@ -11,7 +11,7 @@ import pytest
 from launch.slurm.launcher import SlurmLauncher
 from launch.local.launchers import LocalLauncher
 from launch.submitit_base import check_gpus_per_member
-from meta.run import main
+from meta.search.run import main
 
 SYNTH = ["inner.entrypoint=meta.synthetic:member", "dry_run=true"]
 

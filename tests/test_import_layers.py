@@ -20,7 +20,8 @@ ROOMS = (
     "inner_loop.sandbox", "inner_loop.loss", "inner_loop.grpo", "inner_loop.generation", "inner_loop.models",
     "inner_loop.tasks", "inner_loop.config", "inner_loop.member", "inner_loop.training", "inner_loop.numerics",
     "inner_loop", "results.store", "results.report", "results", "launch",
-    "meta.searchers", "meta.search", "meta.after", "meta.pilot", "meta.status", "meta.tune", "meta", "mirror_maps", "core",
+    "meta.searchers", "meta.search.generation", "meta.search.after", "meta.search", "meta.pilot", "meta.status",
+    "meta.tune", "meta", "mirror_maps", "core",
 )
 #: The ground floor (core/): every room may import it, and it imports nothing of ours but itself.
 GROUND = "core"
@@ -32,16 +33,18 @@ _OUTER_BELOW = frozenset({"launch", "results.report", "results.store", "mirror_m
 #: What each room may import besides itself. Data flows down: meta -> launch -> results.store; inner_loop is reached
 #: from meta only through the configured entry point string, never by an import.
 MAY_IMPORT: dict[str, frozenset[str]] = {
-    # the commands' doors (run, export, stage, reevaluate, early_cuts, the synthetic entry point) and the config and
-    # command line every stage reads (config, compose, cli_args, plan)
-    "meta": _OUTER_BELOW | {"meta.searchers", "meta.search", "meta.after"},
+    # the commands' doors (run, export, stage, reevaluate, early_cuts, the synthetic member program), the command
+    # line every program reads (compose, cli_args) and the settings' schema (meta/settings/)
+    "meta": _OUTER_BELOW | {"meta.searchers", "meta.search", "meta.search.generation", "meta.search.after"},
     "meta.searchers": frozenset(),  # plus the seeds, below
-    "meta.search": _OUTER_BELOW | {"meta.searchers"},
-    "meta.after": _OUTER_BELOW | {"meta.search", "meta.searchers"},
-    "meta.pilot": _OUTER_BELOW | {"meta.search", "meta.searchers"},  # a searcher's radius key, from its class
+    # the search: run, config, plan, lock, resume, staging, seeding, init; one generation below it, the runs after it
+    "meta.search": _OUTER_BELOW | {"meta.searchers", "meta.search.generation", "meta.search.after"},
+    "meta.search.generation": _OUTER_BELOW | {"meta.searchers"},
+    "meta.search.after": _OUTER_BELOW | {"meta.search.generation", "meta.searchers"},
+    "meta.pilot": _OUTER_BELOW | {"meta.search", "meta.search.generation", "meta.searchers"},
     "meta.tune": _OUTER_BELOW | {"meta.search"},
     # the status command: the search's view, and the pilot's and the tuning's views by the run dir's kind
-    "meta.status": _OUTER_BELOW | {"meta.search", "meta.pilot", "meta.tune"},
+    "meta.status": _OUTER_BELOW | {"meta.search", "meta.search.generation", "meta.pilot", "meta.tune"},
     "launch": frozenset({"results.store"}),
     # the doors: python -m inner_loop.run / .evaluate / .fingerprint, and the entry point's old path
     "inner_loop": _INNER_PARTS | {"inner_loop.member", "inner_loop.training", "inner_loop.numerics",
@@ -66,10 +69,13 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "mirror_maps": frozenset(),
     GROUND: frozenset(),
 }
-#: The outer loop's config and command line (meta/config.py, compose.py, cli_args.py, and the schema, keys, paths and
+#: The outer loop's config and command line (meta/search/config.py, compose.py, cli_args.py, and the schema, keys, paths and
 #: member time of meta/settings/): every stage reads them.
-_META_BASE = frozenset({"meta.config", "meta.compose", "meta.cli_args", "meta.settings", "meta.settings.schema",
+_META_BASE = frozenset({"meta.search.config", "meta.compose", "meta.cli_args", "meta.settings", "meta.settings.schema",
                         "meta.settings.keys", "meta.settings.paths", "meta.settings.member_time"})
+#: What a generation and the runs after the search read of the search beside the base: its config, seeds, the
+#: centre's init and the run dir's lock.
+_SEARCH_BASE = _META_BASE | {"meta.search.seeding", "meta.search.init", "meta.search.lock"}
 #: Pinned numerics: the modes, the thread count and the pinned child (inner_loop/numerics/pinned.py imports nothing
 #: of ours), read by the config, the member process and the warm-up.
 _PINNED = "inner_loop.numerics.pinned"
@@ -98,17 +104,23 @@ MODULE_EXCEPTIONS: dict[str, frozenset[str]] = {
     # the result table's divergence rows, labels and roles and the tuner's coefficient ranges come from the divergence
     # registry (it imports the standard library and the entry-point reader, never torch or the loss)
     # and the plan's model shapes from the model registry (the standard library, the hub ids and the same reader)
-    "meta": frozenset({"inner_loop.loss.divergences", "inner_loop.models.registry"}),
+    "meta": frozenset({"inner_loop.loss.divergences", "inner_loop.models.registry",
+                       "meta.pilot.early_cuts"}),  # the door of python -m meta.early_cuts
     "results.store": frozenset({"mirror_maps.init_file"}),
     # the searchers draw from the run's seeds (meta/search/seeding.py imports nothing of ours)
     # and their third-party entries (the entry-point reader imports only the standard library)
     "meta.searchers": frozenset({"meta.search.seeding"}),
-    "meta.search": _META_BASE,
-    "meta.after": _META_BASE | {"inner_loop.loss.divergences"},  # the divergences' baseline rows and labels
-    # a pilot writes its run files as meta.run does, and reports early cuts as meta.early_cuts does; its status
-    # view prints the rows the search's view prints (meta/status/rows.py)
-    # (and writes a preset's coefficient under the key the divergence registry names)
-    "meta.pilot": _META_BASE | {"meta.run", "meta.early_cuts", "meta.status.rows", "inner_loop.loss.divergences"},
+    # the search's config and plan: the divergence registry (coefficients, the length reference) and the model
+    # registry (the plan's model shapes); both import the standard library and the entry-point reader alone
+    "meta.search": _META_BASE | {"inner_loop.loss.divergences", "inner_loop.models.registry"},
+    # a generation reads the search's config, its seeds, the centre's init and the run's lock
+    "meta.search.generation": _SEARCH_BASE,
+    # the runs after the search read what a generation reads, and stage and lock as the search does
+    "meta.search.after": _SEARCH_BASE | {"meta.search.staging", "meta.search.resume",
+                                         "inner_loop.loss.divergences"},  # the divergences' baseline rows and labels
+    # a pilot writes its run files as meta.run does; its status view prints the rows the search's view prints
+    # (meta/status/rows.py) (and writes a preset's coefficient under the key the divergence registry names)
+    "meta.pilot": _META_BASE | {"meta.status.rows", "inner_loop.loss.divergences"},
     "meta.tune": _META_BASE | {"meta.status.rows", "inner_loop.loss.divergences"},  # coefficient tune ranges
 }
 #: Third-party packages a member process must not load through results.store (they cost seconds and memory in
@@ -271,7 +283,8 @@ def test_the_leaves_other_rooms_may_import_import_nothing_of_ours():
     assert {room_of(t) for t in ours["inner_loop.member.notice"]} <= {"results.store", GROUND}
     assert {room_of(t) for t in ours["inner_loop.member.gpu_share"]} <= {"inner_loop.config", "inner_loop.generation",
                                                                          "results.store", GROUND}
-    assert {room_of(t) for t in ours["meta.status.rows"]} <= {"meta.status", "meta.search", *_OUTER_BELOW, GROUND}
+    assert {room_of(t) for t in ours["meta.status.rows"]} <= {"meta.status", "meta.search", "meta.search.generation",
+                                                              *_OUTER_BELOW, GROUND}
 
 
 #: Folders of inner_loop/ and meta/ over the limit, with their count: one module per task beside the task package's

@@ -9,7 +9,7 @@ import pytest
 
 from inner_loop.config import InnerConfig
 from inner_loop.member.lifecycle import train_in_process
-from meta.config import INNER_NODES
+from meta.search.config import INNER_NODES
 from results.store.layout import RUN_MANIFEST_FILE
 from core.records import ResultRecord
 from conf_groups import load_group

@@ -227,7 +227,7 @@ def test_meta_run_with_a_bad_train_trl_exits_2_before_writing_a_run_dir(tmp_path
                                                ("++train.trl={use_vllm: true, vllm_mode: colocate}",
                                                 None if VLLM_INSTALLED else "vLLM is not installed")])
 def test_meta_run_checks_train_values_before_anything_is_written(tmp_path, capsys, override, message):
-    from meta.run import main
+    from meta.search.run import main
 
     run_dir = tmp_path / "run"
     code = main([f"run_dir={run_dir}", "new=true", override, "dry_run=true"])

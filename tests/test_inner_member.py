@@ -93,6 +93,7 @@ def test_non_finite_loss_ends_as_failed_with_the_reason(cache, tmp_path, monkeyp
 
 _CHILD = """
 import json, sys
+from inner_loop.member.lifecycle import train_in_process
 train_in_process(json.loads(sys.argv[1]))
 """
 

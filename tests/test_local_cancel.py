@@ -17,7 +17,7 @@ import pytest
 from launch.base import JobRef
 from launch.factory import build_launcher
 from launch.local.controllers import controller_running
-from meta.run import main
+from meta.search.run import main
 from core.records import MemberSpec
 from results.store.member_files import read_result
 from results.store.run_store import RunStore

@@ -187,7 +187,7 @@ def test_slots_and_members_at_once_follow_the_visible_gpus_and_array_parallelism
 
 def test_a_member_asking_for_a_gpu_on_a_machine_without_one_is_refused_before_anything_is_written(
         tmp_path, capsys, monkeypatch):
-    from meta.run import main
+    from meta.search.run import main
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     run_dir = tmp_path / "run"
@@ -198,7 +198,7 @@ def test_a_member_asking_for_a_gpu_on_a_machine_without_one_is_refused_before_an
 
 
 def test_the_plan_says_how_many_members_run_at_once_on_their_own_gpus(tmp_path, capsys, monkeypatch):
-    from meta.run import main
+    from meta.search.run import main
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # this process sees no GPU (also on a GPU machine)
     synth = ["new=true", "inner.entrypoint=meta.synthetic:member", "population=8", "resources.gpus=1", "dry_run=true",

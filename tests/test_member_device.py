@@ -12,7 +12,7 @@ import torch
 
 import inner_loop.member.device as device
 from inner_loop.numerics.pinned import cpu_name
-from meta.config import build_search_config
+from meta.search.config import build_search_config
 from meta.compose import compose
 from core.records import MEMBER_GPUS_KEY, ResultRecord, device_text
 from results.store.member_files import read_result

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from meta.compose import compose
-from meta.config import ConfigError, build_search_config, config_hash, member_train
-from meta.run import main
+from meta.search.config import ConfigError, build_search_config, config_hash, member_train
+from meta.search.run import main
 from meta.status.view import render
 from results.report.search.report import build_report, format_report
 from results.store.run_store import RunStore

@@ -13,8 +13,8 @@ import pytest
 
 import meta.synthetic
 from meta.compose import compose
-from meta.config import ConfigError
-from meta.run import main
+from meta.search.config import ConfigError
+from meta.search.run import main
 from meta.status.rows import GpuUse, gpu_hours, gpu_use, member_row, row_line
 from results.store.gpu_share import write_gpu_share
 from core.gpu_time import SLOWDOWN_BENCH, gpu_sharing

@@ -9,8 +9,8 @@ import pytest
 COMMANDS = {
     "meta.run": ("population=0", "config error: population=0"),
     "meta.tune.cli": ("tune.trials=0", "config error: tune.trials=0"),
-    "meta.after.export": ("nope=1", "export error: argument 'nope=1'"),
-    "meta.after.reevaluate": ("nope=1", "reevaluate error: argument 'nope=1'"),
+    "meta.search.after.export": ("nope=1", "export error: argument 'nope=1'"),
+    "meta.search.after.reevaluate": ("nope=1", "reevaluate error: argument 'nope=1'"),
     "meta.pilot.cli": ("pilot.seeds=1", "config error: pilot.seeds=1"),
 }
 

@@ -7,9 +7,9 @@ import statistics
 import pytest
 import torch
 
-from meta.after.export import main as export_main
-from meta.after.reevaluate import main as reevaluate_main
-from meta.run import main
+from meta.search.after.export import main as export_main
+from meta.search.after.reevaluate import main as reevaluate_main
+from meta.search.run import main
 from mirror_maps import load_init
 from core.records import MemberSpec
 from results.store.run_store import RunStore
@@ -168,7 +168,7 @@ def test_a_search_started_before_roles_existed_still_has_its_members_reevaluated
     """Members tables written by earlier versions have no role column (and no control rows)."""
     import pandas as pd
 
-    from meta.after.reevaluate import choose_candidates
+    from meta.search.after.reevaluate import choose_candidates
 
     assert _run(tmp_path, "reevaluate.top_k=0", "control_member=false") == 0
     store = RunStore(tmp_path)

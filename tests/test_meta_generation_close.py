@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from launch.local.controllers import controller_running
-from meta.search.generation_close import QuorumClock
-from meta.search.generation_shape import GenerationShape
-from meta.run import main
+from meta.search.generation.generation_close import QuorumClock
+from meta.search.generation.generation_shape import GenerationShape
+from meta.search.run import main
 from core.records import ResultRecord
 from results.store.member_files import read_result, write_result
 from results.store.run_store import RunStore

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from meta.run import main
+from meta.search.run import main
 from results.store.run_store import RunStore
 from time_limits import scaled
 

@@ -12,7 +12,7 @@ import pytest
 
 from core import file_lock
 from meta.search.lock import RunLock, RunLockedError
-from meta.run import main
+from meta.search.run import main
 from results.store.run_store import RunStore
 
 SYNTH = ["launcher=debug", "inner.entrypoint=meta.synthetic:member", "population=4", "generations=2"]

@@ -7,10 +7,10 @@ import pytest
 import yaml
 import torch
 
-from meta.config import config_hash
-from meta.after.export import main as export_main
+from meta.search.config import config_hash
+from meta.search.after.export import main as export_main
 from meta.search.lock import RunLock
-from meta.run import main
+from meta.search.run import main
 from results.store.run_store import RunStore
 
 SYNTH = ["launcher=debug", "inner.entrypoint=meta.synthetic:member", "population=4", "generations=3"]
@@ -101,7 +101,7 @@ def test_bad_configs_exit_2_before_anything_is_written(tmp_path, capsys, overrid
 def test_bad_inner_configs_are_refused_before_any_member_is_submitted(tmp_path, capsys, override, fragment):
     """The default entry point validates task/model/divergence/train up front (exit 2, nothing written)."""
     if fragment is None:  # a valid inner override passes validation (the run itself is not started here)
-        from meta.run import prepare
+        from meta.search.run import prepare
 
         prepare([f"run_dir={tmp_path / 'run'}", "new=true", override])
         return

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from meta.plan import disk_plan, known_shape, model_shape
+from meta.search.plan import disk_plan, known_shape, model_shape
 from meta.compose import compose
-from meta.run import main
+from meta.search.run import main
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

@@ -13,7 +13,7 @@ import torch
 import yaml
 
 from launch.factory import job_namespace
-from meta.run import main
+from meta.search.run import main
 from results.store.run_store import RunStore
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -181,7 +181,7 @@ def test_cmaes_refuses_a_replay_that_is_another_algorithm(monkeypatch):
 
 def test_a_search_starts_from_its_init_read_through_its_divergence_transform():
     """The orchestrator, the pilot and the result table's `center` row all take SearchConfig.center()."""
-    from meta.config import SearchConfig
+    from meta.search.config import SearchConfig
 
     def config(inner: dict) -> SearchConfig:
         return SearchConfig(population=4, generations=1, seed=5, run_dir="unused", es={"name": "pgpe"}, launcher={},

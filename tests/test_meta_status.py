@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from meta.search.live_watch import GenerationSnapshot, MemberWatch, ProgressLine, all_same_warning, generation_eta
-from meta.run import main as run_main
+from meta.search.generation.live_watch import (GenerationSnapshot, MemberWatch, ProgressLine, all_same_warning,
+                                               generation_eta)
+from meta.search.run import main as run_main
 from meta.status.view import main as status_main, render
 from results.store.layout import TENSORBOARD_DIR
-from results.store.member_files import MemberProgress, write_result, write_progress
+from results.store.member_files import MemberProgress, write_result
 from core.records import ResultRecord
 from results.store.run_store import RunStore
 from results.report.search.tensorboard import log_missing, logged_generations, write_generation
@@ -26,7 +27,9 @@ SYNTH = ["launcher=debug", "inner.entrypoint=meta.synthetic:member", "population
 # A member process that holds its running-time ledger and reports step 3 of 10 at 2 s per step, then waits.
 RUNNING_MEMBER = """
 import sys, time
+from pathlib import Path
 from launch.member import running_time_ledger
+from results.store.member_files import MemberProgress, write_progress
 work_dir = Path(sys.argv[1])
 with running_time_ledger(work_dir, 0, 1.0):
     now = time.time()

@@ -9,7 +9,7 @@ import pytest
 
 from meta.pilot.cli import main as pilot_main
 from meta.search.resume import nearest_run_dirs
-from meta.run import main as run_main
+from meta.search.run import main as run_main
 from meta.tune.cli import main as tune_main
 
 SYNTH = ["launcher=debug", "inner.entrypoint=meta.synthetic:member", "population=2", "generations=1",

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from inner_loop.member import preflight
-from meta.run import main
+from meta.search.run import main
 from meta.synthetic import CHECKPOINT_FILE, member as synthetic_member, unrolled_optimum
 from results.store.layout import boundary_dir_name
 from core.records import NODE_FAILED, MemberSpec, ResultRecord
@@ -281,7 +281,7 @@ def test_a_training_run_in_two_truncations_continues_from_the_particles_checkpoi
 
 
 def test_selection_and_the_result_table_train_whole_runs_and_export_their_choice(tmp_path):
-    from meta.after.export import export_init
+    from meta.search.after.export import export_init
 
     assert main([f"run_dir={tmp_path}", "new=true", *[a for a in SYNTH if a != "reevaluate.top_k=0"],
                  "population=4", "generations=3", "reevaluate.top_k=1", "reevaluate.seeds=2",

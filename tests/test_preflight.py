@@ -214,7 +214,7 @@ def node_fails_for_member_1(spec: object) -> ResultRecord:
 
 
 def test_a_member_no_node_could_run_is_left_out_of_the_update_not_charged(tmp_path):
-    from meta.run import main
+    from meta.search.run import main
     from results.store.run_store import RunStore
 
     run_dir = tmp_path / "search"

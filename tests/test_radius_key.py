@@ -6,8 +6,8 @@ import pytest
 import torch
 import yaml
 
-from meta.config import build_search_config, config_hash
-from meta.run import main
+from meta.search.config import build_search_config, config_hash
+from meta.search.run import main
 from results.store.run_store import RunStore
 
 SYNTH = ["launcher=debug", "inner.entrypoint=meta.synthetic:member", "population=4", "reevaluate.top_k=0"]

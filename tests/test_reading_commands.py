@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from meta.after.export import main as export_main
-from meta.run import main as run_main
+from meta.search.after.export import main as export_main
+from meta.search.run import main as run_main
 from meta.status.view import finished, main as status_main
 from results.report.compare import main as compare_main
 from results.report.search.report import main as report_main

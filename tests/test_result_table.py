@@ -9,11 +9,11 @@ import torch
 
 from inner_loop.config import DivergenceConfig
 from inner_loop.loss.divergences import divergence, length_reference
-from meta.after.baselines import Coef, Composed, build_rows, nm_random_vector, resolve_coef
+from meta.search.after.baselines import Coef, Composed, build_rows, nm_random_vector, resolve_coef
 from meta.compose import compose
-from meta.config import build_search_config
-from meta.after.reevaluate import choose_by_lower_bound, lower_bound
-from meta.run import main
+from meta.search.config import build_search_config
+from meta.search.after.reevaluate import choose_by_lower_bound, lower_bound
+from meta.search.run import main
 from mirror_maps import NeuralMirrorMap
 from results.report.paired import paired_difference, seeds_to_exclude_zero, t_quantile
 from results.report.search.result_table import build_table, render_markdown

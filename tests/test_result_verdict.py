@@ -5,10 +5,10 @@ import pytest
 import torch
 import yaml
 
-from meta.after.baselines import build_rows, radius_random_vectors, verdict_roles
+from meta.search.after.baselines import build_rows, radius_random_vectors, verdict_roles
 from meta.compose import compose
-from meta.config import ConfigError, build_search_config
-from meta.run import main
+from meta.search.config import ConfigError, build_search_config
+from meta.search.run import main
 from meta.searchers import build_searcher
 from results.report.search.result_table import build_table, render_markdown
 

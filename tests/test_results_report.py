@@ -172,7 +172,7 @@ def test_not_a_run_dir_is_a_clear_error(tmp_path, capsys):
 
 
 def test_report_agrees_with_the_orchestrators_own_tables(tmp_path):
-    from meta.run import main as meta_main
+    from meta.search.run import main as meta_main
 
     run = tmp_path / "es"
     assert meta_main(["inner.entrypoint=meta.synthetic:member", "launcher=debug", "population=4", "generations=2",

@@ -8,9 +8,9 @@ import statistics
 import pytest
 import yaml
 
-from meta.config import config_hash
+from meta.search.config import config_hash
 from meta.compose import compose
-from meta.run import main
+from meta.search.run import main
 from core.records import MemberSpec
 from results.store.member_files import read_result
 from results.store.run_store import RunStore

@@ -125,7 +125,7 @@ def unreachable(monkeypatch: pytest.MonkeyPatch) -> list[object]:
 @pytest.mark.parametrize("dry_run", [True, False])
 def test_without_network_unstaged_repositories_are_refused_after_one_connection_try(tmp_path, capsys, caplog,
                                                                                     unreachable, dry_run):
-    from meta.run import main
+    from meta.search.run import main
 
     caplog.set_level(logging.INFO)
     code = main([*SEARCH, f"stage.cache_dir={tmp_path / 'empty-cache'}", f"run_dir={tmp_path / 'run'}",
@@ -137,7 +137,7 @@ def test_without_network_unstaged_repositories_are_refused_after_one_connection_
 
 @pytest.mark.parametrize("dry_run", [True, False])
 def test_unstaged_repositories_are_refused_up_front_offline(tmp_path, capsys, caplog, offline, dry_run):
-    from meta.run import main
+    from meta.search.run import main
 
     caplog.set_level(logging.INFO)
     run_dir = tmp_path / "run"
@@ -260,8 +260,8 @@ def test_transfer_datasets_are_staged_pinned_and_read_offline_by_the_reporting_r
     """meta.run's staging pins the transfer task's dataset with the run's own; the reporting rows read the pinned
     snapshot, and the member's own loading code (inner_loop.training.setup.prepare) reads it with the hub offline."""
     from inner_loop.training.setup import prepare as prepare_member
-    from meta.after.reporting import _rows
-    from meta.run import prepare, write_run_files
+    from meta.search.after.reporting import _rows
+    from meta.search.run import prepare, write_run_files
 
     import datasets
 
@@ -311,7 +311,7 @@ def test_an_unreadable_file_of_a_staged_transfer_dataset_fails_the_preflight_bef
         tmp_path, capsys, offline):
     """The reporting runs read the transfer snapshot after the whole search: its pre-flight is before the first
     submission, with the run's own model and data."""
-    from meta.run import main
+    from meta.search.run import main
 
     cache, run_dir = tmp_path / "cache", tmp_path / "run"
     stage_fixtures(cache)

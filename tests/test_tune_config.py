@@ -87,7 +87,7 @@ def test_the_cmaes_sampler_is_available():
 
 
 def test_meta_run_and_meta_tune_refuse_each_others_run_dirs(tmp_path, capsys):
-    from meta.run import main as run_main
+    from meta.search.run import main as run_main
 
     tune_dir, search_dir = tmp_path / "tune", tmp_path / "search"
     assert main([f"run_dir={tune_dir}", "new=true", *SYNTH, "launcher=debug", "tune.trials=1", "+inner.options={step_s: 0.0}"]) == 0

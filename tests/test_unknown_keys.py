@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from meta.pilot.cli import main as pilot_main
-from meta.run import main as run_main
+from meta.search.run import main as run_main
 from meta.tune.cli import main as tune_main
 from core.config_nodes import closest_keys, refuse_unknown_keys
 
@@ -79,7 +79,7 @@ def test_inner_loop_run_checks_groups_and_keeps_hydra_flags():
 
 def test_a_coefficient_per_divergence_takes_divergence_names_only():
     from meta.compose import compose
-    from meta.config import ConfigError
+    from meta.search.config import ConfigError
 
     assert compose(["+coef_by_divergence.kl=0.2"])["coef_by_divergence"]["kl"] == 0.2
     with pytest.raises(ConfigError, match=r"options of the config group 'divergence' as keys \(kl, neural_mirror"):

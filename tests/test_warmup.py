@@ -14,10 +14,10 @@ import inner_loop.training.warmup as warmup
 from inner_loop.config import InnerConfig, ModelConfig
 from inner_loop.training.evaluate import EvalResult
 from inner_loop.models.loading import load_policy
-from inner_loop.models.tiny import tiny_model_dir, build_tiny_model, build_tiny_tokenizer
+from inner_loop.models.tiny import tiny_model_dir
 from inner_loop.tasks import build_task
-from inner_loop.training.warmup import (WarmupTargetError, cpu_capabilities, read_warmup_outcome, split_probe, warm_up_to_band,
-                               warmed_model_dir, warmup_key)
+from inner_loop.training.warmup import (WarmupTargetError, cpu_capabilities, read_warmup_outcome, split_probe,
+                                        warm_up_to_band, warmed_model_dir, warmup_key)
 from conf_groups import load_group
 from time_limits import run_with_progress
 
@@ -124,6 +124,8 @@ def test_zero_check_interval_is_rejected_up_front():
 
 _WEIGHTS_DIGEST = """
 import hashlib, sys, torch
+from inner_loop.config import ModelConfig
+from inner_loop.models.tiny import build_tiny_model, build_tiny_tokenizer
 tok = build_tiny_tokenizer()
 model = build_tiny_model(ModelConfig(), len(tok), tok)
 digest = hashlib.sha256(b"".join(t.numpy().tobytes() for t in model.state_dict().values())).hexdigest()

@@ -33,7 +33,8 @@ from inner_loop.loss.compose import compose_loss
 from inner_loop.loss.policy_terms import PolicyInputs, PolicyParams
 from inner_loop.loss.regularizers import Regularizer
 from inner_loop.grpo.trl_contract import unsupported_grpo_fields
-from core.keys import (GENERATE_TIME, GRAD_SHARE, GRAD_SHARE_EXACT, GRAD_SHARE_EXACT_STEP, IMPORTANCE_SAMPLING_RATIO, POLICY_LOSS, REGULARIZER_VALUE, SAMPLING_LOGP_DIFFERENCE, STEP_TIME)
+from core.keys import (GENERATE_TIME, GRAD_SHARE, GRAD_SHARE_EXACT, GRAD_SHARE_EXACT_STEP, IMPORTANCE_SAMPLING_RATIO,
+                       POLICY_LOSS, REGULARIZER_VALUE, SAMPLING_LOGP_DIFFERENCE, STEP_TIME)
 
 logger = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ class Model:
     #: the ModelConfig; None: the hub id or ``model.name_or_path``
     loader: str | None = None
     #: its published config.json's numbers for the dry-run plan's parameter, LoRA and disk figures (the keys of
-    #: meta.plan.ModelShape: layers, hidden, intermediate, q_heads, kv_heads, head_dim, vocab, tied); None: unknown
+    #: meta.search.plan.ModelShape: layers, hidden, intermediate, q_heads, kv_heads, head_dim, vocab, tied); None: unknown
     shape: Mapping[str, Any] | None = field(default=None, hash=False)
     #: it names no weights of its own: ``model.name_or_path`` must say which (the ``hub`` entry: any id or folder)
     needs_path: bool = False
@@ -46,7 +46,7 @@ class Model:
 
 
 BUILT_IN = (
-    Model("tiny", loader="inner_loop.models.tiny:tiny_model_dir"),  # its shape follows its own config (meta/plan.py)
+    Model("tiny", loader="inner_loop.models.tiny:tiny_model_dir"),  # its shape follows its own config (meta/search/plan.py)
     Model("smollm2_135m", loader="inner_loop.models.smollm2:smollm2_model_dir",
           shape={"layers": 30, "hidden": 576, "intermediate": 1536, "q_heads": 9, "kv_heads": 3, "head_dim": 64,
                  "vocab": 49152, "tied": True}),

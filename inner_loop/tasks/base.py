@@ -10,7 +10,7 @@ import abc
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
 
-from results.store.provenance import prompt_hash  # defined in results/ (which must not import inner_loop); re-exported
+from results.store.provenance import (prompt_hash)  # defined in results/ (which must not import inner_loop); re-exported
 
 SPLITS = ("train", "validation", "test")
 

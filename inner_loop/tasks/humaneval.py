@@ -17,7 +17,8 @@ from inner_loop.sandbox.grading import Job
 from inner_loop.tasks.base import SPLITS, Problem, Task
 from inner_loop.tasks.common.code_extract import extract_code
 from inner_loop.tasks.mbpp import score_programs
-from inner_loop.tasks.task_config import fill_prompt_template, require_existing_file, require_non_negative, sandbox_config
+from inner_loop.tasks.task_config import (fill_prompt_template, require_existing_file, require_non_negative,
+                                          sandbox_config)
 
 # Where a function-body completion has clearly moved on to top-level code that is not part of the solution.
 _BODY_STOPS = ("\nclass ", "\nif __name__", "\nprint(", "\nassert ")

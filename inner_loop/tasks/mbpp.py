@@ -19,7 +19,8 @@ from inner_loop.tasks.base import HubSplitTask, Problem, check_disjoint, prompt_
 from inner_loop.tasks.common.code_extract import extract_code
 from inner_loop.tasks.common.data_files import load_hub_rows, read_local_rows, require_fields
 from inner_loop.tasks.common.splits import carve_splits, dedupe, log_splits
-from inner_loop.tasks.task_config import fill_prompt_template, require_existing_file, require_split_data, sandbox_config
+from inner_loop.tasks.task_config import (fill_prompt_template, require_existing_file, require_split_data,
+                                          sandbox_config)
 
 if TYPE_CHECKING:
     from inner_loop.sandbox.pool import SandboxConfig

@@ -2,7 +2,7 @@
 the sbatch script of the first array, all from the validated options (launch/slurm/options.py) and nothing asked of
 the cluster.
 
-Why here: the plan of a search (meta/plan.py) asks every launcher the same one question (Launcher.plan); what an
+Why here: the plan of a search (meta/search/plan.py) asks every launcher the same one question (Launcher.plan); what an
 array or a shard is belongs to this backend alone.
 """
 from __future__ import annotations

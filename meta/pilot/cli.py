@@ -34,22 +34,13 @@ import yaml
 from inner_loop.loss.divergences import coef_key
 from meta.cli_args import run_command
 from meta.compose import compose_with_choices, merge_overrides
-from meta.config import (
-    INNER_NODES,
-    SEARCH_KEYS,
-    ConfigError,
-    check_members_can_start,
-    SearchConfig,
-    absolute_overrides,
-    absolute_path,
-    absolute_paths,
-    build_search_config,
-    check_member_launch,
-    member_sharing,
-)
+from meta.search.config import (INNER_NODES, SEARCH_KEYS, ConfigError, check_members_can_start, SearchConfig,
+                                absolute_overrides, absolute_path, absolute_paths, build_search_config,
+                                check_member_launch, member_sharing)
 from meta.search.resume import NEW_KEY, check_resume, open_run_dir, run_dir_label
 from meta.search.staging import stage_run
-from results.report.pilot.findings import (CENTRE, FULL_HORIZON, PILOT_KIND, PLUS, horizon_index, map_roles, member_index)
+from results.report.pilot.findings import (CENTRE, FULL_HORIZON, PILOT_KIND, PLUS, horizon_index, map_roles,
+                                           member_index)
 from meta.searchers.radius import RADIUS_KEY
 from meta.settings.schema import PilotConfig, typed_config
 from results.store.layout import JOBS_FILE, LAUNCHER_DIR, member_dir_name
@@ -453,7 +444,7 @@ def run(argv: Sequence[str]) -> int:
     from launch.runner import AbortRun
     from meta.search.lock import run_locked
     from meta.search.resume import check_job_namespace
-    from meta.run import write_run_files
+    from meta.search.run import write_run_files
     from results.report.pilot.findings import format_pilot, summarize_run_dir
 
     prepared = prepare(argv)
@@ -506,7 +497,7 @@ def run(argv: Sequence[str]) -> int:
 
 def _early_cut_text(run_dir: Path) -> str:
     """What early_stop would cut at these settings (meta/early_cuts.py), from the pilot's own learning curves."""
-    from meta.early_cuts import report_text
+    from meta.pilot.early_cuts import report_text
 
     try:
         return "\nearly_stop at these settings (python -m meta.early_cuts):\n" + report_text([run_dir])

@@ -16,13 +16,13 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, MutableMapping, Sequence
 
-from meta.config import INNER_NODES, ConfigError
+from meta.search.config import INNER_NODES, ConfigError
 from core.config_nodes import refuse_unknown_keys
 from core.member_program import MemberProgram
 from core.stage_pins import LOCAL, MANIFEST_KEY, STAGED
 
 if TYPE_CHECKING:
-    from meta.config import SearchConfig
+    from meta.search.config import SearchConfig
 
 logger = logging.getLogger("meta.stage")
 

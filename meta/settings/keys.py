@@ -11,7 +11,7 @@ import hashlib
 import json
 from typing import Any, Mapping, Sequence
 
-from meta.search.early_stop import EarlyStopConfig
+from meta.search.generation.early_stop import EarlyStopConfig
 from core.config_nodes import MEMBER_STEPS_KEY, parent_of, plain, select_key
 
 #: the config nodes of a member's inner run (the groups python -m inner_loop.run takes)

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, TypeVar
 
-from meta.search.early_stop import EarlyStopConfig
+from meta.search.generation.early_stop import EarlyStopConfig
 from meta.searchers.radius import RADIUS_KEY
 from core.config_nodes import MEMBER_STEPS_KEY, plain, refuse_unknown_keys
 
@@ -109,7 +109,7 @@ class Reevaluate:
     top_k: int = field(default=3, metadata=at_least(0))
     seeds: int = field(default=3, metadata=at_least(1))
     report_seeds: int = field(default=3, metadata=at_least(0))
-    #: null: every row (meta.config.baselines()); or a list of rows, ``<row>@<preset file>`` for a tuned one
+    #: null: every row (meta.search.config.baselines()); or a list of rows, ``<row>@<preset file>`` for a tuned one
     baselines: Optional[List[str]] = None
     #: tasks scored zero-shot by every reporting run on its trained model
     transfer: List[str] = field(default_factory=list)
@@ -192,7 +192,7 @@ class SearchSchema(RunSchema):
     seeds_per_member: int = field(default=1, metadata=at_least(1))
     #: per generation, one more member: the unperturbed centre trained with the generation's seed
     control_member: bool = True
-    #: stopping clear losers at an early validation step (meta/search/early_stop.py)
+    #: stopping clear losers at an early validation step (meta/search/generation/early_stop.py)
     early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
     #: fraction of the population after which a generation may close (1.0: wait for all)
     quorum: float = field(default=1.0, metadata=between(0.0, 1.0))

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from launch.member import read_ledger
-from meta.search.live_watch import format_duration, generation_eta
+from meta.search.generation.live_watch import format_duration, generation_eta
 from meta.search.lock import RunLock
 from results.store.gpu_share import read_gpu_share, share_text
 from core.gpu_time import gpu_time_h, members_per_gpu

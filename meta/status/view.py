@@ -23,8 +23,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
-from meta.search.generation_shape import GenerationShape
-from meta.search.live_watch import format_duration
+from meta.search.generation.generation_shape import GenerationShape
+from meta.search.generation.live_watch import format_duration
 from meta.status.rows import (eta_text, gpu_hours, gpu_use, member_rows, orchestrator_line, row_line,
                               rows_eta, run_queue, state_summary)
 from results.report.arguments import run_dir_argument
@@ -147,7 +147,7 @@ def _particle_lines(store: RunStore, raw: Mapping[str, Any], show_all: bool) -> 
 
 
 def _after_search(store: RunStore, raw: Mapping[str, Any]) -> list[str]:
-    """What follows the generations (meta/after/reevaluate.py): the selection stage, then the result table, each done,
+    """What follows the generations (meta/search/after/reevaluate.py): the selection stage, then the result table, each done,
     under way (runs final of runs) or not started; or why it does not run at all."""
     settings = raw.get("reevaluate") or {}
     if not int(settings.get("top_k", 0) or 0):

@@ -21,15 +21,8 @@ from typing import Any, Sequence
 import yaml
 
 from inner_loop.loss.divergences import divergences
-from meta.config import (
-    CONF_DIR,
-    INNER_NODES,
-    ConfigError,
-    check_members_can_start,
-    absolute_overrides,
-    absolute_path,
-    absolute_paths,
-)
+from meta.search.config import (CONF_DIR, INNER_NODES, ConfigError, check_members_can_start, absolute_overrides,
+                                absolute_path, absolute_paths)
 from meta.cli_args import run_command
 from meta.search.resume import NEW_KEY, check_job_namespace, check_resume, open_run_dir, run_dir_label
 from meta.compose import compose_with_choices, merge_overrides

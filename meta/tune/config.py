@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from meta.config import INNER_NODES, ConfigError, check_member_launch, config_hash
+from meta.search.config import INNER_NODES, ConfigError, check_member_launch, config_hash
 from meta.settings.schema import TuneSchema, typed_config
 from meta.tune.space import Dimension, around_the_preset, leaves_missing_under, parse_space
 from core.config_nodes import select_key

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from meta.config import INNER_NODES
+from meta.search.config import INNER_NODES
 from meta.tune.trials import read_trial
 from results.store.atomic import atomic_write_text
 from results.store.study_store import RUN_VALUES_ATTR, best_complete_trial

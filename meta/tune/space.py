@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from meta.config import INNER_NODES, ConfigError
+from meta.search.config import INNER_NODES, ConfigError
 from core.config_nodes import select_key
 
 if TYPE_CHECKING:

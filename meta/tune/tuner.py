@@ -27,7 +27,7 @@ from optuna.trial import TrialState
 from launch.base import Launcher
 from launch.factory import runner_policy
 from launch.runner import MemberArrayRunner
-from meta.config import ConfigError
+from meta.search.config import ConfigError
 from meta.search.seeding import derive_seed
 from meta.tune.config import TuneConfig, build_sampler
 from meta.tune.space import suggest, trial_overrides
@@ -37,8 +37,8 @@ from results.store.member_files import read_intermediate, read_progress, read_re
 from results.store.layout import JOBS_FILE, LAUNCHER_DIR
 from core.records import MemberSpec, ResultRecord
 from results.store.run_store import read_jobs_file, write_jobs_file
-from results.store.study_store import (ERROR_ATTR, LOST_ATTR, PRUNED_STEP_ATTR, RUN_VALUES_ATTR, SAVED_ATTR, SLOT_ATTR,
-                                  best_complete_trial, state_counts)
+from results.store.study_store import (ERROR_ATTR, LOST_ATTR, PRUNED_STEP_ATTR, RUN_VALUES_ATTR, SAVED_ATTR,
+                                       SLOT_ATTR, best_complete_trial, state_counts)
 
 logger = logging.getLogger(__name__)
 

@@ -112,18 +112,18 @@ GENERATION_DIR_PREFIX = "gen_"
 POPULATION_FILE = "population.pt"
 JOBS_FILE = "jobs.json"
 MEMBER_DIR_PREFIX = "member_"
-#: a generation closed at its quorum: which members were cancelled as late (meta/search/generation_close.py)
+#: a generation closed at its quorum: which members were cancelled as late (meta/search/generation/generation_close.py)
 CLOSED_FILE = "closed.json"
-#: early_stop's decisions in a generation (meta/search/early_stop.py), written before any stopped member is cancelled
+#: early_stop's decisions in a generation (meta/search/generation/early_stop.py), written before any stopped member is cancelled
 EARLY_STOP_FILE = "early_stop.json"
 
-# -------------------------------------------------------- re-evaluation dir (meta/after/reevaluate.py)
+# -------------------------------------------------------- re-evaluation dir (meta/search/after/reevaluate.py)
 REEVALUATE_DIR = "reevaluation"
 #: the inits re-evaluated (top-k members + final centre) with their params, written before any submission
 CANDIDATES_FILE = "candidates.json"
 #: per candidate: re-evaluated mean, std, n; the chosen init; its test-split numbers
 REEVALUATION_FILE = "reevaluation.json"
-#: stage B of the re-evaluation (meta/after/reporting.py): the exported init and the baselines retrained on fresh seeds,
+#: stage B of the re-evaluation (meta/search/after/reporting.py): the exported init and the baselines retrained on fresh seeds,
 #: inside REEVALUATE_DIR (member dirs and jobs.json like a generation's)
 REPORTING_DIR = "reporting"
 #: the reporting rows (name, divergence block and its source, params, inner config), written before any submission

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from meta.run import main
+from meta.search.run import main
 from meta.synthetic import CHECKPOINT_FILE
 from results.store.run_store import RunStore
 from slurm_helpers import LocalSlurm, run_slurm_command

@@ -24,7 +24,8 @@ from results.store.atomic import atomic_write_text, CorruptFileError
 from results.store.layout import REPORT_DIR
 from results.report.arguments import check_output_folder, run_dir_argument
 from results.report.paired import pooled_std
-from results.report.search.plots import (plot_disk, plot_failures, plot_fitness, plot_fitness_vs_control, plot_response_length)
+from results.report.search.plots import (plot_disk, plot_failures, plot_fitness, plot_fitness_vs_control,
+                                         plot_response_length)
 from results.store.run_store import RunStore
 from core.config_nodes import horizon_text
 from results.report.search.snapshot import RunSnapshot, load_run, top_members

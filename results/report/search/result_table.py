@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 #: the metric every run is chosen and compared by; the others are named by their evaluation ("test",
 #: "transfer/humaneval")
 VALIDATION = "validation"
-#: what a baseline row is to the verdict (meta/after/baselines.py gives each of its rows one): the search's start, maps
+#: what a baseline row is to the verdict (meta/search/after/baselines.py gives each of its rows one): the search's start, maps
 #: drawn at the search's radius with no selection, a regularizer or tuned row compared with, the untrained model
 ROLE_START, ROLE_RADIUS, ROLE_COMPARED, ROLE_BASE = "start", "radius", "compared", "base"
 #: the order of the verdict's sentences

@@ -81,7 +81,7 @@ class GenerationShape:
 
     @property
     def quorum_count(self) -> int:
-        """Final population members after which the generation may close (meta/search/generation_close.py)."""
+        """Final population members after which the generation may close (meta/search/generation/generation_close.py)."""
         return max(1, self.share(self.quorum))
 
     @property

@@ -8,9 +8,9 @@ re-used (never re-asked); finished members are read, live jobs re-attached, and 
 Tables are written before the state, so a crash in between only repeats idempotent table upserts.
 
 Besides the population, a generation trains a control member (index ``population``: the unperturbed centre with
-the generation's seed; recorded, never told to the searcher) and may close at its quorum (meta/search/generation_close.py:
+the generation's seed; recorded, never told to the searcher) and may close at its quorum (meta/search/generation/generation_close.py:
 the decision is a file written before any cancellation, so a resume settles the same members as late). Who is which,
-and how many each rule counts, is the config's one GenerationShape (meta/search/generation_shape.py), which the
+and how many each rule counts, is the config's one GenerationShape (meta/search/generation/generation_shape.py), which the
 dry-run plan reads too.
 """
 from __future__ import annotations
@@ -26,11 +26,11 @@ import torch
 from launch.base import Launcher
 from launch.factory import launcher_class, launcher_options, runner_policy
 from launch.runner import ArrayProgress, MemberArrayRunner
-from meta.config import SearchConfig
-from meta.search.early_stop import STOPPED_STATUS, EarlyStopJudge, reported_score, update_fitness
-from meta.search.generation_close import QuorumClock
-from meta.search.generation_shape import GenerationShape
-from meta.search.live_watch import LiveWatch, all_same_warning, format_duration
+from meta.search.config import SearchConfig
+from meta.search.generation.early_stop import STOPPED_STATUS, EarlyStopJudge, reported_score, update_fitness
+from meta.search.generation.generation_close import QuorumClock
+from meta.search.generation.generation_shape import GenerationShape
+from meta.search.generation.live_watch import LiveWatch, all_same_warning, format_duration
 from meta.searchers import Searcher, build_searcher
 from meta.search.seeding import member_seed
 from results.store.gpu_share import read_gpu_share, share_text

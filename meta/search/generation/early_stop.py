@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Collection, Mapping, Sequence
 
-from meta.search.generation_shape import GenerationShape
+from meta.search.generation.generation_shape import GenerationShape
 from core.config_nodes import typed_node
 from results.store.member_files import read_intermediate
 from results.store.layout import seed_dir_name

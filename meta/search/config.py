@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from meta.search.early_stop import EarlyStopConfig, EarlyStopError, check_early_stop
+from meta.search.generation.early_stop import EarlyStopConfig, EarlyStopError, check_early_stop
 from meta.settings.keys import (ADDED_SEARCH_KEYS, HOUSEKEEPING_KEYS, INNER_NODES, SEARCH_KEYS,  # noqa: F401
                                 config_hash, with_added_keys)
 from meta.settings.member_time import (check_resources as _check_resources, member_sharing,  # noqa: F401
@@ -27,10 +27,10 @@ from core.config_nodes import MEMBER_STEPS_KEY, group_file, select_key
 if TYPE_CHECKING:
     import torch
 
-    from meta.search.generation_shape import GenerationShape
+    from meta.search.generation.generation_shape import GenerationShape
 
 #: the Hydra config tree of every command (conf/)
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 
 def searcher_settings(es: Mapping[str, Any]) -> dict[str, Any]:
@@ -65,7 +65,7 @@ def member_train(train: Mapping[str, Any], member_steps: int) -> dict[str, Any]:
             "lr_warmup_steps": min(member_steps - 1, round(warmup * member_steps / steps)) if warmup else 0}
 
 
-#: the rows of the result table that are not a divergence's own (meta/after/baselines.py says what each row is): those
+#: the rows of the result table that are not a divergence's own (meta/search/after/baselines.py says what each row is): those
 #: around the search's map come before the divergences' rows, the untrained model after them
 MAP_BASELINES = ("center", "nm_random", "radius_random")
 UNTRAINED_BASELINE = "base"
@@ -83,7 +83,7 @@ PRESET_MARK = "@"
 
 @dataclass(frozen=True)
 class ReevaluateConfig:
-    """What happens after a search, in two stages (meta/after/reevaluate.py, meta/after/reporting.py). Selection: the
+    """What happens after a search, in two stages (meta/search/after/reevaluate.py, meta/search/after/reporting.py). Selection: the
     ``top_k`` members by search fitness and the final centre, each retrained on ``seeds`` fresh seeds; the export is
     the one with the highest mean minus one standard error. Reporting: the exported init and every one of
     ``baselines`` retrained on ``report_seeds`` other fresh seeds (shared by all rows, used for nothing else),
@@ -125,7 +125,7 @@ class SearchConfig:
     reevaluate: "ReevaluateConfig" = field(default_factory=lambda: ReevaluateConfig())
     #: training runs (seeds) per member, the same seeds for every member of a generation; fitness = their mean
     seeds_per_member: int = SearchSchema.seeds_per_member
-    #: stopping clear losers at an early validation step (meta/search/early_stop.py); off by default
+    #: stopping clear losers at an early validation step (meta/search/generation/early_stop.py); off by default
     early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
     #: the training step early_stop decides at (None: early_stop off)
     early_stop_step: int | None = None
@@ -190,8 +190,8 @@ class SearchConfig:
     @property
     def generation_shape(self) -> "GenerationShape":
         """One generation's members, control member, jobs, quorum count and early-stop capacity: the one count the
-        plan, the orchestrator, the quorum, early stopping and the live view share (meta/search/generation_shape.py)."""
-        from meta.search.generation_shape import GenerationShape
+        plan, the orchestrator, the quorum, early stopping and the live view share (meta/search/generation/generation_shape.py)."""
+        from meta.search.generation.generation_shape import GenerationShape
 
         return GenerationShape.build(self.population, self.es, self.control_member, self.quorum)
 
@@ -290,7 +290,7 @@ def _names(key: str, value: Sequence[str]) -> tuple[str, ...]:
 
 
 def _baselines(value: Sequence[str] | None) -> tuple[str, ...]:
-    """reevaluate.baselines: known rows, or ``<row>@<preset file>`` with an existing file (meta/after/baselines.py reads
+    """reevaluate.baselines: known rows, or ``<row>@<preset file>`` with an existing file (meta/search/after/baselines.py reads
     it); the untrained model has no training settings to take from a preset."""
     key = "reevaluate.baselines"
     known = baselines()

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from meta.config import MEMBER_STEPS_KEY, SearchConfig, member_sharing, member_time_text, member_train
+from meta.search.config import MEMBER_STEPS_KEY, SearchConfig, member_sharing, member_time_text, member_train
 from launch.base import LauncherPlan, PlanContext
 from meta.search.resume import run_dir_label
 from core.gpu_time import GpuSharing, gpu_time_h
@@ -170,7 +170,7 @@ def runs_left(cfg: SearchConfig, store: RunStore, resuming: bool) -> tuple[int, 
 
 def reporting_lines(cfg: SearchConfig, overrides: Sequence[str]) -> list[str]:
     """Every row of the result table with its resolved divergence block and where its coefficient comes from."""
-    from meta.after.reporting import plan_rows
+    from meta.search.after.reporting import plan_rows
 
     settings = cfg.reevaluate
     if settings.top_k <= 0 or settings.report_seeds <= 0:
@@ -353,7 +353,7 @@ def build_plan(
         + (f", {concurrent * mem:g} GB memory" if mem is not None else ""),
     ]
     member_h = alone_min / 60.0  # alone on its GPU: the sharing's slowdown and split are sharing.gpu_hours's
-    shape = cfg.generation_shape  # the orchestrator's count of a generation (meta/search/generation_shape.py)
+    shape = cfg.generation_shape  # the orchestrator's count of a generation (meta/search/generation/generation_shape.py)
     per_generation = shape.jobs
     k = cfg.seeds_per_member
     selection, reporting, done = runs_left(cfg, store, resuming)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from launch.member import read_ledger
-from meta.search.generation_shape import GenerationShape
+from meta.search.generation.generation_shape import GenerationShape
 from results.store.member_files import MemberProgress, read_progress
 from core.records import STOPPED_EARLY
 
@@ -153,7 +153,7 @@ def all_same_warning(generation: int, ok_fitness: Sequence[float]) -> str | None
 class LiveWatch:
     """The orchestrator's eyes on a running generation (scan rate-limited, see the module docstring)."""
 
-    #: the generation (meta/search/generation_shape.py): its best and mean are the population's, not the control's
+    #: the generation (meta/search/generation/generation_shape.py): its best and mean are the population's, not the control's
     shape: GenerationShape
     grad_share_floor: float | None = 0.01
     parallel_slots: int | None = None

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-from meta.search.generation_shape import GenerationShape
+from meta.search.generation.generation_shape import GenerationShape
 from core.records import ResultRecord
 
 
@@ -31,7 +31,7 @@ from core.records import ResultRecord
 class QuorumClock:
     """Decides, poll after poll, whether (and which members) to close the generation as late.
 
-    ``shape``: the generation (meta/search/generation_shape.py): its quorum, and which members count toward it (the
+    ``shape``: the generation (meta/search/generation/generation_shape.py): its quorum, and which members count toward it (the
     population's, never the control member). The clock starts when this process first sees the quorum reached: a
     restarted orchestrator waits its grace afresh (later, never earlier, than the first process would have closed)."""
 

@@ -17,9 +17,9 @@ from typing import Any, Sequence
 
 from inner_loop.loss.divergences import length_reference
 from launch.base import Launcher
-from meta.after.baselines import EXPORTED, ReportRow, build_rows, verdict_roles
-from meta.config import ConfigError, ReevaluateConfig, SearchConfig
-from meta.after.phase import run_phase
+from meta.search.after.baselines import EXPORTED, ReportRow, build_rows, verdict_roles
+from meta.search.config import ConfigError, ReevaluateConfig, SearchConfig
+from meta.search.after.phase import run_phase
 from meta.search.seeding import member_seed
 from meta.search.staging import staged_inner
 from results.report.search.result_table import build_table, write_table_files

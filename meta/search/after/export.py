@@ -2,7 +2,7 @@
 
 The file is in mirror_maps' init format (load it with ``python -m inner_loop.run divergence=neural_mirror
 divergence.init=<out>``) and carries provenance: run id, generation, fitness, config hash, which.
-``which=best`` (the default) is the selection stage's choice (meta/after/reevaluate.py): the candidate with the highest
+``which=best`` (the default) is the selection stage's choice (meta/search/after/reevaluate.py): the candidate with the highest
 mean minus one standard error on the selection seeds, with its mean, std and n there; when the reporting stage
 ran, the provenance also carries the result table's rows and the exported init's paired differences to every
 baseline, measured on other seeds. ``best_member`` is the single highest search fitness: one noisy run, the
@@ -17,9 +17,9 @@ from typing import Any, Sequence
 
 import yaml
 
-from meta.after.baselines import EXPORTED
+from meta.search.after.baselines import EXPORTED
 from meta.cli_args import key_values, run_command
-from meta.config import ConfigError, config_hash, param_transform_of
+from meta.search.config import ConfigError, config_hash, param_transform_of
 from results.store.run_store import RunStore
 
 logger = logging.getLogger("meta.export")

@@ -6,7 +6,7 @@ Selection (seeds A): a member's fitness is one noisy training run, and the best 
 with seeds the search never used (the same seeds for every candidate: paired), and the init with the highest mean
 minus one standard error is the one ``meta.export which=best`` writes (``choose_by_lower_bound``).
 
-Reporting (seeds B, meta/after/reporting.py): the chosen init and every baseline retrained on other fresh seeds, used
+Reporting (seeds B, meta/search/after/reporting.py): the chosen init and every baseline retrained on other fresh seeds, used
 for nothing else; the result table comes from these runs only.
 
 Resumable like a generation: candidates.json is written before anything is submitted, member outcomes are files,
@@ -26,9 +26,9 @@ from typing import Any, Mapping, Sequence
 
 from launch.base import Launcher
 from meta.cli_args import key_values, run_command
-from meta.config import ConfigError, ReevaluateConfig, SearchConfig
-from meta.after.phase import run_phase
-from meta.after.reporting import run_reporting
+from meta.search.config import ConfigError, ReevaluateConfig, SearchConfig
+from meta.search.after.phase import run_phase
+from meta.search.after.reporting import run_reporting
 from meta.search.seeding import member_seed
 from results.report.paired import pooled_std
 from results.report.search.result_table import render_markdown
@@ -226,7 +226,7 @@ def _reevaluate(argv: list[str]) -> int:
     from launch.factory import build_launcher
     from launch.runner import AbortRun
     from meta.compose import merge_overrides
-    from meta.config import build_search_config
+    from meta.search.config import build_search_config
     from meta.search.lock import run_locked
 
     args = parse_args(argv)

@@ -8,7 +8,7 @@ from pathlib import Path
 from launch.base import Launcher
 from launch.factory import runner_policy
 from launch.runner import MemberArrayRunner
-from meta.config import SearchConfig
+from meta.search.config import SearchConfig
 from results.store.layout import JOBS_FILE, LAUNCHER_DIR
 from core.records import MemberSpec, ResultRecord
 from results.store.run_store import read_jobs_file, write_jobs_file

@@ -28,7 +28,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from meta.config import PRESET_MARK, UNTRAINED_BASELINE, ConfigError, SearchConfig, baselines as known_baselines
+from meta.search.config import (PRESET_MARK, UNTRAINED_BASELINE, ConfigError, SearchConfig,
+                                baselines as known_baselines)
 from results.report.search.result_table import ROLE_BASE, ROLE_COMPARED, ROLE_RADIUS, ROLE_START
 
 EXPORTED = "exported"
