@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 from meta.search.after.baselines import radius_random_vectors  # noqa: E402
 from meta.compose import compose  # noqa: E402
 from meta.search.config import build_search_config  # noqa: E402
-from meta.search.seeding import member_seed  # noqa: E402
+from core.seeding import member_seed  # noqa: E402
 from core.records import MemberSpec  # noqa: E402
 from results.store.run_store import RunStore  # noqa: E402
 

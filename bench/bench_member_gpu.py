@@ -260,7 +260,7 @@ def _train(spec: dict[str, Any], device: dict[str, Any]) -> Any:
     member scores its fitness by, is not run (a random model's fitness says nothing, and it costs minutes)."""
     import torch
 
-    from inner_loop.member.gpu_share import apply_memory_share
+    from inner_loop.process.gpu_share import apply_memory_share
     from inner_loop.training.setup import build_trainer, prepare
 
     run = prepare(spec["inner"], spec["seed"], spec["params"])
@@ -280,7 +280,7 @@ def member_job(job_file: Path, out_file: Path) -> None:
     job = json.loads(job_file.read_text())
     started = time.time()
     from inner_loop.member.device import require_device
-    from inner_loop.member.gpu_share import out_of_memory_reason
+    from inner_loop.process.gpu_share import out_of_memory_reason
 
     if job["skip_exact_share"]:
         _skip_exact_share()

@@ -7,7 +7,7 @@ hosts' two-pass runs and the embedded search itself (`python -m meta.run`, per g
 
 Each capability runs in its own process (ATEN_CPU_CAPABILITY is read once, at torch import) with an empty cache.
 ``--numerics native`` (the default here) computes with the kernels asked for: what an unpinned machine of that kind
-sees. ``--numerics pinned`` is the tiny preset as shipped: every run pins its own process (inner_loop/numerics/pinned.py), so
+sees. ``--numerics pinned`` is the tiny preset as shipped: every run pins its own process (inner_loop/process/pinned.py), so
 the rows must come out identical whatever the capability asked for.
 """
 from __future__ import annotations

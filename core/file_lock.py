@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from core.proc_stat import proc_stat
 
 logger = logging.getLogger(__name__)
 
@@ -512,3 +511,14 @@ def _pid_alive(pid: int | None, proc_start: str | None) -> bool:
         if proc_start is not None and len(fields) > 19 and fields[19] != proc_start:
             return False
     return True
+
+
+# /proc/<pid>/stat, read one way for the lock holder checks and the local launcher's process handling
+def proc_stat(pid: int) -> list[str] | None:
+    """Fields of /proc/<pid>/stat after the command name (which may hold spaces and parentheses): state, ppid,
+    ... (starttime is index 19); None where the process or /proc is not there."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text.rsplit(")", 1)[-1].split()

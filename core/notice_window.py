@@ -1,6 +1,6 @@
 """How long a member may take, after its job's end notice, to finish its step and save: the one owner of that number.
 
-Why here: the member (inner_loop/member/notice.py) waits that long for its step, and the packed task that runs it
+Why here: the member (inner_loop/process/notice.py) waits that long for its step, and the packed task that runs it
 (launch/slurm/packed.py) kills it a little after; two numbers kept apart drifted (25 s and 30 s) while the time-limit
 warning comes ``launcher.signal_delay_s`` (120 s) before the limit. A step longer than 25 s (an A100 at 1.5-2x an
 H200's 15 s, x1.18 with two members on the card) then never saved on that warning. The window follows the notice:

@@ -16,7 +16,7 @@ from core.keys import MEMBER_GPU_MEMORY_KEY, MEMBER_GPU_SHARERS_KEY
 # DivergenceConfig is read here as it was before its home moved (pickled jobs and callers name inner_loop.config)
 from inner_loop.loss.divergences import DivergenceConfig as DivergenceConfig, divergence, divergences
 from inner_loop.models.registry import model_entry, models
-from inner_loop.numerics.pinned import NUMERICS_MODES, PINNED_THREADS
+from inner_loop.process.pinned import NUMERICS_MODES, PINNED_THREADS
 
 T = TypeVar("T")
 
@@ -85,7 +85,7 @@ class ModelConfig:
     #: opens a <think> block that a short completion never closes); used by training and evaluation alike.
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
-    #: native: this machine's CPU kernels; pinned: the settings of inner_loop/numerics/pinned.py, which give the same
+    #: native: this machine's CPU kernels; pinned: the settings of inner_loop/process/pinned.py, which give the same
     #: numbers on every x86-64 CPU with AVX2 (one thread; the member and its warm-up run in a process started
     #: with them). The tiny model's preset pins; GPU presets stay native.
     cpu_numerics: str = "native"

@@ -61,7 +61,7 @@ sys.path.insert(0, str(ROOT))
 from inner_loop.generation.backends import (  # noqa: E402
     DYNAMIC_CACHE, HF_GENERATE, PERSISTENT_COMPILED)
 from inner_loop.generation.decode_step import decode_counts_problem  # noqa: E402
-from inner_loop.member.gpu_share import CONTEXT_ALLOWANCE_BYTES  # noqa: E402
+from inner_loop.process.gpu_share import CONTEXT_ALLOWANCE_BYTES  # noqa: E402
 
 logger = logging.getLogger("gpu_pass")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import inner_loop.numerics.pinned as numerics
+import inner_loop.process.pinned as numerics
 from inner_loop.numerics.fingerprint import DIGEST_KEYS, FINGERPRINT_FILE
 from inner_loop.training.warmup import cpu_capabilities
 from time_limits import run_with_progress

@@ -22,8 +22,8 @@ from conf_groups import load_group
 from inner_loop.config import InnerConfig
 from inner_loop.generation.backends import HF_GENERATE, VLLM_COLOCATE
 from inner_loop.generation.engine_start import LOCK_DIR_ENV, engine_start_lock_path, engine_start_turn
-from inner_loop.member.gpu_share import (CAP_KEY, CONTEXT_ALLOWANCE_BYTES, PARTNERS_KEY, apply_memory_share,
-                                         engine_start_turn_for, out_of_memory_reason)
+from inner_loop.process.gpu_share import (CAP_KEY, CONTEXT_ALLOWANCE_BYTES, PARTNERS_KEY, apply_memory_share,
+                                          engine_start_turn_for, out_of_memory_reason)
 from inner_loop.grpo.args import build_grpo_config
 from inner_loop.member.lifecycle import train_in_process
 from inner_loop.training.setup import validate_inner

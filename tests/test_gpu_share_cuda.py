@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from inner_loop.member.device import describe_device
-from inner_loop.member.gpu_share import apply_memory_share, out_of_memory_reason
+from inner_loop.process.gpu_share import apply_memory_share, out_of_memory_reason
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="no CUDA device (torch.cuda.is_available() is False)")

@@ -4,7 +4,7 @@ without collapsing.
 
 Uses the shipped defaults (conf/task/arith.yaml, conf/model/tiny.yaml, conf/train/default.yaml) unchanged, because
 the promise under test is that those defaults give ES a fitness that moves. Every run goes through the member's entry
-point, so it computes under the tiny preset's pinned numerics (inner_loop/numerics/pinned.py) in a process of its own: the
+point, so it computes under the tiny preset's pinned numerics (inner_loop/process/pinned.py) in a process of its own: the
 numbers are those of every machine whose `python -m inner_loop.fingerprint` matches, not of this CPU's kernels. The
 claims are over several seeds, with margin, not the outcome of one chaotic run.
 

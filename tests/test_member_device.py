@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import inner_loop.member.device as device
-from inner_loop.numerics.pinned import cpu_name
+from inner_loop.process.pinned import cpu_name
 from meta.search.config import build_search_config
 from meta.compose import compose
 from core.records import MEMBER_GPUS_KEY, ResultRecord, device_text
@@ -124,7 +124,7 @@ def test_a_member_that_fails_after_the_check_names_its_device_in_the_record(monk
 
 
 def test_the_members_table_and_status_show_the_device_and_peak_memory(tmp_path):
-    from meta.status.rows import member_row
+    from meta.search.member_rows import member_row
     from results.report.search.snapshot import _member_row_from_dir
     from results.store.member_files import write_result
 

@@ -15,7 +15,7 @@ import meta.synthetic
 from meta.compose import compose
 from meta.search.config import ConfigError
 from meta.search.run import main
-from meta.status.rows import GpuUse, gpu_hours, gpu_use, member_row, row_line
+from meta.search.member_rows import GpuUse, gpu_hours, gpu_use, member_row, row_line
 from results.store.gpu_share import write_gpu_share
 from core.gpu_time import SLOWDOWN_BENCH, gpu_sharing
 from core.keys import MEMBER_GPU_MEMORY_KEY, MEMBER_GPU_SHARERS_KEY, MEMBER_GPUS_KEY

@@ -1,4 +1,4 @@
-"""Pinned CPU numerics (inner_loop/numerics/pinned.py): what a tiny-preset run computes with, whoever starts it.
+"""Pinned CPU numerics (inner_loop/process/pinned.py): what a tiny-preset run computes with, whoever starts it.
 
 The settings only take effect in a process that starts with them, so these tests look at fresh processes: the
 state torch and MKL report there, and a member asked for from this (unpinned) test process."""
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conf_groups import load_group
-import inner_loop.numerics.pinned as numerics
+import inner_loop.process.pinned as numerics
 from inner_loop.config import InnerConfig, ModelConfig
 from inner_loop.training.warmup import cpu_capabilities, warmup_key
 

@@ -1,4 +1,4 @@
-"""Save on notice (inner_loop/member/notice.py) without a cluster: a member's job process told that its job ends (SIGTERM,
+"""Save on notice (inner_loop/process/notice.py) without a cluster: a member's job process told that its job ends (SIGTERM,
 as SLURM sends on a requeue or a preemption) has its pinned training process save a checkpoint at the end of the
 step under way and stop without a record; run again, it resumes from that step and ends with the uninterrupted
 run's record. tests/slurm/test_slurm_save_on_notice.py does the same through `scontrol requeue` on the cluster."""
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-import inner_loop.numerics.pinned as numerics
+import inner_loop.process.pinned as numerics
 from inner_loop.training.checkpoints import checkpoint_folders
 from results.store.member_files import read_progress, read_result
 from conf_groups import load_group

@@ -53,7 +53,7 @@ def share_vllm_memory(args: Any, fraction: float, sharers: int) -> None:
     the keys when that part does not fit, with room to train, in the member's share ``fraction`` (already divided).
 
     Why up front: the colocated engine allocates its weights and KV cache in the member's own process, within the
-    member's memory limit (inner_loop/member/gpu_share.py); an engine given all of the share leaves nothing for the policy,
+    member's memory limit (inner_loop/process/gpu_share.py); an engine given all of the share leaves nothing for the policy,
     its optimizer and activations, and every member of the search would fail the same way after loading its model.
     """
     if generation_backend(vars(args)) != VLLM_COLOCATE:

@@ -108,7 +108,7 @@ def describe_device() -> dict[str, Any]:
     CPU: ``cpu`` and the CPU's model name."""
     import torch
 
-    from inner_loop.numerics.pinned import cpu_name
+    from inner_loop.process.pinned import cpu_name
 
     info: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda}
     if torch.cuda.is_available():
@@ -124,7 +124,7 @@ def describe_device() -> dict[str, Any]:
 def with_peak_memory(device: Mapping[str, Any]) -> dict[str, Any]:
     """``device`` plus this process's GPU memory (bytes; None on the CPU): ``peak_memory_bytes``, torch's peak
     allocation; ``peak_reserved_bytes``, the most its allocator held from the driver, which is what the member's cap
-    (inner_loop/member/gpu_share.py) is counted against and what k members on one card add up to: a static KV cache
+    (inner_loop/process/gpu_share.py) is counted against and what k members on one card add up to: a static KV cache
     and the CUDA graphs' private pools stay held through the backward, where a dynamic cache is freed before it;
     ``graph_pool_bytes``, what the private pools (CUDA graphs') held at the end."""
     info = dict(device)

@@ -1,7 +1,7 @@
 """The inner loop's member program (``inner.entrypoint=inner_loop.member.entry:program``): what meta asks of an
 NM-GRPO member (core/member_program.py), and its training under the numerics the run asks for.
 
-A run with ``model.cpu_numerics: pinned`` must compute under the pinned settings (inner_loop/numerics/pinned.py), which
+A run with ``model.cpu_numerics: pinned`` must compute under the pinned settings (inner_loop/process/pinned.py), which
 only take effect in a process that starts with them. Unless this process did (it is such a child, or torch runs
 here under the pinned settings already), the member trains in a child process started with them, and its record is
 returned here. The process that calls this stays light (this module imports no torch), so a launched member pays one
@@ -10,7 +10,7 @@ it: TRL imports vLLM whenever it is installed, seconds per process.
 
 Runs with native numerics (every GPU preset) train in this process, as before.
 
-In a SLURM array task it also handles the job's end notices (inner_loop/member/notice.py): SIGTERM or the time-limit
+In a SLURM array task it also handles the job's end notices (inner_loop/process/notice.py): SIGTERM or the time-limit
 USR2 makes the trainer (here or in the pinned child, to which the notice is forwarded) save a checkpoint at the end
 of its step before submitit requeues the job or the process exits.
 """
@@ -23,8 +23,8 @@ import threading
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-import inner_loop.numerics.pinned as numerics
-import inner_loop.member.notice as notice
+import inner_loop.process.pinned as numerics
+import inner_loop.process.notice as notice
 from core.member_program import MemberProgram, named_by
 from core.records import MemberSpec, ResultRecord
 from results.store.member_files import read_result

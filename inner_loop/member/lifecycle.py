@@ -21,13 +21,13 @@ from typing import Any, Mapping
 
 import torch
 
-import inner_loop.numerics.pinned as numerics
-import inner_loop.member.notice as notice
+import inner_loop.process.pinned as numerics
+import inner_loop.process.notice as notice
 from inner_loop.training.checkpoints import last_checkpoint, settle_after_final, settle_checkpoints
 from inner_loop.member.device import DeviceUnavailableError, require_device
 from inner_loop.training.evaluate import EvalResult, evaluate, evaluation_entry
 from inner_loop.training.final_model import save_final_model
-from inner_loop.member.gpu_share import apply_memory_share
+from inner_loop.process.gpu_share import apply_memory_share
 from inner_loop.training.intermediate_eval import IntermediateEvalCallback
 from inner_loop.member.records import record_failure, record_success, record_truncation_done
 from inner_loop.member.preflight import record_node_failure, run_preflight

@@ -18,7 +18,7 @@ from inner_loop.config import InnerConfig
 from inner_loop.member.device import with_peak_memory
 from inner_loop.training.diagnostics import diagnostics_from_history
 from inner_loop.training.evaluate import EvalResult
-from inner_loop.member.gpu_share import out_of_memory_reason
+from inner_loop.process.gpu_share import out_of_memory_reason
 from inner_loop.loss.regularizers import warn_if_inert
 from inner_loop.grpo.trainer import MirrorGRPOTrainer, NonFiniteLossError
 from core.records import ResultRecord
@@ -49,7 +49,7 @@ def record_failure(work_dir: Path, stage: str, exc: Exception, trainer: MirrorGR
     else:
         logger.error("member %s failed in %s:\n%s", work_dir, stage, traceback.format_exc())
         # out of GPU memory: the record names the member's share of the card, so a packed member's failure reads
-        # as its own (inner_loop/member/gpu_share.py)
+        # as its own (inner_loop/process/gpu_share.py)
         reason = out_of_memory_reason(exc, device or {}) or f"{type(exc).__name__}: {exc}"
     work_dir.mkdir(parents=True, exist_ok=True)
     record = ResultRecord(

@@ -1,7 +1,7 @@
 """`python -m inner_loop.fingerprint [--check] [--write] [--keep-cache]`: does this machine compute as ours do?
 
 Runs the embedded default's training path from an empty model cache under the pinned numerics
-(inner_loop/numerics/pinned.py) and prints three digests with the settings in force:
+(inner_loop/process/pinned.py) and prints three digests with the settings in force:
 - ``warmup_weights``: the tiny model's format warm-up, the model every member starts from;
 - ``completions``: every completion sampled by a fixed 60-step NM-GRPO run (tiny_arith, seed 0, the preset's
   starting map), in order;
@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
-import inner_loop.numerics.pinned as numerics
+import inner_loop.process.pinned as numerics
 
 logger = logging.getLogger("inner_loop.fingerprint")
 

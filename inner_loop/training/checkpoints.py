@@ -17,7 +17,7 @@ from typing import Any, Mapping
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
-import inner_loop.member.notice as notice
+import inner_loop.process.notice as notice
 from inner_loop.config import KEEP_CHECKPOINTS, InnerConfig
 # the Trainer's output_dir in a member's work dir, and where a checkpoint goes while it is deleted (re-exported)
 from results.store.layout import CHECKPOINT_DIR, CHECKPOINT_TRASH_DIR as TRASH_DIR
@@ -192,7 +192,7 @@ class DiskUsageCallback(TrainerCallback, ExportableState):
 
 class SaveOnNoticeCallback(TrainerCallback):
     """Saves a checkpoint at the end of the step under way once the member's job was told it ends
-    (inner_loop/member/notice.py), then stops the run with NoticeHonoured; the requeued run resumes from that step.
+    (inner_loop/process/notice.py), then stops the run with NoticeHonoured; the requeued run resumes from that step.
 
     The save waits for the end of a rollout (``num_iterations`` optimizer steps reuse one generation's completions,
     which a checkpoint does not hold): a run resumed there repeats the uninterrupted run exactly. Put it last

@@ -19,7 +19,7 @@ from inner_loop.generation.continuous_batching import member_continuous_batching
 from inner_loop.generation.decode_step import member_decode_buckets
 from inner_loop.generation.memory import member_gpu_budget_bytes
 from inner_loop.generation.vllm_colocate import member_vllm_max_model_length
-from inner_loop.member.gpu_share import engine_start_turn_for
+from inner_loop.process.gpu_share import engine_start_turn_for
 from inner_loop.grpo.args import build_grpo_config, check_grpo_config
 from inner_loop.models.loading import load_policy, resolve_model_dir
 from inner_loop.loss.divergences import divergence

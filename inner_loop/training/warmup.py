@@ -14,7 +14,7 @@ checks greedy pass@1 on a probe every ``warmup_check_every`` steps and stops onc
 every machine starts RL from a model of the same skill, whatever step count that takes there.
 
 With ``model.cpu_numerics: pinned`` (the tiny preset) the warm-up is built under the pinned numerics
-(inner_loop/numerics/pinned.py), in a child process when the caller runs under others, so it is the same model, bit for
+(inner_loop/process/pinned.py), in a child process when the caller runs under others, so it is the same model, bit for
 bit, on every machine with AVX2; the cache key names the numerics a warmed model was built with.
 
 The probe is the last ``warmup_probe_size`` problems of the TRAINING split, held out of the demonstrations the
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-import inner_loop.numerics.pinned as numerics
+import inner_loop.process.pinned as numerics
 from inner_loop.config import ModelConfig
 from inner_loop.training.evaluate import evaluate
 from inner_loop.models.cache import build_once, cache_root, config_digest

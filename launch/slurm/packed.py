@@ -9,7 +9,7 @@ a member's failure, out-of-memory or timeout ends that member alone:
 - a member process that ends without a result (a crash, a SIGKILL, the kernel's out-of-memory killer) is recorded
   ``failed`` here, naming how it ended and its log; its partners go on;
 - the scheduler's notices (SIGTERM of a requeue or preemption, submitit's USR2 before the time limit) are passed to
-  every member still running, each saves a checkpoint at the end of its step (inner_loop/member/notice.py) and stops; once
+  every member still running, each saves a checkpoint at the end of its step (inner_loop/process/notice.py) and stops; once
   they have, the task does what it would have done (submitit requeues the same call on USR2). The requeued task
   starts only the members without a final result, and each resumes from its own checkpoint;
 - one member is stopped alone (a quorum close, an early stop, its wall limit) through a CANCEL_REQUEST_FILE in its
@@ -49,7 +49,7 @@ logger = logging.getLogger(__name__)
 
 #: how often the task looks at its members' processes and cancel requests
 POLL_S = 0.5
-#: the scheduler's notices of a job's end that a member saves a checkpoint on (the same as inner_loop/member/notice.py's):
+#: the scheduler's notices of a job's end that a member saves a checkpoint on (the same as inner_loop/process/notice.py's):
 #: SLURM's SIGTERM (requeue, preemption, cancel) and submitit's time-limit USR2
 TASK_NOTICES = (signal.SIGTERM, signal.SIGUSR2)
 LOG_TAIL_CHARS = 1500

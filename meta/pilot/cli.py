@@ -206,7 +206,7 @@ def make_plan(prepared: Prepared) -> dict[str, Any]:
     import torch
 
     from meta.search.init import VECTOR_LENGTH
-    from meta.search.seeding import generator, member_seed
+    from core.seeding import generator, member_seed
 
     cfg, pilot, store = prepared.cfg, prepared.pilot, prepared.store
     centre = cfg.center().to(torch.float64)

@@ -3,7 +3,7 @@
 Read-only like the search's status, and from the files meta.pilot writes (docs/run_directory.md "A pilot"): how many
 of the pilot's runs are final; per (radius, coef) combination its runs' states and GPU time; for every combination not
 final yet (every one with --all) one line per run in the plan's order (the centre's seeds, then each antithetic pair's
-plus and minus runs), the same rows as a search's members (meta/status/rows.py); over all runs, which share one
+plus and minus runs), the same rows as a search's members (meta/search/member_rows.py); over all runs, which share one
 runner, the GPU time so far and an ETA; and where the findings are.
 """
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any, Mapping
 
 import yaml
 
-from meta.status.rows import (GpuUse, MemberRow, eta_text, gpu_hours, gpu_use, is_final, member_rows,
-                              orchestrator_line, row_line, rows_eta, run_queue, state_summary)
+from meta.search.member_rows import (GpuUse, MemberRow, eta_text, gpu_hours, gpu_use, is_final, member_rows,
+                                     orchestrator_line, row_line, rows_eta, run_queue, state_summary)
 from results.report.pilot.findings import CENTRE, FULL_HORIZON, PLUS, main_runs
 from results.store.layout import JOBS_FILE
 from results.store.run_store import RunStore, read_jobs_file

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from meta.search.seeding import generator
+from core.seeding import generator
 from mirror_maps.neural import DEFAULT_PARAM_TRANSFORM, vector_for_parameters
 from mirror_maps.neural import VECTOR_LENGTH  # re-exported: the search variable's length
 

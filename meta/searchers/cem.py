@@ -15,7 +15,7 @@ import torch
 from meta.searchers.base import DTYPE, EarlyStopRule, Searcher
 from meta.searchers.serialize import from_plain, to_plain
 from meta.searchers.utilities import TellSummary, all_tied, measured
-from meta.search.seeding import seeded_global_torch
+from core.seeding import seeded_global_torch
 
 
 class CEMSearcher(Searcher):

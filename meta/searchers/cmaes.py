@@ -29,7 +29,7 @@ import torch
 
 from meta.searchers.base import DTYPE, Searcher
 from meta.searchers.utilities import TellSummary, all_tied, measured
-from meta.search.seeding import derive_seed, seeded_global_numpy
+from core.seeding import derive_seed, seeded_global_numpy
 
 logger = logging.getLogger(__name__)
 

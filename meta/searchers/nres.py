@@ -30,7 +30,7 @@ import torch
 from meta.searchers.base import DTYPE, Searcher
 from meta.searchers.serialize import from_plain, to_plain
 from meta.searchers.utilities import TellSummary, check_ranking, complete_pairs, pair_note, tie_averaged_utilities
-from meta.search.seeding import generator
+from core.seeding import generator
 
 #: truncation_steps null: the run cut into this many pieces (the NM-GRPO-ES authors' T = 100 of a 1,600-step run)
 DEFAULT_PIECES = 16

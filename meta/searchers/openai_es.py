@@ -24,7 +24,7 @@ import torch
 
 from meta.searchers.base import DTYPE, Searcher
 from meta.searchers.utilities import TellSummary, complete_pairs, measured, pair_note
-from meta.search.seeding import generator
+from core.seeding import generator
 
 
 class OpenAIESEliteSearcher(Searcher):

@@ -14,7 +14,7 @@ import torch
 from meta.searchers.base import DTYPE, Searcher
 from meta.searchers.serialize import from_plain, to_plain
 from meta.searchers.utilities import TellSummary, check_ranking, complete_pairs, pair_note, tie_averaged_utilities
-from meta.search.seeding import seeded_global_torch
+from core.seeding import seeded_global_torch
 
 
 class PGPESearcher(Searcher):

@@ -13,7 +13,7 @@ import torch
 
 from meta.searchers.base import DTYPE, EarlyStopRule, Searcher
 from meta.searchers.utilities import TellSummary, check_ranking, measured, tie_averaged_utilities
-from meta.search.seeding import generator
+from core.seeding import generator
 
 
 class SNESSearcher(Searcher):

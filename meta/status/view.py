@@ -9,7 +9,7 @@ time and GPU time (the member's ledger x resources.gpus / the members that share
 resources.members_per_gpu), the GPU it shared, and an ETA
 from the members' measured step rates. The run dir's kind picks the view: a ``meta.tune`` run gets its trials (meta/tune/status.py), a ``meta.pilot`` run its runs
 per (radius, coef) combination and role (meta/pilot/status.py), both with the same member rows
-(meta/status/rows.py). Exit 2 when run_dir is none of the three.
+(meta/search/member_rows.py). Exit 2 when run_dir is none of the three.
 """
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ import yaml
 
 from meta.search.generation.generation_shape import GenerationShape
 from meta.search.generation.live_watch import format_duration
-from meta.status.rows import (eta_text, gpu_hours, gpu_use, member_rows, orchestrator_line, row_line,
-                              rows_eta, run_queue, state_summary)
+from meta.search.member_rows import (eta_text, gpu_hours, gpu_use, member_rows, orchestrator_line, row_line, rows_eta,
+                                     run_queue, state_summary)
 from results.report.arguments import run_dir_argument
 from results.report.pilot.findings import is_pilot_dir
 from results.store.atomic import CorruptFileError

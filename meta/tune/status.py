@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from meta.status.rows import member_row, orchestrator_line, run_queue
+from meta.search.member_rows import member_row, orchestrator_line, run_queue
 from meta.tune.trials import read_trial, trials_dir
 from results.store.layout import JOBS_FILE
 from results.store.run_store import RunStore, read_jobs_file

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from meta.search.seeding import member_seed
+from core.seeding import member_seed
 from results.store.atomic import CorruptFileError, atomic_write_json
 from results.store.layout import TRIAL_FILE, TRIALS_DIR, member_dir_name, trial_dir_name
 from core.records import MemberSpec, ResultRecord

@@ -28,7 +28,7 @@ from launch.base import Launcher
 from launch.factory import runner_policy
 from launch.runner import MemberArrayRunner
 from meta.search.config import ConfigError
-from meta.search.seeding import derive_seed
+from core.seeding import derive_seed
 from meta.tune.config import TuneConfig, build_sampler
 from meta.tune.space import suggest, trial_overrides
 from meta.tune.trials import TrialPlan, member_indices, objective, plan_trial, read_trial, trials_dir, write_trial

@@ -8,7 +8,7 @@ from core import alias_moved
 MOVED = {
     "results.store.records": "core.records", "results.store.config_nodes": "core.config_nodes",
     "results.store.entry_points": "core.entry_points", "results.store.file_lock": "core.file_lock",
-    "results.store.proc_stat": "core.proc_stat", "results.store.gpu_time": "core.gpu_time",
+    "results.store.proc_stat": "core.file_lock", "results.store.gpu_time": "core.gpu_time",
     "results.store.notice_window": "core.notice_window", "results.store.stage_pins": "core.stage_pins",
     "results.store.metric_keys": "core.keys", "results.store.member_keys": "core.keys",
     "results.store.progress": "results.store.member_files", "results.store.intermediate": "results.store.member_files",

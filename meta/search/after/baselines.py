@@ -172,7 +172,7 @@ def radius_random_vectors(cfg: SearchConfig, count: int) -> list[list[float]]:
     derive_seed(run seed, RADIUS_RANDOM_PURPOSE, s). The vectors go through the search's ``param_transform`` in the
     member like any member's. No selection and no update: what a step of the search's size gives by itself."""
     from meta.searchers import build_searcher
-    from meta.search.seeding import derive_seed
+    from core.seeding import derive_seed
 
     centre = cfg.center()
     return [build_searcher(cfg.es, centre, cfg.population, derive_seed(cfg.seed, RADIUS_RANDOM_PURPOSE, s))

@@ -29,7 +29,7 @@ from meta.cli_args import key_values, run_command
 from meta.search.config import ConfigError, ReevaluateConfig, SearchConfig
 from meta.search.after.phase import run_phase
 from meta.search.after.reporting import run_reporting
-from meta.search.seeding import member_seed
+from core.seeding import member_seed
 from results.report.paired import pooled_std
 from results.report.search.result_table import render_markdown
 from results.store.layout import member_dir_name

@@ -20,7 +20,7 @@ from launch.base import Launcher
 from meta.search.after.baselines import EXPORTED, ReportRow, build_rows, verdict_roles
 from meta.search.config import ConfigError, ReevaluateConfig, SearchConfig
 from meta.search.after.phase import run_phase
-from meta.search.seeding import member_seed
+from core.seeding import member_seed
 from meta.search.staging import staged_inner
 from results.report.search.result_table import build_table, write_table_files
 from results.store.layout import member_dir_name

@@ -32,7 +32,7 @@ from meta.search.generation.generation_close import QuorumClock
 from meta.search.generation.generation_shape import GenerationShape
 from meta.search.generation.live_watch import LiveWatch, all_same_warning, format_duration
 from meta.searchers import Searcher, build_searcher
-from meta.search.seeding import member_seed
+from core.seeding import member_seed
 from results.store.gpu_share import read_gpu_share, share_text
 from core.records import MEMBER_SEEDS_KEY, NODE_FAILED, UNMEASURED_STATUSES, MemberSpec, ResultRecord, device_text
 from results.store.member_files import read_result
