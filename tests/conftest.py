@@ -25,8 +25,9 @@ logger = logging.getLogger(__name__)
 
 #: the files that take longest (minutes: a set of training runs, vLLM members, the whole main job), measured with
 #: ``--durations``, started first: the workers share files in collection order (scripts/test.sh passes
-#: ``--no-loadscope-reorder``), so a long file never starts last while the other worker sits idle. The first four are
-#: the heavy files (tests/heavy_lock.py), which one worker runs in turn as one unit while the others take the rest
+#: ``--no-loadscope-reorder``), so a long file never starts last while the other worker sits idle. The first, the
+#: learning runs (two single-threaded processes), is one worker's first unit; the next three are the heavy files
+#: (tests/heavy_lock.py), which the other worker runs in turn as one unit; then both take the rest
 LONGEST_FIRST = (
     "test_inner_learning.py", "test_vllm_member.py", "test_meta_e2e.py", "test_gpu_check.py", "test_meta_run_paths.py",
     "test_numerics.py", "test_bench_member_gpu.py", "test_inner_member.py", "test_fingerprint.py",
