@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import pytest
 
-from inner_loop.member import notice
+from inner_loop.process import notice
 from launch.slurm.options import SlurmOptions
 from launch.slurm.plan import notice_lines
 from core.gpu_time import GpuSharing

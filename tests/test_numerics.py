@@ -21,8 +21,8 @@ from inner_loop.training.warmup import cpu_capabilities, warmup_key
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(not numerics.can_pin(), reason="pinned numerics need a CPU with AVX2 and FMA")
 
-_REPORT = "import json; from inner_loop.numerics import pinned as numerics; print(json.dumps(numerics.in_force().as_dict()))"
-_PIN_THEN_REPORT = "from inner_loop.numerics import pinned as numerics; numerics.pin_this_process(); " + _REPORT
+_REPORT = "import json; from inner_loop.process import pinned as numerics; print(json.dumps(numerics.in_force().as_dict()))"
+_PIN_THEN_REPORT = "from inner_loop.process import pinned as numerics; numerics.pin_this_process(); " + _REPORT
 
 
 def _state(code: str, **env: str) -> dict:
