@@ -26,7 +26,7 @@ from results.store.provenance import config_hash
 from conf_groups import load_group
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("meta", "inner_loop", "mirror_maps", "launch", "results")
+PACKAGES = ("core", "meta", "inner_loop", "mirror_maps", "launch", "results")
 
 
 def _inner(**train) -> dict:

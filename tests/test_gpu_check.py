@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 PROBE = ROOT / "tests" / "import_probe"
 NODE_LIST = ROOT / "tests" / "fixtures" / "gpu_node_packages.txt"
 #: our own top-level packages (the repository travels to the node; PYTHONPATH names it)
-OWN = {"meta", "inner_loop", "launch", "results", "mirror_maps", "scripts", "tests", "bench", "sitecustomize"}
+OWN = {"core", "meta", "inner_loop", "launch", "results", "mirror_maps", "scripts", "tests", "bench", "sitecustomize"}
 
 
 def imported_distributions(log: Path) -> dict[str, dict[str, frozenset[str]]]:

@@ -227,7 +227,7 @@ def test_members_write_their_result_through_the_one_writer():
     """write_result is the primitive under write_final_result; no module of the packages calls it directly (tests
     and the store itself may), so no path can write a member's result.json a second time."""
     users = []
-    for package in ("meta", "launch", "inner_loop", "mirror_maps", "results", "bench"):
+    for package in ("core", "meta", "launch", "inner_loop", "mirror_maps", "results", "bench"):
         for path in sorted((ROOT / package).rglob("*.py")):
             if path == ROOT / "results" / "store" / "member_files.py":
                 continue

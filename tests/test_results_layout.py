@@ -16,7 +16,7 @@ from results.store.run_store import RunStore
 
 ROOT = Path(__file__).resolve().parent.parent
 #: the packages whose modules must take every layout name from results.store.layout
-SCANNED = ("launch", "meta", "results", "inner_loop")
+SCANNED = ("core", "launch", "meta", "results", "inner_loop")
 #: layout values that are also ordinary words (a column "state", a log message "final"): a literal equal to one of
 #: them (or a jobs.json key "submissions") says nothing about the layout, so the scan leaves them out
 ORDINARY_WORDS = {"state", "tables", "best", "final", "report", "submissions"}
