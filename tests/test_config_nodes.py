@@ -127,14 +127,13 @@ def test_plain_data_conversion_is_written_once():
     """meta/searchers/serialize.py is no config reading: it keeps a searcher's NamedTuples and tuples as tagged
     JSON so that they come back as they were, which config data must not."""
     assert _functions(_rebuilds_mappings_recursively) == [
-        "meta/searchers/serialize.py:from_plain", "meta/searchers/serialize.py:to_plain",
-        "core/config_nodes.py:plain"]
+        "core/config_nodes.py:plain", "meta/searchers/serialize.py:from_plain", "meta/searchers/serialize.py:to_plain"]
 
 
 def test_values_are_typed_from_annotations_in_one_place():
     """trl_overrides reads TRL's GRPOConfig annotations (TRL's vocabulary, not a config node of ours)."""
-    assert _functions(_reads_annotations) == ["inner_loop/grpo/trl_overrides.py:_field_hints",
-                                              "core/config_nodes.py:typed_node"]
+    assert _functions(_reads_annotations) == ["core/config_nodes.py:typed_node",
+                                              "inner_loop/grpo/trl_overrides.py:_field_hints"]
 
 
 # --- the GRPOConfig table ------------------------------------------------------------------------------------------
