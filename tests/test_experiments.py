@@ -9,7 +9,9 @@ import yaml
 
 from inner_loop.training.setup import validate_inner
 from meta.search.config import ConfigError, build_search_config
+from core.gpu_time import gpu_sharing
 from meta.compose import compose
+from plan_inputs import ONE_MEMBER_AT_15S
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 LOCAL_DATA = {
@@ -60,12 +62,17 @@ def test_gpu_presets_ask_slurm_for_one_gpu_their_threads_memory_and_time(experim
     assert (launcher["gpus_per_node"], launcher["cpus_per_task"], launcher["mem_gb"]) == (1, threads, 32)
     assert threads == 4
     member_s = raw["resources"]["member_time_min"] * 60
-    assert raw["inner"]["timeout_s"] == member_s * raw["resources"]["timeout_factor"] > member_s >= 2 * 3600
+    # k members sharing a card each run slower by the measured slowdown: the limit covers that
+    sharing = gpu_sharing(raw["resources"])
+    assert raw["inner"]["timeout_s"] == math.ceil(member_s * sharing.slowdown * raw["resources"]["timeout_factor"])
+    assert raw["inner"]["timeout_s"] > member_s >= 2 * 3600
     from launch.slurm.options import SlurmOptions
 
     options = {k: v for k, v in launcher.items() if k not in ("name", "cls")}
     params = SlurmOptions.from_options(options).sbatch_parameters(raw["inner"]["timeout_s"])
-    assert params["gpus_per_node"] == 1 and params["cpus_per_task"] == 4 and params["mem"] == "32768M"
+    # a packed task holds one GPU with k members' CPUs and memory
+    k = sharing.members_per_gpu
+    assert params["gpus_per_node"] == 1 and params["cpus_per_task"] == 4 * k and params["mem"] == f"{32768 * k}M"
     assert params["time"] == math.ceil((raw["inner"]["timeout_s"] + launcher["kill_grace_s"]) / 60)
 
 
@@ -90,7 +97,8 @@ def test_the_embedded_default_asks_for_no_gpu_and_derives_its_timeout():
 def test_command_line_launcher_resources_win_over_the_preset():
     raw = compose(["experiment=mbpp_qwen3", "launcher=slurm", "launcher.gpus_per_node=2", "launcher.mem_gb=80"])
     assert (raw["launcher"]["gpus_per_node"], raw["launcher"]["mem_gb"]) == (2, 80)
-    assert compose(["experiment=mbpp_qwen3", "launcher=slurm", "resources.gpus=4"])["launcher"]["gpus_per_node"] == 4
+    assert compose(["experiment=mbpp_qwen3", "launcher=slurm", "resources.gpus=4", "resources.members_per_gpu=1"]
+                   )["launcher"]["gpus_per_node"] == 4
     assert compose(["experiment=mbpp_qwen3", "inner.timeout_s=100"])["inner"]["timeout_s"] == 100
 
 
@@ -106,18 +114,25 @@ def test_slurm_cpus_below_the_member_threads_are_rejected_naming_both_keys():
 
 def test_a_member_that_could_never_finish_within_its_requeues_is_rejected():
     # 10.3 h of running time (412 min x 1.5); 5 runs of 2 h cannot cover it, 6 runs can.
-    raw = compose(["experiment=mbpp_qwen3", "launcher=slurm", "launcher.time_min=120", "launcher.requeues=4"])
+    raw = compose(["experiment=mbpp_qwen3", "launcher=slurm", "launcher.time_min=120", "launcher.requeues=4",
+                   *ONE_MEMBER_AT_15S])
     assert raw["inner"]["timeout_s"] == 412 * 60 * 1.5
     with pytest.raises(ConfigError, match=r"launcher.requeues=4 \+ 1\) x launcher.time_min=120.*inner.timeout_s"):
         build_search_config(_synthetic(raw))
-    ok = compose(["experiment=mbpp_qwen3", "launcher=slurm", "launcher.time_min=120", "launcher.requeues=5"])
+    ok = compose(["experiment=mbpp_qwen3", "launcher=slurm", "launcher.time_min=120", "launcher.requeues=5",
+                  *ONE_MEMBER_AT_15S])
     assert build_search_config(_synthetic(ok)).inner_timeout_s == 412 * 60 * 1.5
 
 
 def test_the_mbpp_preset_derives_its_time_from_the_measured_step_time():
+    """The H200 pass of 2026-11-28 set the preset: the compiled static cache (2.62x the dynamic cache's step), its
+    6.29 s/step, and two members per card (1.56x one member's tokens/s, each 1.277x slower)."""
     raw = compose(["experiment=mbpp_qwen3"])
-    assert raw["resources"]["member_time_min"] == 412  # 1600 x 15.0 s = 400 min + 12 min
-    assert raw["inner"]["timeout_s"] >= 1.3 * 412 * 60
+    assert raw["train"]["decode_cache"] == "persistent_compiled"
+    assert raw["resources"]["member_time_min"] == 180  # 1600 x 6.3 s = 168 min + 12 min
+    assert raw["inner"]["timeout_s"] >= 1.3 * 180 * 1.277 * 60
     assert "H200" in raw["resources"]["step_time_source"]
-    assert compose(["experiment=mbpp_qwen3", "train.steps=800"])["resources"]["member_time_min"] == 212
+    assert raw["resources"]["members_per_gpu"] == 2 and gpu_sharing(raw["resources"]).slowdown == 1.277
+    assert "H200" in raw["resources"]["shared_slowdown_source"]
+    assert compose(["experiment=mbpp_qwen3", "train.steps=800"])["resources"]["member_time_min"] == 96
     assert compose(["experiment=mbpp_qwen3", "resources.member_time_min=500"])["resources"]["member_time_min"] == 500

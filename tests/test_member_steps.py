@@ -15,11 +15,12 @@ from meta.search.config import ConfigError, build_search_config, config_hash, me
 from meta.search.run import main
 from meta.status.view import render
 from results.report.search.report import build_report, format_report
+from plan_inputs import ONE_MEMBER_AT_15S
 from results.store.run_store import RunStore
 
 SYNTH = ["launcher=debug", "inner.entrypoint=meta.synthetic:member", "population=4", "new=true"]
 MBPP = ["experiment=mbpp_qwen3", "launcher=slurm", "population=180", "generations=15", "dry_run=true", "new=true",
-        "inner.entrypoint=meta.synthetic:member"]
+        *ONE_MEMBER_AT_15S, "inner.entrypoint=meta.synthetic:member"]
 
 
 def _spec_train(folder) -> dict:
@@ -70,10 +71,10 @@ def test_a_search_members_time_limit_follows_its_steps_where_a_step_time_is_meas
     preset's timeout_factor, not the whole run's 10.3 h; the runs after the search keep the whole run's limit. Without a
     measured step time (the tiny preset) the whole run's limit stays: a short member's fixed cost is unknown."""
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")  # no scheduler command is asked
-    cfg = build_search_config(compose(["experiment=mbpp_qwen3", "es.member_steps=100", MBPP[-1]]))
+    cfg = build_search_config(compose(["experiment=mbpp_qwen3", "es.member_steps=100", *MBPP[-3:]]))
     assert cfg.inner_timeout_s == 412 * 60 * 1.5
     assert cfg.search_timeout_s == 37 * 60 * 1.5  # (100 x 15 s + 12 min) rounded up to 37 min, x 1.5
-    assert build_search_config(compose(["experiment=mbpp_qwen3", MBPP[-1]])).search_timeout_s == cfg.inner_timeout_s
+    assert build_search_config(compose(["experiment=mbpp_qwen3", *MBPP[-3:]])).search_timeout_s == cfg.inner_timeout_s
     assert main([f"run_dir={tmp_path / 'a'}", *MBPP]) == 0
     full = capsys.readouterr().out
     assert main([f"run_dir={tmp_path / 'b'}", *MBPP, "es.member_steps=100"]) == 0

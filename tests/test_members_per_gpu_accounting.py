@@ -20,12 +20,13 @@ from results.store.gpu_share import write_gpu_share
 from core.gpu_time import SLOWDOWN_BENCH, gpu_sharing
 from core.keys import MEMBER_GPU_MEMORY_KEY, MEMBER_GPU_SHARERS_KEY, MEMBER_GPUS_KEY
 from core.records import gpus_entry
+from plan_inputs import SHARED_AT_15S
 from results.store.run_store import RunStore
 
 #: the issue's mbpp plan with the synthetic entry point: the plan's figures are the preset's (its resources, steps,
 #: population), and no model, data set or scheduler is asked (tests/test_meta_plan.py runs the real member's checks)
 MBPP = ["experiment=mbpp_qwen3", "launcher=slurm", "population=180", "generations=15", "dry_run=true", "new=true",
-        "inner.entrypoint=meta.synthetic:member"]
+        *SHARED_AT_15S, "inner.entrypoint=meta.synthetic:member"]
 SYNTH = ["inner.entrypoint=meta.synthetic:member", "launcher=debug", "new=true"]
 
 
@@ -55,12 +56,12 @@ def test_the_members_share_reaches_the_inner_config_and_k1_stays_as_it_was():
 
 
 def test_the_timeout_follows_the_shared_members_slower_time():
-    alone = compose(["experiment=mbpp_qwen3"])
-    shared = compose(["experiment=mbpp_qwen3", "resources.members_per_gpu=2"])
+    alone = compose(["experiment=mbpp_qwen3", *SHARED_AT_15S])
+    shared = compose(["experiment=mbpp_qwen3", *SHARED_AT_15S, "resources.members_per_gpu=2"])
     assert alone["resources"]["member_time_min"] == shared["resources"]["member_time_min"] == 412
     assert alone["inner"]["timeout_s"] == math.ceil(412 * 60 * 1.5)
     assert shared["inner"]["timeout_s"] == math.ceil(412 * 1.183 * 60 * 1.5)  # 1.183: the preset's measurement
-    assert compose(["experiment=mbpp_qwen3", "resources.members_per_gpu=4"])["inner"]["timeout_s"] == \
+    assert compose(["experiment=mbpp_qwen3", *SHARED_AT_15S, "resources.members_per_gpu=4"])["inner"]["timeout_s"] == \
         math.ceil(412 * 4 * 60 * 1.5)  # unmeasured: k itself
 
 
@@ -77,7 +78,7 @@ def test_two_members_per_gpu_cost_1_183_over_2_of_the_mbpp_searchs_gpu_hours(tmp
     assert _gpu_hours(shared) / _gpu_hours(alone) == pytest.approx(1.183 / 2, rel=1e-3)
     assert "GPU sharing: resources.members_per_gpu=2: tasks per generation = ceil(members / 2) = ceil(181 / 2) = 91" \
         in shared and "slowdown measured: " not in alone
-    assert "measured: bench/bench_member_gpu.py, one H200 (141 GB), two mbpp_qwen3 members" in shared
+    assert "measured: scripts/gpu_pass.sh bench:faster:x2, one H200 (141 GB)" in shared
     assert "time per member: 487.4 min expected (412 min alone x slowdown 1.183 with 2 members per GPU" in shared
     assert "WARNING: no measured slowdown" not in shared
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

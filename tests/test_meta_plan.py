@@ -14,6 +14,7 @@ import pytest
 from meta.search.plan import disk_plan, known_shape, model_shape
 from meta.compose import compose
 from meta.search.run import main
+from plan_inputs import ONE_MEMBER_AT_15S
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -41,7 +42,8 @@ def test_mbpp_dry_run_at_population_180_prints_the_plan_and_touches_nothing(tmp_
     run_dir = tmp_path / "would_be_run"
     proc = subprocess.run(
         [sys.executable, "-m", "meta.run", "experiment=mbpp_qwen3", "launcher=slurm", "population=180",
-         "generations=15", "dry_run=true", f"run_dir={run_dir}", "new=true", *MBPP_LOCAL, *STAGED_MODEL],
+         "generations=15", "dry_run=true", f"run_dir={run_dir}", "new=true", *MBPP_LOCAL, *STAGED_MODEL,
+         *ONE_MEMBER_AT_15S],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -58,7 +60,7 @@ def test_mbpp_dry_run_at_population_180_prints_the_plan_and_touches_nothing(tmp_
     assert "= 2751" in out and "= 18,890.2 GPU-h" in out
     # the time per member follows from the measured step time, and says where that was measured
     assert ("time per member: 412 min expected (resources.step_time_s=15 s/step x train.steps=1600 + "
-            "resources.overhead_min=12 min; step time measured: bench/bench_member_gpu.py, one H200") in out
+            "resources.overhead_min=12 min; step time measured: scripts/gpu_pass.sh bench:persistent_compiled:x1") in out
     assert "WARNING: inner.timeout_s" not in out  # 1.5x the expected time
     # worst case: every run uses its 10.3 h budget twice (retries=1)
     assert "retried retries=1 time(s) = 56,670.6 GPU-h" in out

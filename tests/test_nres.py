@@ -20,6 +20,7 @@ import torch
 from inner_loop.member import preflight
 from meta.search.run import main
 from meta.synthetic import CHECKPOINT_FILE, member as synthetic_member, unrolled_optimum
+from plan_inputs import ONE_MEMBER_AT_15S
 from results.store.layout import boundary_dir_name
 from core.records import NODE_FAILED, MemberSpec, ResultRecord
 from results.store.run_store import RunStore
@@ -232,7 +233,7 @@ def test_the_mbpp_plan_of_nres_costs_at_most_an_eighth_of_the_whole_run_search_a
         [sys.executable, "-m", "meta.run", "experiment=mbpp_qwen3", "launcher=slurm", "population=180",
          "generations=15", "es=nres", "dry_run=true", f"run_dir={tmp_path / 'plan'}", "new=true",
          f"task.train_file={fixtures / 'mbpp_train.jsonl'}", f"task.test_file={fixtures / 'mbpp_test.jsonl'}",
-         "task.validation_size=2", f"model.name_or_path={fixtures}"],
+         "task.validation_size=2", f"model.name_or_path={fixtures}", *ONE_MEMBER_AT_15S],
         cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
