@@ -49,7 +49,7 @@ ARCHITECTURE = "qwen3_1_7b"
 SINGLE_DECODE_CACHE = "persistent_compiled"
 #: the decode step's compile backend per device: inductor on the GPU (what a search runs); on the CPU the check is
 #: the plumbing and the counts, so dynamo traces without inductor's minutes of C++ compiling
-SINGLE_COMPILE_BACKEND = {"cuda": "inductor", "cpu": "eager"}
+COMPILE_BACKEND = {"cuda": "inductor", "cpu": "eager"}
 #: Qwen3-1.7B's shapes at reduced depth on a GPU; small shapes on the CPU (what a step costs is not the point there)
 SHAPES = {"cuda": {"num_hidden_layers": 4},
           "cpu": {"num_hidden_layers": 2, "hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1,
@@ -57,13 +57,16 @@ SHAPES = {"cuda": {"num_hidden_layers": 4},
 #: the preset's training shrunk to a few steps; the rest (LoRA, the form, temperature, clipping, sandbox) is the preset's
 SHRUNK = ["train.steps=3", "train.group_size=4", "train.batch_size=8", "train.max_completion_length=32",
           "train.val_batch_size=6", "train.save_every=2", "train.eval_every=null", "resources.member_time_min=20"]
-PER_DEVICE = {"cuda": ["resources.gpus=1", "model.dtype=bfloat16"],
-              "cpu": ["resources.gpus=0", "model.dtype=float32", "train.num_threads=1", "resources.mem_gb=null"]}
+#: every run decodes as the preset does (its compiled static cache), with the decode step's backend of the device
+PER_DEVICE = {"cuda": ["resources.gpus=1", "model.dtype=bfloat16",
+                       f"train.decode_compile_backend={COMPILE_BACKEND['cuda']}"],
+              "cpu": ["resources.gpus=0", "model.dtype=float32", "train.num_threads=1", "resources.mem_gb=null",
+                      f"train.decode_compile_backend={COMPILE_BACKEND['cpu']}"]}
 #: straggler_grace: with fewer slots than members (one GPU), the control member starts only when a member ends; the
 #: default grace (0.5 x the median member time after the quorum) would cancel it as late
 #: on the GPU the search's members share it two by two (resources.members_per_gpu=2: each holds half the card, an
 #: antithetic pair side by side); the single run has the card alone
-SHARED_SEARCH = {"cuda": ["resources.members_per_gpu=2"], "cpu": []}
+SHARED_SEARCH = {"cuda": ["resources.members_per_gpu=2"], "cpu": ["resources.members_per_gpu=1"]}
 #: es=openai_es_elite: the authors' antithetic OpenAI-ES needs neither evotorch nor ray (evotorch imports ray at import
 #: time, and ray's 79 MB wheel cannot be carried to an air-gapped node: scripts/node_bundle.sh); one generation (its
 #: tell and the centre's move are the searcher's, tested on CPUs) keeps the run within ~5 minutes on one H100 (4.8 measured)
@@ -161,8 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     timings["meta.export"] = run([sys.executable, "-m", "meta.export", f"run_dir={run_dir}", f"out={init}"], env,
                                  "the export", 300)
     timings["inner_loop.run"] = run([sys.executable, "-m", "inner_loop.run", *overrides, f"divergence.init={init}",
-                                     f"work_dir={single_dir}", f"train.decode_cache={SINGLE_DECODE_CACHE}",
-                                     f"train.decode_compile_backend={SINGLE_COMPILE_BACKEND[device]}"], env,
+                                     f"work_dir={single_dir}", f"train.decode_cache={SINGLE_DECODE_CACHE}"], env,
                                     "a single run with the exported init", 900)
     rows = member_rows(work)
     print(f"{'record':<44} {'status':<8} {'steps':>5} {'device':<28} {'s/step':>7} {'peak GPU GiB':>12}  shared")
@@ -188,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"gpu_check: FAILED: the single run's decoding: {problem}", file=sys.stderr)
         return 1
-    if SHARED_SEARCH[device] and not any(row["shared"] for row in rows):
+    if device == "cuda" and not any(row["shared"] for row in rows):
         print("gpu_check: FAILED: resources.members_per_gpu=2, but no member shared its GPU", file=sys.stderr)
         return 1
     if not rows or wrong:

@@ -27,9 +27,11 @@ from results.store.provenance import read_run_manifest
 from core.records import ResultRecord
 from conf_groups import load_group
 
-#: Seeds per divergence; per trust-region host (whose claim is weaker, and whose runs are shorter).
+#: Seeds per divergence; per trust-region host: one, whose claim (no collapse) is weaker and whose runs are shorter.
+#: A collapse goes 0.5 -> 0.02, so one seed shows it; pinned numerics make seed 0's outcome the same on every machine
+#: (measured: the weakest host, dppo_tv, ends 0.100 below step-0 against the 0.15 margin).
 SEEDS = (0, 1, 2)
-TRUST_SEEDS = (0, 1)
+TRUST_SEEDS = (0,)
 #: Training steps of a trust-region run: a host that breaks training collapses the reward within ~10 steps.
 TRUST_STEPS = 30
 #: The 95% interval of the mean gain over every divergence and seed must lie above this (measured: mean +0.133,
@@ -120,7 +122,7 @@ def test_each_divergence_learns_in_every_seed(runs, step0_pass_at_1, divergence)
 
 @pytest.mark.parametrize("policy_loss", TRUST_REGIONS)
 def test_trust_region_hosts_train_without_collapse_with_two_passes_per_rollout(runs, step0_pass_at_1, policy_loss):
-    """Each trust-region host trains without losing validation pass@1, on average over seeds.
+    """Each trust-region host trains without losing validation pass@1 (one seed: TRUST_SEEDS).
 
     Weaker than the divergence test above, on purpose: from the band-warmed model these prob_l2 two-pass hosts gain
     little in 60 steps, so a gain would be a claim about seed noise. A host that breaks training (the reward

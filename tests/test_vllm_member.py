@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conf_groups import PRESETS, preset_sampling
+from conf_groups import PRESETS, load_group, preset_sampling
 from results.store.layout import RESULT_FILE
 from time_limits import run_with_progress
 
@@ -40,6 +40,10 @@ TINY_HEAD_DIM_64 = ["model=tiny", "model.hidden_size=128", "model.num_heads=2"]
 COLOCATE = "++train.trl={use_vllm: true, vllm_mode: colocate, vllm_max_model_length: %d}"
 SMALL_RUN = ["task=arith", "task.validation_size=4", "train.val_size=4", "train.val_batch_size=4", "train.steps=2",
              "train.batch_size=4", "train.group_size=4", "train.max_completion_length=8", "train.report_to=[]"]
+
+#: the embedded default: its sampling is what a run without a preset samples with (the seed test's runs)
+EMBEDDED_DEFAULT = "tiny_arith"
+CHECKPOINT_AT_2 = ["train.keep_checkpoints=last", "train.save_every=2"]
 
 
 def _run(work_dir: Path, *overrides: str) -> dict:
@@ -83,8 +87,10 @@ def test_a_weight_push_changes_what_vllm_generates_exactly(tmp_path):
 
 
 def test_a_seed_reproduces_its_vllm_completions_and_another_seed_does_not(tmp_path):
+    """Also the embedded default's (tiny_arith's) sampling, which these runs keep: vLLM trains the policy there as
+    HF generate does (the other presets' sampling: the test below)."""
     runs = {name: _run(tmp_path / name, *TINY_HEAD_DIM_64, COLOCATE % 256, f"seed={seed}", "train.batch_size=8",
-                       "train.learning_rate=1e-3")
+                       "train.learning_rate=1e-3", *CHECKPOINT_AT_2)
             for name, seed in (("first", 0), ("again", 0), ("other", 1))}
     digests = {name: r["generation"]["completions_sha256"] for name, r in runs.items()}
     assert all(r["status"] == "ok" and r["generation"]["backend"] == "vllm_colocate" for r in runs.values())
@@ -94,9 +100,12 @@ def test_a_seed_reproduces_its_vllm_completions_and_another_seed_does_not(tmp_pa
     # the policy moved (rewards varied) and every step's push reached the engine: it sampled from the trained weights
     assert runs["first"]["diagnostics"]["zero_variance_group_frac"] < 1.0
     _assert_sampler_is_the_policy(runs["first"])
+    default = load_group("train", "default")  # the runs above sampled as tiny_arith does
+    assert preset_sampling(EMBEDDED_DEFAULT) == (default["temperature"], default["top_p"], 0)
+    _assert_no_sequence_masked(tmp_path / "first", runs["first"])
 
 
-@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("preset", [p for p in PRESETS if p != EMBEDDED_DEFAULT])
 def test_under_each_presets_sampling_vllm_trains_the_policy_hf_generate_trains(tmp_path, preset):
     # the preset's temperature, top_p and top_k on the tiny model: the importance-sampling ratio the loss gets is
     # compared on vLLM's processed distribution, so it is 1 (the engine samples the policy's float32 weights) and
@@ -104,11 +113,14 @@ def test_under_each_presets_sampling_vllm_trains_the_policy_hf_generate_trains(t
     temperature, top_p, top_k = preset_sampling(preset)
     sampling = [f"train.temperature={temperature}", f"train.top_p={top_p}"] + (
         [f"+train.trl.top_k={top_k}"] if top_k else [])
-    record = _run(tmp_path / "run", *TINY_HEAD_DIM_64, COLOCATE % 256, *sampling, "train.keep_checkpoints=last",
-                  "train.save_every=2")
+    record = _run(tmp_path / "run", *TINY_HEAD_DIM_64, COLOCATE % 256, *sampling, *CHECKPOINT_AT_2)
+    _assert_no_sequence_masked(tmp_path / "run", record)
+
+
+def _assert_no_sequence_masked(work_dir: Path, record: dict) -> None:
     assert record["status"] == "ok", record["error"]
     assert abs(record["diagnostics"]["importance_sampling_ratio_mean"] - 1.0) < 0.02
-    state = json.loads((tmp_path / "run" / "checkpoints" / "checkpoint-2" / "trainer_state.json").read_text())
+    state = json.loads((work_dir / "checkpoints" / "checkpoint-2" / "trainer_state.json").read_text())
     lows = [h["sampling/importance_sampling_ratio/min"] for h in state["log_history"]
             if "sampling/importance_sampling_ratio/min" in h]
     assert lows and min(lows) > 0.0  # sequence_mask zeroes a masked sequence's ratio: none was

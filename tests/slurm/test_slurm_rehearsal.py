@@ -27,6 +27,9 @@ VALIDATION_PROBLEMS = 6  # lines of validation.jsonl
 SHRUNK = ["train.steps=2", "train.group_size=4", "train.batch_size=8", "train.max_completion_length=48",
           "train.val_batch_size=6", "train.save_every=1", "train.num_threads=1",
           "resources.gpus=0", "resources.mem_gb=null", "resources.member_time_min=20",
+          # one member per array task: the preset packs two per GPU, and CPU members packed two per task are
+          # test_slurm_packed.py's; here each member is its own array task, as one per GPU runs
+          "resources.members_per_gpu=1",
           # the search's extras (control member, re-evaluation: 15 more SmolLM2 runs) run on this cluster with the
           # tiny model and synthetic members (test_slurm_default_search.py, test_slurm_status.py); here the two
           # members are the preset's training path end to end
@@ -37,7 +40,10 @@ if not VLLM_INSTALLED and os.environ.get("MIRROR_ES_REQUIRE_VLLM"):
     raise RuntimeError("MIRROR_ES_REQUIRE_VLLM is set but vLLM is not installed (scripts/install_vllm.sh)")
 #: vLLM's CPU build needs AVX2 kernels: ATEN_CPU_CAPABILITY=default breaks its compiled sampler (tests/test_vllm_member.py)
 VLLM_USED = VLLM_INSTALLED and os.environ.get("ATEN_CPU_CAPABILITY") != "default"
-BACKEND = ["++train.trl={use_vllm: true, vllm_mode: colocate, vllm_max_model_length: 1024}"] if VLLM_USED else []
+#: with vLLM, HF generate's cache setting is refused (vLLM keeps its own paged cache); without it the preset's compiled
+#: static cache runs with dynamo's eager backend: its plumbing and counts, not inductor's minutes of C++ on a CPU
+BACKEND = (["++train.trl={use_vllm: true, vllm_mode: colocate, vllm_max_model_length: 1024}", "train.decode_cache=dynamic"]
+           if VLLM_USED else ["train.decode_compile_backend=eager"])
 
 
 def rehearsal_overrides(run_dir: Path) -> list[str]:
