@@ -23,10 +23,11 @@ from time_limits import run_with_progress
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "extending.md"
 BLOCK = re.compile(r"^```[a-z]*\n# file: (\S+)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
-#: the cheapest search that still trains: 2 members (+ the control member), 1 generation, 2 steps, no warm-up, no
-#: selection or reporting stage
-TINY = ["population=2", "generations=1", "launcher=local", "reevaluate.top_k=0", "train.steps=2", "train.val_size=8",
-        "train.batch_size=16", "model.warmup_max_steps=0"]
+#: the cheapest search that still trains: 2 members (no control member), 1 generation, 2 steps, no warm-up, no
+#: selection or reporting stage (the control member trains the same program as the members: the member program's
+#: recipe below runs one)
+TINY = ["population=2", "generations=1", "control_member=false", "launcher=local", "reevaluate.top_k=0",
+        "train.steps=2", "train.val_size=8", "train.batch_size=16", "model.warmup_max_steps=0"]
 
 
 def _blocks() -> list[tuple[str, str]]:

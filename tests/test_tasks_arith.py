@@ -95,3 +95,18 @@ def test_prompt_template_format_specs_zero_pad_operands():
         assert int(problem.answer) == a + b
     with pytest.raises(ValueError, match="task.prompt_template"):
         ArithTask(ArithConfig(prompt_template="{a:02d}{op}="))
+
+
+def test_a_config_drawn_twice_in_one_process_gives_equal_problems_that_share_nothing_and_any_change_redraws():
+    """The draws are kept per process (a dry run validates the same config for every baseline row): a second task of
+    the same config gets equal problems, as new objects; a changed key (seed, size, template) draws anew."""
+    config = dict(train_size=30, validation_size=10, test_size=10, seed=7)
+    first, second = ArithTask(ArithConfig(**config)), ArithTask(ArithConfig(**config))
+    a, b = first.load("train"), second.load("train")
+    assert a == b and [p.meta for p in a] == [p.meta for p in b]
+    a[0].meta["a"] = -1  # a caller's change to its own problems reaches no other task's
+    assert ArithTask(ArithConfig(**config)).load("train")[0].meta["a"] != -1
+    assert ArithTask(ArithConfig(**{**config, "seed": 8})).load("train") != b
+    assert len(ArithTask(ArithConfig(**{**config, "train_size": 31})).load("train")) == 31
+    longer = ArithTask(ArithConfig(**config, prompt_template="Q: {a:02d}{op}{b:02d}=")).load("train")
+    assert all(p.prompt.startswith("Q: ") for p in longer)

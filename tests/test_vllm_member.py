@@ -1,5 +1,7 @@
 """vLLM generation in a member, for real (the CPU build here, `scripts/install_vllm.sh`): TRL's colocate mode trains
-and scores SmolLM2-135M, a weight push changes what vLLM generates (exactly), and a seed reproduces its completions.
+the tiny model with the sampler equal to the policy, a weight push changes what vLLM generates (exactly), and a seed
+reproduces its completions. SmolLM2-135M with LoRA trained and scored by vLLM colocate is the SLURM rehearsal's
+(tests/slurm/test_slurm_rehearsal.py: the mbpp_qwen3 preset's two members, the same checks).
 
 Each run is a process of its own (`python -m inner_loop.run`, or the push probe): vLLM's engine seeds the process's
 RNGs, replaces torch.set_num_threads and starts a torch.distributed group, none of which may leak into pytest.
@@ -53,15 +55,6 @@ def _run(work_dir: Path, *overrides: str) -> dict:
                              cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return json.loads((work_dir / RESULT_FILE).read_text())
-
-
-def test_smollm2_member_trains_and_scores_with_vllm_colocate(tmp_path):
-    # LoRA: the push merges the adapter into the weights it sends (TRL), and copies them before vLLM reloads
-    record = _run(tmp_path / "run", "model=smollm2_135m", "model.lora_r=8", "train.num_threads=2", COLOCATE % 512)
-    assert record["status"] == "ok" and record["steps_done"] == 2, record["error"]
-    assert record["generation"]["backend"] == "vllm_colocate" and record["generation"]["from_step"] == 0
-    assert 0.0 <= record["fitness"] <= 1.0 and record["val_size"] == 4
-    _assert_sampler_is_the_policy(record)
 
 
 def _assert_sampler_is_the_policy(record: dict) -> None:

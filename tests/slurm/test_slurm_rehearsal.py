@@ -74,3 +74,9 @@ def test_the_mbpp_qwen3_preset_runs_end_to_end_as_slurm_array_tasks(slurm_cluste
     # the regularizer's gradient share reached every record (0 at step 0 by construction, where the policy is the
     # reference; a later step whose groups all tie has no policy gradient to compare with)
     assert members["diag_regularizer_grad_share"].notna().all()
+    if VLLM_USED:
+        # LoRA r=64: TRL merges the adapter into the weights it pushes, and the engine (the policy's float32) sampled
+        # from the very weights being trained: TRL's importance-sampling ratio of its samples is 1
+        assert ((members["diag_importance_sampling_ratio_mean"] - 1.0).abs() < 1e-3).all(), members.filter(like="diag_")
+        assert (members["diag_sampling_logp_difference_mean"].between(0.0, 1e-3)).all()
+        assert members["fitness"].between(0.0, 1.0).all()
