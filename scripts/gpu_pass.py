@@ -273,11 +273,18 @@ def cuda_tests_check(ctx: Pass, done: dict[str, dict[str, Any]]) -> dict[str, An
             "detail": summary if result.returncode == 0 else _tail(result.stdout, 20)}
 
 
+#: the acceptance run's minutes: 4.8 measured on an H100 and on an H200 with the dynamic cache in the search's
+#: members; since the preset decodes with the compiled cache, each of its ~11 member processes also compiles its
+#: decode step (from inductor's warm cache after the first), so it is stopped later than that, not at 6
+ACCEPTANCE_NEEDS_MIN = 5.0
+ACCEPTANCE_STOP_MIN = 8.0
+
+
 def acceptance_check(ctx: Pass, done: dict[str, dict[str, Any]]) -> dict[str, Any]:
     out = ctx.work / "acceptance.json"
     result = run_command(ctx, [sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--device", ctx.device,
                                "--skip-cuda-tests", "--work", str(ctx.work / "acceptance"), "--json", str(out)],
-                         ctx.work / "acceptance.log", most_min=6.0)
+                         ctx.work / "acceptance.log", most_min=ACCEPTANCE_STOP_MIN)
     summary = json.loads(out.read_text()) if out.is_file() else {}
     rows = summary.get("rows", [])
     figures = {"records": len(rows), "ok": sum(r["status"] == "ok" for r in rows),
@@ -461,7 +468,7 @@ def checks(opts: argparse.Namespace) -> list[Check]:
     if opts.bundle is not None:
         out.append(Check("bundle", "the bundle importable", 0.5, bundle_check))
     out += [Check("cuda_tests", "the CUDA tests", 1.0, cuda_tests_check),
-            Check("acceptance", "the acceptance run", 2.5, acceptance_check)]
+            Check("acceptance", "the acceptance run", ACCEPTANCE_NEEDS_MIN, acceptance_check)]
     minutes = bench_minutes(opts)
     out += [Check(alone_key(c), f"bench: 1 member, decode_cache={c}", minutes[alone_key(c)],
                   alone_check(c, minutes[alone_key(c)])) for c in CACHES]
