@@ -98,8 +98,8 @@ def test_prompt_template_format_specs_zero_pad_operands():
 
 
 def test_a_config_drawn_twice_in_one_process_gives_equal_problems_that_share_nothing_and_any_change_redraws():
-    """The draws are kept per process (a dry run validates the same config for every baseline row): a second task of
-    the same config gets equal problems, as new objects; a changed key (seed, size, template) draws anew."""
+    """A dry run validates the same config for every baseline row: a second task of the same config gets equal
+    problems, as objects of its own; a changed key (seed, size, template) draws anew."""
     config = dict(train_size=30, validation_size=10, test_size=10, seed=7)
     first, second = ArithTask(ArithConfig(**config)), ArithTask(ArithConfig(**config))
     a, b = first.load("train"), second.load("train")

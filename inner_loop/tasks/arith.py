@@ -41,13 +41,6 @@ class ArithConfig:
     prompt_template: str = "{a:02d}{op}{b:02d}="
 
 
-#: the problems drawn per (config, split), a pure function of the config: drawn once per process, because a dry run or
-#: an orchestrator's start validates the search's and every baseline's inner config, each building the same splits
-#: (rejection sampling with a SHA-256 per draw: ~0.15 s each at the default sizes)
-_DRAWN: dict[tuple[str, str], tuple[tuple[str, str, int, str, int], ...]] = {}
-_DRAWN_MAX = 32
-
-
 def _hash_unit(prompt: str) -> float:
     """A stable pseudo-uniform number in [0, 1) for a prompt (independent of PYTHONHASHSEED)."""
     return int.from_bytes(hashlib.sha256(prompt.encode("utf-8")).digest()[:8], "big") / 2.0**64
@@ -129,20 +122,10 @@ class ArithTask(SplitTask):
         return a, op, b
 
     def _generate(self, split: str) -> list[Problem]:
-        key = (repr(self.config), split)
-        drawn = _DRAWN.get(key)
-        if drawn is None:
-            if len(_DRAWN) >= _DRAWN_MAX:
-                _DRAWN.clear()
-            drawn = _DRAWN[key] = self._draw_split(split)
-        return [Problem(id=f"arith-{split}-{k}", prompt=prompt, answer=answer, meta={"a": a, "op": op, "b": b})
-                for k, (prompt, answer, a, op, b) in enumerate(drawn)]
-
-    def _draw_split(self, split: str) -> tuple[tuple[str, str, int, str, int], ...]:
         size = getattr(self.config, f"{split}_size")
         start, end = _SPLIT_RANGES[split]
         rng = random.Random(f"arith/{self.config.seed}/{_SPLIT_STREAM[split]}")
-        problems: list[tuple[str, str, int, str, int]] = []
+        problems: list[Problem] = []
         seen: set[str] = set()
         attempts, limit = 0, 200 * size + 1000
         while len(problems) < size:
@@ -155,8 +138,9 @@ class ArithTask(SplitTask):
                 continue
             seen.add(prompt)
             answer = a + b if op == "+" else a - b if op == "-" else a * b
-            problems.append((prompt, str(answer), a, op, b))
-        return tuple(problems)
+            problems.append(Problem(id=f"arith-{split}-{len(problems)}", prompt=prompt, answer=str(answer),
+                                    meta={"a": a, "op": op, "b": b}))
+        return problems
 
     def _build_splits(self) -> dict[str, list[Problem]]:
         return {split: self._generate(split) for split in ("train", "validation", "test")}
