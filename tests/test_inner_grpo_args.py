@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -183,10 +184,12 @@ def test_a_batch_that_does_not_split_into_the_micro_batches_names_both_keys():
 
 def test_the_member_gets_the_args_the_check_built(tmp_path, monkeypatch):
     """The trainer receives the GRPOConfig of build_grpo_config, pass-through included (trainer stubbed out)."""
+    import inner_loop.grpo.trainer as trainer
     import inner_loop.training.setup as run_setup
 
     captured = {}
-    monkeypatch.setattr(run_setup, "MirrorGRPOTrainer", lambda **kwargs: captured.update(kwargs) or kwargs)
+    # (build_trainer imports the trainer class when it runs: the up-front check never loads the trainer's stack)
+    monkeypatch.setattr(trainer, "MirrorGRPOTrainer", lambda **kwargs: captured.update(kwargs) or kwargs)
     inner = _inner(trl={"repetition_penalty": 1.2, "shuffle_dataset": False}, batch_size=16, group_size=4,
                    report_to=[])
     inner["model"].update(warmup_max_steps=0, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
@@ -237,3 +240,21 @@ def test_meta_run_checks_train_values_before_anything_is_written(tmp_path, capsy
     else:
         assert code == 2 and message in err, err
     assert not run_dir.exists()
+
+
+def test_the_up_front_check_leaves_the_trainer_s_stack_unloaded():
+    """An orchestrator validates every member config (and a refused command line is answered) without loading the
+    trainer: TRL's GRPOTrainer, the model loaders, and vLLM, which TRL's trainer imports whenever it is installed
+    (seconds per process). Only the member's own job needs them."""
+    code = ("import sys\n"
+            "from conf_groups import load_group\n"
+            "from inner_loop.training.setup import validate_inner\n"
+            "validate_inner({g: load_group(g, n) for g, n in (('task', 'arith'), ('model', 'tiny'), "
+            "('divergence', 'neural_mirror'), ('train', 'default'))})\n"
+            "print(sorted(m for m in ('vllm', 'trl.trainer.grpo_trainer', 'inner_loop.grpo.trainer', "
+            "'inner_loop.models.loading') if m in sys.modules))\n")
+    tests = Path(__file__).resolve().parent
+    done = subprocess.run([sys.executable, "-c", code], cwd=tests.parent, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(tests)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]", done.stdout

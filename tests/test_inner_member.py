@@ -188,6 +188,16 @@ def test_a_member_shows_its_progress_and_logs_trls_metrics_to_tensorboard(cache,
     assert [e.step for e in events.Scalars("train/reward")] == [1, 2, 3, 4]
 
 
+def test_the_reporting_backends_checked_without_transformers_are_transformers_own():
+    """check_report_to accepts the names of its module table without importing transformers' list: each must be
+    one of the pinned transformers' integrations, or a typo of a new name would pass the up-front check."""
+    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+
+    from inner_loop.grpo.trl_overrides import _REPORT_MODULES
+
+    assert set(_REPORT_MODULES) <= set(INTEGRATION_TO_CALLBACK), set(_REPORT_MODULES) - set(INTEGRATION_TO_CALLBACK)
+
+
 @pytest.mark.parametrize("report_to, fragment", [(["tensorbord"], "not a transformers reporting integration"),
                                                  (["wandb"], "needs the 'wandb' package")])
 def test_a_reporting_backend_that_cannot_work_is_refused_up_front(report_to, fragment):

@@ -128,19 +128,26 @@ _REPORT_MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "ml
                    "clearml": "clearml", "neptune": "neptune", "dvclive": "dvclive", "trackio": "trackio"}
 
 
+def _integration_names() -> list[str]:
+    """transformers' reporting integrations (the names ``report_to`` takes)."""
+    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+
+    return sorted(INTEGRATION_TO_CALLBACK)
+
+
 def check_report_to(report_to: Any) -> list[str]:
     """``train.report_to`` as a list of transformers' integration names, each installed: a backend that is not would
     otherwise fail in every member when its trainer starts (or, for some, silently log nowhere)."""
     import importlib.util
 
-    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
-
     names = [report_to] if isinstance(report_to, str) else list(report_to or [])
     names = [] if names in (["none"], []) else names
     for name in names:
-        if name not in INTEGRATION_TO_CALLBACK:
+        # the names of _REPORT_MODULES are transformers' own (tests/test_inner_grpo_args.py holds them so); only
+        # another name needs transformers' list, whose import costs an orchestrator seconds
+        if name not in _REPORT_MODULES and name not in _integration_names():
             raise ValueError(f"train.report_to: {name!r} is not a transformers reporting integration; choose from "
-                             f"{sorted(INTEGRATION_TO_CALLBACK)} or [] for none")
+                             f"{_integration_names()} or [] for none")
         module = _REPORT_MODULES.get(name, name)
         if importlib.util.find_spec(module) is None:
             raise ValueError(f"train.report_to: {name!r} needs the {module!r} package, which is not installed here "

@@ -9,28 +9,18 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-from inner_loop.training.checkpoints import CHECKPOINT_DIR, DiskUsageCallback, SaveOnNoticeCallback
-from inner_loop.training.progress_log import ProgressFileCallback, tensorboard_callback
 from inner_loop.config import ExtraEvaluation, InnerConfig
-from inner_loop.generation.backends import generation_backend
-from inner_loop.generation.continuous_batching import member_continuous_batching_config
-from inner_loop.generation.decode_step import member_decode_buckets
-from inner_loop.generation.memory import member_gpu_budget_bytes
-from inner_loop.generation.vllm_colocate import member_vllm_max_model_length
-from inner_loop.process.gpu_share import engine_start_turn_for
-from inner_loop.grpo.args import build_grpo_config, check_grpo_config
-from inner_loop.models.loading import load_policy, resolve_model_dir
+from inner_loop.grpo.args import check_grpo_config
 from inner_loop.loss.divergences import divergence
-from inner_loop.loss.policy_terms import PolicyParams
-from inner_loop.models.prompts import format_prompt
 from inner_loop.loss.regularizers import Regularizer, build_regularizer
 from inner_loop.tasks import build_task, check_disjoint, check_transfer
 from inner_loop.tasks.base import Problem, Task
-from inner_loop.grpo.trainer import MirrorGRPOTrainer
-from inner_loop.training.warmup import warmed_model_dir
 from mirror_maps import VECTOR_LENGTH
+
+if TYPE_CHECKING:
+    from inner_loop.grpo.trainer import MirrorGRPOTrainer
 
 
 @dataclass
@@ -118,8 +108,26 @@ def validate_inner(inner: Mapping[str, Any]) -> None:
 
 def build_trainer(run: PreparedRun, work_dir: Path, seed: int) -> MirrorGRPOTrainer:
     """The member's trainer: its GRPOConfig, the (warmed) policy, the formatted train prompts and the reward."""
+    # Imported here, not at the top: the trainer's stack (TRL's trainer, PEFT, and vLLM whenever it is installed) costs
+    # seconds per process, which ``prepare``/``validate_inner`` (an orchestrator's up-front check, a refused command
+    # line) never use.
     import torch
     from datasets import Dataset
+
+    from inner_loop.generation.backends import generation_backend
+    from inner_loop.generation.continuous_batching import member_continuous_batching_config
+    from inner_loop.generation.decode_step import member_decode_buckets
+    from inner_loop.generation.memory import member_gpu_budget_bytes
+    from inner_loop.generation.vllm_colocate import member_vllm_max_model_length
+    from inner_loop.grpo.args import build_grpo_config
+    from inner_loop.grpo.trainer import MirrorGRPOTrainer
+    from inner_loop.loss.policy_terms import PolicyParams
+    from inner_loop.models.loading import load_policy, resolve_model_dir
+    from inner_loop.models.prompts import format_prompt
+    from inner_loop.process.gpu_share import engine_start_turn_for
+    from inner_loop.training.checkpoints import CHECKPOINT_DIR, DiskUsageCallback, SaveOnNoticeCallback
+    from inner_loop.training.progress_log import ProgressFileCallback, tensorboard_callback
+    from inner_loop.training.warmup import warmed_model_dir
 
     cfg, tcfg = run.cfg, run.cfg.train
     # Built first, by the same function as the up-front check: a rejected setting fails before a model is loaded.
