@@ -58,8 +58,9 @@ def test_the_plan_prices_search_members_at_member_steps_and_the_runs_after_at_tr
     assert main([f"run_dir={tmp_path / 'b'}", *MBPP, "es.member_steps=100"]) == 0
     short = capsys.readouterr().out
     assert _gpu_hours(full) == pytest.approx(2751 * 412 / 60, abs=0.1)
-    # 181 x 15 members of 100 steps x 15 s + 12 min, and 12 selection + 24 reporting runs of 1600 steps (412 min)
-    assert _gpu_hours(short) == pytest.approx(2715 * 37 / 60 + 36 * 412 / 60, abs=0.1)
+    # 181 x 15 members of 100 steps x 15 s + the preset's 3 min of a short run's fixed cost
+    # (resources.short_run_overhead_min), and 12 selection + 24 reporting runs of 1600 steps (+ 12 min: 412 min)
+    assert _gpu_hours(short) == pytest.approx(2715 * 28 / 60 + 36 * 412 / 60, abs=0.1)
     assert "es.member_steps=100 of train.steps=1600" in short and "x es.member_steps=100 + " in short
     assert "member horizon" not in full
     assert "1 written per member (es.member_steps=100 / save_every=100)" in short  # a search member's checkpoints
@@ -73,13 +74,18 @@ def test_a_search_members_time_limit_follows_its_steps_where_a_step_time_is_meas
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")  # no scheduler command is asked
     cfg = build_search_config(compose(["experiment=mbpp_qwen3", "es.member_steps=100", *MBPP[-3:]]))
     assert cfg.inner_timeout_s == 412 * 60 * 1.5
-    assert cfg.search_timeout_s == 37 * 60 * 1.5  # (100 x 15 s + 12 min) rounded up to 37 min, x 1.5
+    assert cfg.search_timeout_s == 28 * 60 * 1.5  # (100 x 15 s + short_run_overhead_min 3 min) = 28 min, x 1.5
+    unset = build_search_config(compose(["experiment=mbpp_qwen3", "es.member_steps=100",
+                                         "resources.short_run_overhead_min=null", *MBPP[-3:]]))
+    assert unset.search_timeout_s == 37 * 60 * 1.5  # null: the whole run's 12 min (100 x 15 s + 12 min = 37 min)
+    with pytest.raises(ConfigError, match=r"resources\.short_run_overhead_min"):
+        build_search_config(compose(["experiment=mbpp_qwen3", "resources.short_run_overhead_min=-1", *MBPP[-3:]]))
     assert build_search_config(compose(["experiment=mbpp_qwen3", *MBPP[-3:]])).search_timeout_s == cfg.inner_timeout_s
     assert main([f"run_dir={tmp_path / 'a'}", *MBPP]) == 0
     full = capsys.readouterr().out
     assert main([f"run_dir={tmp_path / 'b'}", *MBPP, "es.member_steps=100"]) == 0
     short = capsys.readouterr().out
-    assert "a search member's 3330 s" in short and "a search member's" not in full
+    assert "a search member's 2520 s" in short and "a search member's" not in full
     sbatch_time = [int(re.search(r"#SBATCH --time=(\d+)", out).group(1)) for out in (full, short)]
     assert sbatch_time[1] * 5 < sbatch_time[0]
     tiny = build_search_config(compose(["es.member_steps=15"]))

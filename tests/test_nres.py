@@ -237,7 +237,8 @@ def test_the_mbpp_plan_of_nres_costs_at_most_an_eighth_of_the_whole_run_search_a
         cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
-    # 180 x 15 truncations of 1600/16 = 100 steps, each 100 x 15 s + 12 min; 36 runs of 412 min after the search
+    # 180 x 15 truncations of 1600/16 = 100 steps, each 100 x 15 s + the preset's short_run_overhead_min (3 min, not
+    # a whole run's 12); 36 runs of 412 min after the search
     assert "2700 truncations, 270,000 steps = 168.8 runs of 1600 steps" in out
     assert "whole-run search at the same step time: 18,890.2 GPU-h" in out  # today's plan, as test_meta_plan has it
     share = float(re.search(r"this plan is ([0-9.]+) of it", out).group(1))
@@ -245,7 +246,7 @@ def test_the_mbpp_plan_of_nres_costs_at_most_an_eighth_of_the_whole_run_search_a
     assert "a particle pays for its run once over the search" in out
     assert "180 particles x 1 boundary checkpoint each" in out and "#SBATCH --array=0-179%180" in out
     # a truncation's time limit (and its array task's --time) is its own 100 steps', not the whole run's 10.3 h
-    assert "a search member's 3330 s" in out and "#SBATCH --time=56" in out
+    assert "a search member's 2520 s" in out and "#SBATCH --time=43" in out
 
 
 def test_a_training_run_in_two_truncations_continues_from_the_particles_checkpoint(tmp_path, monkeypatch):

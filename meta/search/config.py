@@ -151,14 +151,20 @@ class SearchConfig:
     @property
     def search_member_alone_min(self) -> float:
         """``member_alone_min`` of a search member at es.member_steps: from the measured step time where one is given
-        (member_steps x step_time_s + overhead_min), else member_time_min scaled by member_steps / train.steps."""
+        (member_steps x step_time_s + short_run_overhead_min), else member_time_min scaled by member_steps / train.steps."""
         full, steps = self.member_alone_min, self.longest_search_member_steps  # an online searcher's: a truncation
         if steps >= self.full_steps:
             return full
         if self.resources.get("step_time_s") is not None:
-            return steps_minutes(steps, float(self.resources["step_time_s"]),
-                                 float(self.resources.get("overhead_min") or 0.0))
+            return steps_minutes(steps, float(self.resources["step_time_s"]), self.short_run_overhead_min)
         return full * steps / max(1, self.full_steps)
+
+    @property
+    def short_run_overhead_min(self) -> float:
+        """The fixed minutes of a search member shorter than train.steps (es.member_steps, an online searcher's
+        truncation): resources.short_run_overhead_min, else the whole run's resources.overhead_min."""
+        short = self.resources.get("short_run_overhead_min")
+        return float(self.resources.get("overhead_min") or 0.0) if short is None else float(short)
 
     @property
     def longest_search_member_steps(self) -> int:
@@ -171,14 +177,14 @@ class SearchConfig:
     @property
     def search_timeout_s(self) -> float:
         """inner.timeout_s of a search member: the whole run's limit scaled to the longest search member's expected
-        time where a measured step time gives it (steps x resources.step_time_s + overhead_min), so that a hung
+        time where a measured step time gives it (steps x resources.step_time_s + short_run_overhead_min), so that a hung
         100-step member does not hold its GPU (and its SLURM array task does not ask for) a 1,600-step run's hours.
         Without a measured step time the whole run's limit stays: a member's fixed cost (model load, validation)
         cannot be told from its steps, and a healthy short member must never be cut."""
         steps, step_s = self.longest_search_member_steps, self.resources.get("step_time_s")
         if steps >= self.full_steps or step_s is None or self.member_alone_min <= 0:
             return self.inner_timeout_s
-        short = steps_minutes(steps, float(step_s), float(self.resources.get("overhead_min") or 0.0))
+        short = steps_minutes(steps, float(step_s), self.short_run_overhead_min)
         return float(math.ceil(self.inner_timeout_s * min(1.0, short / self.member_alone_min)))
 
     @property

@@ -71,6 +71,10 @@ class Resources:
     step_time_source: Optional[str] = None
     #: minutes per member besides the steps: model load, checkpoints, validations
     overhead_min: float = field(default=0.0, metadata=at_least(0.0))
+    #: minutes besides the steps of a search member shorter than train.steps (es.member_steps, an es=nres
+    #: truncation): process start, model load and compile, its checkpoint and its one validation, without the whole
+    #: run's other checkpoints; null: overhead_min
+    short_run_overhead_min: Optional[float] = field(default=None, metadata=at_least(0.0))
     #: inner.timeout_s (when null) = member_time_min x 60 x timeout_factor
     timeout_factor: float = field(default=2.0, metadata=at_least(1.0))
 
