@@ -231,6 +231,24 @@ def checked_overrides(overrides: Sequence[str], tree: Mapping[str, Any], groups:
     return result
 
 
+#: where the schema of a composed key lives, by its first part: the train and divergence groups' own
+#: (inner_loop.config.register_schemas puts them in Hydra's ConfigStore), else the root's
+SCHEMA_HOMES = {"": "meta/settings/schema.py", "train": "inner_loop/config.py TrainConfig",
+                "divergence": "inner_loop/loss/divergences.py, the divergence's config class"}
+
+
+def schema_error(exc: BaseException, node: str = "", given: str = "") -> str:
+    """An OmegaConf error (a wrong type, a key the schema lacks) as one line naming the key (under ``node``), or what
+    the user wrote (``given``: the override)."""
+    key = getattr(exc, "full_key", None) or ""
+    key = f"{node}.{key}" if node and key else key
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if not key:
+        return f"{given}: {text}" if given else text
+    home = SCHEMA_HOMES.get(key.split(".", 1)[0], SCHEMA_HOMES[""])
+    return f"{given or key}: {text} (the type and default of {key}: {home})"
+
+
 def _without_none(hint: Any) -> tuple[Any, bool]:
     """(the annotation with ``None`` taken out, whether ``None`` was allowed)."""
     if typing.get_origin(hint) in (typing.Union, types.UnionType):

@@ -27,13 +27,15 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from inner_loop.config import register_schemas
 from inner_loop.loss.divergences import fill_default_coef
 from inner_loop.member.entry import keep_vllm_out_unless_used, train_member
-from core.config_nodes import check_group_choice, checked_overrides, config_groups, with_config_path
+from core.config_nodes import check_group_choice, checked_overrides, config_groups, schema_error, with_config_path
 from core.records import MemberSpec, gpus_entry
 
 logger = logging.getLogger("inner_loop.run")
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+register_schemas()  # conf/train/*.yaml and conf/divergence/*.yaml compose on them (whoever composes conf/inner.yaml)
 
 
 def spec_from_config(cfg: DictConfig) -> MemberSpec:
@@ -96,9 +98,35 @@ def checked_command_line(argv: list[str]) -> list[str]:
             picked.append(override)
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None, job_name="inner_check"):
         tree = OmegaConf.to_container(compose(config_name="inner", overrides=with_config_path(picked)), resolve=False)
-    assert isinstance(tree, dict)
-    normalised = iter(checked_overrides(overrides, tree, groups, "inner"))
-    return with_config_path([next(normalised) if a in overrides else a for a in argv])
+        assert isinstance(tree, dict)
+        normalised = checked_overrides(overrides, tree, groups, "inner")
+        _check_values([*picked, *(o for o in normalised if o not in picked and not _is_group(o, groups))])
+    checked = iter(normalised)
+    return with_config_path([next(checked) if a in overrides else a for a in argv])
+
+
+def _is_group(override: str, groups: dict[str, list[str]]) -> bool:
+    key = override.partition("=")[0].lstrip("+~")
+    return key.split("@", 1)[0] in groups or key.startswith("hydra.")
+
+
+def _check_values(overrides: list[str]) -> None:
+    """ValueError naming the key when a value of ``overrides`` does not fit its schema (train.steps=abc: the train
+    and divergence groups compose on their dataclasses), in the words meta's commands use; a sweep's values are each
+    checked where its job composes."""
+    from hydra import compose
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    single = [o for o, p in zip(overrides, parsed) if not p.is_sweep_override()]
+    try:
+        compose(config_name="inner", overrides=with_config_path(single))
+    except (HydraException, OmegaConfBaseException) as exc:
+        cause = exc.__cause__ if isinstance(exc.__cause__, OmegaConfBaseException) else exc
+        given = str(exc).strip().splitlines()[0].removeprefix("Error merging override ").strip()
+        raise ValueError(schema_error(cause, given=given if given != str(cause).strip().splitlines()[0] else ""))
 
 
 if __name__ == "__main__":

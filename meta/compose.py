@@ -11,10 +11,10 @@ from typing import Any, Sequence
 from inner_loop.loss.divergences import fill_default_coef
 from meta.search.config import CONF_DIR
 from meta.settings.member_time import derive_inner_timeout, derive_member_time, member_sharing
-from meta.settings.schema import ConfigError, register, schema_error
+from meta.settings.schema import ConfigError, register
 from meta.search.resume import NEW_KEY
 from meta.searchers.radius import refuse_former_radius, renamed_override
-from core.config_nodes import check_group_choice, checked_overrides, config_groups, with_config_path
+from core.config_nodes import check_group_choice, checked_overrides, config_groups, schema_error, with_config_path
 
 
 def compose(overrides: Sequence[str], config_name: str = "config") -> dict[str, Any]:
