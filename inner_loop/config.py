@@ -444,5 +444,7 @@ def register_schemas() -> None:
 
     from inner_loop.loss.divergences import register_schemas as register_divergences
 
-    ConfigStore.instance().store(group="train", name=TRAIN_SCHEMA, node=TrainConfig)
+    store = ConfigStore.instance()
+    if f"{TRAIN_SCHEMA}.yaml" not in store.repo.get("train", {}):  # each compose calls this: store it once
+        store.store(group="train", name=TRAIN_SCHEMA, node=TrainConfig)
     register_divergences()

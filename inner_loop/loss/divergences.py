@@ -38,8 +38,9 @@ def coef_key(name: str) -> str:
 @dataclass
 class DivergenceConfig:
     """The settings every divergence has: which one, in which form, with which weight. A divergence with settings
-    of its own declares a subclass (``Divergence.config_class``) whose extra fields are exactly its YAML's extra
-    keys; they reach its potential's constructor as keyword arguments (``own_settings``)."""
+    of its own declares a subclass (``Divergence.config_class``) whose extra fields are its own keys; they reach its
+    potential's constructor as keyword arguments (``own_settings``). The class is its YAML's schema
+    (:func:`register_schemas`): each field here is the one home of its key's type, default and meaning."""
 
     name: str = "neural_mirror"
     #: sampled (the sampled token alone) | sampled_is (the same divided by its probability: unbiased for full) | full
@@ -119,7 +120,7 @@ class Divergence:
     name: str
     #: its row's label in the result table
     label: str
-    #: divergence.coef when no preset sets ``coef_by_divergence.<name>``: its YAML's fallback is null, filled from
+    #: divergence.coef when no preset sets ``coef_by_divergence.<name>``: its schema's fallback is null, filled from
     #: here (fill_default_coef), so this is the one default
     default_coef: float
     #: ``module:attr`` of a mirror_maps.Potential subclass built with no arguments; None: no regularizer (no
@@ -173,26 +174,35 @@ def schema_name(name: str) -> str:
     return f"{name}_schema"
 
 
-def schema_node(name: str) -> Any:
-    """The schema of divergence ``name``'s YAML: its config class with ``name`` set and ``coef`` read from the
+def schema_node(entry: "Divergence") -> Any:
+    """The schema of divergence ``entry``'s YAML: its config class with ``name`` set and ``coef`` read from the
     preset's ``coef_by_divergence.<name>`` (null: the entry's default_coef, filled where the config is composed)."""
     from omegaconf import OmegaConf
 
-    node = OmegaConf.structured(divergence(name).config_class)
-    node.name = name
-    node.coef = f"${{oc.select:{coef_key(name)},null}}"
+    node = OmegaConf.structured(entry.config_class)
+    node.name = entry.name
+    node.coef = f"${{oc.select:{coef_key(entry.name)},null}}"
     return node
 
 
+#: the entries whose schema this process has put in Hydra's ConfigStore (each compose calls register_schemas)
+_REGISTERED: dict[str, "Divergence"] = {}
+
+
 def register_schemas() -> None:
-    """Every registered divergence's schema in Hydra's ConfigStore, as ``divergence/<name>_schema`` (idempotent)."""
+    """Every registered divergence's schema in Hydra's ConfigStore, as ``divergence/<name>_schema`` (idempotent;
+    an entry already stored is not built again)."""
     from hydra.core.config_store import ConfigStore
 
     store = ConfigStore.instance()
+    stored = store.repo.get("divergence", {})
     for name, entry in divergences().items():
+        if _REGISTERED.get(name) == entry and f"{schema_name(name)}.yaml" in stored:
+            continue
         if not (isinstance(entry.config_class, type) and issubclass(entry.config_class, DivergenceConfig)):
             continue  # refused, naming the entry, where its config is read (inner_loop.config.divergence_config)
-        store.store(group="divergence", name=schema_name(name), node=schema_node(name))
+        store.store(group="divergence", name=schema_name(name), node=schema_node(entry))
+        _REGISTERED[name] = entry
 
 
 def divergences() -> dict[str, Divergence]:
