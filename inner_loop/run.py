@@ -30,7 +30,8 @@ from omegaconf import DictConfig, OmegaConf
 from inner_loop.config import register_schemas
 from inner_loop.loss.divergences import fill_default_coef
 from inner_loop.member.entry import keep_vllm_out_unless_used, train_member
-from core.config_nodes import check_group_choice, checked_overrides, config_groups, schema_error, with_config_path
+from core.config_nodes import (check_group_choice, checked_overrides, composition_error, config_groups,
+                               with_config_path)
 from core.records import MemberSpec, gpus_entry
 
 logger = logging.getLogger("inner_loop.run")
@@ -81,9 +82,11 @@ def main(cfg: DictConfig) -> None:
 
 def checked_command_line(argv: list[str]) -> list[str]:
     """``argv`` with its overrides checked against conf/inner.yaml before Hydra runs (ValueError naming the key and
-    the closest known ones), ``+key`` of an existing key made ``++key``; Hydra's own flags pass untouched. A sweep
-    (``-m divergence=kl,prob_l2``) is checked against each group's first option."""
-    from hydra import compose, initialize_config_dir
+    the closest known ones, or the value its schema refuses), ``+key`` of an existing key made ``++key``; Hydra's own
+    flags pass untouched. A sweep (``-m divergence=kl,prob_l2``) is checked against each group's first option; a
+    swept value is checked where its job composes."""
+    from hydra import initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
 
     overrides = [a for a in argv if not a.startswith("-") and ("=" in a or a.startswith("~"))]
     groups = config_groups(Path(CONF_DIR), overrides)
@@ -97,36 +100,28 @@ def checked_command_line(argv: list[str]) -> list[str]:
         elif key.lstrip("+").startswith("hydra."):
             picked.append(override)
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None, job_name="inner_check"):
-        tree = OmegaConf.to_container(compose(config_name="inner", overrides=with_config_path(picked)), resolve=False)
+        tree = OmegaConf.to_container(_composed(picked), resolve=False)
         assert isinstance(tree, dict)
         normalised = checked_overrides(overrides, tree, groups, "inner")
-        _check_values([*picked, *(o for o in normalised if o not in picked and not _is_group(o, groups))])
+        values = [o for o in normalised if o not in picked and o.partition("=")[0].lstrip("+~") not in groups
+                  and not o.lstrip("+").startswith("hydra.")]
+        parsed = OverridesParser.create().parse_overrides(values)
+        _composed([*picked, *(o for o, p in zip(values, parsed) if not p.is_sweep_override())])
     checked = iter(normalised)
     return with_config_path([next(checked) if a in overrides else a for a in argv])
 
 
-def _is_group(override: str, groups: dict[str, list[str]]) -> bool:
-    key = override.partition("=")[0].lstrip("+~")
-    return key.split("@", 1)[0] in groups or key.startswith("hydra.")
-
-
-def _check_values(overrides: list[str]) -> None:
-    """ValueError naming the key when a value of ``overrides`` does not fit its schema (train.steps=abc: the train
-    and divergence groups compose on their dataclasses), in the words meta's commands use; a sweep's values are each
-    checked where its job composes."""
+def _composed(overrides: list[str]) -> DictConfig:
+    """conf/inner.yaml composed with ``overrides``; ValueError naming the key a schema refuses (train.steps=abc: the
+    train and divergence groups compose on their dataclasses) and where it was set, in the words of meta's commands."""
     from hydra import compose
-    from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    parsed = OverridesParser.create().parse_overrides(overrides)
-    single = [o for o, p in zip(overrides, parsed) if not p.is_sweep_override()]
     try:
-        compose(config_name="inner", overrides=with_config_path(single))
+        return compose(config_name="inner", overrides=with_config_path(overrides))
     except (HydraException, OmegaConfBaseException) as exc:
-        cause = exc.__cause__ if isinstance(exc.__cause__, OmegaConfBaseException) else exc
-        given = str(exc).strip().splitlines()[0].removeprefix("Error merging override ").strip()
-        raise ValueError(schema_error(cause, given=given if given != str(cause).strip().splitlines()[0] else ""))
+        raise ValueError(composition_error(exc)) from None
 
 
 if __name__ == "__main__":

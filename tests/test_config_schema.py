@@ -69,6 +69,20 @@ def test_a_train_or_divergence_yaml_names_its_schema_and_repeats_none_of_its_def
     assert {key: value for key, value in body.items() if key != "defaults" and defaults.get(key) == value} == {}
 
 
+@pytest.mark.parametrize(("body", "says"), [
+    ("train:\n  stepz: 3\n", "train.stepz in experiment/mine: Key 'stepz' not in 'TrainConfig' (did you mean "
+                              "train.steps?) (the type and default of train.stepz: inner_loop/config.py TrainConfig)"),
+    ("divergence:\n  chunk_size: many\n", "divergence.chunk_size in experiment/mine: Value 'many' of type 'str' "
+                                           "could not be converted to Integer"),
+])
+def test_a_preset_s_bad_train_or_divergence_key_is_refused_naming_it_and_the_file(tmp_path, body, says):
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "mine.yaml").write_text("# @package _global_\n" + body)
+    with pytest.raises(ConfigError) as refused:
+        compose(["experiment=mine", f"hydra.searchpath=[file://{tmp_path}]"])
+    assert str(refused.value).startswith(says)
+
+
 @pytest.mark.parametrize(("override", "fragment"), [
     ("population=abc", "population=abc: Value 'abc' of type 'str' could not be converted to Integer"),
     ("early_stop.margin=abc", "early_stop.margin=abc"),

@@ -180,3 +180,9 @@ def test_cli_exits_2_on_a_config_error_and_writes_nothing(tmp_path):
     assert proc.returncode == 2
     assert "train.batch_size" in proc.stderr
     assert not work.exists()
+    # a value the train group's schema refuses while composing: the same exit, naming the key and the schema
+    proc = run_with_progress([sys.executable, "-m", "inner_loop.run", "train.steps=abc", f"work_dir={work}"],
+                             cwd=CONF.parent)
+    assert proc.returncode == 2 and not work.exists()
+    assert ("train.steps=abc: Value 'abc' of type 'str' could not be converted to Integer (the type and default of "
+            "train.steps: inner_loop/config.py TrainConfig)") in proc.stderr
