@@ -82,8 +82,8 @@ def _hydra_compose(overrides: Sequence[str], config_name: str) -> tuple[dict[str
         raw: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         raise ConfigError(  # a key or value a schema refuses named, with where it was set
-            f"{composition_error(exc)}\n(check the key against conf/{config_name}.yaml; a config group is chosen with group=name)"
-        ) from None
+            f"{composition_error(exc)}\n(check the key against conf/{config_name}.yaml; a config group is chosen "
+            "with group=name)") from None
     fill_default_coef(raw)  # a divergence's YAML leaves its default coefficient to the registry
     member_sharing(raw)  # resources.members_per_gpu and its slowdowns, whether or not inner.timeout_s is given
     derive_member_time(raw)

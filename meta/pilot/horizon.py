@@ -1,12 +1,12 @@
 """The pilot's horizon check: does a search whose members train ``es.member_steps`` steps rank maps as runs of
 ``train.steps`` do?
 
-A member of T steps is scored by its validation pass@1 at step T. Short-horizon objectives can prefer what helps early
-over what is best at the end (Wu, Ren, Liao and Grosse, ICLR 2018); whether they do here is a measurement: the pilot
-trains the centre and its antithetic pairs at the search's radius at both horizons on the same seeds, and this module
-compares the two rankings of those maps (its text: results/report/pilot.py). Per map, its mean fitness over the seeds on which both horizons finished; the
-Spearman rank correlation of the two means over the maps, with a percentile bootstrap interval over maps (scipy); and
-a verdict:
+A member of T steps is scored by its validation pass@1 at step T. Short-horizon objectives can prefer what helps
+early over what is best at the end (Wu, Ren, Liao and Grosse, ICLR 2018); whether they do here is a measurement: the
+pilot trains the centre and its antithetic pairs at the search's radius at both horizons on the same seeds, and this
+module compares the two rankings of those maps (its text: results/report/pilot.py). Per map, its mean fitness over
+the seeds on which both horizons finished; the Spearman rank correlation of the two means over the maps, with a
+percentile bootstrap interval over maps (scipy); and a verdict:
 
 - agree: the interval lies at or above AGREE_RHO: a T-step search ranks maps as the full run does;
 - disagree: the interval lies below AGREE_RHO: it would rank them otherwise (the short-horizon bias);

@@ -245,7 +245,8 @@ class TuneSchema(RunSchema):
 
 def register() -> None:
     """Put the root schemas in Hydra's ConfigStore (idempotent): ``base_config`` for conf/config.yaml,
-    ``tune_base_config`` for conf/tune.yaml, and the train and divergence groups' (inner_loop.config.register_schemas). The tune's root stays open (its nodes are typed, its own scalars are
+    ``tune_base_config`` for conf/tune.yaml, and the train and divergence groups'
+    (inner_loop.config.register_schemas). The tune's root stays open (its nodes are typed, its own scalars are
     checked by typed_config in meta/tune/config.py): a preset is shared by meta.run and meta.tune, and the search
     keys it sets (population, quorum, reevaluate) must not stop a study from composing."""
     from hydra.core.config_store import ConfigStore

@@ -192,8 +192,8 @@ TRIAL_FILE = "trial.json"
 PILOT_PLAN_FILE = "pilot_plan.json"
 #: every run of the pilot (jobs.json, submitit/, member dirs), laid out like a generation dir
 PILOT_RUNS_DIR = "pilot_runs"
-#: the pilot's findings, rewritten each time a run becomes final (``complete`` once every run is): meta/pilot/findings.py
-#: computes them, results/report/pilot.py formats them
+#: the pilot's findings, rewritten each time a run becomes final (``complete`` once every run is):
+#: meta/pilot/findings.py computes them, results/report/pilot.py formats them
 PILOT_FILE = "pilot.json"
 
 _GENERATION_WIDTH = 4
