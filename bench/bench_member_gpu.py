@@ -167,6 +167,9 @@ def compose_inner(opts: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
         overrides.append(f"model.dtype={opts.dtype}")
     if opts.no_isolation:
         overrides.append("task.sandbox.require_isolation=false")
+    from inner_loop.config import register_schemas
+
+    register_schemas()  # the train and divergence groups compose on their schemas
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
         cfg = OmegaConf.to_container(compose("inner", overrides=overrides), resolve=True)
     inner = {k: cfg[k] for k in ("task", "model", "divergence", "train")}

@@ -35,6 +35,9 @@ def _inner(work_dir: Path, opts: argparse.Namespace, extra: list[str]) -> dict:
                  # what the regularizer costs a step, not the decode: the preset's compiled static cache is a GPU
                  # setting (bench/bench_member_gpu.py measures it), on a CPU inductor's compile would swamp 3 steps
                  "train.decode_cache=dynamic", f"work_dir={work_dir}", *extra]
+    from inner_loop.config import register_schemas
+
+    register_schemas()  # the train and divergence groups compose on their schemas
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
         cfg = OmegaConf.to_container(compose("inner", overrides=overrides), resolve=True)
     return {k: cfg[k] for k in ("task", "model", "divergence", "train")}

@@ -231,6 +231,43 @@ def checked_overrides(overrides: Sequence[str], tree: Mapping[str, Any], groups:
     return result
 
 
+#: where the schema of a composed key lives, by its first part: the train and divergence groups' own
+#: (inner_loop.config.register_schemas puts them in Hydra's ConfigStore), else the root's
+SCHEMA_HOMES = {"": "meta/settings/schema.py", "train": "inner_loop/config.py TrainConfig",
+                "divergence": "inner_loop/loss/divergences.py, the divergence's config class"}
+
+
+def schema_error(exc: BaseException, node: str = "", given: str = "") -> str:
+    """An OmegaConf error (a wrong type, a key the schema lacks) as one line naming the key (under ``node``), or what
+    the user wrote (``given``: the override)."""
+    key = getattr(exc, "full_key", None) or ""
+    key = f"{node}.{key}" if node and key else key
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if not key:
+        return f"{given}: {text}" if given else text
+    home = SCHEMA_HOMES.get(key.split(".", 1)[0], SCHEMA_HOMES[""])
+    schema = getattr(exc, "object_type", None)
+    near = closest_keys(key.rsplit(".", 1)[-1], [f.name for f in dataclasses.fields(schema)]) \
+        if text.startswith("Key ") and dataclasses.is_dataclass(schema) else []
+    hint = f" (did you mean {', '.join(key.rsplit('.', 1)[0] + '.' + k for k in near)}?)" if "." in key and near else ""
+    return f"{given or key}: {text}{hint} (the type and default of {key}: {home})"
+
+
+def composition_error(exc: BaseException) -> str:
+    """A Hydra composition error as one line: with the key a schema refused and where it was set (an override, or
+    the config file that set it: ``train.stepz in experiment/mine``) when OmegaConf names one, else its first line."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    cause: BaseException | None = exc
+    while cause is not None and not getattr(cause, "full_key", None):
+        cause = cause.__cause__ or cause.__context__
+    if cause is None:
+        return first
+    given = first.removeprefix("Error merging override ").strip()
+    if given.startswith("In '"):  # a config file of the composition set it
+        given = f"{getattr(cause, 'full_key')} in {given.split(chr(39))[1]}"
+    return schema_error(cause, given=given)
+
+
 def _without_none(hint: Any) -> tuple[Any, bool]:
     """(the annotation with ``None`` taken out, whether ``None`` was allowed)."""
     if typing.get_origin(hint) in (typing.Union, types.UnionType):

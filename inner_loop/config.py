@@ -152,58 +152,93 @@ class ModelConfig:
 
 @dataclass
 class TrainConfig:
-    """GRPO host settings, checkpointing and validation; defaults sized for the tiny model on 2 CPU cores. The one
-    owner of the defaults: conf/train/default.yaml spells the same values with their reasons (a test holds them
-    equal)."""
+    """``train.*``: GRPO host settings, checkpointing and validation; defaults sized so one tiny-model member trains
+    and validates in well under a minute on 2 CPU cores. The schema of the train group: registered in Hydra's
+    ConfigStore as ``train/schema`` (:func:`register_schemas`), which conf/train/*.yaml name first in their defaults
+    lists, so each field here is the one home of its key's type, default and meaning."""
 
+    #: ~15 s on one thread; fixed-seed arith: validation pass@1 rises ~+0.1..0.15 (0: no RL step, the untouched model
+    #: is scored)
     steps: int = 60
+    #: Adam; 1e-3 lowers the tiny model's reward within ~10 steps, 3e-5 barely moves it
     learning_rate: float = 3e-4
     lr_scheduler: str = "constant"
     lr_warmup_steps: int = 0
     weight_decay: float = 0.0
+    #: completions per step (a multiple of group_size); 32 prompts: 4 prompts/step make each update chase a few
+    #: answers and pull the tiny model toward constant outputs
     batch_size: int = 256
+    #: samples per prompt (G)
     group_size: int = 8
+    #: optimisation passes per generation batch
     num_iterations: int = 1
     max_completion_length: int = 8
     temperature: float = 1.0
     top_p: float = 1.0
-    #: HF generate's KV cache: dynamic | static | persistent_compiled (inner_loop/generation/backends.py); dynamic
-    #: until bench/bench_member_gpu.py measures a static cache faster on the card (docs/trl_options.md)
+    #: HF generate's KV cache (inner_loop/generation/backends.py): dynamic (transformers' default) | static
+    #: (preallocated; TRL's cache_implementation=static, decode step eager) | persistent_compiled (one static cache
+    #: for the run, reset in place, prompts padded to buckets, the decode step compiled once and replayed, on every
+    #: device; transformers' own static_compiled is refused). HF generate only (refused with vLLM or continuous
+    #: batching); recorded in the result's generation. Off until bench/bench_member_gpu.py measures it faster on the
+    #: card (docs/trl_options.md)
     decode_cache: str = "dynamic"
     #: persistent_compiled: how many prompt lengths (buckets) prompts are left-padded to, sized from the training
     #: prompts' token lengths (quantiles, rounded up to 8); the longest bucket + max_completion_length sizes the cache
     decode_buckets: int = 4
-    #: persistent_compiled: torch.compile's backend for the decode step: inductor | aot_eager | eager (no codegen)
+    #: persistent_compiled: torch.compile's backend for the decode step: inductor | aot_eager | eager (the last two
+    #: trace the same graphs without generating code)
     decode_compile_backend: str = "inductor"
+    #: clip | gspo | kl3_clip | dppo_tv | dppo_kl | spo | drpo (docs/method.md §4)
     policy_loss: str = "clip"
     epsilon_low: float = 0.2
     epsilon_high: float = 0.2
-    #: Host-specific sizes for later policy terms (e.g. {delta: 0.15}); reach the term as PolicyParams.extra.
+    #: host-specific sizes for later policy terms (e.g. {delta: 0.15}); reach the term as PolicyParams.extra
     policy_extra: dict[str, float] = field(default_factory=dict)
+    #: dr_grpo | grpo | bnpo
     aggregation: str = "dr_grpo"
+    #: Dr. GRPO: advantage = reward - group mean, no std scaling
     scale_rewards: bool = False
     grad_clip: float = 1.0
+    #: TRL checkpoint interval (steps), for resume after preemption
     save_every: int = 20
-    #: none: checkpoints only serve resuming an unfinished member; last: keep the newest; all: keep every one.
+    #: none | last | all: what survives once the member's result.json is written. none (ES members): checkpoints only
+    #: serve resuming an unfinished member and are deleted right after an ok result (a failed member keeps its
+    #: newest, which a retry resumes from); last: keep the newest (weights + optimizer, to train on); all: keep every
+    #: one. python -m inner_loop.run always also writes the trained model to <work_dir>/final/
     keep_checkpoints: str = "none"
-    #: the Trainer's rotation while training (null: no rotation); not applied with keep_checkpoints=all.
+    #: checkpoints the Trainer keeps while training (null: all; ignored with keep_checkpoints=all). 1 is enough to
+    #: resume after preemption: the Trainer writes checkpoint N+k completely (trainer_state.json last) before it
+    #: deletes N, and a checkpoint killed mid-save is skipped on resume, so a complete one always exists; disk peaks
+    #: at 2 during a save. 2 keeps a spare against a node crash that leaves the newest complete-looking but with
+    #: unflushed data (the Trainer does not fsync; delete the bad one by hand to fall back)
     save_total_limit: int | None = 1
+    #: torch threads per member, so a local population does not oversubscribe the cores
     num_threads: int = 1
+    #: validation problems (null: all)
     val_size: int | None = 200
     val_batch_size: int = 64
+    #: null: max_completion_length
     val_max_new_tokens: int | None = None
     pass_k: list[int] = field(default_factory=list)
     pass_k_samples: int = 0
-    #: intermediate validation every this many steps (null: none), on the first ``eval_subset`` problems of the
-    #: validation split, appended to <work_dir>/intermediate.jsonl for a tuner's pruner (meta.tune)
+    #: intermediate validation pass@1 every this many steps (null: none), for meta.tune's pruner: greedy, on the first
+    #: ``eval_subset`` problems of the validation split (the same problems at every step, a subset of the final
+    #: validation), one line each in <work_dir>/intermediate.jsonl
     eval_every: int | None = None
     eval_subset: int = 64
     logging_steps: int = 1
-    #: where TRL's logged metrics go (transformers' report_to names); tensorboard writes <work_dir>/tensorboard_logs/
+    #: where TRL's metrics go (transformers' report_to names): tensorboard (<work_dir>/tensorboard_logs/), wandb
+    #: (installed by you), [] none
     report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
+    #: full form: batch rows per recomputed chunk (null: sized from a 512 MiB budget)
     full_form_rows: int | None = None
-    #: Any other field of TRL's GRPOConfig (vLLM, gradient accumulation, generation_kwargs, ...), passed through after the
-    #: checks in inner_loop/grpo/trl_overrides.py; fields set from the keys above are refused there.
+    #: any other field of TRL's GRPOConfig (trl pinned in pyproject.toml), passed through. On the command line one
+    #: field: +train.trl.gradient_accumulation_steps=4 (train.batch_size stays the completions per optimizer step),
+    #: several: (the ++ is Hydra's, needed here) '++train.trl={use_vllm: true, vllm_mode: colocate,
+    #: vllm_gpu_memory_utilization: 0.3}'. Checked before anything is submitted (inner_loop/grpo/trl_overrides.py): an
+    #: unknown field, a wrong type or a value GRPOConfig rejects exits 2 naming train.trl.<key>; fields set by the
+    #: keys above (steps, batch_size, learning_rate, lr_scheduler, seed, ...) are refused there. TRL's report_to comes
+    #: from report_to above. See docs/trl_options.md
     trl: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -392,3 +427,24 @@ class InnerConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+#: the train group's schema in Hydra's ConfigStore (``train/schema``): conf/train/*.yaml name it first in their
+#: defaults lists and set only what differs from TrainConfig
+TRAIN_SCHEMA = "schema"
+
+
+def register_schemas() -> None:
+    """Put the schemas of the train and divergence groups in Hydra's ConfigStore (idempotent): TrainConfig as
+    ``train/schema``, and each registered divergence's config class as ``divergence/<name>_schema``
+    (inner_loop.loss.divergences.register_schemas). Whoever composes conf/ calls it first (meta's compose,
+    inner_loop.run, the transfer's task composition); a group YAML that names a schema composes on it, so a key the
+    schema lacks or a value of the wrong type is refused while composing."""
+    from hydra.core.config_store import ConfigStore
+
+    from inner_loop.loss.divergences import register_schemas as register_divergences
+
+    store = ConfigStore.instance()
+    if f"{TRAIN_SCHEMA}.yaml" not in store.repo.get("train", {}):  # each compose calls this: store it once
+        store.store(group="train", name=TRAIN_SCHEMA, node=TrainConfig)
+    register_divergences()

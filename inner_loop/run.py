@@ -27,13 +27,16 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from inner_loop.config import register_schemas
 from inner_loop.loss.divergences import fill_default_coef
 from inner_loop.member.entry import keep_vllm_out_unless_used, train_member
-from core.config_nodes import check_group_choice, checked_overrides, config_groups, with_config_path
+from core.config_nodes import (check_group_choice, checked_overrides, composition_error, config_groups,
+                               with_config_path)
 from core.records import MemberSpec, gpus_entry
 
 logger = logging.getLogger("inner_loop.run")
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+register_schemas()  # conf/train/*.yaml and conf/divergence/*.yaml compose on them (whoever composes conf/inner.yaml)
 
 
 def spec_from_config(cfg: DictConfig) -> MemberSpec:
@@ -79,9 +82,11 @@ def main(cfg: DictConfig) -> None:
 
 def checked_command_line(argv: list[str]) -> list[str]:
     """``argv`` with its overrides checked against conf/inner.yaml before Hydra runs (ValueError naming the key and
-    the closest known ones), ``+key`` of an existing key made ``++key``; Hydra's own flags pass untouched. A sweep
-    (``-m divergence=kl,prob_l2``) is checked against each group's first option."""
-    from hydra import compose, initialize_config_dir
+    the closest known ones, or the value its schema refuses), ``+key`` of an existing key made ``++key``; Hydra's own
+    flags pass untouched. A sweep (``-m divergence=kl,prob_l2``) is checked against each group's first option; a
+    swept value is checked where its job composes."""
+    from hydra import initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
 
     overrides = [a for a in argv if not a.startswith("-") and ("=" in a or a.startswith("~"))]
     groups = config_groups(Path(CONF_DIR), overrides)
@@ -95,10 +100,28 @@ def checked_command_line(argv: list[str]) -> list[str]:
         elif key.lstrip("+").startswith("hydra."):
             picked.append(override)
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None, job_name="inner_check"):
-        tree = OmegaConf.to_container(compose(config_name="inner", overrides=with_config_path(picked)), resolve=False)
-    assert isinstance(tree, dict)
-    normalised = iter(checked_overrides(overrides, tree, groups, "inner"))
-    return with_config_path([next(normalised) if a in overrides else a for a in argv])
+        tree = OmegaConf.to_container(_composed(picked), resolve=False)
+        assert isinstance(tree, dict)
+        normalised = checked_overrides(overrides, tree, groups, "inner")
+        values = [o for o in normalised if o not in picked and o.partition("=")[0].lstrip("+~") not in groups
+                  and not o.lstrip("+").startswith("hydra.")]
+        parsed = OverridesParser.create().parse_overrides(values)
+        _composed([*picked, *(o for o, p in zip(values, parsed) if not p.is_sweep_override())])
+    checked = iter(normalised)
+    return with_config_path([next(checked) if a in overrides else a for a in argv])
+
+
+def _composed(overrides: list[str]) -> DictConfig:
+    """conf/inner.yaml composed with ``overrides``; ValueError naming the key a schema refuses (train.steps=abc: the
+    train and divergence groups compose on their dataclasses) and where it was set, in the words of meta's commands."""
+    from hydra import compose
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return compose(config_name="inner", overrides=with_config_path(overrides))
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise ValueError(composition_error(exc)) from None
 
 
 if __name__ == "__main__":

@@ -11,10 +11,11 @@ from typing import Any, Sequence
 from inner_loop.loss.divergences import fill_default_coef
 from meta.search.config import CONF_DIR
 from meta.settings.member_time import derive_inner_timeout, derive_member_time, member_sharing
-from meta.settings.schema import ConfigError, register, schema_error
+from meta.settings.schema import ConfigError, register
 from meta.search.resume import NEW_KEY
 from meta.searchers.radius import refuse_former_radius, renamed_override
-from core.config_nodes import check_group_choice, checked_overrides, config_groups, with_config_path
+from core.config_nodes import (check_group_choice, checked_overrides, composition_error, config_groups,
+                               with_config_path)
 
 
 def compose(overrides: Sequence[str], config_name: str = "config") -> dict[str, Any]:
@@ -80,13 +81,9 @@ def _hydra_compose(overrides: Sequence[str], config_name: str) -> tuple[dict[str
             del cfg["hydra"]
         raw: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        cause = exc.__cause__ if isinstance(exc.__cause__, OmegaConfBaseException) else None
-        if cause is not None and getattr(cause, "full_key", None):  # a value the schema refuses: name the key
-            message = schema_error(cause, given=message.removeprefix("Error merging override ").strip())
-        raise ConfigError(
-            f"{message}\n(check the key against conf/{config_name}.yaml; a config group is chosen with group=name)"
-        ) from None
+        raise ConfigError(  # a key or value a schema refuses named, with where it was set
+            f"{composition_error(exc)}\n(check the key against conf/{config_name}.yaml; a config group is chosen "
+            "with group=name)") from None
     fill_default_coef(raw)  # a divergence's YAML leaves its default coefficient to the registry
     member_sharing(raw)  # resources.members_per_gpu and its slowdowns, whether or not inner.timeout_s is given
     derive_member_time(raw)

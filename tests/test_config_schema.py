@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from meta.compose import CONF_DIR, compose
-from meta.search.config import ConfigError, build_search_config, config_hash
+from meta.search.config import ConfigError, build_search_config, config_hash, with_added_keys
 from meta.search.run import main
 from meta.settings.schema import SearchSchema, TuneSchema
 from results.store.run_store import RunStore
@@ -51,6 +51,38 @@ def test_the_root_yaml_repeats_no_default_of_its_schema(name, schema):
     assert compose([], config_name=name)["seed"] == schema.seed  # the composed config takes the schema's default
 
 
+@pytest.mark.parametrize("path", sorted([*(CONF_DIR / "train").glob("*.yaml"), *(CONF_DIR / "divergence").glob("*.yaml")]),
+                         ids=lambda path: f"{path.parent.name}/{path.stem}")
+def test_a_train_or_divergence_yaml_names_its_schema_and_repeats_none_of_its_defaults(path):
+    """conf/train/*.yaml compose on TrainConfig, conf/divergence/<name>.yaml on its divergence's config class
+    (inner_loop.config.register_schemas): a value the YAML repeats would be a second home of that default."""
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    from inner_loop.config import register_schemas
+
+    register_schemas()
+    body = yaml.safe_load(path.read_text())
+    schema = (f"{path.stem}_schema" if path.parent.name == "divergence" else "schema")
+    assert body.get("defaults") == [schema, "_self_"]
+    defaults = OmegaConf.to_container(ConfigStore.instance().load(f"{path.parent.name}/{schema}.yaml").node)
+    assert {key: value for key, value in body.items() if key != "defaults" and defaults.get(key) == value} == {}
+
+
+@pytest.mark.parametrize(("body", "says"), [
+    ("train:\n  stepz: 3\n", "train.stepz in experiment/mine: Key 'stepz' not in 'TrainConfig' (did you mean "
+                              "train.steps?) (the type and default of train.stepz: inner_loop/config.py TrainConfig)"),
+    ("divergence:\n  chunk_size: many\n", "divergence.chunk_size in experiment/mine: Value 'many' of type 'str' "
+                                           "could not be converted to Integer"),
+])
+def test_a_preset_s_bad_train_or_divergence_key_is_refused_naming_it_and_the_file(tmp_path, body, says):
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "mine.yaml").write_text("# @package _global_\n" + body)
+    with pytest.raises(ConfigError) as refused:
+        compose(["experiment=mine", f"hydra.searchpath=[file://{tmp_path}]"])
+    assert str(refused.value).startswith(says)
+
+
 @pytest.mark.parametrize(("override", "fragment"), [
     ("population=abc", "population=abc: Value 'abc' of type 'str' could not be converted to Integer"),
     ("early_stop.margin=abc", "early_stop.margin=abc"),
@@ -61,6 +93,9 @@ def test_the_root_yaml_repeats_no_default_of_its_schema(name, schema):
     ("resources.timeout_factor=0.5", "resources.timeout_factor=0.5 must be >= 1.0"),
     ("reevaluate.top_k=-1", "reevaluate.top_k=-1 must be an integer >= 0"),
     ("fitness_on_failure=nan", "fitness_on_failure=nan must be a finite number"),
+    ("train.steps=abc", "train.steps=abc: Value 'abc' of type 'str' could not be converted to Integer (the type and "
+                        "default of train.steps: inner_loop/config.py TrainConfig)"),
+    ("divergence.chunk_size=x", "divergence.chunk_size=x: Value 'x'"),
 ])
 def test_a_bad_value_exits_2_naming_the_key_before_anything_is_written(tmp_path, capsys, override, fragment):
     run_dir = tmp_path / "run"
@@ -99,3 +134,22 @@ def test_a_search_stored_before_the_schema_resumes(tmp_path, caplog):
     assert main([f"run_dir={run_dir}", "generations=2"]) == 0
     assert len(store.state_generations()) == 2
     assert "refused" not in caplog.text
+
+
+def test_a_search_stored_before_the_group_schemas_resumes_and_hashes_as_it_did(tmp_path, caplog):
+    """Before conf/divergence/*.yaml composed on their config classes, the learned map's node had no ``estimator``
+    (none's no ``form`` either): the stored node ran with the class's defaults, so neither is a change of the
+    search, and its hash is what it was."""
+    run_dir = tmp_path / "run"
+    assert main([f"run_dir={run_dir}", "new=true", *SYNTH, "generations=1"]) == 0
+    store = RunStore(run_dir)
+    stored = yaml.safe_load(store.read_config_text())
+    before = config_hash(stored)
+    del stored["divergence"]["estimator"]
+    store.write_config(yaml.safe_dump(stored, sort_keys=True))
+    assert config_hash(stored) == before
+    assert main([f"run_dir={run_dir}", "generations=2"]) == 0
+    assert len(store.state_generations()) == 2
+    assert "refused" not in caplog.text
+    old_none = {"divergence": {"name": "none", "coef": 0.0, "grad_share_floor": None}}
+    assert with_added_keys(old_none)["divergence"] == compose(["divergence=none"])["divergence"]

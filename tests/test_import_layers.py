@@ -104,7 +104,9 @@ MODULE_EXCEPTIONS: dict[str, frozenset[str]] = {
     # the result table's divergence rows, labels and roles and the tuner's coefficient ranges come from the divergence
     # registry (it imports the standard library and the entry-point reader, never torch or the loss)
     # and the plan's model shapes from the model registry (the standard library, the hub ids and the same reader)
-    "meta": frozenset({"inner_loop.loss.divergences", "inner_loop.models.registry",
+    # and the schemas of the train and divergence groups it composes (inner_loop.config.register_schemas: the
+    # typed run config imports the registries, pinned.py and the standard library at module level, never torch)
+    "meta": frozenset({"inner_loop.loss.divergences", "inner_loop.models.registry", "inner_loop.config",
                        "meta.pilot.early_cuts"}),  # the door of python -m meta.early_cuts
     "results.store": frozenset({"mirror_maps.init_file"}),
     # the search's config and plan: the divergence registry (coefficients, the length reference) and the model

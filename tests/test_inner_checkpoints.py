@@ -10,7 +10,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import yaml
 
 from inner_loop.training.checkpoints import (CHECKPOINT_DIR, TRASH_DIR, DiskUsageCallback, apply_checkpoint_policy,
                                     dir_bytes, last_checkpoint)
@@ -62,7 +61,7 @@ def members(tmp_path_factory) -> dict[str, tuple[Path, object]]:
 
 
 def test_default_policy_is_none():
-    assert yaml.safe_load((CONF / "train" / "default.yaml").read_text())["keep_checkpoints"] == "none"
+    assert load_group("train", "default")["keep_checkpoints"] == "none"
 
 
 @pytest.mark.parametrize("keep, expected", [("none", []), ("last", [f"checkpoint-{STEPS}"]),

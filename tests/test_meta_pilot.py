@@ -20,7 +20,7 @@ from meta.search.config import searcher_settings
 from meta.pilot.cli import main
 from meta.searchers import build_searcher
 from meta.synthetic import member as synthetic_member
-from results.report.pilot.findings import format_pilot, is_pilot_dir
+from results.report.pilot import format_pilot, is_pilot_dir
 from core.records import MemberSpec
 from results.store.run_store import RunStore
 from test_meta_kill_resume import _wait_for  # the kill/resume tests' wait-on-a-condition helper
@@ -264,7 +264,7 @@ def test_kill_and_resume_finishes_without_retraining_finished_runs(tmp_path):
     assert proc.poll() is None, "the pilot finished before it could be killed; the test did not test anything"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    assert not store.pilot_path.exists()  # killed before its end
+    assert not (store.read_pilot() or {}).get("complete")  # killed before its end: the findings so far at most
     final = _start(run_dir, ["launcher=local", *args])
     _, err = final.communicate(timeout=300)
     assert final.returncode == 0, err.decode()[-3000:]
@@ -275,15 +275,16 @@ def test_kill_and_resume_finishes_without_retraining_finished_runs(tmp_path):
 
 
 def test_the_report_of_an_unfinished_pilot_shows_the_runs_final_so_far(tmp_path, capsys):
-    from results.report.pilot.findings import main as report_main
+    from meta.pilot.findings import summarize_run_dir
+    from results.report.pilot import main as report_main
 
     run_dir = tmp_path / "pilot"
     assert main([f"run_dir={run_dir}", "new=true", *SYNTH, "+inner.options={slope: 10.0, param_noise: 0.05}", "pilot.seeds=2",
                  "pilot.pairs=2"]) == 0
     store = RunStore(run_dir)
-    store.pilot_path.unlink()  # as if killed before the end, with two runs not final
-    for member in store.read_pilot_plan()["members"][3:5]:
+    for member in store.read_pilot_plan()["members"][3:5]:  # as if killed before the end, two runs not final
         (Path(member["work_dir"]) / "result.json").unlink()
+    store.write_pilot(summarize_run_dir(run_dir))  # what meta.pilot wrote when the eighth became final
     capsys.readouterr()
     assert report_main([str(run_dir), "--out", str(tmp_path / "report")]) == 0
     text = capsys.readouterr().out

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from meta.pilot.cli import main
-from results.report.pilot.horizon import AGREE_RHO, horizon_check, maps_to_settle
+from meta.pilot.horizon import AGREE_RHO, horizon_check, maps_to_settle
 from results.store.run_store import RunStore
 
 SYNTH = ["launcher=debug", "inner.entrypoint=meta.synthetic:member", "es=pgpe", "init=uniform", "pilot.seeds=2",

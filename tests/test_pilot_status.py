@@ -98,7 +98,7 @@ def test_a_pilot_in_flight_shows_each_runs_state_and_the_counts(pilot, tmp_path)
     # ETA: the running run's 7 steps at 2 s, then the two waiting ones in one wave of the finished runs' median
     assert "all runs: 9/12 final (1 failed, 1 not submitted, 8 ok, 1 queued, 1 running) | GPU time 0.50 h | ETA 0m14s" \
         in text
-    assert "findings: written once every run is final" in text
+    assert "findings: complete once every run is final" in text
 
 
 def test_a_pilot_killed_before_its_plan_says_so(pilot, tmp_path):

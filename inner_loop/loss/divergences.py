@@ -38,14 +38,26 @@ def coef_key(name: str) -> str:
 @dataclass
 class DivergenceConfig:
     """The settings every divergence has: which one, in which form, with which weight. A divergence with settings
-    of its own declares a subclass (``Divergence.config_class``) whose extra fields are exactly its YAML's extra
-    keys; they reach its potential's constructor as keyword arguments (``own_settings``)."""
+    of its own declares a subclass (``Divergence.config_class``) whose extra fields are its own keys; they reach its
+    potential's constructor as keyword arguments (``own_settings``). The class is its YAML's schema
+    (:func:`register_schemas`): each field here is the one home of its key's type, default and meaning."""
 
     name: str = "neural_mirror"
+    #: sampled (the sampled token alone) | sampled_is (the same divided by its probability: unbiased for full) | full
+    #: (the sum over the vocabulary); the divergence's entry says which it supports
     form: str = "sampled"
+    #: a KL's per-token estimator in the sampled form (inner_loop/loss/regularizers.py, docs/method.md), on the
+    #: sampled token y ~ pi with r = pi_ref(y) / pi(y): k2 = 1/2 (log r)^2, whose expected gradient is the gradient of
+    #: KL(pi || pi_ref) (on-policy); k3 = r - 1 - log r (TRL's), whose expected gradient is the gradient of
+    #: KL(pi_ref || pi), the reverse direction (mass-covering), though its value is an unbiased estimate of
+    #: KL(pi || pi_ref); k1 = -log r is refused with form=sampled (E_pi[grad log pi(y)] = 0: as a loss it does
+    #: nothing). tests/test_loss_terms.py checks these directions; form=sampled_is of the KL potential equals k3
     estimator: str = "k3"
-    #: None: the registry's ``default_coef`` of the divergence (the one default)
+    #: None: the registry's ``default_coef`` of the divergence (the one default). Its schema (:func:`schema_node`)
+    #: reads ``coef_by_divergence.<name>`` (a preset sets that, never divergence.coef); null there: this default,
+    #: filled where the config is composed (fill_default_coef)
     coef: float | None = None
+    #: positions per chunk in the full form (null: sized from a memory budget)
     chunk_size: int | None = None
     #: a member whose mean per-step regularizer gradient share (||grad coef*D|| / ||grad policy||) ends below this
     #: is logged with a warning: its regularizer barely moved the policy, so ES would rank noise. null: no check.
@@ -108,7 +120,7 @@ class Divergence:
     name: str
     #: its row's label in the result table
     label: str
-    #: divergence.coef when no preset sets ``coef_by_divergence.<name>``: its YAML's fallback is null, filled from
+    #: divergence.coef when no preset sets ``coef_by_divergence.<name>``: its schema's fallback is null, filled from
     #: here (fill_default_coef), so this is the one default
     default_coef: float
     #: ``module:attr`` of a mirror_maps.Potential subclass built with no arguments; None: no regularizer (no
@@ -154,6 +166,43 @@ BUILT_IN = (
     Divergence("neural_mirror", label="NM-GRPO", default_coef=1.0e-4, learned_map=True, baseline=False,
                config_class=NeuralMirrorConfig),
 )
+
+
+def schema_name(name: str) -> str:
+    """The ConfigStore name of divergence ``name``'s schema in the divergence group: its YAML names it first in its
+    defaults list (``defaults: [<name>_schema, _self_]``)."""
+    return f"{name}_schema"
+
+
+def schema_node(entry: "Divergence") -> Any:
+    """The schema of divergence ``entry``'s YAML: its config class with ``name`` set and ``coef`` read from the
+    preset's ``coef_by_divergence.<name>`` (null: the entry's default_coef, filled where the config is composed)."""
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.structured(entry.config_class)
+    node.name = entry.name
+    node.coef = f"${{oc.select:{coef_key(entry.name)},null}}"
+    return node
+
+
+#: the entries whose schema this process has put in Hydra's ConfigStore (each compose calls register_schemas)
+_REGISTERED: dict[str, "Divergence"] = {}
+
+
+def register_schemas() -> None:
+    """Every registered divergence's schema in Hydra's ConfigStore, as ``divergence/<name>_schema`` (idempotent;
+    an entry already stored is not built again)."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    stored = store.repo.get("divergence", {})
+    for name, entry in divergences().items():
+        if _REGISTERED.get(name) == entry and f"{schema_name(name)}.yaml" in stored:
+            continue
+        if not (isinstance(entry.config_class, type) and issubclass(entry.config_class, DivergenceConfig)):
+            continue  # refused, naming the entry, where its config is read (inner_loop.config.divergence_config)
+        store.store(group="divergence", name=schema_name(name), node=schema_node(entry))
+        _REGISTERED[name] = entry
 
 
 def divergences() -> dict[str, Divergence]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from inner_loop.config import ModelConfig, TrainConfig, node_config
+from inner_loop.config import ModelConfig, TrainConfig, node_config, register_schemas
 from inner_loop.models.loading import load_trained, trained_model_source
 from inner_loop.tasks import build_task, check_transfer
 from inner_loop.tasks.base import Problem, Task
@@ -123,6 +123,7 @@ def compose_task(group: str, overrides: Sequence[str]) -> dict[str, Any]:
         raise UsageError(f"unknown task group {group!r}; choose one of {groups} (conf/task/)")
     if GlobalHydra.instance().is_initialized():  # left by an earlier Hydra app in this process
         GlobalHydra.instance().clear()
+    register_schemas()  # the train and divergence groups of conf/inner.yaml compose on them
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
             cfg = compose(config_name="inner", overrides=with_config_path([f"task={group}", *overrides]))

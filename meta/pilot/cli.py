@@ -4,7 +4,7 @@ Takes the same overrides as meta.run. For every (radius, coef) combination of ``
 trains the search's starting centre c (``SearchConfig.center()``) with k seeds and m antithetic pairs c + e_i,
 c - e_i with e_i ~ N(0, radius^2 I), every init on the same k seeds (common random numbers), so a pair's difference
 on seed s is paired. The directions e_i / radius are drawn once (from derive_seed(seed, "pilot", "direction", i)) and
-shared by all combinations, so combinations are compared on the same directions too. results/report/pilot/findings.py turns
+shared by all combinations, so combinations are compared on the same directions too. meta/pilot/findings.py turns
 the runs into the findings: the seed noise of one init and its binomial/training parts, the pairs' differences, the
 signal-to-noise ratio of one generation's ES step at the configured population, how early intermediate scores rank
 runs, and the smallest population / seeds per member / validation size that reach ``pilot.target_snr``.
@@ -39,8 +39,8 @@ from meta.search.config import (INNER_NODES, SEARCH_KEYS, ConfigError, check_mem
                                 check_member_launch, member_sharing)
 from meta.search.resume import NEW_KEY, check_resume, open_run_dir, run_dir_label
 from meta.search.staging import stage_run
-from results.report.pilot.findings import (CENTRE, FULL_HORIZON, PILOT_KIND, PLUS, horizon_index, map_roles,
-                                           member_index)
+from meta.pilot.findings import CENTRE, FULL_HORIZON, PLUS, horizon_index, map_roles, member_index
+from results.report.pilot import PILOT_KIND
 from meta.searchers.radius import RADIUS_KEY
 from meta.settings.schema import PilotConfig, typed_config
 from results.store.layout import JOBS_FILE, LAUNCHER_DIR, member_dir_name
@@ -270,10 +270,12 @@ def member_specs(plan: Mapping[str, Any], cfg: SearchConfig, run_id: str) -> lis
 
 
 def run_members(prepared: Prepared, specs: list[MemberSpec], launcher: Any) -> None:
-    """Every run to a final record through one runner (resumable: jobs.json after each submission); AbortRun when
-    more than max_failed_fraction of the runs failed."""
+    """Every run to a final record through one runner (resumable: jobs.json after each submission), pilot.json
+    rewritten with the findings so far as each becomes final (what the report of an unfinished pilot shows); AbortRun
+    when more than max_failed_fraction of the runs failed."""
     from launch.factory import runner_policy
     from launch.runner import MemberArrayRunner
+    from meta.pilot.findings import summarize_run_dir
     from results.store.run_store import read_jobs_file, write_jobs_file
 
     cfg, folder = prepared.cfg, prepared.store.pilot_runs_dir
@@ -290,13 +292,17 @@ def run_members(prepared: Prepared, specs: list[MemberSpec], launcher: Any) -> N
                 f"{last.error.strip()[-500:]}"
                 f"\nFix the cause, then resume with `python -m meta.pilot run_dir={prepared.store.root}`")
 
+    def on_final(spec: MemberSpec, record: Any, progress: Any) -> None:
+        logger.info("pilot run %03d (seed %d): %s %s (%d/%d)", spec.index, spec.seed, record.status,
+                    f"{record.fitness:.4f}" if record.ok else record.error.strip()[-160:], progress.done,
+                    progress.total)
+        prepared.store.write_pilot(summarize_run_dir(prepared.store.root))
+
     MemberArrayRunner(
         launcher=launcher, entrypoint=cfg.inner_entrypoint, specs=specs, jobs=read_jobs_file(jobs_path),
         save_jobs=lambda jobs: write_jobs_file(jobs_path, jobs), launcher_folder=folder / LAUNCHER_DIR,
         policy=runner_policy(cfg.retries, cfg.inner_timeout_s, cfg.launcher), should_abort=abort,
-        on_final=lambda spec, record, progress: logger.info(
-            "pilot run %03d (seed %d): %s %s (%d/%d)", spec.index, spec.seed, record.status,
-            f"{record.fitness:.4f}" if record.ok else record.error.strip()[-160:], progress.done, progress.total),
+        on_final=on_final,
     ).run()
 
 
@@ -445,7 +451,8 @@ def run(argv: Sequence[str]) -> int:
     from meta.search.lock import run_locked
     from meta.search.resume import check_job_namespace
     from meta.search.run import write_run_files
-    from results.report.pilot.findings import format_pilot, summarize_run_dir
+    from meta.pilot.findings import summarize_run_dir
+    from results.report.pilot import format_pilot
 
     prepared = prepare(argv)
     cfg, store = prepared.cfg, prepared.store

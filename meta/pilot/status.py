@@ -16,7 +16,7 @@ import yaml
 
 from meta.search.member_rows import (GpuUse, MemberRow, eta_text, gpu_hours, gpu_use, is_final, member_rows,
                                      orchestrator_line, row_line, rows_eta, run_queue, state_summary)
-from results.report.pilot.findings import CENTRE, FULL_HORIZON, PLUS, main_runs
+from meta.pilot.findings import CENTRE, FULL_HORIZON, PLUS, main_runs
 from results.store.layout import JOBS_FILE
 from results.store.run_store import RunStore, read_jobs_file
 
@@ -72,9 +72,9 @@ def render_pilot(run_dir: str | Path, show_all: bool = False, now: float | None 
     complete = all(map(is_final, rows))
     eta = "done" if complete else eta_text(rows_eta(rows, queue.parallel))
     lines.append(f"all runs: {_progress(rows, use)} | {eta}")
-    if store.pilot_path.is_file():
+    if (store.read_pilot() or {}).get("complete"):
         lines.append(f"findings: {store.pilot_path} (python -m results.report {store.root})")
     else:
-        lines.append(f"findings: written once every run is final; python -m results.report {store.root} shows what "
+        lines.append(f"findings: complete once every run is final; python -m results.report {store.root} shows what "
                      "the final runs say so far")
     return "\n".join(lines) + "\n"

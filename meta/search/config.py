@@ -140,7 +140,7 @@ class SearchConfig:
     @property
     def full_steps(self) -> int:
         """train.steps: the exported single run's length, and that of the selection and reporting runs."""
-        return int(self.inner_config["train"].get("steps") or 0)
+        return int(self.inner_config["train"]["steps"])
 
     def search_member_inner(self) -> dict[str, Any]:
         """``member_inner`` of a search member (a generation's population and control member): its train node at

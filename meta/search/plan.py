@@ -196,7 +196,7 @@ def _plan_context(cfg: SearchConfig, raw: Mapping[str, Any], generations: int = 
     return PlanContext(
         members_per_generation=cfg.generation_shape.jobs, generations=generations, first_generation=first,
         inner_timeout_s=cfg.search_timeout_s, resources=cfg.resources,  # the generation's members' limit
-        num_threads=int(raw["train"].get("num_threads") or 1), sharing=member_sharing(raw),
+        num_threads=int(raw["train"]["num_threads"]), sharing=member_sharing(raw),
         launcher_dir=store.launcher_dir(first) if store is not None else None, run_id=run_id or "RUNID")
 
 
@@ -326,7 +326,7 @@ def build_plan(
     command line, from which the result table's baseline rows are composed."""
     first = _first_generation(store, resuming)
     generations = max(0, cfg.generations - first)
-    threads = int(raw["train"].get("num_threads") or 1)
+    threads = int(raw["train"]["num_threads"])
     alone_min = cfg.search_member_alone_min  # a search member's, at es.member_steps
     sharing = member_sharing(raw)
     member_min = sharing.member_time(alone_min)  # its expected running time, beside the members on its GPU

@@ -22,7 +22,10 @@ SEARCH_KEYS = ("population", "seed", "es", "init", "fitness_on_failure", "common
 #: search keys added after runs existed, with the value that reproduces those runs: a run whose config lacks one
 #: resumes (and hashes) as if it had this value
 ADDED_SEARCH_KEYS = {"seeds_per_member": 1, "early_stop": dataclasses.asdict(EarlyStopConfig()),
-                     f"es.{MEMBER_STEPS_KEY}": None}
+                     f"es.{MEMBER_STEPS_KEY}": None,
+                     # the learned map's YAML lacked it until its config class became its schema (it has no KL
+                     # estimator: the value changes nothing)
+                     "divergence.estimator": "k3"}
 #: keys inside SEARCH_KEYS that say what a member keeps on disk, not what it computes: a resume may change them
 #: (e.g. keep checkpoints from now on), and runs started before they existed resume
 HOUSEKEEPING_KEYS = ("train.keep_checkpoints", "train.save_total_limit")
@@ -36,7 +39,21 @@ def with_added_keys(raw: Mapping[str, Any]) -> dict[str, Any]:
         node, leaf = parent_of(out, key)
         if node is not None:
             node.setdefault(leaf, default)
+    _with_schema_defaults(out.get("divergence"))
     return out
+
+
+def _with_schema_defaults(node: Any) -> None:
+    """A divergence node stored before its YAML composed on its config class (conf/divergence/none.yaml had no
+    ``form``) with the fields it lacks at the class's defaults: the values it ran with."""
+    from inner_loop.loss.divergences import divergences
+
+    entry = divergences().get(node.get("name")) if isinstance(node, dict) else None
+    if entry is None or not dataclasses.is_dataclass(entry.config_class):
+        return
+    for f in dataclasses.fields(entry.config_class):
+        if f.default is not dataclasses.MISSING:
+            node.setdefault(f.name, f.default)
 
 
 def config_hash(raw: Mapping[str, Any], keys: Sequence[str] = SEARCH_KEYS) -> str:

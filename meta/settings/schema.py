@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Mapping, Optional, TypeVar
 
 from meta.search.generation.early_stop import EarlyStopConfig
 from meta.searchers.radius import RADIUS_KEY
-from core.config_nodes import MEMBER_STEPS_KEY, plain, refuse_unknown_keys
+from core.config_nodes import MEMBER_STEPS_KEY, plain, refuse_unknown_keys, schema_error
 
 T = TypeVar("T")
 
@@ -249,11 +249,15 @@ class TuneSchema(RunSchema):
 
 def register() -> None:
     """Put the root schemas in Hydra's ConfigStore (idempotent): ``base_config`` for conf/config.yaml,
-    ``tune_base_config`` for conf/tune.yaml. The tune's root stays open (its nodes are typed, its own scalars are
+    ``tune_base_config`` for conf/tune.yaml, and the train and divergence groups'
+    (inner_loop.config.register_schemas). The tune's root stays open (its nodes are typed, its own scalars are
     checked by typed_config in meta/tune/config.py): a preset is shared by meta.run and meta.tune, and the search
     keys it sets (population, quorum, reevaluate) must not stop a study from composing."""
     from hydra.core.config_store import ConfigStore
 
+    from inner_loop.config import register_schemas
+
+    register_schemas()  # the train and divergence groups' schemas, which their YAMLs name
     store = ConfigStore.instance()
     store.store(name=BASE_CONFIG, node=SearchSchema)
     store.store(name=TUNE_BASE_CONFIG, node={
@@ -308,17 +312,6 @@ def typed_config(schema: type[T], raw: Mapping[str, Any], node: str = "") -> T:
         raise ConfigError(schema_error(exc, node)) from None
     check_ranges(value, f"{node}." if node else "")
     return value  # type: ignore[return-value]
-
-
-def schema_error(exc: BaseException, node: str = "", given: str = "") -> str:
-    """An OmegaConf error (a wrong type, a key the schema lacks) as one line naming the key (under ``node``), or what
-    the user wrote (``given``: the override)."""
-    key = getattr(exc, "full_key", None) or ""
-    key = f"{node}.{key}" if node and key else key
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if not key:
-        return f"{given}: {text}" if given else text
-    return f"{given or key}: {text} (the type and default of {key}: meta/settings/schema.py)"
 
 
 def check_ranges(node: Any, prefix: str = "") -> None:

@@ -28,7 +28,7 @@ from meta.search.generation.live_watch import format_duration
 from meta.search.member_rows import (eta_text, gpu_hours, gpu_use, member_rows, orchestrator_line, row_line, rows_eta,
                                      run_queue, state_summary)
 from results.report.arguments import run_dir_argument
-from results.report.pilot.findings import is_pilot_dir
+from results.report.pilot import is_pilot_dir
 from results.store.atomic import CorruptFileError
 from core.config_nodes import horizon_text
 from results.store.layout import parse_generation_dir_name, parse_member_dir_name

@@ -56,7 +56,7 @@ process imports it.
       pilot_plan.json                         PILOT_PLAN_FILE: centre, pair directions, (radius, coef) combinations and
                                               every run's role, written before any submission
       pilot_runs/                             PILOT_RUNS_DIR: every run of the pilot, one runner for all of them
-        jobs.json, submitit/, member_012/     as in a generation dir (index: results/report/pilot/findings.py member_index)
+        jobs.json, submitit/, member_012/     as in a generation dir (index: meta/pilot/findings.py member_index)
       pilot.json                              PILOT_FILE: the findings (noise, pair differences, SNR, recommendation)
 
     member_dir/  (also a single run's work dir, ``python -m inner_loop.run work_dir=...``)
@@ -192,7 +192,8 @@ TRIAL_FILE = "trial.json"
 PILOT_PLAN_FILE = "pilot_plan.json"
 #: every run of the pilot (jobs.json, submitit/, member dirs), laid out like a generation dir
 PILOT_RUNS_DIR = "pilot_runs"
-#: the pilot's findings, written once every run is final (results/report/pilot/findings.py computes and formats them)
+#: the pilot's findings, rewritten each time a run becomes final (``complete`` once every run is):
+#: meta/pilot/findings.py computes them, results/report/pilot.py formats them
 PILOT_FILE = "pilot.json"
 
 _GENERATION_WIDTH = 4

@@ -112,7 +112,8 @@ class MemberWatch:
     """Warns once per member and kind: zero-variance groups near 1 for a streak of logged steps (the member
     learns nothing: every group's rewards are equal), and a regularizer gradient share below the floor."""
 
-    grad_share_floor: float | None = 0.01
+    #: the run's divergence.grad_share_floor (its default: inner_loop/loss/divergences.py); None: no check
+    grad_share_floor: float | None = None
     zero_std_threshold: float = 0.95
     streak: int = 5
     warned: set[tuple[str, str]] = field(default_factory=set)
@@ -155,7 +156,8 @@ class LiveWatch:
 
     #: the generation (meta/search/generation/generation_shape.py): its best and mean are the population's, not the control's
     shape: GenerationShape
-    grad_share_floor: float | None = 0.01
+    #: the run's divergence.grad_share_floor, which the composed config always carries; None: no check
+    grad_share_floor: float | None = None
     parallel_slots: int | None = None
     scan_interval_s: float = 30.0
     clock: Callable[[], float] = time.monotonic

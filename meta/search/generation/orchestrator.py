@@ -68,7 +68,7 @@ class Orchestrator:
         self._early_scores: dict[tuple[int, int], float] = {}  # (generation, member) -> score at the decision step
         divergence = cfg.inner_config.get("divergence") or {}
         slots = launcher_class(cfg.launcher).parallel_slots(launcher_options(cfg.launcher))
-        self._live = LiveWatch(self.shape, grad_share_floor=divergence.get("grad_share_floor", 0.01),
+        self._live = LiveWatch(self.shape, grad_share_floor=divergence.get("grad_share_floor"),
                                parallel_slots=slots)
         self._restore()
 

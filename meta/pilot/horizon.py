@@ -1,12 +1,12 @@
 """The pilot's horizon check: does a search whose members train ``es.member_steps`` steps rank maps as runs of
 ``train.steps`` do?
 
-A member of T steps is scored by its validation pass@1 at step T. Short-horizon objectives can prefer what helps early
-over what is best at the end (Wu, Ren, Liao and Grosse, ICLR 2018); whether they do here is a measurement: the pilot
-trains the centre and its antithetic pairs at the search's radius at both horizons on the same seeds, and this module
-compares the two rankings of those maps. Per map, its mean fitness over the seeds on which both horizons finished; the
-Spearman rank correlation of the two means over the maps, with a percentile bootstrap interval over maps (scipy); and
-a verdict:
+A member of T steps is scored by its validation pass@1 at step T. Short-horizon objectives can prefer what helps
+early over what is best at the end (Wu, Ren, Liao and Grosse, ICLR 2018); whether they do here is a measurement: the
+pilot trains the centre and its antithetic pairs at the search's radius at both horizons on the same seeds, and this
+module compares the two rankings of those maps (its text: results/report/pilot.py). Per map, its mean fitness over
+the seeds on which both horizons finished; the Spearman rank correlation of the two means over the maps, with a
+percentile bootstrap interval over maps (scipy); and a verdict:
 
 - agree: the interval lies at or above AGREE_RHO: a T-step search ranks maps as the full run does;
 - disagree: the interval lies below AGREE_RHO: it would rank them otherwise (the short-horizon bias);
@@ -32,8 +32,6 @@ RELIABILITY = 0.8
 RESAMPLES = 2000
 #: a Spearman coefficient's variance factor in Fisher's z (Fieller, Hartley and Pearson 1957): var(z) = 1.06 / (n - 3)
 SPEARMAN_Z_VARIANCE = 1.06
-#: the maps whose two means the text lists (the centre and the first pairs)
-SHOWN_MAPS = 9
 #: fewer maps than this leave no interval to speak of (Fisher's z needs n > 3)
 MIN_MAPS = 4
 
@@ -110,7 +108,7 @@ def horizon_check(short: Sequence[Sequence[float | None]], full: Sequence[Sequen
     out: dict[str, Any] = {
         "member_steps": member_steps, "steps": steps, "maps": len(used), "maps_planned": len(short), "seeds": seeds,
         "short_means": short_means, "full_means": full_means, "rho": None, "low": None, "high": None,
-        "agree_rho": AGREE_RHO, "verdict": "not measured", "maps_needed": None, "seeds_needed": None, **cost,
+        "agree_rho": AGREE_RHO, "reliability": RELIABILITY, "verdict": "not measured", "maps_needed": None, "seeds_needed": None, **cost,
         "short": _noise([[a for a, _ in p] for p in used], short_means),
         "full": _noise([[b for _, b in p] for p in used], full_means),
     }
@@ -158,32 +156,3 @@ def _verdict(check: Mapping[str, Any]) -> tuple[str, str, str]:
 
 def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:+.2f}"
-
-
-def format_horizon(check: Mapping[str, Any] | None) -> list[str]:
-    """The check as text lines ([] for a pilot without one)."""
-    if not check:
-        return []
-    t, s = check["member_steps"], check["steps"]
-    lines = [f"horizon check (es.member_steps={t} against train.steps={s}; the first combination's centre and "
-             f"pairs, {check['maps']}/{check['maps_planned']} maps on paired seeds):"]
-    if check["maps"]:
-        shown = list(zip(check["short_means"], check["full_means"]))[:SHOWN_MAPS]
-        more = f" (the first {SHOWN_MAPS} of {check['maps']})" if check["maps"] > SHOWN_MAPS else ""
-        lines.append(f"  per map{more}, mean fitness at step {t} -> {s}: "
-                     + ", ".join(f"{a:.4f} -> {b:.4f}" for a, b in shown))
-        for name, horizon in (("short", check["short"]), ("full", check["full"])):
-            lines.append(f"  seed noise at {t if name == 'short' else s} steps: std {_std(horizon['seed_std'])}, "
-                         f"between maps {_std(horizon['between_var'], var=True)}; seeds per map for "
-                         f"{RELIABILITY:.0%} map signal: {horizon['seeds_needed'] or 'n/a'}")
-    lines += [f"  verdict: {check['sentence']}", f"  recommendation: {check['advice']}"]
-    lines.append(f"  cost: {check['runs']} runs at train.steps={s}: {check['cost_text']}")
-    return lines
-
-
-def _std(value: float | None, var: bool = False) -> str:
-    if value is None:
-        return "n/a"
-    if var:
-        return f"std {math.sqrt(value):.4f}" if value > 0 else "none beyond seed noise"
-    return f"{value:.4f}"

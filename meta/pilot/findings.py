@@ -1,10 +1,12 @@
 """The findings of a ``meta.pilot`` run: seed noise, paired differences, the ES step's signal-to-noise ratio, and the
-settings that would reach a target SNR; ``python -m results.report RUN_DIR`` shows them for a pilot run dir.
+settings that would reach a target SNR; ``python -m results.report RUN_DIR`` shows them (its text:
+results/report/pilot.py) from the pilot.json that meta.pilot writes with them.
 
 The pilot (meta/pilot/cli.py) asks one question before a search spends its budget: at these settings, do the members'
 fitness differences carry more signal than seed noise? Everything here is computed from files alone (the plan,
-config.yaml and each run's result.json), so the report of an unfinished or killed pilot shows what its finished runs
-already say, and meta.pilot writes exactly this summary as pilot.json once every run is final.
+config.yaml and each run's result.json); meta.pilot writes this summary as pilot.json each time a run becomes final
+(``complete`` false until every run is), so the report of an unfinished or killed pilot shows what its finished runs
+already said.
 
 How the SNR is estimated (docs/pilot.md has the derivation). For pair i and seed s, d_is = f(c+e_i, s) - f(c-e_i, s);
 both inits train on seed s, so whatever the seed does to both cancels. Per pair, m_i = mean over its k_i usable seeds.
@@ -25,31 +27,25 @@ radius would buy decides the advice: a radius to search at, or a coefficient to 
 """
 from __future__ import annotations
 
-import argparse
 import logging
 import math
-import os
 import statistics
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from results.report.arguments import check_output_folder, run_dir_argument
-from results.report.pilot.horizon import format_horizon, horizon_check, spearman
-from results.report.paired import CONFIDENCE, mean_interval
-from results.store.atomic import CorruptFileError, atomic_write_text
 from core.gpu_time import GpuSharing, gpu_sharing, gpu_time_h
-from results.store.member_files import read_intermediate, read_result
-from results.store.layout import REPORT_DIR
 from core.records import ResultRecord
+from meta.pilot.horizon import horizon_check, spearman
+from results.report.paired import mean_interval
+from results.report.pilot import PILOT_KIND, num_text
+from results.store.member_files import read_intermediate, read_result
 from results.store.run_store import RunStore
 
 logger = logging.getLogger(__name__)
 
-#: the manifest's ``kind`` of a pilot run dir (meta/pilot/cli.py writes it)
-PILOT_KIND = "pilot"
-#: the F-test's level: a combination "has signal" when the pair means' spread exceeds noise at this level
+#: the F-test's level: a combination "has signal" when the pair means' spread exceeds noise at this level (the
+#: summary records it for its text)
 SIGNIFICANCE = 0.05
 CENTRE, PLUS, MINUS = "centre", "plus", "minus"
 #: the ``horizon`` of a pilot run that trains train.steps for the horizon check (the other runs train es.member_steps)
@@ -367,16 +363,6 @@ def _val_size(best: Mapping[str, Any], max_noise_var: float) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ the run dir
-def is_pilot_dir(run_dir: str | Path) -> bool:
-    """True for a meta.pilot run dir (its manifest says kind pilot, or it holds a pilot plan)."""
-    store = RunStore(run_dir)
-    try:
-        kind = store.read_manifest().get("kind")
-    except CorruptFileError:
-        kind = None
-    return kind == PILOT_KIND or store.pilot_plan_path.is_file()
-
-
 def summarize_run_dir(run_dir: str | Path) -> dict[str, Any]:
     """The findings of every combination from the plan, config.yaml and the runs' result files; ValueError when the
     dir holds no pilot plan yet. ``complete`` says whether every run is final."""
@@ -401,7 +387,7 @@ def summarize_run_dir(run_dir: str | Path) -> dict[str, Any]:
     planned_h = ctx.sharing.member_time(ctx.member_time_min) / 60.0 if ctx.member_time_min else None
     manifest = store.read_manifest()
     return {
-        "kind": PILOT_KIND, "run_dir": str(store.root), "run_id": manifest.get("run_id"), "seed": plan["seed"],
+        "kind": PILOT_KIND, "significance": SIGNIFICANCE, "run_dir": str(store.root), "run_id": manifest.get("run_id"), "seed": plan["seed"],
         "complete": len(records) == total, "runs": total, "finished": len(records),
         "failed": sum(1 for r in records.values() if not r.ok),
         "seeds": seeds, "pairs": pairs, "radius_key": plan["radius_key"], "es": plan["es"],
@@ -416,7 +402,7 @@ def summarize_run_dir(run_dir: str | Path) -> dict[str, Any]:
 
 def _horizon(plan: Mapping[str, Any], records: Mapping[int, ResultRecord], ctx: PilotContext,
              main: int) -> dict[str, Any] | None:
-    """The horizon check (results/report/pilot/horizon.py) from the first combination's runs at es.member_steps and their
+    """The horizon check (meta/pilot/horizon.py) from the first combination's runs at es.member_steps and their
     twins at train.steps; None for a pilot whose members train train.steps."""
     horizon = plan.get("horizon")
     if not horizon:
@@ -433,206 +419,6 @@ def _horizon(plan: Mapping[str, Any], records: Mapping[int, ResultRecord], ctx: 
     finished = [records[i] for i in range(main, main + horizon_runs(plan)) if i in records]
     spent, unit = _hours(1.0, sum(r.wall_time_s for r in finished) / 3600.0, ctx)
     cost = {"runs": horizon_runs(plan), "cost_hours": spent, "cost_unit": unit,
-            "cost_text": f"{_num(spent, 3)} {unit} measured over the {len(finished)} final ones (their wall time x "
+            "cost_text": f"{num_text(spent, 3)} {unit} measured over the {len(finished)} final ones (their wall time x "
                          f"{'resources.gpus' if unit == 'GPU-h' else 'resources.cpus'})"}
     return horizon_check(short, full, int(horizon["member_steps"]), int(horizon["steps"]), int(plan["seed"]), cost)
-
-
-# ------------------------------------------------------------------ text
-def _num(value: Any, digits: int = 4) -> str:
-    if value is None:
-        return "n/a"
-    number = float(value)
-    small_or_large = number != 0.0 and (abs(number) >= 1e4 or abs(number) < 1e-3)
-    return f"{number:.{digits}g}" if small_or_large else f"{number:.{digits}f}"
-
-
-def _g(value: float | None) -> str:
-    """A setting as typed (0.01, 1): n/a when the config has none (a divergence without coef)."""
-    return "n/a" if value is None else f"{value:g}"
-
-
-def _signed(value: float | None) -> str:
-    return "  fail" if value is None else f"{value:+.4f}"
-
-
-def format_combination(c: Mapping[str, Any], summary: Mapping[str, Any]) -> list[str]:
-    r, pop = summary["seeds_per_member"], summary["population"]
-    centre = c["centre"]
-    lines = [f"combination {c['combination']}: radius {_g(c['radius'])} (es.{summary['radius_key']}), "
-             f"divergence.coef {_g(c['coef'])}; "
-             f"{c['finished']}/{c['runs']} runs final, {c['failed']} failed"]
-    if centre["n"]:
-        lines.append(f"  seed noise of one init (the centre, {centre['n']} seeds): mean pass@1 {_num(centre['mean'])}, "
-                     f"total std {_num(centre['total_std'])}")
-        if centre["binomial_std"] is not None:
-            lines.append(f"    binomial part sqrt(p(1-p)/V), V={centre['val_size']}: {_num(centre['binomial_std'])}; "
-                         f"training part sqrt(max(total^2 - binomial^2, 0)): {_num(centre['training_std'])}; "
-                         f"V={centre['val_size_halving_binomial']} would halve the binomial part")
-    else:
-        lines.append("  seed noise of one init: no centre run finished yet")
-    if c.get("perturbed_mean") is not None:  # absent from pilot.json files written before it existed
-        lines.append(f"  mean pass@1 of the perturbed inits c +- e_i: {_num(c['perturbed_mean'])} (the centre's: "
-                     f"{_num(centre['mean'])}; a gap that both signs share is curvature, which pair differences "
-                     "cancel)")
-    lines.append("  pair differences d_is = f(c+e_i, s) - f(c-e_i, s) (same seed s for both):")
-    for p in c["pairs"]:
-        lines.append(f"    pair {p['pair']}: mean {_signed(p['mean']) if p['mean'] is not None else '   n/a'}; "
-                     f"per seed {' '.join(_signed(d) for d in p['diffs'])}")
-    if c["noise_var"] is None:
-        lines.append(f"  SNR: {c['reason']}")
-        return lines + _scale_lines(c)
-    lines += [
-        f"  noise variance of a single-seed difference sigma_n^2 (pooled within pairs, {c['noise_dof']} dof): "
-        f"{_num(c['noise_var'], 4)}",
-        f"  signal variance sigma_s^2 = max(mean_i(m_i^2 - sigma_n^2/k_i), 0) over {c['pairs_used']} pairs: "
-        f"{_num(c['signal_var'], 4)}",
-        f"  F-test (signal if P(F({c['pairs_used']}, {c['noise_dof']}) >= F) < {SIGNIFICANCE}): "
-        f"F = {_num(c['f'], 4) if c['f'] is not None else 'undefined (sigma_n^2 = 0)'}, p = {_num(c['p_value'], 3)}",
-    ]
-    if not c["signal"]:
-        estimate = f" (the estimate would read {_num(c['snr_estimate'], 3)})" if c["snr_estimate"] is not None else ""
-        lines.append(f"  SNR of one generation's ES step at P={pop}, r={r}: no signal: {c['reason']}{estimate}")
-    elif c["noise_free"]:
-        lines.append("  SNR of one generation's ES step: unbounded (sigma_n^2 = 0: differences repeat over seeds)")
-    else:
-        lines.append(f"  SNR of one generation's ES step at P={pop}, r={r}: (P/2) sigma_s^2 / (sigma_n^2/r) = "
-                     f"{_num(c['snr'], 4)}")
-    lines += _scale_lines(c)
-    inter = c["intermediate"]
-    if not inter["measured"]:
-        lines.append(f"  early intermediate vs final scores: {inter['reason']}")
-    else:
-        ranks = ", ".join(f"step {s['step']}: {_num(s['rho'], 3) if s['rho'] is not None else 'undefined'}"
-                          for s in inter["steps"]) or "no step every run reached"
-        n = inter["steps"][0]["n"] if inter["steps"] else 0
-        lines.append(f"  early intermediate vs final scores, Spearman rho over {n} runs: {ranks}")
-    return lines
-
-
-def _scale_lines(c: Mapping[str, Any]) -> list[str]:
-    """Scale apart from direction (absent from pilot.json files written before it existed)."""
-    scale = c.get("scale")
-    if scale is None:
-        return []
-    level = int(round(CONFIDENCE * 100))
-    if scale["low"] is not None:
-        effect = (f"{scale['mean']:+.4f} [{scale['low']:+.4f}, {scale['high']:+.4f}] ({level}% t interval over "
-                  f"{scale['n']} seeds)")
-    else:
-        effect = f"{_num(scale['mean'])} (n={scale['n']}, no interval)"
-    spread = math.sqrt(c["signal_var"]) if c.get("signal_var") is not None else None
-    direction = ("signal" if c["signal"] else "no signal") + (
-        f", p = {_num(c['p_value'], 3)}" if c.get("p_value") is not None else "")
-    return [
-        f"  scale: the maps at the radius minus the centre, per seed: {effect}",
-        f"  direction: the pairs' seed-free differences spread sqrt(sigma_s^2) = {_num(spread)} ({direction})",
-        f"  a search buys {c['buys']}: {c['advice']}",
-    ]
-
-
-def format_recommendation(rec: Mapping[str, Any], summary: Mapping[str, Any]) -> list[str]:
-    lines = [f"recommendation (target SNR {_num(rec['target_snr'], 3)}):"]
-    unit = rec["unit"]
-    cost = f"  pilot cost: {_num(rec['pilot_hours'], 3)} {unit} (measured: the finished runs' wall time"
-    cost += f" x {'resources.gpus' if unit == 'GPU-h' else 'resources.cpus'})"
-    bought = [f"  radius {_g(c['radius'])}, coef {_g(c['coef'])}: a search buys {c['buys']}"
-              for c in summary["combinations"] if c.get("buys")]
-    lines += bought
-    if not rec["reachable"]:
-        return lines + [f"  none: {rec['reason']}", cost]
-    r, pop = summary["seeds_per_member"], summary["population"]
-    snr = "unbounded" if rec["noise_free"] else _num(rec["snr"], 3)
-    lines.append(f"  best combination: {rec['combination']} (radius {_g(rec['radius'])}, coef {_g(rec['coef'])}), "
-                 f"SNR {snr} at P={pop}, r={r}")
-    at = f" (SNR {_num(rec['population_snr'], 3)})" if rec["population_snr"] is not None else ""
-    lines.append(f"  smallest even population at r={r}: {rec['population']}{at}")
-    note = "" if summary["seeds_per_member_set"] else " (seeds_per_member is not a setting of this search: a member " \
-                                                     "is one run; the validation size below is the lever here)"
-    lines.append(f"  seeds per member at P={pop}: {rec['seeds_per_member']}{note}")
-    size = rec["val_size"]
-    lines.append(f"  validation size at P={pop}, r={r}: "
-                 + (f"{size['value']} (train.val_size)" if size and size["value"] is not None
-                    else (size or {}).get("reason", "n/a")))
-    search = (f"{_num(rec['search_hours'], 3)} {unit}" if rec["search_hours"] is not None else "unknown")
-    lines += [cost, f"  recommended search: population {rec['population']} x generations {summary['generations']} x "
-                    f"{r} seed(s) per member = {rec['search_runs']} runs x "
-                    f"{_num((rec['member_hours'] or 0) * 60, 3)} min = {search}"]
-    return lines
-
-
-def format_pilot(summary: Mapping[str, Any]) -> str:
-    """The findings as text, one block per combination, then the recommendation (partial if not complete)."""
-    state = "complete" if summary["complete"] else "PARTIAL (not every run is final: numbers may still move)"
-    lines = [
-        f"pilot {summary['run_dir']} (run_id {summary['run_id']}, seed {summary['seed']}): {summary['finished']}/"
-        f"{summary['runs']} runs final, {summary['failed']} failed; {state}",
-        f"k={summary['seeds']} seeds per init, m={summary['pairs']} antithetic pairs per combination; the SNR speaks "
-        f"for es={summary['es']} at population P={summary['population']}, r={summary['seeds_per_member']} seed(s) per "
-        "member",
-        "",
-    ]
-    for c in summary["combinations"]:
-        lines += format_combination(c, summary) + [""]
-    horizon = format_horizon(summary.get("horizon"))
-    lines += horizon + ([""] if horizon else [])
-    lines += format_recommendation(summary["recommendation"], summary)
-    return "\n".join(lines) + "\n"
-
-
-def load_pilot(run_dir: str | Path) -> dict[str, Any]:
-    """pilot.json when the pilot finished; otherwise the partial findings from the runs that are final so far."""
-    store = RunStore(run_dir)
-    summary = store.read_pilot()
-    if summary is not None and summary.get("complete"):
-        return summary
-    return summarize_run_dir(run_dir)
-
-
-def build_pilot_report(run_dir: str | Path, out_dir: str | Path | None = None) -> tuple[str, list[Path]]:
-    """The text and the files written (pilot.txt, pilot_combinations.csv) to ``out_dir`` (default RUN_DIR/report)."""
-    import pandas as pd
-
-    summary = load_pilot(run_dir)
-    out = Path(out_dir) if out_dir is not None else Path(run_dir) / REPORT_DIR
-    text = format_pilot(summary)
-    keys = ("combination", "radius", "coef", "finished", "failed", "noise_var", "signal_var", "f", "p_value", "signal",
-            "snr")
-    rows = [{**{k: c[k] for k in keys}, "centre_mean": c["centre"]["mean"], "centre_std": c["centre"]["total_std"],
-             **{f"scale_{k}": (c.get("scale") or {}).get(k) for k in ("mean", "low", "high", "n")},
-             "buys": c.get("buys"), "run_id": summary["run_id"]} for c in summary["combinations"]]
-    files = [atomic_write_text(out / "pilot.txt", text),
-             atomic_write_text(out / "pilot_combinations.csv", pd.DataFrame(rows).to_csv(index=False))]
-    return text, files
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m results.report", add_help=False)
-    parser.add_argument("run_dir", nargs="?", type=run_dir_argument)
-    parser.add_argument("--out", default=None)
-    parser.add_argument("--top", default=None)
-    return parser
-
-
-def is_pilot_request(argv: Sequence[str]) -> bool:
-    """Whether ``python -m results.report`` was pointed at a pilot run dir (dispatch in results/report/__main__.py)."""
-    try:
-        args, _ = _parser().parse_known_args(list(argv))
-    except SystemExit:
-        return False
-    return bool(args.run_dir) and is_pilot_dir(args.run_dir)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Print a pilot's findings and write them to --out; exit 2 when RUN_DIR holds no pilot plan."""
-    args, _ = _parser().parse_known_args(sys.argv[1:] if argv is None else list(argv))
-    logging.basicConfig(level=os.environ.get("MIRROR_ES_LOG_LEVEL", "WARNING"),
-                        format="%(levelname)s %(name)s: %(message)s")
-    try:
-        check_output_folder(args.out)
-        text, files = build_pilot_report(args.run_dir, args.out)
-    except (ValueError, FileNotFoundError) as exc:  # CorruptFileError included
-        sys.stderr.write(f"error: {exc}\n")
-        return 2
-    sys.stdout.write(text + "\nwrote:\n" + "".join(f"  {f}\n" for f in files))
-    return 0
