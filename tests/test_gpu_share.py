@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import inner_loop.member.lifecycle as member
-import inner_loop.training.setup as run_setup
+import inner_loop.models.loading as loading  # build_trainer imports its loaders when it runs
 from conf_groups import load_group
 from inner_loop.config import InnerConfig
 from inner_loop.generation.backends import HF_GENERATE, VLLM_COLOCATE
@@ -130,7 +130,7 @@ def test_a_member_out_of_gpu_memory_fails_alone_naming_its_share(tmp_path, monke
         assert memory_caps == [(pytest.approx(H100_HALF_CAP), 0)], "the cap must be set before the model loads"
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    monkeypatch.setattr(run_setup, "load_policy", load_policy)
+    monkeypatch.setattr(loading, "load_policy", load_policy)
     work = tmp_path / "m"
     record = train_in_process({"run_id": "t", "generation": 0, "index": 3, "seed": 0, "params": [],
                            "work_dir": str(work), "inner": _inner()})

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import inner_loop.member.lifecycle as member
-import inner_loop.training.setup as run_setup
+import inner_loop.grpo.trainer as trainer
+import inner_loop.models.loading as loading  # build_trainer imports its loaders when it runs
 from inner_loop.member.lifecycle import train_in_process
 from results.store.provenance import read_run_manifest
 from results.store.member_files import read_result
@@ -70,7 +71,7 @@ def test_a_missing_data_file_ends_as_a_failed_record(tmp_path):
 
 
 def test_a_value_grpo_config_rejects_fails_before_the_model_is_loaded(tmp_path, monkeypatch):
-    monkeypatch.setattr(run_setup, "load_policy", _boom("the model must not be loaded for a bad lr_scheduler"))
+    monkeypatch.setattr(loading, "load_policy", _boom("the model must not be loaded for a bad lr_scheduler"))
     work = tmp_path / "m"
     record = train_in_process(_spec(work, _inner(lr_scheduler="cosin")))
     _assert_failed(work, record, "model and trainer setup", "train.lr_scheduler: rejected by TRL's GRPOConfig")
@@ -78,14 +79,14 @@ def test_a_value_grpo_config_rejects_fails_before_the_model_is_loaded(tmp_path, 
 
 
 def test_a_model_that_cannot_be_resolved_ends_as_a_failed_record(tmp_path, monkeypatch):
-    monkeypatch.setattr(run_setup, "resolve_model_dir", _boom("model.name_or_path='/nope': no such model directory",
+    monkeypatch.setattr(loading, "resolve_model_dir", _boom("model.name_or_path='/nope': no such model directory",
                                                               ValueError))
     work = tmp_path / "m"
     _assert_failed(work, train_in_process(_spec(work, _inner())), "model and trainer setup", "no such model directory")
 
 
 def test_a_model_load_out_of_memory_ends_as_a_failed_record(tmp_path, monkeypatch):
-    monkeypatch.setattr(run_setup, "load_policy", _boom("CUDA out of memory. Tried to allocate 2.00 GiB",
+    monkeypatch.setattr(loading, "load_policy", _boom("CUDA out of memory. Tried to allocate 2.00 GiB",
                                                         torch.OutOfMemoryError))
     work = tmp_path / "m"
     record = train_in_process(_spec(work, _inner()))
@@ -93,7 +94,7 @@ def test_a_model_load_out_of_memory_ends_as_a_failed_record(tmp_path, monkeypatc
 
 
 def test_a_trainer_that_cannot_be_built_ends_as_a_failed_record(tmp_path, monkeypatch):
-    monkeypatch.setattr(run_setup, "MirrorGRPOTrainer", _boom("trainer refused its arguments", TypeError))
+    monkeypatch.setattr(trainer, "MirrorGRPOTrainer", _boom("trainer refused its arguments", TypeError))
     work = tmp_path / "m"
     _assert_failed(work, train_in_process(_spec(work, _inner())), "model and trainer setup",
                    "TypeError: trainer refused its arguments")
@@ -136,7 +137,7 @@ def test_a_timeout_passes_through_without_a_record(tmp_path, monkeypatch):
     """The job wrapper's alarm is a BaseException: it must reach the wrapper, which records `timeout`."""
     from launch.member import MemberTimeout
 
-    monkeypatch.setattr(run_setup, "load_policy", _boom("member exceeded inner.timeout_s=1", MemberTimeout))
+    monkeypatch.setattr(loading, "load_policy", _boom("member exceeded inner.timeout_s=1", MemberTimeout))
     work = tmp_path / "m"
     with pytest.raises(MemberTimeout):
         train_in_process(_spec(work, _inner()))
@@ -148,7 +149,7 @@ def test_the_job_wrapper_hands_the_orchestrator_the_members_own_record(tmp_path,
     traceback tail written by the wrapper."""
     from launch.member import run_member
 
-    monkeypatch.setattr(run_setup, "load_policy", _boom("CUDA out of memory", torch.OutOfMemoryError))
+    monkeypatch.setattr(loading, "load_policy", _boom("CUDA out of memory", torch.OutOfMemoryError))
     work = tmp_path / "m"
     out = run_member("inner_loop.member.lifecycle:train_in_process", _spec(work, _inner()), timeout_s=0)
     assert out["status"] == "failed"
