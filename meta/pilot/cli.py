@@ -24,6 +24,7 @@ import copy
 import logging
 import math
 import sys
+import time
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
@@ -269,9 +270,14 @@ def member_specs(plan: Mapping[str, Any], cfg: SearchConfig, run_id: str) -> lis
     return specs
 
 
+#: seconds between two writings of an unfinished pilot's findings (pilot.json) as its runs become final
+PARTIAL_FINDINGS_EVERY_S = 60.0
+
+
 def run_members(prepared: Prepared, specs: list[MemberSpec], launcher: Any) -> None:
     """Every run to a final record through one runner (resumable: jobs.json after each submission), pilot.json
-    rewritten with the findings so far as each becomes final (what the report of an unfinished pilot shows); AbortRun
+    rewritten with the findings so far as runs become final, at most every PARTIAL_FINDINGS_EVERY_S (what the report
+    of an unfinished pilot shows); AbortRun
     when more than max_failed_fraction of the runs failed."""
     from launch.factory import runner_policy
     from launch.runner import MemberArrayRunner
@@ -292,11 +298,18 @@ def run_members(prepared: Prepared, specs: list[MemberSpec], launcher: Any) -> N
                 f"{last.error.strip()[-500:]}"
                 f"\nFix the cause, then resume with `python -m meta.pilot run_dir={prepared.store.root}`")
 
+    last_written = [float("-inf")]
+
     def on_final(spec: MemberSpec, record: Any, progress: Any) -> None:
         logger.info("pilot run %03d (seed %d): %s %s (%d/%d)", spec.index, spec.seed, record.status,
                     f"{record.fitness:.4f}" if record.ok else record.error.strip()[-160:], progress.done,
                     progress.total)
-        prepared.store.write_pilot(summarize_run_dir(prepared.store.root))
+        # the findings so far, for the report of an unfinished pilot: each writing reads every result and recomputes
+        # every statistic, so runs that end together (short members, a resumed batch) write them once a while; the
+        # caller writes the complete findings when the last run is final
+        if time.monotonic() - last_written[0] >= PARTIAL_FINDINGS_EVERY_S:
+            prepared.store.write_pilot(summarize_run_dir(prepared.store.root))
+            last_written[0] = time.monotonic()
 
     MemberArrayRunner(
         launcher=launcher, entrypoint=cfg.inner_entrypoint, specs=specs, jobs=read_jobs_file(jobs_path),
