@@ -1,5 +1,5 @@
-"""The embedded default end to end: tiny model, arith, population 4, 2 generations through the local
-launcher, export of the best init, and a single NM-GRPO run that loads it. Members save a checkpoint at every step
+"""The embedded default end to end: tiny model, arith, population 2 (one antithetic pair), 2 generations through
+the local launcher, export of the best init, and a single NM-GRPO run that loads it. Members save a checkpoint at every step
 and, finished, keep none of them (the default checkpoint policy), while their records carry their peak disk use,
 which the report shows."""
 from __future__ import annotations
@@ -29,14 +29,14 @@ def test_embedded_default_search_export_and_single_run(tmp_path):
     result table (the exported init and the 7 baselines on 2 other seeds, with the test split), exported by its
     lower bound, then trained by a single run exactly as its reporting run was."""
     run_dir = tmp_path / "search"
-    done = _python("-m", "meta.run", f"run_dir={run_dir}", "new=true", "population=4", "generations=2", "launcher=local",
+    done = _python("-m", "meta.run", f"run_dir={run_dir}", "new=true", "population=2", "generations=2", "launcher=local",
                    "reevaluate.top_k=1", "reevaluate.seeds=2", "reevaluate.report_seeds=2", *SHORT)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "NM-GRPO-ES (exported init) minus each baseline" in done.stdout  # the table ends the run
     store = RunStore(run_dir)
     assert store.state_generations() == [0, 1]
     members = store.read_members()
-    assert len(members) == 10 and set(members["status"]) == {"ok"}, members[["status", "error"]]
+    assert len(members) == 6 and set(members["status"]) == {"ok"}, members[["status", "error"]]
     assert members["val_size"].min() > 0
     assert (members["role"] == "control").sum() == 2
     for member_dir in sorted(p for p in run_dir.glob("gen_*/member_*") if p.is_dir()):
