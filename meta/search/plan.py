@@ -271,18 +271,13 @@ class OnlineCost:
     basis: str      # where the hours come from, in words
 
 
-def short_run_overhead_key(cfg: SearchConfig) -> str:
-    """The key a short member's fixed minutes come from: resources.short_run_overhead_min, or overhead_min unset."""
-    key = "short_run_overhead_min" if cfg.resources.get("short_run_overhead_min") is not None else "overhead_min"
-    return f"resources.{key}"
-
-
 def online_cost(cfg: SearchConfig, raw: Mapping[str, Any], generations: int) -> OnlineCost | None:
     """What ``generations`` generations of an online searcher train: its member-steps (the searcher plans them) and
     their hours, each truncation paying its steps at the measured step time plus a short run's fixed minutes once
     (start, model load and compile, checkpoint, validation: SearchConfig.short_run_overhead_min); without a
     measured step time, a whole member's time x its share of the steps. None: the searcher trains whole runs."""
     from meta.searchers import searcher_class
+    from meta.settings.member_time import short_run_overhead_key
 
     steps = searcher_class(str(cfg.es.get("name"))).planned_member_steps(cfg.es, cfg.population, generations)
     if steps is None:
@@ -294,8 +289,9 @@ def online_cost(cfg: SearchConfig, raw: Mapping[str, Any], generations: int) -> 
     if step_s is not None:
         overhead_min = cfg.short_run_overhead_min
         hours = (steps * float(step_s) + truncations * overhead_min * 60.0) / 3600.0
-        basis = (f"steps x resources.step_time_s={float(step_s):g} s + {short_run_overhead_key(cfg)}={overhead_min:g} "
-                 "min per truncation (start, model load and compile, boundary checkpoint, validation)")
+        key = short_run_overhead_key(cfg.resources)
+        basis = (f"steps x resources.step_time_s={float(step_s):g} s + resources.{key}={overhead_min:g} min per "
+                 "truncation (start, model load and compile, boundary checkpoint, validation)")
     else:
         hours = cfg.member_alone_min / 60.0 * steps / horizon
         basis = "a whole member's time x its share of train.steps (no resources.step_time_s measured)"

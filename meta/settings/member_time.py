@@ -53,10 +53,15 @@ def member_time_text(resources: Mapping[str, Any], steps: Any, steps_key: str = 
                 f"resources.member_time_min x {steps_key}={steps} / train.steps")
     source = resources.get("step_time_source") or "no source given (resources.step_time_source)"
     # a member shorter than the whole run pays a short run's fixed minutes where the preset gives them
-    key = ("short_run_overhead_min" if steps_key != "train.steps" and resources.get("short_run_overhead_min") is not None
-           else "overhead_min")
+    key = short_run_overhead_key(resources) if steps_key != "train.steps" else "overhead_min"
     return (f"resources.step_time_s={step_s:g} s/step x {steps_key}={steps} + resources.{key}="
             f"{resources.get(key) or 0:g} min; step time measured: {source}")
+
+
+def short_run_overhead_key(resources: Mapping[str, Any]) -> str:
+    """The resources key a search member shorter than the run takes its fixed minutes from: short_run_overhead_min,
+    or overhead_min where that is unset."""
+    return "short_run_overhead_min" if resources.get("short_run_overhead_min") is not None else "overhead_min"
 
 
 def member_sharing(raw: Mapping[str, Any]) -> GpuSharing:
