@@ -111,6 +111,12 @@ class Searcher(abc.ABC):
     def center(self) -> torch.Tensor:
         """The current centre (mean) of the search distribution."""
 
+    @property
+    def averaged_center(self) -> torch.Tensor | None:
+        """A centre averaged over recent updates (an online searcher's Polyak average over its last episode), which
+        selection nominates beside the centre; None: the searcher keeps no average."""
+        return None
+
     @abc.abstractmethod
     def state_dict(self) -> dict[str, Any]: ...
 
