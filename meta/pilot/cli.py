@@ -7,7 +7,10 @@ on seed s is paired. The directions e_i / radius are drawn once (from derive_see
 shared by all combinations, so combinations are compared on the same directions too. meta/pilot/findings.py turns
 the runs into the findings: the seed noise of one init and its binomial/training parts, the pairs' differences, the
 signal-to-noise ratio of one generation's ES step at the configured population, how early intermediate scores rank
-runs, and the smallest population / seeds per member / validation size that reach ``pilot.target_snr``.
+runs, and the smallest population / seeds per member / validation size that reach ``pilot.target_snr``. For an
+online searcher (es=nres) every run is one of its particles' whole runs, validated every es.truncation_steps steps on
+the whole validation set: the truncation check (meta/pilot/truncation.py) measures each phase's signal and noise and
+recommends nres's population, truncation length and step.
 
 The runs go through the search's launchers, lock, records and resume: a pilot has its own run dir (manifest kind
 "pilot"); the plan (pilot_plan.json) is written before any submission, jobs.json after each, and
@@ -41,6 +44,7 @@ from meta.search.config import (INNER_NODES, SEARCH_KEYS, ConfigError, check_mem
 from meta.search.resume import NEW_KEY, check_resume, open_run_dir, run_dir_label
 from meta.search.staging import stage_run
 from meta.pilot.findings import CENTRE, FULL_HORIZON, PLUS, horizon_index, map_roles, member_index
+from meta.pilot.truncation import STEP_KEY, TRUNCATION_KEY, WHOLE_VALIDATION, boundaries
 from results.report.pilot import PILOT_KIND
 from meta.searchers.radius import RADIUS_KEY
 from meta.settings.schema import PilotConfig, typed_config
@@ -188,12 +192,42 @@ def prepare(argv: Sequence[str]) -> Prepared:
     cfg = build_search_config(raw)
     pilot = build_pilot_config(raw)
     combos = combinations(cfg, pilot)
+    _check_truncation(cfg)
     if pilot.coefs is not None:  # each scanned coef must be a valid run config, checked before anything runs
         for coef in pilot.coefs:
             check_member_launch(raw, cfg.launcher, cfg.inner_timeout_s, cfg.inner_entrypoint, _inner(cfg, coef),
                                 cfg.resources, where=f" (pilot.coefs: divergence.coef={coef:g})")
     return Prepared(cfg, pilot, raw, store, manifest, resuming, choices, combos,
                     absolute_path(export, cwd) if export else None)
+
+
+# ------------------------------------------------------------------ the truncation check
+def truncation_design(cfg: SearchConfig) -> dict[str, int] | None:
+    """For an online searcher (es=nres), the truncation check's design: T (es.truncation_steps, the searcher's own
+    reading of it), the runs' steps and the train.eval_subset that validates the whole validation set; None for a
+    searcher of whole runs."""
+    if not cfg.searcher_online:
+        return None
+    from meta.searchers.nres import truncation_length
+
+    val_size = cfg.inner_config["train"].get("val_size")
+    return {"steps": truncation_length(cfg.full_steps, cfg.es.get(TRUNCATION_KEY)), "horizon": cfg.full_steps,
+            "eval_subset": int(val_size) if val_size else WHOLE_VALIDATION}
+
+
+def _check_truncation(cfg: SearchConfig) -> None:
+    """What the truncation check needs of the config: no other intermediate validation, and the step it scales."""
+    design = truncation_design(cfg)
+    if design is None:
+        return
+    name, every = cfg.es.get("name"), cfg.inner_config["train"].get("eval_every")
+    if every is not None and int(every) != design["steps"]:
+        raise ConfigError(f"train.eval_every={every}: with es={name} the pilot validates its runs every "
+                          f"es.{TRUNCATION_KEY}={design['steps']} steps on the whole validation set (the truncation "
+                          f"check, docs/pilot.md); set train.eval_every=null")
+    if STEP_KEY not in cfg.es:
+        raise ConfigError(f"es.{STEP_KEY} is not in the es={name} config (conf/es/{name}.yaml): the truncation check "
+                          f"recommends that step (meta/pilot/truncation.py STEP_KEY names it)")
 
 
 # ------------------------------------------------------------------ the plan and the runs
@@ -233,6 +267,7 @@ def make_plan(prepared: Prepared) -> dict[str, Any]:
         "centre": centre.tolist(), "directions": directions, "combinations": prepared.combinations,
         "members": sorted(members, key=lambda m: m["index"]),
         "horizon": {"member_steps": cfg.member_steps, "steps": cfg.full_steps} if horizon else None,
+        "truncation": truncation_design(cfg),
     }
 
 
@@ -243,8 +278,10 @@ def has_horizon_check(cfg: SearchConfig) -> bool:
 
 def _check_plan(plan: Mapping[str, Any], prepared: Prepared) -> None:
     """A stored plan must be the one these settings make (it is, unless it was written by other code)."""
-    want = (prepared.pilot.seeds, prepared.pilot.pairs, prepared.combinations, has_horizon_check(prepared.cfg))
-    have = (len(plan["seeds"]), len(plan["directions"]), plan["combinations"], bool(plan.get("horizon")))
+    want = (prepared.pilot.seeds, prepared.pilot.pairs, prepared.combinations, has_horizon_check(prepared.cfg),
+            truncation_design(prepared.cfg) if "truncation" in plan else None)  # a plan from before the check: none
+    have = (len(plan["seeds"]), len(plan["directions"]), plan["combinations"], bool(plan.get("horizon")),
+            plan.get("truncation"))
     if have != want:
         raise ConfigError(f"{prepared.store.pilot_plan_path} was made for seeds/pairs/combinations {have}, not "
                           f"{want}; start a new pilot with another run_dir")
@@ -256,6 +293,10 @@ def member_specs(plan: Mapping[str, Any], cfg: SearchConfig, run_id: str) -> lis
     centre = plan["centre"]
     inners = [_inner(cfg, c["coef"]) for c in plan["combinations"]]
     full = _inner(cfg, plan["combinations"][0]["coef"], full=True)  # the horizon check's runs
+    truncation = plan.get("truncation")
+    if truncation:  # validated every T steps on the whole validation set: the truncation check's scores
+        for inner in inners:
+            inner["train"].update(eval_every=int(truncation["steps"]), eval_subset=int(truncation["eval_subset"]))
     specs = []
     for m in plan["members"]:
         combo = plan["combinations"][m["combination"]]
@@ -328,7 +369,8 @@ def build_dry_run_plan(prepared: Prepared) -> str:
     k, m = pilot.seeds, pilot.pairs
     combos = prepared.combinations
     runs = len(combos) * runs_per_combination(pilot)
-    alone_min = cfg.search_member_alone_min  # a search member's, at es.member_steps
+    # a search member's, at es.member_steps; an online searcher's pilot trains its particles' whole runs
+    alone_min = cfg.member_alone_min if cfg.searcher_online else cfg.search_member_alone_min
     sharing = member_sharing(raw)
     minutes = sharing.member_time(alone_min)
     gpus, cpus = int(cfg.resources.get("gpus") or 0), int(cfg.resources.get("cpus") or 1)
@@ -366,8 +408,11 @@ def build_dry_run_plan(prepared: Prepared) -> str:
         + (f"{per_member}" if per_member is not None else "1 (not a setting of this config)")
         + f"; recommendation for pilot.target_snr={pilot.target_snr:g} over generations={cfg.generations}",
         *horizon_plan_lines(cfg, pilot, sharing, gpus, cpus),
+        *truncation_plan_lines(cfg, runs),
         "early intermediate vs final ranks: " + (f"measured (train.eval_every={raw['train'].get('eval_every')})"
                                                 if raw["train"].get("eval_every") else
+                                                "measured (the truncation check's validations)"
+                                                if truncation_design(cfg) else
                                                 "not measured (train.eval_every is null)"),
     ]
     if prepared.export:
@@ -389,6 +434,23 @@ def horizon_plan_lines(cfg: SearchConfig, pilot: PilotConfig, sharing: Any, gpus
                "CPU-h")
             + "; then the Spearman rank correlation of the maps at the two horizons, its bootstrap interval and a "
             "verdict (docs/pilot.md \"The horizon check\")"]
+
+
+def truncation_plan_lines(cfg: SearchConfig, runs: int) -> list[str]:
+    """The dry run's line on the truncation check: its extra validations ([] for a searcher of whole runs)."""
+    design = truncation_design(cfg)
+    if design is None:
+        return []
+    name, every, steps = cfg.es.get("name"), design["steps"], design["horizon"]
+    extra = len(boundaries(steps, every)) - 1
+    val_size = cfg.inner_config["train"].get("val_size")
+    problems = f"train.val_size={val_size}" if val_size else "train.val_size=null: every validation problem"
+    return [f"truncation check (es={name}): every run is validated every es.{TRUNCATION_KEY}={every} of its "
+            f"train.steps={steps} steps on the whole validation set ({problems}) besides its final validation: "
+            f"{extra} per run x {runs} runs = {extra * runs} extra validations, whose time the hours above leave out "
+            "(resources.member_time_min prices one validation per run); then per phase the pairs' differences, the "
+            f"SNR per update and per episode, and the population, es.{TRUNCATION_KEY} and es.{STEP_KEY} for "
+            f"es={name} (docs/pilot.md \"The truncation check\")"]
 
 
 # ------------------------------------------------------------------ export
@@ -418,6 +480,9 @@ def preset_text(summary: Mapping[str, Any], raw: Mapping[str, Any], choices: Map
     rec = summary["recommendation"]
     if not rec["reachable"]:
         raise ExportError(f"nothing to export: {rec['reason']}")
+    nres = rec.get("nres")
+    if nres is not None and not nres["visible"]:
+        raise ExportError(f"nothing to export for es={summary['es']}: {nres['reason']}")
     groups = [g for g in (*INNER_NODES, "es") if g in choices]
     body: dict[str, Any] = {"defaults": [{f"override /{g}": choices[g]} for g in groups]}
     for node in INNER_NODES:
@@ -428,6 +493,11 @@ def preset_text(summary: Mapping[str, Any], raw: Mapping[str, Any], choices: Map
         _set_value(body, "divergence", choices.get("divergence"), "coef", rec["coef"])
     _set_value(body, "es", choices.get("es"), RADIUS_KEY, rec["radius"])  # a pilot's from before es.radius too
     body["population"] = rec["population"]
+    if nres is not None:  # the truncation check's population, truncation length and step
+        body["population"] = nres["population"]
+        _set_value(body, "es", choices.get("es"), TRUNCATION_KEY, nres["truncation_steps"])
+        if nres["step"] is not None:
+            _set_value(body, "es", choices.get("es"), STEP_KEY, nres["step"])
     body["generations"] = int(raw["generations"])
     body["resources"] = dict(raw["resources"])
     snr = ("unbounded (no seed noise)" if rec["noise_free"] else
@@ -440,6 +510,9 @@ def preset_text(summary: Mapping[str, Any], raw: Mapping[str, Any], choices: Map
         f"{snr}; population {rec['population']} reaches the target SNR {rec['target_snr']:g}",
         f"# with {summary['seeds_per_member']} seed(s) per member (k={summary['seeds']} seeds, m={summary['pairs']} "
         "pairs: an estimate, see docs/pilot.md). Intermediate validation (train.eval_every) is off.",
+        *([f"# es={summary['es']}: population {nres['population']}, es.{TRUNCATION_KEY}={nres['truncation_steps']}, "
+           f"es.{STEP_KEY}={nres['step']:.3g} from the truncation check"]
+          if nres is not None and nres["step"] is not None else []),
         "# Use: save as conf/experiment/<name>.yaml, then python -m meta.run experiment=<name>",
     ]
     return "\n".join(header) + "\n" + yaml.safe_dump(body, sort_keys=False)

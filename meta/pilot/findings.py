@@ -8,8 +8,9 @@ config.yaml and each run's result.json); meta.pilot writes this summary as pilot
 (``complete`` false until every run is), so the report of an unfinished or killed pilot shows what its finished runs
 already said.
 
-How the SNR is estimated (docs/pilot.md has the derivation). For pair i and seed s, d_is = f(c+e_i, s) - f(c-e_i, s);
-both inits train on seed s, so whatever the seed does to both cancels. Per pair, m_i = mean over its k_i usable seeds.
+How the SNR is estimated (meta/pilot/pairs.py computes it; docs/pilot.md has the derivation). For pair i and seed s,
+d_is = f(c+e_i, s) - f(c-e_i, s); both inits train on seed s, so whatever the seed does to both cancels. Per pair,
+m_i = mean over its k_i usable seeds.
 - noise variance of ONE single-seed difference: sigma_n^2 = pooled within-pair variance of d_is (nu = sum(k_i - 1) dof);
 - signal variance: sigma_s^2 = max(mean_i(m_i^2 - sigma_n^2 / k_i), 0). The m_i are centred on 0 exactly (e_i and -e_i
   are equally likely, so E[d] = 0): their second moment about 0 is used, which needs no pair for a mean, so one pair
@@ -24,19 +25,26 @@ the mean of their fitness minus the centre's (both on seed s) is what a step of 
 (the map's scale: a larger neural map is partly a stronger regularizer); its t interval is over the k seeds. The pair
 differences above are what a direction adds, the only part a search can read. Which of the two a search at that
 radius would buy decides the advice: a radius to search at, or a coefficient to tune instead.
+
+For an online searcher (es=nres) the same statistics per truncation phase: the truncation check (meta/pilot/
+truncation.py), from the runs' validations every es.truncation_steps steps.
 """
 from __future__ import annotations
 
 import logging
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from core.gpu_time import GpuSharing, gpu_sharing, gpu_time_h
 from core.records import ResultRecord
 from meta.pilot.horizon import horizon_check, spearman
+from meta.pilot.pairs import SIGNIFICANCE, ceil_int, pair_row, pair_snr
+from meta.pilot.truncation import (STEP_KEY, TRUNCATION_KEY, TruncationSettings, boundaries, phase_differences,
+                                   truncation_check)
+from meta.settings.member_time import short_run_overhead_key
 from results.report.paired import mean_interval
 from results.report.pilot import PILOT_KIND, num_text
 from results.store.member_files import read_intermediate, read_result
@@ -44,9 +52,6 @@ from results.store.run_store import RunStore
 
 logger = logging.getLogger(__name__)
 
-#: the F-test's level: a combination "has signal" when the pair means' spread exceeds noise at this level (the
-#: summary records it for its text)
-SIGNIFICANCE = 0.05
 CENTRE, PLUS, MINUS = "centre", "plus", "minus"
 #: the ``horizon`` of a pilot run that trains train.steps for the horizon check (the other runs train es.member_steps)
 FULL_HORIZON = "full"
@@ -67,6 +72,8 @@ class PilotContext:
     member_time_min: float | None
     eval_every: int | None
     sharing: GpuSharing  # members per GPU and their slowdown: a member's expected time and its GPU time
+    es: Mapping[str, Any] = field(default_factory=dict)  # the es node: an online searcher's truncation settings
+    short_run_overhead_min: float = 0.0  # the fixed minutes of a member shorter than the run (an nres truncation)
 
 
 def pilot_context(raw: Mapping[str, Any]) -> PilotContext:
@@ -83,6 +90,8 @@ def pilot_context(raw: Mapping[str, Any]) -> PilotContext:
         member_time_min=float(resources["member_time_min"]) if resources.get("member_time_min") else None,
         eval_every=int(train["eval_every"]) if train.get("eval_every") else None,
         sharing=gpu_sharing(resources),
+        es=dict(raw.get("es") or {}),
+        short_run_overhead_min=float(resources.get(short_run_overhead_key(resources)) or 0.0),
     )
 
 
@@ -119,19 +128,6 @@ def map_roles(pairs: int) -> list[tuple[str, int | None]]:
 
 
 # ------------------------------------------------------------------ statistics
-def f_test(pair_means: Sequence[float], pair_seeds: Sequence[int], noise_var: float,
-           dof: int) -> tuple[float | None, float]:
-    """(F, p-value) of "the pair means spread no more than seed noise": F = (sum k_i m_i^2 / m) / sigma_n^2 ~ F(m, nu)
-    under no signal. With sigma_n^2 = 0, F is undefined (None): any non-zero pair mean is then signal (p = 0)."""
-    from scipy.stats import f as f_dist
-
-    numerator = sum(k * m * m for m, k in zip(pair_means, pair_seeds)) / len(pair_means)
-    if noise_var <= 0.0:
-        return None, (0.0 if numerator > 0.0 else 1.0)
-    value = numerator / noise_var
-    return value, float(f_dist.sf(value, len(pair_means), dof))
-
-
 def _centre_noise(values: Sequence[float], val_sizes: Sequence[int]) -> dict[str, Any]:
     """Seed noise of one init (the centre over its k seeds), split into the finite validation set's binomial part
     sqrt(p(1-p)/V) and the rest (training): total^2 = training^2 + binomial^2 if problem outcomes are independent."""
@@ -158,8 +154,7 @@ def _pairs(plan: Mapping[str, Any], combination: int, records: Mapping[int, Resu
             plus = records.get(member_index(combination, PLUS, i, s, seeds, pairs))
             minus = records.get(member_index(combination, MINUS, i, s, seeds, pairs))
             diffs.append(plus.fitness - minus.fitness if plus and minus and plus.ok and minus.ok else None)
-        usable = [d for d in diffs if d is not None]
-        out.append({"pair": i, "diffs": diffs, "n": len(usable), "mean": statistics.fmean(usable) if usable else None})
+        out.append(pair_row(i, diffs))
     return out
 
 
@@ -207,37 +202,6 @@ def what_a_search_buys(scale: Mapping[str, Any], direction: bool, radius: float)
                        "more pilot seeds or pairs, or another radius, before a search")
 
 
-def _snr(pairs: Sequence[Mapping[str, Any]], ctx: PilotContext) -> dict[str, Any]:
-    """Noise and signal variance of the pair differences, the F-test and the generation's SNR (module docstring)."""
-    within = [p for p in pairs if p["n"] >= 2]
-    dof = sum(p["n"] - 1 for p in within)
-    out: dict[str, Any] = {"noise_var": None, "noise_dof": dof, "signal_var": None, "pairs_used": 0, "f": None,
-                           "p_value": None, "signal": False, "snr": None, "snr_estimate": None, "noise_free": False,
-                           "reason": None}
-    if dof == 0:
-        out["reason"] = "not measured yet: no pair has two usable seeds"
-        return out
-    noise = sum(sum((d - p["mean"]) ** 2 for d in p["diffs"] if d is not None) for p in within) / dof
-    used = [p for p in pairs if p["n"] >= 1]
-    means, ks = [p["mean"] for p in used], [p["n"] for p in used]
-    signal = max(statistics.fmean(m * m - noise / k for m, k in zip(means, ks)), 0.0)
-    f_value, p_value = f_test(means, ks, noise, dof)
-    out.update(noise_var=noise, signal_var=signal, pairs_used=len(used), f=f_value, p_value=p_value)
-    r, half_p = ctx.seeds_per_member, ctx.population / 2.0
-    if noise > 0.0:
-        out["snr_estimate"] = half_p * signal / (noise / r)
-    if signal <= 0.0 or p_value >= SIGNIFICANCE:
-        out["reason"] = ("sigma_s^2 estimate is 0" if signal <= 0.0 else
-                         f"F-test p = {p_value:.3f} >= {SIGNIFICANCE}: the pair means spread no more than seed noise")
-        return out
-    out["signal"] = True
-    if noise > 0.0:
-        out["snr"] = out["snr_estimate"]
-    else:
-        out["noise_free"] = True  # differences repeat exactly over seeds: any population sees the signal
-    return out
-
-
 def _noise_split(combination_runs: Sequence[ResultRecord], noise_var: float | None) -> dict[str, Any]:
     """sigma_n^2 of a single-seed difference = training part + the binomial part 2 p(1-p)/V of two finite
     validations (p, V: all ok runs of the combination), the binomial part capped at sigma_n^2."""
@@ -281,7 +245,7 @@ def summarize_combination(plan: Mapping[str, Any], combination: int, records: Ma
     centre = [records.get(i) for i in centre_indices]
     ok_centre = [r for r in centre if r and r.ok]
     pair_rows = _pairs(plan, combination, records)
-    snr = _snr(pair_rows, ctx)
+    snr = pair_snr(pair_rows, ctx.population, ctx.seeds_per_member)
     scale = _scale(plan, combination, records)
     buys, advice = what_a_search_buys(scale, snr["signal"], plan["combinations"][combination]["radius"])
     finals = [records[i] for i in indices if i in records]
@@ -294,15 +258,57 @@ def summarize_combination(plan: Mapping[str, Any], combination: int, records: Ma
         "pairs": pair_rows, **snr, "noise_split": _noise_split(finals, snr["noise_var"]),
         "scale": scale, "buys": buys, "advice": advice,
         "intermediate": _intermediate(indices, records, work_dirs, ctx),
+        "truncation": _truncation(plan, combination, records, work_dirs, ctx),
     }
 
 
+def _truncation_settings(truncation: Mapping[str, Any], ctx: PilotContext) -> TruncationSettings:
+    """The truncation check's settings: the plan's T and horizon, the search's population, generations, target,
+    es.stagger and step, and its member-steps (the searcher's own plan of its truncations)."""
+    from meta.searchers import searcher_class
+
+    es = ctx.es
+    budget = searcher_class(str(es["name"])).planned_member_steps(es, ctx.population, ctx.generations) if es else None
+    step = es.get(STEP_KEY)
+    return TruncationSettings(truncation_steps=int(truncation["steps"]), horizon=int(truncation["horizon"]),
+                              population=ctx.population, generations=ctx.generations, target_snr=ctx.target_snr,
+                              stagger=bool(es.get("stagger")), step=None if step is None else float(step),
+                              budget_steps=budget)
+
+
+def _truncation(plan: Mapping[str, Any], combination: int, records: Mapping[int, ResultRecord],
+                work_dirs: Mapping[int, str], ctx: PilotContext) -> dict[str, Any] | None:
+    """The truncation check of one combination (meta/pilot/truncation.py) from its pairs' scores every T steps
+    (intermediate.jsonl) and at the end (the record); None for a pilot without one (es not online)."""
+    truncation = plan.get("truncation")
+    if not truncation:
+        return None
+    settings = _truncation_settings(truncation, ctx)
+    bounds = boundaries(settings.horizon, settings.truncation_steps)
+    seeds, pairs = len(plan["seeds"]), len(plan["directions"])
+
+    def scores(index: int) -> dict[int, float] | None:
+        record = records.get(index)
+        if record is None or not record.ok:
+            return None
+        return {**read_intermediate(work_dirs[index]), bounds[-1]: record.fitness}
+
+    diffs: list[list[list[float] | None]] = []
+    sizes = []
+    for i in range(pairs):
+        row: list[list[float] | None] = []
+        for s in range(seeds):
+            plus_index = member_index(combination, PLUS, i, s, seeds, pairs)
+            minus_index = member_index(combination, MINUS, i, s, seeds, pairs)
+            plus, minus = scores(plus_index), scores(minus_index)
+            row.append(None if plus is None or minus is None else phase_differences(plus, minus, bounds))
+            if row[-1] is not None:
+                sizes += [records[plus_index].val_size, records[minus_index].val_size]
+        diffs.append(row)
+    return truncation_check(diffs, int(statistics.median(sizes)) if sizes else None, settings)
+
+
 # ------------------------------------------------------------------ recommendation
-def _ceil(x: float) -> int:
-    """ceil that does not round 2.0000000000000004 (a float ratio meant as 2) up to 3."""
-    return math.ceil(x - 1e-9)
-
-
 def _hours(runs: float, member_hours: float, ctx: PilotContext) -> tuple[float, str]:
     """The cost of ``runs`` that run ``member_hours`` each (beside the members sharing their GPU): GPU time, else
     CPU time."""
@@ -337,9 +343,9 @@ def recommend(combinations: Sequence[Mapping[str, Any]], ctx: PilotContext, memb
         population, population_snr, seeds, val_size = 2, None, 1, None
     else:
         per_pair = best["signal_var"] / best["noise_var"]  # u: SNR of one pair on one seed
-        population = 2 * max(1, _ceil(target / (per_pair * r)))
+        population = 2 * max(1, ceil_int(target / (per_pair * r)))
         population_snr = population / 2.0 * per_pair * r
-        seeds = max(1, _ceil(target / (pop / 2.0 * per_pair)))
+        seeds = max(1, ceil_int(target / (pop / 2.0 * per_pair)))
         val_size = _val_size(best, pop / 2.0 * best["signal_var"] * r / target)
     runs = population * ctx.generations * r
     hours = _hours(runs, member_hours, ctx)[0] if member_hours is not None else None
@@ -359,7 +365,7 @@ def _val_size(best: Mapping[str, Any], max_noise_var: float) -> dict[str, Any]:
                                          "noise already exceeds what the target allows"}
     if binomial <= 0.0:
         return {"value": None, "reason": "no binomial part to shrink"}
-    return {"value": max(1, _ceil(binomial * size / (max_noise_var - training))), "reason": None}
+    return {"value": max(1, ceil_int(binomial * size / (max_noise_var - training))), "reason": None}
 
 
 # ------------------------------------------------------------------ the run dir
@@ -373,6 +379,8 @@ def summarize_run_dir(run_dir: str | Path) -> dict[str, Any]:
     if plan is None:
         raise ValueError(f"{store.root} holds no pilot plan yet (killed before its first submission?)")
     ctx = pilot_context(yaml.safe_load(store.read_config_text()) or {})
+    if plan.get("truncation") and ctx.eval_every is None:  # the truncation check's validations rank runs early too
+        ctx = replace(ctx, eval_every=int(plan["truncation"]["steps"]))
     seeds, pairs = len(plan["seeds"]), len(plan["directions"])
     main = main_runs(plan)
     total = main + horizon_runs(plan)
@@ -386,6 +394,9 @@ def summarize_run_dir(run_dir: str | Path) -> dict[str, Any]:
     ok_hours = [r.wall_time_s / 3600.0 for i, r in records.items() if r.ok and i < main]  # a search member's time
     planned_h = ctx.sharing.member_time(ctx.member_time_min) / 60.0 if ctx.member_time_min else None
     manifest = store.read_manifest()
+    recommendation = recommend(combinations, ctx, statistics.fmean(ok_hours) if ok_hours else planned_h,
+                               sum(r.wall_time_s for r in records.values()) / 3600.0)
+    recommendation["nres"] = _nres(combinations, recommendation, ctx)
     return {
         "kind": PILOT_KIND, "significance": SIGNIFICANCE, "run_dir": str(store.root), "run_id": manifest.get("run_id"), "seed": plan["seed"],
         "complete": len(records) == total, "runs": total, "finished": len(records),
@@ -394,10 +405,34 @@ def summarize_run_dir(run_dir: str | Path) -> dict[str, Any]:
         "population": ctx.population, "generations": ctx.generations, "seeds_per_member": ctx.seeds_per_member,
         "seeds_per_member_set": ctx.seeds_per_member_set, "eval_every": ctx.eval_every,
         "combinations": combinations, "horizon": _horizon(plan, records, ctx, main),
-        "recommendation": recommend(combinations, ctx, statistics.fmean(ok_hours) if ok_hours else
-                                    planned_h,
-                                    sum(r.wall_time_s for r in records.values()) / 3600.0),
+        "recommendation": recommendation,
     }
+
+
+def _nres(combinations: Sequence[Mapping[str, Any]], rec: Mapping[str, Any],
+          ctx: PilotContext) -> dict[str, Any] | None:
+    """es=nres's recommendation at the combination the whole-run recommendation chose (its truncation check's),
+    with its search's member-steps and cost; None for a pilot without a truncation check."""
+    from meta.searchers import searcher_class
+
+    if not any(c.get("truncation") for c in combinations):
+        return None
+    if not rec["reachable"]:
+        return {"visible": False, "combination": None,
+                "reason": "no combination shows signal in whole particle runs: nres cannot see anything either"}
+    check = combinations[rec["combination"]]["truncation"]
+    out: dict[str, Any] = {"combination": rec["combination"], **check["recommendation"], "search_truncations": None,
+                           "search_member_steps": None, "search_hours": None}
+    if out["population"] is None or out["truncation_steps"] is None:
+        return out
+    es = {**ctx.es, TRUNCATION_KEY: out["truncation_steps"]}
+    steps = searcher_class(str(es["name"])).planned_member_steps(es, out["population"], ctx.generations)
+    out.update(search_truncations=out["population"] * ctx.generations, search_member_steps=steps)
+    if rec["member_hours"] is not None and steps is not None:  # the pilot's whole-run time per step + each start
+        runs = _hours(steps / check["horizon"], rec["member_hours"], ctx)[0]
+        starts = _hours(out["search_truncations"], ctx.short_run_overhead_min / 60.0, ctx)[0]
+        out["search_hours"] = runs + starts
+    return out
 
 
 def _horizon(plan: Mapping[str, Any], records: Mapping[int, ResultRecord], ctx: PilotContext,

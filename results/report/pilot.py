@@ -105,7 +105,74 @@ def format_combination(c: Mapping[str, Any], summary: Mapping[str, Any]) -> list
                           for s in inter["steps"]) or "no step every run reached"
         n = inter["steps"][0]["n"] if inter["steps"] else 0
         lines.append(f"  early intermediate vs final scores, Spearman rho over {n} runs: {ranks}")
+    return lines + format_truncation(c.get("truncation"), summary)
+
+
+def _cell(value: float | None, width: int, form: str = ".4f") -> str:
+    """A table cell in ``form`` (a format spec without its width), n/a for None, inf for an unbounded SNR."""
+    if value is None:
+        return f"{'n/a':>{width}}"
+    if math.isinf(value):
+        return f"{'inf':>{width}}"
+    return format(value, form).rjust(width)
+
+
+def _sqrt(value: float | None) -> float | None:
+    return None if value is None else math.sqrt(value)
+
+
+def _phase_line(label: str, row: Mapping[str, Any], snr: float | None) -> str:
+    steps = f"[{row['start']}, {row['stop']})"
+    below = "  < 1/V" if row["resolved"] is False else ""
+    return (f"    {label:>7} {steps:>12} {row['n']:>4} {_cell(row['mean'], 8, '+.4f')} {_cell(row['sd'], 7)} "
+            f"{_cell(row['median_abs'], 7)} {_cell(_sqrt(row['noise_var']), 8)} {_cell(_sqrt(row['signal_var']), 9)} "
+            f"{_cell(row['p_value'], 6, '.3f')} {_cell(snr, 9, '.4g')}{below}")
+
+
+def _snr_of(row: Mapping[str, Any]) -> float | None:
+    """A row's SNR estimate at the configured population, unbounded where its differences have no noise."""
+    if row["snr_estimate"] is None and row["signal_var"]:
+        return math.inf
+    return row["snr_estimate"]
+
+
+def format_truncation(check: Mapping[str, Any] | None, summary: Mapping[str, Any]) -> list[str]:
+    """The truncation check of an online searcher (es=nres) as a table, one row per phase and one for the episode,
+    then its SNRs and recommendation ([] for a pilot without one)."""
+    if not check:
+        return []
+    pop, es = check["population"], summary["es"]
+    resolution = (f"V={check['val_size']} (1/V = {check['resolution']:.4f})" if check["resolution"] is not None
+                  else "V unknown")
+    lines = [f"  truncation check (es={es}, T={check['truncation_steps']} of train.steps={check['horizon']}, "
+             f"{len(check['phases'])} phases): pair differences d of each phase's change of validation pass@1, "
+             f"{check['usable']}/{check['planned']} pair-seeds usable, {resolution}",
+             f"    {'phase':>7} {'steps':>12} {'n':>4} {'mean d':>8} {'SD d':>7} {'med|d|':>7} {'noise SD':>8} "
+             f"{'signal SD':>9} {'F p':>6} {'SNR P=' + str(pop):>9}"]
+    lines += [_phase_line(str(row["phase"]), row, _snr_of(row)) for row in check["phases"]]
+    episode = check["episode"]
+    lines.append(_phase_line("episode", episode, _snr_of(episode)))
+    how = "pooled over the phases (stagger)" if check["stagger"] else "mean over the phases"
+    lines += [f"  per episode (one run per particle, the sum over its phases: what one whole particle run's estimate "
+              f"carries): SNR {num_text(_snr_of(episode), 3)} at P={pop}"
+              + ("" if episode["signal"] else f" (no signal: {episode['reason']})"),
+              f"  per update ({how}): SNR {num_text(check['update_snr'], 3)} at P={pop}; phases with signal (F-test "
+              f"p < {_g(summary.get('significance'))}): {check['phases_with_signal']} of {len(check['phases'])}"]
+    if any(row["resolved"] is False for row in check["phases"]):
+        lines.append("  < 1/V: the phase's median |d| is below one problem: most pairs' two members moved alike")
+    lines.append(f"  {_nres_text(check['recommendation'], es)}")
     return lines
+
+
+def _nres_text(rec: Mapping[str, Any], es: str) -> str:
+    """es=nres's recommendation or why it cannot see anything, in one line."""
+    if not rec["visible"]:
+        return f"es={es}: {rec['reason']}"
+    step = ("" if rec["step"] is None else
+            f", es.{rec['step_key']}={rec['step']:.3g} (the configured {rec['step_configured']:g} x S/(1+S) = "
+            f"{rec['step_factor']:.3g}, S = {num_text(rec['update_snr'], 3)} per update at that population and T)")
+    return (f"es={es}: population {rec['population']} (an episode at the target SNR {rec['target_snr']:g}), "
+            f"es.{rec['truncation_key']}={rec['truncation_steps']}{step}")
 
 
 def _scale_lines(c: Mapping[str, Any]) -> list[str]:
@@ -138,7 +205,8 @@ def format_recommendation(rec: Mapping[str, Any], summary: Mapping[str, Any]) ->
               for c in summary["combinations"] if c.get("buys")]
     lines += bought
     if not rec["reachable"]:
-        return lines + [f"  none: {rec['reason']}", cost]
+        nres = rec.get("nres")
+        return lines + [f"  none: {rec['reason']}", *([f"  {_nres_text(nres, summary['es'])}"] if nres else []), cost]
     r, pop = summary["seeds_per_member"], summary["population"]
     snr = "unbounded" if rec["noise_free"] else num_text(rec["snr"], 3)
     lines.append(f"  best combination: {rec['combination']} (radius {_g(rec['radius'])}, coef {_g(rec['coef'])}), "
@@ -153,9 +221,18 @@ def format_recommendation(rec: Mapping[str, Any], summary: Mapping[str, Any]) ->
                  + (f"{size['value']} (train.val_size)" if size and size["value"] is not None
                     else (size or {}).get("reason", "n/a")))
     search = (f"{num_text(rec['search_hours'], 3)} {unit}" if rec["search_hours"] is not None else "unknown")
-    lines += [cost, f"  recommended search: population {rec['population']} x generations {summary['generations']} x "
-                    f"{r} seed(s) per member = {rec['search_runs']} runs x "
-                    f"{num_text((rec['member_hours'] or 0) * 60, 3)} min = {search}"]
+    nres = rec.get("nres")
+    if nres is None:
+        return lines + [cost, f"  recommended search: population {rec['population']} x generations "
+                              f"{summary['generations']} x {r} seed(s) per member = {rec['search_runs']} runs x "
+                              f"{num_text((rec['member_hours'] or 0) * 60, 3)} min = {search}"]
+    lines += [cost, f"  {_nres_text(nres, summary['es'])}"]
+    if nres["search_member_steps"] is not None:
+        hours = f"{num_text(nres['search_hours'], 3)} {unit}" if nres["search_hours"] is not None else "unknown"
+        lines.append(f"  recommended search: population {nres['population']} x generations {summary['generations']} = "
+                     f"{nres['search_truncations']} truncations, {nres['search_member_steps']} member-steps = {hours} "
+                     "(the pilot's whole-run time per step, its extra validations included, plus each truncation's "
+                     "start)")
     return lines
 
 
