@@ -7,6 +7,7 @@ on the synthetic member, whose ``intermediate_noise`` scores (the final fitness 
 put the whole signal into the first phase and noise alone into the others."""
 from __future__ import annotations
 
+import csv
 import math
 import random
 from pathlib import Path
@@ -17,6 +18,7 @@ import yaml
 from meta.compose import compose
 from meta.pilot.cli import main
 from meta.pilot.truncation import STEP_KEY, TRUNCATION_KEY, TruncationSettings, phase_differences, truncation_check
+from results.report.pilot import build_pilot_report
 from results.store.run_store import RunStore
 
 #: per phase: the spread of the pairs' seed-free differences and of one seed's noise (the last phase: no signal)
@@ -134,6 +136,10 @@ def test_an_nres_pilot_validates_every_truncation_and_prints_the_phase_table(tmp
     assert "truncation check (es=nres, T=20 of train.steps=60, 3 phases)" in out
     assert "      0      [0, 20)    6 " in out and "episode      [0, 60)    6 " in out
     assert f"es=nres: population 2 (an episode at the target SNR 1), es.{TRUNCATION_KEY}=20, es.{STEP_KEY}=" in out
+    text, files = build_pilot_report(run_dir, tmp_path / "report")  # python -m results.report's text and table
+    assert "truncation check (es=nres" in text
+    (row,) = csv.DictReader(files[1].read_text().splitlines())
+    assert (row["nres_population"], row["nres_truncation_steps"]) == ("2", "20")
     preset = tmp_path / "nres.yaml"
     assert main([f"run_dir={run_dir}", "new=true", f"pilot.export={preset}"]) == 0
     es = yaml.safe_load(preset.read_text())["es"]

@@ -310,10 +310,21 @@ def build_pilot_report(run_dir: str | Path, out_dir: str | Path | None = None) -
             "snr")
     rows = [{**{k: c[k] for k in keys}, "centre_mean": c["centre"]["mean"], "centre_std": c["centre"]["total_std"],
              **{f"scale_{k}": (c.get("scale") or {}).get(k) for k in ("mean", "low", "high", "n")},
-             "buys": c.get("buys"), "run_id": summary["run_id"]} for c in summary["combinations"]]
+             "buys": c.get("buys"), **_truncation_columns(c.get("truncation")), "run_id": summary["run_id"]}
+            for c in summary["combinations"]]
     files = [atomic_write_text(out / "pilot.txt", text),
              atomic_write_text(out / "pilot_combinations.csv", pd.DataFrame(rows).to_csv(index=False))]
     return text, files
+
+
+def _truncation_columns(check: Mapping[str, Any] | None) -> dict[str, Any]:
+    """pilot_combinations.csv's columns of the truncation check (empty for a pilot without one)."""
+    if not check:
+        return {}
+    rec = check["recommendation"]
+    return {"nres_episode_snr": check["episode"]["snr_estimate"], "nres_update_snr": check["update_snr"],
+            "nres_visible": rec["visible"], "nres_population": rec["population"],
+            "nres_truncation_steps": rec["truncation_steps"], "nres_step": rec["step"]}
 
 
 def _parser() -> argparse.ArgumentParser:
