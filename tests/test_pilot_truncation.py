@@ -17,6 +17,7 @@ import yaml
 
 from meta.compose import compose
 from meta.pilot.cli import main
+from meta.pilot.status import render_pilot
 from meta.pilot.truncation import STEP_KEY, TRUNCATION_KEY, TruncationSettings, phase_differences, truncation_check
 from results.report.pilot import build_pilot_report
 from results.store.run_store import RunStore
@@ -136,6 +137,7 @@ def test_an_nres_pilot_validates_every_truncation_and_prints_the_phase_table(tmp
     assert "truncation check (es=nres, T=20 of train.steps=60, 3 phases)" in out
     assert "      0      [0, 20)    6 " in out and "episode      [0, 60)    6 " in out
     assert f"es=nres: population 2 (an episode at the target SNR 1), es.{TRUNCATION_KEY}=20, es.{STEP_KEY}=" in out
+    assert "runs, each validated every 20 of its 60 steps (the truncation check)\n" in render_pilot(run_dir)
     text, files = build_pilot_report(run_dir, tmp_path / "report")  # python -m results.report's text and table
     assert "truncation check (es=nres" in text
     (row,) = csv.DictReader(files[1].read_text().splitlines())

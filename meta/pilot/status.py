@@ -65,6 +65,9 @@ def render_pilot(run_dir: str | Path, show_all: bool = False, now: float | None 
         lines[0] += f" (es.member_steps={horizon['member_steps']}) + the horizon check's runs"
         groups.append((f"horizon check: combination 0's runs again at train.steps={horizon['steps']}",
                        [row for row, m in zip(rows, members) if m.get("horizon")]))
+    if plan.get("truncation"):  # es=nres: whole particle runs, validated at every truncation's end
+        lines[0] += (f", each validated every {plan['truncation']['steps']} of its {plan['truncation']['horizon']} "
+                     "steps (the truncation check)")
     for title, mine in groups:
         lines.append(f"{title}: {_progress(mine, use)}")
         if show_all or not all(map(is_final, mine)):
