@@ -32,6 +32,7 @@ from inner_loop.loss.grad_share import exact_share, full_form_token_norms, logit
 from inner_loop.loss.compose import compose_loss
 from inner_loop.loss.policy_terms import PolicyInputs, PolicyParams
 from inner_loop.loss.regularizers import Regularizer
+from inner_loop.grpo.sampler import EpochRepeatSampler
 from inner_loop.grpo.trl_contract import unsupported_grpo_fields
 from core.keys import (GENERATE_TIME, GRAD_SHARE, GRAD_SHARE_EXACT, GRAD_SHARE_EXACT_STEP, IMPORTANCE_SAMPLING_RATIO,
                        POLICY_LOSS, REGULARIZER_VALUE, SAMPLING_LOGP_DIFFERENCE, STEP_TIME)
@@ -195,6 +196,11 @@ class MirrorGRPOTrainer(GRPOTrainer):
         if isinstance(regularizer.potential, torch.nn.Module):
             regularizer.potential.to(self.accelerator.device)
         logger.info("GBMPO loss: %s + %s, aggregation %s", policy_term, regularizer.describe(), self.loss_type)
+
+    def _get_train_sampler(self, dataset: Any = None) -> EpochRepeatSampler:
+        """TRL's sampler with each epoch's order a function of (seed, epoch) (inner_loop/grpo/sampler.py): a run
+        resumed in any epoch sees the batches the uninterrupted run saw."""
+        return EpochRepeatSampler.like(super()._get_train_sampler(dataset))
 
     def _generate_and_score_completions(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         if self._digest_from_step is None:

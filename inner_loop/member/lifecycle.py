@@ -134,6 +134,7 @@ def train_in_process(spec: MemberSpec | Mapping[str, Any], save_final: bool = Fa
     piece = Truncation.from_dict(spec.truncation) if spec.truncation is not None else None
     if piece is not None and (scores := truncations.finished(piece, spec.generation)) is not None:
         logger.info("member %s: its truncation's checkpoint is published already; recording it", work_dir)
+        truncations.release(piece, work_dir)  # killed between publishing and removing its own copy
         return record_truncation_done(work_dir, piece, scores, started)
     trainer: MirrorGRPOTrainer | None = None
     device: dict[str, Any] = {}
@@ -167,21 +168,26 @@ def train_in_process(spec: MemberSpec | Mapping[str, Any], save_final: bool = Fa
         if run.cfg.train.steps:
             if run.cfg.train.eval_every:
                 trainer.add_callback(_intermediate_eval(trainer, run, work_dir))
-            resume = last_checkpoint(work_dir)
+            resume = last_checkpoint(work_dir) if piece is None else None
             if piece is not None:  # es=nres: steps [start, stop) of the particle's run, from its checkpoint
                 stage = "the truncation's start"
                 start_score = truncations.start_score(piece)
                 if start_score is None:  # step 0: the untouched model, scored before it trains
                     start_score = _evaluate(trainer, run).pass_at_1
-                resume = truncations.resume_folder(piece, resume)
+                resume = truncations.resume_folder(piece, work_dir)
                 trainer.add_callback(truncations.StopAtStep(piece.stop))
-            if resume:
-                logger.info("member %s: resuming from %s", work_dir, resume)
-            stage = "training"
-            try:
-                trainer.train(resume_from_checkpoint=resume)
-            finally:
-                notice.training(False)  # a later notice to this process is not waited for
+            if piece is not None and truncations.at_stop(piece, resume):
+                logger.info("member %s: its checkpoint at step %d is saved already; publishing it untrained further",
+                            work_dir, piece.stop)
+                truncations.load_trained(trainer, resume)
+            else:
+                if resume:
+                    logger.info("member %s: resuming from %s", work_dir, resume)
+                stage = "training"
+                try:
+                    trainer.train(resume_from_checkpoint=resume)
+                finally:
+                    notice.training(False)  # a later notice to this process is not waited for
         else:  # a base-model row: the Trainer would read max_steps=0 as "train by epochs", so it is not started
             logger.info("member %s: train.steps=0, scoring the untouched model", work_dir)
         stage = "evaluation"

@@ -4,17 +4,27 @@ The run's Trainer is built for the particle's whole run (train.steps = the horiz
 defined over it) and resumed from the particle's boundary checkpoint at ``start`` (a TRL checkpoint folder: weights,
 optimizer, scheduler, RNG and trainer state); it stops at ``stop`` with a checkpoint there, which is published as the
 particle's next boundary. A requeue in mid-truncation resumes from the member's own newer checkpoint instead, as any
-member's does. The map is the member's own (set at the truncation's start): the regularizer changes from that step on.
+member's does; one that finds its own checkpoint at ``stop`` already (stopped after the save, before publishing) trains
+nothing: it scores and publishes that checkpoint (a resumed Trainer would train one more step before StopAtStep acts).
+The map is the member's own (set at the truncation's start): the regularizer changes from that step on.
+
+Publishing hard-links the checkpoint's files into the particle's folder and then drops the member's own name for it:
+the checkpoint's bytes are written once (by the Trainer's save), not copied.
 """
 from __future__ import annotations
 
+import json
 import logging
+import os
 import shutil
+import uuid
 from pathlib import Path
 
-from transformers import TrainerCallback
+from transformers import Trainer, TrainerCallback, TrainerState
+from transformers.trainer import TRAINER_STATE_NAME
 
-from results.store.layout import CHECKPOINT_DIR
+from inner_loop.training.checkpoints import checkpoint_folders, last_checkpoint
+from results.store.layout import CHECKPOINT_DIR, CHECKPOINT_TRASH_DIR
 from results.store.truncation import Truncation, publish_boundary, read_boundary
 
 logger = logging.getLogger(__name__)
@@ -37,9 +47,21 @@ class StopAtStep(TrainerCallback):
         return control
 
 
-def resume_folder(piece: Truncation, own_checkpoint: str | None) -> str | None:
-    """Where the Trainer resumes: the member's own checkpoint (a requeue in mid-truncation), else the particle's
-    boundary at ``start`` (None at step 0: a fresh run). A missing boundary is an error naming it."""
+def resume_folder(piece: Truncation, work_dir: Path) -> str | None:
+    """Where the Trainer resumes: the member's own newest checkpoint (a requeue in mid-truncation, or at ``stop``:
+    see ``at_stop``), else the particle's boundary at ``start`` (None at step 0: a fresh run). A missing boundary is
+    an error naming it.
+
+    A checkpoint of its own past ``stop`` (what a retry trained before members stopped at their own checkpoint at
+    ``stop``) is not the particle's state at ``stop``, and the Trainer's rotation would delete the checkpoint at
+    ``stop`` beside it: it is removed, and the truncation goes on from the newest checkpoint before it (resumes are
+    bitwise the uninterrupted run, so the boundary is the one an uninterrupted member would have published)."""
+    for folder in checkpoint_folders(work_dir):
+        if int(folder.name.rpartition("-")[2]) > piece.stop:  # the listed folders are checkpoint-<step>
+            logger.warning("member %s: removing %s, past its truncation's stop at step %d", work_dir, folder.name,
+                           piece.stop)
+            _remove(folder, work_dir)
+    own_checkpoint = last_checkpoint(work_dir)
     if own_checkpoint:
         return own_checkpoint
     if piece.start == 0:
@@ -69,11 +91,64 @@ def finished(piece: Truncation, generation: int) -> tuple[float, float] | None:
     return float(record[START_SCORE_KEY]), float(record["score"])
 
 
+def at_stop(piece: Truncation, resume: str | None) -> bool:
+    """True when the Trainer would resume at the truncation's ``stop``: the member's own checkpoint there, saved by an
+    earlier run of it that was stopped before it published. Training from it would run one step past ``stop``."""
+    if resume is None:
+        return False
+    return int(json.loads((Path(resume) / TRAINER_STATE_NAME).read_text())["global_step"]) == piece.stop
+
+
+def load_trained(trainer: Trainer, folder: str) -> None:
+    """Stand the Trainer where the run that saved ``folder`` ended, without training: its weights (what is scored
+    and published) and its state (steps and log history, what the member's record reads)."""
+    trainer.state = TrainerState.load_from_json(str(Path(folder) / TRAINER_STATE_NAME))
+    trainer._load_from_checkpoint(folder)  # the weights as train(resume_from_checkpoint=folder) loads them
+
+
 def publish(piece: Truncation, work_dir: Path, scores: tuple[float, float], generation: int) -> Path:
-    """Copy the member's checkpoint at ``stop`` to the particle's folder as its next boundary."""
-    source = work_dir / CHECKPOINT_DIR / f"checkpoint-{piece.stop}"
+    """Publish the member's checkpoint at ``stop`` as the particle's next boundary: its files hard-linked into the
+    boundary (a copy only where a link cannot be made, e.g. another filesystem), then the member's own name for them
+    removed, so that pruning the boundary later frees its bytes. A kill before the boundary is in place leaves the
+    member's checkpoint as it was (its next run publishes it); one after, the boundary (its next run finds it)."""
+    source = _own_at_stop(piece, work_dir)
     if not source.is_dir():
         raise FileNotFoundError(f"the truncation ended without its checkpoint at step {piece.stop} ({source})")
-    return publish_boundary(piece, scores[1], generation,
-                            lambda folder: shutil.copytree(source, folder, dirs_exist_ok=True),
-                            extra={START_SCORE_KEY: scores[0]})
+    target = publish_boundary(piece, scores[1], generation,
+                              lambda folder: shutil.copytree(source, folder, copy_function=_link_or_copy,
+                                                             dirs_exist_ok=True),
+                              extra={START_SCORE_KEY: scores[0]})
+    release(piece, work_dir)
+    return target
+
+
+def release(piece: Truncation, work_dir: Path) -> None:
+    """Remove the member's own checkpoint at ``stop`` once the particle's boundary holds it. A failure to delete is
+    logged, not raised: the boundary is published, and what is left goes with the member's checkpoint policy."""
+    source = _own_at_stop(piece, work_dir)
+    if source.is_dir():
+        try:
+            _remove(source, work_dir)
+        except OSError as exc:
+            logger.warning("member %s: could not remove %s after publishing it: %s", work_dir, source, exc)
+
+
+def _own_at_stop(piece: Truncation, work_dir: Path) -> Path:
+    return work_dir / CHECKPOINT_DIR / f"checkpoint-{piece.stop}"
+
+
+def _link_or_copy(source: str, target: str) -> None:
+    try:
+        os.link(source, target)
+    except OSError:  # another filesystem, or one without hard links
+        shutil.copy2(source, target)
+
+
+def _remove(folder: Path, work_dir: Path) -> None:
+    """Renamed into the member's trash first (one atomic step), so a kill mid-delete never leaves a partial folder
+    under a checkpoint's name; the checkpoint policy empties the trash."""
+    trash = work_dir / CHECKPOINT_TRASH_DIR
+    trash.mkdir(exist_ok=True)
+    moved = trash / f"{folder.name}-{uuid.uuid4().hex[:8]}"
+    os.replace(folder, moved)
+    shutil.rmtree(moved)
