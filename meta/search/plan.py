@@ -298,6 +298,59 @@ def online_cost(cfg: SearchConfig, raw: Mapping[str, Any], generations: int) -> 
     return OnlineCost(jobs, steps, hours / truncations, basis)
 
 
+@dataclass(frozen=True)
+class OnlineSchedule:
+    """An online search's truncations as its searcher schedules them when nothing fails or is late (replayed through
+    its own ``truncations`` and ``tell``, so the plan never re-derives the schedule): what a truncation costs beyond
+    its steps, and how the search's generations fall into episodes (one particle run each)."""
+
+    pieces: int            # truncations of one particle run, from step 0 to the horizon
+    together: bool         # every pair trains the same piece in every generation (they restart together)
+    truncations: int       # over the generations replayed
+    from_step_zero: int    # of them, the first ones of a particle's run: each scores the untouched model first
+    reaching: dict[int, int]  # generation -> its truncations that end at the horizon (the runs' real end scores)
+
+
+def online_schedule(cfg: SearchConfig, generations: int, state: Mapping[str, Any] | None = None,
+                    first: int = 0) -> OnlineSchedule | None:
+    """Replay generations ``first`` .. ``first + generations - 1`` of the online searcher (from ``state``, its state
+    after generation ``first`` - 1, on a resume) with every member measured and no information in the fitness, on
+    until particle 0 has trained one whole run; None: the searcher trains whole runs."""
+    import torch
+
+    from meta.searchers import build_searcher
+
+    population = cfg.generation_shape.population
+    searcher = build_searcher(cfg.es, cfg.center(), population, cfg.seed)
+    if searcher.truncations() is None:
+        return None
+    if state is not None:
+        searcher.load_state_dict(state)
+    values, fitness = torch.zeros(population, searcher.dim, dtype=torch.float64), torch.zeros(population)
+    ok = torch.ones(population, dtype=torch.bool)
+    end, generation = first + generations, first
+    total = zero = run_pieces = 0
+    together, run_done = True, False
+    reaching: dict[int, int] = {}
+    while generation < end or not run_done:
+        pieces = searcher.truncations() or []  # one per member; member 0 is particle 0
+        horizon = int(pieces[0]["horizon"])
+        if generation < end:
+            total += len(pieces)
+            zero += sum(1 for p in pieces if p["start"] == 0)
+            together = together and len({(p["start"], p["stop"]) for p in pieces}) == 1
+            if ends := sum(1 for p in pieces if p["stop"] >= p["horizon"]):
+                reaching[generation] = ends
+        if not run_done and (run_pieces or pieces[0]["start"] == 0):  # particle 0, from its next run's start
+            run_pieces += 1
+            run_done = pieces[0]["stop"] >= horizon
+        searcher.tell(generation, values, fitness, ok)
+        generation += 1
+        if generation > end + 2 * horizon:  # a run has at most ``horizon`` pieces
+            raise RuntimeError(f"es={cfg.es.get('name')}: particle 0 never ended a run in the plan's replay")
+    return OnlineSchedule(run_pieces, together, total, zero, reaching)
+
+
 def new_search_gpu_hours(cfg: SearchConfig, raw: Mapping[str, Any]) -> tuple[int, float]:
     """(training runs, GPU-hours) of a new search of ``cfg``, the figures its dry-run plan prints.
 
@@ -368,7 +421,9 @@ def build_plan(
     scope = "what is left of the search" if resuming else "whole search"
     online = online_cost(cfg, raw, generations)
     if online is not None:
-        lines += online_lines(cfg, raw, online, generations, selection, reporting, gpus, sharing, scope)
+        latest = store.latest_state() if resuming else None
+        schedule = online_schedule(cfg, generations, latest[1]["searcher"] if latest else None, first)
+        lines += online_lines(cfg, raw, online, generations, selection, reporting, gpus, sharing, scope, schedule)
         lines += ["", *reporting_lines(cfg, overrides)]
         lines += ["", *_disk_lines(raw, cfg, concurrent, generations)]
         return "\n".join(lines)
@@ -398,9 +453,11 @@ def build_plan(
 
 
 def online_lines(cfg: SearchConfig, raw: Mapping[str, Any], online: OnlineCost, generations: int, selection: int,
-                 reporting: int, gpus: int, sharing: GpuSharing, scope: str) -> list[str]:
-    """An online search's part of the plan: its truncations, their member-steps against a whole-run search's,
-    the GPU-hours of both, and why they differ."""
+                 reporting: int, gpus: int, sharing: GpuSharing, scope: str,
+                 schedule: OnlineSchedule | None = None) -> list[str]:
+    """An online search's part of the plan: its truncations, their member-steps against a whole-run search's, its
+    episodes and the whole-run generations of equal information (``schedule``), the GPU-hours of both searches and
+    why they differ, and what a truncation costs besides its steps."""
     horizon = int(raw["train"]["steps"])
     member_h = cfg.member_alone_min / 60.0
     search_h = sharing.gpu_hours(online.truncations, online.alone_h, gpus)
@@ -416,6 +473,9 @@ def online_lines(cfg: SearchConfig, raw: Mapping[str, Any], online: OnlineCost, 
         f"{online.member_steps:,} steps = {online.member_steps / horizon:,.1f} runs of {horizon} steps (a whole-run "
         f"search of the same population and generations trains {whole_runs} runs: "
         f"{whole_runs * horizon:,} steps, {whole_runs * horizon / max(1, online.member_steps):.1f}x as many)",
+        *(episode_lines(cfg, raw, schedule, online, generations,
+                        (sharing.gpu_hours(online.member_steps / horizon, member_h, gpus), search_h))
+          if schedule is not None else []),
         quorum_line(cfg),
         f"training runs after the search: {selection} selection runs (reevaluate: top_k={cfg.reevaluate.top_k} + "
         f"centre, x seeds={cfg.reevaluate.seeds}) + {reporting} reporting runs (below), each train.steps={horizon}",
@@ -429,6 +489,74 @@ def online_lines(cfg: SearchConfig, raw: Mapping[str, Any], online: OnlineCost, 
         *sharing.plan_lines(cfg.generation_shape.jobs),
         f"CPU-hours, {scope}: "
         f"{(online.truncations * sharing.member_time(online.alone_h) + (selection + reporting) * sharing.member_time(member_h)) * int(raw['train'].get('num_threads') or 1):,.1f} CPU-h",
+        *(truncation_cost_lines(cfg, raw, schedule, scope) if schedule is not None else []),
+    ]
+
+
+def episode_lines(cfg: SearchConfig, raw: Mapping[str, Any], schedule: OnlineSchedule, online: OnlineCost,
+                  generations: int, hours: tuple[float, float] | None = None) -> list[str]:
+    """An online search's episodes (one particle run each), the whole-run generations that carry the same
+    information, and a warning where the last episode is incomplete. ``hours``: the GPU-hours of those whole-run
+    generations and of the online search's truncations, at the same step time."""
+    horizon, k, population = int(raw["train"]["steps"]), schedule.pieces, cfg.population
+    whole = online.member_steps / max(1, population * horizon)
+    ends = sorted(schedule.reaching)
+    when = (", ".join(str(g) for g in ends) if len(ends) <= 6 else
+            f"{len(ends)} of the {generations} generations, from {ends[0]} on") if ends else "none"
+    lines = [
+        f"episodes: generations={cfg.generations} / {k} pieces (a particle's run of train.steps={horizon} in {k} "
+        f"truncations) = {cfg.generations / k:.3g} episodes, one run per particle each; particles end their runs at "
+        f"train.steps (an end score there is a real full-run validation pass@1: what selection nominates by and "
+        f"meta.status shows as progress) in generation(s) {when}",
+        f"equal information: {online.member_steps:,} member-steps / (population {population} x train.steps="
+        f"{horizon}) = {whole:.3g} whole-run generations: whole-run ES with population {population} gets {whole:.3g} "
+        f"generations for the same information"
+        + (f" ({hours[0]:,.1f} GPU-h at the same step time, against {hours[1]:,.1f} for these truncations, each "
+           "paying its own start, checkpoint and validation)" if hours is not None and hours[1] > 0 else "") + "; "
+        + (f"its pairs restart together, so the {k} updates of one episode sum to one whole-run estimate: online ES "
+           f"gives {k}x as many updates, sooner, not more information" if schedule.together else
+           f"its pairs are staggered over the run, so every update mixes all the run's phases: the same information "
+           f"in {k}x as many updates"),
+    ]
+    if cfg.generations % k:
+        start = cfg.generations // k * k
+        late = sum(n for g, n in schedule.reaching.items() if g >= start)
+        lines.append(
+            f"WARNING: generations={cfg.generations} is not a multiple of the run's {k} pieces: the last episode "
+            f"(generations {start}..{cfg.generations - 1}) has {cfg.generations - start} of its {k} truncations"
+            + (f", and no particle of it reaches train.steps={horizon} (its runs give no end score, and the centre has "
+               "taken their early pieces' updates but not their late ones')" if late == 0 else
+               f"; {late} of its truncations reach train.steps={horizon}")
+            + f"; use generations={start + k}" + (f" or {start}" if start else ""))
+    return lines
+
+
+def truncation_cost_lines(cfg: SearchConfig, raw: Mapping[str, Any], schedule: OnlineSchedule,
+                          scope: str) -> list[str]:
+    """What an online search's truncations cost besides their steps: the validation of the untouched model at the
+    start of every particle run, and the boundary checkpoints written and read (in all, and per generation)."""
+    from meta.settings.member_time import short_run_overhead_key
+
+    population = cfg.population
+    disk = disk_plan(raw)
+    reads = schedule.truncations - schedule.from_step_zero
+    validations = (f"validations, {scope}: {schedule.truncations:,} at the truncations' ends + "
+                   f"{schedule.from_step_zero:,} at step 0 (the first truncation of a particle's run scores the "
+                   f"untouched model before it trains; resources.{short_run_overhead_key(cfg.resources)} counts one "
+                   "validation per truncation, so these come on top)")
+    if disk is None:
+        return [validations, f"boundary checkpoints: {schedule.truncations:,} written (one per truncation) and "
+                f"{reads:,} read (all but those from step 0); their size is unknown for "
+                f"model={raw['model'].get('name')}"]
+    ckpt = disk.bytes_per_checkpoint
+    return [
+        validations,
+        f"boundary checkpoint I/O, {scope}: {schedule.truncations:,} written (one per truncation) and {reads:,} read "
+        f"(all but those from step 0) x {_gb(ckpt)} = {_gb(schedule.truncations * ckpt)} written, "
+        f"{_gb(reads * ckpt)} read",
+        f"boundary I/O per generation: {population} particles x {_gb(ckpt)} = {_gb(population * ckpt)} written to "
+        "run_dir/particles/ and read back by the next generation (every particle but those starting a new run): the "
+        "shared filesystem's load at each generation's start and end",
     ]
 
 

@@ -5,8 +5,9 @@ divergence.init=<out>``) and carries provenance: run id, generation, fitness, co
 ``which=best`` (the default) is the selection stage's choice (meta/search/after/reevaluate.py): the candidate with the highest
 mean minus one standard error on the selection seeds, with its mean, std and n there; when the reporting stage
 ran, the provenance also carries the result table's rows and the exported init's paired differences to every
-baseline, measured on other seeds. ``best_member`` is the single highest search fitness: one noisy run, the
-maximum of many, so mostly luck; it is kept for inspection and says so.
+baseline, measured on other seeds. ``best_member`` is the single highest search fitness (an online search's: the best
+end score of a particle's run, never a truncation's change): one noisy run, the maximum of many, so mostly luck; it
+is kept for inspection and says so.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import yaml
 from meta.search.after.baselines import EXPORTED
 from meta.cli_args import key_values, run_command
 from meta.search.config import ConfigError, config_hash, param_transform_of
+from results.report.search.online import run_horizon
 from results.store.run_store import RunStore
 
 logger = logging.getLogger("meta.export")
@@ -67,10 +69,15 @@ def export_init(run_dir: str | Path, which: str, out: str | Path) -> dict[str, A
     else:
         best = state.get("best")
         if not best:
-            raise ConfigError(f"run_dir={run_dir}: no member has succeeded yet; try which=center")
+            online = run_horizon(store)
+            raise ConfigError(f"run_dir={run_dir}: " + (
+                "no member has succeeded yet" if online is None else
+                f"no particle has ended its run (step {online}) yet, and an online search's best member is the best "
+                "end score of a run, not a truncation's change") + "; try which=center")
         vector = torch.tensor(best["params"], dtype=torch.float64)
+        measured = best.get("fitness_is", "single-run search fitness")  # an online search's: a run's end score
         provenance = {"generation": best["generation"], "member": best["index"], "fitness": best["fitness"],
-                      "note": "single-run search fitness, the maximum over all members: not re-evaluated"}
+                      "note": f"{measured}, the maximum over all members: not re-evaluated"}
     transform = param_transform_of(raw)
     metadata = {
         "source": "meta.export",

@@ -2,7 +2,9 @@
 the same lucky seeds.
 
 Selection (seeds A): a member's fitness is one noisy training run, and the best of ~180 x G of them is mostly luck
-(winner's curse). So the top-k members by search fitness and the final centre are each retrained ``seeds`` times
+(winner's curse). So the top-k members by search fitness (an online search's: by their particle run's end score,
+results/report/search/online.py), the final centre and the searcher's averaged centre (where it keeps one) are each
+retrained ``seeds`` times
 with seeds the search never used (the same seeds for every candidate: paired), and the init with the highest mean
 minus one standard error is the one ``meta.export which=best`` writes (``choose_by_lower_bound``).
 
@@ -31,6 +33,8 @@ from meta.search.after.phase import run_phase
 from meta.search.after.reporting import run_reporting
 from core.seeding import member_seed
 from results.report.paired import pooled_std
+from results.report.search.online import (AVERAGED_CENTER, END_SCORE_COLUMN, end_score_text, fitness_label,
+                                          run_ends, run_horizon)
 from results.report.search.result_table import render_markdown
 from results.store.layout import member_dir_name
 from core.records import MemberSpec
@@ -56,7 +60,10 @@ USAGE = ("usage: python -m meta.reevaluate run_dir=<run dir> [top_k=3] [seeds=3]
 
 
 def choose_candidates(store: RunStore, top_k: int) -> dict[str, Any]:
-    """The top_k population members by search fitness (ties: earlier generation, lower index) and the final centre."""
+    """The top_k population members by search fitness (ties: earlier generation, lower index), the final centre, and
+    the searcher's averaged centre where it keeps one. An online search's (es=nres) members are ranked by the end
+    score of their particle's run (only truncations that stopped at its horizon: a real full-run pass@1), never by a
+    truncation's change of pass@1, which scores a piece of a run, not the map."""
     import torch
 
     latest = store.latest_state()
@@ -64,25 +71,40 @@ def choose_candidates(store: RunStore, top_k: int) -> dict[str, Any]:
         raise ReevaluationError(f"run_dir={store.root} has no finished generation; nothing to re-evaluate")
     last_generation, state = latest
     members = store.read_members()
+    horizon = run_horizon(store)
     candidates: list[dict[str, Any]] = []
     if len(members) and top_k > 0:
-        # rows written before the control member existed have no role: they are population members
-        role = members["role"].fillna("member") if "role" in members else "member"
-        ok = members[(members["status"] == "ok") & (role == "member") & (members["generation"] <= last_generation)]
-        ranked = ok.sort_values(["fitness", "generation", "index"], ascending=[False, True, True]).head(top_k)
-        for row in ranked.itertuples():
-            values = store.read_population(int(row.generation))
+        done = members[members["generation"] <= last_generation]
+        if horizon is not None:
+            ranked, score = run_ends(done, horizon).head(top_k), END_SCORE_COLUMN
+            if not len(ranked):
+                logger.warning("selection: no particle has ended its run (step %d) yet, so no member is nominated: an "
+                               "online search nominates by a run's end score, not a truncation's change", horizon)
+        else:
+            # rows written before the control member existed have no role: they are population members
+            role = done["role"].fillna("member") if "role" in done else "member"
+            ok = done[(done["status"] == "ok") & (role == "member")]
+            ranked, score = ok.sort_values(["fitness", "generation", "index"], ascending=[False, True, True]).head(
+                top_k), "fitness"
+        for row in ranked.to_dict("records"):
+            generation, index = int(row["generation"]), int(row["index"])
+            values = store.read_population(generation)
             if values is None:
-                raise ReevaluationError(f"population of generation {row.generation} is missing or corrupt in {store.root}")
+                raise ReevaluationError(f"population of generation {generation} is missing or corrupt in {store.root}")
             candidates.append({
-                "name": f"g{int(row.generation):04d}_m{int(row.index):03d}", "generation": int(row.generation),
-                "index": int(row.index), "search_fitness": float(row.fitness),
-                "params": values[int(row.index)].to(torch.float64).tolist(),
+                "name": f"g{generation:04d}_m{index:03d}", "generation": generation,
+                "index": index, "search_fitness": float(row[score]),
+                "params": values[index].to(torch.float64).tolist(),
             })
+    # an online search's mean fitness is a mean change over one truncation: no score of the centre
     candidates.append({"name": CENTER, "generation": last_generation, "index": None,
-                       "search_fitness": state.get("mean_fitness"),
+                       "search_fitness": state.get("mean_fitness") if horizon is None else None,
                        "params": state["center"].to(torch.float64).tolist()})
-    return {"top_k": top_k, "after_generation": last_generation, "candidates": candidates}
+    if state.get(AVERAGED_CENTER) is not None:
+        candidates.append({"name": AVERAGED_CENTER, "generation": last_generation, "index": None,
+                           "search_fitness": None, "params": state[AVERAGED_CENTER].to(torch.float64).tolist()})
+    return {"top_k": top_k, "after_generation": last_generation, "candidates": candidates,
+            "ranked_by": fitness_label(None) if horizon is None else end_score_text(horizon)}
 
 
 def _candidates(store: RunStore, settings: ReevaluateConfig) -> dict[str, Any]:
@@ -171,7 +193,7 @@ def run_selection(cfg: SearchConfig, store: RunStore, launcher: Launcher, run_id
     summary: dict[str, Any] = {
         "seeds": settings.seeds, "after_generation": chosen_set["after_generation"], "candidates": results,
         "chosen": results[best]["name"], "chosen_params": rows[best]["params"], "selection_rule": SELECTION_RULE,
-        "noise_floor_std": pooled,
+        "noise_floor_std": pooled, "nominated_by": chosen_set.get("ranked_by"),
     }
     logger.info("selection: %s", "; ".join(
         f"{r['name']} {r['mean']:.4f} +- {r['std'] or 0:.4f} (n={r['n']}, lower bound {r['lower_bound']:.4f})"

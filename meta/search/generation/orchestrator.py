@@ -37,7 +37,8 @@ from results.store.gpu_share import read_gpu_share, share_text
 from core.records import MEMBER_SEEDS_KEY, NODE_FAILED, UNMEASURED_STATUSES, MemberSpec, ResultRecord, device_text
 from results.store.member_files import read_result
 from results.store.run_store import RunStore
-from results.store.truncation import Truncation, prune_boundaries
+from results.report.search.online import AVERAGED_CENTER, EPISODE_COLUMN, diagnostic_column, end_score_text
+from results.store.truncation import END_SCORE, STOP_STEP, Truncation, prune_boundaries
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +137,8 @@ class Orchestrator:
         same = all_same_warning(generation, [records[i].fitness for i in members if records[i].ok])
         if same:
             logger.warning("%s", same)
-        self._write_tables(generation, records, fitness, ok, late, time.monotonic() - started)
+        self._write_tables(generation, specs, records, fitness, ok, late, time.monotonic() - started)
+        averaged = self.searcher.averaged_center  # nominated beside the centre (meta/search/after/reevaluate.py)
         self.store.write_state(
             generation,
             {
@@ -146,6 +148,7 @@ class Orchestrator:
                 "es": self.cfg.es.get("name"),
                 "searcher": self.searcher.state_dict(),
                 "center": self.searcher.center,
+                **({AVERAGED_CENTER: averaged.clone()} if averaged is not None else {}),
                 "best": self.best,
                 "mean_fitness": _measured_mean(fitness, late | stopped),
             },
@@ -338,25 +341,32 @@ class Orchestrator:
         )
 
     def _update_best(self, generation: int, specs: list[MemberSpec], records: Mapping[int, ResultRecord]) -> dict | None:
-        ok_members = [i for i in range(len(specs)) if records[i].ok]
-        if not ok_members:
+        """The generation's best member, and the search's best so far (best_member.json) when it beats it: by
+        fitness, or for an online searcher by the end score of a particle whose run ended at its horizon in this
+        generation (a real full-run pass@1; a truncation's change is no score: a generation where no run ended has
+        no best)."""
+        scores = _best_scores(specs, records)
+        if not scores:
             return None
-        index = max(ok_members, key=lambda i: (records[i].fitness, -i))
+        index = max(scores, key=lambda i: (scores[i], -i))
         gen_best = {
             "run_id": self.run_id,
             "generation": generation,
             "index": index,
-            "fitness": records[index].fitness,
+            "fitness": scores[index],
             "params": list(specs[index].params),
         }
+        piece = specs[index].truncation
+        if piece is not None:
+            gen_best.update(episode=int(piece["episode"]), fitness_is=end_score_text(int(piece["horizon"])))
         if self.best is None or gen_best["fitness"] > self.best["fitness"]:
             self.best = gen_best
             self.store.write_best(gen_best)
         return gen_best
 
     def _write_tables(
-        self, generation: int, records: Mapping[int, ResultRecord], fitness: torch.Tensor, ok: torch.Tensor,
-        late: torch.Tensor, wall: float,
+        self, generation: int, specs: list[MemberSpec], records: Mapping[int, ResultRecord], fitness: torch.Tensor,
+        ok: torch.Tensor, late: torch.Tensor, wall: float,
     ) -> None:
         shape = self.shape
         saved = _seconds_saved(records, shape)
@@ -394,7 +404,10 @@ class Orchestrator:
                 # memory and an out-of-memory failure depend on them
                 "gpu_share": share_text(read_gpu_share(self.store.member_dir(generation, index))),
             }
-            row.update({f"diag_{k}": v for k, v in record.diagnostics.items()})
+            row.update({diagnostic_column(k): v for k, v in record.diagnostics.items()})
+            piece = specs[index].truncation
+            if piece is not None:  # an online member: the particle run its truncation belongs to (its progress)
+                row[EPISODE_COLUMN] = int(piece["episode"])
             rows.append(row)
         self.store.upsert_members(rows)
         ok_fitness = fitness[ok]
@@ -437,13 +450,31 @@ class Orchestrator:
         self._durations.append(wall)
         remaining = self.cfg.generations - generation - 1
         eta = remaining * sum(self._durations) / len(self._durations)
+        online = self.searcher.truncations() is not None
         best = f"{gen_best['fitness']:.4f} (member {gen_best['index']:03d})" if gen_best else "n/a"
         early = f", stopped early {int(stopped.sum())}" if bool(stopped.any()) else ""
         logger.info(
-            "generation %d/%d: done %d, failed %d, late %d%s | best %s, mean %.4f | %.1f s, ETA %s",
+            "generation %d/%d: done %d, failed %d, late %d%s | %s %s, mean %s %.4f | %.1f s, ETA %s",
             generation + 1, self.cfg.generations, int(ok.sum()), int((~ok & ~late & ~stopped).sum()), int(late.sum()),
-            early, best, _measured_mean(fitness, late | stopped), wall, format_duration(eta),
+            early, "best end of a run" if online else "best", best, "change" if online else "fitness",
+            _measured_mean(fitness, late | stopped), wall, format_duration(eta),
         )
+
+
+def _best_scores(specs: list[MemberSpec], records: Mapping[int, ResultRecord]) -> dict[int, float]:
+    """What "best" ranks, per ok population member: its fitness; a truncation's end score where it stopped at its
+    particle's horizon (other truncations have none)."""
+    scores = {}
+    for index, spec in enumerate(specs):
+        record = records[index]
+        if not record.ok:
+            continue
+        if spec.truncation is None:
+            scores[index] = record.fitness
+        elif (record.diagnostics.get(STOP_STEP) == spec.truncation["horizon"]
+              and record.diagnostics.get(END_SCORE) is not None):
+            scores[index] = float(record.diagnostics[END_SCORE])
+    return scores
 
 
 def _seconds_saved(records: Mapping[int, ResultRecord], shape: GenerationShape) -> dict[int, float]:

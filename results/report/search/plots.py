@@ -15,6 +15,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from results.report.search.online import END_SCORE_COLUMN, EPISODE_COLUMN, RUN_FITNESS, episode_progress, run_ends
 from results.store.atomic import atomic_write_bytes
 
 logger = logging.getLogger(__name__)
@@ -74,8 +75,10 @@ def _from_zero(ax: Any) -> None:
     ax.set_ylim(min(0.0, low), high + 0.08 * (high - min(0.0, low)))
 
 
-def plot_fitness(generations: pd.DataFrame, members: pd.DataFrame, path: str | Path) -> Path:
-    """Members' fitness as dots, the population mean with a +-1 std band, and the best member per generation."""
+def plot_fitness(generations: pd.DataFrame, members: pd.DataFrame, path: str | Path,
+                 label: str = RUN_FITNESS) -> Path:
+    """Members' fitness as dots, the population mean with a +-1 std band, and the best member per generation;
+    ``label`` says what a member's fitness is (an online search's: a change over its truncation)."""
     fig, ax = _new_figure()
     ok = members[members["status"] == "ok"] if len(members) else members
     if len(ok) and "role" in ok:
@@ -94,10 +97,34 @@ def plot_fitness(generations: pd.DataFrame, members: pd.DataFrame, path: str | P
         ax.plot(has["generation"], has["mean_fitness"], marker="o", color="tab:blue", label="mean")
         ax.plot(has["generation"], has["max_fitness"], marker="^", color="tab:green", label="max")
         _legend_beside(ax)
-        _from_zero(ax)
+        if label == RUN_FITNESS:  # a change over a truncation may be negative
+            _from_zero(ax)
+        else:
+            ax.axhline(0.0, color="black", linewidth=0.8)
     else:
         _no_data(ax, "finished members")
-    return _finish_per_generation(fig, ax, "fitness (validation pass@1)", "Fitness per generation", path)
+    return _finish_per_generation(fig, ax, f"fitness ({label})", "Fitness per generation", path)
+
+
+def plot_episodes(members: pd.DataFrame, horizon: int, path: str | Path) -> Path:
+    """An online search's progress per episode: each particle run's end score at ``horizon`` (dots) and their mean
+    (line): real full-run scores, where its members' fitness is a change over one truncation."""
+    fig, ax = _new_figure()
+    ended = run_ends(members, horizon)
+    table = episode_progress(members, horizon)
+    if len(table):
+        ended = ended.dropna(subset=[EPISODE_COLUMN])
+        ax.scatter(ended[EPISODE_COLUMN].astype(int), ended[END_SCORE_COLUMN].astype(float), s=10, alpha=0.35,
+                   color="tab:gray", label="a particle's run")
+        ax.plot(table["episode"], table["mean_end_score"], marker="o", color="tab:blue", label="episode mean")
+        _legend_beside(ax)
+        _from_zero(ax)
+    else:
+        _say(ax, f"no particle has ended its run (step {horizon}) yet")
+    ax.set_xlabel("episode (one run per particle)")
+    ax.set_ylabel(f"validation pass@1 at step {horizon}")
+    ax.set_title("Progress: the end scores of the particles' runs")
+    return _save(fig, path)
 
 
 def plot_fitness_vs_control(members: pd.DataFrame, path: str | Path) -> Path:

@@ -24,8 +24,10 @@ from results.store.atomic import atomic_write_text, CorruptFileError
 from results.store.layout import REPORT_DIR
 from results.report.arguments import check_output_folder, run_dir_argument
 from results.report.paired import pooled_std
-from results.report.search.plots import (plot_disk, plot_failures, plot_fitness, plot_fitness_vs_control,
-                                         plot_response_length)
+from results.report.search.online import (END_SCORE_COLUMN, EPISODE_COLUMN, end_score_text, fitness_label,
+                                          progress_lines, run_ends, run_horizon)
+from results.report.search.plots import (plot_disk, plot_episodes, plot_failures, plot_fitness,
+                                         plot_fitness_vs_control, plot_response_length)
 from results.store.run_store import RunStore
 from core.config_nodes import horizon_text
 from results.report.search.snapshot import RunSnapshot, load_run, top_members
@@ -48,6 +50,8 @@ class Report:
     top: pd.DataFrame
     provenance: dict[str, str]
     files: list[Path]
+    #: an online search's particle run length (its members are truncations); None: whole runs
+    horizon: int | None = None
 
 
 def provenance_of(snapshot: RunSnapshot) -> dict[str, str]:
@@ -74,20 +78,32 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None, top_k: 
     snapshot = load_run(run_dir)
     out = Path(out_dir) if out_dir is not None else snapshot.root / REPORT_DIR
     provenance = provenance_of(snapshot)
-    top = top_members(snapshot.members, top_k)
+    horizon = run_horizon(RunStore(snapshot.root))
+    # an online search's best members: the best end scores of particle runs, never a truncation's change
+    top = top_members(snapshot.members, top_k) if horizon is None else top_runs(snapshot.members, horizon, top_k)
     files = [
         atomic_write_text(out / "generations.csv",
                           _with_provenance(snapshot.generations, provenance).to_csv(index=False)),
         atomic_write_text(out / "members.csv", _with_provenance(snapshot.members, provenance).to_csv(index=False)),
         atomic_write_text(out / "top_members.csv", _with_provenance(top, provenance).to_csv(index=False)),
         atomic_write_text(out / "skipped.txt", "".join(f"{line}\n" for line in snapshot.skipped)),
-        plot_fitness(snapshot.generations, snapshot.members, out / "fitness.png"),
+        plot_fitness(snapshot.generations, snapshot.members, out / "fitness.png", fitness_label(horizon)),
         plot_response_length(snapshot.generations, out / "response_length.png"),
         plot_failures(snapshot.generations, out / "failures.png"),
         plot_disk(snapshot.generations, out / "disk.png"),
         plot_fitness_vs_control(snapshot.members, out / "fitness_vs_control.png"),
     ]
-    return Report(snapshot, snapshot.generations, top, provenance, files)
+    if horizon is not None:
+        files.append(plot_episodes(snapshot.members, horizon, out / "episodes.png"))
+    return Report(snapshot, snapshot.generations, top, provenance, files, horizon)
+
+
+def top_runs(members: pd.DataFrame, horizon: int, k: int) -> pd.DataFrame:
+    """An online search's ``k`` best particle runs by their end score at ``horizon``, best first."""
+    columns = ["generation", "index", EPISODE_COLUMN, END_SCORE_COLUMN, "mean_response_tokens", "wall_time_s"]
+    ended = run_ends(members, horizon)
+    top = ended[[c for c in columns if c in ended]].head(k).reset_index(drop=True)
+    return top.rename(columns={END_SCORE_COLUMN: "end_score"})
 
 
 def format_bytes(count: float | None) -> str:
@@ -128,6 +144,11 @@ def _stored_config(root: Path) -> dict:
         return {}
 
 
+def _population(root: Path) -> int:
+    """The run's population (0 without a readable config)."""
+    return int(_stored_config(root).get("population") or 0)
+
+
 def _seeds_per_member(root: Path) -> int:
     """The run's seeds_per_member (1 for runs from before the setting, or without a readable config)."""
     return int(_stored_config(root).get("seeds_per_member") or 1)
@@ -157,15 +178,18 @@ def _reporting_noise(root: Path, selection: dict) -> tuple[float, str] | None:
                     "ratio below uses this")
 
 
-def format_noise(snapshot: RunSnapshot) -> list[str]:
+def format_noise(snapshot: RunSnapshot, online: bool = False) -> list[str]:
     """Whether the search sees signal: the spread across a generation's members next to the spread of ONE init
-    over seeds (the re-evaluation's, pooled over its inits) and the control member's drift between generations."""
+    over seeds (the re-evaluation's, pooled over its inits) and the control member's drift between generations.
+    ``online``: the members are truncations, whose spread (of changes over a piece of a run) is not comparable with
+    one init's over whole runs, so no ratio is drawn."""
     gens = snapshot.generations
     spread = gens["std_fitness"].dropna() if len(gens) else pd.Series(dtype=float)
     control = gens["control_fitness"].dropna() if len(gens) and "control_fitness" in gens else pd.Series(dtype=float)
     seeds = _seeds_per_member(snapshot.root)
     lines = [
-        f"  across members (std of fitness within a generation): median {_fmt(spread.median() if len(spread) else None)}"
+        f"  across members (std of {'their change over the truncation' if online else 'fitness'} within a "
+        f"generation): median {_fmt(spread.median() if len(spread) else None)}"
         f" over {len(spread)} generation(s)" + (f"; each member the mean of {seeds} seeds" if seeds > 1 else ""),
         f"  control (the centre, generation's seed): {', '.join(_fmt(v, 3) for v in control) or 'none yet'}"
         + (f"; std across generations {_fmt(control.std(ddof=1))} (seed-to-seed drift + the centre's moves)"
@@ -185,14 +209,15 @@ def format_noise(snapshot: RunSnapshot) -> list[str]:
     if reporting is not None:
         floor, line = reporting
         lines.append(line)
-    if floor and len(spread):
+    if floor and len(spread) and not online:
         # a member's fitness is the mean of `seeds` runs: its own noise is one run's divided by sqrt(seeds)
         member_noise = floor / seeds ** 0.5
         lines.append(f"  ratio across-members / one-init: {spread.median() / member_noise:.2f} (near 1 or below: "
                      "members differ by no more than seed noise, so their ranking is mostly noise"
                      + (f"; one-init noise of a {seeds}-seed mean: {_fmt(member_noise)}" if seeds > 1 else "") + ")")
+    nominated = f"; members nominated by {summary['nominated_by']}" if summary.get("nominated_by") else ""
     lines.append(f"  selection stage, {summary['seeds']} fresh seeds each (search fitness -> mean +- std (n), "
-                 "lower bound):")
+                 f"lower bound{nominated}):")
     for c in summary["candidates"]:
         mark = "  <- exported" if c["name"] == summary["chosen"] else ""
         lines.append(f"    {c['name']}: {_fmt(c['search_fitness'])} -> {_fmt(c['mean'])} +- {_fmt(c['std'])} "
@@ -232,22 +257,29 @@ def format_report(report: Report) -> str:
     if "disk_peak_bytes" in top.columns:
         top = top.assign(disk_peak_bytes=top["disk_peak_bytes"].map(format_bytes)).rename(
             columns={"disk_peak_bytes": "disk_peak"})
+    online = report.horizon is not None
+    top_title = (f"top {len(top)} particle runs by {end_score_text(report.horizon)} (single runs: the best of many "
+                 "noisy measurements, see the noise section):" if online else
+                 f"top {len(top)} members (single runs: the best of many noisy measurements, see the noise section):")
     lines = [
         f"run {report.snapshot.root}  (run_id {p['run_id']}, seed {p['seed']})",
         f"config hash {p['config_hash']}  code {p['code_version']}  data {p['data_hashes']}",
         *([horizon] if (horizon := horizon_text(_stored_config(report.snapshot.root))) else []),
         "",
         "generations:",
+        f"  (a member's fitness: {fitness_label(report.horizon)})",
         gens.to_string(index=False, float_format=lambda x: f"{x:.4g}") if len(gens) else "  (none yet)",
+        *(["", *progress_lines(report.snapshot.members, report.horizon, _population(report.snapshot.root))]
+          if report.horizon is not None else []),
         "",
         "disk (peak size of a member's work dir, checkpoints included):",
         *format_disk(report.generations, report.snapshot.members),
         "",
-        f"top {len(top)} members (single runs: the best of many noisy measurements, see the noise section):",
+        top_title,
         top.to_string(index=False, float_format=lambda x: f"{x:.4g}") if len(top) else "  (none yet)",
         "",
         "noise (validation pass@1):",
-        *format_noise(report.snapshot),
+        *format_noise(report.snapshot, online),
         "",
         *format_result_table(report.snapshot.root),
     ]
