@@ -34,19 +34,21 @@ loads the same program); its behaviour is steered by ``inner.options``:
       requeue), and x exp(time_tracks_fitness x (fitness - 0.5)) so time can track fitness (GRPO: long completions
       take longer); drawn from (generation, index, attempt) alone, so two searches see the same times
       (bench/bench_stragglers.py).
-  unrolled: {floor (0.5), scale (30)}: an unrolled inner problem with a known short-horizon bias instead (SGD on a
-      noisy quadratic): the vector sets a rate r = sigmoid(scale * w.(x - target)) (w as for slope), and a run of n
-      steps takes the loss from 1 through L <- (1 - r)^2 L + r^2 floor; fitness = 1 - L. A large rate wins over a few
-      steps, a small one over many (unrolled_optimum gives both), so a search of short members is biased.
+  unrolled: {problem (rate_floor), ...its settings}: an unrolled inner problem of meta/unrolled.py's family instead
+      (rate_floor: SGD on a noisy quadratic with a known short-horizon bias, {floor (0.5), scale (30)}; opposed;
+      plateau, measured as pass@1 on 90 problems; many): a run of train.steps steps from the problem's initial state
+      under the member's vector, scored as the problem measures it (unrolled_optimum gives rate_floor's optima).
   es=nres truncations (spec.truncation, results/store/truncation.py): a member continues its particle's run from
       its boundary checkpoint (the loss there) for steps [start, stop) with its own vector and reports the change of
       the score over them; step_s sleeps per step, checkpointing the loss in <work_dir>/synthetic_ckpt.json so a
-      requeue resumes mid-truncation (diagnostic resumed_at: the step its last start continued from). Objectives other than ``unrolled`` score a run at step t as fitness x t/horizon.
+      requeue resumes mid-truncation (diagnostic resumed_at: the step its last start continued from); an ``unrolled``
+      problem's state is carried and measured at each boundary (the same measurement for the truncation that ends
+      there and the one that starts there). Objectives other than ``unrolled`` score a run at step t as fitness x
+      t/horizon.
 Deliberately free of torch so that hundreds of member processes start quickly.
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import math
@@ -57,6 +59,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from meta.unrolled import RateFloor, UnrolledProblem, problem_from_options, sigmoid, unit_direction
 from results.store.atomic import atomic_write_json
 from results.store.member_files import append_intermediate
 from core.member_program import MemberProgram, named_by
@@ -65,7 +68,7 @@ from results.store.truncation import (END_SCORE, START_SCORE, START_STEP, STOP_S
                                       read_boundary)
 
 #: the seed of the slope option's direction w: one fixed direction for every member and run
-SLOPE_DIRECTION_SEED = "synthetic-slope-direction"
+SLOPE_DIRECTION_SEED = "synthetic-slope-direction"  # meta/unrolled.py's DIRECTION_SEED: rate_floor's direction
 
 
 def objective(params: Sequence[float], target: float = 0.02, width: float = 0.01) -> float:
@@ -76,13 +79,10 @@ def objective(params: Sequence[float], target: float = 0.02, width: float = 0.01
     return math.exp(-mse / (2.0 * width * width))
 
 
-@functools.lru_cache(maxsize=4)
 def slope_direction(dim: int) -> tuple[float, ...]:
-    """The fixed unit vector w of the ``slope`` option (the same for every member of every run)."""
-    rng = random.Random(SLOPE_DIRECTION_SEED)
-    raw = [rng.gauss(0.0, 1.0) for _ in range(dim)]
-    norm = math.sqrt(sum(x * x for x in raw))
-    return tuple(x / norm for x in raw)
+    """The fixed unit vector w of the ``slope`` option (the same for every member of every run; rate_floor's
+    direction in meta/unrolled.py)."""
+    return unit_direction(dim, SLOPE_DIRECTION_SEED)
 
 
 def linear_objective(params: Sequence[float], slope: float, base: float = 0.5, target: float = 0.02,
@@ -97,23 +97,22 @@ def linear_objective(params: Sequence[float], slope: float, base: float = 0.5, t
 
 
 def unrolled_rate(params: Sequence[float], scale: float = 30.0, target: float = 0.02) -> float:
-    """The ``unrolled`` problem's rate r in (0, 1) that the vector sets: sigmoid(scale * w.(x - target))."""
-    w = slope_direction(len(params))
-    z = scale * sum(wi * (float(x) - target) for wi, x in zip(w, params))
-    return 1.0 / (1.0 + math.exp(-max(-50.0, min(50.0, z))))
+    """rate_floor's rate r in (0, 1) that the vector sets: sigmoid(scale * w.(x - target))."""
+    return sigmoid(scale * sum(wi * (float(x) - target) for wi, x in zip(slope_direction(len(params)), params)))
 
 
 def unrolled_loss(rate: float, steps: int, floor: float = 0.5, loss: float = 1.0) -> float:
-    """The loss after ``steps`` steps of L <- (1 - r)^2 L + r^2 floor from ``loss``."""
+    """rate_floor's loss after ``steps`` steps at a constant ``rate`` from ``loss`` (1 - its score)."""
+    problem = RateFloor(floor=floor)
     for _ in range(steps):
-        loss = (1.0 - rate) ** 2 * loss + rate * rate * floor
+        loss = problem.advance_loss(loss, rate)
     return loss
 
 
 def unrolled_optimum(steps: int, floor: float = 0.5) -> float:
-    """The logit z* = scale * w.(x - target) of the best constant rate for a run of ``steps`` steps (grid, 1e-4)."""
-    best = min(range(1, 10000), key=lambda k: unrolled_loss(k / 10000, steps, floor))
-    return math.log(best / (10000 - best))
+    """The logit z* = scale * w.(x - target) of the best constant rate for a run of ``steps`` steps of rate_floor."""
+    problem = RateFloor(floor=floor)
+    return problem.z(problem.optimum_cached(steps))
 
 
 def params_digest(params: Sequence[float]) -> str:
@@ -172,10 +171,12 @@ class SyntheticProgram(MemberProgram):
         if not spec.params:  # a result-table row without a map (KL, ProbL2, Dr. GRPO, the base model)
             fitness = _baseline_fitness(spec, options)
         elif options.get("unrolled") is not None:
-            unrolled = dict(options["unrolled"] or {})
-            rate = unrolled_rate(spec.params, float(unrolled.get("scale", 30.0)), float(options.get("target", 0.02)))
-            fitness = 1.0 - unrolled_loss(rate, int((spec.inner.get("train") or {}).get("steps") or 0),
-                                          float(unrolled.get("floor", 0.5)))
+            problem = problem_from_options(options["unrolled"])
+            steps = int((spec.inner.get("train") or {}).get("steps") or 0)
+            state, features = problem.initial(), problem.features(spec.params)
+            for t in range(steps):
+                state = problem.step(state, features, t, steps)
+            fitness = problem.measure(state, f"whole:{spec.seed}:{params_digest(spec.params)}")
         elif options.get("slope") is not None or options.get("radial") is not None:
             fitness = linear_objective(spec.params, _slope(spec, options), float(options.get("base", 0.5)),
                                        float(options.get("target", 0.02)), float(options.get("radial") or 0.0))
@@ -225,7 +226,7 @@ def _truncation(spec: MemberSpec, options: Mapping[str, Any], started: float) ->
     piece = Truncation.from_dict(spec.truncation or {})
     done = read_boundary(piece.boundary(piece.stop))
     if piece.start == 0:
-        start_score = _score_at(spec, options, 1.0, 0, piece.horizon)
+        start_score = _score_at(spec, options, _initial(options), piece, 0)
     else:
         boundary = read_boundary(piece.boundary(piece.start))
         if boundary is None:
@@ -238,17 +239,18 @@ def _truncation(spec: MemberSpec, options: Mapping[str, Any], started: float) ->
         work = Path(spec.work_dir)
         work.mkdir(parents=True, exist_ok=True)
         path = work / CHECKPOINT_FILE
-        initial = 1.0 if piece.start == 0 else json.loads((piece.boundary(piece.start) / CHECKPOINT_FILE).read_text())
+        initial = (_initial(options) if piece.start == 0
+                   else json.loads((piece.boundary(piece.start) / CHECKPOINT_FILE).read_text()))
         state = (json.loads(path.read_text()) if path.exists()
                  else {"step": piece.start, "state": initial, "starts": []})
         state["starts"].append(state["step"])
         atomic_write_json(path, state)
         while state["step"] < piece.stop:  # one step at a time, checkpointed: a requeue resumes mid-truncation
             time.sleep(float(options.get("step_s", 0.0)))
-            state["state"] = _advance(spec, options, float(state["state"]))
+            state["state"] = _advance(spec, options, state["state"], state["step"], piece.horizon)
             state["step"] += 1
             atomic_write_json(path, state)
-        end_score = _score_at(spec, options, float(state["state"]), piece.stop, piece.horizon)
+        end_score = _score_at(spec, options, state["state"], piece, piece.stop)
         resumed_at = float(state["starts"][-1])  # the step its last start continued from (a requeue's: > start)
         publish_boundary(piece, end_score, spec.generation,
                          lambda folder: atomic_write_json(folder / CHECKPOINT_FILE, state["state"]))
@@ -264,20 +266,27 @@ def _truncation(spec: MemberSpec, options: Mapping[str, Any], started: float) ->
             "diagnostics": diagnostics}
 
 
-def _advance(spec: MemberSpec, options: Mapping[str, Any], loss: float) -> float:
+def _advance(spec: MemberSpec, options: Mapping[str, Any], state: Any, step: int, horizon: int) -> Any:
     """One step of the ``unrolled`` problem with this member's vector (other objectives carry no state)."""
     if options.get("unrolled") is None:
-        return loss
-    unrolled = dict(options["unrolled"] or {})
-    rate = unrolled_rate(spec.params, float(unrolled.get("scale", 30.0)), float(options.get("target", 0.02)))
-    return unrolled_loss(rate, 1, float(unrolled.get("floor", 0.5)), loss)
+        return state
+    problem = problem_from_options(options["unrolled"])
+    return problem.step(state, problem.features(spec.params), step, horizon)
 
 
-def _score_at(spec: MemberSpec, options: Mapping[str, Any], loss: float, step: int, horizon: int) -> float:
-    """A particle's validation score at ``step``: 1 - loss (``unrolled``), else the objective x step / horizon."""
+def _initial(options: Mapping[str, Any]) -> Any:
+    """A particle's state at step 0: the ``unrolled`` problem's, else a placeholder."""
+    return problem_from_options(options["unrolled"]).initial() if options.get("unrolled") is not None else 1.0
+
+
+def _score_at(spec: MemberSpec, options: Mapping[str, Any], state: Any, piece: Truncation, step: int) -> float:
+    """A particle's validation score at ``step`` of its run: the ``unrolled`` problem's measurement (one per
+    particle, run and step), else the objective x step / horizon."""
     if options.get("unrolled") is not None:
-        return 1.0 - loss
-    return objective(spec.params, float(options.get("target", 0.02)), float(options.get("width", 0.01))) * step / horizon
+        problem: UnrolledProblem = problem_from_options(options["unrolled"])
+        return problem.measure(state, f"{spec.seed}:{piece.particle}:{piece.episode}:{step}")
+    return (objective(spec.params, float(options.get("target", 0.02)), float(options.get("width", 0.01)))
+            * step / piece.horizon)
 
 
 def _slope(spec: MemberSpec, options: Mapping[str, Any]) -> float:

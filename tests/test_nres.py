@@ -1,11 +1,10 @@
 """es=nres (meta/searchers/nres.py): online ES over particles, each a long run cut into truncations.
 
-The bias test runs the real searchers on the synthetic unrolled problem in-process (bench/bench_nres.py drives them);
-the rest run searches through meta.run with the synthetic member (meta/synthetic.py), whose truncations carry their
-loss through the particles' boundary checkpoints as a training run carries its weights."""
+These run searches through meta.run with the synthetic member (meta/synthetic.py), whose truncations carry their
+loss through the particles' boundary checkpoints as a training run carries its weights; the searcher on the family of
+unrolled problems, in-process: tests/test_nres_family.py."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import multiprocessing
 import socket
@@ -19,7 +18,7 @@ import torch
 
 from inner_loop.member import preflight
 from meta.search.run import main
-from meta.synthetic import CHECKPOINT_FILE, member as synthetic_member, unrolled_optimum
+from meta.synthetic import CHECKPOINT_FILE, member as synthetic_member
 from plan_inputs import ONE_MEMBER_AT_15S
 from results.store.layout import boundary_dir_name
 from core.records import NODE_FAILED, MemberSpec, ResultRecord
@@ -28,37 +27,14 @@ from results.store.truncation import END_SCORE, START_SCORE, Truncation, read_bo
 
 ROOT = Path(__file__).resolve().parent.parent
 H, K = 12, 4
-SYNTH = ["launcher=debug", "inner.entrypoint=meta.synthetic:member", "es=nres", f"train.steps={H}",
+# (pairs restarting together, es.stagger=false: each test below reads the particles' places in their runs)
+SYNTH = ["launcher=debug", "inner.entrypoint=meta.synthetic:member", "es=nres", "es.stagger=false", f"train.steps={H}",
          f"es.truncation_steps={K}", "es.radius=0.01", "reevaluate.top_k=0",
          "+inner.options={unrolled:{floor:0.5},count_calls:true}"]
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_nres", ROOT / "bench" / "bench_nres.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 def _members(store: RunStore) -> pd.DataFrame:
     return store.read_members().set_index(["generation", "index"]).sort_index()
-
-
-def test_short_members_find_the_short_horizon_optimum_and_nres_the_full_one_at_the_short_cost():
-    """Wu et al.'s bias on a problem with known optima: z*(4 steps) = -0.62, z*(48 steps) = -2.75. A search of 4-step
-    members ends near the first; es=nres (48-step particles, 4-step truncations) near the second, within 0.6 (the
-    full-run search's own spread is 0.3), having trained 1/12 of the full-run search's member-steps."""
-    bench = _bench()
-    z_short, z_full = unrolled_optimum(4), unrolled_optimum(48)
-    assert z_short - z_full > 2.0  # the bias the searches must tell apart
-    full = bench.whole_runs(48, 48, 24, seed=0)
-    short = bench.whole_runs(4, 48, 24, seed=0)
-    online = bench.particles(48, 4, 48, 24, seed=0, stagger=False)
-    assert abs(full.z - z_full) < 0.5
-    assert abs(short.z - z_short) < 0.3  # biased: the short horizon's optimum
-    assert abs(online.z - z_full) < 0.6 and abs(online.z - z_short) > 1.5  # not biased
-    assert online.member_steps * 12 == full.member_steps == short.member_steps * 12
 
 
 def test_truncations_continue_their_particle_and_each_particle_keeps_one_checkpoint(tmp_path):
@@ -103,7 +79,7 @@ def test_a_pair_restarts_with_new_noise_at_the_end_of_its_run(tmp_path):
 
 def test_a_late_pair_repeats_its_truncation_and_stays_out_of_the_update(tmp_path):
     """Closed at the quorum: members 2 and 3 are cancelled before they run; their pair stands on its checkpoint and
-    trains the same truncation next generation, while the measured pair goes on."""
+    trains the same truncation next generation, while the measured pair goes on; late twice in a row, it restarts."""
     assert main([f"run_dir={tmp_path}", "new=true", *SYNTH, "population=4", "generations=2", "quorum=0.5",
                  "straggler_grace=0"]) == 0
     store = RunStore(tmp_path)
@@ -111,8 +87,10 @@ def test_a_late_pair_repeats_its_truncation_and_stays_out_of_the_update(tmp_path
     assert members.loc[(0, 2), "status"] == members.loc[(0, 3), "status"] == "late"
     assert pd.isna(members.loc[(0, 2), "fitness_used"])
     assert members.loc[(1, 0), "diag_truncation_start"] == K  # the measured pair went on
-    state = store.read_state(1)["searcher"]
-    assert state["step"] == [2 * K, 0] and state["episode"] == [0, 0]  # the late pair never moved
+    state = store.read_state(0)["searcher"]
+    assert state["step"] == [K, 0] and state["episode"] == [0, 0]  # the late pair stood on its boundary
+    state = store.read_state(1)["searcher"]  # late a second time in a row: its run ends, a new one starts
+    assert state["step"] == [2 * K, 0] and state["episode"] == [0, 1]
 
 
 def node_fails_once(spec: object) -> dict:
