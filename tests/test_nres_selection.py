@@ -60,10 +60,15 @@ def test_the_mbpp_plan_of_nres_states_its_episodes_the_equal_information_and_the
     assert "boundary I/O per generation: 180 particles x 0.84 GB = 150.62 GB written" in out
 
 
-def test_the_plan_counts_episodes_and_warns_when_the_last_one_is_incomplete(tmp_path, capsys):
-    args = [*SYNTH, "dry_run=true", "new=true", "reevaluate.top_k=0"]
+def test_the_plan_counts_episodes_and_warns_when_the_last_one_is_incomplete(tmp_path, capsys, monkeypatch):
+    from meta.searchers import searcher_class
+
+    args = [*SYNTH, "dry_run=true", "new=true", "reevaluate.top_k=2", "reevaluate.seeds=2", "reevaluate.report_seeds=0"]
+    nres = searcher_class("nres")
+    monkeypatch.setattr(nres, "averaged_center", property(lambda self: self.center / 2))
     assert main([f"run_dir={tmp_path / 'a'}", *args, "generations=7"]) == 0
     out = capsys.readouterr().out
+    assert "8 selection runs (reevaluate: top_k=2 + centre + averaged centre, x seeds=2)" in out
     assert "episodes: generations=7 / 3 pieces (a particle's run of train.steps=12 in 3 truncations) = 2.33" in out
     # 7 generations x 4 members x 4 steps over (4 x 12): 2.33 whole-run generations; the pairs restart together
     assert ("equal information: 112 member-steps / (population 4 x train.steps=12) = 2.33 whole-run generations" in out
@@ -74,8 +79,10 @@ def test_the_plan_counts_episodes_and_warns_when_the_last_one_is_incomplete(tmp_
     # runs start in generations 0, 3 and 6: 12 step-0 validations; 28 boundaries written, 16 read
     assert "validations, whole search: 28 at the truncations' ends + 12 at step 0" in out
     assert "boundary checkpoint I/O, whole search: 28 written (one per truncation) and 16 read" in out
+    monkeypatch.setattr(nres, "averaged_center", property(lambda self: None))  # a searcher that keeps no average
     assert main([f"run_dir={tmp_path / 'b'}", *args, "generations=6"]) == 0
     out = capsys.readouterr().out
+    assert "6 selection runs (reevaluate: top_k=2 + centre, x seeds=2)" in out
     assert "= 2 episodes" in out and "in generation(s) 2, 5" in out and "WARNING: generations=" not in out
 
 

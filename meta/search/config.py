@@ -207,6 +207,15 @@ class SearchConfig:
         return _online(self.es)
 
     @property
+    def averaged_center_nominated(self) -> bool:
+        """Whether selection retrains the searcher's averaged centre beside the final centre: its searcher keeps one
+        (meta/searchers/base.py: Searcher.averaged_center, asked of a fresh searcher), so the plan counts its runs."""
+        from meta.searchers import build_searcher
+
+        searcher = build_searcher(self.es, self.center(), self.generation_shape.population, self.seed)
+        return searcher.averaged_center is not None
+
+    @property
     def param_transform(self) -> str:
         """How a member's vector becomes map parameters (divergence.param_transform)."""
         return param_transform_of(self.inner_config)

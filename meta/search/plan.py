@@ -133,9 +133,17 @@ def _gb(n_bytes: float) -> str:
 
 
 def selection_runs(cfg: SearchConfig) -> int:
-    """Training runs of the selection stage: (top_k + the final centre) x seeds."""
+    """Training runs of the selection stage: (top_k + the final centre + the averaged centre, where the searcher
+    keeps one) x seeds."""
     settings = cfg.reevaluate
-    return (settings.top_k + 1) * settings.seeds if settings.top_k > 0 else 0
+    centres = 2 if cfg.averaged_center_nominated else 1
+    return (settings.top_k + centres) * settings.seeds if settings.top_k > 0 else 0
+
+
+def selection_text(cfg: SearchConfig) -> str:
+    """The selection stage's candidates and seeds, as the plan names them."""
+    averaged = " + averaged centre" if cfg.averaged_center_nominated else ""
+    return f"reevaluate: top_k={cfg.reevaluate.top_k} + centre{averaged}, x seeds={cfg.reevaluate.seeds}"
 
 
 def reporting_runs(cfg: SearchConfig) -> int:
@@ -431,8 +439,7 @@ def build_plan(
         f"training runs: {per_generation} per generation{control} x {generations} generations"
         + (f" x seeds_per_member={k} (the same {k} seeds for every member of a generation; a member trains them one "
            "after another)" if k > 1 else "") + " + "
-        f"{selection} selection runs (reevaluate: top_k={cfg.reevaluate.top_k} + centre, x "
-        f"seeds={cfg.reevaluate.seeds}) + {reporting} reporting runs (below) = {runs}"
+        f"{selection} selection runs ({selection_text(cfg)}) + {reporting} reporting runs (below) = {runs}"
         + (f" left to run (done already: {first} generation(s)" + (f"; {done}" if done else "") + ")"
            if resuming else ""),
         quorum_line(cfg),
@@ -477,8 +484,8 @@ def online_lines(cfg: SearchConfig, raw: Mapping[str, Any], online: OnlineCost, 
                         (sharing.gpu_hours(online.member_steps / horizon, member_h, gpus), search_h))
           if schedule is not None else []),
         quorum_line(cfg),
-        f"training runs after the search: {selection} selection runs (reevaluate: top_k={cfg.reevaluate.top_k} + "
-        f"centre, x seeds={cfg.reevaluate.seeds}) + {reporting} reporting runs (below), each train.steps={horizon}",
+        f"training runs after the search: {selection} selection runs ({selection_text(cfg)}) + {reporting} reporting "
+        f"runs (below), each train.steps={horizon}",
         f"GPU-hours, {scope}: {online.truncations} truncations x {sharing.hours_text(online.alone_h, gpus)} "
         f"({online.basis}) = {search_h:,.1f} + {selection + reporting} runs x {sharing.hours_text(member_h, gpus)} = "
         f"{after_h:,.1f}; total {total:,.1f} GPU-h",
