@@ -180,3 +180,35 @@ def _roundtrip(state):
     torch.save(state, buffer)
     buffer.seek(0)
     return buffer
+
+
+@pytest.mark.parametrize("problem", ["plateau", "many"])
+def test_a_family_problem_runs_through_the_synthetic_member_and_its_truncations(tmp_path, problem):
+    """Each problem is a member program over the truncation contract: a particle's state is carried through its boundary
+    checkpoints, each truncation measured at its ends, the changes adding up to the run's end score minus its start's,
+    which is the problem's own run of the members' vectors (plateau: pass@1 on 90 problems)."""
+    from meta.search.run import main
+    from results.store.run_store import RunStore
+
+    horizon, length = 8, 2
+    assert main([f"run_dir={tmp_path}", "new=true", "launcher=debug", "inner.entrypoint=meta.synthetic:member",
+                 "es=nres", "es.stagger=false", f"train.steps={horizon}", f"es.truncation_steps={length}",
+                 "population=2", f"generations={horizon // length}", "reevaluate.top_k=0",
+                 f"+inner.options={{unrolled:{{problem:{problem}}}}}"]) == 0
+    store = RunStore(tmp_path)
+    members = store.read_members().set_index(["generation", "index"]).sort_index()
+    instance = PROBLEMS[problem]()
+    for index in range(2):
+        rows = [members.loc[(g, index)] for g in range(horizon // length)]
+        start, end = rows[0]["diag_truncation_start_score"], rows[-1]["diag_truncation_end_score"]
+        assert sum(r["fitness"] for r in rows) == pytest.approx(end - start)
+        state = instance.initial()
+        for generation in range(horizon // length):  # the run as the problem runs it, vector by vector
+            features = instance.features(store.read_population(generation)[index].tolist())
+            for t in range(generation * length, (generation + 1) * length):
+                state = instance.step(state, features, t, horizon)
+        if problem == "plateau":
+            assert round(end * 90) == pytest.approx(end * 90)  # a pass@1 on 90 problems
+            assert abs(end - instance.score(state)) < 0.25
+        else:
+            assert end == pytest.approx(instance.score(state))
