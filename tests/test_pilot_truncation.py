@@ -41,7 +41,7 @@ def _draw(signal_sd: tuple[float, ...], seed: int = 0) -> list[list[list[float]]
 
 def _settings(**changes) -> TruncationSettings:
     base = dict(truncation_steps=T, horizon=HORIZON, population=10, generations=40, target_snr=20.0, stagger=False,
-                step=0.5, budget_steps=10 * 40 * T)
+                step=0.5, per_truncation=True, budget_steps=10 * 40 * T)
     return TruncationSettings(**{**base, **changes})
 
 
@@ -67,7 +67,7 @@ def test_phase_statistics_and_the_recommendation_on_a_known_signal_and_noise():
     u = episode["signal_var"] / episode["noise_var"]
     assert rec["visible"] and rec["population"] == 2 * math.ceil(20 / u) == 4
     assert rec["truncation_steps"] == T  # every phase resolved at 1/V = 0.005
-    s = rec["update_snr"]
+    s = rec["step_snr"]  # every truncation moves the centre: the mean per-update SNR at P* = 4
     assert s == pytest.approx(4 / 2 * sum(p["signal_var"] / p["noise_var"] for p in phases) / 4)
     assert rec["step_factor"] == pytest.approx(s / (1 + s)) and rec["step"] == pytest.approx(0.5 * s / (1 + s))
     assert rec["budget_particles"] == 10 * 40 * T / HORIZON
@@ -75,6 +75,10 @@ def test_phase_statistics_and_the_recommendation_on_a_known_signal_and_noise():
     mixed = truncation_check(_draw(SIGNAL_SD), 200, _settings(stagger=True))
     pooled = sum(p["signal_var"] for p in phases) / sum(p["noise_var"] for p in phases)
     assert mixed["update_snr"] == pytest.approx(10 / 2 * pooled)
+    # a run's changes summed before the update reads them: its step reads the episode's SNR, T stays as measured
+    run = truncation_check(_draw(SIGNAL_SD), 50, _settings(per_truncation=False))["recommendation"]
+    assert run["visible"] and run["step_snr"] == pytest.approx(4 / 2 * u)
+    assert (run["truncation_steps"], run["resolved_steps"]) == (T, 2 * T)  # 1/V = 0.02: see the next test
 
 
 def test_truncations_are_lengthened_until_every_phase_resolves_one_problem():

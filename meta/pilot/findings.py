@@ -42,8 +42,8 @@ from core.gpu_time import GpuSharing, gpu_sharing, gpu_time_h
 from core.records import ResultRecord
 from meta.pilot.horizon import horizon_check, spearman
 from meta.pilot.pairs import SIGNIFICANCE, ceil_int, pair_row, pair_snr
-from meta.pilot.truncation import (STEP_KEY, TRUNCATION_KEY, TruncationSettings, boundaries, phase_differences,
-                                   truncation_check)
+from meta.pilot.truncation import (STEP_KEY, TRUNCATION_KEY, UPDATE_KEY, TruncationSettings, boundaries,
+                                   phase_differences, truncation_check)
 from meta.settings.member_time import short_run_overhead_key
 from results.report.paired import mean_interval
 from results.report.pilot import PILOT_KIND, num_text
@@ -266,14 +266,17 @@ def _truncation_settings(truncation: Mapping[str, Any], ctx: PilotContext) -> Tr
     """The truncation check's settings: the plan's T and horizon, the search's population, generations, target,
     es.stagger and step, and its member-steps (the searcher's own plan of its truncations)."""
     from meta.searchers import searcher_class
+    from meta.searchers.nres import TRUNCATION_UPDATE
 
     es = ctx.es
     budget = searcher_class(str(es["name"])).planned_member_steps(es, ctx.population, ctx.generations) if es else None
     step = es.get(STEP_KEY)
+    # a config without es.update: es=nres from before it, whose every truncation moved the centre
+    per_truncation = es.get(UPDATE_KEY, TRUNCATION_UPDATE) == TRUNCATION_UPDATE
     return TruncationSettings(truncation_steps=int(truncation["steps"]), horizon=int(truncation["horizon"]),
                               population=ctx.population, generations=ctx.generations, target_snr=ctx.target_snr,
                               stagger=bool(es.get("stagger")), step=None if step is None else float(step),
-                              budget_steps=budget)
+                              per_truncation=per_truncation, budget_steps=budget)
 
 
 def _truncation(plan: Mapping[str, Any], combination: int, records: Mapping[int, ResultRecord],

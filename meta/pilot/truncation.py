@@ -16,16 +16,19 @@ meta/pilot/pairs.py: the per-update SNR at population P is (P/2) sigma_s,k^2 / s
 (P/2) sigma_s^2 / sigma_n^2 of the sums.
 
 The recommendation (for pilot.target_snr = S_t):
-- population P* = 2 ceil(S_t / u), u = sigma_s^2 / sigma_n^2 of the episode: the K updates of an episode add up to
-  one whole-run estimate, which must reach the target; "cannot see anything at this budget" when P* whole particle
-  runs are more than the configured search trains in all (population x generations truncations);
-- T* = the smallest multiple of the measured T whose every phase is resolved: the median |d| of a phase at least one
-  problem (1/V); an update that reads ties moves the centre by noise alone. None below train.steps: nres's
-  truncations cannot see anything (whole runs can);
-- step: the configured es step times S/(1+S), S the mean per-update SNR at P* and T* (stagger: the phases' pooled
-  signal over their pooled noise, every update mixing them): for a gradient estimate whose signal share of its
-  variance is S/(1+S), the best step on a smooth objective is that share of the noise-free one, which the
-  configured step is taken to be.
+- population P* = 2 ceil(S_t / u), u = sigma_s^2 / sigma_n^2 of the episode: the moves of an episode add up to one
+  whole-run estimate, which must reach the target; "cannot see anything at this budget" when P* whole particle runs
+  are more than the configured search trains in all (population x generations truncations);
+- T: with es.update reading every truncation's change, T* = the smallest multiple of the measured T whose every phase
+  is resolved (the median |d| of a phase at least one problem, 1/V: an update that reads ties moves the centre by
+  noise alone; none below train.steps: nres's truncations cannot see anything); with es.update summing a run's
+  changes before it reads them, the measured T (T then sets how often runs end and what their starts cost, not what
+  an update sees);
+- step: the configured es step times S/(1+S), S the SNR of what one update reads at P*: a truncation's change (the
+  mean per-update SNR at T*; stagger: the phases' pooled signal over their pooled noise, every update mixing them), or
+  a whole run's (the episode's). For a gradient estimate whose signal share of its variance is S/(1+S), the best
+  step on a smooth objective is that share of the noise-free one, which the configured step (a move at a clear
+  signal) is taken to be.
 """
 from __future__ import annotations
 
@@ -36,9 +39,11 @@ from typing import Any, Mapping, Sequence
 
 from meta.pilot.pairs import ceil_int, pair_row, pair_snr, variance_split
 
-#: es=nres's step setting (conf/es/nres.yaml), which the recommendation scales; its value (and so its default) is
-#: always read from the composed config
-STEP_KEY = "center_learning_rate"
+#: es=nres's step setting (conf/es/nres.yaml: the centre's move per episode in radii, at a clear signal), which the
+#: recommendation scales; its value (and so its default) is always read from the composed config
+STEP_KEY = "step_radii"
+#: es=nres's update setting: whether every truncation's change moves the centre, or a run's changes summed
+UPDATE_KEY = "update"
 #: es=nres's truncation length setting (null: train.steps / 16), which the recommendation sets
 TRUNCATION_KEY = "truncation_steps"
 #: an evaluation of "the whole validation set" as train.eval_subset can say it: the first this many problems (the
@@ -59,6 +64,7 @@ class TruncationSettings:
     target_snr: float
     stagger: bool  # es.stagger: every update mixes the phases
     step: float | None  # the configured es.<STEP_KEY>
+    per_truncation: bool  # es.update reads every truncation's change (the papers' step), not a whole run's sum
     budget_steps: int | None  # member-steps of the configured search (its planned truncations)
 
 
@@ -182,8 +188,8 @@ def recommend(diffs: PhaseDiffs, episode: Mapping[str, Any], resolution: float |
     """Population, truncation length and step for es=nres, or why it cannot see anything (module docstring)."""
     T, H, target = settings.truncation_steps, settings.horizon, settings.target_snr
     out: dict[str, Any] = {"visible": False, "reason": None, "target_snr": target, "population": None,
-                           "truncation_key": TRUNCATION_KEY, "truncation_steps": None, "update_snr": None,
-                           "step_key": STEP_KEY,
+                           "per_truncation": settings.per_truncation, "truncation_key": TRUNCATION_KEY,
+                           "truncation_steps": None, "resolved_steps": None, "step_snr": None, "step_key": STEP_KEY,
                            "step_configured": settings.step, "step_factor": None, "step": None,
                            "budget_particles": None, "budget_snr": None}
     if episode["noise_var"] is None:
@@ -207,18 +213,19 @@ def recommend(diffs: PhaseDiffs, episode: Mapping[str, Any], resolution: float |
                              f"needs {population} particles")
             return out
     j = shortest_resolved(diffs, resolution)
-    count = _phase_count(diffs)
-    length = min(j * T, H)
-    merged = _merged(diffs, j)
-    snr = update_snr(merged, population, settings.stagger)
+    resolved = min(j * T, H)
+    if settings.per_truncation:  # every update reads one truncation's changes: they must resolve, and carry signal
+        length, snr = resolved, update_snr(_merged(diffs, j), population, settings.stagger)
+    else:  # a run's changes are summed before they are read: each update carries a whole run's SNR
+        length, snr = T, population / 2.0 * u
     factor = 1.0 if snr is None or math.isinf(snr) else snr / (1.0 + snr)
-    out.update(truncation_steps=length, update_snr=snr, step_factor=factor,
+    out.update(truncation_steps=length, resolved_steps=resolved, step_snr=snr, step_factor=factor,
                step=None if settings.step is None else settings.step * factor)
-    if j >= count > 1:
+    if settings.per_truncation and j >= _phase_count(diffs) > 1:
         out["reason"] = (f"nres's truncations cannot see anything: no truncation shorter than the run (multiples of "
                          f"T={T}) has every phase's median pair difference at or above one problem (1/V = "
-                         f"{resolution:.4g}); whole runs (es.{TRUNCATION_KEY}={H}, or a whole-run searcher) need "
-                         f"population {population}")
+                         f"{resolution:.4g}); whole runs (es.{TRUNCATION_KEY}={H}, or the es.{UPDATE_KEY} that sums a "
+                         f"run's truncations before it reads them) need population {population}")
         return out
     out["visible"] = True
     return out

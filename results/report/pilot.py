@@ -156,8 +156,9 @@ def format_truncation(check: Mapping[str, Any] | None, summary: Mapping[str, Any
     lines += [f"  per episode (one run per particle, the sum over its phases: what one whole particle run's estimate "
               f"carries): SNR {num_text(_snr_of(episode), 3)} at P={pop}"
               + ("" if episode["signal"] else f" (no signal: {episode['reason']})"),
-              f"  per update ({how}): SNR {num_text(check['update_snr'], 3)} at P={pop}; phases with signal (F-test "
-              f"p < {_g(summary.get('significance'))}): {check['phases_with_signal']} of {len(check['phases'])}"]
+              f"  per truncation (what an update that reads one truncation's changes carries, {how}): SNR "
+              f"{num_text(check['update_snr'], 3)} at P={pop}; phases with signal (F-test p < "
+              f"{_g(summary.get('significance'))}): {check['phases_with_signal']} of {len(check['phases'])}"]
     if any(row["resolved"] is False for row in check["phases"]):
         lines.append("  < 1/V: the phase's median |d| is below one problem: most pairs' two members moved alike")
     lines.append(f"  {_nres_text(check['recommendation'], es)}")
@@ -168,11 +169,15 @@ def _nres_text(rec: Mapping[str, Any], es: str) -> str:
     """es=nres's recommendation or why it cannot see anything, in one line."""
     if not rec["visible"]:
         return f"es={es}: {rec['reason']}"
+    reads = ("a truncation's, at that population and T: its update reads each truncation" if rec["per_truncation"]
+             else "a whole run's, at that population: its update sums a run's truncations before it reads them")
     step = ("" if rec["step"] is None else
             f", es.{rec['step_key']}={rec['step']:.3g} (the configured {rec['step_configured']:g} x S/(1+S) = "
-            f"{rec['step_factor']:.3g}, S = {num_text(rec['update_snr'], 3)} per update at that population and T)")
+            f"{rec['step_factor']:.3g}, S = {num_text(rec['step_snr'], 3)}, {reads})")
+    alone = ("" if rec["per_truncation"] or rec["resolved_steps"] == rec["truncation_steps"] else
+             f"; a truncation's changes alone resolve one problem from T={rec['resolved_steps']} on")
     return (f"es={es}: population {rec['population']} (an episode at the target SNR {rec['target_snr']:g}), "
-            f"es.{rec['truncation_key']}={rec['truncation_steps']}{step}")
+            f"es.{rec['truncation_key']}={rec['truncation_steps']}{step}{alone}")
 
 
 def _scale_lines(c: Mapping[str, Any]) -> list[str]:
