@@ -241,7 +241,7 @@ def _branch_free_block(block: int, u_p, u_q, e, plan: _Plan, grads: bool):
     return F, G, S
 
 
-def _exact_block(block: int, p_row, q_row, w, b, grads: bool):
+def exact_block(block: int, p_row, q_row, w, b, grads: bool):
     """(D, dD/dp, dD/dq) rows [k, C] for kinked neurons whose kink may lie between the data points."""
     value = BLOCK_BREGMAN[block](p_row, q_row, w, b)
     if not grads:
@@ -297,7 +297,7 @@ def _chunk(p: torch.Tensor, q: torch.Tensor, plan: _Plan, grads: bool):
                 s_sum.addmv_(S.t(), coefficient)
         rows = plan.exact[block]
         if rows.numel():
-            D, D_p, D_q = _exact_block(block, p_row, q_row, plan.w[rows], plan.b[rows], grads)
+            D, D_p, D_q = exact_block(block, p_row, q_row, plan.w[rows], plan.b[rows], grads)
             coefficient = plan.v[rows]
             value.addmv_(D.t(), coefficient)
             if grads:

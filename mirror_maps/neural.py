@@ -20,11 +20,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mirror_maps.fused import fused_bregman
-from mirror_maps.neurons import NUM_NEURONS, activations, neuron_bregman
+from mirror_maps.fused import exact_block, fused_bregman
+from mirror_maps.neurons import BLOCK_BREGMAN, EXP_BLOCK, NEURONS_PER_BLOCK, NUM_NEURONS, activations, neuron_bregman
 from mirror_maps.numerics import PROB_FLOOR, generalized_kl, generalized_kl_from_logs
 from mirror_maps.potentials import Potential
-from mirror_maps.taylor import SMALL_PROB, taylor_bregman, taylor_degree, taylor_plan
+from mirror_maps.taylor import (SMALL_PROB, taylor_bregman, taylor_bregman_and_slope, taylor_degree,
+                               taylor_plan)
 
 VECTOR_LENGTH = 3 * NUM_NEURONS + 2
 PARAM_TRANSFORMS = ("none", "abs", "softplus")
@@ -85,6 +86,51 @@ def _neuron_sum_for_small_probabilities(
     if large[0].numel() > 0:
         total = total.index_put(large, neuron_bregman(p[large], q[large], v, w, b))
     return total
+
+
+def _exact_neurons_and_slope(p: torch.Tensor, q: torch.Tensor, v: torch.Tensor, w: torch.Tensor, b: torch.Tensor,
+                             selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum_j v_j D_j, its p-derivative sum_j v_j (s_j(u_p) - s_j(u_q))) over the ``selected`` neurons (the kinked
+    ones and fast exp ones that taylor_plan leaves out), each written without cancellation (mirror_maps.fused)."""
+    value, slope = torch.zeros_like(p), torch.zeros_like(p)
+    p_row, q_row = p.reshape(1, -1), q.reshape(1, -1)
+    for block, mask in enumerate(selected.split(NEURONS_PER_BLOCK)):
+        rows = mask.nonzero(as_tuple=True)[0] + block * NEURONS_PER_BLOCK
+        if rows.numel() == 0:
+            continue
+        w_k, b_k, v_k = w[rows].unsqueeze(-1), b[rows].unsqueeze(-1), v[rows]
+        if block == EXP_BLOCK:  # d/dp = e^(u_p) - e^(u_q) = e^(u_q) expm1(w (p - q))
+            terms = BLOCK_BREGMAN[block](p_row, q_row, w_k, b_k)
+            terms_p = torch.exp(w_k * q_row + b_k) * torch.expm1(w_k * (p_row - q_row))
+        else:
+            terms, terms_p, _ = exact_block(block, p_row, q_row, w_k, b_k, grads=True)
+        value += (v_k @ terms).reshape(p.shape)
+        slope += (v_k @ terms_p).reshape(p.shape)
+    return value, slope
+
+
+def _neuron_sum_and_slope_for_small_probabilities(
+    p: torch.Tensor, q: torch.Tensor, v: torch.Tensor, w: torch.Tensor, b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """_neuron_sum_for_small_probabilities and its derivative in p, without an autograd graph over every entry: the
+    Taylor polynomial's slope in closed form, the exact neurons' analytic partials; only the few entries above
+    SMALL_PROB (at most 2 / SMALL_PROB a distribution pair) go through autograd."""
+    coefficients, exact_neurons = taylor_plan(v, w, b, taylor_degree(p.dtype))
+    small = (p <= SMALL_PROB) & (q <= SMALL_PROB)
+    zero = torch.zeros_like(p)
+    total, slope = taylor_bregman_and_slope(torch.where(small, p, zero), torch.where(small, q, zero), coefficients)
+    if bool(exact_neurons.any()):
+        exact, exact_slope = _exact_neurons_and_slope(p, q, v, w, b, exact_neurons)
+        total, slope = total + exact, slope + exact_slope
+    large = (~small).nonzero(as_tuple=True)
+    if large[0].numel() > 0:
+        with torch.enable_grad():
+            p_large = p[large].detach().requires_grad_(True)
+            value = neuron_bregman(p_large, q[large], v, w, b)
+            (value_p,) = torch.autograd.grad(value.sum(), p_large)
+        total = total.index_put(large, value.detach())
+        slope = slope.index_put(large, value_p)
+    return total, slope
 
 
 class NeuralMirrorMap(nn.Module, Potential):
@@ -178,6 +224,19 @@ class NeuralMirrorMap(nn.Module, Potential):
         delta = p - q
         neurons = _neuron_sum_for_small_probabilities(p, q, v, w, b)
         return neurons + 0.5 * a * delta * delta + c * generalized_kl_from_logs(logp, logq)
+
+    @torch.no_grad()
+    def bregman_and_slope_from_logprobs(self, logp: torch.Tensor,
+                                        logq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(``bregman_from_logprobs``, its derivative in logp) with the map held constant: p (dd/dp) with
+        dd/dp = sum_j v_j (s_j(u_p) - s_j(u_q)) + a (p - q) + c log(p/q), each part cancellation-free."""
+        v, w, b, a, c = self.parameters_for(self._dtype_for(logp))
+        p = torch.exp(logp)
+        q = torch.exp(logq)
+        delta = p - q
+        neurons, neurons_p = _neuron_sum_and_slope_for_small_probabilities(p, q, v, w, b)
+        value = neurons + 0.5 * a * delta * delta + c * generalized_kl_from_logs(logp, logq)
+        return value, p * (neurons_p + a * delta + c * (logp - logq))
 
     def forward(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         """Calling the module is `bregman(p, q)` (lets torch.func.functional_call swap the vector)."""

@@ -21,6 +21,8 @@ from mirror_maps.numerics import phi2, scaled_generalized_kl
 NEURONS_PER_BLOCK = 21
 LOG_OFFSET = 1e-3
 BLOCK_NAMES = ("cube", "square", "sqrt", "cbrt", "log", "exp")
+#: index of the exp block (the one unkinked block taylor_plan may leave to the exact formulas)
+EXP_BLOCK = BLOCK_NAMES.index("exp")
 NUM_NEURONS = NEURONS_PER_BLOCK * len(BLOCK_NAMES)
 
 

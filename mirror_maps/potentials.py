@@ -36,6 +36,20 @@ class Potential(abc.ABC):
         """d(exp(logp), exp(logq)); potentials with a log term override it to skip the clamp."""
         return self.bregman(torch.exp(logp), torch.exp(logq))
 
+    def bregman_and_slope_from_logprobs(self, logp: torch.Tensor,
+                                        logq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(d, dd/dlogp) elementwise, d as ``bregman_from_logprobs``; no graph is kept.
+
+        Why: the full form's gradient through the softmax is, per entry, this slope minus p times its sum over the
+        vocabulary (mirror_maps.tiled), so a tile needs the slope, not an autograd graph over the whole vocabulary.
+        Autograd on the value here (a tile's worth of graph at a time); potentials with a closed form override it.
+        """
+        with torch.enable_grad():
+            leaf = logp.detach().requires_grad_(True)
+            value = self.bregman_from_logprobs(leaf, logq.detach())
+            (slope,) = torch.autograd.grad(value.sum(), leaf)
+        return value.detach(), slope
+
 
 class KL(Potential):
     """h(y) = y log y, whose elementwise Bregman term is p log(p/q) - p + q (summing to KL over a simplex).
@@ -59,6 +73,11 @@ class KL(Potential):
     def bregman_from_logprobs(self, logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
         return generalized_kl_from_logs(logp, logq)
 
+    def bregman_and_slope_from_logprobs(self, logp: torch.Tensor,
+                                        logq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # d/dlogp [p log(p/q) - p + q] = p (logp - logq)
+        return generalized_kl_from_logs(logp, logq), torch.exp(logp) * (logp - logq)
+
 
 class ProbL2(Potential):
     """h(y) = y^2 / 2, so d(p, q) = 1/2 (p - q)^2.
@@ -78,3 +97,10 @@ class ProbL2(Potential):
     def bregman(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         delta = p - q
         return 0.5 * delta * delta
+
+    def bregman_and_slope_from_logprobs(self, logp: torch.Tensor,
+                                        logq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # d/dlogp [1/2 (p - q)^2] = p (p - q)
+        p = torch.exp(logp)
+        delta = p - torch.exp(logq)
+        return 0.5 * delta * delta, p * delta

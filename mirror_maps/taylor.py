@@ -111,8 +111,9 @@ def taylor_plan(
     return v @ per_neuron, exact
 
 
-def taylor_bregman(p: torch.Tensor, q: torch.Tensor, coefficients: torch.Tensor) -> torch.Tensor:
-    """sum_k G_k [zp^k - zq^k - k zq^(k-1)(zp - zq)] for z = y / SMALL_PROB, valid for p, q <= SMALL_PROB."""
+def _taylor_terms(p: torch.Tensor, q: torch.Tensor, coefficients: torch.Tensor,
+                  slope: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The two-term recurrence shared by the value and its p-derivative (see taylor_bregman_and_slope)."""
     zp = p / SMALL_PROB
     zq = q / SMALL_PROB
     dz = (p - q) / SMALL_PROB
@@ -121,9 +122,27 @@ def taylor_bregman(p: torch.Tensor, q: torch.Tensor, coefficients: torch.Tensor)
     t_k = torch.ones_like(zp)  # T_k, starting at T_2
     zq_power = zq.clone()  # zq^(k-1) for the next A update
     total = coefficients[0] * t_k
+    derivative = 2.0 * coefficients[0] * a_k if slope else None  # sum_k k G_k A_(k-1), from k = 2
     for index in range(1, coefficients.numel()):  # addcmul: one pass over the entries per update
         a_k = torch.addcmul(zq_power, zp, a_k)
         zq_power = zq_power * zq
         t_k = torch.addcmul(a_k, zq, t_k)
         total = torch.addcmul(total, coefficients[index], t_k)
-    return dz * dz * total
+        if derivative is not None:
+            derivative = torch.addcmul(derivative, coefficients[index] * (index + 2), a_k)
+    return dz * dz * total, None if derivative is None else derivative * (dz / SMALL_PROB)
+
+
+def taylor_bregman(p: torch.Tensor, q: torch.Tensor, coefficients: torch.Tensor) -> torch.Tensor:
+    """sum_k G_k [zp^k - zq^k - k zq^(k-1)(zp - zq)] for z = y / SMALL_PROB, valid for p, q <= SMALL_PROB."""
+    return _taylor_terms(p, q, coefficients, slope=False)[0]
+
+
+def taylor_bregman_and_slope(p: torch.Tensor, q: torch.Tensor,
+                             coefficients: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(taylor_bregman, its derivative in p). With g(y) = sum_k G_k z^k the derivative is g'(p) - g'(q) =
+    dz / SMALL_PROB * sum_k k G_k A_(k-1)(zp, zq), A_m = (zp^m - zq^m) / (zp - zq) = sum_i zp^i zq^(m-1-i) >= 0: the
+    same recurrence's A_k, so no cancellation and no autograd graph."""
+    value, slope = _taylor_terms(p, q, coefficients, slope=True)
+    assert slope is not None
+    return value, slope

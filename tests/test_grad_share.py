@@ -8,14 +8,15 @@ import pytest
 import torch
 
 from inner_loop.config import DivergenceConfig, ModelConfig
-from inner_loop.loss.grad_share import exact_share, full_form_token_norms, logit_space_share, logp_space_share
+from inner_loop.loss.grad_share import exact_share, logit_space_share, logp_space_share
 from inner_loop.loss.compose import aggregate
 from inner_loop.training.diagnostics import diagnostics_from_history
 from inner_loop.models.loading import load_policy
 from inner_loop.loss.regularizers import build_regularizer, warn_if_inert
 from inner_loop.models.tiny import tiny_model_dir
 from inner_loop.grpo.trainer import MirrorGRPOTrainer
-from mirror_maps import KL, NeuralMirrorMap, ProbL2, full_divergence
+from mirror_maps import ProbL2, full_divergence
+from mirror_maps.tiled import tiled_full_form
 
 SMALL = dict(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
 
@@ -40,28 +41,14 @@ def test_logp_space_share():
     assert logp_space_share(policy, reg, logps) == pytest.approx(expected)
 
 
-@pytest.mark.parametrize("potential", [KL(), ProbL2(), NeuralMirrorMap.random_init(42)], ids=["kl", "prob_l2", "nm"])
-def test_full_form_token_norms_match_autograd(potential):
-    """The closed-form per-position gradient norms (no autograd, safe inside checkpointed chunks) equal autograd's."""
-    torch.manual_seed(0)
-    logits = (2.0 * torch.randn(2, 3, 11, dtype=torch.float64)).requires_grad_(True)
-    ref_logits = 2.0 * torch.randn(2, 3, 11, dtype=torch.float64)
-    targets = torch.randint(0, 11, (2, 3))
-    policy_norm, reg_norm = full_form_token_norms(potential, logits, ref_logits, targets)
-    d = full_divergence(potential, logits, ref_logits)
-    (grad_d,) = torch.autograd.grad(d.sum(), logits)
-    logp = torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    (grad_logp,) = torch.autograd.grad(logp.sum(), logits)
-    torch.testing.assert_close(reg_norm, grad_d.norm(dim=-1).to(reg_norm.dtype), rtol=1e-5, atol=1e-12)
-    torch.testing.assert_close(policy_norm, grad_logp.norm(dim=-1).to(policy_norm.dtype), rtol=1e-6, atol=1e-9)
-    assert reg_norm.min() > 0
-
-
 def test_logit_space_share_equals_the_share_wrt_the_logits():
+    """With the per-token norms of the full form's tiles (tests/test_full_form_tiled.py checks them one by one)."""
     torch.manual_seed(1)
     potential = ProbL2()
-    logits = torch.randn(2, 4, 9, dtype=torch.float64, requires_grad=True)
-    ref_logits = torch.randn(2, 4, 9, dtype=torch.float64)
+    hidden, weight = torch.randn(2, 4, 5, dtype=torch.float64), torch.randn(9, 5, dtype=torch.float64)
+    ref_hidden = torch.randn(2, 4, 5, dtype=torch.float64)
+    logits = (hidden @ weight.t()).requires_grad_(True)
+    ref_logits = ref_hidden @ weight.t()
     targets = torch.randint(0, 9, (2, 4))
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]], dtype=torch.float64)
     logps = torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
@@ -71,8 +58,8 @@ def test_logit_space_share_equals_the_share_wrt_the_logits():
     reg = 0.7 * aggregate(d, mask, "dr_grpo", 6)
     g_pol = torch.autograd.grad(policy, logits, retain_graph=True)[0]
     g_reg = torch.autograd.grad(reg, logits, retain_graph=True)[0]
-    norms = full_form_token_norms(potential, logits, ref_logits, targets)
-    share = logit_space_share(policy, reg, logps, d, *norms)
+    tiles = tiled_full_form(potential, hidden, weight, ref_hidden, weight, targets, with_norms=True)
+    share = logit_space_share(policy, reg, logps, d, tiles.policy_norms, tiles.divergence_norms)
     assert share == pytest.approx(float(g_reg.norm() / g_pol.norm()), rel=1e-6)
 
 

@@ -138,6 +138,29 @@ def test_full_form_sums_over_the_vocabulary(name, neural):
         reg.per_token(torch.zeros(2, 3), torch.zeros(2, 3))
 
 
+def test_training_takes_the_full_form_from_hidden_states_with_the_configured_chunk(monkeypatch):
+    """Regularizer.full_from_hidden (what the trainer calls): the divergence of the heads' logits at the temperature
+    and log p(y); divergence.chunk_size, when set, is the positions of a tile, else the caller's rows; the caller's
+    budget caps the library's."""
+    import mirror_maps.tiled as tiled
+
+    torch.manual_seed(0)
+    head, ref_head = torch.nn.Linear(4, 7), torch.nn.Linear(4, 7)
+    hidden, ref_hidden, targets = torch.randn(2, 3, 4), torch.randn(2, 3, 4), torch.randint(0, 7, (2, 3))
+    shapes = []
+    tile_shape = tiled.tile_shape
+    monkeypatch.setattr(tiled, "tile_shape", lambda *args: shapes.append(args) or tile_shape(*args))
+    for chunk_size, rows, budget in ((2, None, None), (None, 3, 10**9), (None, None, 4096)):
+        reg = build_regularizer(_config(name="kl", form="full", coef=1.0, chunk_size=chunk_size))
+        full = reg.full_from_hidden(hidden, head, ref_hidden, ref_head, targets, temperature=0.5,
+                                    compute_dtype=torch.float32, rows=rows, workspace_bytes=budget)
+        logits, ref_logits = head(hidden) / 0.5, ref_head(ref_hidden) / 0.5
+        torch.testing.assert_close(full.divergence, reg.per_token(None, None, logits, ref_logits))
+        torch.testing.assert_close(full.logps, torch.log_softmax(logits, -1).gather(-1, targets[..., None])[..., 0])
+    assert [args[3] for args in shapes] == [2, 3, None]
+    assert shapes[1][2] == tiled.MIN_WORKSPACE_BYTES and shapes[2][2] == 4096  # the library's cap; the caller's
+
+
 def test_none_regularizer_adds_nothing_and_needs_no_reference():
     reg = build_regularizer(DivergenceConfig(name="none", coef=0.0))
     assert not reg.active and reg.per_token(torch.log(P), torch.log(Q)) is None

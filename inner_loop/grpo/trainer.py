@@ -15,7 +15,6 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 import torch
-import torch.utils.checkpoint
 from trl import GRPOTrainer
 from trl.extras.profiling import profiling_context
 from trl.models import unwrap_model_for_generation
@@ -28,10 +27,10 @@ from inner_loop.generation.sampling import importance_sampling_ratio, processed_
 from inner_loop.generation.memory import held_gpu_bytes, member_gpu_budget_bytes
 from inner_loop.generation.vllm_colocate import (claim_rendezvous_port, engine_in_policy_dtype,
                                                   set_cpu_cache_from_allocation, use_reload_push_on_cpu)
-from inner_loop.loss.grad_share import exact_share, full_form_token_norms, logit_space_share, logp_space_share
+from inner_loop.loss.grad_share import exact_share, logit_space_share, logp_space_share
 from inner_loop.loss.compose import compose_loss
 from inner_loop.loss.policy_terms import PolicyInputs, PolicyParams
-from inner_loop.loss.regularizers import Regularizer
+from inner_loop.loss.regularizers import FullForm, Regularizer
 from inner_loop.grpo.sampler import EpochRepeatSampler
 from inner_loop.grpo.trl_contract import unsupported_grpo_fields
 from core.keys import (GENERATE_TIME, GRAD_SHARE, GRAD_SHARE_EXACT, GRAD_SHARE_EXACT_STEP, IMPORTANCE_SAMPLING_RATIO,
@@ -39,14 +38,21 @@ from core.keys import (GENERATE_TIME, GRAD_SHARE, GRAD_SHARE_EXACT, GRAD_SHARE_E
 
 logger = logging.getLogger(__name__)
 
-#: Memory for one chunk of the full form's policy + reference logits when train.full_form_rows is null, on
-#: the CPU (and any non-CUDA device): fixed, since host memory is not ours alone to measure and take.
+#: Memory the full vocabulary may take at once beside what a step holds when train.full_form_rows is null, on the CPU
+#: (and any non-CUDA device): fixed, since host memory is not ours alone to measure and take. It caps the full form's
+#: tiles (mirror_maps.tiled, whose own cap is smaller) and sizes the row chunks of the no-grad logits that the vLLM
+#: importance-sampling ratio compares on the processed distribution (_ratio_on_processed_distribution).
 FULL_FORM_BUDGET_BYTES = 512 * 2**20
 #: On CUDA the budget is this share of what the member's own GPU budget leaves beside the tensors it holds. A
-#: quarter, because the two logit tensors the budget counts are not the whole chunk: log_softmax's output, their
-#: gradients in the checkpointed backward and mirror_maps.full_divergence's own vocabulary workspace (2 GiB on CUDA,
-#: its divergence.chunk_size) come on top. A fixed 512 MiB would make a chunk ONE row at V=151,936 and T=256.
+#: quarter, because a logits chunk of the ratio's forward is not alone: its processed copy and the forward's own
+#: activations come on top. A fixed 512 MiB would make a chunk ONE row at V=151,936 and T=256.
 FULL_FORM_CUDA_FREE_FRACTION = 0.25
+
+
+#: model config keys by which a model's forward transforms its LM head's output (TRL's fused head reads the same): the
+#: full form's tiles project the logits from the head themselves and apply only the temperature
+LOGIT_TRANSFORM_KEYS = ("final_logit_softcapping", "logit_scale", "output_multiplier", "lm_head_multiplier",
+                        "logits_scaling")
 
 
 def full_form_rows_for(budget_bytes: int, n_completion: int, vocab: int) -> int:
@@ -56,7 +62,7 @@ def full_form_rows_for(budget_bytes: int, n_completion: int, vocab: int) -> int:
 
 
 def full_form_budget_bytes(device: torch.device, gpu_budget_bytes: int | None = None) -> int:
-    """Bytes one full-form chunk's policy + reference logits may take on `device`.
+    """Bytes the full vocabulary may take at once on `device`: a chunk of no-grad logits, or the full form's tiles.
 
     CUDA: a fraction of what the member's GPU budget (``gpu_budget_bytes``, inner_loop/generation/memory.py; None:
     the whole device) leaves beside the memory it holds now (``held_gpu_bytes``: its tensors, the static KV cache
@@ -145,8 +151,6 @@ class MirrorGRPOTrainer(GRPOTrainer):
         self.gpu_budget_bytes = gpu_budget_bytes
         #: optimizer step whose first batch gets the exact (parameter-space) gradient share; None once measured
         self._exact_share_step: int | None = 1
-        #: per-chunk (policy, divergence) logit-space gradient norms of the full form, filled while logits exist
-        self._full_form_norms: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None
         # Frozen reference: taken now, before any checkpoint is loaded into the policy on resume.
         self._frozen_ref = None
         if regularizer.active and not _is_peft(model):
@@ -367,13 +371,39 @@ class MirrorGRPOTrainer(GRPOTrainer):
 
     def _completion_logits(self, model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                            n_completion: int) -> torch.Tensor:
-        """(B, T, V) temperature-scaled logits predicting each completion token (full form only)."""
+        """(B, T, V) temperature-scaled logits predicting each completion token (the vLLM ratio's no-grad forward)."""
         with self.accelerator.autocast():  # same precision as TRL's own log-prob forward
             out = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=n_completion + 1)
         return out.logits[:, :-1, :].float() / self.temperature
 
+    def _completion_hidden(self, model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                           n_completion: int) -> tuple[torch.Tensor, torch.nn.Module, torch.dtype]:
+        """The (B, T, H) final hidden states that predict each completion token, the LM head they go through and the
+        dtype its projection runs in (the autocast TRL's own log-prob forward uses; float32 with
+        cast_lm_head_to_fp32). The backbone alone runs (as TRL's fused LM head runs it), so no logits are made."""
+        causal_lm = self.accelerator.unwrap_model(model)
+        if _is_peft(causal_lm):
+            causal_lm = causal_lm.get_base_model()  # its modules carry the adapter (or not, under disable_adapter)
+        head = causal_lm.get_output_embeddings()
+        config = causal_lm.config.get_text_config()
+        transforms = {key: getattr(config, key) for key in LOGIT_TRANSFORM_KEYS
+                      if getattr(config, key, None) not in (None, 1, 1.0)}
+        if transforms:
+            raise ValueError(f"divergence.form=full projects the logits from the LM head itself, with the temperature "
+                             f"only; {type(causal_lm).__name__} transforms them ({transforms}): use "
+                             "divergence.form=sampled or sampled_is with this model")
+        with self.accelerator.autocast():
+            out = causal_lm.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+            device_type = head.weight.device.type
+            dtype = (torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type)
+                     else head.weight.dtype)
+        if getattr(self.args, "cast_lm_head_to_fp32", False):
+            dtype = torch.float32
+        hidden = out.last_hidden_state[:, -(n_completion + 1):-1, :].to(head.weight.device)
+        return hidden, head, dtype
+
     def _full_form_rows(self, n_completion: int) -> int:
-        """Batch rows per chunk of the full form: policy + reference logits of one chunk fit the memory budget."""
+        """Batch rows per chunk of the vLLM ratio's no-grad logits: the two logit tensors of a chunk fit the budget."""
         if self.full_form_rows is not None:
             return self.full_form_rows
         vocab = self.accelerator.unwrap_model(self.model).config.get_text_config().vocab_size
@@ -381,35 +411,20 @@ class MirrorGRPOTrainer(GRPOTrainer):
         return full_form_rows_for(budget, n_completion, vocab)
 
     def _full_form(self, model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   completion_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sampled-token log-probs and the full-vocabulary divergence, (B, T) each, a chunk of rows at a time.
-
-        Each chunk's forward (policy and reference) is recomputed during backward instead of being kept, so peak
-        memory is about two chunks of (rows, T, V) logits, not the whole batch's; the price is one more forward.
-        """
+                   completion_ids: torch.Tensor, with_norms: bool) -> FullForm:
+        """Sampled-token log-probs and the full-vocabulary divergence, (B, T) each, and with ``with_norms`` the
+        per-token logit-space gradient norms of the gradient share: from both models' hidden states through their
+        LM heads, a tile of the vocabulary at a time (mirror_maps.tiled), so neither model's (B, T, V) logits exist.
+        Tiles take at most the member's full-form budget; train.full_form_rows (batch rows) fixes their positions."""
         n_completion = completion_ids.size(1)
-
-        def chunk(ids: torch.Tensor, mask: torch.Tensor, targets: torch.Tensor,
-                  start: int) -> tuple[torch.Tensor, torch.Tensor]:
-            logits = self._completion_logits(model, ids, mask, n_completion)
-            logps = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-            with torch.no_grad(), self._reference(model) as ref:
-                ref_logits = self._completion_logits(ref, ids, mask, n_completion)
-            if self._full_form_norms is not None:  # collected in the forward only (None again by the backward)
-                self._full_form_norms[start] = full_form_token_norms(
-                    self.regularizer.potential, logits, ref_logits, targets)
-            return logps, self.regularizer.full_per_token(logits, ref_logits)
-
-        rows = self._full_form_rows(n_completion)
-        parts = []
-        for start in range(0, input_ids.size(0), rows):
-            piece = slice(start, start + rows)
-            args = (input_ids[piece], attention_mask[piece], completion_ids[piece], start)
-            if torch.is_grad_enabled():
-                parts.append(torch.utils.checkpoint.checkpoint(chunk, *args, use_reentrant=False))
-            else:
-                parts.append(chunk(*args))
-        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+        hidden, head, dtype = self._completion_hidden(model, input_ids, attention_mask, n_completion)
+        with torch.no_grad(), self._reference(model) as ref:
+            ref_hidden, ref_head, _ = self._completion_hidden(ref, input_ids, attention_mask, n_completion)
+        rows = None if self.full_form_rows is None else self.full_form_rows * n_completion
+        return self.regularizer.full_from_hidden(
+            hidden, head, ref_hidden, ref_head, completion_ids, temperature=self.temperature, compute_dtype=dtype,
+            rows=rows, workspace_bytes=full_form_budget_bytes(self.accelerator.device, self.gpu_budget_bytes),
+            with_norms=with_norms)
 
     def _compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
         """GBMPO's loss on TRL's batch, honouring what TRL's own loss honours (trl_loss_contract.py): the tool mask,
@@ -427,14 +442,11 @@ class MirrorGRPOTrainer(GRPOTrainer):
 
         ref_logps = None
         divergence: torch.Tensor | None = None
-        norms: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None
+        norms: tuple[torch.Tensor, torch.Tensor] | None = None
         if reg.needs_full_logits:
-            self._full_form_norms = {} if share_wanted else None
-            try:
-                logps, divergence = self._full_form(model, input_ids, attention_mask, completion_ids)
-                norms = self._full_form_norms
-            finally:
-                self._full_form_norms = None
+            full = self._full_form(model, input_ids, attention_mask, completion_ids, with_norms=share_wanted)
+            logps, divergence = full.logps, full.divergence
+            norms = None if full.policy_norms is None else (full.policy_norms, full.divergence_norms)
         else:
             logps, _, _ = self._get_per_token_logps_and_entropies(model, input_ids, attention_mask, n_completion)
             if reg.active:
@@ -477,19 +489,16 @@ class MirrorGRPOTrainer(GRPOTrainer):
 
     def _log_grad_share(self, model: torch.nn.Module, policy_term: torch.Tensor, regularizer_term: torch.Tensor,
                         logps: torch.Tensor, divergence: torch.Tensor,
-                        norms: dict[int, tuple[torch.Tensor, torch.Tensor]] | None) -> None:
+                        norms: tuple[torch.Tensor, torch.Tensor] | None) -> None:
         """Log ||grad coef*D term|| / ||grad policy term||: per batch in the space the loss sees (log-probs, or logits
-        for the full form; cheap), and once per run exactly w.r.t. the trainable parameters (two extra backward
-        passes) on the first batch of optimizer step ``_exact_share_step`` (1: at step 0 the policy IS the
+        for the full form, whose tiles give the per-token norms; cheap), and once per run exactly w.r.t. the trainable
+        parameters (two extra backward passes, the full form's through the same tiles) on the first batch of optimizer step ``_exact_share_step`` (1: at step 0 the policy IS the
         reference, where every divergence we offer has zero gradient, so the share there is 0 by construction)."""
         metrics = self._metrics["train"]
         if norms is None:
             share = logp_space_share(policy_term, regularizer_term, logps)
-        else:
-            policy_norms = torch.cat([norms[k][0] for k in sorted(norms)])
-            divergence_norms = torch.cat([norms[k][1] for k in sorted(norms)])
-            share = logit_space_share(policy_term, regularizer_term, logps, divergence, policy_norms,
-                                      divergence_norms)
+        else:  # the full form's per-token norms, from its tiles
+            share = logit_space_share(policy_term, regularizer_term, logps, divergence, *norms)
         metrics[GRAD_SHARE].append(share)
         if self._exact_share_step is not None and self.state.global_step >= self._exact_share_step:
             params = [p for p in model.parameters() if p.requires_grad]

@@ -26,6 +26,7 @@ from mirror_maps import (
     load_init,
     sampled_divergence,
 )
+from mirror_maps.tiled import FullForm, default_workspace_bytes, tiled_full_form
 from core.keys import GRAD_SHARE_DIAGNOSTIC  # what the floor check reads: the mean per-step share
 
 logger = logging.getLogger(__name__)
@@ -77,6 +78,23 @@ class Regularizer:
     def full_per_token(self, logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tensor:
         """(B, T) full-vocabulary divergence from (B, T, V) logits of the policy and the reference."""
         return full_divergence(self.potential, logits, ref_logits, chunk_size=self.chunk_size)
+
+    def full_from_hidden(self, hidden: torch.Tensor, head: torch.nn.Module, ref_hidden: torch.Tensor,
+                         ref_head: torch.nn.Module, targets: torch.Tensor, *, temperature: float,
+                         compute_dtype: torch.dtype, rows: int | None = None, workspace_bytes: int | None = None,
+                         with_norms: bool = False) -> FullForm:
+        """(B, T) log p(y_t) and full-vocabulary divergence from (B, T, H) final hidden states and the LM heads of the
+        policy and the reference, in vocabulary tiles (mirror_maps.tiled): what training uses, since it never makes
+        the (B, T, V) logits. Tile positions: ``divergence.chunk_size``, else ``rows``, else from the budget (at most
+        ``workspace_bytes``, the caller's memory budget, and the library's own cap)."""
+        budget = workspace_bytes
+        if budget is not None:
+            positions, vocab = targets.numel(), head.weight.shape[0]
+            budget = min(budget, default_workspace_bytes(positions, vocab, hidden.device))
+        return tiled_full_form(self.potential, hidden, head.weight, ref_hidden, ref_head.weight, targets,
+                               bias=head.bias, ref_bias=ref_head.bias, temperature=temperature,
+                               compute_dtype=compute_dtype, rows=self.chunk_size or rows, workspace_bytes=budget,
+                               with_norms=with_norms)
 
     def per_token(
         self,
