@@ -3,17 +3,17 @@ carry signal, phase by phase, and which population, truncation length and step f
 results/report/pilot.py; its rule and reasoning: docs/pilot.md "The truncation check".)
 
 es=nres trains each antithetic pair as one run of train.steps cut into truncations of T steps; a member's fitness is
-its change of validation pass@1 over its truncation, and the update after each one reads the pairs' differences of
-those changes. The pilot's runs are such whole runs, validated every T steps on the whole validation set, so for pair
+its change of validation pass@1 over its truncation, and the centre moves by the pairs' differences of those changes
+(es.update: after every truncation, or summed over a run when it ends). The pilot's runs are such whole runs, validated every T steps on the whole validation set, so for pair
 i, seed s and phase k (steps [kT, (k+1)T)) the pair difference is
 
     d_isk = (s+((k+1)T) - s+(kT)) - (s-((k+1)T) - s-(kT)),
 
 with s+(0) = s-(0) (both start from the same model, which the map has not touched yet). The phases' differences sum
-to the difference of the two runs' final scores: an episode (one run per particle, the K updates of a restart
-together) carries what one whole-run ES step carries. Per phase, and for the sum, the pair statistics of
-meta/pilot/pairs.py: the per-update SNR at population P is (P/2) sigma_s,k^2 / sigma_n,k^2, the per-episode one
-(P/2) sigma_s^2 / sigma_n^2 of the sums.
+to the difference of the two runs' final scores: an episode (one run per particle) carries what one whole-run ES
+step carries. Per phase, and for the sum, the pair statistics of meta/pilot/pairs.py: the SNR of an update that reads
+phase k at population P is (P/2) sigma_s,k^2 / sigma_n,k^2, the per-episode one (P/2) sigma_s^2 / sigma_n^2 of the
+sums.
 
 The recommendation (for pilot.target_snr = S_t):
 - population P* = 2 ceil(S_t / u), u = sigma_s^2 / sigma_n^2 of the episode: the moves of an episode add up to one
