@@ -66,13 +66,15 @@ def test_the_plan_counts_episodes_and_warns_when_the_last_one_is_incomplete(tmp_
     args = [*SYNTH, "dry_run=true", "new=true", "reevaluate.top_k=2", "reevaluate.seeds=2", "reevaluate.report_seeds=0"]
     nres = searcher_class("nres")
     monkeypatch.setattr(nres, "averaged_center", property(lambda self: self.center / 2))
-    assert main([f"run_dir={tmp_path / 'a'}", *args, "generations=7"]) == 0
+    assert main([f"run_dir={tmp_path / 'a'}", *args, "generations=7", "es.update=truncation"]) == 0
     out = capsys.readouterr().out
     assert "8 selection runs (reevaluate: top_k=2 + centre + averaged centre, x seeds=2)" in out
     assert "episodes: generations=7 / 3 pieces (a particle's run of train.steps=12 in 3 truncations) = 2.33" in out
-    # 7 generations x 4 members x 4 steps over (4 x 12): 2.33 whole-run generations; the pairs restart together
-    assert ("equal information: 112 member-steps / (population 4 x train.steps=12) = 2.33 whole-run generations" in out
-            and "so the 3 updates of one episode sum to one whole-run estimate" in out)
+    # 7 generations x 4 members x 4 steps over (4 x 12): 2.33 whole-run generations; the pairs restart together and
+    # the centre moves after every truncation
+    assert "equal information: 112 member-steps / (population 4 x train.steps=12) = 2.33 whole-run generations" in out
+    assert ("its centre moves 7 times over these 7 generations (whole-run ES's: 2.33); its pairs restart together, so "
+            "the 3 updates of one episode sum to one whole-run estimate") in out
     assert ("WARNING: generations=7 is not a multiple of the run's 3 pieces: the last episode (generations 6..6) has 1 "
             "of its 3 truncations, and no particle of it reaches train.steps=12") in out
     assert "use generations=9 or 6" in out
@@ -80,10 +82,12 @@ def test_the_plan_counts_episodes_and_warns_when_the_last_one_is_incomplete(tmp_
     assert "validations, whole search: 28 at the truncations' ends + 12 at step 0" in out
     assert "boundary checkpoint I/O, whole search: 28 written (one per truncation) and 16 read" in out
     monkeypatch.setattr(nres, "averaged_center", property(lambda self: None))  # a searcher that keeps no average
-    assert main([f"run_dir={tmp_path / 'b'}", *args, "generations=6"]) == 0
+    assert main([f"run_dir={tmp_path / 'b'}", *args, "generations=6", "es.update=run"]) == 0
     out = capsys.readouterr().out
     assert "6 selection runs (reevaluate: top_k=2 + centre, x seeds=2)" in out
     assert "= 2 episodes" in out and "in generation(s) 2, 5" in out and "WARNING: generations=" not in out
+    # moved by whole runs as they end: as often as whole-run ES of the same information
+    assert "its centre moves 2 times over these 6 generations (whole-run ES's: 2)\n" in out
 
 
 @pytest.fixture(scope="module")

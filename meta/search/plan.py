@@ -317,13 +317,15 @@ class OnlineSchedule:
     truncations: int       # over the generations replayed
     from_step_zero: int    # of them, the first ones of a particle's run: each scores the untouched model first
     reaching: dict[int, int]  # generation -> its truncations that end at the horizon (the runs' real end scores)
+    updates: int           # generations whose tell moved the centre (given fitness that carries information)
 
 
 def online_schedule(cfg: SearchConfig, generations: int, state: Mapping[str, Any] | None = None,
                     first: int = 0) -> OnlineSchedule | None:
     """Replay generations ``first`` .. ``first + generations - 1`` of the online searcher (from ``state``, its state
-    after generation ``first`` - 1, on a resume) with every member measured and no information in the fitness, on
-    until particle 0 has trained one whole run; None: the searcher trains whole runs."""
+    after generation ``first`` - 1, on a resume) with every member measured and random fitness (so that each update
+    the searcher makes shows as a move of its centre), on until particle 0 has trained one whole run; None: the
+    searcher trains whole runs."""
     import torch
 
     from meta.searchers import build_searcher
@@ -334,10 +336,9 @@ def online_schedule(cfg: SearchConfig, generations: int, state: Mapping[str, Any
         return None
     if state is not None:
         searcher.load_state_dict(state)
-    values, fitness = torch.zeros(population, searcher.dim, dtype=torch.float64), torch.zeros(population)
-    ok = torch.ones(population, dtype=torch.bool)
+    ok, noise = torch.ones(population, dtype=torch.bool), torch.Generator().manual_seed(cfg.seed)
     end, generation = first + generations, first
-    total = zero = run_pieces = 0
+    total = zero = run_pieces = updates = 0
     together, run_done = True, False
     reaching: dict[int, int] = {}
     while generation < end or not run_done:
@@ -352,11 +353,14 @@ def online_schedule(cfg: SearchConfig, generations: int, state: Mapping[str, Any
         if not run_done and (run_pieces or pieces[0]["start"] == 0):  # particle 0, from its next run's start
             run_pieces += 1
             run_done = pieces[0]["stop"] >= horizon
-        searcher.tell(generation, values, fitness, ok)
+        center = searcher.center
+        searcher.tell(generation, searcher.ask(generation), torch.randn(population, generator=noise,
+                                                                        dtype=torch.float64), ok)
+        updates += int(generation < end and not torch.equal(center, searcher.center))
         generation += 1
         if generation > end + 2 * horizon:  # a run has at most ``horizon`` pieces
             raise RuntimeError(f"es={cfg.es.get('name')}: particle 0 never ended a run in the plan's replay")
-    return OnlineSchedule(run_pieces, together, total, zero, reaching)
+    return OnlineSchedule(run_pieces, together, total, zero, reaching, updates)
 
 
 def new_search_gpu_hours(cfg: SearchConfig, raw: Mapping[str, Any]) -> tuple[int, float]:
@@ -520,10 +524,12 @@ def episode_lines(cfg: SearchConfig, raw: Mapping[str, Any], schedule: OnlineSch
         f"generations for the same information"
         + (f" ({hours[0]:,.1f} GPU-h at the same step time, against {hours[1]:,.1f} for these truncations, each "
            "paying its own start, checkpoint and validation)" if hours is not None and hours[1] > 0 else "") + "; "
-        + (f"its pairs restart together, so the {k} updates of one episode sum to one whole-run estimate: online ES "
-           f"gives {k}x as many updates, sooner, not more information" if schedule.together else
-           f"its pairs are staggered over the run, so every update mixes all the run's phases: the same information "
-           f"in {k}x as many updates"),
+        + f"its centre moves {schedule.updates} times over these {generations} generations (whole-run ES's: "
+        f"{whole:.3g})"
+        + ((f"; its pairs restart together, so the {k} updates of one episode sum to one whole-run estimate: more "
+            "updates, sooner, not more information" if schedule.together else
+            "; its pairs are staggered over the run: the same information spread over more updates")
+           if schedule.updates > whole else ""),
     ]
     if cfg.generations % k:
         start = cfg.generations // k * k
@@ -531,8 +537,8 @@ def episode_lines(cfg: SearchConfig, raw: Mapping[str, Any], schedule: OnlineSch
         lines.append(
             f"WARNING: generations={cfg.generations} is not a multiple of the run's {k} pieces: the last episode "
             f"(generations {start}..{cfg.generations - 1}) has {cfg.generations - start} of its {k} truncations"
-            + (f", and no particle of it reaches train.steps={horizon} (its runs give no end score, and the centre has "
-               "taken their early pieces' updates but not their late ones')" if late == 0 else
+            + (f", and no particle of it reaches train.steps={horizon} (its runs give no end score, and the centre "
+               "has not taken their late pieces into account)" if late == 0 else
                f"; {late} of its truncations reach train.steps={horizon}")
             + f"; use generations={start + k}" + (f" or {start}" if start else ""))
     return lines
