@@ -32,7 +32,8 @@ from meta.search.member_rows import (eta_text, gpu_hours, gpu_use, member_rows, 
                                      run_queue, state_summary)
 from results.report.arguments import run_dir_argument
 from results.report.pilot import is_pilot_dir
-from results.report.search.online import END_SCORE_COLUMN, fitness_label, progress_lines, run_ends, run_horizon
+from results.report.search.online import (BEST_MEASURES, END_SCORE_COLUMN, EPISODE_COLUMN, fitness_label,
+                                          progress_lines, run_ends, run_horizon)
 from results.store.atomic import CorruptFileError
 from core.config_nodes import horizon_text
 from results.store.layout import parse_generation_dir_name, parse_member_dir_name
@@ -163,9 +164,9 @@ def _online_progress(store: RunStore, members: Any, horizon: int, population: in
     lines = progress_lines(members, horizon, population)
     latest = store.latest_state()
     best = (latest[1].get("best") if latest is not None else None) or {}
-    if "fitness_is" in best:  # the best_member.json of an online search: a run's end score (older ones: a change)
+    if BEST_MEASURES in best:  # the best_member.json of an online search: a run's end score (older ones: a change)
         lines.append(f"  best run so far: member {best['index']:03d} of generation {best['generation']} (episode "
-                     f"{best.get('episode')}): {best['fitness']:.4f}")
+                     f"{best.get(EPISODE_COLUMN)}): {best['fitness']:.4f}")
     return lines
 
 

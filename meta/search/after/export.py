@@ -21,7 +21,7 @@ import yaml
 from meta.search.after.baselines import EXPORTED
 from meta.cli_args import key_values, run_command
 from meta.search.config import ConfigError, config_hash, param_transform_of
-from results.report.search.online import run_horizon
+from results.report.search.online import BEST_MEASURES, run_horizon
 from results.store.run_store import RunStore
 
 logger = logging.getLogger("meta.export")
@@ -75,7 +75,7 @@ def export_init(run_dir: str | Path, which: str, out: str | Path) -> dict[str, A
                 f"no particle has ended its run (step {online}) yet, and an online search's best member is the best "
                 "end score of a run, not a truncation's change") + "; try which=center")
         vector = torch.tensor(best["params"], dtype=torch.float64)
-        measured = best.get("fitness_is", "single-run search fitness")  # an online search's: a run's end score
+        measured = best.get(BEST_MEASURES, "single-run search fitness")  # an online search's: a run's end score
         provenance = {"generation": best["generation"], "member": best["index"], "fitness": best["fitness"],
                       "note": f"{measured}, the maximum over all members: not re-evaluated"}
     transform = param_transform_of(raw)

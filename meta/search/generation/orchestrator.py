@@ -37,7 +37,8 @@ from results.store.gpu_share import read_gpu_share, share_text
 from core.records import MEMBER_SEEDS_KEY, NODE_FAILED, UNMEASURED_STATUSES, MemberSpec, ResultRecord, device_text
 from results.store.member_files import read_result
 from results.store.run_store import RunStore
-from results.report.search.online import AVERAGED_CENTER, EPISODE_COLUMN, diagnostic_column, end_score_text
+from results.report.search.online import (AVERAGED_CENTER, BEST_MEASURES, EPISODE_COLUMN, diagnostic_column,
+                                          end_score_text)
 from results.store.truncation import END_SCORE, STOP_STEP, Truncation, prune_boundaries
 
 logger = logging.getLogger(__name__)
@@ -358,7 +359,8 @@ class Orchestrator:
         }
         piece = specs[index].truncation
         if piece is not None:
-            gen_best.update(episode=int(piece["episode"]), fitness_is=end_score_text(int(piece["horizon"])))
+            gen_best.update({EPISODE_COLUMN: int(piece["episode"]),
+                             BEST_MEASURES: end_score_text(int(piece["horizon"]))})
         if self.best is None or gen_best["fitness"] > self.best["fitness"]:
             self.best = gen_best
             self.store.write_best(gen_best)

@@ -23,6 +23,8 @@ EPISODE_COLUMN = "episode"
 #: the state file's key, and the selection stage's candidate name, of a searcher's averaged centre
 #: (meta/searchers/base.py: Searcher.averaged_center); absent where the searcher keeps none
 AVERAGED_CENTER = "averaged_center"
+#: best_member.json's key saying what an online search's best "fitness" is (a run's end score, end_score_text)
+BEST_MEASURES = "fitness_is"
 #: what a member's fitness is, as the plots, meta.status and the report label it
 RUN_FITNESS = "validation pass@1"
 TRUNCATION_FITNESS = "change of validation pass@1 over the truncation"
