@@ -6,6 +6,7 @@ unrolled problems, in-process: tests/test_nres_family.py."""
 from __future__ import annotations
 
 import json
+import math
 import multiprocessing
 import socket
 import sys
@@ -202,29 +203,29 @@ def test_sigkill_of_the_orchestrator_then_resume_ends_with_the_same_centre_and_p
     assert _members(store)["fitness"].tolist() == _members(want)["fitness"].tolist()
 
 
-def test_the_mbpp_plan_of_nres_costs_at_most_an_eighth_of_the_whole_run_search_and_says_why(tmp_path):
+def test_the_mbpp_plan_of_nres_states_its_episodes_its_equal_information_and_each_generations_time_limit(tmp_path):
     import re
     import subprocess
 
     fixtures = ROOT / "tests" / "fixtures"
     proc = subprocess.run(
         [sys.executable, "-m", "meta.run", "experiment=mbpp_qwen3", "launcher=slurm", "population=180",
-         "generations=15", "es=nres", "dry_run=true", f"run_dir={tmp_path / 'plan'}", "new=true",
+         "generations=32", "es=nres", "dry_run=true", f"run_dir={tmp_path / 'plan'}", "new=true",
          f"task.train_file={fixtures / 'mbpp_train.jsonl'}", f"task.test_file={fixtures / 'mbpp_test.jsonl'}",
          "task.validation_size=2", f"model.name_or_path={fixtures}", *ONE_MEMBER_AT_15S],
         cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
-    # 180 x 15 truncations of 1600/16 = 100 steps, each 100 x 15 s + the preset's short_run_overhead_min (3 min, not
-    # a whole run's 12); 36 runs of 412 min after the search
-    assert "2700 truncations, 270,000 steps = 168.8 runs of 1600 steps" in out
-    assert "whole-run search at the same step time: 18,890.2 GPU-h" in out  # today's plan, as test_meta_plan has it
-    share = float(re.search(r"this plan is ([0-9.]+) of it", out).group(1))
-    assert share <= 1 / 8
-    assert "a particle pays for its run once over the search" in out
+    # 32 generations of 1600/16 = 100-step truncations: two runs per particle, staggered (the first generation's
+    # truncations reach up to the whole run), so 2.46 whole-run generations' information, not 32
+    assert "= 2 episodes, one run per particle each" in out
+    assert re.search(r"equal information: 709,600 member-steps / \(population 180 x train.steps=1600\) = 2.46 "
+                     r"whole-run generations", out)
+    assert "of the same population and GENERATIONS" in out and "compare searches by those" in out
     assert "180 particles x 1 boundary checkpoint each" in out and "#SBATCH --array=0-179%180" in out
-    # a truncation's time limit (and its array task's --time) is its own 100 steps', not the whole run's 10.3 h
-    assert "a search member's 2520 s" in out and "#SBATCH --time=43" in out
+    # the first generation's array asks for a whole run's time; every later one for its 100 steps' (100 x 15 s +
+    # the preset's short_run_overhead_min of 3 min, with the limit's headroom)
+    assert "each later generation's members and array tasks 2520 s (0.70 h), for their 100 steps" in out
 
 
 def test_a_training_run_in_two_truncations_continues_from_the_particles_checkpoint(tmp_path, monkeypatch):
@@ -296,7 +297,33 @@ def test_a_short_member_horizon_scores_the_unrolled_problem_at_its_own_steps(tmp
 @pytest.mark.parametrize("override, named", [("es.member_steps=4", "es.member_steps=4"),
                                              ("seeds_per_member=2", "seeds_per_member=2"),
                                              ("es.truncation_steps=13", "es.truncation_steps=13"),
-                                             ("early_stop.enabled=true", "early_stop")])
+                                             ("early_stop.enabled=true", "early_stop"),
+                                             ("es.horizon_steps=8", "es.horizon_steps=8 must equal train.steps=12"),
+                                             ("es.ranking_method=centered", "es.ranking_method='centered'")])
 def test_settings_that_do_not_apply_to_nres_are_refused_before_anything_is_written(tmp_path, override, named, capsys):
     assert main([f"run_dir={tmp_path / 'run'}", "new=true", *SYNTH, "population=4", override]) == 2
     assert named in capsys.readouterr().err and not (tmp_path / "run").exists()
+
+
+def test_each_generation_of_a_staggered_search_is_limited_to_its_own_longest_truncation(tmp_path, monkeypatch):
+    """Pairs staggered over the run: the first generation's truncations reach far into it, later ones are one piece;
+    each generation's members (and a SLURM array's --time) get their own generation's limit, not the first's."""
+    from launch.runner import MemberArrayRunner
+
+    limits: dict[int, float] = {}
+    original = MemberArrayRunner.run
+
+    def run(self):  # noqa: ANN001, ANN202 - the runner's own method, observed
+        limits[self.specs[0].generation] = self.policy.timeout_s
+        return original(self)
+
+    monkeypatch.setattr(MemberArrayRunner, "run", run)
+    args = [a for a in SYNTH if a != "es.stagger=false"]
+    assert main([f"run_dir={tmp_path}", "new=true", *args, "es.stagger=true", "population=6", "generations=2",
+                 "resources.step_time_s=60", "resources.member_time_min=13", "resources.short_run_overhead_min=1",
+                 "inner.timeout_s=7200"]) == 0
+    members = _members(RunStore(tmp_path))
+    assert members.loc[(0, 4), "diag_truncation_stop"] == H  # pair 2's first truncation: the whole run
+    assert members.loc[(1, 0), "diag_truncation_stop"] - members.loc[(1, 0), "diag_truncation_start"] == K
+    # 12 steps x 60 s + 1 min of 13: the whole run's limit; 4 steps: ceil(7200 x 5/13) s
+    assert limits == {0: 7200.0, 1: float(math.ceil(7200 * 5 / 13))}

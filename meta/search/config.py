@@ -181,7 +181,13 @@ class SearchConfig:
         100-step member does not hold its GPU (and its SLURM array task does not ask for) a 1,600-step run's hours.
         Without a measured step time the whole run's limit stays: a member's fixed cost (model load, validation)
         cannot be told from its steps, and a healthy short member must never be cut."""
-        steps, step_s = self.longest_search_member_steps, self.resources.get("step_time_s")
+        return self.member_timeout_s(self.longest_search_member_steps)
+
+    def member_timeout_s(self, steps: int) -> float:
+        """inner.timeout_s of a search member that trains ``steps`` steps (``search_timeout_s``'s rule for any length:
+        an online search's generation asks it for its own longest truncation, so a staggered search's first
+        generation, whose truncations reach far into the run, does not set every later truncation's limit)."""
+        step_s = self.resources.get("step_time_s")
         if steps >= self.full_steps or step_s is None or self.member_alone_min <= 0:
             return self.inner_timeout_s
         short = steps_minutes(steps, float(step_s), self.short_run_overhead_min)
@@ -283,6 +289,11 @@ def build_search_config(raw: Mapping[str, Any]) -> SearchConfig:
         raise ConfigError(f"es.{MEMBER_STEPS_KEY}={cfg.member_steps} does not apply to es={cfg.es.get('name')}: its "
                           f"particles train the whole train.steps={cfg.full_steps}, a truncation at a time "
                           f"(es.truncation_steps); set es.{MEMBER_STEPS_KEY}=null")
+    horizon = cfg.es.get("horizon_steps")
+    if cfg.searcher_online and horizon is not None and int(horizon) != cfg.full_steps:
+        raise ConfigError(f"es.horizon_steps={horizon} must equal train.steps={cfg.full_steps} for es="
+                          f"{cfg.es.get('name')}: a particle's run is the run the export is for (its schedule, its "
+                          "final pass@1); drop es.horizon_steps (it follows train.steps) or set train.steps")
     if cfg.searcher_online and cfg.seeds_per_member > 1:
         raise ConfigError(f"seeds_per_member={cfg.seeds_per_member} does not apply to es={cfg.es.get('name')}: a "
                           "particle is one training run with one checkpoint; set seeds_per_member=1 (a larger "

@@ -493,10 +493,11 @@ def online_lines(cfg: SearchConfig, raw: Mapping[str, Any], online: OnlineCost, 
         f"GPU-hours, {scope}: {online.truncations} truncations x {sharing.hours_text(online.alone_h, gpus)} "
         f"({online.basis}) = {search_h:,.1f} + {selection + reporting} runs x {sharing.hours_text(member_h, gpus)} = "
         f"{after_h:,.1f}; total {total:,.1f} GPU-h",
-        *([f"against today's whole-run search at the same step time: {whole_h:,.1f} GPU-h; this plan is "
-           f"{total / whole_h:.3f} of it ({whole_h / total:.1f}x fewer) because a particle pays for its run once over "
-           "the search, not once per generation, and its truncations telescope to the run's final pass@1 "
-           "(docs/searchers.md)"] if total > 0 else []),  # members without a GPU (resources.gpus=0) cost no GPU-h
+        *([f"against a whole-run search of the same population and GENERATIONS at the same step time: "
+           f"{whole_h:,.1f} GPU-h; this plan is {total / whole_h:.3f} of it because a particle pays for its run once "
+           "over the search, not once per generation; but it carries the information of the whole-run generations "
+           "of equal information above, not of as many generations: compare searches by those (docs/searchers.md)"]
+          if total > 0 else []),  # members without a GPU (resources.gpus=0) cost no GPU-h
         *sharing.plan_lines(cfg.generation_shape.jobs),
         f"CPU-hours, {scope}: "
         f"{(online.truncations * sharing.member_time(online.alone_h) + (selection + reporting) * sharing.member_time(member_h)) * int(raw['train'].get('num_threads') or 1):,.1f} CPU-h",
@@ -585,11 +586,21 @@ def quorum_line(cfg: SearchConfig) -> str:
 
 
 def search_timeout_text(cfg: SearchConfig) -> str:
-    """The plan's note of a search member's own limit, where it is shorter than the whole run's."""
-    if cfg.search_timeout_s >= cfg.inner_timeout_s:
+    """The plan's note of a search member's own limit, where it is shorter than the whole run's (an online search's
+    later generations' too, where its first generation's truncations are longer)."""
+    from meta.searchers import searcher_class  # the registry imports evotorch lazily; the plan asks it here only
+
+    steady = searcher_class(str(cfg.es.get("name", ""))).steady_member_steps(cfg.es)
+    if cfg.search_timeout_s >= cfg.inner_timeout_s and (steady is None
+                                                        or cfg.member_timeout_s(steady) >= cfg.inner_timeout_s):
         return ""
-    return (f"; a search member's {cfg.search_timeout_s:g} s ({cfg.search_timeout_s / 3600:.2f} h), the limit scaled "
+    text = (f"; a search member's {cfg.search_timeout_s:g} s ({cfg.search_timeout_s / 3600:.2f} h), the limit scaled "
             f"to its {cfg.longest_search_member_steps} steps at resources.step_time_s")
+    if steady is not None and steady < cfg.longest_search_member_steps:
+        later = cfg.member_timeout_s(steady)
+        text += (f" (the first generation's longest truncation: its pairs start spread over the run); each later "
+                 f"generation's members and array tasks {later:g} s ({later / 3600:.2f} h), for their {steady} steps")
+    return text
 
 
 def timeout_headroom_lines(timeout_s: float, expected_min: float) -> list[str]:

@@ -88,6 +88,12 @@ class Searcher(abc.ABC):
         cover); None: a member trains a whole run of es.member_steps."""
         return None
 
+    @classmethod
+    def steady_member_steps(cls, settings: Mapping[str, Any]) -> int | None:
+        """An online searcher's most steps in one member after its first generation (one truncation; a staggered
+        start's first truncations can be longer: ``longest_member_steps``); None: as ``longest_member_steps``."""
+        return None
+
     def truncations(self) -> list[dict[str, int]] | None:
         """An online searcher's pieces for the next generation, one per member ({particle, episode, start, stop,
         horizon}: results/store/truncation.py); None: every member trains a whole run."""

@@ -177,6 +177,10 @@ class NRESSearcher(Searcher):
             return horizon
         return truncation_length(horizon, settings.get("truncation_steps"))
 
+    @classmethod
+    def steady_member_steps(cls, settings: Mapping[str, Any]) -> int | None:
+        return truncation_length(int(settings["horizon_steps"]), settings.get("truncation_steps"))
+
     # ------------------------------------------------------------ particles
     def _noise(self, pair: int, episode: int) -> torch.Tensor:
         """The pair's noise for its run number ``episode``: a pure function of (seed, pair, episode)."""

@@ -15,6 +15,8 @@ dry-run plan reads too.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 import statistics
 import time
@@ -113,7 +115,7 @@ class Orchestrator:
             jobs=self.store.read_jobs(generation),
             save_jobs=lambda jobs: self.store.write_jobs(generation, jobs),
             launcher_folder=self.store.launcher_dir(generation),
-            policy=self.policy,
+            policy=self._policy(specs),
             on_final=self._log_member,
             should_abort=lambda final: self._abort_message(generation, final),
             on_tick=lambda active: self._tick(generation, active, clock, closed is not None, judge),
@@ -160,6 +162,16 @@ class Orchestrator:
         self._log_generation(generation, fitness, ok, late, stopped, gen_best, time.monotonic() - started)
 
     # -------------------------------------------------------------- pieces
+    def _policy(self, specs: list[MemberSpec]) -> Any:
+        """The runner's policy for this generation: an online search's members are limited to this generation's
+        longest truncation (a staggered search's first generation reaches far into the run, later ones train one
+        piece each), others to the search members' limit."""
+        pieces = [spec.truncation for spec in specs if spec.truncation is not None]
+        if not pieces:
+            return self.policy
+        longest = max(int(piece["stop"]) - int(piece["start"]) for piece in pieces)
+        return dataclasses.replace(self.policy, timeout_s=self.cfg.member_timeout_s(longest))
+
     def _finalize_members(self, specs: list[MemberSpec]) -> None:
         """Every member of the generation is settled for good: the member program's ``finalize(spec)`` for each
         (the inner loop's deletes the checkpoints a failed member kept for a retry that will not come). A failure
