@@ -62,6 +62,7 @@ from inner_loop.generation.backends import (  # noqa: E402
     DYNAMIC_CACHE, HF_GENERATE, PERSISTENT_COMPILED)
 from inner_loop.generation.decode_step import decode_counts_problem  # noqa: E402
 from inner_loop.process.gpu_share import CONTEXT_ALLOWANCE_BYTES  # noqa: E402
+from bench.bench_full_form import GPU_PASS_MINUTES, gpu_pass_check  # noqa: E402
 
 logger = logging.getLogger("gpu_pass")
 
@@ -474,6 +475,8 @@ def checks(opts: argparse.Namespace) -> list[Check]:
                   alone_check(c, minutes[alone_key(c)])) for c in CACHES]
     out += [Check(sharing_key(k), f"bench: {k} members sharing the GPU, the faster cache", minutes[sharing_key(k)],
                   sharing_check(k, minutes[sharing_key(k)])) for k in SHARING]
+    out.append(Check("full_form", "a full-form step at mbpp_qwen3's shape: time, peak memory", GPU_PASS_MINUTES,
+                     lambda ctx, done: gpu_pass_check(ctx, sys.modules[__name__])))
     if not opts.only:
         return out
     ordered: list[Check] = []

@@ -13,6 +13,7 @@ share, do not hide a step's peak."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import sys
@@ -24,7 +25,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from a checkout
 
-VOCAB = 151_936
+from bench.bench_full_form import VOCAB, diagnostics_off, logits_bytes  # noqa: E402
+
 PROMPT = "1+1="
 
 
@@ -33,11 +35,6 @@ def resident() -> tuple[int, int]:
     status = Path("/proc/self/status").read_text()
     return (int(re.search(r"VmHWM:\s+(\d+)", status).group(1)) * 1024,
             int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) * 1024)
-
-
-def logits_bytes(rows: int, tokens: int) -> int:
-    """The batch's float32 logits at Qwen3's vocabulary: the unit the bound is stated in."""
-    return rows * tokens * VOCAB * 4
 
 
 def build_trainer(form: str, rows: int, tokens: int, steps: int, out: Path):
@@ -78,15 +75,6 @@ def build_trainer(form: str, rows: int, tokens: int, steps: int, out: Path):
     return trainer
 
 
-def without_diagnostics() -> None:
-    """The full form with neither gradient share (the per-step one nor the exact one): the divergence's own cost."""
-    from inner_loop.grpo.trainer import MirrorGRPOTrainer
-
-    full_form = MirrorGRPOTrainer._full_form
-    MirrorGRPOTrainer._full_form = lambda self, *args, with_norms: full_form(self, *args, with_norms=False)
-    MirrorGRPOTrainer._log_grad_share = lambda self, *args: None
-
-
 def release() -> None:
     """Hand the memory freed since the last call back to the kernel, so that the next shape's peak starts from what
     is live (glibc keeps freed heap pages resident)."""
@@ -100,9 +88,10 @@ def release() -> None:
         pass
 
 
-def measure(form: str, rows: int, tokens: int, steps: int, exact_share_step: int) -> dict:
+def measure(form: str, rows: int, tokens: int, steps: int, exact_share_step: int, diagnostics: bool) -> dict:
     """One training run of ``steps`` steps at ``rows`` x ``tokens``; the exact gradient share is measured at step
-    ``exact_share_step`` (the trainer's own is 1: 0 puts it in a one-step run)."""
+    ``exact_share_step`` (the trainer's own is 1: 0 puts it in a one-step run); neither share without
+    ``diagnostics``."""
     with tempfile.TemporaryDirectory() as out:
         trainer = build_trainer(form, rows, tokens, steps, Path(out))
         trainer._exact_share_step = exact_share_step
@@ -110,7 +99,8 @@ def measure(form: str, rows: int, tokens: int, steps: int, exact_share_step: int
         Path("/proc/self/clear_refs").write_text("5")  # the high-water mark starts from what is resident now
         before = resident()[1]
         began = time.perf_counter()
-        trainer.train()
+        with diagnostics_off(trainer) if not diagnostics else contextlib.nullcontext():
+            trainer.train()
         seconds = time.perf_counter() - began
         peak = resident()[0]
         history = [entry for entry in trainer.state.log_history if "loss" in entry]
@@ -141,10 +131,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     opts = parser.parse_args()
     torch.set_num_threads(opts.threads)
-    if opts.no_diagnostics:
-        without_diagnostics()
     for rows, tokens, steps in opts.shapes:
-        measured = measure(opts.form, rows, tokens, steps, opts.exact_share_step)
+        measured = measure(opts.form, rows, tokens, steps, opts.exact_share_step, not opts.no_diagnostics)
         print(json.dumps({**measured, "diagnostics": not opts.no_diagnostics}), flush=True)
 
 
