@@ -34,10 +34,12 @@ from mirror_maps.potentials import Potential
 
 logger = logging.getLogger(__name__)
 
-TILE_BYTES_PER_ENTRY = 320
-"""Bytes alive per tile entry at the busiest moment (the backward of a neural-map tile: both models' float32 logits,
-the log-probabilities, the slope's autograd graph through mirror_maps.taylor, the logit gradient). Measured on the CPU
-at Qwen3's vocabulary (tests/full_form_memory_probe.py --tile-cost): 285 B for the neural map, 90 B for KL."""
+TILE_BYTES_PER_ENTRY = 192
+"""Bytes alive per tile entry at the busiest moment (both models' logits of the tile, the log-probabilities, the
+slope's temporaries, the logit gradient). Measured on the CPU as the process peak of one forward + backward with the
+norms over one tile of 32 x 16,384 entries (glibc's mmap threshold at 128 KiB, so freed tiles leave the resident set):
+108 B for the authors' neural map, 168 B for a map with 42 of its 126 neurons near a kink (evaluated one at a time by
+the exact formulas), 53 B for KL, 32 B for ProbL2."""
 CPU_WORKSPACE_BYTES = 64 * 2**20
 """The most a tile takes on the CPU: a few tiles' worth of cache misses less than a bigger one, and no call waits."""
 CUDA_WORKSPACE_BYTES = 2 * 2**30

@@ -10,7 +10,7 @@ import torch
 from mirror_maps import KL, VECTOR_LENGTH, NeuralMirrorMap, ProbL2, full_divergence
 from mirror_maps.neurons import BLOCK_NAMES, NEURONS_PER_BLOCK
 from mirror_maps.potentials import Potential
-from mirror_maps.tiled import FullForm, tile_shape, tiled_full_form
+from mirror_maps.tiled import MIN_COLUMNS, TILE_BYTES_PER_ENTRY as ENTRY, FullForm, tile_shape, tiled_full_form
 
 
 def _neural(vector: torch.Tensor) -> NeuralMirrorMap:
@@ -95,7 +95,7 @@ def test_value_and_gradient_equal_the_full_form_over_logits_in_float32(name, tra
     expected = torch.autograd.grad((g_logp * logps).sum() + (g_div * divergence).sum(), inputs)
     # tiles of 3 positions x 700 entries: row blocks, the online logsumexp across 5 tiles, targets in several
     got = tiled_full_form(potential, h, weight, ref_h, ref_weight, targets, bias=bias, ref_bias=ref_bias,
-                          temperature=temperature, rows=3, workspace_bytes=3 * 700 * 320)
+                          temperature=temperature, rows=3, workspace_bytes=3 * 700 * ENTRY)
     assert divergence.abs().max() > 0
     _close(got.divergence, divergence.detach(), 1e-5)
     _close(got.logps, logps.detach(), 1e-5)
@@ -110,7 +110,7 @@ def test_float64_agrees_to_roundoff_and_the_tile_shape_changes_nothing(name):
     h, weight, bias, ref_h, ref_weight, ref_bias, targets, g_logp, g_div = _problem(torch.float64, True, seed=1)
     logps, divergence, _ = _over_logits(potential, h, weight, bias, ref_h, ref_weight, ref_bias, targets, 1.0)
     expected = torch.autograd.grad((g_logp * logps).sum() + (g_div * divergence).sum(), [h, weight, bias])
-    for rows, workspace in ((None, None), (1, 320 * 512), (5, 320 * 5 * 1500)):
+    for rows, workspace in ((None, None), (1, ENTRY * 512), (5, ENTRY * 5 * 1500)):
         got = tiled_full_form(potential, h, weight, ref_h, ref_weight, targets, bias=bias, ref_bias=ref_bias,
                               rows=rows, workspace_bytes=workspace)
         _close(got.divergence, divergence.detach(), 1e-10)
@@ -141,7 +141,7 @@ def test_the_per_token_gradient_norms_equal_autograds_wrt_the_logits(name, dtype
         (grad_d,) = torch.autograd.grad(full_divergence(exact, logits, ref_logits).sum(), logits)
         (grad_logp,) = torch.autograd.grad(torch.log_softmax(logits, -1).gather(-1, targets[:, None]).sum(), logits)
         got = tiled_full_form(potential, h, weight, ref_h, ref_weight, targets, bias=bias, ref_bias=ref_bias,
-                              rows=4, workspace_bytes=4 * 500 * 320, with_norms=True)
+                              rows=4, workspace_bytes=4 * 500 * ENTRY, with_norms=True)
         assert got.divergence_norms.dtype == dtype and got.divergence_norms.min() > 0
         torch.testing.assert_close(got.policy_norms.double(), grad_logp.norm(dim=-1), rtol=tolerance, atol=0.0)
         torch.testing.assert_close(got.divergence_norms.double(), grad_d.norm(dim=-1), rtol=tolerance, atol=0.0)
@@ -170,12 +170,14 @@ def test_the_slope_of_every_potential_is_the_derivative_of_its_value():
 def test_tiles_fit_their_budget_and_keep_every_position_in_one_row_block_when_they_can():
     vocab = 151_936
     rows, columns = tile_shape(32, vocab, 64 * 2**20)
-    assert rows == 32 and columns * rows * 320 <= 64 * 2**20
-    rows, columns = tile_shape(64 * 256, vocab, 2 * 2**30)  # mbpp_qwen3's batch on CUDA
-    assert columns >= 2048 and rows * columns * 320 <= 2 * 2**30 + 2048 * 320
-    assert rows < 64 * 256 and (64 * 256) % rows == 0 or -(-64 * 256 // rows) * rows - 64 * 256 < rows
+    assert rows == 32 and columns * rows * ENTRY <= 64 * 2**20
+    positions = 64 * 256  # mbpp_qwen3's batch, on CUDA: the rows shrink, the columns stay at MIN_COLUMNS
+    rows, columns = tile_shape(positions, vocab, 2 * 2**30)
+    blocks = -(-positions // rows)
+    assert columns == MIN_COLUMNS and rows * columns * ENTRY <= 2 * 2**30
+    assert blocks * rows - positions < blocks  # row blocks of equal size
     assert tile_shape(10, 50, 10**9) == (10, 50)
-    assert tile_shape(10, 50, 10**9, rows=3) == (3, 50) and tile_shape(10, 50, 320 * 40, rows=4)[1] == 10
+    assert tile_shape(10, 50, 10**9, rows=3) == (3, 50) and tile_shape(10, 50, ENTRY * 40, rows=4)[1] == 10
 
 
 def test_bad_shapes_are_refused():
@@ -197,7 +199,7 @@ def test_a_bfloat16_projection_matches_bfloat16_logits():
     logits = head(h.detach().bfloat16(), weight.bfloat16(), bias.bfloat16()).float() / 0.8
     ref_logits = head(ref_h.bfloat16(), ref_weight.bfloat16(), ref_bias.bfloat16()).float() / 0.8
     got = tiled_full_form(potential, h, weight, ref_h, ref_weight, targets, bias=bias, ref_bias=ref_bias,
-                          temperature=0.8, compute_dtype=torch.bfloat16, rows=5, workspace_bytes=5 * 1500 * 320)
+                          temperature=0.8, compute_dtype=torch.bfloat16, rows=5, workspace_bytes=5 * 1500 * ENTRY)
     _close(got.divergence, full_divergence(potential, logits, ref_logits), 1e-5)
     assert got.logps.dtype == torch.float32
 
