@@ -121,11 +121,11 @@ def _fold(running_max: torch.Tensor, running_sum: torch.Tensor, z: torch.Tensor)
     running_max.copy_(new_max)
 
 
-def _target_cells(targets: torch.Tensor, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rows, columns within the tile) of the sampled tokens that fall in vocabulary columns [start, stop)."""
+def _target_columns(targets: torch.Tensor, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(whether each row's sampled token falls in vocabulary columns [start, stop), its column in the tile, clamped
+    into it where not): a gather or scatter with these reads no count back to the host (no sync on a GPU)."""
     inside = (targets >= start) & (targets < stop)
-    rows = inside.nonzero(as_tuple=True)[0]
-    return rows, targets[rows] - start
+    return inside, (targets - start).clamp(0, stop - start - 1).unsqueeze(-1)
 
 
 def _no_autocast(device: torch.device) -> Any:
@@ -171,8 +171,8 @@ class _TiledFullForm(torch.autograd.Function):
                     stop = min(start + settings.columns, vocab)
                     z = _logits(h, weight, bias, start, stop, settings)
                     _fold(max_p, sum_p, z)
-                    cells = _target_cells(y, start, stop)
-                    logit_y[cells[0]] = z[cells]
+                    inside, column = _target_columns(y, start, stop)
+                    logit_y.copy_(torch.where(inside, z.gather(-1, column).squeeze(-1), logit_y))
                     del z
                     _fold(max_q, sum_q, _logits(h_ref, ref_weight, ref_bias, start, stop, settings))
                 log_sum_p, log_sum_q = torch.log(sum_p), torch.log(sum_q)
@@ -251,8 +251,8 @@ class _TiledFullForm(torch.autograd.Function):
                         del slope
                     del logp
                     if grad_logps is not None:
-                        cells = _target_cells(y, start, stop)
-                        grad[cells] += grad_logps[rows][cells[0]].to(grad.dtype)
+                        inside, column = _target_columns(y, start, stop)
+                        grad.scatter_add_(-1, column, (grad_logps[rows] * inside).to(grad.dtype).unsqueeze(-1))
                     if settings.temperature != 1.0:
                         grad.div_(settings.temperature)
                     if grad_bias is not None:
