@@ -178,8 +178,10 @@ class TrainConfig:
     #: HF generate's KV cache (inner_loop/generation/backends.py): dynamic (transformers' default) | static
     #: (preallocated; TRL's cache_implementation=static, decode step eager) | persistent_compiled (one static cache
     #: for the run, reset in place, prompts padded to buckets, the decode step compiled once and replayed, on every
-    #: device; transformers' own static_compiled is refused). HF generate only (refused with vLLM or continuous
-    #: batching); recorded in the result's generation. Off until bench/bench_member_gpu.py measures it faster on the
+    #: device; transformers' own static_compiled is refused) | persistent_merged (the same on LoRA merged into a
+    #: decoding copy of the weights) | owned_loop (the project's own decode loop: LoRA merged, one captured token step
+    #: with sampling inside, no host sync per token; temperature/top_p/top_k only). HF generate only (refused with vLLM
+    #: or continuous batching); recorded in the result's generation. Off until bench/bench_member_gpu.py measures it faster on the
     #: card (docs/trl_options.md)
     decode_cache: str = "dynamic"
     #: persistent_compiled: how many prompt lengths (buckets) prompts are left-padded to, sized from the training

@@ -35,9 +35,15 @@ def generation_backend(trl_fields: Mapping[str, Any]) -> str:
 #: ``cache_implementation="static"``); TRL builds its GenerationConfig with ``disable_compile=True``, so the decode
 #: step still runs eagerly. persistent_compiled: ONE static cache for the whole run, allocated once and reset between
 #: calls, prompts padded to a few bucket lengths, the decode step compiled by the member on every device
-#: (inner_loop/generation/decode_step.py), so a run compiles its decode step once and replays it.
+#: (inner_loop/generation/decode_step.py), so a run compiles its decode step once and replays it. persistent_merged:
+#: the same, decoding on a copy of the weights with LoRA merged in (inner_loop/generation/lora_merge.py). owned_loop:
+#: the project's own decode loop over the same cache, LoRA merged, one captured token step with the sampling inside
+#: it and no host sync per token (inner_loop/generation/owned_loop.py).
 DYNAMIC_CACHE, STATIC_CACHE, PERSISTENT_COMPILED = "dynamic", "static", "persistent_compiled"
-DECODE_CACHES = (DYNAMIC_CACHE, STATIC_CACHE, PERSISTENT_COMPILED)
+PERSISTENT_MERGED, OWNED_LOOP = "persistent_merged", "owned_loop"
+DECODE_CACHES = (DYNAMIC_CACHE, STATIC_CACHE, PERSISTENT_COMPILED, PERSISTENT_MERGED, OWNED_LOOP)
+#: The values that decode over the member's one static cache (prompt buckets, decode counts in the record).
+PERSISTENT_CACHES = (PERSISTENT_COMPILED, PERSISTENT_MERGED, OWNED_LOOP)
 #: Refused (:data:`STATIC_COMPILED_REFUSAL`): transformers' own compiled static cache.
 STATIC_COMPILED = "static_compiled"
 STATIC_COMPILED_REFUSAL = (
@@ -68,6 +74,15 @@ def decode_cache_refusal(decode_cache: str, trl_fields: Mapping[str, Any]) -> st
     static cache asked for there would be silently ignored while the record claimed it."""
     cache_implementation(decode_cache)  # a value outside DECODE_CACHES: the error naming the key
     backend = generation_backend(trl_fields)
+    if decode_cache == OWNED_LOOP and backend == HF_GENERATE:
+        found = [f"train.trl.{key}={trl_fields[key]!r}" for key in _UNRECONSTRUCTED
+                 if trl_fields.get(key) is not None and trl_fields[key] != (1.0 if key == "repetition_penalty" else 0.0)]
+        found += [f"train.trl.generation_kwargs.{key}" for key in (trl_fields.get("generation_kwargs") or {})
+                  if key in _SAMPLING_KWARGS + _HF_ONLY_SAMPLING and key not in ("temperature", "top_p", "top_k")]
+        if found:
+            return (f"train.decode_cache={OWNED_LOOP} samples by train.temperature, train.top_p and train.trl.top_k "
+                    f"only, the rule the trainer rebuilds; it would not apply {', '.join(found)}: drop them, or set "
+                    f"train.decode_cache={PERSISTENT_COMPILED}")
     if decode_cache == DYNAMIC_CACHE or backend == HF_GENERATE:
         return None
     return (f"train.decode_cache={decode_cache!r} applies to HF generate only, but train.trl selects {backend} "
@@ -78,6 +93,10 @@ def decode_cache_refusal(decode_cache: str, trl_fields: Mapping[str, Any]) -> st
 #: processed ones (inner_loop/generation/sampling.py reconstructs temperature, top_k and top_p only).
 _UNRECONSTRUCTED = ("min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 #: vLLM SamplingParams (train.trl.generation_kwargs) that change the distribution a token is drawn from
+#: HF generate's settings that change the distribution and that the owned loop does not apply
+_HF_ONLY_SAMPLING = ("typical_p", "epsilon_cutoff", "eta_cutoff", "no_repeat_ngram_size", "bad_words_ids",
+                     "suppress_tokens", "begin_suppress_tokens", "min_new_tokens", "min_length", "sequence_bias",
+                     "forced_eos_token_id")
 _SAMPLING_KWARGS = ("temperature", "top_p", "top_k", *_UNRECONSTRUCTED, "min_tokens", "logit_bias",
                     "allowed_token_ids", "bad_words")
 

@@ -22,14 +22,16 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import torch
 
-from inner_loop.generation.backends import COMPILE_BACKENDS, PERSISTENT_COMPILED
+from inner_loop.generation.backends import (COMPILE_BACKENDS, OWNED_LOOP, PERSISTENT_CACHES, PERSISTENT_COMPILED,
+                                            PERSISTENT_MERGED)
 from inner_loop.generation.gqa_attention import decode_attention
+from inner_loop.generation.lora_merge import MergedLora
 
 logger = logging.getLogger(__name__)
 
@@ -53,9 +55,9 @@ def prompt_buckets(lengths: Sequence[int], count: int, multiple: int = BUCKET_MU
 
 
 def member_decode_buckets(decode_cache: str, count: int, tokenizer: Any, prompts: Sequence[str]) -> list[int] | None:
-    """The prompt buckets of a member's run (None unless ``decode_cache`` is persistent_compiled), from its training
-    prompts tokenized as TRL tokenizes them (special tokens included)."""
-    if decode_cache != PERSISTENT_COMPILED:
+    """The prompt buckets of a member's run (None unless ``decode_cache`` decodes over one static cache), from its
+    training prompts tokenized as TRL tokenizes them (special tokens included)."""
+    if decode_cache not in PERSISTENT_CACHES:
         return None
     buckets = prompt_buckets([len(ids) for ids in tokenizer(text=list(prompts))["input_ids"]], count)
     logger.info("decode: prompt buckets %s (train.decode_buckets=%d)", buckets, count)
@@ -69,6 +71,23 @@ def bucket_for(length: int, buckets: Sequence[int]) -> int:
             return bucket
     raise ValueError(f"a prompt of {length} tokens is longer than the longest decode bucket ({max(buckets)}): the "
                      "buckets are sized from the training prompts (train.decode_buckets)")
+
+
+def to_bucket(input_ids: torch.Tensor, attention_mask: torch.Tensor, longest: int, buckets: Sequence[int],
+              batch_size: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Left-padded prompts (TRL pads to the batch's longest, ``longest`` tokens) re-padded on the left to their
+    bucket, and filled up to the cache's fixed ``batch_size`` with copies of the last row (dropped after)."""
+    rows, width = input_ids.shape
+    bucket = bucket_for(longest, buckets)
+    ids, mask = input_ids[:, width - longest:], attention_mask[:, width - longest:]
+    if bucket > longest:
+        ids = torch.cat([ids.new_full((rows, bucket - longest), pad_id), ids], dim=1)
+        mask = torch.cat([mask.new_zeros((rows, bucket - longest)), mask], dim=1)
+    if rows < batch_size:
+        fill = batch_size - rows
+        ids = torch.cat([ids, ids[-1:].expand(fill, -1)], dim=0)
+        mask = torch.cat([mask, mask[-1:].expand(fill, -1)], dim=0)
+    return ids, mask, bucket
 
 
 #: The forward hooks that make the input embeddings' output require grad, by their functions' names: transformers'
@@ -103,6 +122,21 @@ def without_input_grad_hooks(model: torch.nn.Module) -> Iterator[None]:
                 if (ident, key) in lifted or key in now:
                     module._forward_hooks[key] = lifted.get((ident, key), now.pop(key, None))
             module._forward_hooks.update(now)
+
+
+def static_cache(hf_model: Any, batch_size: int, max_cache_len: int, decode_cache: str) -> Any:
+    """One transformers ``StaticCache`` of ``batch_size`` x ``max_cache_len`` positions, allocated now (its tensors'
+    addresses are the ones a compiled step replays over)."""
+    from transformers import StaticCache
+
+    shape = hf_model._get_static_cache_init_shape()
+    if shape is None:
+        raise ValueError(f"train.decode_cache={decode_cache}: {type(hf_model).__name__} cannot have its static "
+                         "cache initialised ahead of time (layers on several devices, or MLA attention)")
+    cache = StaticCache(config=hf_model.config.get_text_config(decoder=True), max_cache_len=max_cache_len)
+    cache.early_initialization(batch_size=batch_size, num_heads=shape[0], head_dim=shape[1], dtype=hf_model.dtype,
+                               device=hf_model.device)
+    return cache
 
 
 class _CompileEvents:
@@ -167,10 +201,10 @@ class PersistentDecoder:
     """The member's one static cache and compiled decode step; :meth:`generate` replaces ``model.generate``."""
 
     def __init__(self, model: torch.nn.Module, buckets: Sequence[int], batch_size: int, max_new_tokens: int,
-                 generation_config: Any, compile_backend: str = "inductor", compile_mode: str | None = None) -> None:
+                 generation_config: Any, compile_backend: str = "inductor", compile_mode: str | None = None,
+                 merge_lora: bool = False) -> None:
         """``compile_mode``: torch.compile's mode; None: ``reduce-overhead`` (CUDA graphs) with inductor on CUDA,
-        else ``default``."""
-        from transformers import StaticCache
+        else ``default``. ``merge_lora``: decode on LoRA merged (``persistent_merged``)."""
         from transformers.generation.configuration_utils import CompileConfig
 
         if not buckets:
@@ -178,16 +212,12 @@ class PersistentDecoder:
         if compile_backend not in COMPILE_BACKENDS:
             raise ValueError(f"train.decode_compile_backend={compile_backend!r} is not one of {list(COMPILE_BACKENDS)}")
         hf_model = model.get_base_model() if hasattr(model, "get_base_model") else model
-        shape = hf_model._get_static_cache_init_shape()
-        if shape is None:
-            raise ValueError(f"train.decode_cache=persistent_compiled: {type(hf_model).__name__} cannot have its static "
-                             "cache initialised ahead of time (layers on several devices, or MLA attention)")
         self.buckets = sorted(int(b) for b in buckets)
         self.batch_size = int(batch_size)
         self.max_cache_len = self.buckets[-1] + int(max_new_tokens)
-        self.cache = StaticCache(config=hf_model.config.get_text_config(decoder=True), max_cache_len=self.max_cache_len)
-        self.cache.early_initialization(batch_size=self.batch_size, num_heads=shape[0], head_dim=shape[1],
-                                        dtype=hf_model.dtype, device=hf_model.device)
+        self.cache = static_cache(hf_model, self.batch_size, self.max_cache_len, PERSISTENT_COMPILED)
+        #: persistent_merged: LoRA merged into a decoding copy of the weights for each generation
+        self.merged = MergedLora(model) if merge_lora else None
         self._cache_ptrs = self.cache_data_ptrs()
         device_type = hf_model.device.type
         #: CUDA graphs where they exist (what removes the launches); elsewhere inductor's default mode
@@ -244,29 +274,21 @@ class PersistentDecoder:
         """The model as the compiled decode step must see it, for the length of one generation: grouped-query
         attention without the cache's copy, no input-grad hooks; as it was afterwards."""
         hf_model = model.get_base_model() if hasattr(model, "get_base_model") else model
-        with decode_attention(hf_model), without_input_grad_hooks(model):
+        with (self.merged.merged() if self.merged is not None else nullcontext()), decode_attention(hf_model), \
+                without_input_grad_hooks(model):
             yield
 
     def generate(self, model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """``model.generate`` over the persistent cache for left-padded prompts; returns the completions only,
         (rows, <= max_new_tokens), rows as given."""
-        rows, width = input_ids.shape
+        rows = input_ids.shape[0]
         if rows > self.batch_size:
             raise ValueError(f"decode: {rows} prompts in one generation call, but the static cache holds "
                              f"{self.batch_size} (the generation batch it was sized for)")
         longest = int(attention_mask.sum(dim=1).max())
-        bucket = bucket_for(longest, self.buckets)
-        # TRL pads to the batch's longest prompt; re-pad every row to the bucket on the left
-        ids, mask = input_ids[:, width - longest:], attention_mask[:, width - longest:]
         pad_id = self.generation_config.pad_token_id
         pad_id = int(pad_id[0] if isinstance(pad_id, (list, tuple)) else (pad_id if pad_id is not None else 0))
-        if bucket > longest:
-            ids = torch.cat([ids.new_full((rows, bucket - longest), pad_id), ids], dim=1)
-            mask = torch.cat([mask.new_zeros((rows, bucket - longest)), mask], dim=1)
-        if rows < self.batch_size:  # the cache's batch is fixed: fill it with copies of the last row, dropped after
-            fill = self.batch_size - rows
-            ids = torch.cat([ids, ids[-1:].expand(fill, -1)], dim=0)
-            mask = torch.cat([mask, mask[-1:].expand(fill, -1)], dim=0)
+        ids, mask, bucket = to_bucket(input_ids, attention_mask, longest, self.buckets, self.batch_size, pad_id)
         self._check_weights(model)
         self.cache.reset()
         with self.decoding(model), self._counting():
@@ -291,7 +313,8 @@ class PersistentDecoder:
                 "buckets": list(self.buckets), "buckets_used": {str(k): v for k, v in sorted(counts.buckets_used.items())},
                 "cache_shape": [self.batch_size, self.max_cache_len], "cache_bytes": self.cache_bytes(),
                 "cache_kept": self.cache_data_ptrs() == self._cache_ptrs,
-                "compile_backend": self.compile_backend, "compile_mode": self.compile_mode}
+                "compile_backend": self.compile_backend, "compile_mode": self.compile_mode,
+                "merged_bytes": self.merged.merged_bytes() if self.merged is not None else None}
 
 
 def decode_counts_problem(record: Mapping[str, Any]) -> str | None:
@@ -302,11 +325,14 @@ def decode_counts_problem(record: Mapping[str, Any]) -> str | None:
     bucket, so a second recording of one graph is a stray one, and a per-step one grows with the steps), and where
     the mode asked for CUDA graphs, the decode step got them. Other caches: None."""
     generation = record.get("generation") or {}
-    if generation.get("decode_cache") != PERSISTENT_COMPILED:
+    if generation.get("decode_cache") not in PERSISTENT_CACHES:
         return None
     counts = generation.get("decode_counts")
     if not counts:
-        return "decode_cache=persistent_compiled but the record has no decode_counts: the static cache was not used"
+        return (f"decode_cache={generation['decode_cache']} but the record has no decode_counts: the static cache "
+                "was not used")
+    if generation["decode_cache"] not in (PERSISTENT_COMPILED, PERSISTENT_MERGED):
+        return loop_counts_problem(counts)
     if not counts.get("generate_calls"):
         return "decode_cache=persistent_compiled but no generation went through the static cache"
     if not counts.get("cache_kept"):
@@ -329,4 +355,26 @@ def decode_counts_problem(record: Mapping[str, Any]) -> str | None:
                 f"{len(counts.get('buckets_used') or {})} bucket(s) (at most one per compiled graph, {bound}: the "
                 "decode step's graph does not depend on the prompt's bucket): the decode step was recorded again "
                 "instead of replayed")
+    return None
+
+
+def loop_counts_problem(counts: Mapping[str, Any]) -> str | None:
+    """What is wrong with an owned loop's decode counts (None: nothing): it decoded, compiled its step once and
+    captured it once per compile, never moved its weights, and read the host at most once per ``check_every``
+    tokens plus once per call."""
+    if not counts.get("generate_calls"):
+        return f"decode_cache={OWNED_LOOP} but no generation went through the owned loop"
+    if counts.get("weights_moved"):
+        return f"the policy's weights moved in memory at {counts['weights_moved']} generation(s) (not in place)"
+    if counts.get("compiles") != 1 or counts.get("recompiles"):
+        return (f"the owned loop's step compiled {counts.get('compiles')} time(s) with {counts.get('recompiles')} "
+                "recompile(s) over the run (once expected: the step does not depend on the prompt's bucket)")
+    if counts.get("recordings") != counts.get("compiles"):
+        return (f"{counts.get('recordings')} capture(s) of the owned loop's step for {counts.get('compiles')} "
+                "compile(s): one each expected")
+    calls, tokens, every = counts["generate_calls"], counts.get("tokens") or 0, counts.get("check_every") or 1
+    bound = calls + -(-tokens // every)
+    if counts.get("host_syncs", 0) > bound:
+        return (f"{counts['host_syncs']} host syncs over {tokens} tokens in {calls} generation(s): at most {bound} "
+                f"expected (one per call, one per {every} tokens)")
     return None

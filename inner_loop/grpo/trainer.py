@@ -20,9 +20,11 @@ from trl.extras.profiling import profiling_context
 from trl.models import unwrap_model_for_generation
 from trl.trainer.utils import add_fused_lm_head
 
-from inner_loop.generation.backends import (DYNAMIC_CACHE, HF_GENERATE, PERSISTENT_COMPILED, VLLM_COLOCATE,
-                                            cache_implementation, decode_cache_refusal, generation_backend)
+from inner_loop.generation.backends import (DYNAMIC_CACHE, HF_GENERATE, OWNED_LOOP, PERSISTENT_CACHES,
+                                            PERSISTENT_MERGED, VLLM_COLOCATE, cache_implementation,
+                                            decode_cache_refusal, generation_backend)
 from inner_loop.generation.decode_step import TRANSFORMERS_INPUT_GRAD_HOOK, PersistentDecoder
+from inner_loop.generation.owned_loop import OwnedDecoder
 from inner_loop.generation.sampling import importance_sampling_ratio, processed_logps
 from inner_loop.generation.memory import held_gpu_bytes, member_gpu_budget_bytes
 from inner_loop.generation.vllm_colocate import (claim_rendezvous_port, engine_in_policy_dtype,
@@ -180,13 +182,16 @@ class MirrorGRPOTrainer(GRPOTrainer):
 
             set_seed(self.args.seed)
         #: persistent_compiled: the member's one static cache and compiled decode step (generation/decode_step.py)
-        self.decoder: PersistentDecoder | None = None
-        if decode_cache == PERSISTENT_COMPILED and self.generation_backend == HF_GENERATE:
-            self.decoder = PersistentDecoder(
-                self.accelerator.unwrap_model(self.model), decode_buckets or [],
-                batch_size=self.args.per_device_train_batch_size * self.args.steps_per_generation,
-                max_new_tokens=self.max_completion_length, generation_config=self.generation_config,
-                compile_backend=decode_compile_backend)
+        #: owned_loop: the project's own decode loop over such a cache (generation/owned_loop.py)
+        self.decoder: PersistentDecoder | OwnedDecoder | None = None
+        if decode_cache in PERSISTENT_CACHES and self.generation_backend == HF_GENERATE:
+            decoder_kwargs = dict(batch_size=self.args.per_device_train_batch_size * self.args.steps_per_generation,
+                                  max_new_tokens=self.max_completion_length, generation_config=self.generation_config,
+                                  compile_backend=decode_compile_backend)
+            unwrapped = self.accelerator.unwrap_model(self.model)
+            self.decoder = (OwnedDecoder(unwrapped, decode_buckets or [], **decoder_kwargs) if decode_cache == OWNED_LOOP
+                            else PersistentDecoder(unwrapped, decode_buckets or [], **decoder_kwargs,
+                                                   merge_lora=decode_cache == PERSISTENT_MERGED))
         if self.aux_loss_enabled:
             raise ValueError(
                 f"{type(self.model).__name__} is a Mixture-of-Experts model whose router load-balancing loss TRL adds "
@@ -321,7 +326,7 @@ class MirrorGRPOTrainer(GRPOTrainer):
                 return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
                                                      has_tool_images)
         if images is not None or multimodal_fields:
-            raise ValueError("train.decode_cache=persistent_compiled decodes text prompts only; use dynamic for a "
+            raise ValueError(f"train.decode_cache={self.decode_cache} decodes text prompts only; use dynamic for a "
                              "multimodal model")
         device = self.accelerator.device
         pad_id = self._tokenizer.pad_token_id
