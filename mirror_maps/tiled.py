@@ -187,10 +187,11 @@ class _TiledFullForm(torch.autograd.Function):
                     del value
                     slope_sum[rows] += slope.sum(-1, dtype=torch.float64)
                     if settings.with_norms:  # float64 products: the norm below is a difference of these sums
-                        p, slope = torch.exp(logp).double(), slope.double()
-                        p_squares[rows] += (p * p).sum(-1)
-                        slope_squares[rows] += (slope * slope).sum(-1)
-                        slope_p[rows] += (slope * p).sum(-1)
+                        p_wide, slope_wide = torch.exp(logp).double(), slope.double()
+                        p_squares[rows] += (p_wide * p_wide).sum(-1)
+                        slope_squares[rows] += (slope_wide * slope_wide).sum(-1)
+                        slope_p[rows] += (slope_wide * p_wide).sum(-1)
+                        del p_wide, slope_wide
                     del logp, slope
                 for name, value in (("max_p", max_p), ("log_sum_p", log_sum_p), ("max_q", max_q),
                                     ("log_sum_q", log_sum_q)):
@@ -291,6 +292,9 @@ def tiled_full_form(potential: Potential, hidden: torch.Tensor, weight: torch.Te
                          "the two vocabularies must be the same")
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
+    if targets.numel() and not (0 <= int(targets.min()) and int(targets.max()) < weight.shape[0]):
+        raise ValueError(f"targets must be token ids in [0, {weight.shape[0]}), got [{int(targets.min())}, "
+                         f"{int(targets.max())}]")
     lead = targets.shape
     flat = hidden.reshape(-1, hidden.shape[-1])
     flat_ref = ref_hidden.detach().reshape(-1, ref_hidden.shape[-1])

@@ -186,6 +186,8 @@ def test_bad_shapes_are_refused():
         tiled_full_form(KL(), h, weight, h, weight, torch.zeros(2, 4, dtype=torch.long))
     with pytest.raises(ValueError, match="vocabularies"):
         tiled_full_form(KL(), h, weight, h, torch.zeros(12, 4), torch.zeros(2, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match="token ids"):
+        tiled_full_form(KL(), h, weight, h, weight, torch.full((2, 3), 11))
     result = tiled_full_form(KL(), h, weight, h, weight, torch.zeros(2, 3, dtype=torch.long))
     assert isinstance(result, FullForm) and result.divergence.shape == (2, 3) and result.policy_norms is None
 

@@ -126,7 +126,7 @@ def test_full_form_sums_over_the_vocabulary(name, neural):
     logits, ref_logits = torch.randn(2, 3, 7), torch.randn(2, 3, 7)
     cfg = _config(name=name, form="full", coef=1.0, chunk_size=2)
     reg = build_regularizer(cfg, _neural_vector(*neural) if neural else None)
-    assert reg.needs_full_logits
+    assert reg.needs_full_vocabulary
     p, q = torch.softmax(logits, -1), torch.softmax(ref_logits, -1)
     if name == "kl" or neural == (0.0, 1.0):
         expected = (p * torch.log(p / q)).sum(-1)

@@ -448,7 +448,7 @@ class MirrorGRPOTrainer(GRPOTrainer):
         ref_logps = None
         divergence: torch.Tensor | None = None
         norms: tuple[torch.Tensor, torch.Tensor] | None = None
-        if reg.needs_full_logits:
+        if reg.needs_full_vocabulary:
             full = self._full_form(model, input_ids, attention_mask, completion_ids, with_norms=share_wanted)
             logps, divergence = full.logps, full.divergence
             norms = None if full.policy_norms is None else (full.policy_norms, full.divergence_norms)

@@ -64,7 +64,8 @@ class Regularizer:
         return self.potential is not None
 
     @property
-    def needs_full_logits(self) -> bool:
+    def needs_full_vocabulary(self) -> bool:
+        """The full form: the whole next-token distributions of both models (from their hidden states, in tiles)."""
         return self.active and self.form == "full"
 
     def describe(self) -> str:
