@@ -70,7 +70,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from inner_loop.generation.backends import (  # noqa: E402
-    BACKENDS, COMPILE_BACKENDS, CONTINUOUS_BATCHING, DYNAMIC_CACHE, HF_GENERATE, PERSISTENT_COMPILED, STATIC_CACHE,
+    BACKENDS, COMPILE_BACKENDS, CONTINUOUS_BATCHING, DYNAMIC_CACHE, HF_GENERATE, OWNED_LOOP, PERSISTENT_COMPILED,
+    PERSISTENT_MERGED, STATIC_CACHE,
     STATIC_COMPILED, VLLM_COLOCATE, VLLM_SERVER)
 
 DATA = ROOT / "tests" / "fixtures" / "mbpp_rehearsal"
@@ -83,7 +84,8 @@ SHAPE_FLAGS = {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": 
                "vocab": "vocab_size"}
 #: HF generate with a static KV cache, measured as backends of their own: name -> its train.decode_cache
 DECODE_CACHE_VARIANTS = {f"{HF_GENERATE}_{cache}": cache
-                         for cache in (STATIC_CACHE, STATIC_COMPILED, PERSISTENT_COMPILED)}
+                         for cache in (STATIC_CACHE, STATIC_COMPILED, PERSISTENT_COMPILED, PERSISTENT_MERGED,
+                                       OWNED_LOOP)}
 #: every name --backends takes
 MEASURED = (*BACKENDS, *DECODE_CACHE_VARIANTS)
 DEFAULT_BACKENDS = (HF_GENERATE, *DECODE_CACHE_VARIANTS, CONTINUOUS_BATCHING, VLLM_COLOCATE)

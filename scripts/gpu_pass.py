@@ -59,7 +59,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from inner_loop.generation.backends import (  # noqa: E402
-    DYNAMIC_CACHE, HF_GENERATE, PERSISTENT_COMPILED)
+    DYNAMIC_CACHE, HF_GENERATE, OWNED_LOOP, PERSISTENT_COMPILED, PERSISTENT_MERGED)
 from inner_loop.generation.decode_step import decode_counts_problem  # noqa: E402
 from inner_loop.process.gpu_share import CONTEXT_ALLOWANCE_BYTES  # noqa: E402
 from bench.bench_full_form import GPU_PASS_MINUTES, gpu_pass_check  # noqa: E402
@@ -76,7 +76,13 @@ SUMMARY_RESERVE_S = 15.0
 #: step compiled once (the figure that decides the presets), then the baseline; the faster is used for sharing.
 #: transformers' own compiled static cache (static_compiled) is left out: remade at every call, its CUDA graphs are
 #: recorded at every step
+#: Then the project's own decode loop (owned_loop) and, alone, the LoRA merge it decodes on (persistent_merged:
+#: persistent_compiled with only the merge changed, so the merge's share of the loop's gain is its own figure)
 CACHES = (PERSISTENT_COMPILED, DYNAMIC_CACHE)
+#: the checks of the owned loop (keys ``loop:...``, after the others, so ``--only bench`` is the decision's pass)
+LOOP_CACHES = (OWNED_LOOP, PERSISTENT_MERGED)
+#: members sharing the card on the owned loop, whichever cache was faster alone
+LOOP_SHARING = 2
 #: sharing counts after one member alone, in order of value
 SHARING = (2, 4)
 #: optimizer steps per bench member with the dynamic cache: the first (set-up) untimed, then two timed ones (its
@@ -93,7 +99,11 @@ COMPILED_BENCH_STEPS = 6
 #: compile in its first step (<= 120 s aimed), 5 steps at the issue's expected ~5 s (45 + 30 + 120 + 25 = 220 s); two
 #: members sharing the card with the faster cache: both start at once, compile from inductor's warm cache, and step
 #: a little slower
-ALONE_MINUTES = {PERSISTENT_COMPILED: 3.5, DYNAMIC_CACHE: 2.25}
+#: owned_loop and persistent_merged: persistent_compiled's 2.43 min on the H200 (docs/benchmarks.md), its first step's
+#: compile the same size (one whole-step graph; the merged weights change no shape), rounded up; not yet run on a card
+ALONE_MINUTES = {PERSISTENT_COMPILED: 3.5, DYNAMIC_CACHE: 2.25, OWNED_LOOP: 3.0, PERSISTENT_MERGED: 3.0}
+#: two members on the owned loop: as two on the faster cache (both compile from inductor's warm cache)
+LOOP_SHARING_MINUTES = 2.5
 SHARING_MINUTES = {2: 2.5, 4: 3.0}
 #: a bench setting is stopped at this many times the minutes it needs (a finding: it ran past what it needs)
 BENCH_LIMIT_MARGIN = 1.3
@@ -422,15 +432,24 @@ def sharing_key(members: int) -> str:
     return f"bench:faster:x{members}"
 
 
+def loop_sharing_key(members: int) -> str:
+    return f"loop:{OWNED_LOOP}:x{members}"
+
+
+def lone_key(cache: str) -> str:
+    """The check of one member alone with ``cache`` (bench:... for CACHES, loop:... for LOOP_CACHES)."""
+    return f"loop:{cache}:x1" if cache in LOOP_CACHES else alone_key(cache)
+
+
 def alone_figures(done: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """cache -> the figures of its lone member, for each cache whose lone setting passed."""
-    return {c: done[alone_key(c)]["figures"] for c in CACHES
-            if alone_key(c) in done and done[alone_key(c)]["status"] == PASSED}
+    return {c: done[lone_key(c)]["figures"] for c in (*CACHES, *LOOP_CACHES)
+            if lone_key(c) in done and done[lone_key(c)]["status"] == PASSED}
 
 
 def faster_cache(done: dict[str, dict[str, Any]]) -> str | None:
     """The decode cache whose lone member stepped fastest (None: none was measured)."""
-    alone = alone_figures(done)
+    alone = {c: f for c, f in alone_figures(done).items() if c in CACHES}
     return min(alone, key=lambda c: alone[c]["step_s"]) if alone else None
 
 
@@ -451,8 +470,9 @@ def sharing_check(members: int, need_min: float) -> Callable[[Pass, dict[str, di
 def bench_minutes(opts: argparse.Namespace) -> dict[str, float]:
     """Minutes each bench setting needs, by check key: ALONE_MINUTES and SHARING_MINUTES (one H100), with
     ``--bench-minutes`` (another card's) over them."""
-    return {**{alone_key(c): ALONE_MINUTES[c] for c in CACHES}, **{sharing_key(k): SHARING_MINUTES[k] for k in SHARING},
-            **opts.bench_minutes}
+    return {**{lone_key(c): ALONE_MINUTES[c] for c in (*CACHES, *LOOP_CACHES)},
+            **{sharing_key(k): SHARING_MINUTES[k] for k in SHARING},
+            loop_sharing_key(LOOP_SHARING): LOOP_SHARING_MINUTES, **opts.bench_minutes}
 
 
 def _minutes_arg(text: str) -> dict[str, float]:
@@ -475,6 +495,11 @@ def checks(opts: argparse.Namespace) -> list[Check]:
                   alone_check(c, minutes[alone_key(c)])) for c in CACHES]
     out += [Check(sharing_key(k), f"bench: {k} members sharing the GPU, the faster cache", minutes[sharing_key(k)],
                   sharing_check(k, minutes[sharing_key(k)])) for k in SHARING]
+    out += [Check(lone_key(c), f"loop: 1 member, decode_cache={c}", minutes[lone_key(c)],
+                  lambda ctx, done, c=c: run_bench(ctx, c, 1, lone_key(c), minutes[lone_key(c)])) for c in LOOP_CACHES]
+    loop_key = loop_sharing_key(LOOP_SHARING)
+    out.append(Check(loop_key, f"bench: {LOOP_SHARING} members sharing the GPU on the owned loop", minutes[loop_key],
+                     lambda ctx, done: run_bench(ctx, OWNED_LOOP, LOOP_SHARING, loop_key, minutes[loop_key])))
     out.append(Check("full_form", "a full-form step at mbpp_qwen3's shape: time, peak memory", GPU_PASS_MINUTES,
                      lambda ctx, done: gpu_pass_check(ctx, sys.modules[__name__])))
     if not opts.only:
@@ -509,7 +534,7 @@ def setting_rows(done: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     alone = alone_figures(done)
     for key, entry in done.items():
-        if not key.startswith("bench:") or entry["status"] != PASSED:
+        if not key.startswith(("bench:", "loop:")) or entry["status"] != PASSED:
             continue
         fig = entry["figures"]
         base = alone.get(fig["cache"])
@@ -540,8 +565,8 @@ def decode_cache_decision(done: dict[str, dict[str, Any]], card: str | None) -> 
         return []
     card = card or "this machine's CPU (not a measurement)"
     lines, winners = [], []
-    for cache in (c for c in CACHES if c != DYNAMIC_CACHE):
-        entry = done.get(alone_key(cache))
+    for cache in (c for c in (*CACHES, *LOOP_CACHES) if c != DYNAMIC_CACHE):
+        entry = done.get(lone_key(cache))
         if entry is None:
             continue
         fig = entry.get("figures") or {}

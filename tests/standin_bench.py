@@ -23,7 +23,8 @@ from pathlib import Path
 
 from results.store.member_files import MemberProgress, write_progress
 
-ALONE_STEP_S = {"hf_generate": 15.0, "hf_generate_persistent_compiled": 15.5, "hf_generate_static_compiled": 16.0}
+ALONE_STEP_S = {"hf_generate": 15.0, "hf_generate_persistent_compiled": 15.5, "hf_generate_static_compiled": 16.0,
+                "hf_generate_persistent_merged": 14.0, "hf_generate_owned_loop": 8.0}
 SLOWDOWN = {1: 1.0, 2: 1.183, 4: 2.5}
 TOKENS_PER_STEP = 64 * 256
 GENERATING = 0.8
@@ -64,6 +65,14 @@ def main() -> None:
                                    "cache_kept": True, "buckets": [64, 128, 192, 256], "buckets_used": {"128": calls},
                                    # ... unless $STANDIN_RERECORD: a graph recorded again at every step
                                    "cudagraph_recordings": calls if os.environ.get("STANDIN_RERECORD") else 1}
+    if opts.backends.endswith("persistent_merged"):
+        member["decode_counts"] = {"generate_calls": opts.steps, "compiles": 1, "recompiles": 0, "weights_moved": 0,
+                                   "cache_kept": True, "buckets": [64, 128, 192, 256], "buckets_used": {"128": opts.steps},
+                                   "cudagraph_recordings": 1, "merged_bytes": 2**30}
+    if opts.backends.endswith("owned_loop"):  # the owned loop: one compile, one capture, a host read per 16 tokens
+        member["decode_counts"] = {"generate_calls": opts.steps, "compiles": 1, "recompiles": 0, "recordings": 1,
+                                   "replays": 255 * opts.steps, "tokens": 256 * opts.steps, "check_every": 16,
+                                   "host_syncs": 17 * opts.steps, "weights_moved": 0}
     summary = {"settings": {"steps": opts.steps}, "model": {"config": {}},
                "runs": {f"{opts.backends}-x{opts.members}": [dict(member, index=i) for i in range(opts.members)]}}
     with open(opts.json, "w") as out:

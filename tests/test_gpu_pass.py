@@ -264,3 +264,28 @@ def test_the_sharing_rule_counts_what_the_members_held_not_their_peak_allocation
            "held_gib_total": gpu_pass.card_held_bytes(runs, None) / gib}
     assert "does not meet" in gpu_pass.sharing_verdict(row, 79.2)  # 64 GiB held > 59.4; the allocations alone fit
     assert gpu_pass.sharing_verdict({**row, "held_gib_total": 56.0}, 79.2).startswith("persistent_compiled x2: meets")
+
+
+def test_the_documented_owned_loop_call_runs_its_three_lines_within_its_minutes(tmp_path):
+    """docs/gpus.md's one call for the owned decode loop: the loop alone, the LoRA merge alone, two members on the
+    loop, each started within the budget, with the stand-in bench on the CPU; the loop's decode counts are checked."""
+    args = documented_call("--only loop:owned_loop:x1,loop:persistent_merged:x1,loop:owned_loop:x2 ")
+    budget = float(args[args.index("--budget-min") + 1])
+    assert budget <= 9.0
+    record, calls_file = tmp_path / "pass.jsonl", tmp_path / "calls.txt"
+    args[args.index("--record") + 1] = str(record)
+    opts = gpu_pass.parse_args(args)
+    needs = {c.key: c.least_min for c in gpu_pass.checks(opts)}
+    assert list(needs) == ["loop:owned_loop:x1", "loop:persistent_merged:x1", "loop:owned_loop:x2"]
+    assert sum(needs.values()) + gpu_pass.SUMMARY_RESERVE_S / 60 <= budget
+    env = {**os.environ, "STANDIN_CALLS": str(calls_file), "STANDIN_SLEEP": "0"}
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_pass.py"), *args, "--device", "cpu", "--bench",
+                           str(STANDIN)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=budget * 60)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert time.monotonic() - began < budget * 60
+    assert calls(calls_file) == ["hf_generate_owned_loop x1", "hf_generate_persistent_merged x1",
+                                 "hf_generate_owned_loop x2"]
+    entries = {e["check"]: e for e in map(json.loads, record.read_text().splitlines())}
+    assert all(e["status"] == "pass" for e in entries.values()), entries
+    assert entries["loop:owned_loop:x1"]["figures"]["decode_counts"][0]["recordings"] == 1
