@@ -30,6 +30,8 @@ logger = logging.getLogger("inner_loop.fingerprint")
 #: the digests this repository's machines produced (and what they ran on)
 FINGERPRINT_FILE = Path(__file__).resolve().parent / "fingerprint.json"
 #: the digests compared; the rest of the file describes the run
+#: the file's key for further digest sets, each with the CPUs it was seen on (``--add``)
+OTHER_REFERENCES = "other_references"
 DIGEST_KEYS = ("warmup_weights", "completions", "final_weights")
 #: the fixed run: the embedded default's preset at its own steps and seed
 RUN_OVERRIDES = ("experiment=tiny_arith", "seed=0", "train.steps=60", "train.eval_every=null")
@@ -93,10 +95,30 @@ def fingerprint(work_root: Path) -> dict[str, Any]:
     }
 
 
+def references(expected: dict[str, Any]) -> list[dict[str, Any]]:
+    """The recorded digest sets: the file's own, then each of ``other_references`` (machines whose pinned numbers
+    were found to differ from the first's, recorded with their CPU so that the difference is known, not hidden)."""
+    return [expected, *expected.get(OTHER_REFERENCES, [])]
+
+
 def compare(found: dict[str, Any], expected: dict[str, Any]) -> list[str]:
-    """The digests that differ, one line each (empty: this machine computes as the recorded ones did)."""
-    return [f"{key}: this machine {found.get(key)}, recorded {expected.get(key)}"
-            for key in DIGEST_KEYS if found.get(key) != expected.get(key)]
+    """The digests that differ from the nearest recorded set, one line each (empty: this machine computes as one of
+    the recorded machines did)."""
+    best: list[str] | None = None
+    for reference in references(expected):
+        lines = [f"{key}: this machine {found.get(key)}, recorded {reference.get(key)}"
+                 for key in DIGEST_KEYS if found.get(key) != reference.get(key)]
+        if best is None or len(lines) < len(best):
+            best = lines
+    return best or []
+
+
+def matched_cpus(found: dict[str, Any], expected: dict[str, Any]) -> list[dict[str, Any]]:
+    """The CPUs of the recorded set this machine's digests equal (empty: none)."""
+    for reference in references(expected):
+        if all(found.get(key) == reference.get(key) for key in DIGEST_KEYS):
+            return list(reference.get("checked_on", []))
+    return []
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -105,6 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "digest differs")
     parser.add_argument("--write", action="store_true", help=f"record this machine's digests in "
                         f"{FINGERPRINT_FILE.name} (keeping the list of CPUs it was checked on)")
+    parser.add_argument("--add", action="store_true", help=f"record this machine's digests in {FINGERPRINT_FILE.name} "
+                        "as another reference (a CPU whose pinned numbers differ from the recorded ones), keeping them")
     parser.add_argument("--keep-cache", metavar="DIR", help="work in DIR (kept) instead of a temporary directory")
     args = parser.parse_args(argv)
     logging.basicConfig(level=os.environ.get("MIRROR_ES_LOG_LEVEL", "WARNING"),
@@ -132,12 +156,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         FINGERPRINT_FILE.write_text(json.dumps({**{k: found[k] for k in DIGEST_KEYS}, "run": found["run"],
                                                 "torch": found["torch"], "pinned_env": found["pinned_env"],
                                                 "checked_on": checked_on}, indent=1) + "\n")
+    if args.add and compare(found, expected):
+        cpu = {k: found["numerics"][k] for k in ("cpu_vendor", "cpu_model")}
+        cpu["flags"] = sorted(f for f in numerics.cpu_flags() if f.startswith(("avx", "amx", "fma")))
+        expected.setdefault(OTHER_REFERENCES, []).append({**{k: found[k] for k in DIGEST_KEYS}, "run": found["run"],
+                                                          "torch": found["torch"], "checked_on": [cpu]})
+        FINGERPRINT_FILE.write_text(json.dumps(expected, indent=1) + "\n")
     if args.check:
         differences = compare(found, expected)
         if differences:
             sys.stderr.write("fingerprint: DIFFERENT from the recorded digests:\n  " + "\n  ".join(differences) + "\n")
             return 1
-        sys.stderr.write("fingerprint: matches the recorded digests\n")
+        cpus = ", ".join(f"{c.get('cpu_vendor')} {c.get('cpu_model')}" for c in matched_cpus(found, expected))
+        sys.stderr.write(f"fingerprint: matches the recorded digests (seen on {cpus or 'an unnamed CPU'})\n")
     return 0
 
 
