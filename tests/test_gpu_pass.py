@@ -187,19 +187,27 @@ def documented_call(marker: str) -> list[str]:
     return words[words.index("scripts/gpu_pass.sh") + 1:]
 
 
-def test_the_documented_one_call_returns_the_deciding_figures_within_its_minutes(tmp_path):
-    """docs/gpus.md's one call: the compiled cache first, then its baseline, then two members on the faster cache, each
-    started within the budget (the lines' minutes fit the call's), in the order --only names them; run here with
-    the stand-in bench on the CPU, as it runs on the card."""
-    args = documented_call("--only bench:persistent_compiled,bench:dynamic,bench:faster:x2 ")
+def _documented_pass(tmp_path, marker: str, keys: list[str]):  # noqa: ANN001, ANN202
+    """docs/gpus.md's call naming ``marker``, its record moved under tmp_path: (args, budget, record, calls file);
+    the call is at most 9 minutes, runs ``keys`` in that order, and every line fits its minutes."""
+    args = documented_call(marker)
     budget = float(args[args.index("--budget-min") + 1])
     assert budget <= 9.0
     record, calls_file = tmp_path / "pass.jsonl", tmp_path / "calls.txt"
     args[args.index("--record") + 1] = str(record)
-    opts = gpu_pass.parse_args(args)
-    needs = {c.key: c.least_min for c in gpu_pass.checks(opts)}
-    assert list(needs) == ["bench:persistent_compiled:x1", "bench:dynamic:x1", "bench:faster:x2"]
+    needs = {c.key: c.least_min for c in gpu_pass.checks(gpu_pass.parse_args(args))}
+    assert list(needs) == keys
     assert sum(needs.values()) + gpu_pass.SUMMARY_RESERVE_S / 60 <= budget  # every line fits the call
+    return args, budget, record, calls_file
+
+
+def test_the_documented_one_call_returns_the_deciding_figures_within_its_minutes(tmp_path):
+    """docs/gpus.md's one call: the compiled cache first, then its baseline, then two members on the faster cache, each
+    started within the budget (the lines' minutes fit the call's), in the order --only names them; run here with
+    the stand-in bench on the CPU, as it runs on the card."""
+    args, budget, record, calls_file = _documented_pass(
+        tmp_path, "--only bench:persistent_compiled,bench:dynamic,bench:faster:x2 ",
+        ["bench:persistent_compiled:x1", "bench:dynamic:x1", "bench:faster:x2"])
     env = {**os.environ, "STANDIN_CALLS": str(calls_file), "STANDIN_PERSISTENT_STEP_S": "6.0", "STANDIN_SLEEP": "0"}
     began = time.monotonic()
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_pass.py"), *args, "--device", "cpu", "--bench",
@@ -269,15 +277,9 @@ def test_the_sharing_rule_counts_what_the_members_held_not_their_peak_allocation
 def test_the_documented_owned_loop_call_runs_its_three_lines_within_its_minutes(tmp_path):
     """docs/gpus.md's one call for the owned decode loop: the loop alone, the LoRA merge alone, two members on the
     loop, each started within the budget, with the stand-in bench on the CPU; the loop's decode counts are checked."""
-    args = documented_call("--only loop:owned_loop:x1,loop:persistent_merged:x1,loop:owned_loop:x2 ")
-    budget = float(args[args.index("--budget-min") + 1])
-    assert budget <= 9.0
-    record, calls_file = tmp_path / "pass.jsonl", tmp_path / "calls.txt"
-    args[args.index("--record") + 1] = str(record)
-    opts = gpu_pass.parse_args(args)
-    needs = {c.key: c.least_min for c in gpu_pass.checks(opts)}
-    assert list(needs) == ["loop:owned_loop:x1", "loop:persistent_merged:x1", "loop:owned_loop:x2"]
-    assert sum(needs.values()) + gpu_pass.SUMMARY_RESERVE_S / 60 <= budget
+    args, budget, record, calls_file = _documented_pass(
+        tmp_path, "--only loop:owned_loop:x1,loop:persistent_merged:x1,loop:owned_loop:x2 ",
+        ["loop:owned_loop:x1", "loop:persistent_merged:x1", "loop:owned_loop:x2"])
     env = {**os.environ, "STANDIN_CALLS": str(calls_file), "STANDIN_SLEEP": "0"}
     began = time.monotonic()
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_pass.py"), *args, "--device", "cpu", "--bench",
