@@ -16,6 +16,7 @@ import torch
 
 from meta.search.run import main
 from meta.synthetic import CHECKPOINT_FILE
+from results.store.layout import SPEC_FILE
 from results.store.run_store import RunStore
 from slurm_helpers import LocalSlurm, run_slurm_command
 
@@ -43,6 +44,15 @@ def _step(work_dir: Path) -> int:
         return -1
 
 
+def _truncation(work_dir: Path) -> tuple[int, int]:
+    """The member's own truncation [start, stop) from its spec (stagger spreads pairs' phases over the run)."""
+    try:
+        piece = json.loads((work_dir / SPEC_FILE).read_text())["truncation"]
+        return int(piece["start"]), int(piece["stop"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return -1, -1
+
+
 def test_a_particle_requeued_mid_truncation_resumes_and_a_killed_orchestrator_resumes_exactly(
     slurm_cluster: LocalSlurm, tmp_path: Path
 ) -> None:
@@ -52,10 +62,12 @@ def test_a_particle_requeued_mid_truncation_resumes_and_a_killed_orchestrator_re
     store = RunStore(run_dir)
     job_name = f"mirror-es-nres-{os.getpid()}"
     first = _meta_run(run_dir, job_name, tmp_path / "first.err")
-    # Generation 1: wait until member 2 is two steps into its truncation [K, 2K), then requeue its job (6 s of its
-    # truncation left: SLURM's KillWait here is 2 s).
+    # Generation 1: wait until member 2 is two steps into its truncation [start, start + K) (where it starts depends
+    # on its pair's phase), then requeue its job (6 s of its truncation left: SLURM's KillWait here is 2 s).
     deadline = time.monotonic() + 300
-    while _step(store.member_dir(1, 2)) < K + 2:
+    start = -1
+    while start < 0 or _step(store.member_dir(1, 2)) < start + 2:
+        start = _truncation(store.member_dir(1, 2))[0]
         assert first.poll() is None, (tmp_path / "first.err").read_text()[-3000:]
         assert time.monotonic() < deadline, "generation 1's member 2 did not start within 300 s"
         time.sleep(0.1)
@@ -77,7 +89,8 @@ def test_a_particle_requeued_mid_truncation_resumes_and_a_killed_orchestrator_re
     calls = (store.member_dir(1, 2) / "calls.log").read_text().splitlines()
     assert len(calls) == 2, f"the requeued particle ran {len(calls)} time(s)"
     members = store.read_members().set_index(["generation", "index"]).sort_index()
-    assert K < members.loc[(1, 2), "diag_resumed_at"] < 2 * K  # its second start continued mid-truncation
+    stop = _truncation(store.member_dir(1, 2))[1]
+    assert start < members.loc[(1, 2), "diag_resumed_at"] < stop  # its second start continued mid-truncation
     for generation in (0, 1):
         for index in range(4):
             if (generation, index) != (1, 2):
