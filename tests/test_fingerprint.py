@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import inner_loop.process.pinned as numerics
-from inner_loop.numerics.fingerprint import FINGERPRINT_FILE, compare, matched_cpus
+from inner_loop.numerics.fingerprint import DIGEST_KEYS, FINGERPRINT_FILE, compare, matched_cpus, references
 from inner_loop.training.warmup import cpu_capabilities
 from time_limits import run_with_progress
 
@@ -27,6 +27,13 @@ def _fingerprint(env: dict[str, str]) -> tuple[int, dict, str]:
     return done.returncode, found, done.stderr[-3000:]
 
 
+def _recorded_for_this_cpu(recorded: dict) -> bool:
+    """A recorded digest set names this CPU (vendor and model name)."""
+    here = (numerics.cpu_vendor(), numerics.cpu_name())
+    return any((cpu.get("cpu_vendor"), cpu.get("cpu_model")) == here
+               for reference in references(recorded) for cpu in reference.get("checked_on", []))
+
+
 def test_the_fingerprint_matches_the_recorded_digests_whatever_kernels_the_caller_asks_for():
     # the caller asks for ATen's lowest kernel level on this CPU (scalar code; the pinned one is avx2), MKL's
     # automatic path and two threads: everything the pinning must override in the run's own process (the whole
@@ -34,8 +41,15 @@ def test_the_fingerprint_matches_the_recorded_digests_whatever_kernels_the_calle
     asked = {"ATEN_CPU_CAPABILITY": cpu_capabilities()[0], "MKL_CBWR": "AUTO", "OMP_NUM_THREADS": "2"}
     code, found, stderr = _fingerprint(asked)
     recorded = json.loads(FINGERPRINT_FILE.read_text())
-    assert code == 0, f"{asked}: {stderr}"
-    assert compare(found, recorded) == [], asked  # one of the recorded machines' digests, each key equal
-    assert matched_cpus(found, recorded), "the recorded set it matched names the CPUs it was seen on"
+    assert code in (0, 1), f"{asked}: {stderr}"
     assert found["numerics"]["pinned"] and found["numerics"]["torch_threads"] == 1, found["numerics"]
     assert recorded["checked_on"], "the CPUs the digests were checked on are listed"
+    if _recorded_for_this_cpu(recorded) or compare(found, recorded) == []:
+        assert code == 0 and compare(found, recorded) == [], f"{asked}: {stderr}"  # its CPU's recorded set, whole
+        assert matched_cpus(found, recorded), "the recorded set it matched names the CPUs it was seen on"
+        return
+    # A CPU no recorded set names (pinned numbers can differ between CPU models: docs/numerics.md): the pinning's
+    # own claim still holds here, the same digests whatever the caller asks for (the caller's defaults this time).
+    code_again, again, stderr_again = _fingerprint({})
+    assert code_again == code, stderr_again
+    assert {key: again[key] for key in DIGEST_KEYS} == {key: found[key] for key in DIGEST_KEYS}, asked

@@ -1,5 +1,5 @@
-"""The tiny model's warm-up ends at a target (greedy pass@1 on a held-out training probe inside a band), not at a
-step count, and the tiny model itself is the same on every CPU."""
+"""The tiny model's warm-up ends at a target (pass@1 on a held-out training probe inside a band: of temperature-1
+samples by default, or greedy), not at a step count, and the tiny model itself is the same on every CPU."""
 from __future__ import annotations
 
 import json
@@ -56,24 +56,45 @@ def test_probe_larger_than_the_training_split_is_refused_naming_the_key(arith):
         split_probe(task, train, 5000)
 
 
-def test_warmup_stops_at_the_first_check_inside_the_band(arith, monkeypatch, tmp_path):
-    """Probe readings 0.10, 0.30, 0.60 (above), 0.50: stops at the 4th check, whatever the step count."""
+@pytest.mark.parametrize("signal", ["sampled", "greedy"])
+def test_warmup_stops_at_the_first_check_inside_the_band(arith, monkeypatch, tmp_path, signal):
+    """Probe readings 0.10, 0.30, 0.60 (above), 0.50 of the configured signal: stops at the 4th check, whatever the
+    step count (the other signal reads 0 throughout, so reading the wrong one never stops)."""
     task, train = arith
     readings = iter([0.10, 0.30, 0.60, 0.50, 0.52])
     checked_at = []
 
-    def scripted_evaluate(model, tokenizer, task_, problems, max_new_tokens, log=True, **_):
+    def scripted_evaluate(model, tokenizer, task_, problems, max_new_tokens, log=True, pass_k=(), **_):
         checked_at.append(len(checked_at))
-        return EvalResult(pass_at_1=next(readings), size=len(problems), mean_response_tokens=1.0)
+        value = next(readings)
+        sampled = bool(pass_k)
+        assert sampled == (signal == "sampled")
+        return EvalResult(pass_at_1=0.0 if sampled else value, size=len(problems), mean_response_tokens=1.0,
+                          pass_at_k={1: value} if sampled else {})
 
     monkeypatch.setattr(warmup, "evaluate", scripted_evaluate)
-    cfg = _small_cfg(warmup_band=[0.45, 0.55], warmup_check_every=3, warmup_max_steps=100)
+    cfg = _small_cfg(warmup_band=[0.45, 0.55], warmup_check_every=3, warmup_max_steps=100, warmup_signal=signal)
     model, tok = load_policy(cfg, str(tiny_model_dir(cfg, root=tmp_path)))
     probe, pairs = split_probe(task, train, cfg.warmup_probe_size)
     outcome = warm_up_to_band(model, tok, pairs, task, probe, cfg, probe_max_new_tokens=8)
     assert outcome.steps == 12 and outcome.probe_pass_at_1 == 0.50 and len(checked_at) == 4
     assert outcome.band == [0.45, 0.55] and outcome.probe_size == cfg.warmup_probe_size
     assert outcome.cpu_capability == torch.backends.cpu.get_cpu_capability()
+
+
+def test_the_sampled_probe_is_reproducible_and_leaves_the_training_random_state_alone(arith, tmp_path):
+    """The sampled reading draws from a seed of its own (the same reading at the same step, whatever ran before) and
+    restores the global generator, so checking more often does not change which batches the warm-up trains on."""
+    task, train = arith
+    cfg = _small_cfg(warmup_band=[0.0, 1.0])
+    model, tok = load_policy(cfg, str(tiny_model_dir(cfg, root=tmp_path)))
+    probe, _ = split_probe(task, train, cfg.warmup_probe_size)
+    torch.manual_seed(123)
+    before = torch.random.get_rng_state()
+    first = warmup.probe_pass_at_1(model, tok, task, probe, cfg, 8, step=25)
+    assert torch.equal(torch.random.get_rng_state(), before)
+    torch.manual_seed(456)
+    assert warmup.probe_pass_at_1(model, tok, task, probe, cfg, 8, step=25) == first
 
 
 def test_unreachable_band_fails_naming_the_band_and_the_values_reached(arith, tmp_path):
@@ -100,6 +121,8 @@ def test_warmed_model_is_cached_with_its_outcome_and_the_band_is_in_the_key(arit
     assert warmed_model_dir(cfg, base, task, ARITH, probe_max_new_tokens=8) == first  # cached, not rebuilt
     other_band = _small_cfg(warmup_band=[0.0, 0.9], warmup_check_every=5)
     assert warmup_key(other_band, base, ARITH, 8) != warmup_key(cfg, base, ARITH, 8)
+    other_signal = _small_cfg(warmup_band=[0.0, 1.0], warmup_check_every=5, warmup_signal="greedy")
+    assert warmup_key(other_signal, base, ARITH, 8) != warmup_key(cfg, base, ARITH, 8)
     assert warmup_key(cfg, base, ARITH, 6) != warmup_key(cfg, base, ARITH, 8)
 
 
@@ -114,6 +137,11 @@ def test_bad_band_is_rejected_up_front_naming_the_key(band):
     inner = _inner({"warmup_band": band})
     with pytest.raises(ValueError, match="model.warmup_band"):
         InnerConfig.from_dict(inner)
+
+
+def test_an_unknown_warmup_signal_is_rejected_up_front_naming_the_key():
+    with pytest.raises(ValueError, match="model.warmup_signal"):
+        InnerConfig.from_dict(_inner({"warmup_signal": "beam"}))
 
 
 def test_zero_check_interval_is_rejected_up_front():

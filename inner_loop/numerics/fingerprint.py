@@ -147,8 +147,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 found = fingerprint(Path(tmp))
     sys.stdout.write(json.dumps(found, indent=1) + "\n")
     expected = json.loads(FINGERPRINT_FILE.read_text()) if FINGERPRINT_FILE.is_file() else {}
-    if args.write:
-        checked_on = expected.get("checked_on", [])
+    if args.write:  # the CPUs recorded before stay listed only where they computed these very digests
+        same = all(found.get(key) == expected.get(key) for key in DIGEST_KEYS)
+        checked_on = expected.get("checked_on", []) if same else []
         cpu = {k: found["numerics"][k] for k in ("cpu_vendor", "cpu_model")}
         cpu["flags"] = sorted(f for f in numerics.cpu_flags() if f.startswith(("avx", "amx", "fma")))
         if cpu not in checked_on:

@@ -66,6 +66,11 @@ def cpu_name() -> str:
     return _cpuinfo("model name") or "unknown"
 
 
+def cpu_vendor() -> str:
+    """This CPU's vendor (/proc/cpuinfo's vendor_id: GenuineIntel, AuthenticAMD), read without torch; 'unknown'."""
+    return _cpuinfo("vendor_id") or "unknown"
+
+
 def cpu_flags() -> set[str]:
     """This CPU's feature flags (/proc/cpuinfo), read without torch; empty where the file is not there."""
     return set(_cpuinfo("flags").split())
@@ -140,7 +145,7 @@ def in_force() -> NumericsInForce:
     isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "")
     pinned = (capability.lower() == PINNED_ENV["ATEN_CPU_CAPABILITY"] and branch == PINNED_ENV["MKL_CBWR"]
               and isa == PINNED_ENV["ONEDNN_MAX_CPU_ISA"])
-    return NumericsInForce(capability, branch, threads, isa, _cpuinfo("vendor_id") or "unknown",
+    return NumericsInForce(capability, branch, threads, isa, cpu_vendor(),
                            cpu_name(), pinned)
 
 

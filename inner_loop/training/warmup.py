@@ -10,8 +10,16 @@ lr 0 ends in a sharp minimum where any further noisy update first lowers greedy 
 supervised steps at lr 1e-4 on arith). But mid-learning is exactly where the CPU's kernels (AVX2 vs AVX-512,
 ``ATEN_CPU_CAPABILITY``) and the thread count change the rounding enough to move the model a lot: the same seeded
 550-step warm-up gave step-0 validation pass@1 0.665 / 0.555 / 0.135 under default / avx2 / avx512. So the warm-up
-checks greedy pass@1 on a probe every ``warmup_check_every`` steps and stops once it is inside ``warmup_band``:
-every machine starts RL from a model of the same skill, whatever step count that takes there.
+checks the probe every ``warmup_check_every`` steps and stops once it is inside ``warmup_band``: every machine starts
+RL from a model of the same skill, whatever step count that takes there.
+
+Why the sampled pass@1 (``warmup_signal: sampled``, the default) and not the greedy one: mid-learning, greedy pass@1
+jumps between checks (measured on arith, pinned numerics, checks 25 steps apart: 0.51, 0.26, 0.58, 0.37, 0.55, 0.73,
+0.51 from step 700 to 900), so the first check inside a greedy band is a draw from that noise: an Intel and an AMD
+machine stopped 350 steps apart, and RL from one start gained +0.13 where from the other it lost 0.03. Pass@1 of
+temperature-1 samples (fixed sampling seed, two per probe problem) is the reward RL itself sees, and it rises
+smoothly (0.17, 0.22, 0.22, 0.29, 0.30, 0.34 over the same checks), so the stop lands on the same skill; its band
+[0.30, 0.40] gives RL groups of 8 with a reward to rank in most groups.
 
 With ``model.cpu_numerics: pinned`` (the tiny preset) the warm-up is built under the pinned numerics
 (inner_loop/process/pinned.py), in a child process when the caller runs under others, so it is the same model, bit for
@@ -42,7 +50,7 @@ from inner_loop.tasks.base import Problem, Task
 logger = logging.getLogger(__name__)
 
 #: Part of the cache key: bump when the warm-up procedure changes so stale warmed models are not reused.
-WARMUP_VERSION = 5
+WARMUP_VERSION = 6
 #: Written into the warmed model's directory: how the warm-up ended (steps, probe pass@1, band, CPU kernels).
 WARMUP_RECORD = "warmup.json"
 
@@ -121,9 +129,27 @@ def split_probe(task: Task, train: list[Problem], probe_size: int) -> tuple[list
     return probe, demonstration_pairs(task, with_demo[:-probe_size])
 
 
+#: temperature-1 samples per probe problem when the band is read on sampled pass@1 (400 problems: s.e. ~0.016)
+PROBE_SAMPLES = 2
+
+
+def probe_pass_at_1(model, tokenizer, task: Task, probe: list[Problem], cfg: ModelConfig, max_new_tokens: int,
+                    step: int) -> float:
+    """The warm-up's reading of the probe (``cfg.warmup_signal``): sampled pass@1 under a seed fixed by ``cfg.seed``
+    and ``step`` (the training's random state is left as it was), or greedy pass@1."""
+    if cfg.warmup_signal == "greedy":
+        return evaluate(model, tokenizer, task, probe, max_new_tokens=max_new_tokens, log=False).pass_at_1
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed * 1_000_003 + step)
+        result = evaluate(model, tokenizer, task, probe, max_new_tokens=max_new_tokens, log=False, pass_k=(1,),
+                          pass_k_samples=PROBE_SAMPLES)
+    return result.pass_at_k[1]
+
+
 def warm_up_to_band(model, tokenizer, pairs: list[tuple[str, str]], task: Task, probe: list[Problem],
                     cfg: ModelConfig, probe_max_new_tokens: int) -> WarmupOutcome:
-    """Train ``model`` in place (AdamW, constant lr) until greedy pass@1 on ``probe`` is inside ``cfg.warmup_band``.
+    """Train ``model`` in place (AdamW, constant lr) until the probe's pass@1 (:func:`probe_pass_at_1`) is inside
+    ``cfg.warmup_band``.
 
     Checks every ``cfg.warmup_check_every`` steps; raises WarmupTargetError naming the band and the values reached
     when ``cfg.warmup_max_steps`` pass without entering it.
@@ -145,8 +171,7 @@ def warm_up_to_band(model, tokenizer, pairs: list[tuple[str, str]], task: Task, 
         loss_value = float(loss.detach())
         if step % cfg.warmup_check_every and step != cfg.warmup_max_steps:
             continue
-        probe_value = evaluate(model, tokenizer, task, probe, max_new_tokens=probe_max_new_tokens,
-                               log=False).pass_at_1
+        probe_value = probe_pass_at_1(model, tokenizer, task, probe, cfg, probe_max_new_tokens, step)
         best = max(best, (probe_value, step))
         logger.debug("warm-up step %d: loss %.3f, probe pass@1 %.4f", step, loss_value, probe_value)
         if low <= probe_value <= high:
@@ -155,7 +180,7 @@ def warm_up_to_band(model, tokenizer, pairs: list[tuple[str, str]], task: Task, 
                                  time.monotonic() - started, torch.backends.cpu.get_cpu_capability(),
                                  torch.get_num_threads(), numerics.signature())
     raise WarmupTargetError(
-        f"the warm-up of model {cfg.name!r} on task {task.name!r} did not reach greedy pass@1 in "
+        f"the warm-up of model {cfg.name!r} on task {task.name!r} did not reach {cfg.warmup_signal} pass@1 in "
         f"model.warmup_band=[{low}, {high}] on its {len(probe)}-problem probe within model.warmup_max_steps="
         f"{cfg.warmup_max_steps} (checked every {cfg.warmup_check_every} steps): last {probe_value:.4f}, highest "
         f"{best[0]:.4f} at step {best[1]}. Raise model.warmup_max_steps, move model.warmup_band, or change "
@@ -171,7 +196,7 @@ def warmup_key(cfg: ModelConfig, base_dir: str, task_cfg: dict, probe_max_new_to
     """Cache key of a warmed model: everything that decides which model the warm-up returns, the numerics it is
     built with included (pinned, or this process's kernels, MKL path and threads)."""
     settings = [cfg.warmup_max_steps, cfg.warmup_band, cfg.warmup_check_every, cfg.warmup_probe_size,
-                cfg.warmup_lr, cfg.warmup_batch_size, cfg.seed, probe_max_new_tokens]
+                cfg.warmup_lr, cfg.warmup_batch_size, cfg.seed, probe_max_new_tokens, cfg.warmup_signal]
     built_with = f"pinned-{numerics.PINNED_VERSION}" if _pinned(cfg) else numerics.signature()
     return config_digest([WARMUP_VERSION, base_dir, settings, task_cfg, built_with])
 
