@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from meta.searchers import build_searcher  # noqa: E402
 from meta.searchers.nres import DEFAULT_PIECES, DEFAULT_STEP_RADII, RUN_UPDATE, UPDATES  # noqa: E402
+from meta.searchers.pgpe import DEFAULT_STEP_RADII as PGPE_DEFAULT_STEP_RADII  # noqa: E402
 from meta.unrolled import PROBLEMS, UnrolledProblem  # noqa: E402
 
 logger = logging.getLogger("bench_nres")
@@ -64,9 +65,10 @@ class Trace:
 
 
 def whole_runs(problem: UnrolledProblem, steps: int, horizon: int, population: int, generations: int, seed: int,
-               learning_rate: float) -> Trace:
-    """pgpe, every member a run of ``steps`` steps scored at its end (measured as the problem measures)."""
-    searcher = build_searcher({"name": "pgpe", "radius": RADIUS, "center_learning_rate": learning_rate},
+               step_radii: float) -> Trace:
+    """pgpe (ClipUp's step ``step_radii`` radii), every member a run of ``steps`` steps scored at its end (measured as
+    the problem measures)."""
+    searcher = build_searcher({"name": "pgpe", "radius": RADIUS, "step_radii": step_radii},
                               torch.tensor(problem.start(), dtype=torch.float64), population, seed)
     trace = Trace()
     for generation in range(generations):
@@ -152,13 +154,11 @@ def defaults_table(problem: UnrolledProblem, horizon: int, truncation: int, popu
     """Per episode 1-3: es=nres at its defaults (centre, Polyak average) and whole runs at pgpe's default step with the
     same member-steps (one generation per episode), each seed's distance to the full-horizon optimum."""
     nres = [particles(problem, horizon, truncation, population, 3 * pieces, s) for s in seeds]
-    whole = [whole_runs(problem, horizon, horizon, population, 3, s, PGPE_DEFAULT_STEP) for s in seeds]
+    whole = [whole_runs(problem, horizon, horizon, population, 3, s, PGPE_DEFAULT_STEP_RADII) for s in seeds]
     return [(episode, [t.distances[episode * pieces - 1] for t in nres], [t.averaged[episode * pieces - 1] for t in nres],
              [t.distances[episode - 1] for t in whole]) for episode in (1, 2, 3)]
 
 
-#: pgpe's center_learning_rate in conf/es/pgpe.yaml (ClipUp: the centre's move per generation is at most twice it)
-PGPE_DEFAULT_STEP = 0.005
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -172,7 +172,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--tolerance", type=float, default=0.3, help="settled: within this share of the start's "
                         "distance to the full-horizon optimum, to the end of the budget")
-    parser.add_argument("--pgpe-steps", type=float, nargs="+", default=[0.005, 0.01, 0.02, 0.04])
+    parser.add_argument("--pgpe-steps", type=float, nargs="+", default=[0.5, 1.0, 2.0, 4.0],
+                        help="pgpe's es.step_radii grid")
     parser.add_argument("--nres-steps", type=float, nargs="+", default=[0.75, 1.5, 3.0])
     parser.add_argument("--defaults-only", action="store_true", help="only es=nres at its defaults")
     args = parser.parse_args(argv)
@@ -200,10 +201,10 @@ def main(argv: list[str] | None = None) -> None:
                     args.episodes, f"{args.population * horizon * args.episodes:,}", tolerance)
         logger.info("%-40s %14s %9s %10s", "search, best step", "member-steps", "updates", "final dist")
         rows = [
-            _best("whole runs (pgpe), lr", args.pgpe_steps, lambda lr: [
+            _best("whole runs (pgpe), radii", args.pgpe_steps, lambda lr: [
                 whole_runs(problem, horizon, horizon, args.population, args.episodes, s, lr) for s in seeds],
                 tolerance),
-            _best("short members T (pgpe), lr", args.pgpe_steps, lambda lr: [
+            _best("short members T (pgpe), radii", args.pgpe_steps, lambda lr: [
                 whole_runs(problem, truncation, horizon, args.population, args.episodes * args.pieces, s, lr)
                 for s in seeds], tolerance),
         ]

@@ -191,3 +191,42 @@ def test_a_search_starts_from_its_init_read_through_its_divergence_transform():
     assert softplus.param_transform == "softplus"
     assert torch.equal(softplus.center(), initial_center("uniform", 5, "softplus"))
     assert torch.equal(config({}).center(), initial_center("uniform", 5))  # a synthetic objective: the vector as is
+
+
+def _first_move(settings: dict, scale: float = 1.0) -> float:
+    """L2 norm of the centre's move after one generation of a linear fitness (times ``scale``)."""
+    searcher = build_searcher(settings, torch.zeros(380, dtype=torch.float64), 8, 0)
+    w = torch.randn(380, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    values = searcher.ask(0)
+    searcher.tell(0, values, scale * (values @ w), torch.ones(8, dtype=torch.bool))
+    return float(searcher.center.norm())
+
+
+@pytest.mark.parametrize("radius", [0.01, 0.1])
+def test_pgpe_steps_in_radii_whatever_the_radius_and_the_fitness_scale(radius):
+    """ClipUp's first step is its step size: es.step_radii x es.radius (default 1), so a search at ten times the
+    radius moves ten times as far, and a fitness on another scale moves it as far."""
+    assert _first_move({"name": "pgpe", "radius": radius}) == pytest.approx(radius)
+    assert _first_move({"name": "pgpe", "radius": radius}, scale=100.0) == pytest.approx(radius)
+    assert _first_move({"name": "pgpe", "radius": radius, "step_radii": 2.5}) == pytest.approx(2.5 * radius)
+    # an absolute step (a search stored before step_radii) overrides it
+    assert _first_move({"name": "pgpe", "radius": radius, "center_learning_rate": 0.005}) == pytest.approx(0.005)
+
+
+def test_openai_es_elite_bounds_the_centre_move_per_generation_in_radii():
+    """The authors' step grows with the fitness's scale; es.max_step_radii (default 2) caps its L2 norm at that many
+    sigmas, and null restores the unbounded rule."""
+    small = _first_move({"name": "openai_es_elite", "radius": 0.01})
+    assert small < 2 * 0.01  # not binding on a fitness of pass@1's scale
+    assert _first_move({"name": "openai_es_elite", "radius": 0.01}, scale=1e4) == pytest.approx(2 * 0.01)
+    assert _first_move({"name": "openai_es_elite", "radius": 0.01, "max_step_radii": None}, scale=1e4) > 1.0
+    assert _first_move({"name": "openai_es_elite", "radius": 0.01, "max_step_radii": 0.5}, scale=1e4) == \
+        pytest.approx(0.5 * 0.01)
+
+
+@pytest.mark.parametrize("settings, key", [({"name": "pgpe", "radius": 0.01, "step_radii": 0}, "es.step_radii"),
+                                           ({"name": "openai_es_elite", "radius": 0.01, "max_step_radii": -1},
+                                            "es.max_step_radii")])
+def test_a_step_in_radii_that_is_not_positive_is_refused_naming_the_key(settings, key):
+    with pytest.raises(ValueError, match=key):
+        build_searcher(settings, torch.zeros(380, dtype=torch.float64), 8, 0)

@@ -86,7 +86,7 @@ def test_short_members_are_biased_and_nres_is_not():
     bench = _bench()
     problem = PROBLEMS["rate_floor"]()
     start = problem.distance(problem.start(), H)
-    short = bench.whole_runs(problem, T, H, POPULATION, 3 * PIECES, 0, 0.01)
+    short = bench.whole_runs(problem, T, H, POPULATION, 3 * PIECES, 0, 1.0)
     online = bench.particles(problem, H, T, POPULATION, 3 * PIECES, 0)
     assert short.distances[-1] > start + 0.2  # toward z*(4), away from z*(64)
     assert online.distances[-1] < 0.5 * start

@@ -72,7 +72,8 @@ def test_pgpe_with_ties_moves_as_its_average_rank_utilities_say():
     searcher = _searcher("pgpe")
     values = searcher.ask(0)
     fitness = torch.tensor([0.5, 0.5, 0.25, 0.75, 0.5, 0.5, 0.25, 0.0], dtype=torch.float64)
-    reference = pgpe(center_init=torch.full((DIM,), 0.005, dtype=torch.float64), center_learning_rate=0.005,
+    # ClipUp's step at its default: es.step_radii 1 x es.radius 0.01
+    reference = pgpe(center_init=torch.full((DIM,), 0.005, dtype=torch.float64), center_learning_rate=0.01,
                      stdev_learning_rate=0.1, objective_sense="max", ranking_method="raw", optimizer="clipup",
                      optimizer_config={}, stdev_init=0.01, stdev_max_change=0.2, symmetric=True)
     want = pgpe_tell(reference, values, tie_averaged_utilities(fitness, "centered"))

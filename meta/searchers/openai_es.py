@@ -14,6 +14,11 @@ either, so their raw f * eps enters without the baseline the pair's difference p
 the fitness level instead of its differences (measured: after one rejected generation at population 180, a step
 of 0.506, 0.499 of it from 44 elites, against 0.070 from the 68 pairs). Elites still count in the acceptance mean.
 Ties need no rule: raw differences of tied pairs are 0, so an all-tied generation moves nothing.
+
+The step is the authors' (``learning_rate`` x the raw-fitness gradient), so how far it moves depends on the fitness's
+scale; ``es.max_step_radii`` bounds the centre's move per generation (L2) at that many radii (the current sigma), so
+a fitness on another scale, or a lucky pair, cannot throw the centre further than its samples reach. 2.0 is ClipUp's
+top speed at pgpe's default step, and does not bind at the embedded default (a move of ~0.7 radii there).
 """
 from __future__ import annotations
 
@@ -42,10 +47,15 @@ class OpenAIESEliteSearcher(Searcher):
         sigma_decay: float = 0.99,
         learning_rate: float = 0.01,
         elite_fraction: float = 0.25,
+        max_step_radii: float | None = 2.0,
     ) -> None:
         super().__init__(center_init, popsize, seed)
         if not 0.0 <= elite_fraction < 1.0:
             raise ValueError(f"es.elite_fraction={elite_fraction} must be in [0, 1)")
+        if max_step_radii is not None and not float(max_step_radii) > 0:
+            raise ValueError(f"es.max_step_radii={max_step_radii} must be above 0 (the centre's largest move per "
+                             "generation, in radii), or null for none")
+        self.max_step_radii = None if max_step_radii is None else float(max_step_radii)
         self.learning_rate = float(learning_rate)
         self.sigma_decay = float(sigma_decay)
         self.elite_fraction = float(elite_fraction)
@@ -83,7 +93,14 @@ class OpenAIESEliteSearcher(Searcher):
                 eps = (values[p] - self._center) / self._sigma
                 diff = (fitness[p] - fitness[m]) / 2.0
                 grad = (diff[:, None] * eps).sum(0) / (int(pairs.sum()) * self._sigma)
-                self._center = self._center + self.learning_rate * grad
+                step = self.learning_rate * grad
+                if self.max_step_radii is not None:
+                    limit = self.max_step_radii * self._sigma
+                    norm = float(step.norm())
+                    if norm > limit:
+                        step = step * (limit / norm)
+                        note += f"; step {norm / self._sigma:.2f} radii bounded at {self.max_step_radii:g}"
+                self._center = self._center + step
             self._best_mean = mean_fitness
             self._elites = torch.empty((0, self.dim), dtype=DTYPE)
             self.accepted.append(True)

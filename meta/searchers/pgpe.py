@@ -4,6 +4,13 @@ evotorch's sampler interleaves the pairs (member 2i = centre + d_i, 2i+1 = centr
 pairs only (both halves ok and measured), ranks them with tie-averaged utilities (meta/searchers/utilities.py) and
 hands evotorch those utilities as "raw"; with no complete pair or all utilities equal, the state is left as it was
 (ClipUp's momentum included: a generation with no information does not move the centre).
+
+The step is in radii (``es.step_radii``): ClipUp's step, the L2 norm of the centre's move per generation (its top
+speed twice that), is ``step_radii x es.radius``, so a search at another radius moves as far in units of its own
+samples. 1.0 was chosen on the family of unrolled problems (bench/bench_nres.py, docs/searchers.md): the best step
+there was 1 radius on two problems and 2 on the third, 4 overshot every one, and the former absolute 0.005 (0.5 radii
+at the default radius) was the slowest on all. ``es.center_learning_rate`` (absolute) overrides it; a search that
+stored one resumes with it.
 """
 from __future__ import annotations
 
@@ -15,6 +22,10 @@ from meta.searchers.base import DTYPE, Searcher
 from meta.searchers.serialize import from_plain, to_plain
 from meta.searchers.utilities import TellSummary, check_ranking, complete_pairs, pair_note, tie_averaged_utilities
 from core.seeding import seeded_global_torch
+
+
+#: es.step_radii's default for pgpe: chosen on the family of unrolled problems (the module docstring)
+DEFAULT_STEP_RADII = 1.0
 
 
 class PGPESearcher(Searcher):
@@ -30,9 +41,10 @@ class PGPESearcher(Searcher):
         popsize: int,
         seed: int,
         *,
-        center_learning_rate: float = 0.005,
-        stdev_learning_rate: float = 0.1,
         radius: float,
+        step_radii: float = DEFAULT_STEP_RADII,
+        center_learning_rate: float | None = None,
+        stdev_learning_rate: float = 0.1,
         stdev_max_change: float = 0.2,
         ranking_method: str = "centered",
         optimizer: str = "clipup",
@@ -42,6 +54,10 @@ class PGPESearcher(Searcher):
         from evotorch.algorithms.functional import pgpe  # evotorch imports ray: keep it lazy
 
         self.ranking_method = check_ranking(self.name, str(ranking_method))
+        if center_learning_rate is None:
+            if not float(step_radii) > 0:
+                raise ValueError(f"es.step_radii={step_radii} must be above 0 (ClipUp's step per generation, in radii)")
+            center_learning_rate = float(step_radii) * float(radius)
         self._state = pgpe(
             center_init=center_init.to(DTYPE),
             center_learning_rate=float(center_learning_rate),
