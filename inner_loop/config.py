@@ -240,7 +240,9 @@ class TrainConfig:
     #: where TRL's metrics go (transformers' report_to names): tensorboard (<work_dir>/tensorboard_logs/), wandb
     #: (installed by you), [] none
     report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
-    #: full form: batch rows per recomputed chunk (null: sized from a 512 MiB budget)
+    #: full form: batch rows per vocabulary tile (mirror_maps/tiled.py) and per chunk of the vLLM ratio's no-grad
+    #: logits (null: sized from the member's full-form budget: 512 MiB on the CPU, a quarter of what its GPU budget
+    #: leaves on CUDA)
     full_form_rows: int | None = None
     #: any other field of TRL's GRPOConfig (trl pinned in pyproject.toml), passed through. On the command line one
     #: field: +train.trl.gradient_accumulation_steps=4 (train.batch_size stays the completions per optimizer step),
