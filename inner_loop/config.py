@@ -195,6 +195,10 @@ class TrainConfig:
     #: persistent_compiled: how many prompt lengths (buckets) prompts are left-padded to, sized from the training
     #: prompts' token lengths (quantiles, rounded up to 8); the longest bucket + max_completion_length sizes the cache
     decode_buckets: int = 4
+    #: owned_loop: the attention windows its token step is compiled (on CUDA captured) for, even steps up to the whole
+    #: cache; each step reads the smallest window holding the filled positions, not the whole cache (1: the whole
+    #: cache; at most 8). Off until the GPU pass measures it faster on the card
+    decode_windows: int = 1
     #: persistent_compiled: torch.compile's backend for the decode step: inductor | aot_eager | eager (the last two
     #: trace the same graphs without generating code)
     decode_compile_backend: str = "inductor"
@@ -313,6 +317,13 @@ class TrainConfig:
 
         if self.decode_buckets < 1:
             raise ValueError(f"train.decode_buckets must be >= 1, got {self.decode_buckets}")
+        from inner_loop.generation.backends import MAX_DECODE_WINDOWS, OWNED_LOOP
+
+        if not 1 <= self.decode_windows <= MAX_DECODE_WINDOWS:
+            raise ValueError(f"train.decode_windows must be in [1, {MAX_DECODE_WINDOWS}], got {self.decode_windows}")
+        if self.decode_windows > 1 and self.decode_cache != OWNED_LOOP:
+            raise ValueError(f"train.decode_windows={self.decode_windows} applies to train.decode_cache={OWNED_LOOP} "
+                             f"only (this run decodes with {self.decode_cache})")
         _one_of("train.decode_compile_backend", self.decode_compile_backend, COMPILE_BACKENDS)
 
 

@@ -11,6 +11,7 @@ generation, so the compile stays short).
 """
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 from typing import Any
@@ -120,6 +121,52 @@ def test_greedy_tokens_equal_the_dynamic_caches_over_buckets_with_one_compile() 
     assert summary["generate_calls"] == 3 and summary["replays"] == 3 * 5 and not summary["cuda_graph"]
     assert loop_counts_problem(summary) is None
     assert decode_counts_problem({"generation": {"decode_cache": "owned_loop", "decode_counts": summary}}) is None
+
+
+def test_an_attention_window_reads_only_the_cache_positions_inside_it() -> None:
+    """Keys and values past the window are NaN: inside attention_window they are never read (the output is the
+    attention over the window's positions), outside it they poison the output."""
+    from inner_loop.generation.gqa_attention import attention_window, gqa_decode_attention
+
+    module = torch.nn.Module()
+    module.num_key_value_groups = 2
+    gen = torch.Generator().manual_seed(0)
+    query = torch.randn(3, 4, 1, 8, generator=gen)
+    key, value = torch.randn(3, 2, 28, 8, generator=gen), torch.randn(3, 2, 28, 8, generator=gen)
+    mask = torch.ones(3, 1, 1, 28, dtype=torch.bool)
+    mask[:, :, :, 10:] = False  # the unfilled positions are masked, as the loop's keys mask does
+    poisoned_key, poisoned_value = key.clone(), value.clone()
+    poisoned_key[:, :, 14:], poisoned_value[:, :, 14:] = float("nan"), float("nan")
+    with attention_window(14):
+        windowed, _ = gqa_decode_attention(module, query, poisoned_key, poisoned_value, mask)
+    whole, _ = gqa_decode_attention(module, query, key, value, mask)
+    assert torch.allclose(windowed, whole, atol=1e-6)
+    unwindowed, _ = gqa_decode_attention(module, query, poisoned_key, poisoned_value, mask)
+    assert torch.isnan(unwindowed).any()
+
+
+def test_attention_windows_give_the_whole_caches_tokens_with_one_compile_per_window() -> None:
+    """train.decode_windows: the step compiled once per window, the host replays the smallest window holding the
+    filled positions, and the tokens are the dynamic cache's."""
+    model, greedy = _tiny_model()
+    greedy = copy.deepcopy(greedy)
+    greedy.max_new_tokens = 12
+    eos = model.generation_config.eos_token_id
+    decoder = OwnedDecoder(model, [8, 16], 4, 12, _config(12, eos=eos, do_sample=False), compile_backend="aot_eager",
+                           check_every=4, windows=2)
+    assert decoder.windows == [14, 28]  # 28 positions in 2 steps of 14
+    for lengths, seed in (([5, 3, 7, 6], 0), ([12, 9, 16, 10], 1)):
+        ids, mask = _left_padded(lengths, seed)
+        with torch.no_grad():
+            plain = model.generate(input_ids=ids, attention_mask=mask, generation_config=greedy)[:, ids.size(1):]
+        assert torch.equal(decoder.generate(model, ids, mask), plain)
+    summary = decoder.summary()
+    assert summary["windows"] == [14, 28]
+    assert summary["compiles"] == 2 and summary["recordings"] == 2  # one per window, none again
+    assert loop_counts_problem(summary) is None
+    used = summary["window_replays"]
+    assert sum(used.values()) == summary["replays"] and used.get(14, 0) > 0  # bucket 8's first steps read 14 of 28
+    assert used.get(28, 0) > 0  # bucket 16's last ones the whole cache
 
 
 def test_the_loop_stops_at_eos_and_pads_after_it() -> None:
@@ -242,3 +289,16 @@ def test_a_lora_member_trains_on_the_owned_loop_and_greedy_equals_the_dynamic_ca
     assert decode_counts_problem({"generation": records["owned_loop"].generation}) is None
     assert (records["owned_loop"].generation["completions_sha256"]
             == records["dynamic"].generation["completions_sha256"])
+
+
+def test_the_windows_are_even_steps_up_to_the_whole_cache_and_out_of_range_is_refused() -> None:
+    from inner_loop.generation.owned_loop import attention_windows
+
+    assert attention_windows(28, 1) == [28]
+    assert attention_windows(28, 4) == [7, 14, 21, 28]
+    assert attention_windows(10, 8) == [2, 4, 6, 8, 10]  # a step of 2: fewer windows than asked, never past the cache
+    for bad in (0, 9):
+        with pytest.raises(ValueError, match="train.decode_windows"):
+            attention_windows(28, bad)
+    with pytest.raises(ValueError, match="train.decode_windows=2 applies to train.decode_cache=owned_loop"):
+        TrainConfig(decode_windows=2).validate()

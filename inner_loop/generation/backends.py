@@ -58,6 +58,11 @@ STATIC_COMPILED_REFUSAL = (
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 
 
+#: train.decode_windows' largest value: the owned loop compiles its step once per window, and torch.compile's recompile
+#: limit is 8 per function
+MAX_DECODE_WINDOWS = 8
+
+
 def cache_implementation(decode_cache: str) -> str | None:
     """TRL's GRPOConfig ``cache_implementation`` for a ``train.decode_cache`` value (None: transformers' dynamic
     cache)."""

@@ -359,16 +359,19 @@ def decode_counts_problem(record: Mapping[str, Any]) -> str | None:
 
 
 def loop_counts_problem(counts: Mapping[str, Any]) -> str | None:
-    """What is wrong with an owned loop's decode counts (None: nothing): it decoded, compiled its step once and
-    captured it once per compile, never moved its weights, and read the host at most once per ``check_every``
-    tokens plus once per call."""
+    """What is wrong with an owned loop's decode counts (None: nothing): it decoded, compiled its step once per
+    attention window (one without ``train.decode_windows``; each further window is dynamo's recompile of the same
+    frame) and captured it once per compile, never moved its weights, and read the host at most once per
+    ``check_every`` tokens plus once per call."""
     if not counts.get("generate_calls"):
         return f"decode_cache={OWNED_LOOP} but no generation went through the owned loop"
     if counts.get("weights_moved"):
         return f"the policy's weights moved in memory at {counts['weights_moved']} generation(s) (not in place)"
-    if counts.get("compiles") != 1 or counts.get("recompiles"):
+    windows = len(counts.get("windows") or [0])
+    if counts.get("compiles") != windows or (counts.get("recompiles") or 0) != windows - 1:
         return (f"the owned loop's step compiled {counts.get('compiles')} time(s) with {counts.get('recompiles')} "
-                "recompile(s) over the run (once expected: the step does not depend on the prompt's bucket)")
+                f"recompile(s) over the run ({windows} expected, one per attention window: the step does not depend "
+                "on the prompt's bucket)")
     if counts.get("recordings") != counts.get("compiles"):
         return (f"{counts.get('recordings')} capture(s) of the owned loop's step for {counts.get('compiles')} "
                 "compile(s): one each expected")

@@ -13,6 +13,11 @@ the cache as it is, and the output is unpacked. Every other call (the prefill, a
 position bias or paged cache) goes to transformers' SDPA function unchanged, so the two agree wherever both run.
 Registered under :data:`GQA_DECODE_ATTENTION` with the mask SDPA uses; the persistent decoder switches a model to it
 for the length of a generation only (:func:`decode_attention`), so training's forwards stay on plain SDPA.
+
+Attention windows (:func:`attention_window`, the owned loop's ``train.decode_windows``): a one-token step attends over
+the first ``window`` positions of the cache only, where the whole cache would be read otherwise. A step is compiled
+(and captured) per window; the decoder picks the smallest window that holds every filled position, so a step early in
+a completion reads a fraction of a cache sized for the longest prompt plus every new token.
 """
 from __future__ import annotations
 
@@ -23,6 +28,20 @@ import torch
 
 #: The name the attention function is registered under in transformers' attention interface (and its mask's).
 GQA_DECODE_ATTENTION = "mirror_gqa_decode"
+#: Cache positions a one-token step attends over (None: all); read when a step is traced, so each compiled step
+#: holds its own (torch.compile guards on it).
+_window: int | None = None
+
+
+@contextmanager
+def attention_window(window: int | None) -> Iterator[None]:
+    """One-token steps traced or run inside the block attend over the cache's first ``window`` positions."""
+    global _window
+    previous, _window = _window, window
+    try:
+        yield
+    finally:
+        _window = previous
 
 
 def gqa_decode_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -34,6 +53,10 @@ def gqa_decode_attention(module: torch.nn.Module, query: torch.Tensor, key: torc
 
     groups = getattr(module, "num_key_value_groups", 1)
     batch, heads, q_length, head_dim = query.shape
+    if _window is not None and q_length == 1 and _window < key.shape[2]:  # the filled part of the cache only
+        key, value = key[:, :, :_window], value[:, :, :_window]
+        if attention_mask is not None:
+            attention_mask = attention_mask[..., :_window]
     if (groups == 1 or q_length != 1 or kwargs.get("position_bias") is not None or kwargs.get("cache") is not None
             or kwargs.get("softcap") is not None or kwargs.get("output_attentions", False)):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,

@@ -15,6 +15,11 @@ Python runs. Here the whole token step is one function, compiled once and (on CU
 - the drawn token's processed log-prob gathered, the token (pad once a row finished) written into a preallocated
   [batch, max_new_tokens] buffer, the unfinished flags updated by the EOS ids.
 
+With ``windows`` > 1 (``train.decode_windows``) the step is compiled (and captured) once per attention window, the
+cache's first W positions for W in even steps up to the whole cache, and the host replays the smallest window that
+holds every filled position (it knows the fill: the bucket plus the tokens so far, no sync): a step early in a
+completion reads a fraction of a cache sized for the longest prompt plus every new token.
+
 The host replays the step and reads the "all finished" flag every ``check_every`` tokens only. The prefill stays
 eager, per prompt bucket, as with ``persistent_compiled``; the step itself does not depend on the bucket (it sees
 the whole cache), so a run compiles it once. Counted for the record: compiles (dynamo's callbacks), recordings
@@ -30,9 +35,9 @@ from typing import Any, Iterator
 
 import torch
 
-from inner_loop.generation.backends import COMPILE_BACKENDS, OWNED_LOOP
+from inner_loop.generation.backends import COMPILE_BACKENDS, MAX_DECODE_WINDOWS, OWNED_LOOP
 from inner_loop.generation.decode_step import _CompileEvents, static_cache, to_bucket, without_input_grad_hooks
-from inner_loop.generation.gqa_attention import decode_attention
+from inner_loop.generation.gqa_attention import attention_window, decode_attention
 from inner_loop.generation.lora_merge import MergedLora
 from inner_loop.generation.sampling import truncated_logits
 
@@ -40,6 +45,14 @@ logger = logging.getLogger(__name__)
 
 #: Token steps between two reads of the finished flag by the host (the loop's only sync while decoding).
 CHECK_EVERY = 16
+
+
+def attention_windows(max_cache_len: int, windows: int) -> list[int]:
+    """The cache lengths a step is compiled for: ``windows`` even steps up to ``max_cache_len`` (1: the whole cache)."""
+    if not 1 <= windows <= MAX_DECODE_WINDOWS:
+        raise ValueError(f"train.decode_windows must be in [1, {MAX_DECODE_WINDOWS}], got {windows}")
+    quantum = -(-max_cache_len // windows)
+    return sorted({min(max_cache_len, quantum * k) for k in range(1, windows + 1)})
 #: Generation settings the loop does not apply (HF generate would): refused rather than silently dropped.
 _UNAPPLIED = {"min_p": None, "repetition_penalty": 1.0, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
               "no_repeat_ngram_size": 0, "bad_words_ids": None, "suppress_tokens": None, "begin_suppress_tokens": None,
@@ -94,13 +107,15 @@ class LoopCounts:
 
     def __post_init__(self) -> None:
         self.frames: set[str] = set()
+        self.window_replays: dict[int, int] = {}
 
 
 class OwnedDecoder:
     """The member's static cache, decoding buffers and captured token step; :meth:`generate` replaces HF generate."""
 
     def __init__(self, model: torch.nn.Module, buckets: Sequence[int], batch_size: int, max_new_tokens: int,
-                 generation_config: Any, compile_backend: str = "inductor", check_every: int = CHECK_EVERY) -> None:
+                 generation_config: Any, compile_backend: str = "inductor", check_every: int = CHECK_EVERY,
+                 windows: int = 1) -> None:
         if not buckets:
             raise ValueError(f"train.decode_cache={OWNED_LOOP} needs prompt buckets (train.decode_buckets)")
         if compile_backend not in COMPILE_BACKENDS:
@@ -115,6 +130,8 @@ class OwnedDecoder:
         self.buckets = sorted(int(b) for b in buckets)
         self.batch_size, self.max_new_tokens = int(batch_size), int(max_new_tokens)
         self.max_cache_len = self.buckets[-1] + self.max_new_tokens
+        # a window no fill needs (at or below the shortest bucket) is not compiled
+        self.windows = [w for w in attention_windows(self.max_cache_len, int(windows)) if w > self.buckets[0]]
         self.cache = static_cache(hf_model, self.batch_size, self.max_cache_len, OWNED_LOOP)
         self.device = hf_model.device
         self.do_sample = bool(generation_config.do_sample)
@@ -147,14 +164,15 @@ class OwnedDecoder:
         mode = "max-autotune-no-cudagraphs" if self._cuda and compile_backend == "inductor" else None
         self.compile_mode = mode or "default"
         self._compiled = torch.compile(self._step, backend=compile_backend, mode=mode, dynamic=False, fullgraph=True)
-        self._graph: Any = None
+        self._graphs: dict[int, Any] = {}  # CUDA: one captured step per window
         self._built = False
         self._model: torch.nn.Module | None = None
         self._weight_ptrs: tuple[int, ...] | None = None
         _CompileEvents.register()
         logger.info("decode: owned loop over one static cache of %d x %d positions, prompt buckets %s, step compiled "
-                    "with %s%s, finished flag read every %d tokens", rows, self.max_cache_len, self.buckets,
-                    compile_backend, " and captured as a CUDA graph" if self._cuda else "", self.check_every)
+                    "with %s%s for attention windows %s, finished flag read every %d tokens", rows,
+                    self.max_cache_len, self.buckets, compile_backend,
+                    " and captured as CUDA graphs" if self._cuda else "", self.windows, self.check_every)
 
     # -- the step ------------------------------------------------------------------------------------------------
     def _step(self) -> None:
@@ -182,34 +200,48 @@ class OwnedDecoder:
         self.current.copy_(token[:, None])
         self.column.add_(1)
 
-    def _replay(self) -> None:
-        if self._graph is not None:
-            self._graph.replay()
+    def _window_for(self, fill: int) -> int:
+        """The smallest window holding cache positions [0, fill]."""
+        return next(w for w in self.windows if w > fill)
+
+    def _replay(self, window: int) -> None:
+        if self._graphs:
+            self._graphs[window].replay()
         else:
-            self._compiled()
+            with attention_window(window):
+                self._compiled()
         self.counts.replays += 1
+        self.counts.window_replays[window] = self.counts.window_replays.get(window, 0) + 1
 
     def _build(self) -> None:
-        """Compile the step (and on CUDA capture it as one CUDA graph) over the buffers as they are; the state it
-        leaves is overwritten by the next prefill."""
+        """Compile the step for every window (and on CUDA capture each as a CUDA graph) over the buffers as they
+        are; the state it leaves is overwritten by the next prefill. The captures share one memory pool: every value
+        that outlives a replay lives in the decoder's own buffers, and one step runs at a time."""
         if self._cuda:
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream), torch.random.fork_rng(devices=[self.device]):
-                for _ in range(3):  # compile, then warm up inductor's kernels and the allocator
+            pool = torch.cuda.graph_pool_handle()
+            graphs = {}
+            for window in self.windows:
+                with attention_window(window):
+                    with torch.cuda.stream(stream), torch.random.fork_rng(devices=[self.device]):
+                        for _ in range(3):  # compile, then warm up inductor's kernels and the allocator
+                            self._reset_buffers()
+                            self._compiled()
+                    torch.cuda.current_stream().wait_stream(stream)
                     self._reset_buffers()
-                    self._compiled()
-            torch.cuda.current_stream().wait_stream(stream)
-            self._reset_buffers()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                self._compiled()
-            self._graph = graph
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=pool):
+                        self._compiled()
+                graphs[window] = graph
+                self.counts.recordings += 1
+            self._graphs = graphs
         else:
-            self._reset_buffers()
-            with torch.random.fork_rng(devices=[]):  # the warm-up draw must not move the member's RNG
-                self._compiled()
-        self.counts.recordings += 1
+            for window in self.windows:
+                self._reset_buffers()
+                with attention_window(window), torch.random.fork_rng(devices=[]):  # must not move the member's RNG
+                    self._compiled()
+                self.counts.recordings += 1
         self._built = True
 
     def _reset_buffers(self) -> None:
@@ -264,7 +296,7 @@ class OwnedDecoder:
             self.counts.weights_moved += 1
             logger.warning("decode: the policy's weights moved in memory since the last generation; the captured "
                            "step reads the old addresses, so it is captured again (update them in place)")
-            self._graph, self._built = None, False
+            self._graphs, self._built = {}, False
         self._weight_ptrs = ptrs
 
     def generate(self, model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -282,11 +314,12 @@ class OwnedDecoder:
             if not self._built:
                 self._build()
             self._prefill(ids.to(self.device), mask.to(self.device))
+            bucket = ids.shape[1]
             steps = 1
             while steps < self.max_new_tokens:
                 if steps % self.check_every == 0 and not self._host_read(self.any_unfinished):
                     break
-                self._replay()
+                self._replay(self._window_for(bucket + steps - 1))  # this step's token goes to that position
                 steps += 1
         self.counts.generate_calls += 1
         self.counts.tokens += steps
@@ -307,7 +340,8 @@ class OwnedDecoder:
         counts = self.counts
         return {"loop": OWNED_LOOP, "generate_calls": counts.generate_calls, "compiles": counts.compiles,
                 "recompiles": counts.recompiles, "recordings": counts.recordings,
-                "cuda_graph": self._graph is not None, "replays": counts.replays, "tokens": counts.tokens,
+                "cuda_graph": bool(self._graphs), "replays": counts.replays, "tokens": counts.tokens,
+                "windows": list(self.windows), "window_replays": dict(counts.window_replays),
                 "host_syncs": counts.host_syncs,
                 "host_syncs_per_token": counts.host_syncs / counts.tokens if counts.tokens else None,
                 "check_every": self.check_every, "weights_moved": counts.weights_moved,

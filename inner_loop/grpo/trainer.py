@@ -124,6 +124,7 @@ class MirrorGRPOTrainer(GRPOTrainer):
         decode_cache: str = DYNAMIC_CACHE,
         decode_buckets: list[int] | None = None,
         decode_compile_backend: str = "inductor",
+        decode_windows: int = 1,
         **kwargs: Any,
     ) -> None:
         model = kwargs.get("model", args[0] if args else None)
@@ -189,7 +190,8 @@ class MirrorGRPOTrainer(GRPOTrainer):
                                   max_new_tokens=self.max_completion_length, generation_config=self.generation_config,
                                   compile_backend=decode_compile_backend)
             unwrapped = self.accelerator.unwrap_model(self.model)
-            self.decoder = (OwnedDecoder(unwrapped, decode_buckets or [], **decoder_kwargs) if decode_cache == OWNED_LOOP
+            self.decoder = (OwnedDecoder(unwrapped, decode_buckets or [], **decoder_kwargs, windows=decode_windows)
+                            if decode_cache == OWNED_LOOP
                             else PersistentDecoder(unwrapped, decode_buckets or [], **decoder_kwargs,
                                                    merge_lora=decode_cache == PERSISTENT_MERGED))
         if self.aux_loss_enabled:

@@ -170,6 +170,7 @@ def build_trainer(run: PreparedRun, work_dir: Path, seed: int) -> MirrorGRPOTrai
             decode_cache=tcfg.decode_cache,
             decode_buckets=member_decode_buckets(tcfg.decode_cache, tcfg.decode_buckets, tokenizer, prompts),
             decode_compile_backend=tcfg.decode_compile_backend,
+            decode_windows=tcfg.decode_windows,
             callbacks=[DiskUsageCallback(str(work_dir)), ProgressFileCallback(work_dir),
                        *([tensorboard_callback(work_dir)] if "tensorboard" in tcfg.report_to else []),
                        SaveOnNoticeCallback()],  # last: the others see its save before it stops the run
