@@ -74,14 +74,14 @@ def run_ends(members: pd.DataFrame, horizon: int) -> pd.DataFrame:
 
 def episode_progress(members: pd.DataFrame, horizon: int) -> pd.DataFrame:
     """Per episode number, the mean over its particles of the end score at ``horizon``: the search's progress
-    (columns episode, particles, mean_end_score, best_end_score, generation: the last one in which they ended)."""
-    columns = ["episode", "particles", "mean_end_score", "best_end_score", "generation"]
+    (columns episode, runs_ended, mean_end_score, best_end_score, generation: the last one in which they ended)."""
+    columns = ["episode", "runs_ended", "mean_end_score", "best_end_score", "generation"]
     ended = run_ends(members, horizon)
     if not len(ended) or EPISODE_COLUMN not in ended:
         return pd.DataFrame(columns=columns)
     ended = ended.dropna(subset=[EPISODE_COLUMN])
     grouped = ended.groupby(ended[EPISODE_COLUMN].astype(int))
-    table = pd.DataFrame({"particles": grouped.size(), "mean_end_score": grouped[END_SCORE_COLUMN].mean(),
+    table = pd.DataFrame({"runs_ended": grouped.size(), "mean_end_score": grouped[END_SCORE_COLUMN].mean(),
                           "best_end_score": grouped[END_SCORE_COLUMN].max(), "generation": grouped["generation"].max()})
     return table.rename_axis("episode").reset_index()[columns]
 
@@ -94,6 +94,6 @@ def progress_lines(members: pd.DataFrame, horizon: int, population: int) -> list
     if not len(table):
         return [head + ": no particle has ended its run yet"]
     return [head + ":", *(f"  episode {int(row.episode)}: {row.mean_end_score:.4f} (best {row.best_end_score:.4f}; "
-                          f"{int(row.particles)} of {population} particles, by generation {int(row.generation)})"
+                          f"{int(row.runs_ended)} of {population} particles, by generation {int(row.generation)})"
                           for row in table.itertuples())]
 
