@@ -49,7 +49,7 @@ class MBPPConfig:
     split_seed: int = 0
     include_challenge_tests: bool = False
     prompt_template: str = "{text}\nYour code should pass this test:\n{first_test}\n"
-    timeout_s: float = 5.0
+    timeout_s: float = 1.5  # conf/task/mbpp.yaml says why (bench/bench_sandbox_timeout.py)
     #: inner_loop.sandbox.pool.SandboxConfig keys (require_isolation, memory_mb, workers, ...); {}: its defaults
     sandbox: dict[str, Any] = field(default_factory=dict)
 
