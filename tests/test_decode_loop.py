@@ -302,3 +302,22 @@ def test_the_windows_are_even_steps_up_to_the_whole_cache_and_out_of_range_is_re
             attention_windows(28, bad)
     with pytest.raises(ValueError, match="train.decode_windows=2 applies to train.decode_cache=owned_loop"):
         TrainConfig(decode_windows=2).validate()
+
+
+def test_decoders_built_one_after_another_in_a_process_are_not_refused_by_dynamos_limit() -> None:
+    """Every decoder compiles the one ``_step`` code once per window its shapes have not been compiled for, and the
+    entries of decoders built before stay in that code's cache: with dynamo's limit at 1, a second decoder with a
+    new window (10 of 20 positions) still compiles, where dynamo would refuse it."""
+    model, greedy = _tiny_model()
+    greedy = copy.deepcopy(greedy)
+    greedy.max_new_tokens = 12
+    ids, mask = _left_padded([5, 3, 7, 6], 0)
+    with torch.no_grad():
+        plain = model.generate(input_ids=ids, attention_mask=mask, generation_config=greedy)[:, ids.size(1):]
+    eos = model.generation_config.eos_token_id
+    with torch._dynamo.config.patch(recompile_limit=1):
+        for windows in (1, 2):
+            decoder = OwnedDecoder(model, [8], 4, 12, _config(12, eos=eos, do_sample=False),
+                                   compile_backend="aot_eager", windows=windows)
+            assert torch.equal(decoder.generate(model, ids, mask), plain)
+    assert decoder.windows == [10, 20] and decoder.summary()["compiles"] >= 1

@@ -45,6 +45,10 @@ logger = logging.getLogger(__name__)
 
 #: Token steps between two reads of the finished flag by the host (the loop's only sync while decoding).
 CHECK_EVERY = 16
+#: dynamo's limit on compiled entries of the step's code while a decoder builds: every decoder compiles the one
+#: ``_step`` code once per window, and the entries of decoders built before in the process (a test module's, a
+#: member's trainer rebuilt) stay in that code's cache, where dynamo's default (8) would refuse the next one
+STEP_RECOMPILE_LIMIT = 64
 
 
 def attention_windows(max_cache_len: int, windows: int) -> list[int]:
@@ -217,6 +221,12 @@ class OwnedDecoder:
         """Compile the step for every window (and on CUDA capture each as a CUDA graph) over the buffers as they
         are; the state it leaves is overwritten by the next prefill. The captures share one memory pool: every value
         that outlives a replay lives in the decoder's own buffers, and one step runs at a time."""
+        limit = max(int(torch._dynamo.config.recompile_limit), STEP_RECOMPILE_LIMIT)
+        with torch._dynamo.config.patch(recompile_limit=limit):
+            self._build_windows()
+        self._built = True
+
+    def _build_windows(self) -> None:
         if self._cuda:
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
@@ -242,7 +252,6 @@ class OwnedDecoder:
                 with attention_window(window), torch.random.fork_rng(devices=[]):  # must not move the member's RNG
                     self._compiled()
                 self.counts.recordings += 1
-        self._built = True
 
     def _reset_buffers(self) -> None:
         self.cache.reset()
