@@ -216,8 +216,9 @@ def test_pgpe_steps_in_radii_whatever_the_radius_and_the_fitness_scale(radius):
 def test_openai_es_elite_bounds_the_centre_move_per_generation_in_radii():
     """The authors' step grows with the fitness's scale; es.max_step_radii (default 2) caps its L2 norm at that many
     sigmas, and null restores the unbounded rule."""
-    small = _first_move({"name": "openai_es_elite", "radius": 0.01})
-    assert small < 2 * 0.01  # not binding on a fitness of pass@1's scale
+    # the embedded default's radius (0.1) and pair differences of ~0.05 (pass@1's scale): the authors' step, unbound
+    small = _first_move({"name": "openai_es_elite", "radius": 0.1}, scale=0.0125)
+    assert small < 0.5 * 2 * 0.1
     assert _first_move({"name": "openai_es_elite", "radius": 0.01}, scale=1e4) == pytest.approx(2 * 0.01)
     assert _first_move({"name": "openai_es_elite", "radius": 0.01, "max_step_radii": None}, scale=1e4) > 1.0
     assert _first_move({"name": "openai_es_elite", "radius": 0.01, "max_step_radii": 0.5}, scale=1e4) == \
