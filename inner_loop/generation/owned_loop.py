@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -39,12 +39,16 @@ from inner_loop.generation.backends import COMPILE_BACKENDS, MAX_DECODE_WINDOWS,
 from inner_loop.generation.decode_step import _CompileEvents, static_cache, to_bucket, without_input_grad_hooks
 from inner_loop.generation.gqa_attention import attention_window, decode_attention
 from inner_loop.generation.lora_merge import MergedLora
+from inner_loop.generation.profile_ranges import DECODE_REPLAY, DECODE_WINDOW, profiling, step_range
 from inner_loop.generation.sampling import truncated_logits
 
 logger = logging.getLogger(__name__)
 
 #: Token steps between two reads of the finished flag by the host (the loop's only sync while decoding).
 CHECK_EVERY = 16
+#: Under a profile, the token steps named as one window (DECODE_WINDOW, generation/profile_ranges.py): the second
+#: check period, its read of the finished flag included, past the prefill and the first steps' warm-up
+PROFILED_FROM_STEP = CHECK_EVERY
 #: dynamo's limit on compiled entries of the step's code while a decoder builds: every decoder compiles the one
 #: ``_step`` code once per window, and the entries of decoders built before in the process (a test module's, a
 #: member's trainer rebuilt) stay in that code's cache, where dynamo's default (8) would refuse the next one
@@ -325,15 +329,28 @@ class OwnedDecoder:
             self._prefill(ids.to(self.device), mask.to(self.device))
             bucket = ids.shape[1]
             steps = 1
-            while steps < self.max_new_tokens:
-                if steps % self.check_every == 0 and not self._host_read(self.any_unfinished):
-                    break
-                self._replay(self._window_for(bucket + steps - 1))  # this step's token goes to that position
-                steps += 1
+            with self._profiled_window() as window:
+                while steps < self.max_new_tokens:
+                    window.at(steps)
+                    if steps % self.check_every == 0 and not self._host_read(self.any_unfinished):
+                        break
+                    with window.replay():
+                        self._replay(self._window_for(bucket + steps - 1))  # this step's token goes to that position
+                    steps += 1
         self.counts.generate_calls += 1
         self.counts.tokens += steps
         self.last_logps = self.logps[:rows, :steps].clone()
         return self.tokens[:rows, :steps].clone()
+
+    @contextmanager
+    def _profiled_window(self) -> Iterator["_Window"]:
+        """The token steps a profile names (one check period from PROFILED_FROM_STEP, each replay in it named too);
+        without a profile, nothing is opened."""
+        window = _Window(PROFILED_FROM_STEP, self.check_every) if profiling() else _NO_WINDOW
+        try:
+            yield window
+        finally:
+            window.close()
 
     @contextmanager
     def _counting(self) -> Iterator[None]:
@@ -358,3 +375,44 @@ class OwnedDecoder:
                 "buckets": list(self.buckets), "cache_shape": [self.batch_size, self.max_cache_len],
                 "compile_backend": self.compile_backend, "compile_mode": self.compile_mode}
 
+
+
+class _Window:
+    """DECODE_WINDOW over token steps [first, first + length) of one generation, DECODE_REPLAY over each replay in
+    it (under a profile only: see OwnedDecoder._profiled_window)."""
+
+    def __init__(self, first: int, length: int) -> None:
+        self.first, self.end = first, first + length
+        self._range: Any = None
+        self._inside = False
+
+    def at(self, step: int) -> None:
+        """Called before token step ``step`` (its finished-flag read, then its replay)."""
+        if step == self.first:
+            self._range = step_range(DECODE_WINDOW)
+            self._range.__enter__()
+            self._inside = True
+        elif step == self.end:
+            self.close()
+
+    def replay(self) -> Any:
+        return step_range(DECODE_REPLAY) if self._inside else _NO_RANGE
+
+    def close(self) -> None:
+        if self._inside:
+            self._range.__exit__(None, None, None)
+            self._range, self._inside = None, False
+
+
+class _NoWindow(_Window):
+    """The window when no profile is taken: every call does nothing."""
+
+    def __init__(self) -> None:
+        super().__init__(0, 0)
+
+    def at(self, step: int) -> None:
+        return None
+
+
+_NO_WINDOW = _NoWindow()
+_NO_RANGE = nullcontext()

@@ -10,21 +10,27 @@ import copy
 import hashlib
 import logging
 import math
+import threading
 import time
+import weakref
+from concurrent.futures import Future
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from trl import GRPOTrainer
 from trl.extras.profiling import profiling_context
 from trl.models import unwrap_model_for_generation
-from trl.trainer.utils import add_fused_lm_head
+from trl.trainer.utils import add_fused_lm_head, pad
 
 from inner_loop.generation.backends import (DYNAMIC_CACHE, HF_GENERATE, OWNED_LOOP, PERSISTENT_CACHES,
                                             PERSISTENT_MERGED, VLLM_COLOCATE, cache_implementation,
                                             decode_cache_refusal, generation_backend)
 from inner_loop.generation.decode_step import TRANSFORMERS_INPUT_GRAD_HOOK, PersistentDecoder
 from inner_loop.generation.owned_loop import OwnedDecoder
+from inner_loop.generation.profile_ranges import (BACKWARD, COMPUTE_LOSS, GENERATE, GRAD_CLIP, POLICY_FORWARD,
+                                                  PREPARE_INPUTS, REFERENCE_FORWARD, REWARD, REWARD_WAIT,
+                                                  TRAINING_STEP, step_range)
 from inner_loop.generation.sampling import importance_sampling_ratio, processed_logps
 from inner_loop.generation.memory import held_gpu_bytes, member_gpu_budget_bytes
 from inner_loop.generation.vllm_colocate import (claim_rendezvous_port, engine_in_policy_dtype,
@@ -55,6 +61,11 @@ FULL_FORM_CUDA_FREE_FRACTION = 0.25
 #: full form's tiles project the logits from the head themselves and apply only the temperature
 LOGIT_TRANSFORM_KEYS = ("final_logit_softcapping", "logit_scale", "output_multiplier", "lm_head_multiplier",
                         "logits_scaling")
+#: the batch key of the reference's per-token log-probs when they were computed beside the rewards (TRL shuffles and
+#: splits it with the rest of the generation batch)
+REFERENCE_LOGPS = "mirror_reference_logps"
+#: the batch keys the reference's forward reads, rebuilt from the generated ids as TRL builds them
+_REFERENCE_INPUTS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
 
 
 def full_form_rows_for(budget_bytes: int, n_completion: int, vocab: int) -> int:
@@ -102,6 +113,43 @@ def drop_stale_input_grad_hooks(model: torch.nn.Module) -> int:
     return dropped
 
 
+#: the adapter layers of each PEFT model, collected once (adapters_disabled); an entry goes with its model
+_ADAPTER_LAYERS: "weakref.WeakKeyDictionary[Any, list[torch.nn.Module]]" = weakref.WeakKeyDictionary()
+
+
+@contextmanager
+def adapters_disabled(model: Any) -> Iterator[None]:
+    """``model.disable_adapter()``'s effect, without its walks over the whole model at every use.
+
+    Why: PEFT's context reads the model's adapter status (every module and parameter) and then disables and
+    re-enables the adapter layers by walking every module: 41-52 ms of host time per use at Qwen3-1.7B's 2,389
+    modules with LoRA r=64 (this project's 2-core CPU machine, loaded), once per step for the reference's forward;
+    11-13 ms here. The layers are collected once and each is switched by PEFT's own ``enable_adapters`` (which keeps
+    its ``requires_grad`` bookkeeping), each put back as it was; the forward runs the same code as under PEFT's.
+    Prompt-learning and adaption-prompt adapters, which PEFT disables otherwise, keep PEFT's context."""
+    config = model.peft_config[model.active_adapter]
+    if config.is_prompt_learning or config.is_adaption_prompt:
+        with model.disable_adapter():
+            yield
+        return
+    layers = _ADAPTER_LAYERS.get(model)
+    if layers is None:
+        from peft.tuners.tuners_utils import BaseTunerLayer
+        from peft.utils import AuxiliaryTrainingWrapper
+
+        layers = [m for m in model.modules() if isinstance(m, (BaseTunerLayer, AuxiliaryTrainingWrapper))]
+        _ADAPTER_LAYERS[model] = layers
+    was_disabled = [bool(layer.disable_adapters) for layer in layers]
+    for layer in layers:
+        layer.enable_adapters(False)
+    try:
+        yield
+    finally:
+        for layer, disabled in zip(layers, was_disabled):
+            if not disabled:
+                layer.enable_adapters(True)
+
+
 class NonFiniteLossError(RuntimeError):
     """The loss became NaN/inf; the run must end as `failed` instead of training on garbage."""
 
@@ -125,6 +173,7 @@ class MirrorGRPOTrainer(GRPOTrainer):
         decode_buckets: list[int] | None = None,
         decode_compile_backend: str = "inductor",
         decode_windows: int = 1,
+        score_beside_reference: bool = True,
         **kwargs: Any,
     ) -> None:
         model = kwargs.get("model", args[0] if args else None)
@@ -170,6 +219,13 @@ class MirrorGRPOTrainer(GRPOTrainer):
         self._digest_from_step: int | None = None
         #: wall seconds spent generating since TRL last logged a step time (GENERATE_TIME, beside it)
         self._generate_s = 0.0
+        #: score the rewards on a thread of their own while the reference's forward runs (the sampled forms);
+        #: False: the reference's forward runs in the loss, after the rewards (the same figures, bit for bit)
+        self.score_beside_reference = score_beside_reference
+        #: generation batches whose reference log-probs were computed beside their rewards
+        self.references_beside_rewards = 0
+        self._generated_prompt_ids: list[list[int]] | None = None
+        self._early_reference: tuple[dict[str, torch.Tensor], torch.Tensor] | None = None
         if self.generation_backend == VLLM_COLOCATE:
             with engine_in_policy_dtype(next(model.parameters()).dtype):
                 super().__init__(*args, **kwargs)
@@ -194,6 +250,7 @@ class MirrorGRPOTrainer(GRPOTrainer):
                             if decode_cache == OWNED_LOOP
                             else PersistentDecoder(unwrapped, decode_buckets or [], **decoder_kwargs,
                                                    merge_lora=decode_cache == PERSISTENT_MERGED))
+        self._name_backward()
         if self.aux_loss_enabled:
             raise ValueError(
                 f"{type(self.model).__name__} is a Mixture-of-Experts model whose router load-balancing loss TRL adds "
@@ -213,12 +270,33 @@ class MirrorGRPOTrainer(GRPOTrainer):
         resumed in any epoch sees the batches the uninterrupted run saw."""
         return EpochRepeatSampler.like(super()._get_train_sampler(dataset))
 
+    def _name_backward(self) -> None:
+        """The backward transformers runs through the accelerator, as a named range of a profile (nothing else)."""
+        backward = self.accelerator.backward
+
+        def named_backward(loss: torch.Tensor, **kwargs: Any) -> Any:
+            with step_range(BACKWARD):
+                return backward(loss, **kwargs)
+
+        self.accelerator.backward = named_backward
+
+    def _clip_grad_norm(self, model: torch.nn.Module) -> Any:
+        with step_range(GRAD_CLIP):
+            return super()._clip_grad_norm(model)
+
+    def _prepare_inputs(self, generation_batch: Any) -> Any:
+        """TRL's: generation and scoring, shuffle and split; the range's own time in a profile is TRL's bookkeeping."""
+        with step_range(PREPARE_INPUTS):
+            return super()._prepare_inputs(generation_batch)
+
     def _generate_and_score_completions(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         if self._digest_from_step is None:
             self._digest_from_step = self.state.global_step
+        self._generated_prompt_ids = self._early_reference = None
         # before every generation, whatever the backend: else a compiled decode step's guards fail at every step
         drop_stale_input_grad_hooks(self.accelerator.unwrap_model(self.model))
         output = super()._generate_and_score_completions(*args, **kwargs)
+        self._attach_early_reference(output)
         if self.use_vllm and self.vllm_importance_sampling_correction and self._sampling_truncates():
             self._ratio_on_processed_distribution(output)
         ids, mask = output["completion_ids"], output["completion_mask"].bool()
@@ -228,20 +306,102 @@ class MirrorGRPOTrainer(GRPOTrainer):
 
     def _generate(self, *args: Any, **kwargs: Any) -> Any:
         """TRL's generation (any backend), timed: a training generation's wall seconds go into the step's
-        GENERATE_TIME (an evaluation's are not the step's)."""
+        GENERATE_TIME (an evaluation's are not the step's). The prompts' ids are kept for the reference's forward
+        beside the rewards."""
         began, training = time.perf_counter(), self.model.training
         try:
-            return super()._generate(*args, **kwargs)
+            with step_range(GENERATE):
+                out = super()._generate(*args, **kwargs)
+            self._generated_prompt_ids = out[0]
+            return out
         finally:  # the completions came back as lists: on a GPU the decode has finished by now
             if training:
                 self._generate_s += time.perf_counter() - began
+
+    def _calculate_rewards(self, inputs: list[dict[str, Any]], prompts: list[Any], completions: list[Any],
+                           completion_ids_list: list[list[int]]) -> torch.Tensor:
+        """TRL's rewards. Where the loss needs the reference's log-probs (the sampled forms), they are computed on
+        this thread while the rewards are scored on another: the sandbox's grading waits on its processes and the
+        forward on the device, so the step pays the longer of the two instead of their sum. The rewards, the
+        reference's log-probs and every random stream are those of the sequential order (the reference's forward
+        draws nothing, the scoring touches no torch generator)."""
+        score = super()._calculate_rewards
+        batch = self._reference_batch(inputs, completion_ids_list)
+        if batch is None:
+            with step_range(REWARD):
+                return score(inputs, prompts, completions, completion_ids_list)
+        future = _in_thread(_named(REWARD, score), inputs, prompts, completions, completion_ids_list)
+        try:
+            with step_range(REFERENCE_FORWARD):
+                logps = self._reference_logps(batch)
+        except BaseException:
+            _wait_quietly(future)
+            raise
+        with step_range(REWARD_WAIT):
+            rewards = future.result()
+        self._early_reference = (batch, logps)
+        return rewards
+
+    def _reference_batch(self, inputs: list[dict[str, Any]],
+                         completion_ids_list: list[list[int]]) -> dict[str, torch.Tensor] | None:
+        """The tensors TRL's loss batch will hold for the reference's forward, built from the generated ids as TRL
+        builds them (padding, ``mask_truncated_completions``); None where the reference is not scored beside the
+        rewards (the switch off, no regularizer, the full form, multimodal inputs)."""
+        prompt_ids_list, self._generated_prompt_ids = self._generated_prompt_ids, None
+        reg = self.regularizer
+        if (not self.score_beside_reference or not reg.active or reg.needs_full_vocabulary or prompt_ids_list is None
+                or not inputs or "image" in inputs[0] or "images" in inputs[0]):
+            return None
+        device, pad_id = self.accelerator.device, self._tokenizer.pad_token_id
+
+        def padded(rows: list[torch.Tensor], value: int, side: str) -> torch.Tensor:
+            return pad(rows, padding_value=value, padding_side=side,
+                       pad_to_multiple_of=self.pad_to_multiple_of).to(device=device)
+
+        prompts = [torch.tensor(ids) for ids in prompt_ids_list]
+        completions = [torch.tensor(ids) for ids in completion_ids_list]
+        completion_mask = padded([torch.ones_like(ids, dtype=torch.long) for ids in completions], 0, "right")
+        if self.mask_truncated_completions:
+            eos_and_pad = [*self.eos_token_ids, pad_id]
+            is_truncated = torch.tensor([ids[-1] not in eos_and_pad for ids in completion_ids_list], device=device)
+            completion_mask = completion_mask * (~is_truncated).unsqueeze(1).int()
+        return {"prompt_ids": padded(prompts, pad_id, "left"),
+                "prompt_mask": padded([torch.ones_like(ids, dtype=torch.long) for ids in prompts], 0, "left"),
+                "completion_ids": padded(completions, pad_id, "right"), "completion_mask": completion_mask}
+
+    def _reference_logps(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The reference's per-token log-probs of ``batch``, in chunks of the loss's micro-batch rows (the rows the
+        loss would run it on, so the figures are the same)."""
+        input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+        attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        rows = (self.args.per_device_train_batch_size if self.model.training
+                else self.args.per_device_eval_batch_size)
+        with torch.no_grad(), self._reference(self.model) as ref:
+            logps, _, _ = self._get_per_token_logps_and_entropies(ref, input_ids, attention_mask,
+                                                                  batch["completion_ids"].size(1), batch_size=rows)
+        return logps
+
+    def _attach_early_reference(self, output: dict[str, Any]) -> None:
+        """Put the reference's log-probs computed beside the rewards into TRL's batch, where they were computed for
+        that batch's very tensors (else the loss computes them, and a warning says why)."""
+        early, self._early_reference = self._early_reference, None
+        if early is None:
+            return
+        batch, logps = early
+        if all(torch.equal(batch[key], output[key]) for key in _REFERENCE_INPUTS):
+            output[REFERENCE_LOGPS] = logps
+            self.references_beside_rewards += 1
+        else:
+            logger.warning("the reference's log-probs computed beside the rewards were for other tensors than TRL's "
+                           "batch (a TRL change in how it pads?): the loss computes them itself")
 
     def training_step(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         """TRL's step; where it logged the step's time, the seconds the step spent generating are logged beside it
         (GENERATE_TIME), so a record says how much of its step time is decoding."""
         train = self._metrics["train"]
         logged = len(train[STEP_TIME])
-        out = super().training_step(*args, **kwargs)
+        with step_range(TRAINING_STEP):
+            out = super().training_step(*args, **kwargs)
         if len(train[STEP_TIME]) > logged:
             train[GENERATE_TIME].append(self._generate_s)
             self._generate_s = 0.0
@@ -373,7 +533,7 @@ class MirrorGRPOTrainer(GRPOTrainer):
             yield self._frozen_ref
             return
         unwrapped = self.accelerator.unwrap_model(model)
-        with unwrapped.disable_adapter():
+        with adapters_disabled(unwrapped):
             yield model
 
     def _completion_logits(self, model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -424,8 +584,9 @@ class MirrorGRPOTrainer(GRPOTrainer):
         LM heads, a tile of the vocabulary at a time (mirror_maps.tiled), so neither model's (B, T, V) logits exist.
         Tiles take at most the member's full-form budget; train.full_form_rows (batch rows) fixes their positions."""
         n_completion = completion_ids.size(1)
-        hidden, head, dtype = self._completion_hidden(model, input_ids, attention_mask, n_completion)
-        with torch.no_grad(), self._reference(model) as ref:
+        with step_range(POLICY_FORWARD):
+            hidden, head, dtype = self._completion_hidden(model, input_ids, attention_mask, n_completion)
+        with step_range(REFERENCE_FORWARD), torch.no_grad(), self._reference(model) as ref:
             ref_hidden, ref_head, _ = self._completion_hidden(ref, input_ids, attention_mask, n_completion)
         rows = None if self.full_form_rows is None else self.full_form_rows * n_completion
         return self.regularizer.full_from_hidden(
@@ -435,7 +596,12 @@ class MirrorGRPOTrainer(GRPOTrainer):
 
     def _compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
         """GBMPO's loss on TRL's batch, honouring what TRL's own loss honours (trl_loss_contract.py): the tool mask,
-        ``old_per_token_logps`` None (on-policy) and, with vLLM generation, the importance-sampling ratio."""
+        ``old_per_token_logps`` None (on-policy) and, with vLLM generation, the importance-sampling ratio. The
+        reference's log-probs are the batch's where they were computed beside the rewards."""
+        with step_range(COMPUTE_LOSS):
+            return self._gbmpo_loss(model, inputs)
+
+    def _gbmpo_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
         prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
@@ -455,9 +621,11 @@ class MirrorGRPOTrainer(GRPOTrainer):
             logps, divergence = full.logps, full.divergence
             norms = None if full.policy_norms is None else (full.policy_norms, full.divergence_norms)
         else:
-            logps, _, _ = self._get_per_token_logps_and_entropies(model, input_ids, attention_mask, n_completion)
-            if reg.active:
-                with torch.no_grad(), self._reference(model) as ref:
+            with step_range(POLICY_FORWARD):
+                logps, _, _ = self._get_per_token_logps_and_entropies(model, input_ids, attention_mask, n_completion)
+            ref_logps = inputs.get(REFERENCE_LOGPS) if reg.active else None  # computed beside the rewards
+            if reg.active and ref_logps is None:
+                with step_range(REFERENCE_FORWARD), torch.no_grad(), self._reference(model) as ref:
                     ref_logps, _, _ = self._get_per_token_logps_and_entropies(
                         ref, input_ids, attention_mask, n_completion
                     )
@@ -520,3 +688,34 @@ class MirrorGRPOTrainer(GRPOTrainer):
             logger.info("regularizer gradient share at step %d: exact %.4g (per-step estimate %.4g)",
                         self.state.global_step, exact, share)
             self._exact_share_step = None
+
+
+def _named(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` inside the named range ``name`` (for a profile; nothing otherwise)."""
+    def run(*args: Any) -> Any:
+        with step_range(name):
+            return fn(*args)
+    return run
+
+
+def _in_thread(fn: Callable[..., Any], *args: Any) -> Future:
+    """``fn(*args)`` on a thread of its own; its result (or exception) in the future."""
+    future: Future = Future()
+
+    def run() -> None:
+        future.set_running_or_notify_cancel()
+        try:
+            future.set_result(fn(*args))
+        except BaseException as exc:  # handed to whoever waits on the future
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="mirror-es-rewards", daemon=True).start()
+    return future
+
+
+def _wait_quietly(future: Future) -> None:
+    """Wait for ``future`` to end, its outcome dropped (the caller is already failing with its own error)."""
+    try:
+        future.result()
+    except BaseException:
+        logger.debug("the rewards' thread failed too, after the reference's forward did", exc_info=True)
