@@ -31,6 +31,11 @@ writes its measurement to a JSON file; this parent prints the tables.
   their timed steps did not overlap: "overlap" is the shared share of that span). With vLLM each member's
   ``vllm_gpu_memory_utilization`` is ``--vllm-memory`` / N, so N engines fit beside each other, and its own
   MASTER_PORT (TRL would give every member 29500 and all but one fail: ``_free_ports``).
+- ``--profile-step``: each member trains one step more, profiled with ``torch.profiler`` over the step's named
+  ranges (inner_loop/generation/profile_ranges.py: generation, rewards, reference and policy forwards, backward,
+  optimizer, TRL's bookkeeping) and, on the owned loop, 16 of its token steps (time in the captured step, eager,
+  idle); that step is left out of the step time (a profile slows what it records) and its figures are the member's
+  ``profile``.
 - A random model's rewards are all 0, so every group is tied, and the trainer would retry its once-per-run exact
   gradient share (two extra backward passes) at every step; members skip that measurement
   (``--keep-exact-share`` keeps it) so the timed steps are the steady state of a real run.
@@ -160,7 +165,7 @@ def compose_inner(opts: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
     data = Path(opts.data)
     overrides = ["experiment=mbpp_qwen3", f"model.name_or_path={model_dir}", f"task.train_file={data / 'train.jsonl'}",
                  f"task.validation_file={data / 'validation.jsonl'}", f"task.test_file={data / 'test.jsonl'}",
-                 f"train.steps={opts.steps}", "work_dir=unused"]
+                 f"train.steps={opts.steps + (1 if opts.profile_step else 0)}", "work_dir=unused"]
     for flag, key in (("group_size", "group_size"), ("batch_size", "batch_size"),
                       ("completion_length", "max_completion_length"), ("threads", "num_threads")):
         if getattr(opts, flag) is not None:
@@ -225,12 +230,16 @@ def _peak_memory(device: str) -> dict[str, Any]:
     return out
 
 
-def _step_figures(history: list[dict[str, Any]], work_dir: Path, batch_size: int) -> dict[str, Any]:
-    """Step time, generation time, tokens/s and the timed window, from the trainer's log and progress.json."""
+def _step_figures(history: list[dict[str, Any]], work_dir: Path, batch_size: int,
+                  profiled: bool = False) -> dict[str, Any]:
+    """Step time, generation time, tokens/s and the timed window, from the trainer's log and progress.json; a
+    profiled last step (``profiled``) is not timed."""
     from core.keys import COMPLETIONS_MEAN_LENGTH, GENERATE_TIME, STEP_TIME
     from results.store.member_files import read_progress
 
     logs = [h for h in history if STEP_TIME in h]
+    if profiled and len(logs) > 2:
+        logs = logs[:-1]
     timed = logs[1:] if len(logs) > 1 else logs  # the first step carries the one-off set-up (and any compile)
     times = [h[STEP_TIME] for h in timed]
     tokens = [h[COMPLETIONS_MEAN_LENGTH] * batch_size for h in timed]
@@ -259,10 +268,11 @@ def _no_checkpoint() -> Any:
     return NoCheckpoint()
 
 
-def _train(spec: dict[str, Any], device: dict[str, Any]) -> Any:
+def _train(spec: dict[str, Any], device: dict[str, Any], profile: Any = None) -> Any:
     """The member's trainer, built and set up as a member builds it (inner_loop/member/lifecycle.py: its device, its
     share of the card, its threads), trained for its steps without a checkpoint; the final validation, which a real
-    member scores its fitness by, is not run (a random model's fitness says nothing, and it costs minutes)."""
+    member scores its fitness by, is not run (a random model's fitness says nothing, and it costs minutes).
+    ``profile``: a callback that profiles one of the steps."""
     import torch
 
     from inner_loop.process.gpu_share import apply_memory_share
@@ -275,6 +285,8 @@ def _train(spec: dict[str, Any], device: dict[str, Any]) -> Any:
     work_dir.mkdir(parents=True, exist_ok=True)
     trainer = build_trainer(run, work_dir, spec["seed"])
     trainer.add_callback(_no_checkpoint())  # after TRL's own flow callback: its decision to save is undone
+    if profile is not None:
+        trainer.add_callback(profile)
     trainer.train()
     return trainer
 
@@ -293,13 +305,20 @@ def member_job(job_file: Path, out_file: Path) -> None:
     out: dict[str, Any] = {"index": spec["index"], "backend": job["backend"], "members": job["members"],
                            "device": job["device"]}
     device: dict[str, Any] = {}
+    profile = None
+    if job.get("profile_step"):  # the member's last step
+        from inner_loop.grpo.step_profile import StepProfileCallback
+
+        profile = StepProfileCallback(spec["inner"]["train"]["steps"])
     try:
         device = require_device(spec["inner"])
-        trainer = _train(spec, device)
+        trainer = _train(spec, device, profile)
         generation = trainer.generation_summary()
         out.update(status="ok", error=None, decode_counts=generation.get("decode_counts"),
-                   ran_as=measured_name(generation.get("backend"), generation.get("decode_cache")))
-        out.update(_step_figures(trainer.state.log_history, Path(spec["work_dir"]), job["batch_size"]))
+                   ran_as=measured_name(generation.get("backend"), generation.get("decode_cache")),
+                   profile=profile.summary if profile is not None else None)
+        out.update(_step_figures(trainer.state.log_history, Path(spec["work_dir"]), job["batch_size"],
+                                 profiled=profile is not None))
     except Exception as exc:  # the member's failure is its row's, with the reason a member's record would give
         traceback.print_exc()
         out.update(status="failed", error=out_of_memory_reason(exc, device) or f"{type(exc).__name__}: {exc}")
@@ -395,7 +414,8 @@ def run_members(backend: str, members: int, inner: dict[str, Any], opts: argpars
         spec = {"run_id": "bench_member_gpu", "generation": 0, "index": index, "seed": opts.seed + index,
                 "params": [], "work_dir": str(group / f"member-{index}"), "inner": member_inner}
         job = {"spec": spec, "backend": backend, "members": members, "device": opts.device,
-               "batch_size": inner["train"]["batch_size"], "skip_exact_share": not opts.keep_exact_share}
+               "batch_size": inner["train"]["batch_size"], "skip_exact_share": not opts.keep_exact_share,
+               "profile_step": opts.profile_step}
         job_file, out_file = group / f"job-{index}.json", group / f"out-{index}.json"
         log = group / f"member-{index}.log"
         job_file.write_text(json.dumps(job))
@@ -462,7 +482,7 @@ def single_row(backend: str, result: dict[str, Any] | None, reason: str | None) 
            "ran_as": result.get("ran_as")}
     for key in ("step_s", "first_step_s", "generate_s", "tokens_per_s", "peak_memory_bytes", "peak_memory_kind",
                 "peak_rss_bytes", "peak_gpu_reserved_bytes", "graph_pool_bytes", "mean_completion_length",
-                "steps_timed", "wall_s", "decode_counts"):
+                "steps_timed", "wall_s", "decode_counts", "profile"):
         row[key] = result.get(key)
     return row
 
@@ -499,16 +519,58 @@ def sharing_row(backend: str, members: int, results: list[dict[str, Any]], devic
 
 
 def _decode_counts_text(counts: dict[str, Any] | None) -> str:
-    """A compiled decode step's counts over the member's run, for the table (empty for other caches)."""
+    """A compiled decode step's counts over the member's run, for the table (empty for other caches): the persistent
+    decoder's CUDA graph recordings (torch's trees), or the owned loop's captures and host reads per token."""
     if not counts:
         return ""
+    text = f" ({counts['generate_calls']} generations: {counts['compiles']} compiles, {counts['recompiles']} recompiles"
+    if "loop" in counts:  # the owned loop (generation/owned_loop.py): its own captures, replays and host reads
+        per_token = counts.get("host_syncs_per_token")
+        return (f"{text}, {counts['recordings']} captures, {counts['replays']} replays, "
+                f"{'-' if per_token is None else format(per_token, '.3f')} host reads per token)")
     recordings = counts["cudagraph_recordings"]
-    return (f" ({counts['generate_calls']} generations: {counts['compiles']} compiles, {counts['recompiles']} "
-            f"recompiles, {'-' if recordings is None else recordings} CUDA graph recordings)")
+    return f"{text}, {'-' if recordings is None else recordings} CUDA graph recordings)"
 
 
 def _fmt(value: Any, spec: str, scale: float = 1.0) -> str:
     return "-" if value is None else format(value / scale, spec)
+
+
+#: the step profile's ranges in the order of a step, with what each line means
+PROFILE_ROWS = (("step", "the whole optimizer step"), ("prepare_inputs", "TRL's generation and scoring: own = TRL's "
+                "bookkeeping"), ("generate", "generation"), ("reward", "rewards (their own thread)"),
+                ("reward_wait", "waiting for the rewards after the reference"), ("reference_forward",
+                "reference forward"), ("compute_loss", "the loss: own = its arithmetic and metrics"),
+                ("policy_forward", "policy forward"), ("backward", "backward"), ("grad_clip", "gradient clipping"),
+                ("optimizer", "optimizer step"), ("training_step", "the micro-step: own = not in a range"))
+
+
+def _column(value: Any, width: int, spec: str) -> str:
+    return f"{'-' if value is None else format(value, spec):>{width}s}"
+
+
+def profile_lines(profile: dict[str, Any]) -> list[str]:
+    """A profiled step as lines: per range its calls, host seconds (inclusive and its own), device seconds (the span
+    of its kernels) and busy seconds, and host syncs; then the owned loop's 16 token steps."""
+    ranges = profile.get("ranges") or {}
+    lines = [f"  {'range':18s} {'calls':>5s} {'host s':>8s} {'own s':>8s} {'device s':>8s} {'busy s':>8s} "
+             f"{'syncs':>5s}  what"]
+    for key, what in PROFILE_ROWS:
+        r = ranges.get(key)
+        if not r or not r.get("calls"):
+            continue
+        lines.append(f"  {key:18s} {r['calls']:5d} {r['host_s']:8.3f} {r['own_host_s']:8.3f} "
+                     f"{_column(r.get('device_s'), 8, '.3f')} {_column(r.get('busy_s'), 8, '.3f')} "
+                     f"{_column(r.get('syncs'), 5, 'd')}  {what}")
+    window = profile.get("decode_window")
+    if window:
+        lines.append(f"  {window['tokens']} token steps of the owned loop, per token: "
+                     f"{_fmt(window.get('in_graph_ms'), '.3f')} ms in the captured step, "
+                     f"{_fmt(window.get('eager_ms'), '.3f')} ms eager, {_fmt(window.get('idle_ms'), '.3f')} ms idle "
+                     f"(device span {_fmt(window.get('device_ms'), '.3f')} ms; host "
+                     f"{window['host_ms']:.3f} ms, {window['host_in_step_ms']:.3f} in the replays)"
+                     + (f"; {window['note']}" if window.get("note") else ""))
+    return lines
 
 
 def print_tables(summary: dict[str, Any]) -> None:
@@ -533,6 +595,11 @@ def print_tables(summary: dict[str, Any]) -> None:
               f"{_fmt(r.get('memory_ratio'), '7.2f')}x  {r.get('ran_as') or r.get('reason') or ''}"
               f"{_decode_counts_text(r.get('decode_counts'))}")
     print(f"(peak memory: {rows[0].get('peak_memory_kind') if rows else '-'}; ratios against {HF_GENERATE})")
+    for r in rows:
+        if r.get("profile"):
+            print(f"\n{r['backend']}: one profiled step (not timed above)")
+            for line in profile_lines(r["profile"]):
+                print(line)
     print(f"\n{'backend':34s} {'members':>7s} {'ok':>3s} {'tok/s total':>11s} {'steps/s total':>13s} "
           f"{'vs 1 member':>11s} {'tok/s window':>12s} {'overlap':>7s} {'peak MiB/member':>15s} "
           f"{'device MiB':>10s} {'GPU util %':>10s}")
@@ -599,6 +666,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--without-alone", action="store_true",
                         help="measure only the --members counts, not also one member alone (a caller that measured "
                              "it already: scripts/gpu_pass.py)")
+    parser.add_argument("--profile-step", action="store_true",
+                        help="each member trains one step more, profiled (torch.profiler over the step's named ranges "
+                             "and 16 of the owned loop's token steps) and left out of the step time")
     parser.add_argument("--keep-exact-share", action="store_true",
                         help="keep the trainer's per-step retries of the exact gradient share (see above)")
     parser.add_argument("--data", default=str(DATA), help="MBPP files train/validation/test.jsonl")
@@ -673,7 +743,8 @@ def run_bench(opts: argparse.Namespace) -> dict[str, Any]:
                      "batch_size": train["batch_size"], "group_size": train["group_size"],
                      "completion_length": train["max_completion_length"], "threads": train["num_threads"],
                      "tokenizer": opts.tokenizer, "members": opts.members, "exact_share_skipped":
-                     not opts.keep_exact_share, "vllm_memory": opts.vllm_memory},
+                     not opts.keep_exact_share, "vllm_memory": opts.vllm_memory,
+                     "profile_step": opts.profile_step},
         "model": {"architecture": architecture, "config": {k: config[k] for k in SHAPE_FLAGS.values()},
                   "parameters": parameters, "dir": str(model_dir)},
         "single": [], "sharing": [], "runs": {}}
@@ -721,9 +792,9 @@ def main(argv: list[str] | None = None) -> None:
     # a SIGTERM (scripts/gpu_pass.py at its budget) unwinds run_members, which kills the members' sessions
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     summary = run_bench(opts)
-    print_tables(summary)
-    if opts.json:
+    if opts.json:  # first: the measurements outlive a table that fails to print
         Path(opts.json).write_text(json.dumps(summary, indent=1))
+    print_tables(summary)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,11 @@ command cut at its limit loses only the check in flight and a second call finish
    that decides the presets), then dynamic (its baseline), one member alone (compile time reported apart: the first
    step's excess), then 2 members sharing the GPU with the faster cache, then 4 if time is left.
    ``static_compiled`` is not measured: transformers makes its cache anew at every call, so its CUDA graphs are
-   recorded at every step (docs/gpus.md, "Decoding").
+   recorded at every step (docs/gpus.md, "Decoding");
+6. ``loop:*``: the project's own decode loop (owned_loop) alone, the LoRA merge alone (persistent_merged), two
+   members on the loop; the loop's lone member profiles one step more (PROFILED): per named range of the step its
+   host and device seconds and host syncs, and 16 of its token steps split into the captured step, eager work and
+   the device's idle time.
 
 ``--only`` runs the checks it names in the order it names them. Each bench setting has a budget (ALONE_MINUTES and
 SHARING_MINUTES, the minutes it needs on one H100): it is not started with less left, and is stopped at
@@ -100,10 +104,15 @@ COMPILED_BENCH_STEPS = 6
 #: members sharing the card with the faster cache: both start at once, compile from inductor's warm cache, and step
 #: a little slower
 #: owned_loop and persistent_merged: persistent_compiled's 2.43 min on the H200 (docs/benchmarks.md), its first step's
-#: compile the same size (one whole-step graph; the merged weights change no shape), rounded up; not yet run on a card
-ALONE_MINUTES = {PERSISTENT_COMPILED: 3.5, DYNAMIC_CACHE: 2.25, OWNED_LOOP: 3.0, PERSISTENT_MERGED: 3.0}
+#: compile the same size (one whole-step graph; the merged weights change no shape), rounded up; not yet run on a card.
+#: owned_loop's line also profiles one step more (PROFILED, +0.25: one step at ~5 s, slower under the profile, and
+#: the profile's reading); persistent_merged comes second in its call, so the model is built already (-0.25)
+ALONE_MINUTES = {PERSISTENT_COMPILED: 3.5, DYNAMIC_CACHE: 2.25, OWNED_LOOP: 3.25, PERSISTENT_MERGED: 2.75}
 #: two members on the owned loop: as two on the faster cache (both compile from inductor's warm cache)
 LOOP_SHARING_MINUTES = 2.5
+#: the checks whose members profile one step more (bench --profile-step): the owned loop alone, so one call gives its
+#: step's named ranges (inner_loop/generation/profile_ranges.py) and 16 of its token steps (in graph, eager, idle)
+PROFILED = (f"loop:{OWNED_LOOP}:x1",)
 SHARING_MINUTES = {2: 2.5, 4: 3.0}
 #: a bench setting is stopped at this many times the minutes it needs (a finding: it ran past what it needs)
 BENCH_LIMIT_MARGIN = 1.3
@@ -309,6 +318,13 @@ def acceptance_check(ctx: Pass, done: dict[str, dict[str, Any]]) -> dict[str, An
                        else _tail(result.stdout, 25))}
 
 
+def profile_lines(profile: dict[str, Any]) -> list[str]:
+    """The bench's lines for a profiled step (bench/bench_member_gpu.py)."""
+    from bench.bench_member_gpu import profile_lines as lines
+
+    return lines(profile)
+
+
 def bench_backend(cache: str) -> str:
     """The bench's name for HF generate with ``cache`` (bench/bench_member_gpu.py's naming)."""
     from bench.bench_member_gpu import measured_name
@@ -349,6 +365,8 @@ def run_bench(ctx: Pass, cache: str, members: int, key: str, need_min: float) ->
         args += CPU_BENCH_SHAPES
     if ctx.opts.no_isolation:
         args.append("--no-isolation")
+    if key in PROFILED:
+        args.append("--profile-step")
     logs = {"bench": str(ctx.work / f"{label}.log"), "members": str(work)}
     try:
         result = run_command(ctx, args, ctx.work / f"{label}.log", most_min=limit_min,
@@ -387,11 +405,15 @@ def run_bench(ctx: Pass, cache: str, members: int, key: str, need_min: float) ->
                        held_gib_total=card_held_bytes(ok, sharing.get("device_peak_bytes")) / 2**30,
                        mean_completion_length=ok[0].get("mean_completion_length"),
                        ran_as=sorted({str(r.get("ran_as")) for r in ok}))
+        if key in PROFILED:  # its one profiled step (after the timed ones): where a step's time goes
+            figures["profile"] = ok[0].get("profile")
     status = PASSED if len(ok) == members else FAILED
     detail = (f"{figures.get('step_s', 0):.2f} s/step ({_generation_text(figures)}), "
               f"{figures.get('tokens_per_s', 0):.0f} completion tok/s, "
               f"{figures.get('held_gib_member', 0):.1f} GiB held per member" if status == PASSED
               else f"{len(ok)}/{members} members ok: {'; '.join(figures['errors'])[:1200]}")
+    if status == PASSED and key in PROFILED and not figures.get("profile"):
+        detail += f"; its profiled step gave no profile (see the member's log in {work})"
     # a compiled decode step must have replayed, not recompiled or recorded its CUDA graph again at every step
     problems = [decode_counts_problem({"generation": {"decode_cache": cache, "decode_counts": r.get("decode_counts")}})
                 for r in ok]
@@ -640,6 +662,13 @@ def print_summary(check_list: list[Check], done: dict[str, dict[str, Any]], cut:
             print(sharing_verdict(r, card_gib))
     for line in decode_cache_decision(done, card):
         print(line)
+    for check in check_list:
+        profile = (done.get(check.key) or {}).get("figures", {}).get("profile")
+        if profile:
+            print(f"\n{check.key}: one step profiled after the timed ones ({profile.get('device')}, "
+                  f"{profile.get('wall_s', 0):.2f} s under the profiler)")
+            for line in profile_lines(profile):
+                print(line)
 
 
 # ------------------------------------------------------------------ main

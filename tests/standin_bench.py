@@ -10,6 +10,9 @@ the compiled caches 15.5 and 16.0 s (slower here, so the pass must pick dynamic 
 cache's lone step (a faster one is then the cache members share, at the same slowdowns). Each member generates for
 80% of its step and holds 12 GiB (11 allocated).
 
+With ``--profile-step`` each member also reports a ``profile`` shaped as the real bench's (inner_loop/grpo/
+step_profile.py): every named range of its step, in shares of the step set below, and 16 token steps of the owned loop.
+
 $STANDIN_HANG_AFTER_STEPS=N: each member writes its progress.json in ``--work-dir`` (as a member does at each logged
 step) with N steps done, then the bench hangs: N=0 is a member still building or compiling, N>0 one stepping slowly.
 """
@@ -28,6 +31,25 @@ ALONE_STEP_S = {"hf_generate": 15.0, "hf_generate_persistent_compiled": 15.5, "h
 SLOWDOWN = {1: 1.0, 2: 1.183, 4: 2.5}
 TOKENS_PER_STEP = 64 * 256
 GENERATING = 0.8
+#: the profiled step's ranges, as shares of the step: (calls, host, own host, device, device busy, host syncs)
+PROFILE_SHARES = {"step": (1, 1.0, 0.01, 0.97, 0.7, 20), "training_step": (1, 0.97, 0.01, 0.95, 0.68, 18),
+                  "prepare_inputs": (1, 0.84, 0.05, 0.8, 0.6, 17), "generate": (1, 0.74, 0.74, 0.73, 0.55, 17),
+                  "reward": (1, 0.04, 0.04, None, None, 0), "reward_wait": (1, 0.02, 0.02, None, None, 0),
+                  "reference_forward": (1, 0.03, 0.03, 0.03, 0.02, 0), "compute_loss": (1, 0.05, 0.01, 0.04, 0.03, 1),
+                  "policy_forward": (1, 0.04, 0.04, 0.04, 0.03, 0), "backward": (1, 0.08, 0.08, 0.08, 0.06, 0),
+                  "grad_clip": (1, 0.003, 0.003, 0.002, 0.001, 1), "optimizer": (1, 0.02, 0.02, 0.01, 0.01, 0)}
+
+
+def profile(step: float) -> dict:
+    """A profiled step of ``step`` seconds with the real bench's keys."""
+    ranges = {name: {"calls": calls, "host_s": host * step, "own_host_s": own * step,
+                     "device_s": None if device is None else device * step,
+                     "busy_s": None if busy is None else busy * step, "syncs": syncs}
+              for name, (calls, host, own, device, busy, syncs) in PROFILE_SHARES.items()}
+    window = {"tokens": 16, "host_ms": 1.9, "host_in_step_ms": 0.2, "host_outside_step_ms": 1.7, "device": "cuda",
+              "device_ms": 1.8, "in_graph_ms": 1.4, "eager_ms": 0.05, "idle_ms": 0.35}
+    return {"ranges": ranges, "decode_window": window, "sync_events": True, "step": 0, "device": "cuda",
+            "wall_s": step * 1.3, "read_s": 2.0}
 
 
 def main() -> None:
@@ -38,6 +60,7 @@ def main() -> None:
     parser.add_argument("--without-alone", action="store_true")
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--work-dir", type=Path, required=True)
+    parser.add_argument("--profile-step", action="store_true")
     opts, _ = parser.parse_known_args()
     with open(os.environ["STANDIN_CALLS"], "a") as calls:
         calls.write(f"{opts.backends} x{opts.members}\n")
@@ -59,6 +82,8 @@ def main() -> None:
     member = {"status": "ok", "step_s": step, "first_step_s": step + 30.0, "tokens_per_s": TOKENS_PER_STEP / step,
               "generate_s": GENERATING * step, "peak_memory_bytes": 11 * 2**30, "peak_gpu_reserved_bytes": 12 * 2**30,
               "mean_completion_length": 256.0, "ran_as": opts.backends}
+    if opts.profile_step:
+        member["profile"] = profile(step)
     if opts.backends.endswith("persistent_compiled"):  # the member's one cache: compiled once, recorded once...
         calls = opts.steps
         member["decode_counts"] = {"generate_calls": calls, "compiles": 1, "recompiles": 0, "weights_moved": 0,

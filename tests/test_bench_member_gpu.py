@@ -62,7 +62,7 @@ def test_bench_runs_on_cpu_and_reports_every_figure(tmp_path):
     out = tmp_path / "summary.json"
     proc = run_with_progress([sys.executable, str(BENCH), "--device", "cpu", *SHAPES, "--members", "1,2",
                            "--backends", f"{HF_GENERATE},{HF_STATIC},{HF_PERSISTENT},{CONTINUOUS_BATCHING}",
-                           "--share-backends", HF_GENERATE, "--compile-backend", "aot_eager",
+                           "--share-backends", HF_GENERATE, "--compile-backend", "aot_eager", "--profile-step",
                            "--json", str(out), "--work-dir", str(tmp_path / "work")],
                           cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -81,8 +81,16 @@ def test_bench_runs_on_cpu_and_reports_every_figure(tmp_path):
         _positive(row, "step_s", "tokens_per_s", "peak_memory_bytes", "step_ratio", "tokens_ratio", "memory_ratio")
         assert row["peak_memory_kind"] == "peak RSS" and row["steps_timed"] == 1
     assert single[HF_GENERATE]["step_ratio"] == single[HF_GENERATE]["tokens_ratio"] == 1.0
+    # each member profiled one step more (left out of its timing): the step's named ranges, on the CPU host only
+    for backend, row in single.items():
+        ranges = row["profile"]["ranges"]
+        assert row["profile"]["step"] == 3 and row["profile"]["device"] == "cpu", backend
+        assert {k: ranges[k]["calls"] for k in ("step", "generate", "reward", "reference_forward", "policy_forward",
+                                                "backward", "optimizer")} == dict.fromkeys(
+            ("step", "generate", "reward", "reference_forward", "policy_forward", "backward", "optimizer"), 1), backend
+        assert 0 < ranges["generate"]["host_s"] < ranges["step"]["host_s"] and ranges["step"]["device_s"] is None
     counts = single[HF_PERSISTENT]["decode_counts"]  # the compiled variant's record, its first step apart
-    assert counts["generate_calls"] == 2 and counts["recompiles"] == 0 and counts["compile_backend"] == "aot_eager"
+    assert counts["generate_calls"] == 3 and counts["recompiles"] == 0 and counts["compile_backend"] == "aot_eager"
     assert single[HF_PERSISTENT]["first_step_s"] > 0 and single[HF_GENERATE]["decode_counts"] is None
     # each member timed its generation beside its step, and trained without a checkpoint or the final validation
     for runs in summary["runs"].values():
@@ -102,5 +110,31 @@ def test_bench_runs_on_cpu_and_reports_every_figure(tmp_path):
     assert len(summary["runs"][f"{HF_GENERATE}-x2"]) == 2
 
     table = proc.stdout
-    assert "backend (1 member)" in table and "tok/s total" in table
+    assert "backend (1 member)" in table and "tok/s total" in table and "one profiled step (not timed above)" in table
     assert table.count(HF_GENERATE) >= 3 and CONTINUOUS_BATCHING in table
+
+
+def test_the_tables_print_the_owned_loops_counts_and_profile(capsys):
+    """The owned loop's decode counts are its own (captures, replays, host reads per token; no torch CUDA graph
+    trees): the table printed them as the persistent decoder's and failed, after the measurement, on the GPU pass's
+    loop lines."""
+    from bench.bench_member_gpu import print_tables
+
+    counts = {"loop": "owned_loop", "generate_calls": 4, "compiles": 1, "recompiles": 0, "recordings": 1,
+              "replays": 124, "host_syncs": 12, "host_syncs_per_token": 0.094}
+    profile = {"ranges": {"step": {"calls": 1, "host_s": 0.5, "own_host_s": 0.01, "device_s": None, "busy_s": None,
+                                   "syncs": None}},
+               "decode_window": {"tokens": 16, "host_ms": 2.0, "host_in_step_ms": 1.5, "in_graph_ms": 1.5,
+                                 "eager_ms": 0.5, "idle_ms": None, "device_ms": None}}
+    row = {"backend": "hf_generate_owned_loop", "status": "ok", "step_s": 0.4, "first_step_s": 3.0,
+           "tokens_per_s": 600.0, "peak_memory_bytes": 2**30, "peak_memory_kind": "peak RSS", "step_ratio": 0.9,
+           "tokens_ratio": 1.1, "memory_ratio": 1.0, "ran_as": "hf_generate_owned_loop", "decode_counts": counts,
+           "profile": profile}
+    summary = {"settings": {"device": "cpu", "dtype": "float32", "lora_r": 64, "batch_size": 8, "group_size": 4,
+                            "completion_length": 32, "steps": 4, "threads": 1, "tokenizer": "tiny"},
+               "model": {"architecture": "qwen3_1_7b", "parameters": 4e5, "config": {}, "dir": "-"},
+               "single": [row], "sharing": []}
+    print_tables(summary)
+    out = capsys.readouterr().out
+    assert "(4 generations: 1 compiles, 0 recompiles, 1 captures, 124 replays, 0.094 host reads per token)" in out
+    assert "16 token steps of the owned loop, per token: 1.500 ms in the captured step, 0.500 ms eager" in out
