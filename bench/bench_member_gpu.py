@@ -32,7 +32,7 @@ writes its measurement to a JSON file; this parent prints the tables.
   ``vllm_gpu_memory_utilization`` is ``--vllm-memory`` / N, so N engines fit beside each other, and its own
   MASTER_PORT (TRL would give every member 29500 and all but one fail: ``_free_ports``).
 - ``--profile-step``: each member trains one step more, profiled with ``torch.profiler`` over the step's named
-  ranges (inner_loop/generation/profile_ranges.py: generation, rewards, reference and policy forwards, backward,
+  ranges (inner_loop/grpo/step_profile.py: generation, rewards, reference and policy forwards, backward,
   optimizer, TRL's bookkeeping) and, on the owned loop, 16 of its token steps (time in the captured step, eager,
   idle); that step is left out of the step time (a profile slows what it records) and its figures are the member's
   ``profile``.

@@ -111,7 +111,7 @@ ALONE_MINUTES = {PERSISTENT_COMPILED: 3.5, DYNAMIC_CACHE: 2.25, OWNED_LOOP: 3.25
 #: two members on the owned loop: as two on the faster cache (both compile from inductor's warm cache)
 LOOP_SHARING_MINUTES = 2.5
 #: the checks whose members profile one step more (bench --profile-step): the owned loop alone, so one call gives its
-#: step's named ranges (inner_loop/generation/profile_ranges.py) and 16 of its token steps (in graph, eager, idle)
+#: step's named ranges (inner_loop/grpo/step_profile.py) and 16 of its token steps (in graph, eager, idle)
 PROFILED = (f"loop:{OWNED_LOOP}:x1",)
 SHARING_MINUTES = {2: 2.5, 4: 3.0}
 #: a bench setting is stopped at this many times the minutes it needs (a finding: it ran past what it needs)

@@ -1,5 +1,5 @@
-"""The named ranges of a member's step and of the owned decode loop (inner_loop/generation/profile_ranges.py): free
-when no profile is taken, read from a profile per range, and the decode window's time split into the captured step,
+"""The named ranges of a member's step and of the owned decode loop (inner_loop/grpo/step_profile.py,
+inner_loop/generation/owned_loop.py): free when no profile is taken, read from a profile per range, and the decode window's time split into the captured step,
 eager work and the device's idle time.
 
 Why: the GPU pass decides what to cut in a step from these figures (issue 60 item 5), so a range that costs time
@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import torch
 
-from inner_loop.generation import profile_ranges as pr
-from inner_loop.generation.profile_ranges import (DECODE_REPLAY, DECODE_WINDOW, DEVICE_RANGE, DEVICE_WORK, HOST_RANGE,
-                                                  SYNC, Span)
+from inner_loop.generation.owned_loop import DECODE_REPLAY, DECODE_WINDOW
+from inner_loop.grpo import step_profile as pr
+from inner_loop.grpo.step_profile import DEVICE_RANGE, DEVICE_WORK, HOST_RANGE, SYNC, Span
 
 
 def _profile() -> Any:

@@ -39,16 +39,23 @@ from inner_loop.generation.backends import COMPILE_BACKENDS, MAX_DECODE_WINDOWS,
 from inner_loop.generation.decode_step import _CompileEvents, static_cache, to_bucket, without_input_grad_hooks
 from inner_loop.generation.gqa_attention import attention_window, decode_attention
 from inner_loop.generation.lora_merge import MergedLora
-from inner_loop.generation.profile_ranges import DECODE_REPLAY, DECODE_WINDOW, profiling, step_range
 from inner_loop.generation.sampling import truncated_logits
 
 logger = logging.getLogger(__name__)
 
 #: Token steps between two reads of the finished flag by the host (the loop's only sync while decoding).
 CHECK_EVERY = 16
-#: Under a profile, the token steps named as one window (DECODE_WINDOW, generation/profile_ranges.py): the second
-#: check period, its read of the finished flag included, past the prefill and the first steps' warm-up
+#: Under a profile (and only then), the token steps named as one window: the second check period, its read of the
+#: finished flag included, past the prefill and the first steps' warm-up; and each replay within it. A profile of a
+#: step splits a token step by them into the captured step, eager work and idle time (inner_loop/grpo/step_profile.py)
 PROFILED_FROM_STEP = CHECK_EVERY
+DECODE_WINDOW = "mirror_es.decode_window"
+DECODE_REPLAY = "mirror_es.decode_replay"
+
+
+def profiling() -> bool:
+    """Whether torch's profiler is recording now (a module attribute torch sets when a profile starts and stops)."""
+    return torch.autograd.profiler._is_profiler_enabled
 #: dynamo's limit on compiled entries of the step's code while a decoder builds: every decoder compiles the one
 #: ``_step`` code once per window, and the entries of decoders built before in the process (a test module's, a
 #: member's trainer rebuilt) stay in that code's cache, where dynamo's default (8) would refuse the next one
@@ -389,14 +396,14 @@ class _Window:
     def at(self, step: int) -> None:
         """Called before token step ``step`` (its finished-flag read, then its replay)."""
         if step == self.first:
-            self._range = step_range(DECODE_WINDOW)
+            self._range = torch.profiler.record_function(DECODE_WINDOW)
             self._range.__enter__()
             self._inside = True
         elif step == self.end:
             self.close()
 
     def replay(self) -> Any:
-        return step_range(DECODE_REPLAY) if self._inside else _NO_RANGE
+        return torch.profiler.record_function(DECODE_REPLAY) if self._inside else _NO_RANGE
 
     def close(self) -> None:
         if self._inside:

@@ -28,9 +28,6 @@ from inner_loop.generation.backends import (DYNAMIC_CACHE, HF_GENERATE, OWNED_LO
                                             decode_cache_refusal, generation_backend)
 from inner_loop.generation.decode_step import TRANSFORMERS_INPUT_GRAD_HOOK, PersistentDecoder
 from inner_loop.generation.owned_loop import OwnedDecoder
-from inner_loop.generation.profile_ranges import (BACKWARD, COMPUTE_LOSS, GENERATE, GRAD_CLIP, POLICY_FORWARD,
-                                                  PREPARE_INPUTS, REFERENCE_FORWARD, REWARD, REWARD_WAIT,
-                                                  TRAINING_STEP, step_range)
 from inner_loop.generation.sampling import importance_sampling_ratio, processed_logps
 from inner_loop.generation.memory import held_gpu_bytes, member_gpu_budget_bytes
 from inner_loop.generation.vllm_colocate import (claim_rendezvous_port, engine_in_policy_dtype,
@@ -40,6 +37,8 @@ from inner_loop.loss.compose import compose_loss
 from inner_loop.loss.policy_terms import PolicyInputs, PolicyParams
 from inner_loop.loss.regularizers import FullForm, Regularizer
 from inner_loop.grpo.sampler import EpochRepeatSampler
+from inner_loop.grpo.step_profile import (BACKWARD, COMPUTE_LOSS, GENERATE, GRAD_CLIP, POLICY_FORWARD, PREPARE_INPUTS,
+                                          REFERENCE_FORWARD, REWARD, REWARD_WAIT, TRAINING_STEP, step_range)
 from inner_loop.grpo.trl_contract import unsupported_grpo_fields
 from core.keys import (GENERATE_TIME, GRAD_SHARE, GRAD_SHARE_EXACT, GRAD_SHARE_EXACT_STEP, IMPORTANCE_SAMPLING_RATIO,
                        POLICY_LOSS, REGULARIZER_VALUE, SAMPLING_LOGP_DIFFERENCE, STEP_TIME)
