@@ -165,3 +165,26 @@ def test_without_activity_types_ranges_and_device_work_are_told_apart_by_name(mo
     spans = {(s.name, s.kind) for s in pr.spans_from_profile(prof)}
     assert spans == {(pr.BACKWARD, HOST_RANGE), (pr.BACKWARD, DEVICE_RANGE), (pr.OPTIMIZER_PREFIX, HOST_RANGE),
                      (pr.OPTIMIZER_PREFIX, DEVICE_RANGE), ("sm90_gemm", DEVICE_WORK)}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_a_card_the_window_splits_the_devices_time_into_the_captured_step_eager_work_and_idle():
+    """What the GPU pass reads from its profiled step: kineto attributes the kernels of each replay of the captured
+    graph to its range on the device, so the window's device time splits into the three parts without a note."""
+    from inner_loop.generation.owned_loop import CHECK_EVERY, PROFILED_FROM_STEP, OwnedDecoder
+    from test_decode_loop import _config
+    from test_decode_step_cuda import _lora_qwen3, _prompts
+
+    model = _lora_qwen3("cuda").eval()
+    steps = PROFILED_FROM_STEP + CHECK_EVERY + 1
+    decoder = OwnedDecoder(model, [16], 4, steps, _config(steps, do_sample=True, temperature=0.7, top_p=0.9),
+                           compile_backend="inductor")
+    ids, mask = _prompts([5, 9, 14, 16], 0, "cuda")
+    decoder.generate(model, ids, mask)  # compiles and captures
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        decoder.generate(model, ids, mask)
+    window = pr.decode_window_figures(pr.spans_from_profile(prof))
+    assert window["tokens"] == CHECK_EVERY and window["device"] == "cuda" and "note" not in window, window
+    assert window["in_graph_ms"] > 0 and window["eager_ms"] >= 0 and window["idle_ms"] >= 0
+    assert window["in_graph_ms"] + window["eager_ms"] + window["idle_ms"] == pytest.approx(window["device_ms"])
