@@ -33,6 +33,9 @@ export MIRROR_ES_HEAVY_LOCK
 MIRROR_ES_HEAVY_LOCK=$(mktemp "${TMPDIR:-/tmp}/mirror-es-heavy.XXXXXX.lock")
 # (each session in pytest's own numbered temp dir: the SLURM tests recognise an interrupted session's jobs by it)
 SLURM_LOG=$(mktemp "${TMPDIR:-/tmp}/mirror-es-slurm-tests.XXXXXX.log")
+# One empty model cache for both sessions (tests/conftest.py): the tiny model's warm-up is built once, not per session.
+export MIRROR_ES_SUITE_CACHE
+MIRROR_ES_SUITE_CACHE=$(mktemp -d "${TMPDIR:-/tmp}/mirror-es-suite-cache.XXXXXX")
 "${PYTEST[@]}" "$@" tests/slurm >"$SLURM_LOG" 2>&1 &
 SLURM_PID=$!
 set +e
@@ -44,5 +47,6 @@ set -e
 echo "=================================== tests/slurm (its own session, run alongside) ==================================="
 cat "$SLURM_LOG"
 rm -f "$MIRROR_ES_HEAVY_LOCK"
+rm -rf "$MIRROR_ES_SUITE_CACHE"
 [ "$SLURM" = 5 ] && SLURM=0   # 5: no test collected
 [ "$MAIN" = 0 ] && [ "$SLURM" = 0 ]

@@ -1,8 +1,10 @@
 """Suite-wide fixtures.
 
 Every test session starts from an empty model cache, as a new machine (or CI) would: a warmed model cached by
-an earlier run, perhaps built by other code or on a CPU with other kernels, must never decide a verdict. Set
-MIRROR_ES_TEST_CACHE=<dir> to opt in to reusing a cache across sessions (faster local iteration).
+an earlier run, perhaps built by other code or on a CPU with other kernels, must never decide a verdict. scripts/test.sh
+makes one empty cache for its two sessions (SUITE_CACHE_ENV), so the tiny model's warm-up, minutes of one core, is
+built once per suite run, not once per session. Set MIRROR_ES_TEST_CACHE=<dir> to opt in to reusing a cache across
+sessions (faster local iteration).
 
 scripts/test.sh runs tests/slurm/ in a session of its own (one test after another: they share one cluster whose
 nodes some of them take down) beside the rest, which MIRROR_ES_TEST_WORKERS pytest-xdist workers share file by file
@@ -22,6 +24,9 @@ from typing import Iterator
 import pytest
 
 logger = logging.getLogger(__name__)
+
+#: an empty model cache that scripts/test.sh makes for both of its sessions (each entry is built once under a lock)
+SUITE_CACHE_ENV = "MIRROR_ES_SUITE_CACHE"
 
 #: the files that take longest (minutes: a set of training runs, vLLM members, the whole main job), measured with
 #: ``--durations``, started first: the workers share files in collection order (scripts/test.sh passes
@@ -53,6 +58,8 @@ def fresh_model_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path
     reuse = os.environ.get("MIRROR_ES_TEST_CACHE")
     if reuse:
         path = Path(reuse).resolve()
+    elif os.environ.get(SUITE_CACHE_ENV):  # this suite run's own, empty when scripts/test.sh made it
+        path = Path(os.environ[SUITE_CACHE_ENV]).resolve()
     elif os.environ.get("PYTEST_XDIST_WORKER"):  # one cache for the session's workers: beside their temp dirs
         path = tmp_path_factory.getbasetemp().parent / "model-cache"
         path.mkdir(exist_ok=True)
@@ -69,3 +76,31 @@ def fresh_model_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path
             os.environ.pop("MIRROR_ES_CACHE", None)
         else:
             os.environ["MIRROR_ES_CACHE"] = old
+
+
+#: a file to which each test's CPU seconds are appended (its own process and the children it waited for: members,
+#: CLIs, probes; not SLURM jobs, which slurmd runs), one JSON line per test: where the suite's CPU goes
+CPU_LOG_ENV = "MIRROR_ES_TEST_CPU_LOG"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """With CPU_LOG_ENV set, the CPU seconds of each test's setup, call and teardown (module fixtures included in the
+    first test that builds them)."""
+    path = os.environ.get(CPU_LOG_ENV)
+    if not path:
+        yield
+        return
+    import json
+    import resource
+    import time
+
+    def cpu() -> float:
+        own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+    start_cpu, start_wall = cpu(), time.monotonic()
+    yield
+    line = {"test": item.nodeid, "cpu_s": round(cpu() - start_cpu, 2), "wall_s": round(time.monotonic() - start_wall, 2)}
+    with open(path, "a") as log:
+        log.write(json.dumps(line) + "\n")
