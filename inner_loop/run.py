@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -29,7 +30,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from inner_loop.config import register_schemas
 from inner_loop.loss.divergences import fill_default_coef
-from inner_loop.member.entry import keep_vllm_out_unless_used, train_member
+from inner_loop.member.entry import keep_vllm_out_unless_used, needs_pinned_child, train_member
+from inner_loop.process.pinned import PINNED_ENV
 from core.config_nodes import (check_group_choice, checked_overrides, composition_error, config_groups,
                                with_config_path)
 from core.records import MemberSpec, gpus_entry
@@ -52,11 +54,25 @@ def spec_from_config(cfg: DictConfig) -> MemberSpec:
                       work_dir=str(resolved["work_dir"]), inner=inner)
 
 
+def _restart_pinned(work_dir: str) -> None:
+    """Start this command again in this process (exec) under the pinned settings, with the work_dir it resolved
+    (``${now:...}`` would name another folder). A pinned run must compute in a process that started pinned; exec'd,
+    the run validates and trains here instead of in a pinned child, and this command pays for torch, TRL and PEFT
+    once, not twice (~6 s of a CPU a run)."""
+    argv = [a for a in sys.orig_argv[1:] if a.lstrip("+").partition("=")[0] != "work_dir"]
+    logger.info("restarting under the pinned numerics (inner_loop/process/pinned.py)")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, *argv, f"work_dir={work_dir}"], {**os.environ, **PINNED_ENV})
+
+
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="inner")
 def main(cfg: DictConfig) -> None:
     spec = spec_from_config(cfg)
     if HydraConfig.get().mode == RunMode.RUN and "torch" not in sys.modules:
         keep_vllm_out_unless_used(spec.inner)  # a process of its own for this one run (a sweep's next may want vLLM)
+        if needs_pinned_child(spec.inner) and any(os.environ.get(k) != v for k, v in PINNED_ENV.items()):
+            _restart_pinned(spec.work_dir)  # (asked already, yet not started pinned: no /proc; a pinned child then)
     from inner_loop.training.setup import validate_inner
 
     try:

@@ -111,3 +111,38 @@ def test_a_job_process_of_a_member_that_does_not_use_vllm_never_imports_it(tmp_p
         status, trl_loaded, vllm_hidden = json.loads(done.stdout.strip().splitlines()[-1])
         assert status == "failed" and trl_loaded, done.stdout[-2000:]
         assert vllm_hidden == (hidden or importlib.util.find_spec("vllm") is None), executor
+
+
+def test_a_single_run_restarts_itself_pinned_with_the_work_dir_it_resolved(monkeypatch):
+    """`python -m inner_loop.run` of a pinned preset execs itself under PINNED_ENV (one torch import, not a second in
+    a pinned child), keeping every override but naming the work_dir it resolved (a ``${now:...}`` default would name
+    another folder in the new process)."""
+    import inner_loop.run as single
+
+    seen = {}
+
+    def execve(path, argv, env):
+        seen.update(path=path, argv=argv, env=env)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(os, "execve", execve)
+    monkeypatch.setattr(sys, "orig_argv", ["python", "-X", "utf8", "-m", "inner_loop.run", "work_dir=a", "seed=1",
+                                           "++work_dir=b", "train.steps=3"])
+    with pytest.raises(SystemExit):
+        single._restart_pinned("/runs/resolved")
+    assert seen["path"] == sys.executable
+    assert seen["argv"] == [sys.executable, "-X", "utf8", "-m", "inner_loop.run", "seed=1", "train.steps=3",
+                            "work_dir=/runs/resolved"]
+    assert all(seen["env"][key] == value for key, value in numerics.PINNED_ENV.items())
+
+
+def test_a_pinned_single_run_validates_in_its_restarted_process(tmp_path):
+    """The restart is real (exec under PINNED_ENV, then Hydra and the checks again): a config error found after it
+    still exits 2 naming the key and writes nothing."""
+    done = subprocess.run([sys.executable, "-m", "inner_loop.run", "train.batch_size=30", "model.warmup_max_steps=0"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 2, done.stderr[-2000:]
+    output = done.stdout + done.stderr
+    assert "restarting under the pinned numerics" in output and "batch_size" in done.stderr
+    assert list(tmp_path.iterdir()) == []
