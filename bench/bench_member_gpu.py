@@ -538,8 +538,8 @@ def _fmt(value: Any, spec: str, scale: float = 1.0) -> str:
 
 #: the step profile's ranges in the order of a step, with what each line means
 PROFILE_ROWS = (("step", "the whole optimizer step"), ("prepare_inputs", "TRL's generation and scoring: own = TRL's "
-                "bookkeeping"), ("generate", "generation"), ("reward", "rewards (their own thread)"),
-                ("reward_wait", "waiting for the rewards after the reference"), ("reference_forward",
+                "bookkeeping"), ("generate", "generation"), ("rewards", "rewards (their own thread)"),
+                ("rewards_wait", "waiting for the rewards after the reference"), ("reference_forward",
                 "reference forward"), ("compute_loss", "the loss: own = its arithmetic and metrics"),
                 ("policy_forward", "policy forward"), ("backward", "backward"), ("grad_clip", "gradient clipping"),
                 ("optimizer", "optimizer step"), ("training_step", "the micro-step: own = not in a range"))

@@ -34,7 +34,7 @@ GENERATING = 0.8
 #: the profiled step's ranges, as shares of the step: (calls, host, own host, device, device busy, host syncs)
 PROFILE_SHARES = {"step": (1, 1.0, 0.01, 0.97, 0.7, 20), "training_step": (1, 0.97, 0.01, 0.95, 0.68, 18),
                   "prepare_inputs": (1, 0.84, 0.05, 0.8, 0.6, 17), "generate": (1, 0.74, 0.74, 0.73, 0.55, 17),
-                  "reward": (1, 0.04, 0.04, None, None, 0), "reward_wait": (1, 0.02, 0.02, None, None, 0),
+                  "rewards": (1, 0.04, 0.04, None, None, 0), "rewards_wait": (1, 0.02, 0.02, None, None, 0),
                   "reference_forward": (1, 0.03, 0.03, 0.03, 0.02, 0), "compute_loss": (1, 0.05, 0.01, 0.04, 0.03, 1),
                   "policy_forward": (1, 0.04, 0.04, 0.04, 0.03, 0), "backward": (1, 0.08, 0.08, 0.08, 0.06, 0),
                   "grad_clip": (1, 0.003, 0.003, 0.002, 0.001, 1), "optimizer": (1, 0.02, 0.02, 0.01, 0.01, 0)}

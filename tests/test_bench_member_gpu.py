@@ -85,9 +85,9 @@ def test_bench_runs_on_cpu_and_reports_every_figure(tmp_path):
     for backend, row in single.items():
         ranges = row["profile"]["ranges"]
         assert row["profile"]["step"] == 3 and row["profile"]["device"] == "cpu", backend
-        assert {k: ranges[k]["calls"] for k in ("step", "generate", "reward", "reference_forward", "policy_forward",
+        assert {k: ranges[k]["calls"] for k in ("step", "generate", "rewards", "reference_forward", "policy_forward",
                                                 "backward", "optimizer")} == dict.fromkeys(
-            ("step", "generate", "reward", "reference_forward", "policy_forward", "backward", "optimizer"), 1), backend
+            ("step", "generate", "rewards", "reference_forward", "policy_forward", "backward", "optimizer"), 1), backend
         assert 0 < ranges["generate"]["host_s"] < ranges["step"]["host_s"] and ranges["step"]["device_s"] is None
     counts = single[HF_PERSISTENT]["decode_counts"]  # the compiled variant's record, its first step apart
     assert counts["generate_calls"] == 3 and counts["recompiles"] == 0 and counts["compile_backend"] == "aot_eager"

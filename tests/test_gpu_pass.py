@@ -293,10 +293,10 @@ def test_the_documented_owned_loop_call_runs_its_three_lines_within_its_minutes(
     assert all(e["status"] == "pass" for e in entries.values()), entries
     assert entries["loop:owned_loop:x1"]["figures"]["decode_counts"][0]["recordings"] == 1
     profile = entries["loop:owned_loop:x1"]["figures"]["profile"]
-    assert profile["decode_window"]["tokens"] == 16 and profile["ranges"]["reward_wait"]["calls"] == 1
+    assert profile["decode_window"]["tokens"] == 16 and profile["ranges"]["rewards_wait"]["calls"] == 1
     assert not any(e["figures"].get("profile") for k, e in entries.items() if k != "loop:owned_loop:x1")
     printed = done.stdout[done.stdout.index("loop:owned_loop:x1: one step profiled"):]
-    for name in ("generate", "reward", "reward_wait", "reference_forward", "policy_forward", "backward", "optimizer",
+    for name in ("generate", "rewards", "rewards_wait", "reference_forward", "policy_forward", "backward", "optimizer",
                  "prepare_inputs"):  # each range's line: calls, host s, own s, device s, busy s, syncs
         assert any(line.split()[:1] == [name] and len(line.split()) >= 7 for line in printed.splitlines()), name
     assert ("16 token steps of the owned loop, per token: 1.400 ms in the captured step, 0.050 ms eager, 0.350 ms "

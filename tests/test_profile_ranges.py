@@ -70,8 +70,8 @@ def test_each_ranges_own_host_time_device_span_busy_time_and_syncs():
     ranges = pr.step_figures(spans, count_syncs=True)
     prepare = ranges["prepare_inputs"]
     assert prepare["host_s"] == pytest.approx(0.1) and prepare["own_host_s"] == pytest.approx(0.015)  # TRL's own
-    assert prepare["syncs"] == 2 and ranges["reward_wait"]["syncs"] == 1 and ranges["generate"]["syncs"] == 0
-    assert ranges["reward"]["own_host_s"] == pytest.approx(0.028)
+    assert prepare["syncs"] == 2 and ranges["rewards_wait"]["syncs"] == 1 and ranges["generate"]["syncs"] == 0
+    assert ranges["rewards"]["own_host_s"] == pytest.approx(0.028)
     reference = ranges["reference_forward"]
     assert reference["device_s"] == pytest.approx(0.018) and reference["busy_s"] == pytest.approx(0.010)
     assert ranges["generate"]["device_s"] == 0.0 and ranges["backward"]["calls"] == 0

@@ -85,9 +85,9 @@ def test_rewards_scored_beside_the_reference_train_bit_for_bit_as_in_sequence(ti
     assert any(not torch.equal(w, torch.zeros_like(w)) for n, w in w_seq.items() if "lora_B" in n)  # it trained
     assert torch.equal(rng_ovl, rng_seq)  # the same draws from torch's generator, in the same order
     ranges = profile["ranges"]  # one profiled step: every range of it named, the rewards on their own thread
-    assert {name: ranges[name]["calls"] for name in ("step", "prepare_inputs", "generate", "reward", "reward_wait",
+    assert {name: ranges[name]["calls"] for name in ("step", "prepare_inputs", "generate", "rewards", "rewards_wait",
                                                      "reference_forward", "backward", "optimizer", "grad_clip")} == {
-        "step": 1, "prepare_inputs": 2, "generate": 1, "reward": 1, "reward_wait": 1, "reference_forward": 1,
+        "step": 1, "prepare_inputs": 2, "generate": 1, "rewards": 1, "rewards_wait": 1, "reference_forward": 1,
         "backward": 2, "optimizer": 1, "grad_clip": 1}
     assert ranges["policy_forward"]["calls"] == ranges["compute_loss"]["calls"] == 2
     assert 0 < ranges["prepare_inputs"]["own_host_s"] < ranges["prepare_inputs"]["host_s"]

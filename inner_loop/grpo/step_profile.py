@@ -44,9 +44,9 @@ TRAINING_STEP = PREFIX + "training_step"
 PREPARE_INPUTS = PREFIX + "prepare_inputs"
 GENERATE = PREFIX + "generate"
 #: the rewards (the sandbox's grading), on the thread that scores them
-REWARD = PREFIX + "reward"
+REWARD = PREFIX + "rewards"
 #: the trainer's thread waiting for the rewards after the reference forward (what the overlap did not hide)
-REWARD_WAIT = PREFIX + "reward_wait"
+REWARD_WAIT = PREFIX + "rewards_wait"
 REFERENCE_FORWARD = PREFIX + "reference_forward"
 #: the trainer's ``_compute_loss``: its own time is the loss's arithmetic and metrics
 COMPUTE_LOSS = PREFIX + "compute_loss"
@@ -57,7 +57,7 @@ GRAD_CLIP = PREFIX + "grad_clip"
 OPTIMIZER_PREFIX = "Optimizer.step#"
 #: the short names a summary reports the step's ranges under, in the order of a step
 STEP_RANGES = {"step": STEP, "training_step": TRAINING_STEP, "prepare_inputs": PREPARE_INPUTS, "generate": GENERATE,
-               "reward": REWARD, "reward_wait": REWARD_WAIT, "reference_forward": REFERENCE_FORWARD,
+               "rewards": REWARD, "rewards_wait": REWARD_WAIT, "reference_forward": REFERENCE_FORWARD,
                "compute_loss": COMPUTE_LOSS, "policy_forward": POLICY_FORWARD, "backward": BACKWARD,
                "grad_clip": GRAD_CLIP, "optimizer": OPTIMIZER_PREFIX}
 _NAMES = frozenset({*STEP_RANGES.values(), DECODE_WINDOW, DECODE_REPLAY})
