@@ -10,10 +10,9 @@ import copy
 import hashlib
 import logging
 import math
-import threading
 import time
 import weakref
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
@@ -329,15 +328,16 @@ class MirrorGRPOTrainer(GRPOTrainer):
         if batch is None:
             with step_range(REWARD):
                 return score(inputs, prompts, completions, completion_ids_list)
-        future = _in_thread(_named(REWARD, score), inputs, prompts, completions, completion_ids_list)
-        try:
-            with step_range(REFERENCE_FORWARD):
-                logps = self._reference_logps(batch)
-        except BaseException:
-            _wait_quietly(future)
-            raise
-        with step_range(REWARD_WAIT):
-            rewards = future.result()
+        with ThreadPoolExecutor(1, thread_name_prefix="mirror-es-rewards") as pool:
+            future = pool.submit(_named(REWARD, score), inputs, prompts, completions, completion_ids_list)
+            try:
+                with step_range(REFERENCE_FORWARD):
+                    logps = self._reference_logps(batch)
+            except BaseException:
+                _wait_quietly(future)
+                raise
+            with step_range(REWARD_WAIT):
+                rewards = future.result()
         self._early_reference = (batch, logps)
         return rewards
 
@@ -695,21 +695,6 @@ def _named(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         with step_range(name):
             return fn(*args)
     return run
-
-
-def _in_thread(fn: Callable[..., Any], *args: Any) -> Future:
-    """``fn(*args)`` on a thread of its own; its result (or exception) in the future."""
-    future: Future = Future()
-
-    def run() -> None:
-        future.set_running_or_notify_cancel()
-        try:
-            future.set_result(fn(*args))
-        except BaseException as exc:  # handed to whoever waits on the future
-            future.set_exception(exc)
-
-    threading.Thread(target=run, name="mirror-es-rewards", daemon=True).start()
-    return future
 
 
 def _wait_quietly(future: Future) -> None:
