@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import abc
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, TypeVar
+from typing import Any, Callable, ContextManager, Iterable, Mapping, TypeVar
 
 from core.records import MemberSpec, ResultRecord
 
@@ -59,6 +59,13 @@ class MemberProgram(abc.ABC):
         """ValueError naming this host and the cause when members of ``inner`` could not run from here: what they
         read is readable, ``directory`` has room. ``probe_sandbox``: the members run on this host too (a local
         launcher), so what they run on a node can be probed here. Default: nothing to check."""
+
+    def hosting_here(self, inner: Mapping[str, Any]) -> ContextManager[Any] | None:
+        """What members of ``inner`` share on this machine while a launcher runs them here (``launcher=local`` or
+        ``debug``): a context the launcher enters at its first submission and leaves at its close. Asked once per
+        entry point, with its first members' config. The inner loop's: a fork server that saves each pinned member
+        its imports (inner_loop/process/fork_server.py). Default: None, nothing shared."""
+        return None
 
 
 class FunctionProgram(MemberProgram):

@@ -78,6 +78,17 @@ def fresh_model_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path
             os.environ["MIRROR_ES_CACHE"] = old
 
 
+@pytest.fixture(scope="session", autouse=True)
+def fork_server_for_session(fresh_model_cache: Path) -> Iterator[None]:
+    """One fork server per session (inner_loop/process/fork_server.py), as a local search has one: every pinned member
+    a test starts is forked from it without ~7 CPU-s of imports; one it cannot serve starts a fresh interpreter. A
+    forked member's CPU time is its server's child's, not the test's (MIRROR_ES_TEST_CPU_LOG does not see it)."""
+    from inner_loop.process.fork_server import serving
+
+    with serving():
+        yield
+
+
 #: a file to which each test's CPU seconds are appended (its own process and the children it waited for: members,
 #: CLIs, probes; not SLURM jobs, which slurmd runs), one JSON line per test: where the suite's CPU goes
 CPU_LOG_ENV = "MIRROR_ES_TEST_CPU_LOG"

@@ -21,7 +21,7 @@ import os
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, ContextManager, Iterable, Mapping
 
 import inner_loop.process.pinned as numerics
 import inner_loop.process.notice as notice
@@ -70,7 +70,8 @@ def settle_member_process(inner: Mapping[str, Any]) -> None:
     """A process that exists for this one member: vLLM out unless used, and offline (HF_HUB_OFFLINE,
     HF_DATASETS_OFFLINE) when the member reads nothing from the hub (a staged run: inner_loop/member/staging.py). Never in a
     process that may do other work later (a test session, an in-process debug member, an orchestrator)."""
-    from inner_loop.member.staging import go_offline, hub_references
+    from inner_loop.member.staging import hub_references
+    from inner_loop.process.offline import go_offline
 
     keep_vllm_out_unless_used(inner)
     try:
@@ -81,14 +82,18 @@ def settle_member_process(inner: Mapping[str, Any]) -> None:
         go_offline()
 
 
+def uses_vllm(inner: Mapping[str, Any]) -> bool:
+    """The run generates with vLLM (``train.trl.use_vllm``)."""
+    return bool(((inner.get("train") or {}).get("trl") or {}).get("use_vllm"))
+
+
 def keep_vllm_out_unless_used(inner: Mapping[str, Any]) -> None:
     """TRL imports vLLM whenever it is installed, which costs a member process 4-8 s; a member that does not generate
     with vLLM never needs it. Hidden from this process only (``sys.modules["vllm"] = None``: find_spec answers None
     and an import fails): called only in a process that exists for this one member (the pinned child, a job's
     process, `python -m inner_loop.run` for one run), never in one that may use vLLM for something else later (a
     test session, an orchestrator, a sweep)."""
-    trl_options = (inner.get("train") or {}).get("trl") or {}
-    if not trl_options.get("use_vllm") and "vllm" not in sys.modules:
+    if not uses_vllm(inner) and "vllm" not in sys.modules:
         sys.modules["vllm"] = None  # type: ignore[assignment]
 
 
@@ -97,7 +102,8 @@ def _train_in_pinned_child(data: dict[str, Any], save_final: bool) -> ResultReco
     logger.info("member %s: training in a pinned child process", work_dir)
     try:
         code, _ = numerics.run_pinned_child(__name__, {"spec": data, "save_final": save_final},
-                                            started=notice.attach_child)
+                                            started=notice.attach_child,
+                                            forkable=not uses_vllm(data.get("inner") or {}))
     finally:
         notice.attach_child(None)
     record = read_result(work_dir)
@@ -138,6 +144,15 @@ class NMGRPOProgram(MemberProgram):
         from inner_loop.member.lifecycle import finalize_member
 
         finalize_member(spec)
+
+    def hosting_here(self, inner: Mapping[str, Any]) -> ContextManager[Any] | None:
+        """Members with pinned numerics on this machine: a fork server (inner_loop/process/fork_server.py) that
+        imports their stack once, so that each pinned child starts without ~7 CPU-s of imports."""
+        if not numerics.wants_pinned(inner):
+            return None
+        from inner_loop.process.fork_server import serving
+
+        return serving()
 
     def stage(self, inner: Mapping[str, Any], **options: Any) -> list[dict[str, Any]]:
         """The model's and the tasks' hub repositories in the stage cache: inner_loop.member.staging.stage_inner."""

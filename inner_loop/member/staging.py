@@ -19,7 +19,6 @@ import hashlib
 import json
 import os
 import socket
-import sys
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -30,8 +29,6 @@ from core.stage_pins import LOCAL, MISSING, STAGED, StagePin
 
 #: the files of a model snapshot a run reads: weights (safetensors), configs, tokenizer and chat template
 MODEL_PATTERNS = ("*.json", "*.safetensors", "*.txt", "*.jinja", "*.model", "*.tiktoken")
-#: the environment that keeps huggingface_hub, datasets and transformers from asking the network
-OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 #: the config key of the evaluations a run scores after its fitness (transfer tasks among them)
 EXTRA_KEY = "extra_evaluations"
 #: where content hashes of staged snapshots are kept, inside the stage cache (hashing weights once, not per check)
@@ -225,16 +222,3 @@ def hub_reachable(timeout_s: float = 3.0) -> bool:
     except OSError:
         return False
     return True
-
-
-def go_offline() -> None:
-    """Make this process (and its children) read the hub and datasets caches only: the environment, and the
-    modules that read it at import when they are imported already."""
-    os.environ.update(OFFLINE_ENV)
-    hub_constants = sys.modules.get("huggingface_hub.constants")
-    if hub_constants is not None:
-        hub_constants.HF_HUB_OFFLINE = True
-    datasets_config = sys.modules.get("datasets.config")
-    if datasets_config is not None:
-        datasets_config.HF_HUB_OFFLINE = True
-        datasets_config.HF_DATASETS_OFFLINE = True

@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+import inner_loop.process.fork_server as fork_server
+
 logger = logging.getLogger(__name__)
 
 #: the values of model.cpu_numerics
@@ -177,27 +179,36 @@ def signature() -> str:
     return f"native-{state.aten_cpu_capability}-mkl{state.mkl_cbwr_branch}-t{state.torch_threads}"
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGKILL when the parent dies, so a killed member leaves no orphan training."""
+def start_dying_with_parent() -> None:
+    """In a child, before exec: SIGKILL when the parent dies, so a killed member leaves no orphan training."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
         pass
 
 
+def pinned_child_env() -> dict[str, str]:
+    """The environment of a pinned child of this process: this one's, PINNED_ENV, and this checkout importable."""
+    env = {**os.environ, **PINNED_ENV}
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
 def run_pinned_child(module: str, payload: Mapping[str, Any], kill_grace_s: float = 10.0,
-                     started: Callable[[subprocess.Popen], None] | None = None) -> tuple[int, str]:
+                     started: Callable[[Any], None] | None = None, forkable: bool = True) -> tuple[int, str]:
     """Run ``python -m module`` with PINNED_ENV, ``payload`` as JSON on its stdin; (exit status, its stdout).
 
     For a pinned run asked of a process that already loaded torch under other settings (a test, the debug
     launcher, a CLI). Its log goes to this process's stderr. Whatever interrupts the wait (a member's wall-time
     alarm, Ctrl-C, a cancel) stops the child first, then propagates. ``started`` is told the child's process
-    (a member forwards its job's end notice to it)."""
-    env = {**os.environ, **PINNED_ENV}
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
-    proc = subprocess.Popen([sys.executable, "-m", module], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            env=env, preexec_fn=_die_with_parent)
+    (a member forwards its job's end notice to it). Forked by the fork server (inner_loop/process/fork_server.py)
+    where one serves this process and ``forkable`` (the child needs no vLLM), else a fresh interpreter."""
+    env = pinned_child_env()
+    proc = fork_server.start_forked(module, env) if forkable else None
+    if proc is None:
+        proc = subprocess.Popen([sys.executable, "-m", module], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                env=env, preexec_fn=start_dying_with_parent)
     if started is not None:
         started(proc)
     try:

@@ -1,6 +1,7 @@
 """The launchers of this machine: ``local`` (one process per member) and ``debug`` (in-process, for tests)."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from pathlib import Path
@@ -9,13 +10,35 @@ from typing import Any, Iterator, Mapping, Sequence
 from launch.base import DEFAULT_KILL_GRACE_S, JobRef, LauncherPlan, PlanContext, SubmissionError, machine_plan
 from launch.local.controllers import controller_running, sigint_deliverable_to_children, stop_controllers
 from launch.local.gpu_slots import GpuSlotBook, Slot, cut_slots
-from launch.member import run_member
+from launch.member import load_program, run_member
 from launch.submitit_base import MAX_GPUS_PER_MEMBER, SubmititLauncher, check_gpus_per_member
 from results.store.gpu_share import read_gpu_share, write_gpu_share
 from core.gpu_time import MEMBERS_PER_GPU_CHOICES
 from core.records import MemberSpec
 
 logger = logging.getLogger(__name__)
+
+
+class HostedPrograms:
+    """What each member program shares among its members on this machine (MemberProgram.hosting_here: the inner
+    loop's fork server), from the first submission of its members to the launcher's close."""
+
+    def __init__(self) -> None:
+        self._stack = contextlib.ExitStack()
+        self._asked: set[str] = set()
+
+    def ensure(self, entrypoint: str, specs: Sequence[MemberSpec]) -> None:
+        """Enter ``entrypoint``'s hosting, asked once with its first members' config."""
+        if entrypoint in self._asked or not specs:
+            return
+        self._asked.add(entrypoint)
+        hosting = load_program(entrypoint).hosting_here(specs[0].inner)
+        if hosting is not None:
+            self._stack.enter_context(hosting)
+
+    def close(self) -> None:
+        self._stack.close()
+        self._asked.clear()
 
 
 class LocalLauncher(SubmititLauncher):
@@ -70,6 +93,7 @@ class LocalLauncher(SubmititLauncher):
         self._book = GpuSlotBook(self.gpu_slots(options), self.members_per_gpu(options)) if self._slot_mode(
             options) else None
         self._members: dict[str, MemberSpec] = {}  # job id -> the member it runs (submitted by this process)
+        self._hosted = HostedPrograms()
 
     @classmethod
     def validate_options(cls, options: Mapping[str, Any]) -> None:
@@ -170,6 +194,7 @@ class LocalLauncher(SubmititLauncher):
         self, entrypoint: str, specs: Sequence[MemberSpec], folder: Path, timeout_s: float
     ) -> list[JobRef]:
         """Every spec at once; with GPU slots, SubmissionError (nothing submitted) unless each gets a free slot."""
+        self._hosted.ensure(entrypoint, specs)
         if self._book is not None:
             self._book.load(folder)
             free = self._book.free(self._job_alive)
@@ -189,6 +214,7 @@ class LocalLauncher(SubmititLauncher):
         if self._book is None:
             yield self.submit(entrypoint, specs, folder, timeout_s)
             return
+        self._hosted.ensure(entrypoint, specs)
         if not self._book.slots:
             raise SubmissionError("no GPU slot on this machine for members that ask for a GPU (launcher.gpus_per_node="
                                   f"{self.options.get('gpus_per_node')}, no GPU visible)")
@@ -269,6 +295,10 @@ class LocalLauncher(SubmititLauncher):
         """Ours or an earlier orchestrator's: stopped through the controller's pid (launch/local_controllers)."""
         stop_controllers([ref.job_id for ref in refs])
 
+    def close(self) -> None:
+        super().close()
+        self._hosted.close()
+
 
 def _slot_cap(parallel: int | None, slots: int) -> int:
     """Members at once with GPU slots: one per slot, and at most launcher.array_parallelism when it is set."""
@@ -306,6 +336,7 @@ class DebugLauncher(SubmititLauncher):
         super().__init__(**options)
         self._pending: list[str] = []
         self._ended: dict[str, str] = {}  # job id -> what ended it without a result (not an Exception: not rerun)
+        self._hosted = HostedPrograms()
 
     def _make_executor(self, folder: Path, timeout_s: float) -> Any:
         import submitit
@@ -315,6 +346,7 @@ class DebugLauncher(SubmititLauncher):
     def submit(
         self, entrypoint: str, specs: Sequence[MemberSpec], folder: Path, timeout_s: float
     ) -> list[JobRef]:
+        self._hosted.ensure(entrypoint, specs)
         refs = super().submit(entrypoint, specs, folder, timeout_s)
         ids = [f"debug-{id(self._jobs[r.job_id])}" for r in refs]
         for ref, new_id in zip(refs, ids):  # DebugJob ids are only unique within this process; say so
@@ -350,3 +382,7 @@ class DebugLauncher(SubmititLauncher):
         if ref.job_id in self._ended:  # asking the DebugJob again would run the member again
             return f"job ended without writing a result: {self._ended[ref.job_id]}"
         return super().failure_reason(ref)
+
+    def close(self) -> None:
+        super().close()
+        self._hosted.close()
