@@ -17,6 +17,7 @@ import pytest
 
 import inner_loop.process.fork_server as fork_server
 import inner_loop.process.pinned as numerics
+import inner_loop.process.pinned_child as pinned_child
 from conf_groups import load_group
 from core.records import MemberSpec
 from inner_loop.member.entry import train_member
@@ -68,7 +69,7 @@ def child_dir(tmp_path, monkeypatch) -> Path:
 
 
 def _run(payload: dict, **kwargs) -> tuple[int, dict]:
-    code, out = numerics.run_pinned_child("fork_child", payload, **kwargs)
+    code, out = pinned_child.run_pinned_child("fork_child", payload, **kwargs)
     return code, json.loads(out)
 
 
@@ -123,6 +124,7 @@ def test_a_terminated_child_reports_its_signal_as_popen_does(server, child_dir):
         child.wait(timeout=0.1)
     child.terminate()
     assert child.wait(timeout=scaled(30)) == -signal.SIGTERM
+    os.close(child._stdout)
 
 
 def _alive(pid: int) -> bool:
@@ -136,7 +138,7 @@ def _alive(pid: int) -> bool:
 def test_a_forked_child_dies_with_its_caller_killed_hard(server, child_dir):
     pid_file = child_dir / "child.pid"
     caller = subprocess.Popen(
-        [sys.executable, "-c", "import sys; sys.path[:0] = [sys.argv[1]]; import inner_loop.process.pinned as p; "
+        [sys.executable, "-c", "import sys; sys.path[:0] = [sys.argv[1]]; import inner_loop.process.pinned_child as p; "
          "p.run_pinned_child('fork_child', {'sleep': 600, 'pid_file': sys.argv[2]})", str(ROOT), str(pid_file)],
         env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))})
     try:
@@ -228,3 +230,20 @@ def test_variables_a_vllm_import_leaves_in_the_environment_do_not_stop_the_serve
     monkeypatch.setenv("TORCH_LOGS", "+dynamo")  # read by torch at import: another interpreter's settings
     code, report = _run({})
     assert code == 0 and not report["torch_loaded_at_start"]
+
+
+def test_an_extensions_directory_on_the_callers_pythonpath_is_importable_in_the_forked_child(server, child_dir,
+                                                                                          monkeypatch):
+    extension = child_dir / "extension"
+    extension.mkdir()
+    (extension / "fork_extension_task.py").write_text("NAME = 'from the extension'\n")
+    (child_dir / "fork_child_ext.py").write_text(CHILD.replace(
+        "sys.stdout.write(json.dumps(report))",
+        "import fork_extension_task\nreport['extension'] = fork_extension_task.NAME\nsys.stdout.write(json.dumps(report))"))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(extension)])))
+    code, out = pinned_child.run_pinned_child("fork_child_ext", {})
+    report = json.loads(out)
+    assert code == 0 and report["torch_loaded_at_start"] and report["extension"] == "from the extension"
+    (extension / "torch.py").write_text("")  # would shadow the torch the server imported: a fresh interpreter
+    code, out = pinned_child.run_pinned_child("fork_child_ext", {})
+    assert code == 0 and not json.loads(out)["torch_loaded_at_start"]

@@ -171,7 +171,7 @@ def test_a_pinned_child_that_failed_its_preflight_fails_its_parent_the_same_way(
         (work_dir / PREFLIGHT_FILE).write_text(json.dumps({"host": "node7", "cause": "no room"}))
         return 1, None
 
-    monkeypatch.setattr(member_entry.numerics, "run_pinned_child", child_failing_preflight)
+    monkeypatch.setattr(member_entry.pinned_child, "run_pinned_child", child_failing_preflight)
     with pytest.raises(PreflightError, match="pre-flight failed on node node7: no room"):
         member_entry._train_in_pinned_child({"work_dir": str(tmp_path / "m")}, save_final=False)
 

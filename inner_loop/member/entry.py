@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, ContextManager, Iterable, Mapping
 
 import inner_loop.process.pinned as numerics
+import inner_loop.process.pinned_child as pinned_child
 import inner_loop.process.notice as notice
 from core.member_program import MemberProgram, named_by
 from core.records import MemberSpec, ResultRecord
@@ -101,7 +102,7 @@ def _train_in_pinned_child(data: dict[str, Any], save_final: bool) -> ResultReco
     work_dir = Path(data["work_dir"])
     logger.info("member %s: training in a pinned child process", work_dir)
     try:
-        code, _ = numerics.run_pinned_child(__name__, {"spec": data, "save_final": save_final},
+        code, _ = pinned_child.run_pinned_child(__name__, {"spec": data, "save_final": save_final},
                                             started=notice.attach_child,
                                             forkable=not uses_vllm(data.get("inner") or {}))
     finally:

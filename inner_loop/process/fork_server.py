@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from inner_loop.process.offline import OFFLINE_ENV, asks_offline, go_offline
+from inner_loop.process.pinned import PINNED_ENV, can_pin, pinned_child_env, start_dying_with_parent
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +65,10 @@ IMPORT_TIME_ENV_PREFIXES = ("HF_", "HUGGINGFACE", "TRANSFORMERS", "DATASETS", "T
 #: (how fast and where it compiles, not what), and the library path (every shared library a member uses is loaded
 #: by the server's imports). vLLM's import sets several of them in its process, whose children then carry them.
 NOT_READ_BY_A_PINNED_CHILD = ("VLLM_", "TRITON_", "PYTORCH_NVML_BASED_CUDA_CHECK", "TORCHINDUCTOR_COMPILE_THREADS",
-                              "TORCHINDUCTOR_CACHE_DIR", "LD_LIBRARY_PATH")
+                              "TORCHINDUCTOR_CACHE_DIR", "LD_LIBRARY_PATH",
+                              # the tokenizer's batch threads, read when it encodes (transformers sets it once a
+                              # process has used a fast tokenizer): how many threads encode, not what
+                              "TOKENIZERS_PARALLELISM")
 #: threads the server may hold when it forks (jemalloc's fork handlers make its own thread safe)
 _FORK_SAFE_THREADS = ("jemalloc_bg_thd",)
 _MAX_REQUEST_BYTES = 1 << 22
@@ -74,8 +78,40 @@ _SOCKET_NAME = "server.sock"
 
 
 def _import_time_env(env: Mapping[str, str]) -> dict[str, str]:
-    return {key: value for key, value in env.items()
-            if key.startswith(IMPORT_TIME_ENV_PREFIXES) and not key.startswith(NOT_READ_BY_A_PINNED_CHILD)}
+    """The variables to compare (PYTHONPATH apart: ``_path_refusal``)."""
+    return {key: value for key, value in env.items() if key.startswith(IMPORT_TIME_ENV_PREFIXES)
+            and not key.startswith(NOT_READ_BY_A_PINNED_CHILD) and key != "PYTHONPATH"}
+
+
+def _path_entries(env: Mapping[str, str]) -> list[str]:
+    return [entry for entry in (env.get("PYTHONPATH") or "").split(os.pathsep) if entry]
+
+
+def _top_level_names(directory: str) -> set[str]:
+    """The modules and packages a sys.path entry offers, by their top-level name."""
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return set()
+    return {name.split(".", 1)[0] for name in entries if name.endswith((".py", ".pyc", ".so", ".pth"))
+            or os.path.isdir(os.path.join(directory, name))}
+
+
+def _path_refusal(theirs: list[str], own: list[str]) -> str | None:
+    """A caller's PYTHONPATH may add directories (an extension's modules) to the server's, as long as none offers a
+    module the server imported already (a fresh interpreter would import that one, the child has the server's)."""
+    if theirs == own:
+        return None
+    missing = [entry for entry in own if entry not in theirs]
+    if missing:
+        return f"the caller's PYTHONPATH lacks the server's {missing}"
+    imported = {name.split(".", 1)[0] for name in sys.modules}
+    for entry in theirs:
+        if entry not in own:
+            shadowed = sorted(_top_level_names(entry) & imported)
+            if shadowed:
+                return f"the caller's PYTHONPATH entry {entry} offers modules the server imported: {shadowed[:5]}"
+    return None
 
 
 def _root() -> str:
@@ -113,12 +149,13 @@ class ForkedChild:
         self._finish(int(json.loads(line)["returncode"]))
 
     def _finish(self, code: int) -> None:
+        """The child ended: its status is known and its lifeline no longer needed. Its stdout stays open for
+        ``communicate`` (which may be reading it when a notice handler waits for the child)."""
         self.returncode = code
         self._connection.close()
-        for fd in (self._stdin, self._stdout, self._lifeline):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self._stdin = self._stdout = self._lifeline = -1
+        with contextlib.suppress(OSError):
+            os.close(self._lifeline)
+        self._lifeline = -1
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -158,8 +195,12 @@ class ForkedChild:
         writer = threading.Thread(target=feed, name="fork-server-stdin", daemon=True)
         writer.start()
         chunks = []
-        while chunk := os.read(self._stdout, 1 << 16):
-            chunks.append(chunk)
+        try:
+            while chunk := os.read(self._stdout, 1 << 16):
+                chunks.append(chunk)
+        finally:
+            os.close(self._stdout)
+            self._stdout = -1
         writer.join()
         self.wait()
         return b"".join(chunks), None
@@ -194,7 +235,7 @@ def start_forked(module: str, env: Mapping[str, str]) -> ForkedChild | None:
     request = {"module": module, "env": dict(env), "cwd": os.getcwd(), "root": _root()}
     try:
         payload = json.dumps(request).encode() + b"\n"
-        fds = array.array("i", [stdin_read, stdout_write, sys.stderr.fileno(), lifeline_read])
+        fds = array.array("i", [stdin_read, stdout_write, 2, lifeline_read])  # fd 2: what Popen passes on
         connection.sendmsg([payload], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
         reply = connection.makefile("rb").readline()
     except OSError as exc:
@@ -236,6 +277,9 @@ def _refusal(request: Mapping[str, Any], own_env: Mapping[str, str]) -> str | No
         keys = [key for key in keys if key not in OFFLINE_ENV]
     if keys:
         return f"the environment read at import differs from the server's: {', '.join(keys)}"
+    path_refusal = _path_refusal(_path_entries(env), _path_entries(os.environ))
+    if path_refusal is not None:
+        return path_refusal
     threads = _threads_unsafe_to_fork()
     if threads:
         return f"the server holds threads that are unsafe to fork: {threads}"
@@ -299,13 +343,19 @@ def _become_child(request: Mapping[str, Any], fds: list[int]) -> None:
         for fd, target in ((stdin, 0), (stdout, 1), (stderr, 2)):
             os.dup2(fd, target)
             os.close(fd)
+        logger.handlers.clear()  # the server's own handler (serve): the child logs as a fresh interpreter would
+        logger.propagate = True
+        logger.setLevel(logging.NOTSET)
         threading.Thread(target=_watch_lifeline, args=(lifeline,), name="fork-server-lifeline", daemon=True).start()
         os.chdir(request["cwd"])
+        own_entries = set(_path_entries(os.environ))  # still the server's here
+        sys.path[:] = [request["cwd"], *_path_entries(request["env"]),
+                       *(entry for entry in sys.path[1:] if entry not in own_entries)]
+        importlib.invalidate_caches()
         os.environ.clear()
         os.environ.update(request["env"])
         if asks_offline(request["env"]):
             go_offline()  # into the modules that read the flags at import, as a fresh interpreter would read them
-        sys.path[0] = request["cwd"]
         if "numpy" in sys.modules:  # a fresh interpreter seeds it from the OS: forked children must not share it
             sys.modules["numpy"].random.seed(int.from_bytes(os.urandom(4), "little"))
         sys.argv = [request["module"]]
@@ -361,6 +411,12 @@ def serve(path: str) -> None:
     os.rename(staging, path)  # the socket appears only once it accepts
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # waiters are reaped by the kernel
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    # the server's own word (each refusal's reason once, on the stderr it was started with); the root logger stays
+    # unconfigured, for the children's own logging.basicConfig
+    logger.addHandler(logging.StreamHandler())
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    reasons_told: set[str] = set()
     while True:
         connection, _ = listener.accept()
         try:
@@ -371,6 +427,10 @@ def serve(path: str) -> None:
             continue
         reason = _refusal(request, own_env) if len(fds) == 4 else f"{len(fds)} descriptors, 4 expected"
         if reason is not None:
+            if reason not in reasons_told:
+                reasons_told.add(reason)
+                logger.warning("fork server: a pinned child starts a fresh interpreter (~7 CPU-s of imports): %s",
+                               reason)
             for fd in fds:
                 os.close(fd)
             _send(connection, {"refused": reason})
@@ -399,8 +459,6 @@ def serving() -> Iterator[str | None]:
     """A fork server for this process and the processes it starts while the block runs (its socket in
     ``MIRROR_ES_FORK_SERVER``); stopped at the end. Does not wait for its imports: until it listens, pinned
     children start fresh. Nothing where one is serving already or the machine cannot pin or fork."""
-    from inner_loop.process.pinned import PINNED_ENV, can_pin, pinned_child_env, start_dying_with_parent
-
     if os.environ.get(SERVER_ENV) or not can_serve() or not can_pin():
         yield os.environ.get(SERVER_ENV)
         return

@@ -26,11 +26,24 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from core.notice_window import save_window_s
 
 logger = logging.getLogger(__name__)
+
+
+class ChildProcess(Protocol):
+    """What a notice needs of the pinned child it is forwarded to: a subprocess.Popen, or a child forked by the fork
+    server (inner_loop/process/fork_server.py's ForkedChild)."""
+
+    def poll(self) -> int | None: ...
+
+    def send_signal(self, signum: int) -> None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def kill(self) -> None: ...
 
 #: the signals that announce a job's end: SLURM's SIGTERM and the time-limit warning (submitit's USR2)
 NOTICE_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
@@ -62,7 +75,7 @@ class _State:
         self.step_s: float | None = None  # the last whole step's duration, seconds
         self.training = False  # a trainer in this process is between its first and last step
         self.requested: int | None = None  # the notice's signal, once one came during training
-        self.child: subprocess.Popen | None = None  # the pinned child training this member
+        self.child: ChildProcess | None = None  # the pinned child training this member
         self.forwarding = False  # waiting for that child to save
         self.forced = False  # the grace period ended: hand the signal on
 
@@ -82,7 +95,7 @@ def install(grace_s: float | None = None) -> None:
             signal.signal(signum, _on_notice)
 
 
-def attach_child(child: subprocess.Popen | None) -> None:
+def attach_child(child: ChildProcess | None) -> None:
     """The pinned child now training this member (None: it ended); a notice is forwarded to it."""
     _state.child = child
 
@@ -151,7 +164,7 @@ def _on_notice(signum: int, frame: Any) -> None:
     hand_on(signum)
 
 
-def _forward_and_wait(child: subprocess.Popen, signum: int) -> None:
+def _forward_and_wait(child: ChildProcess, signum: int) -> None:
     _state.forwarding = True
     try:
         child.send_signal(signum)

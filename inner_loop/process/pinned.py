@@ -21,13 +21,11 @@ import json
 import logging
 import os
 import signal
-import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
-import inner_loop.process.fork_server as fork_server
 
 logger = logging.getLogger(__name__)
 
@@ -193,35 +191,6 @@ def pinned_child_env() -> dict[str, str]:
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
     return env
-
-
-def run_pinned_child(module: str, payload: Mapping[str, Any], kill_grace_s: float = 10.0,
-                     started: Callable[[Any], None] | None = None, forkable: bool = True) -> tuple[int, str]:
-    """Run ``python -m module`` with PINNED_ENV, ``payload`` as JSON on its stdin; (exit status, its stdout).
-
-    For a pinned run asked of a process that already loaded torch under other settings (a test, the debug
-    launcher, a CLI). Its log goes to this process's stderr. Whatever interrupts the wait (a member's wall-time
-    alarm, Ctrl-C, a cancel) stops the child first, then propagates. ``started`` is told the child's process
-    (a member forwards its job's end notice to it). Forked by the fork server (inner_loop/process/fork_server.py)
-    where one serves this process and ``forkable`` (the child needs no vLLM), else a fresh interpreter."""
-    env = pinned_child_env()
-    proc = fork_server.start_forked(module, env) if forkable else None
-    if proc is None:
-        proc = subprocess.Popen([sys.executable, "-m", module], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                env=env, preexec_fn=start_dying_with_parent)
-    if started is not None:
-        started(proc)
-    try:
-        out, _ = proc.communicate(json.dumps(payload).encode())
-        return proc.returncode, out.decode(errors="replace")
-    except BaseException:
-        proc.terminate()
-        try:
-            proc.wait(timeout=kill_grace_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        raise
 
 
 def read_child_payload() -> dict[str, Any]:

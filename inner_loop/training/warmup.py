@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 
 import inner_loop.process.pinned as numerics
+import inner_loop.process.pinned_child as pinned_child
 from inner_loop.config import ModelConfig
 from inner_loop.training.evaluate import evaluate
 from inner_loop.models.cache import build_once, cache_root, config_digest
@@ -242,7 +243,7 @@ def warmed_model_dir(cfg: ModelConfig, base_dir: str, task: Task, task_cfg: dict
 def _build_in_pinned_child(cfg: ModelConfig, base_dir: str, task_cfg: dict, probe_max_new_tokens: int,
                            final: Path) -> str:
     logger.info("warm-up of %s: torch is loaded here under other numerics; building it in a pinned process", final)
-    code, out = numerics.run_pinned_child(__name__, {"model": asdict(cfg), "base_dir": base_dir,
+    code, out = pinned_child.run_pinned_child(__name__, {"model": asdict(cfg), "base_dir": base_dir,
                                                      "task": task_cfg, "probe_max_new_tokens": probe_max_new_tokens})
     if code == 0 and (final / ".complete").is_file():
         return str(final)
