@@ -19,6 +19,7 @@ import inner_loop.process.fork_server as fork_server
 import inner_loop.process.pinned as numerics
 import inner_loop.process.pinned_child as pinned_child
 from conf_groups import load_group
+from core.file_lock import proc_stat
 from core.records import MemberSpec
 from inner_loop.member.entry import train_member
 from inner_loop.process.offline import OFFLINE_ENV
@@ -128,11 +129,8 @@ def test_a_terminated_child_reports_its_signal_as_popen_does(server, child_dir):
 
 
 def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
+    fields = proc_stat(pid)
+    return bool(fields) and fields[0] not in ("Z", "X")
 
 
 def test_a_forked_child_dies_with_its_caller_killed_hard(server, child_dir):

@@ -458,8 +458,9 @@ def can_serve() -> bool:
 def serving() -> Iterator[str | None]:
     """A fork server for this process and the processes it starts while the block runs (its socket in
     ``MIRROR_ES_FORK_SERVER``); stopped at the end. Does not wait for its imports: until it listens, pinned
-    children start fresh. Nothing where one is serving already or the machine cannot pin or fork."""
-    if os.environ.get(SERVER_ENV) or not can_serve() or not can_pin():
+    children start fresh. Nothing where one is serving already, inside a SLURM job (whose members train in their own
+    allocation, never forked from here), or where the machine cannot pin or fork."""
+    if os.environ.get(SERVER_ENV) or os.environ.get("SLURM_JOB_ID") or not can_serve() or not can_pin():
         yield os.environ.get(SERVER_ENV)
         return
     directory = tempfile.mkdtemp(prefix="mirror-es-fork-")
