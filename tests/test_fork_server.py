@@ -245,3 +245,22 @@ def test_an_extensions_directory_on_the_callers_pythonpath_is_importable_in_the_
     (extension / "torch.py").write_text("")  # would shadow the torch the server imported: a fresh interpreter
     code, out = pinned_child.run_pinned_child("fork_child_ext", {})
     assert code == 0 and not json.loads(out)["torch_loaded_at_start"]
+
+
+def test_a_status_that_arrived_with_the_pid_is_the_childs_exit_status(server, child_dir):
+    # a child that ends at once: its pid and its status can reach the caller in one read, and the status read with
+    # the pid's line must be the one reported (not lost, which reads as a child killed)
+    import socket
+
+    ours, waiters = socket.socketpair()
+    stdin_read, stdin_write = os.pipe()
+    stdout_read, stdout_write = os.pipe()
+    lifeline_read, lifeline_write = os.pipe()
+    waiters.close()  # the waiter said everything and ended
+    child = fork_server.ForkedChild(ours, 123456789, stdin_write, stdout_read, lifeline_write,
+                                    unread=b'{"returncode": 5}\n')
+    assert child.wait(timeout=scaled(5)) == 5
+    for fd in (stdin_read, stdin_write, stdout_read, stdout_write, lifeline_read):
+        os.close(fd)
+    (child_dir / "fork_child_quick.py").write_text("import os\nos._exit(5)\n")
+    assert [pinned_child.run_pinned_child("fork_child_quick", {})[0] for _ in range(10)] == [5] * 10

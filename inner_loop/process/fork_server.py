@@ -126,14 +126,15 @@ class ForkedChild:
     """A child forked by the server, driven like a ``subprocess.Popen`` with stdin and stdout piped (what
     ``run_pinned_child`` and the job's end notice use of one)."""
 
-    def __init__(self, connection: socket.socket, pid: int, stdin: int, stdout: int, lifeline: int) -> None:
+    def __init__(self, connection: socket.socket, pid: int, stdin: int, stdout: int, lifeline: int,
+                 unread: bytes = b"") -> None:
         self.pid = pid
         self.returncode: int | None = None
         self._connection = connection
         self._stdin = stdin
         self._stdout = stdout
         self._lifeline = lifeline
-        self._buffer = b""
+        self._buffer = unread  # what arrived after the pid's line (the status of a child that ended at once)
 
     def _read_status(self, timeout: float | None) -> None:
         while b"\n" not in self._buffer:
@@ -237,9 +238,12 @@ def start_forked(module: str, env: Mapping[str, str]) -> ForkedChild | None:
         payload = json.dumps(request).encode() + b"\n"
         fds = array.array("i", [stdin_read, stdout_write, 2, lifeline_read])  # fd 2: what Popen passes on
         connection.sendmsg([payload], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
-        reply = connection.makefile("rb").readline()
+        received = b""
+        while b"\n" not in received and (chunk := connection.recv(4096)):
+            received += chunk
+        reply, _, unread = received.partition(b"\n")
     except OSError as exc:
-        reply = json.dumps({"refused": f"fork server: {exc}"}).encode()
+        reply, unread = json.dumps({"refused": f"fork server: {exc}"}).encode(), b""
     finally:
         for fd in (stdin_read, stdout_write, lifeline_read):
             os.close(fd)
@@ -250,7 +254,7 @@ def start_forked(module: str, env: Mapping[str, str]) -> ForkedChild | None:
         connection.close()
         logger.info("pinned child %s: fresh interpreter (%s)", module, answer.get("refused"))
         return None
-    return ForkedChild(connection, int(answer["pid"]), stdin_write, stdout_read, lifeline_write)
+    return ForkedChild(connection, int(answer["pid"]), stdin_write, stdout_read, lifeline_write, unread)
 
 
 # ---------------------------------------------------------------- the server
@@ -315,18 +319,14 @@ def _exit_code(code: object) -> int:
         return 0
     if isinstance(code, int):
         return code & 0xFF
-    print(code, file=sys.stderr)
+    sys.stderr.write(f"{code}\n")
     return 1
 
 
 def _watch_lifeline(fd: int) -> None:
     """In the child: block until the caller's end of the lifeline closes (the caller ended), then die."""
-    while True:
-        try:
-            if not os.read(fd, 1):
-                break
-        except InterruptedError:
-            continue
+    while os.read(fd, 1):  # nothing is ever written: a read returns only at the end
+        pass
     os.kill(os.getpid(), signal.SIGKILL)
 
 
