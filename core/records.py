@@ -55,6 +55,61 @@ def gpus_entry(resources: Mapping[str, Any]) -> dict[str, Any]:
     return {MEMBER_GPUS_KEY: gpus, **({MEMBER_GPU_MEMORY_KEY: fraction} if fraction is not None else {})}
 
 
+@dataclass(frozen=True)
+class Segment:
+    """The steps a member trains, as one value: steps [start, stop) of a run whose schedule (learning-rate warm-up and
+    decay) spans ``horizon`` steps, continuing from the checkpoint folder ``resume_from`` where start > 0.
+
+    Why a value: how long a member trains used to be worked out again by every reader (plan, lifecycle, status)
+    from train.steps, es.member_steps and the searcher's state. The generation builds it once, the member spec and
+    the generation's stored state carry it, and every reader reads it:
+
+    - a whole run of train.steps: ``Segment.whole(steps)`` = (0, steps, steps);
+    - a search member of es.member_steps m: (0, m, m), its schedule shrunk to m steps;
+    - an es=nres truncation: (start, stop, train.steps, the particle's boundary checkpoint at start).
+    """
+
+    start: int
+    stop: int
+    horizon: int
+    resume_from: str | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.start <= self.stop <= self.horizon or (self.start == self.stop and self.horizon):
+            raise ValueError(f"a member's segment must satisfy 0 <= start < stop <= horizon (or be the empty run "
+                             f"0, 0, 0), got start={self.start} stop={self.stop} horizon={self.horizon}")
+
+    @classmethod
+    def whole(cls, steps: int) -> "Segment":
+        """A run of its own from step 0, ``steps`` long (0: the untrained model, a base-model row)."""
+        return cls(0, int(steps), int(steps))
+
+    @property
+    def steps(self) -> int:
+        """The steps this member trains."""
+        return self.stop - self.start
+
+    @property
+    def whole_run(self) -> bool:
+        """Whether the member trains a run of its own from step 0 to its schedule's end."""
+        return self.start == 0 and self.stop == self.horizon
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Segment":
+        resume = data.get("resume_from")
+        return cls(int(data["start"]), int(data["stop"]), int(data["horizon"]),
+                   None if resume is None else str(resume))
+
+
+def inner_steps(inner: Mapping[str, Any]) -> int:
+    """train.steps of a member's inner config: the one place a member's length is read from the config (the
+    segment of a spec stored before segments existed, and of a run outside a search)."""
+    return int((inner.get("train") or {}).get("steps") or 0)
+
+
 @dataclass
 class MemberSpec:
     """Everything one population member needs to train and evaluate, independent of the orchestrator."""
@@ -70,6 +125,20 @@ class MemberSpec:
     #: es=nres: the piece of its particle's run this member trains (results/store/truncation.py: Truncation's
     #: dict); None: a whole run of train.steps. A class-level default, so specs pickled before it existed load.
     truncation: dict[str, Any] | None = None
+    #: the steps it trains (``Segment``); None in a spec built before segments existed or outside a search (a whole
+    #: run of its inner train.steps: ``work``). A class-level default, so specs pickled before it existed load.
+    segment: Segment | None = None
+
+    @property
+    def work(self) -> Segment:
+        """The segment this member trains: the one the generation gave it; for a spec without one, what such a
+        spec always meant (a truncation's own steps, else a whole run of its inner train.steps)."""
+        if self.segment is not None:
+            return self.segment
+        piece = self.truncation
+        if piece is not None and "start" in piece:  # es=nres before segments: the piece named its own steps
+            return Segment(int(piece["start"]), int(piece["stop"]), int(piece["horizon"]))
+        return Segment.whole(inner_steps(self.inner))
 
     def to_dict(self) -> dict[str, Any]:
         """A plain, independent copy. Not ``asdict``: it deep-copies the 380 params one float at a time
@@ -78,6 +147,7 @@ class MemberSpec:
         data["params"] = list(self.params)
         data["inner"] = copy.deepcopy(self.inner)
         data["truncation"] = dict(self.truncation) if self.truncation is not None else None
+        data["segment"] = self.segment.to_dict() if self.segment is not None else None
         return data
 
     @classmethod
@@ -87,6 +157,8 @@ class MemberSpec:
         if missing:
             raise ValueError(f"member spec is missing keys {missing}")
         known["params"] = [float(x) for x in known["params"]]
+        if isinstance(known.get("segment"), Mapping):
+            known["segment"] = Segment.from_dict(known["segment"])
         return cls(**known)
 
 

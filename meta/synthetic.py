@@ -223,7 +223,8 @@ def _truncation(spec: MemberSpec, options: Mapping[str, Any], started: float) ->
     (1 at step 0), ``stop - start`` steps with this member's vector, the boundary at ``stop`` published, the change of
     the score reported. A boundary this generation already published is the result (a kill after it, before the
     result was written)."""
-    piece = Truncation.from_dict(spec.truncation or {})
+    piece = Truncation.of_spec(spec)
+    assert piece is not None  # called for a member continuing a particle's run
     done = read_boundary(piece.boundary(piece.stop))
     if piece.start == 0:
         start_score = _score_at(spec, options, _initial(options), piece, 0)

@@ -53,7 +53,7 @@ def test_truncations_continue_their_particle_and_each_particle_keeps_one_checkpo
         folders = sorted(p.name for p in store.particle_dir(index).iterdir())
         assert folders == [boundary_dir_name(0, 2 * K)]  # only the checkpoint it stands on
         spec = json.loads((store.member_dir(1, index) / "spec.json").read_text())
-        assert spec["truncation"]["start"] == K and spec["truncation"]["horizon"] == H
+        assert spec["segment"]["start"] == K and spec["segment"]["horizon"] == H  # its segment, stored
     # the halves of a pair train with one seed over their whole run; pairs differ
     seeds = {(g, i): json.loads((store.member_dir(g, i) / "spec.json").read_text())["seed"]
              for g in (0, 1) for i in range(4)}

@@ -131,7 +131,7 @@ def train_in_process(spec: MemberSpec | Mapping[str, Any], save_final: bool = Fa
     # launcher resubmits it and the init is not charged): inner_loop/member/preflight.py
     run_preflight(spec.inner, work_dir)
     started = time.monotonic()
-    piece = Truncation.from_dict(spec.truncation) if spec.truncation is not None else None
+    piece = Truncation.of_spec(spec)  # es=nres: the particle run its segment continues
     if piece is not None and (scores := truncations.finished(piece, spec.generation)) is not None:
         logger.info("member %s: its truncation's checkpoint is published already; recording it", work_dir)
         truncations.release(piece, work_dir)  # killed between publishing and removing its own copy
@@ -165,7 +165,11 @@ def train_in_process(spec: MemberSpec | Mapping[str, Any], save_final: bool = Fa
         stage = "model and trainer setup"
         trainer = build_trainer(run, work_dir, spec.seed)
         start_score = None
-        if run.cfg.train.steps:
+        segment = spec.work  # the steps the generation gave this member (core/records.py: Segment)
+        if segment.horizon != run.cfg.train.steps:
+            raise ValueError(f"the member's segment spans a schedule of {segment.horizon} steps, its train.steps is "
+                             f"{run.cfg.train.steps}: a segment's steps follow its run's schedule")
+        if segment.steps:
             if run.cfg.train.eval_every:
                 trainer.add_callback(_intermediate_eval(trainer, run, work_dir))
             resume = last_checkpoint(work_dir) if piece is None else None

@@ -31,6 +31,23 @@ class EarlyStopRule:
     example: Mapping[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class MemberWork:
+    """What one population member trains next, as its searcher plans it: steps [start, stop) of a run whose schedule
+    spans ``horizon`` steps. The orchestrator turns it into the member's segment (core/records.py: Segment), so no
+    other module works out a member's steps from the searcher's state."""
+
+    start: int
+    stop: int
+    horizon: int
+    #: the (particle, episode) whose run this member continues from the particle's checkpoints (es=nres); None: a run
+    #: of its own
+    run: tuple[int, int] | None = None
+    #: what its training seeds are drawn by (core/seeding.py member_seed's keys), where the searcher decides it (the
+    #: halves of an antithetic pair share their run's seed); None: the generation's own rule
+    seed_key: tuple[Any, ...] | None = None
+
+
 class Searcher(abc.ABC):
     """Besides ask/tell, a searcher class declares what the rest of the code asks about it (docs/extending.md):
     the registry at the package door reads these, and no other module names a searcher. Its constructor takes the
@@ -93,6 +110,11 @@ class Searcher(abc.ABC):
         """An online searcher's most steps in one member after its first generation (one truncation; a staggered
         start's first truncations can be longer: ``longest_member_steps``); None: as ``longest_member_steps``."""
         return None
+
+    def member_work(self, steps: int) -> list[MemberWork]:
+        """Per population member, what the next generation trains: here a run of its own of ``steps`` steps (the
+        search's es.member_steps); an online searcher's members continue its particles' runs."""
+        return [MemberWork(0, int(steps), int(steps)) for _ in range(self.popsize)]
 
     def truncations(self) -> list[dict[str, int]] | None:
         """An online searcher's pieces for the next generation, one per member ({particle, episode, start, stop,

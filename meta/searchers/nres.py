@@ -29,7 +29,7 @@ import logging
 
 import torch
 
-from meta.searchers.base import DTYPE, Searcher
+from meta.searchers.base import DTYPE, MemberWork, Searcher
 from meta.searchers.serialize import from_plain, to_plain
 from meta.searchers.utilities import TellSummary
 from core.seeding import generator
@@ -192,6 +192,13 @@ class NRESSearcher(Searcher):
         the particle's folder): {particle, episode, start, stop, horizon}."""
         return [{"particle": i, "episode": self._episode[i // 2], "start": self._step[i // 2],
                  "stop": self._stop[i // 2], "horizon": self.horizon} for i in range(self.popsize)]
+
+    def member_work(self, steps: int) -> list[MemberWork]:
+        """Each member's truncation of its pair's run; a particle's run has one seed over all its truncations, and
+        the halves of a pair share it."""
+        return [MemberWork(piece["start"], piece["stop"], piece["horizon"], run=(piece["particle"], piece["episode"]),
+                           seed_key=("particle", piece["particle"] // 2, piece["episode"]))
+                for piece in self.truncations()]
 
     def kept_boundaries(self) -> list[tuple[int, int]]:
         """Per member, the (episode, step) of the checkpoint its particle stands on: the one to keep."""

@@ -138,24 +138,27 @@ def render(run_dir: str | Path, show_all: bool = False, now: float | None = None
 
 
 def _particle_lines(store: RunStore, raw: Mapping[str, Any], show_all: bool) -> list[str]:
-    """es=nres: where each particle stands in its run (the state after the last finished generation: the truncation
-    it trains next), and the disk its boundary checkpoints hold; nothing for a searcher that trains whole runs."""
-    from results.store.truncation import boundary_bytes
+    """es=nres: where each particle stands in its run (what the last finished generation's state says each member
+    trains next: results/store/truncation.py NEXT_SEGMENTS_KEY), and the disk its boundary checkpoints hold; nothing
+    for a search whose members train runs of their own, or one stored before states kept segments."""
+    from results.store.truncation import NEXT_SEGMENTS_KEY, boundary_bytes
 
     latest = store.latest_state()
-    state = latest[1].get("searcher", {}) if latest is not None else {}
-    if not {"step", "stop", "episode"} <= set(state):
+    work = (latest[1].get(NEXT_SEGMENTS_KEY) if latest is not None else None) or []
+    runs = [entry for entry in work if entry.get("run") is not None]
+    if not runs:
         return []
-    horizon = (raw.get("es") or {}).get("horizon_steps") or (raw.get("train") or {}).get("steps")
-    folders = [store.particle_dir(i) for i in range(len(state["step"]) * 2)]
+    pairs = runs[::2]  # the halves of a pair stand at the same step of the same run
+    horizon = runs[0]["horizon"]
+    folders = [store.particle_dir(entry["run"]["particle"]) for entry in runs]
     lines = [f"particles (es={(raw.get('es') or {}).get('name')}): {len(folders)}, each a run of {horizon} steps; "
              f"boundary checkpoints {boundary_bytes(folders) / 1e9:.3f} GB"]
-    for pair, (step, stop, episode) in enumerate(zip(state["step"], state["stop"], state["episode"])):
+    for pair, entry in enumerate(pairs):
         if show_all or pair < 4:
-            lines.append(f"  particles {2 * pair:03d}/{2 * pair + 1:03d}: run {episode}, step {step} of {horizon}, "
-                         f"next truncation {step}..{stop}")
-    if not show_all and len(state["step"]) > 4:
-        lines.append(f"  ... {len(state['step']) - 4} more pairs (--all shows every one)")
+            lines.append(f"  particles {2 * pair:03d}/{2 * pair + 1:03d}: run {entry['run']['episode']}, step "
+                         f"{entry['start']} of {horizon}, next truncation {entry['start']}..{entry['stop']}")
+    if not show_all and len(pairs) > 4:
+        lines.append(f"  ... {len(pairs) - 4} more pairs (--all shows every one)")
     return lines
 
 

@@ -19,12 +19,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
+from core.records import MemberSpec, Segment
 from results.store.atomic import atomic_write_json, fsync_dir, fsync_tree
 from results.store.layout import BOUNDARY_FILE, boundary_dir_name, parse_boundary_dir_name
 
 #: the diagnostics a truncation's record carries (members table: diag_<name>)
 START_SCORE, END_SCORE, START_STEP, STOP_STEP = ("truncation_start_score", "truncation_end_score",
                                                  "truncation_start", "truncation_stop")
+#: the keys of a generation's stored state (results/store/run_store.py write_state) that say what each job trained
+#: in it and what each will train in the next generation: per job, ``work_entry``'s dict
+SEGMENTS_KEY, NEXT_SEGMENTS_KEY = "segments", "next_segments"
 _TEMP_PREFIX = ".writing-"
 _TRASH_PREFIX = ".deleting-"
 
@@ -53,9 +57,33 @@ class Truncation:
         return cls(particle=int(data["particle"]), episode=int(data["episode"]), start=int(data["start"]),
                    stop=int(data["stop"]), horizon=int(data["horizon"]), particle_dir=str(data["particle_dir"]))
 
+    @classmethod
+    def of(cls, run: Mapping[str, Any], segment: Segment) -> "Truncation":
+        """The truncation a member trains: the particle run it continues (a spec's ``truncation``: particle,
+        episode, particle_dir) and its steps (the spec's segment)."""
+        return cls(particle=int(run["particle"]), episode=int(run["episode"]), start=segment.start,
+                   stop=segment.stop, horizon=segment.horizon, particle_dir=str(run["particle_dir"]))
+
+    @classmethod
+    def of_spec(cls, spec: MemberSpec) -> "Truncation | None":
+        """The truncation ``spec`` trains; None for a member that trains a run of its own."""
+        return None if spec.truncation is None else cls.of(spec.truncation, spec.work)
+
+    @property
+    def resume_from(self) -> str | None:
+        """The particle's boundary checkpoint this truncation starts from (None at step 0: the untouched model)."""
+        return str(self.boundary(self.start)) if self.start else None
+
     def boundary(self, step: int) -> Path:
         """The folder of this particle's checkpoint at ``step`` of this run."""
         return Path(self.particle_dir) / boundary_dir_name(self.episode, step)
+
+
+def work_entry(segment: Segment, run: Mapping[str, Any] | None) -> dict[str, Any]:
+    """One job's work as a generation's state keeps it: its segment, and the particle run it continues (particle,
+    episode; None: a run of its own)."""
+    return {**segment.to_dict(), "run": None if run is None else {"particle": int(run["particle"]),
+                                                                   "episode": int(run["episode"])}}
 
 
 def read_boundary(folder: str | Path) -> dict[str, Any] | None:

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
+
+if TYPE_CHECKING:
+    from meta.searchers.base import MemberWork, Searcher
 
 #: role of a population member and of the control member (the member table's ``role`` column)
 MEMBER_ROLE = "member"
@@ -45,6 +48,16 @@ class GenerationShape:
         searcher = searcher_class(str(es.get("name", "")))
         return cls(population=int(population), control=bool(control_member) and not searcher.online,
                    quorum=float(quorum), early_stop_capacity=int(searcher.stop_capacity(es, int(population))))
+
+    def member_work(self, searcher: "Searcher", steps: int) -> list["MemberWork"]:
+        """What each job of the next generation trains, in index order: the searcher's plan for its population, then
+        the control member's run of its own of ``steps`` (es.member_steps), like a population member's."""
+        from meta.searchers.base import MemberWork
+
+        work = list(searcher.member_work(steps))
+        if len(work) != self.population:
+            raise ValueError(f"the searcher planned {len(work)} members' work for a population of {self.population}")
+        return work + ([MemberWork(0, int(steps), int(steps))] if self.control else [])
 
     @property
     def control_index(self) -> int | None:

@@ -34,14 +34,17 @@ from meta.search.generation.generation_close import QuorumClock
 from meta.search.generation.generation_shape import GenerationShape
 from meta.search.generation.live_watch import LiveWatch, all_same_warning, format_duration
 from meta.searchers import Searcher, build_searcher
+from meta.searchers.base import MemberWork
 from core.seeding import member_seed
 from results.store.gpu_share import read_gpu_share, share_text
-from core.records import MEMBER_SEEDS_KEY, NODE_FAILED, UNMEASURED_STATUSES, MemberSpec, ResultRecord, device_text
+from core.records import (MEMBER_SEEDS_KEY, NODE_FAILED, UNMEASURED_STATUSES, MemberSpec, ResultRecord, Segment,
+                          device_text)
 from results.store.member_files import read_result
 from results.store.run_store import RunStore
 from results.report.search.online import (AVERAGED_CENTER, BEST_MEASURES, EPISODE_COLUMN, diagnostic_column,
                                           end_score_text)
-from results.store.truncation import END_SCORE, STOP_STEP, Truncation, prune_boundaries
+from results.store.truncation import (END_SCORE, NEXT_SEGMENTS_KEY, SEGMENTS_KEY, STOP_STEP, Truncation,
+                                      prune_boundaries, work_entry)
 
 logger = logging.getLogger(__name__)
 
@@ -154,6 +157,10 @@ class Orchestrator:
                 **({AVERAGED_CENTER: averaged.clone()} if averaged is not None else {}),
                 "best": self.best,
                 "mean_fitness": _measured_mean(fitness, late | stopped),
+                # what each job trained, and what the next generation's will (meta.status reads them)
+                SEGMENTS_KEY: [work_entry(spec.work, spec.truncation) for spec in specs],
+                NEXT_SEGMENTS_KEY: [work_entry(Segment(w.start, w.stop, w.horizon), _run_of(w))
+                                    for w in self.shape.member_work(self.searcher, self.cfg.member_steps)],
             },
         )
         self.next_generation = generation + 1
@@ -163,13 +170,9 @@ class Orchestrator:
 
     # -------------------------------------------------------------- pieces
     def _policy(self, specs: list[MemberSpec]) -> Any:
-        """The runner's policy for this generation: an online search's members are limited to this generation's
-        longest truncation (a staggered search's first generation reaches far into the run, later ones train one
-        piece each), others to the search members' limit."""
-        pieces = [spec.truncation for spec in specs if spec.truncation is not None]
-        if not pieces:
-            return self.policy
-        longest = max(int(piece["stop"]) - int(piece["start"]) for piece in pieces)
+        """The runner's policy for this generation: its members are limited to this generation's longest segment
+        (a staggered online search's first generation reaches far into the run, later ones train one piece each)."""
+        longest = max(spec.work.steps for spec in specs)
         return dataclasses.replace(self.policy, timeout_s=self.cfg.member_timeout_s(longest))
 
     def _finalize_members(self, specs: list[MemberSpec]) -> None:
@@ -306,25 +309,21 @@ class Orchestrator:
         runner.stop_members(late, "late", reason)
 
     def _specs(self, generation: int, values: torch.Tensor, center: torch.Tensor) -> list[MemberSpec]:
-        """The population's members, then (the shape's control member) the centre itself as member ``population``."""
+        """The population's members, then (the shape's control member) the centre itself as member ``population``,
+        each with the segment the generation's shape and the searcher give it."""
         inner = self.cfg.search_member_inner()  # es.member_steps, not train.steps
         rows = [values[index] for index in self.shape.members]
-        pieces = self.searcher.truncations()
         if self.shape.control:
             rows.append(center.to(torch.float64))
         specs = []
-        for index, row in enumerate(rows):
+        for index, (row, work) in enumerate(zip(rows, self.shape.member_work(self.searcher, self.cfg.member_steps))):
             # Common random numbers: all members of a generation train with the same seed(s), so fitness
             # differences come from the mirror maps rather than from sampling noise.
             keys = ("member", generation) if self.cfg.common_random_numbers else ("member", generation, index)
-            truncation = None
-            if pieces is not None:
-                # a particle's run has one seed over all its truncations; the halves of a pair share it
-                piece = pieces[index]
-                keys = ("particle", index // 2, piece["episode"])
-                truncation = Truncation(particle_dir=str(self.store.particle_dir(index)), **piece).to_dict()
+            keys = work.seed_key or keys
             seeds = [member_seed(self.cfg.seed, *keys)]
             seeds += [member_seed(self.cfg.seed, *keys, "seed", k) for k in range(1, self.cfg.seeds_per_member)]
+            segment, run = self._segment(index, work)
             specs.append(
                 MemberSpec(
                     run_id=self.run_id,
@@ -334,10 +333,21 @@ class Orchestrator:
                     params=row.tolist(),
                     work_dir=str(self.store.member_dir(generation, index)),
                     inner={**inner, MEMBER_SEEDS_KEY: seeds} if len(seeds) > 1 else inner,
-                    truncation=truncation,
+                    truncation=run,
+                    segment=segment,
                 )
             )
         return specs
+
+    def _segment(self, index: int, work: MemberWork) -> tuple[Segment, dict[str, Any] | None]:
+        """The member's segment and, for a member continuing a particle's run, the run it continues (its folder of
+        boundary checkpoints: results/store/truncation.py), from which it resumes at its start."""
+        if work.run is None:
+            return Segment(work.start, work.stop, work.horizon), None
+        particle, episode = work.run
+        run = {"particle": particle, "episode": episode, "particle_dir": str(self.store.particle_dir(index))}
+        resume = Truncation.of(run, Segment(work.start, work.stop, work.horizon)).resume_from
+        return Segment(work.start, work.stop, work.horizon, resume), run
 
     def _abort_message(self, generation: int, final: Mapping[int, ResultRecord]) -> str | None:
         # Population members only (the control member is information, not the search); late is not a failure.
@@ -369,10 +379,10 @@ class Orchestrator:
             "fitness": scores[index],
             "params": list(specs[index].params),
         }
-        piece = specs[index].truncation
-        if piece is not None:
-            gen_best.update({EPISODE_COLUMN: int(piece["episode"]),
-                             BEST_MEASURES: end_score_text(int(piece["horizon"]))})
+        run = specs[index].truncation
+        if run is not None:
+            gen_best.update({EPISODE_COLUMN: int(run["episode"]),
+                             BEST_MEASURES: end_score_text(specs[index].work.horizon)})
         if self.best is None or gen_best["fitness"] > self.best["fitness"]:
             self.best = gen_best
             self.store.write_best(gen_best)
@@ -419,9 +429,9 @@ class Orchestrator:
                 "gpu_share": share_text(read_gpu_share(self.store.member_dir(generation, index))),
             }
             row.update({diagnostic_column(k): v for k, v in record.diagnostics.items()})
-            piece = specs[index].truncation
-            if piece is not None:  # an online member: the particle run its truncation belongs to (its progress)
-                row[EPISODE_COLUMN] = int(piece["episode"])
+            run = specs[index].truncation
+            if run is not None:  # an online member: the particle run its truncation belongs to (its progress)
+                row[EPISODE_COLUMN] = int(run["episode"])
             rows.append(row)
         self.store.upsert_members(rows)
         ok_fitness = fitness[ok]
@@ -475,6 +485,11 @@ class Orchestrator:
         )
 
 
+def _run_of(work: MemberWork) -> dict[str, int] | None:
+    """The particle run a member's work continues, as the state keeps it (its folder is the store's)."""
+    return None if work.run is None else {"particle": work.run[0], "episode": work.run[1]}
+
+
 def _best_scores(specs: list[MemberSpec], records: Mapping[int, ResultRecord]) -> dict[int, float]:
     """What "best" ranks, per ok population member: its fitness; a truncation's end score where it stopped at its
     particle's horizon (other truncations have none)."""
@@ -485,7 +500,7 @@ def _best_scores(specs: list[MemberSpec], records: Mapping[int, ResultRecord]) -
             continue
         if spec.truncation is None:
             scores[index] = record.fitness
-        elif (record.diagnostics.get(STOP_STEP) == spec.truncation["horizon"]
+        elif (record.diagnostics.get(STOP_STEP) == spec.work.horizon
               and record.diagnostics.get(END_SCORE) is not None):
             scores[index] = float(record.diagnostics[END_SCORE])
     return scores

@@ -14,6 +14,7 @@ import json
 
 import pandas as pd
 
+from core.records import MemberSpec
 from results.store.layout import SPEC_FILE
 from results.store.run_store import RunStore
 from results.store.truncation import END_SCORE, STOP_STEP
@@ -51,8 +52,12 @@ def run_horizon(store: RunStore) -> int | None:
         spec = json.loads((store.member_dir(0, 0) / SPEC_FILE).read_text())
     except (OSError, ValueError):
         return None
-    piece = spec.get("truncation") if isinstance(spec, dict) else None
-    return int(piece["horizon"]) if isinstance(piece, dict) and "horizon" in piece else None
+    if not isinstance(spec, dict) or not isinstance(spec.get("truncation"), dict):
+        return None
+    try:
+        return MemberSpec.from_dict(spec).work.horizon
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def fitness_label(horizon: int | None) -> str:
