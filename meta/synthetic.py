@@ -172,7 +172,7 @@ class SyntheticProgram(MemberProgram):
             fitness = _baseline_fitness(spec, options)
         elif options.get("unrolled") is not None:
             problem = problem_from_options(options["unrolled"])
-            steps = int((spec.inner.get("train") or {}).get("steps") or 0)
+            steps = spec.work.horizon  # a run of its own: its segment is the whole schedule
             state, features = problem.initial(), problem.features(spec.params)
             for t in range(steps):
                 state = problem.step(state, features, t, steps)
@@ -294,15 +294,14 @@ def _slope(spec: MemberSpec, options: Mapping[str, Any]) -> float:
     """The linear objective's slope at the member's horizon (``short_steps``, ``short_slope``)."""
     slope = float(options.get("slope") or 0.0)
     short = options.get("short_steps")
-    if short is not None and int((spec.inner.get("train") or {}).get("steps") or 0) <= int(short):
+    if short is not None and spec.work.horizon <= int(short):
         return float(options.get("short_slope", slope))
     return slope
 
 
 def _baseline_fitness(spec: MemberSpec, options: Mapping[str, Any]) -> float:
     """``baseline_fitness``: {divergence name or "base": fitness} for rows trained without a map (default 0)."""
-    train = spec.inner.get("train") or {}
-    name = "base" if train.get("steps") == 0 else str((spec.inner.get("divergence") or {}).get("name"))
+    name = "base" if spec.work.steps == 0 else str((spec.inner.get("divergence") or {}).get("name"))
     return float((options.get("baseline_fitness") or {}).get(name, 0.0))
 
 
@@ -323,8 +322,7 @@ def _write_intermediate(spec: MemberSpec, fitness: float, noise: float, running_
     """Intermediate scores as train.eval_every would leave them: the final fitness, blurred by ``noise``, each
     written at its step's share of the member's running time (so early_stop can stop it with the rest of its
     time unspent). Returns the running time left after the last one."""
-    train = spec.inner.get("train") or {}
-    every, steps = train.get("eval_every"), int(train.get("steps") or 0)
+    every, steps = (spec.inner.get("train") or {}).get("eval_every"), spec.work.horizon
     if not every or steps <= 0:
         return running_s
     digest = params_digest(spec.params)

@@ -56,7 +56,7 @@ class TuningStandIn(MemberProgram):
             raise FileNotFoundError(f"synthetic run needs {options['fail_unless']}")
         if spec.attempt < int(options.get("fail_attempts", 0)):
             raise RuntimeError(f"synthetic transient failure on attempt {spec.attempt}")
-        steps, every, step_s = int(train["steps"]), train.get("eval_every"), float(options.get("step_s", 0.05))
+        steps, every, step_s = spec.work.steps, train.get("eval_every"), float(options.get("step_s", 0.05))
         q = quality(coef, lr, options, str(divergence.get("name", "")))
         noise = random.Random(spec.seed).gauss(0.0, float(options.get("noise", 0.0)))
         start = time.time()
