@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from core.config_nodes import plain, refuse_unknown_keys, typed_node
+from core.config.plain_data import plain, refuse_unknown_keys
+from core.config.typed_nodes import typed_node
 from core.keys import MEMBER_GPU_MEMORY_KEY, MEMBER_GPU_SHARERS_KEY
 # DivergenceConfig is read here as it was before its home moved (pickled jobs and callers name inner_loop.config)
 from inner_loop.loss.divergences import DivergenceConfig as DivergenceConfig, divergence, divergences
@@ -33,7 +34,7 @@ EVAL_SPLITS = ("validation", "test")
 
 def node_config(cls: type[T], node: str, data: Mapping[str, Any] | None) -> T:
     """One node (``model``, ``divergence``, ``train``) as its dataclass, unknown keys and wrong types refused, read
-    by the one reading every config node and task config shares (core/config_nodes.py). Public so that a
+    by the one reading every config node and task config shares (core/config/typed_nodes.py). Public so that a
     finished run's stored node can be read without parsing the whole inner config: that must not depend on the
     files its training needed (a ``divergence.init`` that has moved since)."""
     return typed_node(cls, data, node)

@@ -268,8 +268,12 @@ def test_the_ground_floor_imports_nothing_of_ours_above_it():
     for module, targets in ours.items():
         if room_of(module) == GROUND:
             assert {room_of(t) for t in targets} <= {GROUND}, (module, targets)
-    for leaf in ("core.keys", "core.config_nodes", "core.entry_points"):
+    for leaf in ("core.keys", "core.entry_points", "core.proc_stat", "core.config.horizon", "core.config.plain_data",
+                 "core.config.dotted_keys"):
         assert ours[leaf] == set() and theirs[leaf] == set(), leaf
+    config = [m for m in ours if m.startswith("core.config.")]
+    for module in config:  # the config reading: the standard library and its neighbours in core/config/
+        assert ours[module] <= set(config) and theirs[module] == set(), (module, ours[module], theirs[module])
 
 
 def test_the_leaves_other_rooms_may_import_import_nothing_of_ours():

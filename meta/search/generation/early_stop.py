@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Collection, Mapping, Sequence
 
 from meta.search.generation.generation_shape import GenerationShape
-from core.config_nodes import typed_node
+from core.config.typed_nodes import typed_node
 from results.store.member_files import read_intermediate
 from results.store.layout import seed_dir_name
 from core.records import STOPPED_EARLY
