@@ -134,3 +134,9 @@ def typed_node(cls: type[T], data: Mapping[str, Any] | None, node: str, *, prefi
                         prefix=prefix, see=see)
     hints = typing.get_type_hints(cls)
     return cls(**{k: typed_value(f"{node}.{k}", v, hints[k], prefix=prefix) for k, v in values.items()})
+
+
+def one_of(key: str, value: str, allowed: tuple[str, ...]) -> None:
+    """ValueError naming ``key`` when ``value`` is not among the ``allowed`` choices (a closed set of a node's key)."""
+    if value not in allowed:
+        raise ValueError(f"{key}={value!r} is not one of {list(allowed)}")

@@ -11,7 +11,7 @@ import hashlib
 import json
 from typing import Any, Mapping, Sequence
 
-from meta.search.generation.early_stop import EarlyStopConfig
+from meta.settings.early_stop import EarlyStopConfig
 from core.config.dotted_keys import parent_of, select_key
 from core.config.horizon import MEMBER_STEPS_KEY
 from core.config.plain_data import plain

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, TypeVar
 
-from meta.search.generation.early_stop import EarlyStopConfig
+from meta.settings.early_stop import EarlyStopConfig
 from meta.searchers.radius import RADIUS_KEY
 from core.config.horizon import MEMBER_STEPS_KEY
 from core.config.plain_data import plain, refuse_unknown_keys
