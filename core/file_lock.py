@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from core.proc_stat import pid_alive, process_start
+
 
 logger = logging.getLogger(__name__)
 
@@ -263,7 +265,7 @@ class FileLock:
             self._token = uuid.uuid4().hex
             pid = os.getpid()
             self._payload = {
-                "host": socket.gethostname(), "pid": pid, "proc_start": _process_start(pid), "since": now,
+                "host": socket.gethostname(), "pid": pid, "proc_start": process_start(pid), "since": now,
                 "heartbeat": now, "token": self._token, "flock": self._uses_flock, "owner": self.owner,
             }
             self._write(fd)
@@ -394,7 +396,7 @@ class FileLock:
             if free and local:
                 return False, f"from a dead {self.owner} ({holder.describe(now)}; its flock is free)"
         if local:
-            if _pid_alive(holder.pid, holder.proc_start):
+            if pid_alive(holder.pid, holder.proc_start):
                 return True, f"held by another {self.owner} ({holder.describe(now)})"
             return False, f"from a dead {self.owner} ({holder.describe(now)}; that pid no longer runs)"
         beat = next((t for t in (holder.heartbeat, holder.since) if t is not None), st.st_mtime)
@@ -484,41 +486,3 @@ def _read_fd(fd: int) -> bytes:
             return b"".join(chunks)
         chunks.append(chunk)
         offset += len(chunk)
-
-
-def _process_start(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (Linux /proc), to tell a reused pid apart."""
-    fields = proc_stat(pid)
-    return fields[19] if fields and len(fields) > 19 else None
-
-
-def _pid_alive(pid: int | None, proc_start: str | None) -> bool:
-    """Whether ``pid`` on this host still runs and is the same process (same start time, not a zombie)."""
-    if pid is None or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # exists, owned by someone else
-    except (OSError, OverflowError):
-        return False
-    fields = proc_stat(pid)
-    if fields:
-        if fields[0] in ("Z", "X"):
-            return False
-        if proc_start is not None and len(fields) > 19 and fields[19] != proc_start:
-            return False
-    return True
-
-
-# /proc/<pid>/stat, read one way for the lock holder checks and the local launcher's process handling
-def proc_stat(pid: int) -> list[str] | None:
-    """Fields of /proc/<pid>/stat after the command name (which may hold spaces and parentheses): state, ppid,
-    ... (starttime is index 19); None where the process or /proc is not there."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return text.rsplit(")", 1)[-1].split()

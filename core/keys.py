@@ -7,8 +7,8 @@ metric is one edit here instead of a silent miss in a reader. tests/test_metric_
 names spelled as a string literal elsewhere in the packages or the benchmarks.
 
 It lives on the ground floor (core/) because the diagnostic names are part of the result record (core/records.py)
-and every room that logs or reads them may import it, as the typed inner config reads the member keys; standard
-library only, imports nothing.
+and every room that logs or reads them may import it, as the typed inner config reads the member keys (and the
+messages of the GPU share name them: share_keys); standard library only, imports nothing.
 """
 from __future__ import annotations
 
@@ -86,3 +86,11 @@ MEMBER_GPU_SHARERS_KEY = "members_per_gpu"
 MEMBERS_ON_GPU_ENV = "MIRROR_ES_MEMBERS_ON_GPU"
 #: every member key above (they are config keys, not metrics: the metric scan leaves them alone)
 MEMBER_KEYS = (MEMBER_GPUS_KEY, MEMBER_GPU_MEMORY_KEY, MEMBER_GPU_SHARERS_KEY, MEMBERS_ON_GPU_ENV)
+
+
+def share_keys(sharers: int) -> str:
+    """The keys a member's GPU memory share comes from, as messages name them (its inner fraction is already the
+    resources' fraction divided by the members sharing the card)."""
+    if sharers > 1:
+        return f"resources.{MEMBER_GPU_MEMORY_KEY} / resources.{MEMBER_GPU_SHARERS_KEY}={sharers}"
+    return f"resources.{MEMBER_GPU_MEMORY_KEY}"

@@ -11,19 +11,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from core.config_nodes import plain, refuse_unknown_keys, typed_node
+from core.config.plain_data import plain, refuse_unknown_keys
+from core.config.typed_nodes import one_of, typed_node
 from core.keys import MEMBER_GPU_MEMORY_KEY, MEMBER_GPU_SHARERS_KEY
-# DivergenceConfig is read here as it was before its home moved (pickled jobs and callers name inner_loop.config)
-from inner_loop.loss.divergences import DivergenceConfig as DivergenceConfig, divergence, divergences
-from inner_loop.models.registry import model_entry, models
-from inner_loop.process.pinned import NUMERICS_MODES, PINNED_THREADS
+# DivergenceConfig and ModelConfig are read here as they were before their homes moved (pickled jobs and callers name
+# inner_loop.config); the vocabularies below import no config, so the arrows run one way: config -> loss, models, ...
+from inner_loop.loss.divergences import DivergenceConfig as DivergenceConfig, divergence_config as divergence_config
+from inner_loop.models.model_config import ModelConfig as ModelConfig
+from inner_loop.process.pinned import PINNED_THREADS
 
 T = TypeVar("T")
 
 AGGREGATIONS = ("dr_grpo", "grpo", "bnpo")
-DTYPES = ("float32", "bfloat16", "float16")
-#: what the warm-up's band is read on (ModelConfig.warmup_signal)
-WARMUP_SIGNALS = ("sampled", "greedy")
 #: train.keep_checkpoints: what of a member's checkpoints survives once its result.json is final.
 KEEP_CHECKPOINTS = ("none", "last", "all")
 #: eval_split: the split a run is scored on. ES members never set it (validation); `test` is for a single run's
@@ -33,129 +32,10 @@ EVAL_SPLITS = ("validation", "test")
 
 def node_config(cls: type[T], node: str, data: Mapping[str, Any] | None) -> T:
     """One node (``model``, ``divergence``, ``train``) as its dataclass, unknown keys and wrong types refused, read
-    by the one reading every config node and task config shares (core/config_nodes.py). Public so that a
+    by the one reading every config node and task config shares (core/config/typed_nodes.py). Public so that a
     finished run's stored node can be read without parsing the whole inner config: that must not depend on the
     files its training needed (a ``divergence.init`` that has moved since)."""
     return typed_node(cls, data, node)
-
-
-def divergence_config(data: Mapping[str, Any] | DivergenceConfig | None) -> DivergenceConfig:
-    """The ``divergence`` node as the config class its entry declares (unknown keys and wrong types refused, naming
-    ``divergence.<key>``; not yet ``validate``d). A DivergenceConfig of another class (one pickled before the learned
-    map's keys moved to its own class, or built in code with the shared fields only) is read field by field."""
-    if isinstance(data, DivergenceConfig):
-        known = _field_names(_divergence_class(vars(data)))
-        data = {key: value for key, value in vars(data).items() if key in known}
-    values = plain(data or {})
-    cls = _divergence_class(values)
-    for key in sorted(set(values) - _field_names(cls)):
-        owners = [name for name, entry in divergences().items() if key in _field_names(entry.config_class)]
-        if owners:
-            raise ValueError(f"divergence.{key} only applies to divergence={'|'.join(owners)} (its own setting); "
-                             f"remove it or switch")
-    return typed_node(cls, values, "divergence")
-
-
-def _divergence_class(values: Mapping[str, Any]) -> type[DivergenceConfig]:
-    name = str(values.get("name", DivergenceConfig.name))
-    cls = divergence(name).config_class
-    if not (isinstance(cls, type) and issubclass(cls, DivergenceConfig)):
-        raise ValueError(f"divergence={name}: its entry's config_class {cls!r} is not a DivergenceConfig subclass "
-                         "(inner_loop.loss.divergences.DivergenceConfig; docs/extending.md)")
-    return cls
-
-
-def _field_names(cls: type[DivergenceConfig]) -> set[str]:
-    return {f.name for f in dataclasses.fields(cls)}
-
-
-def _one_of(key: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ValueError(f"{key}={value!r} is not one of {list(allowed)}")
-
-
-@dataclass
-class ModelConfig:
-    """Which policy to train; `tiny` is built in code, the others load weights from a path, hub id or GGUF."""
-
-    name: str = "tiny"
-    name_or_path: str | None = None
-    gguf_file: str | None = None
-    dtype: str = "float32"
-    chat_template: bool = False
-    #: extra variables for the chat template (e.g. {enable_thinking: false} for Qwen3, whose template otherwise
-    #: opens a <think> block that a short completion never closes); used by training and evaluation alike.
-    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    seed: int = 0
-    #: native: this machine's CPU kernels; pinned: the settings of inner_loop/process/pinned.py, which give the same
-    #: numbers on every x86-64 CPU with AVX2 (one thread; the member and its warm-up run in a process started
-    #: with them). The tiny model's preset pins; GPU presets stay native.
-    cpu_numerics: str = "native"
-    # tiny architecture (ignored for loaded models)
-    hidden_size: int = 64
-    num_layers: int = 2
-    num_heads: int = 4
-    intermediate_size: int = 128
-    max_position_embeddings: int = 256
-    # supervised format warm-up of the tiny model on task demonstrations, run until the probe's pass@1 (warmup_signal)
-    # on problems held out of the training split enters warmup_band (checked every warmup_check_every steps); 0 max
-    # steps = none
-    warmup_max_steps: int = 0
-    warmup_band: list[float] = field(default_factory=lambda: [0.30, 0.40])
-    #: what the band is read on: ``sampled`` (pass@1 of temperature-1 samples with a fixed seed, the reward RL sees;
-    #: smooth in the weights) or ``greedy`` (greedy pass@1, which jumps by +-0.2 between checks mid-learning)
-    warmup_signal: str = "sampled"
-    warmup_check_every: int = 25
-    warmup_probe_size: int = 400
-    warmup_lr: float = 1e-3
-    warmup_batch_size: int = 64
-    # LoRA (r = 0: full fine-tuning)
-    lora_r: int = 0
-    lora_alpha: int = 64
-    lora_dropout: float = 0.0
-    lora_target_modules: list[str] = field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    )
-
-    def validate(self) -> None:
-        entry = model_entry(self.name)
-        if entry is None and not self.name_or_path:
-            raise ValueError(
-                f"model.name={self.name!r} is not one of {list(models())} (conf/model/*.yaml); for any other model "
-                "set model.name=hub and model.name_or_path=<hub id or local directory>"
-            )
-        if entry is not None and entry.needs_path and not self.name_or_path:
-            raise ValueError(f"model.name={self.name} needs model.name_or_path (a hub id or a local model directory)")
-        _one_of("model.dtype", self.dtype, DTYPES)
-        _one_of("model.cpu_numerics", self.cpu_numerics, NUMERICS_MODES)
-        if self.chat_template_kwargs and not self.chat_template:
-            raise ValueError(
-                f"model.chat_template_kwargs={self.chat_template_kwargs!r} has no effect with model.chat_template=false;"
-                " set model.chat_template=true or drop the kwargs"
-            )
-        for key in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "max_position_embeddings"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"model.{key} must be >= 1, got {getattr(self, key)}")
-        if self.hidden_size % self.num_heads:
-            raise ValueError(f"model.hidden_size ({self.hidden_size}) must be divisible by model.num_heads")
-        if self.warmup_max_steps < 0 or self.lora_r < 0:
-            raise ValueError("model.warmup_max_steps and model.lora_r must be >= 0")
-        if self.warmup_max_steps:
-            self._validate_warmup()
-
-    def _validate_warmup(self) -> None:
-        band = self.warmup_band
-        if not (len(band) == 2 and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in band)
-                and 0.0 <= band[0] <= band[1] <= 1.0):
-            raise ValueError(f"model.warmup_band={band!r} must be [low, high] with 0 <= low <= high <= 1 "
-                             f"(model.warmup_signal={self.warmup_signal} pass@1 on the warm-up probe at which the "
-                             "warm-up stops)")
-        _one_of("model.warmup_signal", self.warmup_signal, WARMUP_SIGNALS)
-        for key in ("warmup_check_every", "warmup_probe_size", "warmup_batch_size"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"model.{key} must be >= 1, got {getattr(self, key)}")
-        if self.warmup_lr <= 0:
-            raise ValueError(f"model.warmup_lr must be > 0, got {self.warmup_lr}")
 
 
 @dataclass
@@ -270,9 +150,9 @@ class TrainConfig:
                 f"train.batch_size ({self.batch_size}) must be a positive multiple of train.group_size "
                 f"({self.group_size}): every prompt is sampled group_size times in one batch"
             )
-        _one_of("train.policy_loss", self.policy_loss, tuple(POLICY_TERMS))
+        one_of("train.policy_loss", self.policy_loss, tuple(POLICY_TERMS))
         validate_policy_extra(self.policy_loss, self.policy_extra)
-        _one_of("train.aggregation", self.aggregation, AGGREGATIONS)
+        one_of("train.aggregation", self.aggregation, AGGREGATIONS)
         if self.keep_checkpoints not in KEEP_CHECKPOINTS:
             raise ValueError(
                 f"train.keep_checkpoints={self.keep_checkpoints!r} is not one of {list(KEEP_CHECKPOINTS)} "
@@ -324,7 +204,7 @@ class TrainConfig:
         if self.decode_windows > 1 and self.decode_cache != OWNED_LOOP:
             raise ValueError(f"train.decode_windows={self.decode_windows} applies to train.decode_cache={OWNED_LOOP} "
                              f"only (this run decodes with {self.decode_cache})")
-        _one_of("train.decode_compile_backend", self.decode_compile_backend, COMPILE_BACKENDS)
+        one_of("train.decode_compile_backend", self.decode_compile_backend, COMPILE_BACKENDS)
 
 
 #: extra_evaluations[i].name of the run's own task's test split; a transfer task's is TRANSFER_PREFIX + its name
@@ -385,14 +265,6 @@ def _sharers(value: Any) -> int:
     return value
 
 
-def share_keys(sharers: int) -> str:
-    """The keys a member's GPU memory share comes from, as messages name them (its inner fraction is already the
-    resources' fraction divided by the members sharing the card)."""
-    if sharers > 1:
-        return f"resources.{MEMBER_GPU_MEMORY_KEY} / resources.{MEMBER_GPU_SHARERS_KEY}={sharers}"
-    return f"resources.{MEMBER_GPU_MEMORY_KEY}"
-
-
 @dataclass
 class InnerConfig:
     """One training run: task mapping (validated by the task package), model, divergence, train, seed."""
@@ -435,7 +307,7 @@ class InnerConfig:
             gpu_memory_fraction=_fraction(data.get(MEMBER_GPU_MEMORY_KEY, 1.0)),
             members_per_gpu=_sharers(data.get(MEMBER_GPU_SHARERS_KEY, 1)),
         )
-        _one_of("eval_split", cfg.eval_split, EVAL_SPLITS)
+        one_of("eval_split", cfg.eval_split, EVAL_SPLITS)
         if cfg.eval_split != "validation" and cfg.train.eval_every is not None:
             raise ValueError(f"train.eval_every scores the validation split while training; with eval_split="
                              f"{cfg.eval_split} set train.eval_every=null")

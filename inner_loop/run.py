@@ -32,8 +32,8 @@ from inner_loop.config import register_schemas
 from inner_loop.loss.divergences import fill_default_coef
 from inner_loop.member.entry import keep_vllm_out_unless_used, needs_pinned_child, train_member
 from inner_loop.process.pinned import PINNED_ENV
-from core.config_nodes import (check_group_choice, checked_overrides, composition_error, config_groups,
-                               with_config_path)
+from core.config.groups import check_group_choice, checked_overrides, config_groups, with_config_path
+from core.config.typed_nodes import composition_error
 from core.records import MemberSpec, gpus_entry
 
 logger = logging.getLogger("inner_loop.run")

@@ -9,7 +9,7 @@ from typing import Callable, Mapping, Sequence
 
 from meta.search.config import ConfigError
 from results.report.arguments import RUN_DIR_KEY
-from core.config_nodes import closest_keys
+from core.config.plain_data import closest_keys
 
 LOG_LEVEL_ENV = "MIRROR_ES_LOG_LEVEL"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"

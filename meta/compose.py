@@ -14,8 +14,8 @@ from meta.settings.member_time import derive_inner_timeout, derive_member_time, 
 from meta.settings.schema import ConfigError, register
 from meta.search.resume import NEW_KEY
 from meta.searchers.radius import refuse_former_radius, renamed_override
-from core.config_nodes import (check_group_choice, checked_overrides, composition_error, config_groups,
-                               with_config_path)
+from core.config.groups import check_group_choice, checked_overrides, config_groups, with_config_path
+from core.config.typed_nodes import composition_error
 
 
 def compose(overrides: Sequence[str], config_name: str = "config") -> dict[str, Any]:
@@ -27,7 +27,7 @@ def compose(overrides: Sequence[str], config_name: str = "config") -> dict[str, 
 def compose_with_choices(overrides: Sequence[str], config_name: str = "config") -> tuple[dict[str, Any], dict[str, str]]:
     """``compose``, plus the option Hydra chose in each config group (``{"divergence": "kl", ...}``).
 
-    Every key is checked first (core/config_nodes.py): a ``+`` that would quietly add a misspelled key, a
+    Every key is checked first (core/config/groups.py): a ``+`` that would quietly add a misspelled key, a
     plain key Hydra cannot find, or a group option that does not exist is a ConfigError naming the closest known
     keys or the group's choices. The check composes the groups alone, so it runs only where it is needed: when an
     override adds (``+``) or deletes (``~``), or when Hydra refused the command line."""

@@ -1,4 +1,4 @@
-"""One owner per reading: config nodes become typed objects through core/config_nodes.py alone, and our
+"""One owner per reading: config nodes become typed objects through core/config/typed_nodes.py alone, and our
 keys reach TRL's GRPOConfig through one table (inner_loop/grpo/fields.py GRPO_FIELDS).
 
 Why tests for it: a second reader or a second table creeps back in quietly (a helper written "just for this
@@ -21,7 +21,8 @@ from inner_loop.grpo import args as grpo_args
 from inner_loop.grpo.trl_overrides import OWNED_FIELDS
 from inner_loop.tasks import TASK_CONFIGS
 from inner_loop.tasks.task_config import config_from_mapping
-from core.config_nodes import plain, typed_node
+from core.config.plain_data import plain
+from core.config.typed_nodes import typed_node
 from results.store.provenance import config_hash
 from conf_groups import load_group
 
@@ -127,12 +128,12 @@ def test_plain_data_conversion_is_written_once():
     """meta/searchers/serialize.py is no config reading: it keeps a searcher's NamedTuples and tuples as tagged
     JSON so that they come back as they were, which config data must not."""
     assert _functions(_rebuilds_mappings_recursively) == [
-        "core/config_nodes.py:plain", "meta/searchers/serialize.py:from_plain", "meta/searchers/serialize.py:to_plain"]
+        "core/config/plain_data.py:plain", "meta/searchers/serialize.py:from_plain", "meta/searchers/serialize.py:to_plain"]
 
 
 def test_values_are_typed_from_annotations_in_one_place():
     """trl_overrides reads TRL's GRPOConfig annotations (TRL's vocabulary, not a config node of ours)."""
-    assert _functions(_reads_annotations) == ["core/config_nodes.py:typed_node",
+    assert _functions(_reads_annotations) == ["core/config/typed_nodes.py:typed_node",
                                               "inner_loop/grpo/trl_overrides.py:_field_hints"]
 
 

@@ -19,7 +19,7 @@ import inner_loop.process.fork_server as fork_server
 import inner_loop.process.pinned as numerics
 import inner_loop.process.pinned_child as pinned_child
 from conf_groups import load_group
-from core.file_lock import proc_stat
+from core.proc_stat import proc_stat
 from core.records import MemberSpec
 from inner_loop.member.entry import train_member
 from inner_loop.process.offline import OFFLINE_ENV

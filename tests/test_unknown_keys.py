@@ -12,7 +12,7 @@ import pytest
 from meta.pilot.cli import main as pilot_main
 from meta.search.run import main as run_main
 from meta.tune.cli import main as tune_main
-from core.config_nodes import closest_keys, refuse_unknown_keys
+from core.config.plain_data import closest_keys, refuse_unknown_keys
 
 ROOT = Path(__file__).resolve().parent.parent
 

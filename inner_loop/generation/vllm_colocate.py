@@ -23,7 +23,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from inner_loop.config import share_keys
+from core.keys import share_keys
 from inner_loop.generation.backends import VLLM_COLOCATE, generation_backend
 from inner_loop.generation.continuous_batching import longest_prompt_tokens
 from inner_loop.generation.memory import generation_cache_bytes, member_memory_bytes

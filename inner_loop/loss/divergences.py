@@ -6,7 +6,7 @@ a new divergence is one module (a ``Divergence`` entry, its potential where it h
 config class where it has settings of its own: the YAML's extra keys reach the potential) and one
 YAML (conf/divergence/<name>.yaml), with no other file edited (docs/extending.md).
 
-Light on purpose: only the standard library and the entry-point reader are imported here (the potentials are named
+Light on purpose: only the standard library, the entry-point reader and the config reading (core/) are imported here (the potentials are named
 as ``module:attr`` strings and imported when a run builds its loss), so the config checks and meta's light commands
 read the registry without torch. meta reads it too (with the model registry, the modules of inner_loop it may import).
 """
@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from core.config.plain_data import plain
+from core.config.typed_nodes import typed_node
 from core.entry_points import entry_point_objects
 
 #: every form a divergence can be computed in (inner_loop/loss/regularizers.py): the sampled token alone, the same
@@ -200,7 +202,7 @@ def register_schemas() -> None:
         if _REGISTERED.get(name) == entry and f"{schema_name(name)}.yaml" in stored:
             continue
         if not (isinstance(entry.config_class, type) and issubclass(entry.config_class, DivergenceConfig)):
-            continue  # refused, naming the entry, where its config is read (inner_loop.config.divergence_config)
+            continue  # refused, naming the entry, where its config is read (divergence_config, below)
         store.store(group="divergence", name=schema_name(name), node=schema_node(entry))
         _REGISTERED[name] = entry
 
@@ -250,3 +252,33 @@ def baseline_rows() -> tuple[str, ...]:
     one (the paper's table: KL, ProbL2, then Dr. GRPO alone)."""
     rows = [(name, entry) for name, entry in divergences().items() if entry.baseline]
     return tuple(name for name, entry in sorted(rows, key=lambda row: not row[1].regularizes))
+
+
+def divergence_config(data: Mapping[str, Any] | DivergenceConfig | None) -> DivergenceConfig:
+    """The ``divergence`` node as the config class its entry declares (unknown keys and wrong types refused, naming
+    ``divergence.<key>``; not yet ``validate``d). A DivergenceConfig of another class (one pickled before the learned
+    map's keys moved to its own class, or built in code with the shared fields only) is read field by field."""
+    if isinstance(data, DivergenceConfig):
+        known = _field_names(_divergence_class(vars(data)))
+        data = {key: value for key, value in vars(data).items() if key in known}
+    values = plain(data or {})
+    cls = _divergence_class(values)
+    for key in sorted(set(values) - _field_names(cls)):
+        owners = [name for name, entry in divergences().items() if key in _field_names(entry.config_class)]
+        if owners:
+            raise ValueError(f"divergence.{key} only applies to divergence={'|'.join(owners)} (its own setting); "
+                             f"remove it or switch")
+    return typed_node(cls, values, "divergence")
+
+
+def _divergence_class(values: Mapping[str, Any]) -> type[DivergenceConfig]:
+    name = str(values.get("name", DivergenceConfig.name))
+    cls = divergence(name).config_class
+    if not (isinstance(cls, type) and issubclass(cls, DivergenceConfig)):
+        raise ValueError(f"divergence={name}: its entry's config_class {cls!r} is not a DivergenceConfig subclass "
+                         "(inner_loop.loss.divergences.DivergenceConfig; docs/extending.md)")
+    return cls
+
+
+def _field_names(cls: type[DivergenceConfig]) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}

@@ -14,8 +14,7 @@ from typing import Any, Sequence
 
 import torch
 
-from inner_loop.config import divergence_config
-from inner_loop.loss.divergences import DivergenceConfig, divergence
+from inner_loop.loss.divergences import DivergenceConfig, divergence, divergence_config
 from mirror_maps import (
     AUTHORS_INIT_SEED,
     VECTOR_LENGTH,

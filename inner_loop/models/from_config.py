@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from inner_loop.config import ModelConfig
+from inner_loop.models.model_config import ModelConfig
 from inner_loop.models.cache import build_once, cache_root, config_digest
 from inner_loop.models.smollm2 import smollm2_gguf, smollm2_tokenizer
 from inner_loop.models.tiny import build_tiny_tokenizer

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from inner_loop.config import ModelConfig
+from inner_loop.models.model_config import ModelConfig
 from inner_loop.models.registry import model_entry
 
 logger = logging.getLogger(__name__)

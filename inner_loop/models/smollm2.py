@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from inner_loop.config import ModelConfig
+from inner_loop.models.model_config import ModelConfig
 from inner_loop.models.cache import build_once, cache_root, config_digest
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from inner_loop.config import ModelConfig
+from inner_loop.models.model_config import ModelConfig
 from inner_loop.models.cache import build_once, cache_root, config_digest
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"

@@ -17,11 +17,10 @@ from pathlib import Path
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Mapping
 
-from inner_loop.config import share_keys
 from inner_loop.generation.backends import VLLM_COLOCATE
 from inner_loop.generation.engine_start import engine_start_turn
 from inner_loop.generation.memory import private_pool_bytes
-from core.keys import MEMBER_GPU_MEMORY_KEY, MEMBER_GPU_SHARERS_KEY, MEMBERS_ON_GPU_ENV
+from core.keys import MEMBER_GPU_MEMORY_KEY, MEMBER_GPU_SHARERS_KEY, MEMBERS_ON_GPU_ENV, share_keys
 
 logger = logging.getLogger(__name__)
 

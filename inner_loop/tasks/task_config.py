@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from core.config_nodes import plain, refuse_unknown_keys, typed_node
+from core.config.plain_data import plain, refuse_unknown_keys
+from core.config.typed_nodes import typed_node
 
 if TYPE_CHECKING:
     from inner_loop.sandbox.pool import SandboxConfig
@@ -21,7 +22,7 @@ T = TypeVar("T")
 
 def config_from_mapping(cls: type[T], task: str, cfg: Mapping[str, Any]) -> T:
     """Build dataclass ``cls`` from ``cfg`` (minus its ``name``), failing on unknown keys and wrong types: the same
-    reading as the inner config's nodes (core/config_nodes.py), each message led by the task's name."""
+    reading as the inner config's nodes (core/config/typed_nodes.py), each message led by the task's name."""
     settings = {key: value for key, value in plain(cfg).items() if key != "name"}
     return typed_node(cls, settings, "task", prefix=f"task {task!r}: ", see=f" (see conf/task/{task}.yaml)")
 

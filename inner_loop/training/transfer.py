@@ -19,7 +19,7 @@ from inner_loop.models.loading import load_trained, trained_model_source
 from inner_loop.tasks import build_task, check_transfer
 from inner_loop.tasks.base import Problem, Task
 from results.store.atomic import CorruptFileError, atomic_write_json
-from core.config_nodes import config_groups, with_config_path
+from core.config.groups import config_groups, with_config_path
 from results.store.layout import FINAL_MODEL_DIR, RESULT_FILE, evaluation_file_name
 from results.store.provenance import read_run_manifest
 from results.store.member_files import read_result

@@ -26,7 +26,7 @@ import threading
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
-from core.file_lock import proc_stat
+from core.proc_stat import proc_stat
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 from launch.base import DEFAULT_KILL_GRACE_S, DEFAULT_MAX_LOST_RESUBMITS
 from core.gpu_time import MEMBERS_PER_GPU_CHOICES
 from core.notice_window import SIGNAL_DELAY_ENV
-from core.config_nodes import typed_node
+from core.config.typed_nodes import typed_node
 
 #: how members share a GPU: ``packed`` (k members in one array task holding the GPU: works on any cluster) or
 #: ``shard`` (one member per task asking for its part of the GPU's shards: needs the site's gres shard set-up)

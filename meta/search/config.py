@@ -22,7 +22,9 @@ from meta.settings.member_time import (check_resources as _check_resources, memb
 from meta.settings.paths import absolute_overrides, absolute_path, absolute_paths  # noqa: F401
 from meta.settings.schema import ConfigError, Reevaluate, SearchSchema, typed_config
 from core.records import gpus_entry
-from core.config_nodes import MEMBER_STEPS_KEY, group_file, select_key
+from core.config.dotted_keys import select_key
+from core.config.groups import group_file
+from core.config.horizon import MEMBER_STEPS_KEY
 
 if TYPE_CHECKING:
     import torch

@@ -28,7 +28,7 @@ from meta.cli_args import run_command
 from meta.compose import compose, merge_overrides
 from meta.search.resume import NEW_KEY, check_job_namespace, check_resume, open_run_dir, run_dir_label
 from meta.search.staging import preflight_run, stage_run
-from core.config_nodes import config_groups, group_file
+from core.config.groups import config_groups, group_file
 from results.store.provenance import code_version
 from results.store.run_store import RunStore
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, MutableMapping, Sequence
 
 from meta.search.config import INNER_NODES, ConfigError
-from core.config_nodes import refuse_unknown_keys
+from core.config.plain_data import refuse_unknown_keys
 from core.member_program import MemberProgram
 from core.stage_pins import LOCAL, MANIFEST_KEY, STAGED
 

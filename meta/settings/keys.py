@@ -11,8 +11,10 @@ import hashlib
 import json
 from typing import Any, Mapping, Sequence
 
-from meta.search.generation.early_stop import EarlyStopConfig
-from core.config_nodes import MEMBER_STEPS_KEY, parent_of, plain, select_key
+from meta.settings.early_stop import EarlyStopConfig
+from core.config.dotted_keys import parent_of, select_key
+from core.config.horizon import MEMBER_STEPS_KEY
+from core.config.plain_data import plain
 
 #: the config nodes of a member's inner run (the groups python -m inner_loop.run takes)
 INNER_NODES = ("task", "model", "divergence", "train")

@@ -7,7 +7,7 @@ import math
 from typing import Any, Mapping, MutableMapping
 
 from meta.settings.schema import ConfigError, Resources, typed_config
-from core.config_nodes import select_key
+from core.config.dotted_keys import select_key
 from core.gpu_time import GpuSharing, gpu_sharing
 
 

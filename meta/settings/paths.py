@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any, MutableMapping, Sequence
 
-from core.config_nodes import parent_of
+from core.config.dotted_keys import parent_of
 
 PATH_KEYS = ("run_dir", "init", "task.train_file", "task.test_file", "task.problems_file", "divergence.init",
              "model.gguf_file", "model.name_or_path", "stage.cache_dir")

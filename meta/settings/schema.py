@@ -15,9 +15,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, TypeVar
 
-from meta.search.generation.early_stop import EarlyStopConfig
+from meta.settings.early_stop import EarlyStopConfig
 from meta.searchers.radius import RADIUS_KEY
-from core.config_nodes import MEMBER_STEPS_KEY, plain, refuse_unknown_keys, schema_error
+from core.config.horizon import MEMBER_STEPS_KEY
+from core.config.plain_data import plain, refuse_unknown_keys
+from core.config.typed_nodes import schema_error
 
 T = TypeVar("T")
 

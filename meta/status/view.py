@@ -35,7 +35,7 @@ from results.report.pilot import is_pilot_dir
 from results.report.search.online import (BEST_MEASURES, END_SCORE_COLUMN, EPISODE_COLUMN, fitness_label,
                                           progress_lines, run_ends, run_horizon)
 from results.store.atomic import CorruptFileError
-from core.config_nodes import horizon_text
+from core.config.horizon import horizon_text
 from results.store.layout import parse_generation_dir_name, parse_member_dir_name
 from results.store.run_store import RunStore
 from results.store.study_store import read_study_file

@@ -28,7 +28,7 @@ from meta.search.resume import NEW_KEY, check_job_namespace, check_resume, open_
 from meta.compose import compose_with_choices, merge_overrides
 from meta.search.staging import stage_run, staged_inner
 from meta.tune.config import STUDY_KEYS, TuneConfig, build_pruner, build_sampler, build_tune_config, study_hash
-from core.config_nodes import config_groups
+from core.config.groups import config_groups
 from results.store.provenance import code_version
 from results.store.run_store import RunStore
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 from meta.search.config import INNER_NODES, ConfigError, check_member_launch, config_hash
 from meta.settings.schema import TuneSchema, typed_config
 from meta.tune.space import Dimension, around_the_preset, leaves_missing_under, parse_space
-from core.config_nodes import select_key
+from core.config.dotted_keys import select_key
 from core.records import gpus_entry
 
 if TYPE_CHECKING:

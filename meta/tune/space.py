@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from meta.search.config import INNER_NODES, ConfigError
-from core.config_nodes import select_key
+from core.config.dotted_keys import select_key
 
 if TYPE_CHECKING:
     import optuna

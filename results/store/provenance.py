@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from results.store.atomic import CorruptFileError, atomic_write_json, sha256_file
-from core.config_nodes import plain
+from core.config.plain_data import plain
 from results.store.layout import (RUN_MANIFEST_FILE)  # re-exported: importers use results.store.provenance.RUN_MANIFEST_FILE
 
 logger = logging.getLogger(__name__)

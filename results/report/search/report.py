@@ -29,7 +29,7 @@ from results.report.search.online import (END_SCORE_COLUMN, EPISODE_COLUMN, end_
 from results.report.search.plots import (plot_disk, plot_episodes, plot_failures, plot_fitness,
                                          plot_fitness_vs_control, plot_response_length)
 from results.store.run_store import RunStore
-from core.config_nodes import horizon_text
+from core.config.horizon import horizon_text
 from results.report.search.snapshot import RunSnapshot, load_run, top_members
 from results.store.study_store import read_study_file
 from results.report.tune import build_tune_report, format_tune_report

@@ -1,0 +1,31 @@
+"""How long a search member trains, as a stored search config says (``es.member_steps`` against ``train.steps``).
+
+Why a module of its own: the search's config check, the settings' schema and keys, the status view and the report
+read the same two keys; one reading keeps them agreeing. It imports nothing, so any room may read it.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+#: how many training steps a search member takes, an es key of conf/config.yaml (null: train.steps; meta/search/config.py
+#: checks it); train.steps stays the length of the exported run and of the runs after the search
+MEMBER_STEPS_KEY = "member_steps"
+
+
+def search_horizon(raw: Mapping[str, Any]) -> tuple[int, int]:
+    """(a search member's steps, train.steps) of a stored search config; a config from before es.member_steps, or
+    with it null, gives train.steps twice."""
+    steps = int((raw.get("train") or {}).get("steps") or 0)
+    member = (raw.get("es") or {}).get(MEMBER_STEPS_KEY)
+    return (steps if member is None else int(member)), steps
+
+
+def horizon_text(raw: Mapping[str, Any]) -> str:
+    """How long a search member trains, for the status view and the report: one sentence ("" at train.steps)."""
+    member, steps = search_horizon(raw)
+    if member == steps:
+        return ""
+    return (f"members train es.{MEMBER_STEPS_KEY}={member} of train.steps={steps} steps (the exported run, the "
+            f"selection and reporting runs train {steps}); their fitness is pass@1 at step {member}")
