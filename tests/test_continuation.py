@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 from trl.trainer.utils import RepeatSampler
 
 import inner_loop.member.lifecycle as lifecycle
+import inner_loop.training.truncation as truncation_module
 from conf_groups import load_group
 from core.records import MemberSpec
 from inner_loop.grpo.sampler import EpochRepeatSampler
@@ -145,7 +146,7 @@ def test_a_member_stopped_before_publishing_its_checkpoint_at_stop_publishes_it_
         raise KeyboardInterrupt
 
     with monkeypatch.context() as patch:
-        patch.setattr(lifecycle.truncations, "publish", killed)
+        patch.setattr(truncation_module, "publish", killed)  # where a truncation publishes
         with pytest.raises(KeyboardInterrupt):
             train_in_process(_spec(work, piece))
     written = os.stat(saved / WEIGHTS).st_ino
@@ -186,7 +187,7 @@ def test_publishing_links_the_checkpoint_and_a_kill_midway_leaves_the_members_ch
     import results.store.truncation as store
     from results.store.truncation import read_boundary
 
-    truncations = lifecycle.truncations
+    truncations = truncation_module
     piece = Truncation(particle=0, episode=0, start=0, stop=3, horizon=STEPS, particle_dir=str(tmp_path / "particle"))
 
     def checkpoint(work: Path) -> Path:

@@ -63,6 +63,16 @@ def test_a_config_the_member_cannot_parse_ends_as_a_failed_record(tmp_path):
     assert record.steps_done == 0 and record.disk_peak_bytes is None
 
 
+def test_a_segment_whose_schedule_is_not_its_runs_ends_as_a_failed_record(tmp_path, monkeypatch):
+    """A member's segment spans its run's schedule (train.steps): a spec whose segment says otherwise would stop at the
+    wrong step or leave its learning rate mid-decay, so it fails before the model loads."""
+    monkeypatch.setattr(loading, "load_policy", _boom("the model must not be loaded for a segment that cannot run"))
+    work = tmp_path / "m"
+    spec = {**_spec(work, _inner()), "segment": {"start": 0, "stop": 3, "horizon": 3}}
+    record = train_in_process(spec)
+    _assert_failed(work, record, "config and data", "segment spans a schedule of 3 steps, its train.steps is 2")
+
+
 def test_a_missing_data_file_ends_as_a_failed_record(tmp_path):
     inner = _inner()
     inner["task"] = {"name": "gsm8k", "train_file": str(tmp_path / "absent.jsonl")}

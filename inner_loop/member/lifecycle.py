@@ -29,10 +29,10 @@ from inner_loop.training.evaluate import EvalResult, evaluate, evaluation_entry
 from inner_loop.training.final_model import save_final_model
 from inner_loop.process.gpu_share import apply_memory_share
 from inner_loop.training.intermediate_eval import IntermediateEvalCallback
-from inner_loop.member.records import record_failure, record_success, record_truncation_done
+from inner_loop.member.records import record_done, record_failure, record_success
 from inner_loop.member.preflight import record_node_failure, run_preflight
 from inner_loop.training.setup import ExtraRun, PreparedRun, build_trainer, prepare
-from inner_loop.training import truncation as truncations
+from inner_loop.training.truncation import continuation, load_trained
 from inner_loop.grpo.trainer import MirrorGRPOTrainer
 from inner_loop.loss.divergences import divergence
 from results.store.gpu_share import read_gpu_share
@@ -40,7 +40,6 @@ from results.store.layout import FINAL_MODEL_DIR  # a single run's trained model
 from results.store.provenance import build_run_manifest, write_run_manifest
 from core.records import MemberSpec, ResultRecord
 from results.store.member_files import read_result
-from results.store.truncation import Truncation
 
 logger = logging.getLogger(__name__)
 
@@ -131,16 +130,18 @@ def train_in_process(spec: MemberSpec | Mapping[str, Any], save_final: bool = Fa
     # launcher resubmits it and the init is not charged): inner_loop/member/preflight.py
     run_preflight(spec.inner, work_dir)
     started = time.monotonic()
-    piece = Truncation.of_spec(spec)  # es=nres: the particle run its segment continues
-    if piece is not None and (scores := truncations.finished(piece, spec.generation)) is not None:
-        logger.info("member %s: its truncation's checkpoint is published already; recording it", work_dir)
-        truncations.release(piece, work_dir)  # killed between publishing and removing its own copy
-        return record_truncation_done(work_dir, piece, scores, started)
+    segment = spec.work  # the steps the generation gave this member (core/records.py: Segment)
+    run_of = continuation(spec, work_dir)  # a run of its own, or an es=nres particle's run it continues
+    if (done := run_of.done_already(spec.generation)) is not None:
+        return record_done(work_dir, done, started)
     trainer: MirrorGRPOTrainer | None = None
     device: dict[str, Any] = {}
     stage = "config and data"
     try:
         run = prepare(spec.inner, spec.seed, spec.params)
+        if segment.horizon != run.cfg.train.steps:
+            raise ValueError(f"the member's segment spans a schedule of {segment.horizon} steps, its train.steps is "
+                             f"{run.cfg.train.steps}: a segment's steps follow its run's schedule")
         logger.info("member %s: task %s, %d training problems, scored on %d %s problems; reward: %s", work_dir,
                     run.task.name, len(run.train), len(run.scored), run.cfg.eval_split,
                     run.task.reward or "(undeclared)")
@@ -164,26 +165,15 @@ def train_in_process(spec: MemberSpec | Mapping[str, Any], save_final: bool = Fa
                                                             run.cfg.divergence.name).length_reference))
         stage = "model and trainer setup"
         trainer = build_trainer(run, work_dir, spec.seed)
-        start_score = None
-        segment = spec.work  # the steps the generation gave this member (core/records.py: Segment)
-        if segment.horizon != run.cfg.train.steps:
-            raise ValueError(f"the member's segment spans a schedule of {segment.horizon} steps, its train.steps is "
-                             f"{run.cfg.train.steps}: a segment's steps follow its run's schedule")
         if segment.steps:
             if run.cfg.train.eval_every:
                 trainer.add_callback(_intermediate_eval(trainer, run, work_dir))
-            resume = last_checkpoint(work_dir) if piece is None else None
-            if piece is not None:  # es=nres: steps [start, stop) of the particle's run, from its checkpoint
-                stage = "the truncation's start"
-                start_score = truncations.start_score(piece)
-                if start_score is None:  # step 0: the untouched model, scored before it trains
-                    start_score = _evaluate(trainer, run).pass_at_1
-                resume = truncations.resume_folder(piece, work_dir)
-                trainer.add_callback(truncations.StopAtStep(piece.stop))
-            if piece is not None and truncations.at_stop(piece, resume):
-                logger.info("member %s: its checkpoint at step %d is saved already; publishing it untrained further",
-                            work_dir, piece.stop)
-                truncations.load_trained(trainer, resume)
+            stage = run_of.start_stage
+            resume = run_of.start(trainer, lambda: _evaluate(trainer, run).pass_at_1)
+            if run_of.trained_already(resume):
+                logger.info("member %s: its checkpoint at step %d is saved already; closing its segment untrained "
+                            "further", work_dir, segment.stop)
+                load_trained(trainer, resume)
             else:
                 if resume:
                     logger.info("member %s: resuming from %s", work_dir, resume)
@@ -203,15 +193,11 @@ def train_in_process(spec: MemberSpec | Mapping[str, Any], save_final: bool = Fa
         if save_final:
             stage = "saving the final model"
             save_final_model(trainer, work_dir)
-        scores = None
-        if piece is not None and start_score is not None:
-            stage = "publishing the truncation's checkpoint"
-            scores = (start_score, evaluation.pass_at_1)
-            truncations.publish(piece, work_dir, scores, spec.generation)
+        stage = run_of.finish_stage
+        outcome = run_of.finish(evaluation.pass_at_1, spec.generation)
     except Exception as exc:  # a failure is a member outcome with a record, not an orchestrator crash
         return record_failure(work_dir, stage, exc, trainer, started, device)
-    record = record_success(work_dir, run.cfg, trainer, evaluation, started, evaluations, device,
-                            truncation=(piece, scores) if piece is not None and scores is not None else None)
+    record = record_success(work_dir, run.cfg, trainer, evaluation, started, evaluations, device, outcome)
     settle_checkpoints(work_dir, run.cfg.train.keep_checkpoints)
     logger.info("member %s: fitness %.4f after %d steps in %.1fs, peak disk %s bytes", work_dir, record.fitness,
                 record.steps_done, record.wall_time_s, record.disk_peak_bytes)

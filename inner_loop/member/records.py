@@ -18,12 +18,12 @@ from inner_loop.config import InnerConfig
 from inner_loop.member.device import with_peak_memory
 from inner_loop.training.diagnostics import diagnostics_from_history
 from inner_loop.training.evaluate import EvalResult
+from inner_loop.training.truncation import Outcome
 from inner_loop.process.gpu_share import out_of_memory_reason
 from inner_loop.loss.regularizers import warn_if_inert
 from inner_loop.grpo.trainer import MirrorGRPOTrainer, NonFiniteLossError
 from core.records import ResultRecord
 from results.store.member_files import write_final_result
-from results.store.truncation import END_SCORE, START_SCORE, START_STEP, STOP_STEP, Truncation
 
 logger = logging.getLogger(__name__)
 
@@ -65,8 +65,7 @@ def record_failure(work_dir: Path, stage: str, exc: Exception, trainer: MirrorGR
 
 def record_success(work_dir: Path, cfg: InnerConfig, trainer: MirrorGRPOTrainer, evaluation: EvalResult,
                    started: float, evaluations: Mapping[str, Mapping[str, Any]] | None = None,
-                   device: Mapping[str, Any] | None = None,
-                   truncation: tuple[Truncation, tuple[float, float]] | None = None) -> ResultRecord:
+                   device: Mapping[str, Any] | None = None, outcome: Outcome | None = None) -> ResultRecord:
     """Write and return the `ok` record of a trained and evaluated member: fitness is its validation pass@1, the
     diagnostics its training log's means plus wall time, steps and every pass@k, ``evaluations`` its extra
     evaluations by name; warns when the regularizer's gradient share is below ``divergence.grad_share_floor`` (a
@@ -76,11 +75,8 @@ def record_success(work_dir: Path, cfg: InnerConfig, trainer: MirrorGRPOTrainer,
     diagnostics.update({"wall_time_s": wall, "steps_done": float(trainer.state.global_step)})
     diagnostics.update({f"pass_at_{k}": v for k, v in evaluation.pass_at_k.items()})
     warn_if_inert(diagnostics, cfg.divergence.grad_share_floor, str(work_dir))
-    fitness = evaluation.pass_at_1
-    if truncation is not None:  # es=nres: the change of validation pass@1 over the truncation
-        piece, scores = truncation
-        diagnostics.update(truncation_diagnostics(piece, scores))
-        fitness = scores[1] - scores[0]
+    fitness = evaluation.pass_at_1 if outcome is None else outcome.fitness  # a truncation's: its change of pass@1
+    diagnostics.update(outcome.diagnostics if outcome is not None else {})
     record = ResultRecord(
         status="ok",
         fitness=fitness,
@@ -98,16 +94,9 @@ def record_success(work_dir: Path, cfg: InnerConfig, trainer: MirrorGRPOTrainer,
     return write_final_result(work_dir, record)
 
 
-def truncation_diagnostics(piece: Truncation, scores: tuple[float, float]) -> dict[str, float]:
-    """What a truncation's record keeps of it: its steps and validation pass@1 at both ends."""
-    return {START_STEP: float(piece.start), STOP_STEP: float(piece.stop), START_SCORE: scores[0],
-            END_SCORE: scores[1]}
-
-
-def record_truncation_done(work_dir: Path, piece: Truncation, scores: tuple[float, float],
-                           started: float) -> ResultRecord:
-    """Write and return the record of a truncation whose checkpoint was published before the member was stopped
-    (the scores its boundary recorded; no trainer was built)."""
-    record = ResultRecord(status="ok", fitness=scores[1] - scores[0], wall_time_s=time.monotonic() - started,
-                          steps_done=piece.stop, diagnostics=truncation_diagnostics(piece, scores))
+def record_done(work_dir: Path, outcome: Outcome, started: float) -> ResultRecord:
+    """Write and return the record of a member whose segment was closed before it was stopped (a truncation's
+    published boundary: the scores it recorded; no trainer was built)."""
+    record = ResultRecord(status="ok", fitness=outcome.fitness, wall_time_s=time.monotonic() - started,
+                          steps_done=outcome.steps_done, diagnostics=dict(outcome.diagnostics))
     return write_final_result(work_dir, record)

@@ -1,4 +1,6 @@
-"""es=nres: a member that trains one truncation of its particle's run (results/store/truncation.py is the contract).
+"""How a member's segment continues a run: a run of its own (``OwnRun``), or one truncation of an es=nres particle's
+run (``ParticleTruncation``; results/store/truncation.py is the contract). The member's lifecycle asks
+``continuation(spec, work_dir)`` and reads no other difference between the two.
 
 The run's Trainer is built for the particle's whole run (train.steps = the horizon, so the learning-rate schedule is
 defined over it) and resumed from the particle's boundary checkpoint at ``start`` (a TRL checkpoint folder: weights,
@@ -18,20 +20,113 @@ import logging
 import os
 import shutil
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from transformers import Trainer, TrainerCallback, TrainerState
 from transformers.trainer import TRAINER_STATE_NAME
 
 from inner_loop.training.checkpoints import checkpoint_folders, last_checkpoint
 from results.store.layout import CHECKPOINT_DIR, CHECKPOINT_TRASH_DIR
-from results.store.truncation import Truncation, publish_boundary, read_boundary
+from core.records import MemberSpec
+from results.store.truncation import (END_SCORE, START_SCORE, START_STEP, STOP_STEP, Truncation, publish_boundary,
+                                      read_boundary)
 
 logger = logging.getLogger(__name__)
 
 #: the boundary record's key for the score at the truncation's start, kept so a member killed after publishing its
 #: boundary, before its result, reports the same change when it runs again
 START_SCORE_KEY = "start_score"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the end of a member's segment makes of its validation pass@1: its fitness and what its record keeps."""
+
+    fitness: float
+    diagnostics: dict[str, float]
+    #: the run's step at the end (a truncation recorded from its published boundary, without a trainer)
+    steps_done: int = 0
+
+
+class OwnRun:
+    """A member that trains a run of its own (every member but an online searcher's, and a single run): it resumes
+    from its own newest checkpoint, trains to its schedule's end, and its fitness is its validation pass@1."""
+
+    #: the stage a failure while standing the trainer at its start is recorded under
+    start_stage = "model and trainer setup"
+    #: the stage a failure while closing its segment is recorded under
+    finish_stage = "evaluation"
+
+    def __init__(self, work_dir: Path) -> None:
+        self.work_dir = work_dir
+
+    def done_already(self, generation: int) -> Outcome | None:
+        """The outcome when an earlier run of this member finished its segment but not its record; None: train."""
+        return None
+
+    def start(self, trainer: Trainer, score_untouched: Callable[[], float]) -> str | None:
+        """Stand the trainer at the segment's start; returns the checkpoint folder it resumes from (None: step 0)."""
+        return last_checkpoint(self.work_dir)
+
+    def trained_already(self, resume: str | None) -> bool:
+        """Whether ``resume`` stands at the segment's stop already (nothing to train)."""
+        return False
+
+    def finish(self, score: float, generation: int) -> Outcome:
+        """The member's outcome from its validation pass@1 at the segment's end."""
+        return Outcome(score, {})
+
+
+class ParticleTruncation(OwnRun):
+    """A member that trains one truncation of its particle's run (the module docstring): from the particle's boundary
+    checkpoint at ``start`` to ``stop``, published as the next boundary; its fitness is the change of validation
+    pass@1 over the truncation."""
+
+    start_stage = "the truncation's start"
+    finish_stage = "publishing the truncation's checkpoint"
+
+    def __init__(self, piece: Truncation, work_dir: Path) -> None:
+        super().__init__(work_dir)
+        self.piece = piece
+        self.start_score: float | None = None
+
+    def done_already(self, generation: int) -> Outcome | None:
+        scores = finished(self.piece, generation)
+        if scores is None:
+            return None
+        logger.info("member %s: its truncation's checkpoint is published already; recording it", self.work_dir)
+        release(self.piece, self.work_dir)  # killed between publishing and removing its own copy
+        return self._outcome(scores, steps_done=self.piece.stop)
+
+    def start(self, trainer: Trainer, score_untouched: Callable[[], float]) -> str | None:
+        self.start_score = start_score(self.piece)
+        if self.start_score is None:  # step 0: the untouched model, scored before it trains
+            self.start_score = score_untouched()
+        trainer.add_callback(StopAtStep(self.piece.stop))
+        return resume_folder(self.piece, self.work_dir)
+
+    def trained_already(self, resume: str | None) -> bool:
+        return at_stop(self.piece, resume)
+
+    def finish(self, score: float, generation: int) -> Outcome:
+        if self.start_score is None:
+            raise RuntimeError("a truncation finished without its start's score (start() was not called)")
+        scores = (self.start_score, score)
+        publish(self.piece, self.work_dir, scores, generation)
+        return self._outcome(scores)
+
+    def _outcome(self, scores: tuple[float, float], steps_done: int = 0) -> Outcome:
+        """Its change of validation pass@1, and its steps and scores at both ends as the record keeps them."""
+        return Outcome(scores[1] - scores[0], {START_STEP: float(self.piece.start), STOP_STEP: float(self.piece.stop),
+                                               START_SCORE: scores[0], END_SCORE: scores[1]}, steps_done)
+
+
+def continuation(spec: MemberSpec, work_dir: Path) -> OwnRun:
+    """How ``spec``'s segment continues a run: a truncation of the particle run its spec names, else a run of its own."""
+    piece = Truncation.of_spec(spec)
+    return OwnRun(work_dir) if piece is None else ParticleTruncation(piece, work_dir)
 
 
 class StopAtStep(TrainerCallback):
