@@ -13,6 +13,7 @@ import datetime as _dt
 import logging
 import platform
 import uuid
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -23,7 +24,8 @@ from meta.search import recipe
 from meta.search.config import CONF_DIR, INNER_NODES, ConfigError
 from meta.search.resume import run_dir_label
 from meta.search.staging import staged_inner
-from meta.tune.config import STUDY_KEYS, TuneConfig, build_pruner, build_sampler, build_tune_config, study_hash
+from meta.settings.schema import TuneSchema
+from meta.tune.config import STUDY_KEYS, build_pruner, build_sampler, build_tune_config, study_hash, study_space
 from core.config_nodes import config_groups
 from results.store.provenance import code_version
 
@@ -47,7 +49,7 @@ export=best.yaml, dry_run=true. See conf/tune.yaml for every key and its default
 
 
 @dataclass
-class Prepared(recipe.Prepared[TuneConfig]):
+class Prepared(recipe.Prepared[TuneSchema]):
     """The validated run: the runner's setup, the config, and what a trial's composition starts from."""
 
     def trial_inner(self, overrides: Sequence[str]) -> dict[str, Any]:
@@ -57,8 +59,8 @@ class Prepared(recipe.Prepared[TuneConfig]):
         raw = self.compose(overrides)
         # composed by hub name: the trial reads the snapshots the run staged and pinned before its first trial
         inner = self.cfg.member_inner({node: raw[node] for node in INNER_NODES})
-        inner = staged_inner(self.cfg.inner_entrypoint, inner, self.manifest)
-        load_program(self.cfg.inner_entrypoint).validate(inner)
+        inner = staged_inner(self.cfg.inner.entrypoint, inner, self.manifest)
+        load_program(self.cfg.inner.entrypoint).validate(inner)
         return inner
 
 
@@ -76,8 +78,8 @@ def write_run_files(prepared: Prepared) -> dict[str, Any]:
                      "python": platform.python_version(), "host": platform.node()})
     store.write_manifest(manifest)
     if read_study_file(store.root) is None:
-        write_study_file(store.root, {"storage": cfg.storage or JOURNAL,
-                                      "study_name": cfg.study_name or f"tune_{manifest['run_id']}"})
+        write_study_file(store.root, {"storage": cfg.tune.storage or JOURNAL,
+                                      "study_name": cfg.tune.study_name or f"tune_{manifest['run_id']}"})
     return manifest
 
 
@@ -89,15 +91,15 @@ def check_storage(prepared: Prepared) -> None:
     from results.store.study_store import open_storage
 
     cfg = prepared.cfg
-    if cfg.storage is None:
+    if cfg.tune.storage is None:
         return
     try:
-        storage = open_storage(".", cfg.storage)
+        storage = open_storage(".", cfg.tune.storage)
     except Exception as exc:  # SQLAlchemy's and the drivers' errors have no common base worth naming
-        raise ConfigError(f"tune.storage={cfg.storage}: cannot open it ({type(exc).__name__}: "
+        raise ConfigError(f"tune.storage={cfg.tune.storage}: cannot open it ({type(exc).__name__}: "
                           f"{str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''})") from None
-    if not prepared.resuming and cfg.study_name in optuna.study.get_all_study_names(storage):
-        raise ConfigError(f"tune.study_name={cfg.study_name}: the storage {cfg.storage} already holds a study of that "
+    if not prepared.resuming and cfg.tune.study_name in optuna.study.get_all_study_names(storage):
+        raise ConfigError(f"tune.study_name={cfg.tune.study_name}: the storage {cfg.tune.storage} already holds a study of that "
                           "name; choose a new name, or resume the run dir that created it")
 
 
@@ -113,8 +115,8 @@ def open_study(prepared: Prepared) -> Any:
     name = info["study_name"]
     run_id = prepared.manifest["run_id"]
     cfg = prepared.cfg
-    sampler = build_sampler(cfg.sampler, cfg.sampler_options, cfg.seed)
-    pruner = build_pruner(cfg.pruner, cfg.pruner_options)
+    sampler = build_sampler(cfg.tune.sampler, cfg.tune.sampler_options, cfg.seed)
+    pruner = build_pruner(cfg.tune.pruner, cfg.tune.pruner_options)
     if name in optuna.study.get_all_study_names(storage):
         study = optuna.load_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner)
         owner = study.user_attrs.get(RUN_ID_ATTR, run_id)
@@ -126,7 +128,7 @@ def open_study(prepared: Prepared) -> Any:
     study.set_user_attr("run_dir", str(prepared.store.root))
     study.set_user_attr(RUN_ID_ATTR, run_id)
     study.set_user_attr("space", {d.key: [d.kind, *([d.low, d.high] if d.kind != "choice" else d.choices)]
-                                  for d in cfg.dims})
+                                  for d in study_space(cfg)})
     return study
 
 
@@ -173,7 +175,7 @@ class TuneRecipe(recipe.Recipe):
 
             try:
                 path = export_preset(prepared.store.root, load_study(prepared.store.root),
-                                     prepared.manifest["choices"], prepared.cfg.resources, prepared.export)
+                                     prepared.manifest["choices"], dataclasses.asdict(prepared.cfg.resources), prepared.export)
             except ExportError as exc:
                 logger.error("%s", exc)
                 return 1
@@ -205,7 +207,7 @@ class TuneRecipe(recipe.Recipe):
             return 1
         logger.info("best trial %d: %.4f with %s", summary.best_number, summary.best_value, summary.best_params)
         if prepared.export:
-            path = export_preset(prepared.store.root, study, prepared.manifest["choices"], prepared.cfg.resources,
+            path = export_preset(prepared.store.root, study, prepared.manifest["choices"], dataclasses.asdict(prepared.cfg.resources),
                                  prepared.export)
             logger.info("wrote the best trial's settings to %s", path)
         return 0
