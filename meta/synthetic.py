@@ -322,7 +322,8 @@ def _write_intermediate(spec: MemberSpec, fitness: float, noise: float, running_
     """Intermediate scores as train.eval_every would leave them: the final fitness, blurred by ``noise``, each
     written at its step's share of the member's running time (so early_stop can stop it with the rest of its
     time unspent). Returns the running time left after the last one."""
-    every, steps = (spec.inner.get("train") or {}).get("eval_every"), spec.work.horizon
+    train = spec.inner.get("train") or {}
+    every, steps = train.get("eval_every"), spec.work.horizon
     if not every or steps <= 0:
         return running_s
     digest = params_digest(spec.params)

@@ -124,3 +124,17 @@ def test_the_default_ranges_contain_the_presets_value_and_the_plan_counts_valida
     assert shown in out
     assert "intermediate validations: 3 per run (every train.eval_every=15 of train.steps=60" in out
     assert "= 12 in all" in out
+
+
+def test_the_tune_schema_checks_across_its_keys_wherever_a_config_is_read_through_it():
+    """TuneSchema is the tune's one typed config: its cross-key checks run in __post_init__, so a plain read
+    (typed_config) refuses what the command refuses, and normalises what the command normalises."""
+    from meta.compose import compose
+    from meta.settings.schema import ConfigError, TuneSchema, typed_config
+
+    raw = compose(["tune.pruner=median", "train.eval_every=null", "log_level=debug"], "tune")
+    with pytest.raises(ConfigError, match="tune.pruner=median decides from intermediate scores"):
+        typed_config(TuneSchema, raw)
+    raw["tune"]["pruner"] = "none"
+    cfg = typed_config(TuneSchema, raw)
+    assert cfg.log_level == "DEBUG" and cfg.tune.sampler_options == {} and cfg.inner_config["train"] == raw["train"]

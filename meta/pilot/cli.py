@@ -36,13 +36,10 @@ from typing import Any, Mapping, Sequence
 import yaml
 
 from inner_loop.loss.divergences import coef_key
-from meta.cli_args import run_command
-from meta.compose import compose_with_choices, merge_overrides
-from meta.search.config import (INNER_NODES, SEARCH_KEYS, ConfigError, check_members_can_start, SearchConfig,
-                                absolute_overrides, absolute_path, absolute_paths, build_search_config,
+from meta.search import recipe
+from meta.search.config import (INNER_NODES, SEARCH_KEYS, ConfigError, SearchConfig, build_search_config,
                                 check_member_launch, member_sharing)
-from meta.search.resume import NEW_KEY, check_resume, open_run_dir, run_dir_label
-from meta.search.staging import stage_run
+from meta.search.resume import run_dir_label
 from meta.pilot.findings import CENTRE, FULL_HORIZON, PLUS, horizon_index, map_roles, member_index
 from meta.pilot.truncation import STEP_KEY, TRUNCATION_KEY, WHOLE_VALIDATION, boundaries
 from results.report.pilot import PILOT_KIND
@@ -131,18 +128,11 @@ def _inner(cfg: SearchConfig, coef: float | None, full: bool = False) -> dict[st
 
 
 @dataclass
-class Prepared:
-    """The validated pilot: the search config it speaks for, its own settings, store, manifest and combinations."""
+class Prepared(recipe.Prepared[SearchConfig]):
+    """The validated pilot: the runner's setup, the search config it speaks for, its own settings and combinations."""
 
-    cfg: SearchConfig
     pilot: PilotConfig
-    raw: dict[str, Any]
-    store: RunStore
-    manifest: dict[str, Any]
-    resuming: bool
-    choices: dict[str, str]
     combinations: list[dict[str, float | None]]
-    export: str | None
 
 
 def _split_export(overrides: Sequence[str]) -> tuple[list[str], str | None]:
@@ -157,38 +147,10 @@ def _split_export(overrides: Sequence[str]) -> tuple[list[str], str | None]:
     return kept, export
 
 
-def prepare(argv: Sequence[str]) -> Prepared:
-    """Resolve, validate and (for a resume) compare the config; writes nothing."""
-    overrides = [a for a in argv if a.strip()]
-    bad = [a for a in overrides if "=" not in a]
-    if bad:
-        raise ConfigError(f"argument {bad[0]!r} is not key=value\n{USAGE}")
-    cwd = Path.cwd()
-    overrides, export = _split_export(overrides)
-    overrides = absolute_overrides(overrides, cwd)
-    raw, choices = compose_with_choices(overrides)
-    run_dir, resuming = open_run_dir(raw, cwd, "pilot", "pilot")
-    store = RunStore(run_dir)
-    manifest: dict[str, Any] = {}
-    if resuming:
-        manifest = store.read_manifest()
-        if manifest.get("kind") != PILOT_KIND:
-            kind = manifest.get("kind")
-            raise ConfigError(f"run_dir={run_dir} is not a meta.pilot run; resume it with python -m "
-                              f"meta.{kind or 'run'} run_dir={run_dir}")
-        overrides = merge_overrides(manifest.get("overrides", []), overrides)
-        raw, choices = compose_with_choices(overrides)
-        raw.pop(NEW_KEY, None)
-    absolute_paths(raw, cwd)
-    if isinstance(raw.get("pilot"), dict):
-        export = export or raw["pilot"].get("export")
-        raw["pilot"]["export"] = None
-    stage_run(raw, manifest, resuming, fetch=not raw.get("dry_run"))  # as meta.run: hub names -> staged snapshots
-    if resuming:
-        stored = yaml.safe_load(store.read_config_text()) or {}
-        check_resume(stored, raw, PILOT_KEYS, run_dir, "pilot")
-    manifest["overrides"] = merge_overrides([], overrides)
-    raw["run_dir"] = run_dir
+def build(setup: recipe.Setup) -> Prepared:
+    """The search config the pilot speaks for, its own settings and combinations, each checked before anything
+    runs; ConfigError naming the key."""
+    raw = setup.raw
     cfg = build_search_config(raw)
     pilot = build_pilot_config(raw)
     combos = combinations(cfg, pilot)
@@ -197,8 +159,7 @@ def prepare(argv: Sequence[str]) -> Prepared:
         for coef in pilot.coefs:
             check_member_launch(raw, cfg.launcher, cfg.inner_timeout_s, cfg.inner_entrypoint, _inner(cfg, coef),
                                 cfg.resources, where=f" (pilot.coefs: divergence.coef={coef:g})")
-    return Prepared(cfg, pilot, raw, store, manifest, resuming, choices, combos,
-                    absolute_path(export, cwd) if export else None)
+    return setup.with_config(Prepared, cfg=cfg, pilot=pilot, combinations=combos)
 
 
 # ------------------------------------------------------------------ the truncation check
@@ -531,26 +492,38 @@ def export_preset(summary: Mapping[str, Any], prepared: Prepared, out: str | Pat
 
 
 # ------------------------------------------------------------------ command
-def run(argv: Sequence[str]) -> int:
-    from launch.factory import build_launcher
-    from launch.runner import AbortRun
-    from meta.search.lock import run_locked
-    from meta.search.resume import check_job_namespace
-    from meta.search.run import write_run_files
-    from meta.pilot.findings import summarize_run_dir
-    from results.report.pilot import format_pilot
+class PilotRecipe(recipe.Recipe):
+    """What ``python -m meta.pilot`` states to the runner (meta/search/recipe.py): the pilot's fixed design of runs."""
 
-    prepared = prepare(argv)
-    cfg, store = prepared.cfg, prepared.store
-    logging.getLogger().setLevel(cfg.log_level)
-    if cfg.dry_run:
-        sys.stdout.write(build_dry_run_plan(prepared) + "\n")
-        sys.stdout.flush()
-        return 0
-    check_members_can_start(cfg.launcher)
-    prepared.manifest.update(check_job_namespace(prepared.raw, prepared.manifest))
+    command = "meta.pilot"
+    usage = USAGE
+    kind = PILOT_KIND
+    run_dir_prefix = noun = resume_noun = "pilot"
+    resume_keys = PILOT_KEYS
 
-    def body() -> int:
+    def other_kind(self, kind: str | None, run_dir: str) -> str:
+        return (f"run_dir={run_dir} is not a meta.pilot run; resume it with python -m meta.{kind or 'run'} "
+                f"run_dir={run_dir}")
+
+    def take_arguments(self, overrides: list[str]) -> tuple[list[str], str | None]:
+        return _split_export(overrides)
+
+    def take_settings(self, raw: dict[str, Any], export: str | None) -> str | None:
+        if isinstance(raw.get("pilot"), dict):
+            export = export or raw["pilot"].get("export")
+            raw["pilot"]["export"] = None
+        return export
+
+    def build(self, setup: recipe.Setup) -> Prepared:
+        return build(setup)
+
+    def plan(self, prepared: Prepared) -> str:
+        return build_dry_run_plan(prepared)
+
+    def start(self, prepared: Prepared) -> list[MemberSpec]:
+        from meta.search.run import write_run_files
+
+        store = prepared.store
         prepared.manifest.setdefault("kind", PILOT_KIND)
         prepared.manifest.setdefault("choices", prepared.choices)
         manifest = write_run_files(store, prepared.raw, prepared.manifest, prepared.resuming)
@@ -559,21 +532,22 @@ def run(argv: Sequence[str]) -> int:
             plan = make_plan(prepared)
             store.write_pilot_plan(plan)
         _check_plan(plan, prepared)
-        specs = member_specs(plan, cfg, manifest["run_id"])
         logger.info("%s (run %s): %d combination(s) x %d runs", run_dir_label(store.root, prepared.resuming, "pilot"),
                     manifest["run_id"], len(plan["combinations"]), runs_per_combination(prepared.pilot))
-        launcher = build_launcher(cfg.launcher)
-        try:
-            run_members(prepared, specs, launcher)
-        except AbortRun as exc:
-            logger.error("aborted: %s", exc)
-            return 1
-        finally:
-            launcher.close()
+        return member_specs(plan, prepared.cfg, manifest["run_id"])
+
+    def execute(self, prepared: Prepared, specs: list[MemberSpec], launcher: Any) -> None:
+        run_members(prepared, specs, launcher)
+
+    def finish(self, prepared: Prepared, specs: list[MemberSpec], outcome: None) -> int:
+        from meta.pilot.findings import summarize_run_dir
+        from results.report.pilot import format_pilot
+
+        store = prepared.store
         summary = summarize_run_dir(store.root)
         store.write_pilot(summary)
         sys.stdout.write(format_pilot(summary))
-        if cfg.inner_config["train"].get("eval_every"):
+        if prepared.cfg.inner_config["train"].get("eval_every"):
             sys.stdout.write(_early_cut_text(store.root))
         sys.stdout.flush()
         if prepared.export:
@@ -585,7 +559,8 @@ def run(argv: Sequence[str]) -> int:
             logger.info("wrote the recommendation as a preset to %s", path)
         return 0
 
-    return run_locked(store.lock_path, body)
+
+PILOT = recipe.register(PilotRecipe())
 
 
 def _early_cut_text(run_dir: Path) -> str:
@@ -599,7 +574,7 @@ def _early_cut_text(run_dir: Path) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_command(argv, USAGE, run, "config error")
+    return recipe.main(PILOT, argv)
 
 
 if __name__ == "__main__":

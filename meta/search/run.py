@@ -16,18 +16,15 @@ import logging
 import platform
 import sys
 import uuid
-from pathlib import Path
 from typing import Any, Sequence
 
 import yaml
 
-from meta.search.config import (CONF_DIR, SEARCH_KEYS, ConfigError, check_members_can_start, SearchConfig,
-                                absolute_overrides, absolute_paths, build_search_config, config_hash)
+from meta.search import recipe
+from meta.search.config import CONF_DIR, SEARCH_KEYS, SearchConfig, build_search_config, config_hash
 from meta.search.after.baselines import transfer_tasks
-from meta.cli_args import run_command
-from meta.compose import compose, merge_overrides
-from meta.search.resume import NEW_KEY, check_job_namespace, check_resume, open_run_dir, run_dir_label
-from meta.search.staging import preflight_run, stage_run
+from meta.search.resume import run_dir_label
+from meta.search.staging import preflight_run
 from core.config.groups import config_groups, group_file
 from results.store.provenance import code_version
 from results.store.run_store import RunStore
@@ -57,40 +54,9 @@ def transfer_evaluations(raw: dict[str, Any], overrides: Sequence[str]) -> list[
 
 
 def prepare(argv: Sequence[str]) -> tuple[SearchConfig, dict[str, Any], RunStore, dict[str, Any], bool]:
-    """Resolve, validate and (for a resume) compare the config. Writes nothing."""
-    overrides = [a for a in argv if a.strip()]
-    bad = [a for a in overrides if "=" not in a]
-    if bad:
-        raise ConfigError(f"argument {bad[0]!r} is not key=value\n{USAGE}")
-    cwd = Path.cwd()
-    overrides = absolute_overrides(overrides, cwd)
-    fresh = compose(overrides)
-    run_dir, resuming = open_run_dir(fresh, cwd, "meta", "search")
-    store = RunStore(run_dir)
-    manifest: dict[str, Any] = {}
-    if resuming:
-        manifest = store.read_manifest()
-        if manifest.get("kind") is not None:  # e.g. "tune": a meta.tune run dir
-            raise ConfigError(f"run_dir={run_dir} is a meta.{manifest['kind']} run, not an ES search; resume it with "
-                              f"python -m meta.{manifest['kind']} run_dir={run_dir}")
-        combined = merge_overrides(manifest.get("overrides", []), overrides)
-        raw = compose(combined)
-        raw.pop(NEW_KEY, None)
-    else:
-        raw = fresh
-        manifest = {"overrides": merge_overrides([], overrides)}
-    absolute_paths(raw, cwd)
-    # hub names -> staged local snapshots (fetched unless a dry run), before anything reads data or compares configs;
-    # the transfer tasks' datasets too, which the reporting runs read from the pins (meta/search/after/reporting.py)
-    stage_run(raw, manifest, resuming, fetch=not raw.get("dry_run"),
-              extra_evaluations=transfer_evaluations(raw, combined if resuming else overrides))
-    if resuming:
-        stored = yaml.safe_load(store.read_config_text()) or {}
-        check_resume(stored, raw, SEARCH_KEYS, run_dir, "search")
-        manifest["overrides"] = combined
-    raw["run_dir"] = run_dir
-    cfg = build_search_config(raw)
-    return cfg, raw, store, manifest, resuming
+    """Resolve, validate and (for a resume) compare the config (meta.stage stages through here). Writes nothing."""
+    prepared = recipe.prepare(SEARCH, argv)
+    return prepared.cfg, prepared.raw, prepared.store, prepared.manifest, prepared.resuming
 
 
 def write_run_files(store: RunStore, raw: dict[str, Any], manifest: dict[str, Any], resuming: bool) -> dict[str, Any]:
@@ -118,67 +84,85 @@ def write_run_files(store: RunStore, raw: dict[str, Any], manifest: dict[str, An
     return manifest
 
 
-def run(argv: Sequence[str]) -> int:
-    from launch.factory import build_launcher
-    from launch.runner import AbortRun
-    from meta.search.lock import run_locked
-    from meta.search.generation.orchestrator import Orchestrator
-    from meta.search.after.reevaluate import ReevaluationError, run_reevaluation
-    from meta.search.after.reporting import check_rows
-    from results.report.search.result_table import render_markdown
-    from results.report.search.report import format_noise
-    from results.report.search.snapshot import load_run
+class SearchRecipe(recipe.Recipe):
+    """What ``python -m meta.run`` states to the runner (meta/search/recipe.py): an ES search and the runs after it."""
 
-    cfg, raw, store, manifest, resuming = prepare(argv)
-    logging.getLogger().setLevel(cfg.log_level)
-    check_rows(cfg, manifest.get("overrides", []))
-    if cfg.dry_run:
+    command = "meta.run"
+    usage = USAGE
+    run_dir_prefix = "meta"
+    noun = resume_noun = "search"
+    resume_keys = SEARCH_KEYS
+
+    def other_kind(self, kind: str | None, run_dir: str) -> str:
+        return (f"run_dir={run_dir} is a meta.{kind} run, not an ES search; resume it with python -m meta.{kind} "
+                f"run_dir={run_dir}")
+
+    def stage_options(self, raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+        # the transfer tasks' datasets too, which the reporting runs read from the pins (meta/search/after/reporting.py)
+        return {"extra_evaluations": transfer_evaluations(raw, overrides)}
+
+    def build(self, setup: recipe.Setup) -> recipe.Prepared[SearchConfig]:
+        return setup.with_config(recipe.Prepared, cfg=build_search_config(setup.raw))
+
+    def check(self, prepared: recipe.Prepared[SearchConfig]) -> None:
+        from meta.search.after.reporting import check_rows
+
+        check_rows(prepared.cfg, prepared.overrides)
+
+    def plan(self, prepared: recipe.Prepared[SearchConfig]) -> str:
         from meta.search.plan import build_plan
 
-        # The plan IS this command's output (for pipes and files), hence stdout rather than the log.
-        sys.stdout.write(build_plan(cfg, raw, store, resuming, manifest.get("run_id"), manifest.get("overrides", []))
-                         + "\n")
-        sys.stdout.flush()
-        return 0
-    check_members_can_start(cfg.launcher)
-    # this host's checks of what the members and the reporting runs read, before anything is written or submitted
-    preflight_run(cfg, manifest, transfer_evaluations(raw, manifest.get("overrides", [])))
-    manifest.update(check_job_namespace(raw, manifest))
+        return build_plan(prepared.cfg, prepared.raw, prepared.store, prepared.resuming, prepared.manifest.get("run_id"),
+                          prepared.overrides)
 
-    def body() -> int:
-        write_run_files(store, raw, manifest, resuming)  # updates manifest in place (run_id, hashes)
-        launcher = build_launcher(cfg.launcher)
-        logger.info("%s (run %s)", run_dir_label(store.root, resuming, "search"), manifest["run_id"])
-        try:
-            summary = Orchestrator(cfg, store, launcher, manifest["run_id"]).run()
-            best = summary.best
-            what = ("largest gain of validation pass@1 over one truncation (not a run's score: the runs after the "
-                    "search measure that)" if cfg.searcher_online else "best member's (single-run) fitness")
-            logger.info("search finished after %d generation(s); %s %s", summary.generations_done, what,
-                        f"{best['fitness']:.4f}" if best else "n/a")
-            if cfg.reevaluate.top_k > 0:
-                reevaluation = run_reevaluation(cfg, store, launcher, manifest["run_id"],
-                                                overrides=manifest.get("overrides", []))
-                logger.info("exported init (selection stage): %s", reevaluation["chosen"])
-                if "table" in reevaluation:
-                    # The search's outcome, printed for the user as the plan is: whether members differed by more
-                    # than seed noise, then the result table.
-                    noise = "\n".join(format_noise(load_run(store.root)))
-                    sys.stdout.write(f"\nnoise (validation pass@1):\n{noise}\n\n"
-                                     + render_markdown(reevaluation["table"], all_pairs=False) + "\n")
-                    sys.stdout.flush()
-        except (AbortRun, ReevaluationError) as exc:
-            logger.error("aborted: %s", exc)
-            return 1
-        finally:
-            launcher.close()
-        which = "best" if cfg.reevaluate.top_k > 0 else "center"
+    def before_lock(self, prepared: recipe.Prepared[SearchConfig]) -> None:
+        # this host's checks of what the members and the reporting runs read, before anything is written or submitted
+        preflight_run(prepared.cfg, prepared.manifest, transfer_evaluations(prepared.raw, prepared.overrides))
+
+    def start(self, prepared: recipe.Prepared[SearchConfig]) -> None:
+        write_run_files(prepared.store, prepared.raw, prepared.manifest, prepared.resuming)  # run_id, hashes
+        logger.info("%s (run %s)", run_dir_label(prepared.store.root, prepared.resuming, "search"),
+                    prepared.manifest["run_id"])
+
+    def execute(self, prepared: recipe.Prepared[SearchConfig], state: None, launcher: Any) -> None:
+        from meta.search.generation.orchestrator import Orchestrator
+        from meta.search.after.reevaluate import run_reevaluation
+        from results.report.search.result_table import render_markdown
+        from results.report.search.report import format_noise
+        from results.report.search.snapshot import load_run
+
+        cfg, store, run_id = prepared.cfg, prepared.store, prepared.manifest["run_id"]
+        summary = Orchestrator(cfg, store, launcher, run_id).run()
+        best = summary.best
+        what = ("largest gain of validation pass@1 over one truncation (not a run's score: the runs after the "
+                "search measure that)" if cfg.searcher_online else "best member's (single-run) fitness")
+        logger.info("search finished after %d generation(s); %s %s", summary.generations_done, what,
+                    f"{best['fitness']:.4f}" if best else "n/a")
+        if cfg.reevaluate.top_k > 0:
+            reevaluation = run_reevaluation(cfg, store, launcher, run_id, overrides=prepared.overrides)
+            logger.info("exported init (selection stage): %s", reevaluation["chosen"])
+            if "table" in reevaluation:
+                # The search's outcome, printed for the user as the plan is: whether members differed by more
+                # than seed noise, then the result table.
+                noise = "\n".join(format_noise(load_run(store.root)))
+                sys.stdout.write(f"\nnoise (validation pass@1):\n{noise}\n\n"
+                                 + render_markdown(reevaluation["table"], all_pairs=False) + "\n")
+                sys.stdout.flush()
+
+    def finish(self, prepared: recipe.Prepared[SearchConfig], state: None, outcome: None) -> int:
+        which = "best" if prepared.cfg.reevaluate.top_k > 0 else "center"
         logger.info("export with `python -m meta.export run_dir=%s which=%s out=best_mirror.safetensors`",
-                    store.root, which)
+                    prepared.store.root, which)
         return 0
 
-    return run_locked(store.lock_path, body)
+    def aborts(self) -> tuple[type[BaseException], ...]:
+        from meta.search.after.reevaluate import ReevaluationError
+
+        return (*super().aborts(), ReevaluationError)
+
+
+SEARCH = recipe.register(SearchRecipe())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_command(argv, USAGE, run, "config error")
+    return recipe.main(SEARCH, argv)

@@ -20,6 +20,8 @@ from meta.searchers.radius import RADIUS_KEY
 from core.config.horizon import MEMBER_STEPS_KEY
 from core.config.plain_data import plain, refuse_unknown_keys
 from core.config.typed_nodes import schema_error
+from meta.settings.keys import INNER_NODES
+from core.records import gpus_entry
 
 T = TypeVar("T")
 
@@ -212,8 +214,8 @@ class SearchSchema(RunSchema):
 class TuneNode:
     """``tune.*`` of conf/tune.yaml (python -m meta.tune): Optuna over the inner run's settings (docs/usage.md)."""
 
-    # (space and the options: Any, checked as mappings by meta/tune/config.py: OmegaConf cannot merge a mapping
-    # into a null Optional[Dict] node)
+    # (space and the options: Any, checked as mappings by TuneSchema: OmegaConf cannot merge a mapping into a null
+    # Optional[Dict] node)
     #: key: [log, low, high] | [float, low, high] | [int, low, high] | [choice, a, b, ...]; null: default_space, each
     #: number range moved (same width) to contain the value the composed config runs. A separate key because Hydra
     #: merges a dict given for a dict: setting space replaces the default whole instead of adding to it
@@ -242,11 +244,66 @@ class TuneNode:
 
 @dataclass
 class TuneSchema(RunSchema):
-    """The root of conf/tune.yaml (meta.tune): every key, its type and its default."""
+    """The root of conf/tune.yaml (meta.tune): every key, its type and its default, and (``__post_init__``) what one
+    key cannot say, checked when a config is read through it (typed_config). The space, the sampler and pruner
+    Optuna builds and the member program's check are the tune's (meta/tune/config.py build_tune_config)."""
 
     #: a path: write the best trial's settings as a preset YAML there
     export: Optional[str] = None
     tune: TuneNode = field(default_factory=TuneNode)
+
+    def __post_init__(self) -> None:
+        check_ranges(self)  # every key's own range first, as a plain read through the schema names it
+        tune = self.tune
+        if tune.study_name is not None and not tune.study_name.strip():
+            raise ConfigError(f"tune.study_name={tune.study_name!r} must be a non-empty string or null")
+        if self.inner.timeout_s is None:
+            raise ConfigError("inner.timeout_s=None must be a number of seconds (compose derives it from "
+                              "resources.member_time_min)")
+        tune.sampler_options = _options("tune.sampler_options", tune.sampler_options)
+        tune.pruner_options = _options("tune.pruner_options", tune.pruner_options)
+        _check_storage(tune.storage)
+        self.log_level = self.log_level.upper()
+        if self.log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+            raise ConfigError(f"log_level={self.log_level!r} must be one of DEBUG, INFO, WARNING, ERROR")
+        if tune.pruner != "none" and not self.train.get("eval_every"):
+            raise ConfigError(f"tune.pruner={tune.pruner} decides from intermediate scores: set train.eval_every "
+                              "(steps between intermediate validations), or tune.pruner=none")
+
+    @property
+    def inner_config(self) -> dict[str, Any]:
+        """The run config a trial starts from: task, model, divergence, train."""
+        return {node: getattr(self, node) for node in INNER_NODES}
+
+    def member_inner(self, inner_config: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """A trial member's ``inner`` dict: its task/model/divergence/train, options, and the validation split."""
+        return {**(inner_config or self.inner_config), "options": dict(self.inner.options),
+                "eval_split": "validation", **gpus_entry(dataclasses.asdict(self.resources))}
+
+
+def _options(key: str, value: Any) -> dict[str, Any]:
+    """tune.sampler_options or tune.pruner_options: keyword arguments, {} for null."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{key}={value!r} must be a mapping of keyword arguments, e.g. {{n_startup_trials: 4}}")
+    return dict(value)
+
+
+def _check_storage(storage: Any) -> None:
+    """tune.storage: null or a database URL SQLAlchemy reads."""
+    if storage is None:
+        return
+    if not isinstance(storage, str) or "://" not in storage:
+        raise ConfigError(f"tune.storage={storage!r} must be null (a journal file in the run dir) or a database URL "
+                          "such as sqlite:////abs/path/study.db or postgresql://user@host/db")
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        make_url(storage)
+    except ArgumentError as exc:
+        raise ConfigError(f"tune.storage={storage!r} is not a database URL ({exc})") from None
 
 
 def register() -> None:
@@ -262,8 +319,9 @@ def register() -> None:
     register_schemas()  # the train and divergence groups' schemas, which their YAMLs name
     store = ConfigStore.instance()
     store.store(name=BASE_CONFIG, node=SearchSchema)
-    store.store(name=TUNE_BASE_CONFIG, node={
-        f.name: (f.default_factory if _is_node(f) else getattr(TuneSchema(), f.name))
+    store.store(name=TUNE_BASE_CONFIG, node={  # the defaults as written: an instance would run TuneSchema's checks
+        f.name: (f.default_factory if _is_node(f) else
+                 f.default if f.default_factory is dataclasses.MISSING else f.default_factory())
         for f in dataclasses.fields(TuneSchema)})
 
 

@@ -12,25 +12,22 @@ from __future__ import annotations
 import datetime as _dt
 import logging
 import platform
-import sys
 import uuid
+import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Sequence
 
 import yaml
 
 from inner_loop.loss.divergences import divergences
-from meta.search.config import (CONF_DIR, INNER_NODES, ConfigError, check_members_can_start, absolute_overrides,
-                                absolute_path, absolute_paths)
-from meta.cli_args import run_command
-from meta.search.resume import NEW_KEY, check_job_namespace, check_resume, open_run_dir, run_dir_label
-from meta.compose import compose_with_choices, merge_overrides
-from meta.search.staging import stage_run, staged_inner
-from meta.tune.config import STUDY_KEYS, TuneConfig, build_pruner, build_sampler, build_tune_config, study_hash
+from meta.search import recipe
+from meta.search.config import CONF_DIR, INNER_NODES, ConfigError
+from meta.search.resume import run_dir_label
+from meta.search.staging import staged_inner
+from meta.settings.schema import TuneSchema
+from meta.tune.config import STUDY_KEYS, build_pruner, build_sampler, build_tune_config, study_hash, study_space
 from core.config.groups import config_groups
 from results.store.provenance import code_version
-from results.store.run_store import RunStore
 
 logger = logging.getLogger("meta.tune")
 
@@ -51,71 +48,20 @@ experiment={'|'.join(_GROUPS.get('experiment', []))}, run_dir=...,
 export=best.yaml, dry_run=true. See conf/tune.yaml for every key and its default."""
 
 
-def composed(overrides: Sequence[str], cwd: Path) -> dict[str, Any]:
-    """conf/tune.yaml composed with ``overrides``, paths made absolute against ``cwd``."""
-    raw, _ = compose_with_choices(overrides, CONFIG_NAME)
-    absolute_paths(raw, cwd)
-    return raw
-
-
 @dataclass
-class Prepared:
-    """The validated run: config, composed dict, store, manifest, and what a trial's composition starts from."""
-
-    cfg: TuneConfig
-    raw: dict[str, Any]
-    store: RunStore
-    manifest: dict[str, Any]
-    resuming: bool
-    overrides: list[str]
-    choices: dict[str, str]
-    cwd: Path
+class Prepared(recipe.Prepared[TuneSchema]):
+    """The validated run: the runner's setup, the config, and what a trial's composition starts from."""
 
     def trial_inner(self, overrides: Sequence[str]) -> dict[str, Any]:
         """A trial member's inner config: the run's composition with the trial's overrides, validated."""
         from launch.member import load_program
 
-        raw = composed([*self.overrides, *overrides], self.cwd)
+        raw = self.compose(overrides)
         # composed by hub name: the trial reads the snapshots the run staged and pinned before its first trial
         inner = self.cfg.member_inner({node: raw[node] for node in INNER_NODES})
-        inner = staged_inner(self.cfg.inner_entrypoint, inner, self.manifest)
-        load_program(self.cfg.inner_entrypoint).validate(inner)
+        inner = staged_inner(self.cfg.inner.entrypoint, inner, self.manifest)
+        load_program(self.cfg.inner.entrypoint).validate(inner)
         return inner
-
-
-def prepare(argv: Sequence[str]) -> tuple[Prepared, str | None]:
-    """Resolve, validate and (for a resume) compare the config; returns it and the export path. Writes nothing."""
-    overrides = [a for a in argv if a.strip()]
-    bad = [a for a in overrides if "=" not in a]
-    if bad:
-        raise ConfigError(f"argument {bad[0]!r} is not key=value\n{USAGE}")
-    cwd = Path.cwd()
-    export = next((a.split("=", 1)[1] for a in overrides if a.split("=", 1)[0] == "export"), None)
-    overrides = absolute_overrides([a for a in overrides if a.split("=", 1)[0] != "export"], cwd)
-    fresh, choices = compose_with_choices(overrides, CONFIG_NAME)
-    run_dir, resuming = open_run_dir(fresh, cwd, "tune", "tuning run")
-    store = RunStore(run_dir)
-    manifest: dict[str, Any] = {}
-    raw = fresh
-    if resuming:
-        manifest = store.read_manifest()
-        if manifest.get("kind") != TUNE_KIND:
-            raise ConfigError(f"run_dir={run_dir} is not a meta.tune run (an ES search resumes with meta.run)")
-        overrides = merge_overrides(manifest.get("overrides", []), overrides)
-        raw, choices = compose_with_choices(overrides, CONFIG_NAME)
-        raw.pop(NEW_KEY, None)
-    absolute_paths(raw, cwd)
-    # hub names -> staged local snapshots (fetched unless a dry run), as meta.run, before configs are compared
-    stage_run(raw, manifest, resuming, fetch=not raw.get("dry_run"), hint=STAGE_HINT)
-    if resuming:
-        stored = yaml.safe_load(store.read_config_text()) or {}
-        check_resume(stored, raw, STUDY_KEYS, run_dir, "study")
-    manifest["overrides"] = merge_overrides([], overrides)
-    raw["run_dir"] = run_dir
-    raw["export"] = None
-    cfg = build_tune_config(raw, CONF_DIR, lambda group, value: composed([*overrides, f"{group}={value}"], cwd))
-    prepared = Prepared(cfg, raw, store, manifest, resuming, list(manifest["overrides"]), choices, cwd)
-    return prepared, (absolute_path(export, cwd) if export else None)
 
 
 def write_run_files(prepared: Prepared) -> dict[str, Any]:
@@ -132,8 +78,8 @@ def write_run_files(prepared: Prepared) -> dict[str, Any]:
                      "python": platform.python_version(), "host": platform.node()})
     store.write_manifest(manifest)
     if read_study_file(store.root) is None:
-        write_study_file(store.root, {"storage": cfg.storage or JOURNAL,
-                                      "study_name": cfg.study_name or f"tune_{manifest['run_id']}"})
+        write_study_file(store.root, {"storage": cfg.tune.storage or JOURNAL,
+                                      "study_name": cfg.tune.study_name or f"tune_{manifest['run_id']}"})
     return manifest
 
 
@@ -145,15 +91,15 @@ def check_storage(prepared: Prepared) -> None:
     from results.store.study_store import open_storage
 
     cfg = prepared.cfg
-    if cfg.storage is None:
+    if cfg.tune.storage is None:
         return
     try:
-        storage = open_storage(".", cfg.storage)
+        storage = open_storage(".", cfg.tune.storage)
     except Exception as exc:  # SQLAlchemy's and the drivers' errors have no common base worth naming
-        raise ConfigError(f"tune.storage={cfg.storage}: cannot open it ({type(exc).__name__}: "
+        raise ConfigError(f"tune.storage={cfg.tune.storage}: cannot open it ({type(exc).__name__}: "
                           f"{str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''})") from None
-    if not prepared.resuming and cfg.study_name in optuna.study.get_all_study_names(storage):
-        raise ConfigError(f"tune.study_name={cfg.study_name}: the storage {cfg.storage} already holds a study of that "
+    if not prepared.resuming and cfg.tune.study_name in optuna.study.get_all_study_names(storage):
+        raise ConfigError(f"tune.study_name={cfg.tune.study_name}: the storage {cfg.tune.storage} already holds a study of that "
                           "name; choose a new name, or resume the run dir that created it")
 
 
@@ -169,8 +115,8 @@ def open_study(prepared: Prepared) -> Any:
     name = info["study_name"]
     run_id = prepared.manifest["run_id"]
     cfg = prepared.cfg
-    sampler = build_sampler(cfg.sampler, cfg.sampler_options, cfg.seed)
-    pruner = build_pruner(cfg.pruner, cfg.pruner_options)
+    sampler = build_sampler(cfg.tune.sampler, cfg.tune.sampler_options, cfg.seed)
+    pruner = build_pruner(cfg.tune.pruner, cfg.tune.pruner_options)
     if name in optuna.study.get_all_study_names(storage):
         study = optuna.load_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner)
         owner = study.user_attrs.get(RUN_ID_ATTR, run_id)
@@ -182,65 +128,93 @@ def open_study(prepared: Prepared) -> Any:
     study.set_user_attr("run_dir", str(prepared.store.root))
     study.set_user_attr(RUN_ID_ATTR, run_id)
     study.set_user_attr("space", {d.key: [d.kind, *([d.low, d.high] if d.kind != "choice" else d.choices)]
-                                  for d in cfg.dims})
+                                  for d in study_space(cfg)})
     return study
 
 
-def run(argv: Sequence[str]) -> int:
-    from launch.factory import build_launcher
-    from launch.runner import AbortRun
-    from meta.search.lock import run_locked
-    from meta.tune.export import ExportError, export_preset
-    from meta.tune.plan import build_plan
-    from meta.tune.tuner import Tuner
+class TuneRecipe(recipe.Recipe):
+    """What ``python -m meta.tune`` states to the runner (meta/search/recipe.py): an Optuna study of trials."""
 
-    prepared, export = prepare(argv)
-    cfg = prepared.cfg
-    logging.getLogger().setLevel(cfg.log_level)
-    if cfg.dry_run:
-        sys.stdout.write(build_plan(cfg, prepared.store.root, prepared.resuming) + "\n")
-        return 0
-    check_members_can_start(cfg.launcher)
-    if export and prepared.resuming:
-        from results.store.study_store import load_study
+    command = "meta.tune"
+    usage = USAGE
+    config_name = CONFIG_NAME
+    kind = TUNE_KIND
+    run_dir_prefix = "tune"
+    noun = "tuning run"
+    resume_noun = "study"
+    resume_keys = STUDY_KEYS
 
-        try:
-            path = export_preset(prepared.store.root, load_study(prepared.store.root), prepared.manifest["choices"],
-                                 cfg.resources, export)
-        except ExportError as exc:
-            logger.error("%s", exc)
-            return 1
-        logger.info("wrote the best trial's settings to %s", path)
-        return 0
-    check_storage(prepared)
-    prepared.manifest.update(check_job_namespace(prepared.raw, prepared.manifest))
+    def other_kind(self, kind: str | None, run_dir: str) -> str:
+        return f"run_dir={run_dir} is not a meta.tune run (an ES search resumes with meta.run)"
 
-    def body() -> int:
+    def take_arguments(self, overrides: list[str]) -> tuple[list[str], str | None]:
+        export = next((a.split("=", 1)[1] for a in overrides if a.split("=", 1)[0] == "export"), None)
+        return [a for a in overrides if a.split("=", 1)[0] != "export"], export
+
+    def take_settings(self, raw: dict[str, Any], export: str | None) -> str | None:
+        raw["export"] = None
+        return export
+
+    def stage_options(self, raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+        return {"hint": STAGE_HINT}
+
+    def build(self, setup: recipe.Setup) -> Prepared:
+        cfg = build_tune_config(setup.raw, CONF_DIR, lambda group, value: setup.compose([f"{group}={value}"]))
+        return setup.with_config(Prepared, cfg=cfg)
+
+    def plan(self, prepared: Prepared) -> str:
+        from meta.tune.plan import build_plan
+
+        return build_plan(prepared.cfg, prepared.store.root, prepared.resuming)
+
+    def before_lock(self, prepared: Prepared) -> int | None:
+        from meta.tune.export import ExportError, export_preset
+
+        if prepared.export and prepared.resuming:  # the best trial's settings of a run that exists: nothing runs
+            from results.store.study_store import load_study
+
+            try:
+                path = export_preset(prepared.store.root, load_study(prepared.store.root),
+                                     prepared.manifest["choices"], dataclasses.asdict(prepared.cfg.resources), prepared.export)
+            except ExportError as exc:
+                logger.error("%s", exc)
+                return 1
+            logger.info("wrote the best trial's settings to %s", path)
+            return 0
+        check_storage(prepared)
+        return None
+
+    def start(self, prepared: Prepared) -> Any:
         manifest = write_run_files(prepared)
         study = open_study(prepared)
-        launcher = build_launcher(cfg.launcher)
         logger.info("%s (run %s, study %s)", run_dir_label(prepared.store.root, prepared.resuming, "tuning run"),
                     manifest["run_id"], study.study_name)
-        try:
-            summary = Tuner(cfg, prepared.store.root, launcher, manifest["run_id"], study, prepared.trial_inner).run()
-        except AbortRun as exc:
-            logger.error("aborted: %s", exc)
-            return 1
-        finally:
-            launcher.close()
+        return study
+
+    def execute(self, prepared: Prepared, study: Any, launcher: Any) -> Any:
+        from meta.tune.tuner import Tuner
+
+        return Tuner(prepared.cfg, prepared.store.root, launcher, prepared.manifest["run_id"], study,
+                     prepared.trial_inner).run()
+
+    def finish(self, prepared: Prepared, study: Any, summary: Any) -> int:
+        from meta.tune.export import export_preset
+
         logger.info("trials: %s; member running time saved by pruning: about %.0f s",
                     ", ".join(f"{k} {v}" for k, v in sorted(summary.counts.items())), summary.saved_member_s)
         if summary.best_number is None:
             logger.error("no trial completed; see the runs' result.json under %s", prepared.store.root)
             return 1
         logger.info("best trial %d: %.4f with %s", summary.best_number, summary.best_value, summary.best_params)
-        if export:
-            path = export_preset(prepared.store.root, study, manifest["choices"], cfg.resources, export)
+        if prepared.export:
+            path = export_preset(prepared.store.root, study, prepared.manifest["choices"], dataclasses.asdict(prepared.cfg.resources),
+                                 prepared.export)
             logger.info("wrote the best trial's settings to %s", path)
         return 0
 
-    return run_locked(prepared.store.lock_path, body)
+
+TUNE = recipe.register(TuneRecipe())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_command(argv, USAGE, run, "config error")
+    return recipe.main(TUNE, argv)

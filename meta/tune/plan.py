@@ -1,40 +1,43 @@
 """``meta.tune dry_run=true``: what a tuning would run and what it would cost, before anything is written."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, Mapping
 
 from meta.search.resume import run_dir_label
-from meta.tune.config import TuneConfig
+from meta.settings.schema import TuneSchema
+from meta.tune.config import study_space
 from core.gpu_time import gpu_sharing
 
 
-def build_plan(cfg: TuneConfig, run_dir: Path, resuming: bool) -> str:
+def build_plan(cfg: TuneSchema, run_dir: Path, resuming: bool) -> str:
     """The plan as text: the space, the trials and runs, what runs at once, and the GPU-hours at most."""
-    runs = cfg.trials * cfg.seeds
-    alone_min = float(cfg.resources.get("member_time_min") or 0.0)
-    sharing = gpu_sharing(cfg.resources)  # checked when the config was composed
+    runs = cfg.tune.trials * cfg.tune.seeds
+    resources = dataclasses.asdict(cfg.resources)
+    alone_min = float(resources.get("member_time_min") or 0.0)
+    sharing = gpu_sharing(resources)  # checked when the config was composed
     minutes = sharing.member_time(alone_min)
-    gpus = int(cfg.resources.get("gpus") or 0)
+    gpus = int(resources.get("gpus") or 0)
     hours = runs * minutes / 60.0
     lines = [
         f"meta.tune plan ({run_dir_label(run_dir, resuming, 'tuning run')}); nothing written or submitted",
-        f"launcher: {cfg.launcher.get('name')}; sampler: {cfg.sampler} {cfg.sampler_options or ''}; pruner: "
-        f"{cfg.pruner} {cfg.pruner_options or ''}; storage: {cfg.storage or 'journal file in the run dir'}",
+        f"launcher: {cfg.launcher.get('name')}; sampler: {cfg.tune.sampler} {cfg.tune.sampler_options or ''}; pruner: "
+        f"{cfg.tune.pruner} {cfg.tune.pruner_options or ''}; storage: {cfg.tune.storage or 'journal file in the run dir'}",
         "space:",
         *(f"  {d.key}: {d.kind} " + (", ".join(map(str, d.choices)) if d.kind == "choice" else f"[{d.low:g}, {d.high:g}]")
-          for d in cfg.dims),
-        f"trials: {cfg.trials} x {cfg.seeds} seed(s) = {runs} training runs, at most {cfg.parallel * cfg.seeds} at once "
-        f"({cfg.parallel} trial(s) in flight); objective: mean validation pass@1",
+          for d in study_space(cfg)),
+        f"trials: {cfg.tune.trials} x {cfg.tune.seeds} seed(s) = {runs} training runs, at most {cfg.tune.parallel * cfg.tune.seeds} at once "
+        f"({cfg.tune.parallel} trial(s) in flight); objective: mean validation pass@1",
         f"each run: ~{round(minutes, 1):g} min (resources.member_time_min"
         + (f" {alone_min:g} x slowdown {sharing.slowdown:g}" if sharing.shared else "")
-        + f"), {gpus} GPU, limit inner.timeout_s={cfg.inner_timeout_s:g} s, retries {cfg.retries}",
+        + f"), {gpus} GPU, limit inner.timeout_s={cfg.inner.timeout_s:g} s, retries {cfg.retries}",
         *_validation_lines(cfg.inner_config["train"], runs),
         f"GPU-hours without pruning: {runs} runs x {sharing.hours_text(alone_min / 60, gpus)} = "
         f"{sharing.gpu_hours(runs, alone_min / 60, gpus):,.1f} GPU-h "
-        f"(wall ~{hours / max(1, cfg.parallel * cfg.seeds):,.1f} h if the cluster runs {cfg.parallel * cfg.seeds} at "
+        f"(wall ~{hours / max(1, cfg.tune.parallel * cfg.tune.seeds):,.1f} h if the cluster runs {cfg.tune.parallel * cfg.tune.seeds} at "
         "once); pruning stops runs early, so this is an upper bound before retries",
-        *sharing.plan_lines(cfg.parallel * cfg.seeds, "set of trials in flight"),
+        *sharing.plan_lines(cfg.tune.parallel * cfg.tune.seeds, "set of trials in flight"),
     ]
     return "\n".join(lines)
 

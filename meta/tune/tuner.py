@@ -29,7 +29,8 @@ from launch.factory import runner_policy
 from launch.runner import MemberArrayRunner
 from meta.search.config import ConfigError
 from core.seeding import derive_seed
-from meta.tune.config import TuneConfig, build_sampler
+from meta.settings.schema import TuneSchema
+from meta.tune.config import build_sampler, study_space
 from meta.tune.space import suggest, trial_overrides
 from meta.tune.trials import TrialPlan, member_indices, objective, plan_trial, read_trial, trials_dir, write_trial
 from results.store.atomic import CorruptFileError
@@ -71,12 +72,13 @@ class TuneSummary:
 
 
 class Tuner:
-    """Runs ``cfg.trials`` trials of ``study`` (resuming whatever the run dir and the study already hold)."""
+    """Runs ``cfg.tune.trials`` trials of ``study`` (resuming whatever the run dir and the study already hold)."""
 
-    def __init__(self, cfg: TuneConfig, run_dir: Path, launcher: Launcher, run_id: str, study: optuna.Study,
+    def __init__(self, cfg: TuneSchema, run_dir: Path, launcher: Launcher, run_id: str, study: optuna.Study,
                  trial_inner: Callable[[list[str]], dict[str, Any]]) -> None:
         """``trial_inner(overrides)``: a trial member's inner config for its overrides (ConfigError if invalid)."""
         self.cfg = cfg
+        self.dims = study_space(cfg)
         self.run_dir = run_dir
         self.launcher = launcher
         self.run_id = run_id
@@ -100,10 +102,10 @@ class Tuner:
         jobs_path = folder / JOBS_FILE
         while specs:
             self.runner = MemberArrayRunner(
-                launcher=self.launcher, entrypoint=self.cfg.inner_entrypoint, specs=specs,
+                launcher=self.launcher, entrypoint=self.cfg.inner.entrypoint, specs=specs,
                 jobs=read_jobs_file(jobs_path), save_jobs=lambda jobs: write_jobs_file(jobs_path, jobs),
                 launcher_folder=folder / LAUNCHER_DIR,
-                policy=runner_policy(self.cfg.retries, self.cfg.inner_timeout_s, self.cfg.launcher),
+                policy=runner_policy(self.cfg.retries, self.cfg.inner.timeout_s, self.cfg.launcher),
                 on_final=self._on_final, on_tick=self._on_tick, decided={s.index: r for s, r in decided},
                 should_abort=lambda final: self._all_failed(),
             )
@@ -169,7 +171,7 @@ class Tuner:
     # ------------------------------------------------------------------ asks
     def _ask_more(self) -> list[TrialPlan]:
         plans = []
-        while len(self.active) < self.cfg.parallel and self.counted < self.cfg.trials:
+        while len(self.active) < self.cfg.tune.parallel and self.counted < self.cfg.tune.trials:
             plan = self._ask()
             if plan is not None:
                 plans.append(plan)
@@ -180,12 +182,12 @@ class Tuner:
         settings are refused (the trial is told FAIL with the reason and counts: its params caused it)."""
         slot = self.counted
         # Seeded per slot, not once: a resumed tuner (or a replaced lost trial) draws what an uninterrupted one did.
-        self.study.sampler = build_sampler(self.cfg.sampler, self.cfg.sampler_options,
+        self.study.sampler = build_sampler(self.cfg.tune.sampler, self.cfg.tune.sampler_options,
                                            derive_seed(self.cfg.seed, "tune_sampler", slot) % (2**32))
         trial = self.study.ask()
         self.counted += 1
         trial.set_user_attr(SLOT_ATTR, slot)
-        params = suggest(trial, self.cfg.dims)
+        params = suggest(trial, self.dims)
         overrides = trial_overrides(params)
         try:
             inner = self.trial_inner(overrides)
@@ -195,7 +197,7 @@ class Tuner:
             logger.warning("trial %d (%s): settings refused, marked FAIL: %s", trial.number, " ".join(overrides), exc)
             return None
         plan = plan_trial(self.run_dir, self.run_id, self.cfg.seed, trial.number, slot, params, overrides, inner,
-                          self.cfg.seeds)
+                          self.cfg.tune.seeds)
         write_trial(self.run_dir, plan)
         self._activate(plan, trial)
         logger.info("trial %d (slot %d): %s, %d run(s)", trial.number, slot, " ".join(overrides), len(plan.specs))
@@ -280,7 +282,7 @@ class Tuner:
         self.study.tell(number, state=TrialState.PRUNED)  # told first: a restart cancels what is left
         self.ended["other"] += 1
         self.runner.stop_members([s.index for s in pending], "pruned", (
-            f"trial {number} pruned by tune.pruner={self.cfg.pruner} after step {step} (intermediate pass@1 "
+            f"trial {number} pruned by tune.pruner={self.cfg.tune.pruner} after step {step} (intermediate pass@1 "
             f"{value:.4f}); about {saved:.0f} s of running time saved"))
         logger.info("trial %d: pruned after step %d (%.4f); about %.0f s of member running time saved", number, step,
                     value, saved)
