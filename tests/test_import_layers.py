@@ -73,10 +73,11 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "mirror_maps": frozenset(),
     GROUND: frozenset(),
 }
-#: The outer loop's config and command line (meta/search/config.py, compose.py, cli_args.py, and the schema, keys, paths and
-#: member time of meta/settings/): every stage reads them.
+#: The outer loop's config and command line (meta/search/config.py, compose.py, cli_args.py, and the schema, keys, paths,
+#: member time and stored configs' upgrade of meta/settings/): every stage reads them.
 _META_BASE = frozenset({"meta.search.config", "meta.compose", "meta.cli_args", "meta.settings", "meta.settings.schema",
-                        "meta.settings.keys", "meta.settings.paths", "meta.settings.member_time"})
+                        "meta.settings.keys", "meta.settings.paths", "meta.settings.member_time",
+                        "meta.settings.upgrade"})
 #: What a generation and the runs after the search read of the search beside the base: its config, seeds, the
 #: centre's init and the run dir's lock.
 _SEARCH_BASE = _META_BASE | {"meta.search.init", "meta.search.lock"}
@@ -121,6 +122,8 @@ MODULE_EXCEPTIONS: dict[str, frozenset[str]] = {
     # (meta/search/member_rows.py) (and writes a preset's coefficient under the key the divergence registry names)
     "meta.pilot": _META_BASE | {"inner_loop.loss.divergences"},
     "meta.tune": _META_BASE | {"inner_loop.loss.divergences"},  # coefficient tune ranges
+    # the status views read a run dir's config and manifest as every reader does: through their upgrade
+    "meta.status": frozenset({"meta.settings.upgrade"}),
 }
 #: Third-party packages a member process must not load through results.store (they cost seconds and memory in
 #: each of 180 light wrappers), and the store modules allowed to use them (the orchestrator's run store).

@@ -48,6 +48,7 @@ from meta.pilot.truncation import STEP_KEY, TRUNCATION_KEY, WHOLE_VALIDATION, bo
 from results.report.pilot import PILOT_KIND
 from meta.searchers.radius import RADIUS_KEY
 from meta.settings.schema import PilotConfig, typed_config
+from meta.settings.upgrade import stored_config, stored_manifest
 from results.store.layout import JOBS_FILE, LAUNCHER_DIR, member_dir_name
 from core.records import MemberSpec
 from results.store.run_store import RunStore
@@ -171,7 +172,7 @@ def prepare(argv: Sequence[str]) -> Prepared:
     store = RunStore(run_dir)
     manifest: dict[str, Any] = {}
     if resuming:
-        manifest = store.read_manifest()
+        manifest = stored_manifest(store)
         if manifest.get("kind") != PILOT_KIND:
             kind = manifest.get("kind")
             raise ConfigError(f"run_dir={run_dir} is not a meta.pilot run; resume it with python -m "
@@ -185,7 +186,7 @@ def prepare(argv: Sequence[str]) -> Prepared:
         raw["pilot"]["export"] = None
     stage_run(raw, manifest, resuming, fetch=not raw.get("dry_run"))  # as meta.run: hub names -> staged snapshots
     if resuming:
-        stored = yaml.safe_load(store.read_config_text()) or {}
+        stored = stored_config(store)
         check_resume(stored, raw, PILOT_KEYS, run_dir, "pilot")
     manifest["overrides"] = merge_overrides([], overrides)
     raw["run_dir"] = run_dir

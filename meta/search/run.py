@@ -28,6 +28,7 @@ from meta.cli_args import run_command
 from meta.compose import compose, merge_overrides
 from meta.search.resume import NEW_KEY, check_job_namespace, check_resume, open_run_dir, run_dir_label
 from meta.search.staging import preflight_run, stage_run
+from meta.settings.upgrade import stored_config, stored_manifest
 from core.config_nodes import config_groups, group_file
 from results.store.provenance import code_version
 from results.store.run_store import RunStore
@@ -69,7 +70,7 @@ def prepare(argv: Sequence[str]) -> tuple[SearchConfig, dict[str, Any], RunStore
     store = RunStore(run_dir)
     manifest: dict[str, Any] = {}
     if resuming:
-        manifest = store.read_manifest()
+        manifest = stored_manifest(store)
         if manifest.get("kind") is not None:  # e.g. "tune": a meta.tune run dir
             raise ConfigError(f"run_dir={run_dir} is a meta.{manifest['kind']} run, not an ES search; resume it with "
                               f"python -m meta.{manifest['kind']} run_dir={run_dir}")
@@ -85,7 +86,7 @@ def prepare(argv: Sequence[str]) -> tuple[SearchConfig, dict[str, Any], RunStore
     stage_run(raw, manifest, resuming, fetch=not raw.get("dry_run"),
               extra_evaluations=transfer_evaluations(raw, combined if resuming else overrides))
     if resuming:
-        stored = yaml.safe_load(store.read_config_text()) or {}
+        stored = stored_config(store)
         check_resume(stored, raw, SEARCH_KEYS, run_dir, "search")
         manifest["overrides"] = combined
     raw["run_dir"] = run_dir

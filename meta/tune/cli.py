@@ -28,6 +28,7 @@ from meta.search.resume import NEW_KEY, check_job_namespace, check_resume, open_
 from meta.compose import compose_with_choices, merge_overrides
 from meta.search.staging import stage_run, staged_inner
 from meta.tune.config import STUDY_KEYS, TuneConfig, build_pruner, build_sampler, build_tune_config, study_hash
+from meta.settings.upgrade import stored_config, stored_manifest
 from core.config_nodes import config_groups
 from results.store.provenance import code_version
 from results.store.run_store import RunStore
@@ -98,7 +99,7 @@ def prepare(argv: Sequence[str]) -> tuple[Prepared, str | None]:
     manifest: dict[str, Any] = {}
     raw = fresh
     if resuming:
-        manifest = store.read_manifest()
+        manifest = stored_manifest(store)
         if manifest.get("kind") != TUNE_KIND:
             raise ConfigError(f"run_dir={run_dir} is not a meta.tune run (an ES search resumes with meta.run)")
         overrides = merge_overrides(manifest.get("overrides", []), overrides)
@@ -108,7 +109,7 @@ def prepare(argv: Sequence[str]) -> tuple[Prepared, str | None]:
     # hub names -> staged local snapshots (fetched unless a dry run), as meta.run, before configs are compared
     stage_run(raw, manifest, resuming, fetch=not raw.get("dry_run"), hint=STAGE_HINT)
     if resuming:
-        stored = yaml.safe_load(store.read_config_text()) or {}
+        stored = stored_config(store)
         check_resume(stored, raw, STUDY_KEYS, run_dir, "study")
     manifest["overrides"] = merge_overrides([], overrides)
     raw["run_dir"] = run_dir
