@@ -56,9 +56,10 @@ class Upgrade:
     commit: str
     what: str
 
-    def removable(self, oldest_supported: str = OLDEST_SUPPORTED_LAYOUT) -> bool:
-        """Whether no supported run needs this entry: every one was created after the day it landed."""
-        return self.since < oldest_supported
+    def removable(self, oldest_supported: str | None = None) -> bool:
+        """Whether no supported run needs this entry: every one (created on or after ``oldest_supported``, by default
+        OLDEST_SUPPORTED_LAYOUT) was created after the day it landed."""
+        return self.since < (oldest_supported or OLDEST_SUPPORTED_LAYOUT)
 
 
 @dataclass(frozen=True)
@@ -280,9 +281,9 @@ def refuse_former_names(overrides: Sequence[str]) -> None:
                              f"es.{RADIUS_KEY}={value or '0.01'} instead of {override.strip()}")
 
 
-def check_supported(manifest: Mapping[str, Any], where: Any = "",
-                    oldest_supported: str = OLDEST_SUPPORTED_LAYOUT) -> None:
+def check_supported(manifest: Mapping[str, Any], where: Any = "") -> None:
     """UnsupportedLayout when a run was created (manifest ``created``) before the oldest layout this version reads."""
+    oldest_supported = OLDEST_SUPPORTED_LAYOUT
     created = str(manifest.get("created") or "")[:10]
     if created and created < oldest_supported:
         raise UnsupportedLayout(
