@@ -4,7 +4,8 @@ The shared kernel that once lived here is in core/; its old paths still import (
 started before the move name them)."""
 from core import alias_moved
 
-#: old path -> new path of every module that left this package
+#: old path -> new path of every module that left this package (in meta/settings/upgrade.py's registry of stored
+#: names, under its rule for when an alias may go)
 MOVED = {
     "results.store.records": "core.records", "results.store.config_nodes": "core.config_nodes",
     "results.store.entry_points": "core.entry_points", "results.store.file_lock": "core.file_lock",
