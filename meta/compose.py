@@ -13,7 +13,7 @@ from meta.search.config import CONF_DIR
 from meta.settings.member_time import derive_inner_timeout, derive_member_time, member_sharing
 from meta.settings.schema import ConfigError, register
 from meta.search.resume import NEW_KEY
-from meta.searchers.radius import refuse_former_radius, renamed_override
+from meta.settings.upgrade import refuse_former_names
 from core.config.groups import check_group_choice, checked_overrides, config_groups, with_config_path
 from core.config.typed_nodes import composition_error
 
@@ -35,7 +35,7 @@ def compose_with_choices(overrides: Sequence[str], config_name: str = "config") 
     groups = config_groups(CONF_DIR, overrides)
     checked = False
     try:
-        refuse_former_radius(overrides)  # a run's stored overrides come renamed (merge_overrides)
+        refuse_former_names(overrides)  # a run's stored overrides come upgraded (meta/settings/upgrade.py)
         for override in overrides:
             check_group_choice(override, groups, config_name)
         if any(o.lstrip().startswith(("+", "~")) for o in overrides):
@@ -97,9 +97,10 @@ def _override_key(override: str) -> str:
 
 def merge_overrides(old: Sequence[str], new: Sequence[str]) -> list[str]:
     """Old overrides with those re-set in ``new`` replaced (later wins), run_dir and new (meta/search/resume.py)
-    dropped. ``old`` (a run's stored command line) under today's key names: a former radius key reads as es.radius."""
+    dropped. ``old``: a run's stored command line as its upgrade reads it (meta/settings/upgrade.py
+    stored_manifest), under today's key names."""
     merged: dict[str, str] = {}
-    for override in [*(renamed_override(o) for o in old), *new]:
+    for override in [*old, *new]:
         key = _override_key(override)
         if key in ("run_dir", NEW_KEY):  # where and whether new: this invocation's, never replayed
             continue

@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from meta.compose import CONF_DIR, compose
-from meta.search.config import ConfigError, build_search_config, config_hash, with_added_keys
+from meta.search.config import ConfigError, build_search_config, config_hash
+from meta.settings.upgrade import upgraded
 from meta.search.run import main
 from meta.settings.schema import SearchSchema, TuneSchema
 from results.store.run_store import RunStore
@@ -152,4 +153,4 @@ def test_a_search_stored_before_the_group_schemas_resumes_and_hashes_as_it_did(t
     assert len(store.state_generations()) == 2
     assert "refused" not in caplog.text
     old_none = {"divergence": {"name": "none", "coef": 0.0, "grad_share_floor": None}}
-    assert with_added_keys(old_none)["divergence"] == compose(["divergence=none"])["divergence"]
+    assert upgraded(old_none)["divergence"] == compose(["divergence=none"])["divergence"]

@@ -38,9 +38,10 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     # line every program reads (compose, cli_args) and the settings' schema (meta/settings/)
     "meta": _OUTER_BELOW | {"meta.searchers", "meta.search", "meta.search.generation", "meta.search.after"},
     "meta.searchers": frozenset(),  # plus the seeds, below
-    # the settings every command reads (schema, keys, paths, member time, the early_stop node): below the search, they
-    # read the searchers' radius key and the inner loop's schemas (below), never the search that reads them
-    "meta.settings": frozenset({"meta.searchers"}),
+    # the settings every command reads (schema, keys, paths, member time, the early_stop node, the upgrade of what a
+    # run dir stored): below the search, they read the searchers' radius key, the run store (a run dir's files and
+    # its moved modules' table) and the inner loop's schemas (below), never the search that reads them
+    "meta.settings": frozenset({"meta.searchers", "results.store"}),
     # the search: run, config, plan, lock, resume, staging, seeding, init; one generation below it, the runs after it
     "meta.search": _OUTER_BELOW | {"meta.searchers", "meta.search.generation", "meta.search.after"},
     "meta.search.generation": _OUTER_BELOW | {"meta.searchers"},
@@ -130,6 +131,8 @@ MODULE_EXCEPTIONS: dict[str, frozenset[str]] = {
     # (meta/search/member_rows.py) (and writes a preset's coefficient under the key the divergence registry names)
     "meta.pilot": _META_BASE | {"inner_loop.loss.divergences"},
     "meta.tune": _META_BASE | {"inner_loop.loss.divergences"},  # coefficient tune ranges
+    # the status views read a run dir's config and manifest as every reader does: through their upgrade
+    "meta.status": frozenset({"meta.settings.upgrade"}),
 }
 #: Third-party packages a member process must not load through results.store (they cost seconds and memory in
 #: each of 180 light wrappers), and the store modules allowed to use them (the orchestrator's run store).

@@ -13,7 +13,7 @@ import pytest
 
 from launch.member import load_program, run_member
 from launch.slurm.member import CheckpointableMember
-from meta.search.config import ADDED_SEARCH_KEYS
+from meta.settings.upgrade import ADDED_SEARCH_KEYS
 from meta.search.resume import split_differences
 from core.member_program import MemberProgram
 from core.records import MemberSpec

@@ -45,6 +45,7 @@ from meta.pilot.truncation import STEP_KEY, TRUNCATION_KEY, WHOLE_VALIDATION, bo
 from results.report.pilot import PILOT_KIND
 from meta.searchers.radius import RADIUS_KEY
 from meta.settings.schema import PilotConfig, typed_config
+from meta.settings.upgrade import stored_config, stored_manifest
 from results.store.layout import JOBS_FILE, LAUNCHER_DIR, member_dir_name
 from core.records import MemberSpec
 from results.store.run_store import RunStore

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-import yaml
 
 from meta.search.generation.early_stop import EarlyStopConfig, EarlyStopJudge, update_fitness
 from meta.search.config import param_transform_of
@@ -39,6 +38,7 @@ from meta.search.generation.generation_shape import GenerationShape
 from meta.search.init import initial_center
 from meta.settings.schema import SearchSchema
 from meta.searchers import build_searcher
+from meta.settings.upgrade import stored_config
 from results.store.member_files import read_intermediate, read_result
 from results.store.run_store import RunStore
 
@@ -70,7 +70,7 @@ class Population:
 
 
 def _config(store: RunStore) -> dict[str, Any]:
-    return yaml.safe_load(store.read_config_text()) or {}
+    return stored_config(store)
 
 
 def search_populations(store: RunStore) -> list[Population]:

@@ -45,6 +45,7 @@ from meta.pilot.pairs import SIGNIFICANCE, ceil_int, pair_row, pair_snr
 from meta.pilot.truncation import (STEP_KEY, TRUNCATION_KEY, UPDATE_KEY, TruncationSettings, boundaries,
                                    phase_differences, truncation_check)
 from meta.settings.member_time import short_run_overhead_key
+from meta.settings.upgrade import stored_config, stored_manifest
 from results.report.paired import mean_interval
 from results.report.pilot import PILOT_KIND, num_text
 from results.store.member_files import read_intermediate, read_result
@@ -375,13 +376,11 @@ def _val_size(best: Mapping[str, Any], max_noise_var: float) -> dict[str, Any]:
 def summarize_run_dir(run_dir: str | Path) -> dict[str, Any]:
     """The findings of every combination from the plan, config.yaml and the runs' result files; ValueError when the
     dir holds no pilot plan yet. ``complete`` says whether every run is final."""
-    import yaml
-
     store = RunStore(run_dir)
     plan = store.read_pilot_plan()
     if plan is None:
         raise ValueError(f"{store.root} holds no pilot plan yet (killed before its first submission?)")
-    ctx = pilot_context(yaml.safe_load(store.read_config_text()) or {})
+    ctx = pilot_context(stored_config(store))
     if plan.get("truncation") and ctx.eval_every is None:  # the truncation check's validations rank runs early too
         ctx = replace(ctx, eval_every=int(plan["truncation"]["steps"]))
     seeds, pairs = len(plan["seeds"]), len(plan["directions"])
@@ -396,7 +395,7 @@ def summarize_run_dir(run_dir: str | Path) -> dict[str, Any]:
     combinations = [summarize_combination(plan, j, records, work_dirs, ctx) for j in range(len(plan["combinations"]))]
     ok_hours = [r.wall_time_s / 3600.0 for i, r in records.items() if r.ok and i < main]  # a search member's time
     planned_h = ctx.sharing.member_time(ctx.member_time_min) / 60.0 if ctx.member_time_min else None
-    manifest = store.read_manifest()
+    manifest = stored_manifest(store)
     recommendation = recommend(combinations, ctx, statistics.fmean(ok_hours) if ok_hours else planned_h,
                                sum(r.wall_time_s for r in records.values()) / 3600.0)
     recommendation["nres"] = _nres(combinations, recommendation, ctx)

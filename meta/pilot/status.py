@@ -12,11 +12,10 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
-
 from meta.search.member_rows import (GpuUse, MemberRow, eta_text, gpu_hours, gpu_use, is_final, member_rows,
                                      orchestrator_line, row_line, rows_eta, run_queue, state_summary)
 from meta.pilot.findings import CENTRE, FULL_HORIZON, PLUS, main_runs
+from meta.settings.upgrade import stored_config
 from results.store.layout import JOBS_FILE
 from results.store.run_store import RunStore, read_jobs_file
 
@@ -47,7 +46,7 @@ def render_pilot(run_dir: str | Path, show_all: bool = False, now: float | None 
     if plan is None:  # killed (or still starting) before its first submission
         return (f"pilot run {store.root}: no pilot_plan.json yet (meta.pilot writes it before its first submission)\n"
                 f"{orchestrator_line(store)}\n")
-    raw = yaml.safe_load(store.read_config_text()) or {}
+    raw = stored_config(store)
     use = gpu_use(raw)
     queue = run_queue(raw)
     members = plan["members"]

@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from meta.search.generation.early_stop import EarlyStopConfig, EarlyStopError, check_early_stop
-from meta.settings.keys import (ADDED_SEARCH_KEYS, HOUSEKEEPING_KEYS, INNER_NODES, SEARCH_KEYS,  # noqa: F401
-                                config_hash, with_added_keys)
+from meta.settings.keys import HOUSEKEEPING_KEYS, INNER_NODES, SEARCH_KEYS, config_hash  # noqa: F401
 from meta.settings.member_time import (check_resources as _check_resources, member_sharing,  # noqa: F401
                                        member_time_text, steps_minutes, train_steps)
 from meta.settings.paths import absolute_overrides, absolute_path, absolute_paths  # noqa: F401
@@ -245,10 +244,8 @@ def param_transform_of(config: Mapping[str, Any]) -> str:
 
 
 def build_search_config(raw: Mapping[str, Any]) -> SearchConfig:
-    """Validate the resolved config (a plain dict) into a SearchConfig; ConfigError on the first problem."""
-    from meta.searchers.radius import with_radius_renamed
-
-    raw = with_radius_renamed(raw)  # a run dir's config stored before es.radius (meta.reevaluate, meta.export read it)
+    """Validate the resolved config (a plain dict: composed, or a run dir's read through its upgrade,
+    meta/settings/upgrade.py) into a SearchConfig; ConfigError on the first problem."""
     for node in ("es", "launcher", "inner", *INNER_NODES):
         if not isinstance(raw.get(node), Mapping):
             raise ConfigError(f"config node {node!r} is missing; check conf/config.yaml's defaults list")

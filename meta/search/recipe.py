@@ -15,14 +15,13 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Generic, Sequence, TypeVar
 
-import yaml
-
 from meta.cli_args import run_command
 from meta.compose import compose_with_choices, merge_overrides
 from meta.search.config import ConfigError, absolute_overrides, absolute_path, absolute_paths, check_members_can_start
 from meta.search.lock import run_locked
 from meta.search.resume import NEW_KEY, check_job_namespace, check_resume, open_run_dir
 from meta.search.staging import stage_run
+from meta.settings.upgrade import stored_config, stored_manifest
 from results.store.run_store import RunStore
 
 P = TypeVar("P", bound="Setup")
@@ -159,7 +158,7 @@ def prepare(recipe: Recipe, argv: Sequence[str]) -> Any:
     store = RunStore(run_dir)
     manifest: dict[str, Any] = {}
     if resuming:
-        manifest = store.read_manifest()
+        manifest = stored_manifest(store)  # as every reader reads it: upgraded from its earlier layout
         if manifest.get("kind") != recipe.kind:
             raise ConfigError(recipe.other_kind(manifest.get("kind"), run_dir))
         overrides = merge_overrides(manifest.get("overrides", []), overrides)
@@ -170,7 +169,7 @@ def prepare(recipe: Recipe, argv: Sequence[str]) -> Any:
     # hub names -> staged local snapshots (fetched unless a dry run), before anything reads data or compares configs
     stage_run(raw, manifest, resuming, fetch=not raw.get("dry_run"), **recipe.stage_options(raw, overrides))
     if resuming:
-        stored = yaml.safe_load(store.read_config_text()) or {}
+        stored = stored_config(store)
         check_resume(stored, raw, recipe.resume_keys, run_dir, recipe.resume_noun)
     manifest["overrides"] = merge_overrides([], overrides)
     raw["run_dir"] = run_dir

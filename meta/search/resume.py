@@ -15,8 +15,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, MutableMapping, Sequence
 
-from meta.search.config import HOUSEKEEPING_KEYS, SEARCH_KEYS, ConfigError, absolute_path, with_added_keys
-from meta.searchers.radius import with_radius_renamed
+from meta.search.config import HOUSEKEEPING_KEYS, SEARCH_KEYS, ConfigError, absolute_path
 from results.store.run_store import RunStore
 
 logger = logging.getLogger(__name__)
@@ -90,10 +89,9 @@ def split_differences(
     old: Mapping[str, Any], new: Mapping[str, Any], keys: Sequence[str] = SEARCH_KEYS,
 ) -> tuple[list[tuple[str, Any, Any]], list[tuple[str, Any, Any]]]:
     """(refused, allowed) differences between the stored config and the one asked for now: a difference under
-    ``keys`` (what the run computes: meta.search.config.SEARCH_KEYS, or meta.tune's STUDY_KEYS) is refused."""
+    ``keys`` (what the run computes: meta.search.config.SEARCH_KEYS, or meta.tune's STUDY_KEYS) is refused.
+    ``old`` as this version reads it: a run dir's config through its upgrade (meta/settings/upgrade.py)."""
     refused, allowed = [], []
-    old = with_added_keys(old)  # a run from before a key existed ran with the value that reproduces it
-    old = with_radius_renamed(old)  # and one from before es.radius stored the radius under its searcher's name
     for diff in config_differences(old, new):
         if diff[0] in IGNORED_KEYS:
             continue

@@ -24,12 +24,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-import yaml
-
 from meta.search.generation.generation_shape import GenerationShape
 from meta.search.generation.live_watch import format_duration
 from meta.search.member_rows import (eta_text, gpu_hours, gpu_use, member_rows, orchestrator_line, row_line, rows_eta,
                                      run_queue, state_summary)
+from meta.settings.upgrade import stored_config, stored_manifest
 from results.report.arguments import run_dir_argument
 from results.report.pilot import is_pilot_dir
 from results.report.search.online import (BEST_MEASURES, END_SCORE_COLUMN, EPISODE_COLUMN, fitness_label,
@@ -58,7 +57,7 @@ def _other_view(store: RunStore) -> Callable[[str | Path, bool, float | None], s
 
         return render_tune
     try:
-        kind = store.read_manifest().get("kind")
+        kind = stored_manifest(store).get("kind")
     except CorruptFileError:
         kind = None  # a search still shows from its other files
     if kind is not None:
@@ -77,7 +76,7 @@ def render(run_dir: str | Path, show_all: bool = False, now: float | None = None
     if view is not None:
         return view(run_dir, show_all, now)
     now = time.time() if now is None else now
-    raw = yaml.safe_load(store.read_config_text()) or {}
+    raw = stored_config(store)
     population, generations = int(raw["population"]), int(raw["generations"])
     use = gpu_use(raw)
     queue = run_queue(raw)
@@ -213,7 +212,7 @@ def finished(run_dir: str | Path) -> bool:
         from meta.tune.status import tune_finished
 
         return tune_finished(store.root)
-    raw = yaml.safe_load(store.read_config_text()) or {}
+    raw = stored_config(store)
     if len(store.state_generations()) < int(raw["generations"]):
         return False
     settings = raw.get("reevaluate") or {}

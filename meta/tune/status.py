@@ -9,10 +9,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import yaml
-
 from meta.search.member_rows import member_row, orchestrator_line, run_queue
 from meta.tune.trials import read_trial, trials_dir
+from meta.settings.upgrade import stored_config
 from results.store.layout import JOBS_FILE
 from results.store.run_store import RunStore, read_jobs_file
 from results.store.study_store import best_complete_trial, load_study, state_counts
@@ -24,7 +23,7 @@ def render_tune(run_dir: str | Path, show_all: bool = False, now: float | None =
 
     store = RunStore(run_dir)
     now = time.time() if now is None else now
-    raw = yaml.safe_load(store.read_config_text()) or {}
+    raw = stored_config(store)
     target = int((raw.get("tune") or {}).get("trials", 0))
     study = load_study(run_dir)
     trials = study.get_trials(deepcopy=False)
@@ -62,7 +61,7 @@ def tune_finished(run_dir: str | Path) -> bool:
     asked again by the tuner, does not count)."""
     from optuna.trial import TrialState
 
-    raw = yaml.safe_load(RunStore(run_dir).read_config_text()) or {}
+    raw = stored_config(RunStore(run_dir))
     target = int((raw.get("tune") or {}).get("trials", 0))
     trials = load_study(run_dir).get_trials(deepcopy=False)
     final = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)]

@@ -4,9 +4,10 @@ The shared kernel that once lived here is in core/; its old paths still import (
 started before the move name them)."""
 from core import alias_moved
 
-#: old path -> new path of every module that left this package. The config nodes' module (results.store.config_nodes,
-#: then core.config_nodes) is not here: split by topic into core/config/, it held functions and constants alone, which
-#: no queued job's pickle (the member callable, its entry point string, a spec dict) and no result (a dict) names.
+#: old path -> new path of every module that left this package (in meta/settings/upgrade.py's registry of stored
+#: names, under its rule for when an alias may go). The config nodes' module (results.store.config_nodes, then
+#: core.config_nodes) is not here: split by topic into core/config/, it held functions and constants alone, which no
+#: queued job's pickle (the member callable, its entry point string, a spec dict) and no result (a dict) names.
 MOVED = {
     "results.store.records": "core.records",
     "results.store.entry_points": "core.entry_points", "results.store.file_lock": "core.file_lock",

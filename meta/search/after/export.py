@@ -16,11 +16,10 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-import yaml
-
 from meta.search.after.baselines import EXPORTED
 from meta.cli_args import key_values, run_command
 from meta.search.config import ConfigError, config_hash, param_transform_of
+from meta.settings.upgrade import stored_config, stored_manifest
 from results.report.search.online import BEST_MEASURES, run_horizon
 from results.store.run_store import RunStore
 
@@ -55,8 +54,8 @@ def export_init(run_dir: str | Path, which: str, out: str | Path) -> dict[str, A
     store = RunStore(run_dir)
     if not store.exists():
         raise ConfigError(f"run_dir={run_dir} holds no run (no config.yaml); pass the directory meta.run used")
-    raw = yaml.safe_load(store.read_config_text()) or {}
-    manifest = store.read_manifest()
+    raw = stored_config(store)
+    manifest = stored_manifest(store)
     latest = store.latest_state()
     if latest is None:
         raise ConfigError(f"run_dir={run_dir} has no finished generation yet; nothing to export")

@@ -31,6 +31,7 @@ from meta.cli_args import key_values, run_command
 from meta.search.config import ConfigError, ReevaluateConfig, SearchConfig
 from meta.search.after.phase import run_phase
 from meta.search.after.reporting import run_reporting
+from meta.settings.upgrade import stored_config, stored_manifest
 from core.seeding import member_seed
 from results.report.paired import pooled_std
 from results.report.search.online import (AVERAGED_CENTER, END_SCORE_COLUMN, end_score_text, fitness_label,
@@ -243,8 +244,6 @@ def _settings(cfg: SearchConfig, args: Mapping[str, str]) -> ReevaluateConfig:
 
 
 def _reevaluate(argv: list[str]) -> int:
-    import yaml
-
     from launch.factory import build_launcher
     from launch.runner import AbortRun
     from meta.compose import merge_overrides
@@ -255,14 +254,13 @@ def _reevaluate(argv: list[str]) -> int:
     store = RunStore(Path(args["run_dir"]).resolve())
     if not store.exists():
         raise ConfigError(f"run_dir={args['run_dir']} holds no run (no config.yaml)")
-    cfg = build_search_config(yaml.safe_load(store.read_config_text()) or {})
+    cfg = build_search_config(stored_config(store))
     settings = _settings(cfg, args)
 
     def body() -> int:
         launcher = build_launcher(cfg.launcher)
         try:
-            manifest = store.read_manifest()
-            # the run's command line under today's key names (a run started before es.radius stored another)
+            manifest = stored_manifest(store)  # its command line under today's key names
             summary = run_reevaluation(cfg, store, launcher, manifest.get("run_id", "run"), settings,
                                        merge_overrides(manifest.get("overrides", []), []))
         except (ReevaluationError, AbortRun) as exc:

@@ -22,6 +22,7 @@ from meta.search.config import ConfigError, ReevaluateConfig, SearchConfig
 from meta.search.after.phase import run_phase
 from core.seeding import member_seed
 from meta.search.staging import staged_inner
+from meta.settings.upgrade import stored_manifest
 from results.report.search.result_table import build_table, write_table_files
 from results.store.layout import member_dir_name
 from core.records import MemberSpec
@@ -59,7 +60,7 @@ def _rows(cfg: SearchConfig, store: RunStore, overrides: Sequence[str], settings
     rows = build_rows(cfg, overrides, exported["params"], settings.baselines, settings.transfer, settings.test,
                       settings.report_seeds)
     # the transfer tasks are composed here by hub name: a staged run's rows read the snapshots its manifest pins
-    manifest = store.read_manifest()
+    manifest = stored_manifest(store)
     rows = [dataclasses.replace(row, inner=staged_inner(cfg.inner_entrypoint, row.inner, manifest)) for row in rows]
     record = wanted | {"rows": [row.to_dict() for row in rows]}
     store.write_report_rows(record)
