@@ -13,13 +13,19 @@ session share its empty cache (every cache entry is built once under a lock, mod
 
 The heavy test files (every core: a whole job, member processes side by side, a vLLM engine) run one after another,
 never beside each other, in either session (tests/heavy_lock.py). Time limits follow tests/time_limits.py.
+
+The test files lie in folders that mirror the packages (tests/meta/search/ tests meta/search/, ...; tests/docs/ the
+docs, tests/scripts/ scripts/ and bench/). The folders are not packages: pytest puts each test file's folder on
+sys.path, and this folder with it, so a test imports the modules beside this file (helpers.py: what tests in several
+folders build; time_limits.py, conf_groups.py, ...) by their plain names, and every test file's name is unique across
+tests/ (pytest refuses a second one of a name).
 """
 from __future__ import annotations
 
 import logging
 import os
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 
@@ -29,13 +35,15 @@ logger = logging.getLogger(__name__)
 SUITE_CACHE_ENV = "MIRROR_ES_SUITE_CACHE"
 
 #: the files that take longest (minutes: a set of training runs, vLLM members, the whole main job), measured with
-#: ``--durations``, started first: the workers share files in collection order (scripts/test.sh passes
-#: ``--no-loadscope-reorder``), so a long file never starts last while the other worker sits idle. The first, the
-#: learning runs (two single-threaded processes), is one worker's first unit; the next three are the heavy files
-#: (tests/heavy_lock.py), which the other worker runs in turn as one unit; then both take the rest
+#: ``--durations``, as paths under tests/, started first: the workers share files in collection order
+#: (scripts/test.sh passes ``--no-loadscope-reorder``), so a long file never starts last while the other worker sits
+#: idle. The first, the learning runs (two single-threaded processes), is one worker's first unit; the next three are
+#: the heavy files (tests/heavy_lock.py), which the other worker runs in turn as one unit; then both take the rest
 LONGEST_FIRST = (
-    "test_inner_learning.py", "test_vllm_member.py", "test_meta_e2e.py", "test_gpu_check.py", "test_meta_run_paths.py",
-    "test_numerics.py", "test_bench_member_gpu.py", "test_inner_member.py", "test_fingerprint.py",
+    "inner_loop/member/test_inner_learning.py", "inner_loop/generation/test_vllm_member.py",
+    "meta/search/test_meta_e2e.py", "scripts/test_gpu_check.py", "meta/search/test_meta_run_paths.py",
+    "inner_loop/process/test_numerics.py", "scripts/test_bench_member_gpu.py", "inner_loop/member/test_inner_member.py",
+    "inner_loop/numerics/test_fingerprint.py",
 )
 #: heavy tests one at a time, across workers and sessions
 pytest_plugins = ["heavy_lock"]
@@ -43,13 +51,13 @@ pytest_plugins = ["heavy_lock"]
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Longest files first (LONGEST_FIRST, in its order), the rest as collected. A listed file that no longer exists
-    is an error, so the list follows renames."""
+    is an error, so the list follows moves and renames."""
     here = Path(__file__).resolve().parent
     missing = [name for name in LONGEST_FIRST if not (here / name).is_file()]
     if missing:
         raise pytest.UsageError(f"tests/conftest.py LONGEST_FIRST names missing files: {missing}")
-    rank = {name: k for k, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)) if item.path.parent == here else len(rank))
+    rank = {here / name: k for k, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path, len(rank)))
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -87,6 +95,23 @@ def fork_server_for_session(fresh_model_cache: Path) -> Iterator[None]:
 
     with serving():
         yield
+
+
+@pytest.fixture()
+def drawn(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """The figure each plot of a search's report saves, by file name (the PNG is still written): tests in results/
+    and meta/ read what the plots show."""
+    from results.report.search import plots
+
+    figures: dict[str, Any] = {}
+    save = plots._save
+
+    def keep(fig: Any, path: str | Path) -> Path:
+        figures[Path(path).name] = fig
+        return save(fig, path)
+
+    monkeypatch.setattr(plots, "_save", keep)
+    return figures
 
 
 #: a file to which each test's CPU seconds are appended (its own process and the children it waited for: members,
