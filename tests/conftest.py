@@ -17,15 +17,15 @@ never beside each other, in either session (tests/heavy_lock.py). Time limits fo
 The test files lie in folders that mirror the packages (tests/meta/search/ tests meta/search/, ...; tests/docs/ the
 docs, tests/scripts/ scripts/ and bench/). The folders are not packages: pytest puts each test file's folder on
 sys.path, and this folder with it, so a test imports the modules beside this file (helpers.py: what tests in several
-folders build; time_limits.py, conf_groups.py, ...) by their plain names, and every test file's name is unique across
-tests/ (pytest refuses a second one of a name).
+files build, its fixtures loaded below for every test; time_limits.py, conf_groups.py, ...) by their plain names, and
+every test file's name is unique across tests/ (pytest refuses a second one of a name).
 """
 from __future__ import annotations
 
 import logging
 import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import pytest
 
@@ -45,8 +45,8 @@ LONGEST_FIRST = (
     "inner_loop/process/test_numerics.py", "scripts/test_bench_member_gpu.py", "inner_loop/member/test_inner_member.py",
     "inner_loop/numerics/test_fingerprint.py",
 )
-#: heavy tests one at a time, across workers and sessions
-pytest_plugins = ["heavy_lock"]
+#: heavy tests one at a time, across workers and sessions; the shared builders' fixtures for every test
+pytest_plugins = ["heavy_lock", "helpers"]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -95,23 +95,6 @@ def fork_server_for_session(fresh_model_cache: Path) -> Iterator[None]:
 
     with serving():
         yield
-
-
-@pytest.fixture()
-def drawn(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    """The figure each plot of a search's report saves, by file name (the PNG is still written): tests in results/
-    and meta/ read what the plots show."""
-    from results.report.search import plots
-
-    figures: dict[str, Any] = {}
-    save = plots._save
-
-    def keep(fig: Any, path: str | Path) -> Path:
-        figures[Path(path).name] = fig
-        return save(fig, path)
-
-    monkeypatch.setattr(plots, "_save", keep)
-    return figures
 
 
 #: a file to which each test's CPU seconds are appended (its own process and the children it waited for: members,

@@ -8,7 +8,6 @@ name different keys. These tests fail when that happens.
 from __future__ import annotations
 
 import ast
-import copy
 import dataclasses
 import re
 from pathlib import Path
@@ -23,17 +22,14 @@ from inner_loop.tasks import TASK_CONFIGS
 from inner_loop.tasks.task_config import config_from_mapping
 from core.config_nodes import plain, typed_node
 from results.store.provenance import config_hash
-from conf_groups import load_group
+from helpers import inner_config
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("core", "meta", "inner_loop", "mirror_maps", "launch", "results")
 
 
 def _inner(**train) -> dict:
-    inner = {"task": load_group("task", "arith"), "model": load_group("model", "tiny"),
-             "divergence": load_group("divergence", "neural_mirror"), "train": load_group("train", "default")}
-    inner["train"].update(copy.deepcopy(train))
-    return inner
+    return inner_config("neural_mirror", **train)
 
 
 def _config_error(node: str, key: str, value) -> str:

@@ -16,16 +16,14 @@ from inner_loop.training.evaluate import pass_at_k
 from inner_loop.member.lifecycle import train_in_process
 from inner_loop.training.setup import prepare, validate_inner
 from mirror_maps import NeuralMirrorMap, save_init
-from conf_groups import load_group
 from time_limits import run_with_progress
+from helpers import inner_config
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
 
 def _inner(divergence: str = "neural_mirror") -> dict:
-    load = load_group
-    return {"task": load("task", "arith"), "model": load("model", "tiny"),
-            "divergence": load("divergence", divergence), "train": load("train", "default")}
+    return inner_config(divergence)
 
 
 def _with(node: str, key: str, value, divergence: str = "neural_mirror") -> dict:

@@ -11,6 +11,7 @@ from mirror_maps import KL, VECTOR_LENGTH, NeuralMirrorMap, ProbL2, full_diverge
 from mirror_maps.neurons import BLOCK_NAMES, NEURONS_PER_BLOCK
 from mirror_maps.potentials import Potential
 from mirror_maps.tiled import MIN_COLUMNS, TILE_BYTES_PER_ENTRY as ENTRY, FullForm, tile_shape, tiled_full_form
+from helpers import SMALL_SHAPE
 
 
 def _neural(vector: torch.Tensor) -> NeuralMirrorMap:
@@ -206,7 +207,6 @@ def test_a_bfloat16_projection_matches_bfloat16_logits():
     assert got.logps.dtype == torch.float32
 
 
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device; the CPU paths are tested above")
 @pytest.mark.parametrize("name", ["kl", "nm_authors"])
 def test_on_cuda_the_tiles_agree_with_the_cpu(name):
@@ -230,15 +230,6 @@ def test_on_cuda_the_tiles_agree_with_the_cpu(name):
         _close(value, reference, 1e-5)
 
 # ------------------------------------------------------------------ the trainer's full form
-SMALL = dict(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from inner_loop.config import ModelConfig
-    from inner_loop.models.tiny import tiny_model_dir
-
-    return str(tiny_model_dir(ModelConfig(**SMALL), root=tmp_path_factory.mktemp("cache")))
 
 
 @pytest.mark.parametrize("lora_r", [0, 4], ids=["full_fine_tuning", "lora"])
@@ -257,7 +248,7 @@ def test_the_trainers_full_form_equals_the_loss_over_the_models_logits(tiny_dir,
     from inner_loop.models.loading import load_policy
 
     torch.manual_seed(0)
-    model, tok = load_policy(ModelConfig(lora_r=lora_r, lora_alpha=8, **SMALL), tiny_dir)
+    model, tok = load_policy(ModelConfig(lora_r=lora_r, lora_alpha=8, **SMALL_SHAPE), tiny_dir)
     args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=2,
                       max_completion_length=3, beta=0.0, loss_type="dr_grpo", report_to=[], use_cpu=True,
                       temperature=0.8, max_steps=1, bf16=False)

@@ -5,28 +5,20 @@ the optimizer holds (trl/trainer/grpo_trainer.py, ``_generate_single_turn``). Re
 MirrorGRPOTrainer keeping its master weights, the LoRA weights are bf16 after the first generation."""
 from __future__ import annotations
 
-import pytest
 import torch
 
 from inner_loop.config import DivergenceConfig, ModelConfig
 from inner_loop.grpo.trainer import MirrorGRPOTrainer
 from inner_loop.loss.regularizers import build_regularizer
 from inner_loop.models.loading import load_policy
-from inner_loop.models.tiny import tiny_model_dir
-
-SMALL = dict(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return str(tiny_model_dir(ModelConfig(**SMALL), root=tmp_path_factory.mktemp("cache")))
+from helpers import SMALL_SHAPE
 
 
 def _trainer(tiny_dir: str, tmp_path, bf16: bool) -> MirrorGRPOTrainer:
     from datasets import Dataset
     from trl import GRPOConfig
 
-    model, tok = load_policy(ModelConfig(lora_r=4, lora_alpha=8, **SMALL), tiny_dir)
+    model, tok = load_policy(ModelConfig(lora_r=4, lora_alpha=8, **SMALL_SHAPE), tiny_dir)
     args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=2,
                       max_completion_length=3, beta=0.0, loss_type="dr_grpo", report_to=[], use_cpu=True,
                       max_steps=2, bf16=bf16, learning_rate=1e-5, save_strategy="no", logging_steps=1,

@@ -17,20 +17,16 @@ from typing import Any
 
 import pytest
 
-from conf_groups import load_group
 from inner_loop.training.checkpoints import CHECKPOINT_DIR
 from inner_loop.config import TrainConfig
-
-#: Untrained (no warm-up) and small: the member's stages and its generation are the point, not its answers.
-TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64, "warmup_max_steps": 0}
+from helpers import inner_config, SMALL_UNWARMED
 
 
 def _inner(decode_cache: str, lora_r: int = 0, **train: Any) -> dict[str, Any]:
-    inner = {"task": load_group("task", "arith"), "model": {**load_group("model", "tiny"), **TINY, "lora_r": lora_r},
-             "divergence": load_group("divergence", "neural_mirror"), "train": load_group("train", "default")}
-    inner["train"].update({"steps": 1, "batch_size": 8, "group_size": 4, "val_size": 8, "max_completion_length": 6,
-                           "report_to": [], "decode_cache": decode_cache, **train})
-    return inner
+    """Untrained (no warm-up) and small: the member's stages and its generation are the point, not its answers."""
+    return inner_config("neural_mirror", model_keys={**SMALL_UNWARMED, "lora_r": lora_r}, **{
+        "steps": 1, "batch_size": 8, "group_size": 4, "val_size": 8, "max_completion_length": 6, "report_to": [],
+        "decode_cache": decode_cache, **train})
 
 
 def _member(tmp_path: Path, name: str, inner: dict[str, Any]) -> Any:

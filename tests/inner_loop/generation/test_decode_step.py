@@ -19,12 +19,10 @@ from typing import Any
 import pytest
 import torch
 
-from conf_groups import load_group
 from inner_loop.config import TrainConfig
 from inner_loop.generation.decode_step import (PersistentDecoder, bucket_for, decode_counts_problem,
                                                prompt_buckets)
-
-TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64, "warmup_max_steps": 0}
+from helpers import inner_config, SMALL_UNWARMED
 
 
 def _tiny_model() -> Any:
@@ -165,12 +163,9 @@ def test_compiles_are_still_counted_after_dynamo_was_reset() -> None:
 
 
 def _inner(decode_cache: str, **train: Any) -> dict[str, Any]:
-    inner = {"task": load_group("task", "arith"), "model": {**load_group("model", "tiny"), **TINY, "lora_r": 4},
-             "divergence": load_group("divergence", "neural_mirror"), "train": load_group("train", "default")}
-    inner["train"].update({"steps": 10, "batch_size": 8, "group_size": 4, "val_size": 8, "max_completion_length": 6,
-                           "report_to": [], "decode_cache": decode_cache, "decode_compile_backend": "aot_eager",
-                           "save_every": 10, **train})
-    return inner
+    return inner_config("neural_mirror", model_keys={**SMALL_UNWARMED, "lora_r": 4}, **{
+        "steps": 10, "batch_size": 8, "group_size": 4, "val_size": 8, "max_completion_length": 6, "report_to": [],
+        "decode_cache": decode_cache, "decode_compile_backend": "aot_eager", "save_every": 10, **train})
 
 
 def _member(tmp_path: Path, name: str, inner: dict[str, Any]) -> Any:

@@ -23,14 +23,7 @@ from inner_loop.generation.sampling import importance_sampling_ratio, processed_
 from inner_loop.grpo.trainer import MirrorGRPOTrainer
 from inner_loop.loss.regularizers import build_regularizer
 from inner_loop.models.loading import load_policy
-from inner_loop.models.tiny import tiny_model_dir
-
-SMALL = dict(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return str(tiny_model_dir(ModelConfig(**SMALL), root=tmp_path_factory.mktemp("cache")))
+from helpers import SMALL_SHAPE
 
 
 def _trainer(tiny_dir: str, tmp_path: Path, temperature: float, top_p: float, top_k: int) -> tuple[Any, Any]:
@@ -38,7 +31,7 @@ def _trainer(tiny_dir: str, tmp_path: Path, temperature: float, top_p: float, to
     from trl import GRPOConfig
 
     torch.manual_seed(0)
-    model, tok = load_policy(ModelConfig(**SMALL), tiny_dir)
+    model, tok = load_policy(ModelConfig(**SMALL_SHAPE), tiny_dir)
     args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, num_generations=4,
                       max_completion_length=8, beta=0.0, report_to=[], use_cpu=True, max_steps=1, bf16=False,
                       temperature=temperature, top_p=top_p, top_k=top_k)

@@ -5,7 +5,6 @@ GRPOConfig with one function (inner_loop/grpo/args.py), so a value TRL rejects f
 """
 from __future__ import annotations
 
-import copy
 import importlib.util
 import os
 import subprocess
@@ -21,6 +20,7 @@ from inner_loop.grpo.args import build_grpo_config, check_grpo_config
 from inner_loop.grpo.trl_overrides import OWNED_FIELDS
 from inner_loop.training.setup import validate_inner
 from conf_groups import load_group
+from helpers import inner_config
 
 VLLM_INSTALLED = importlib.util.find_spec("vllm") is not None
 ROOT = Path(__file__).resolve().parents[3]
@@ -28,11 +28,7 @@ CONF = ROOT / "conf"
 
 
 def _inner(**train) -> dict:
-    load = load_group
-    inner = {"task": load("task", "arith"), "model": load("model", "tiny"),
-             "divergence": load("divergence", "neural_mirror"), "train": load("train", "default")}
-    inner["train"].update(copy.deepcopy(train))
-    return inner
+    return inner_config("neural_mirror", **train)
 
 
 def _trl(**trl) -> dict:

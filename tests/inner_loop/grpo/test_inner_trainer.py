@@ -7,16 +7,9 @@ import torch
 from inner_loop.config import DivergenceConfig, ModelConfig
 from inner_loop.loss.compose import aggregate
 from inner_loop.models.loading import load_policy
-from inner_loop.models.tiny import tiny_model_dir
 from inner_loop.loss.regularizers import build_regularizer
 from inner_loop.grpo.trainer import MirrorGRPOTrainer, NonFiniteLossError
-
-SMALL = dict(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return str(tiny_model_dir(ModelConfig(**SMALL), root=tmp_path_factory.mktemp("cache")))
+from helpers import SMALL_SHAPE
 
 
 def _trainer(tiny_dir, tmp_path, divergence: DivergenceConfig, lora_r: int = 0, aggregation: str = "bnpo",
@@ -24,7 +17,7 @@ def _trainer(tiny_dir, tmp_path, divergence: DivergenceConfig, lora_r: int = 0, 
     from datasets import Dataset
     from trl import GRPOConfig
 
-    model, tok = load_policy(ModelConfig(lora_r=lora_r, lora_alpha=8, **SMALL), tiny_dir)
+    model, tok = load_policy(ModelConfig(lora_r=lora_r, lora_alpha=8, **SMALL_SHAPE), tiny_dir)
     args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=2,
                       max_completion_length=3, beta=0.0, loss_type=aggregation, report_to=[], use_cpu=True,
                       temperature=1.0, max_steps=1, bf16=False)
@@ -62,7 +55,7 @@ def _perturb(model):
 @pytest.mark.parametrize("form", ["sampled", "full"])
 def test_loss_uses_the_frozen_initial_model_as_reference(tiny_dir, tmp_path, form):
     torch.manual_seed(0)
-    initial, tok = load_policy(ModelConfig(**SMALL), tiny_dir)
+    initial, tok = load_policy(ModelConfig(**SMALL_SHAPE), tiny_dir)
     trainer = _trainer(tiny_dir, tmp_path, DivergenceConfig(name="prob_l2", form=form, coef=2.0))
     batch = _batch(tok)
     assert trainer._compute_loss(trainer.model, batch).item() == pytest.approx(
@@ -107,7 +100,7 @@ def test_lora_reference_is_the_base_with_the_adapter_disabled(tiny_dir, tmp_path
     trainer = _trainer(tiny_dir, tmp_path, DivergenceConfig(name="kl", form="full", coef=1.0), lora_r=4)
     batch = _batch(trainer.processing_class)
     _perturb(trainer.model)  # moves only the LoRA weights
-    base, _ = load_policy(ModelConfig(**SMALL), tiny_dir)
+    base, _ = load_policy(ModelConfig(**SMALL_SHAPE), tiny_dir)
     trainer._compute_loss(trainer.model, batch)
     p = torch.softmax(_logits(trainer.model, batch), -1)
     q = torch.softmax(_logits(base, batch), -1)
@@ -128,7 +121,7 @@ def test_non_finite_loss_raises(tiny_dir, tmp_path):
 def test_trl_kl_must_be_off(tiny_dir, tmp_path):
     from trl import GRPOConfig
 
-    model, tok = load_policy(ModelConfig(**SMALL), tiny_dir)
+    model, tok = load_policy(ModelConfig(**SMALL_SHAPE), tiny_dir)
     args = GRPOConfig(output_dir=str(tmp_path), beta=0.1, report_to=[], use_cpu=True, bf16=False)
     with pytest.raises(ValueError, match="beta=0"):
         MirrorGRPOTrainer(model=model, reward_funcs=lambda completions, **_: [0.0], args=args,

@@ -20,15 +20,9 @@ from inner_loop.grpo.step_profile import StepProfileCallback
 from inner_loop.grpo.trainer import REFERENCE_LOGPS, MirrorGRPOTrainer
 from inner_loop.loss.regularizers import build_regularizer
 from inner_loop.models.loading import load_policy
-from inner_loop.models.tiny import tiny_model_dir
+from helpers import SMALL_SHAPE
 
-SMALL = dict(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
-LORA = ModelConfig(lora_r=4, lora_alpha=8, lora_dropout=0.2, **SMALL)
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return str(tiny_model_dir(ModelConfig(**SMALL), root=tmp_path_factory.mktemp("cache")))
+LORA = ModelConfig(lora_r=4, lora_alpha=8, lora_dropout=0.2, **SMALL_SHAPE)
 
 
 def _trainer(tiny_dir: str, tmp_path: Any, overlap: bool, reward: Any, callbacks: list | None = None) -> Any:

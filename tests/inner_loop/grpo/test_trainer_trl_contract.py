@@ -14,18 +14,12 @@ import torch
 
 from inner_loop.config import DivergenceConfig, ModelConfig
 from inner_loop.models.loading import load_policy
-from inner_loop.models.tiny import tiny_model_dir
 from inner_loop.loss.regularizers import build_regularizer
 from inner_loop.grpo.trainer import MirrorGRPOTrainer
 from inner_loop.grpo.trl_contract import REVIEWED_LOSS_INPUTS, unsupported_grpo_fields
+from helpers import SMALL_SHAPE
 
-SMALL = dict(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
 ROWS, PROMPT_LEN, COMPLETION_LEN = 4, 5, 6
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return str(tiny_model_dir(ModelConfig(**SMALL), root=tmp_path_factory.mktemp("cache")))
 
 
 def _args(tmp_path, aggregation: str = "dr_grpo", **extra):
@@ -40,7 +34,7 @@ def _trainer(tiny_dir, tmp_path, aggregation: str, divergence: DivergenceConfig 
     from datasets import Dataset
 
     torch.manual_seed(0)
-    model, tok = load_policy(ModelConfig(**SMALL), tiny_dir)
+    model, tok = load_policy(ModelConfig(**SMALL_SHAPE), tiny_dir)
     with torch.no_grad():  # away from the init, so ratios and gradients are not special
         for param in model.parameters():
             param.add_(0.2 * torch.randn_like(param))

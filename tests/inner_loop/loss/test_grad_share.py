@@ -13,12 +13,10 @@ from inner_loop.loss.compose import aggregate
 from inner_loop.training.diagnostics import diagnostics_from_history
 from inner_loop.models.loading import load_policy
 from inner_loop.loss.regularizers import build_regularizer, warn_if_inert
-from inner_loop.models.tiny import tiny_model_dir
 from inner_loop.grpo.trainer import MirrorGRPOTrainer
 from mirror_maps import ProbL2, full_divergence
 from mirror_maps.tiled import tiled_full_form
-
-SMALL = dict(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+from helpers import SMALL_SHAPE
 
 
 def test_exact_share_is_the_ratio_of_parameter_gradient_norms():
@@ -64,17 +62,12 @@ def test_logit_space_share_equals_the_share_wrt_the_logits():
     assert share == pytest.approx(float(g_reg.norm() / g_pol.norm()), rel=1e-6)
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return str(tiny_model_dir(ModelConfig(**SMALL), root=tmp_path_factory.mktemp("cache")))
-
-
 def _trainer(tiny_dir, tmp_path, divergence: DivergenceConfig, lora_r: int = 0):
     from datasets import Dataset
     from trl import GRPOConfig
 
     torch.manual_seed(0)
-    model, tok = load_policy(ModelConfig(lora_r=lora_r, lora_alpha=8, **SMALL), tiny_dir)
+    model, tok = load_policy(ModelConfig(lora_r=lora_r, lora_alpha=8, **SMALL_SHAPE), tiny_dir)
     args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=2,
                       max_completion_length=3, beta=0.0, loss_type="dr_grpo", report_to=[], use_cpu=True,
                       max_steps=1, bf16=False)

@@ -19,15 +19,14 @@ from safetensors.torch import load_file
 from trl.trainer.utils import RepeatSampler
 
 import inner_loop.member.lifecycle as lifecycle
-from conf_groups import load_group
 from core.records import MemberSpec
 from inner_loop.grpo.sampler import EpochRepeatSampler
 from inner_loop.member.lifecycle import train_in_process
 from inner_loop.tasks.arith import ArithTask
 from results.store.layout import CHECKPOINT_DIR, RESULT_FILE
 from results.store.truncation import END_SCORE, Truncation
+from helpers import inner_config, SMALL_UNWARMED
 
-TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64, "warmup_max_steps": 0}
 STEPS = 5
 WEIGHTS = "model.safetensors"
 
@@ -42,11 +41,9 @@ def varying_reward() -> Iterator[None]:
 
 
 def _inner(keep: str = "last") -> dict[str, Any]:
-    inner = {"task": {**load_group("task", "arith"), "train_size": 4}, "model": {**load_group("model", "tiny"), **TINY},
-             "divergence": load_group("divergence", "kl"), "train": load_group("train", "default")}
-    inner["train"].update({"steps": STEPS, "batch_size": 8, "group_size": 4, "val_size": 4, "max_completion_length": 4,
-                           "report_to": [], "save_every": 1, "keep_checkpoints": keep})
-    return inner
+    return inner_config("kl", task_keys={"train_size": 4}, model_keys=SMALL_UNWARMED, steps=STEPS, batch_size=8,
+                        group_size=4, val_size=4, max_completion_length=4, report_to=[], save_every=1,
+                        keep_checkpoints=keep)
 
 
 def _spec(work_dir: Path, piece: Truncation | None = None, generation: int = 0, keep: str = "last") -> MemberSpec:

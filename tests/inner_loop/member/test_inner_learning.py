@@ -33,6 +33,7 @@ from results.report.paired import mean_interval
 from results.store.provenance import read_run_manifest
 from core.records import ResultRecord
 from conf_groups import load_group
+from helpers import member_spec
 
 #: Seeds per divergence; per trust-region host: one, whose claim (no collapse) is weaker and whose runs are shorter.
 #: A collapse takes the reward to ~0, so one seed shows it.
@@ -71,8 +72,7 @@ def _default_inner(divergence: str, **train: object) -> dict:
 
 
 def _spec(work_dir: Path, inner: dict, seed: int) -> dict:
-    return {"run_id": "learn", "generation": 0, "index": 0, "seed": seed, "params": [], "work_dir": str(work_dir),
-            "inner": inner}
+    return member_spec(work_dir, inner, run_id="learn", seed=seed)
 
 
 @pytest.fixture(scope="module")

@@ -16,31 +16,20 @@ from inner_loop.training.checkpoints import last_checkpoint
 from inner_loop.member.lifecycle import train_in_process
 from core.keys import GENERATE_TIME_MEAN, STEP_TIME_MEAN
 from results.store.member_files import read_result
-from conf_groups import load_group
+from helpers import inner_config, member_spec, SMALL_WARMED
 
 ROOT = Path(__file__).resolve().parents[3]
 CONF = ROOT / "conf"
-# A fixed 200-step warm-up (a band that any model is inside, checked once at the cap): these tests need a model
-# that sometimes answers, not a particular skill.
-SMALL_MODEL = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64, "warmup_max_steps": 200,
-               "warmup_band": [0.0, 1.0], "warmup_check_every": 200, "warmup_probe_size": 32, "warmup_lr": 3e-3,
-               "warmup_batch_size": 32}
 
 
 def _inner(divergence: str = "prob_l2", **train) -> dict:
-    load = load_group
-    inner = {"task": load("task", "arith"), "model": load("model", "tiny"),
-             "divergence": load("divergence", divergence), "train": load("train", "default")}
-    inner["model"].update(SMALL_MODEL)
-    inner["train"].update({"steps": 4, "batch_size": 16, "group_size": 4, "save_every": 2, "val_size": 32,
-                           "max_completion_length": 6})
-    inner["train"].update(train)
-    return inner
+    return inner_config(divergence, model_keys=SMALL_WARMED, **{
+        "steps": 4, "batch_size": 16, "group_size": 4, "save_every": 2, "val_size": 32, "max_completion_length": 6,
+        **train})
 
 
 def _spec(work_dir: Path, inner: dict, seed: int = 0) -> dict:
-    return {"run_id": "t", "generation": 0, "index": 0, "seed": seed, "params": [], "work_dir": str(work_dir),
-            "inner": inner}
+    return member_spec(work_dir, inner, seed=seed)
 
 
 @pytest.fixture(scope="module")

@@ -19,25 +19,18 @@ import inner_loop.models.loading as loading  # build_trainer imports its loaders
 from inner_loop.member.lifecycle import train_in_process
 from results.store.provenance import read_run_manifest
 from results.store.member_files import read_result
-from conf_groups import load_group
+from helpers import inner_config, member_spec, NARROW_UNWARMED
 
 CONF = Path(__file__).resolve().parents[3] / "conf"
-# Tiny and untrained (no warm-up): these tests need the stages to run, not a model that answers.
-TINY = {"warmup_max_steps": 0, "hidden_size": 16, "num_layers": 1, "num_heads": 2, "intermediate_size": 32}
-
-
 def _inner(**train) -> dict:
-    load = load_group
-    inner = {"task": load("task", "arith"), "model": {**load("model", "tiny"), **TINY},
-             "divergence": load("divergence", "prob_l2"), "train": load("train", "default")}
-    inner["train"].update({"steps": 2, "batch_size": 8, "group_size": 4, "save_every": 1, "val_size": 8,
-                           "max_completion_length": 4, **train})
-    return inner
+    """Tiny and untrained (no warm-up): these tests need the stages to run, not a model that answers."""
+    return inner_config("prob_l2", model_keys=NARROW_UNWARMED, **{
+        "steps": 2, "batch_size": 8, "group_size": 4, "save_every": 1, "val_size": 8, "max_completion_length": 4,
+        **train})
 
 
 def _spec(work: Path, inner: dict) -> dict:
-    return {"run_id": "t", "generation": 0, "index": 3, "seed": 0, "params": [], "work_dir": str(work),
-            "inner": inner}
+    return member_spec(work, inner, index=3)
 
 
 def _boom(message: str, kind: type[BaseException] = RuntimeError):

@@ -14,13 +14,12 @@ from typing import Any
 import pytest
 import torch
 
-from conf_groups import load_group
 from inner_loop.config import ModelConfig
 from inner_loop.member.lifecycle import train_in_process
 from inner_loop.models.loading import load_policy, resolve_model_dir
 from inner_loop.tasks.arith import ArithTask
+from helpers import inner_config, member_spec, SMALL_UNWARMED
 
-TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64, "warmup_max_steps": 0}
 STEPS = 8
 
 
@@ -32,17 +31,13 @@ def varying_reward(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _inner(**train: Any) -> dict[str, Any]:
-    inner = {"task": load_group("task", "arith"), "model": {**load_group("model", "tiny"), **TINY, "lora_r": 4},
-             "divergence": load_group("divergence", "kl"), "train": load_group("train", "default")}
-    inner["train"].update({"steps": STEPS, "batch_size": 8, "group_size": 4, "val_size": 8,
-                           "max_completion_length": 6, "report_to": [], "save_every": STEPS,
-                           "keep_checkpoints": "last", **train})
-    return inner
+    return inner_config("kl", model_keys={**SMALL_UNWARMED, "lora_r": 4}, **{
+        "steps": STEPS, "batch_size": 8, "group_size": 4, "val_size": 8, "max_completion_length": 6, "report_to": [],
+        "save_every": STEPS, "keep_checkpoints": "last", **train})
 
 
 def _spec(work_dir: Path, inner: dict[str, Any]) -> dict[str, Any]:
-    return {"run_id": "same", "generation": 0, "index": 0, "seed": 5, "params": [], "work_dir": str(work_dir),
-            "inner": inner}
+    return member_spec(work_dir, inner, run_id="same", seed=5)
 
 
 def _steps(work_dir: Path) -> list[tuple]:
@@ -65,7 +60,7 @@ def _assert_same_run(a: Path, b: Path) -> None:
 
 
 def test_a_lora_adapters_init_comes_from_the_seed_alone_and_leaves_the_global_generator_as_it_was():
-    cfg = ModelConfig(**{**TINY, "lora_r": 4})
+    cfg = ModelConfig(**{**SMALL_UNWARMED, "lora_r": 4})
     path = resolve_model_dir(cfg)
 
     def adapter(seed: int, global_seed: int) -> dict[str, torch.Tensor]:

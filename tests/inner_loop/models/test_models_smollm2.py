@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conf_groups import load_group
+from helpers import inner_config
 
 pytestmark = pytest.mark.slow
 CONF = Path(__file__).resolve().parents[3] / "conf"
@@ -18,11 +18,7 @@ except importlib.metadata.PackageNotFoundError:  # installed by scripts/setup.sh
 
 
 def _inner(**train) -> dict:
-    load = load_group
-    inner = {"task": load("task", "arith"), "model": load("model", "smollm2_135m"),
-             "divergence": load("divergence", "prob_l2"), "train": load("train", "default")}
-    inner["train"].update(train)
-    return inner
+    return inner_config("prob_l2", model="smollm2_135m", **train)
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,6 @@ import torch
 
 import inner_loop.member.lifecycle as member
 import inner_loop.models.loading as loading  # build_trainer imports its loaders when it runs
-from conf_groups import load_group
 from inner_loop.config import InnerConfig
 from inner_loop.generation.backends import HF_GENERATE, VLLM_COLOCATE
 from inner_loop.generation.engine_start import LOCK_DIR_ENV, engine_start_lock_path, engine_start_turn
@@ -30,8 +29,8 @@ from inner_loop.member.lifecycle import train_in_process
 from inner_loop.training.setup import validate_inner
 from core.keys import MEMBER_GPU_MEMORY_KEY, MEMBER_GPU_SHARERS_KEY, MEMBERS_ON_GPU_ENV
 from results.store.member_files import read_result
+from helpers import inner_config, NARROW_UNWARMED
 
-TINY = {"warmup_max_steps": 0, "hidden_size": 16, "num_layers": 1, "num_heads": 2, "intermediate_size": 32}
 H100 = {"type": "cuda", "name": "NVIDIA H100 80GB HBM3", "memory_bytes": int(79.2 * 2**30), "torch": torch.__version__,
         "cuda": "12.8", "cuda_visible_devices": "0"}
 #: the share of a member packed two to an H100, as its record must state it
@@ -40,10 +39,8 @@ H100_HALF = ("0.50 of NVIDIA H100 80GB HBM3 (79.2 GiB) = 39.6 GiB "
 
 
 def _inner(trl: dict | None = None, fraction: float | None = 0.5, sharers: int | None = 2) -> dict:
-    inner = {"task": load_group("task", "arith"), "model": {**load_group("model", "tiny"), **TINY},
-             "divergence": load_group("divergence", "prob_l2"), "train": load_group("train", "default")}
-    inner["train"].update({"steps": 2, "batch_size": 8, "group_size": 4, "save_every": 1, "val_size": 8,
-                           "max_completion_length": 4, "trl": dict(trl or {})})
+    inner = inner_config("prob_l2", model_keys=NARROW_UNWARMED, steps=2, batch_size=8, group_size=4, save_every=1,
+                         val_size=8, max_completion_length=4, trl=dict(trl or {}))
     if fraction is not None:
         inner[MEMBER_GPU_MEMORY_KEY] = fraction
     if sharers is not None:

@@ -17,30 +17,23 @@ from inner_loop.member.lifecycle import train_in_process
 from results.store.layout import FINAL_MODEL_DIR
 from results.store.member_files import read_result, write_result
 from conf_groups import load_group
+from helpers import inner_config, member_spec, SMALL_WARMED
 
 ROOT = Path(__file__).resolve().parents[3]
 CONF = ROOT / "conf"
-# A small tiny model with a fixed 200-step warm-up (shared with test_inner_member.py through the session cache).
-SMALL_MODEL = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64, "warmup_max_steps": 200,
-               "warmup_band": [0.0, 1.0], "warmup_check_every": 200, "warmup_probe_size": 32, "warmup_lr": 3e-3,
-               "warmup_batch_size": 32}
 STEPS = 4
 
 
 def _inner(**train) -> dict:
-    load = load_group
-    inner = {"task": load("task", "arith"), "model": load("model", "tiny"),
-             "divergence": load("divergence", "prob_l2"), "train": load("train", "default")}
-    inner["model"].update(SMALL_MODEL)
-    inner["train"].update({"steps": STEPS, "batch_size": 16, "group_size": 4, "save_every": 1, "val_size": 16,
-                           "max_completion_length": 6})
-    inner["train"].update(train)
-    return inner
+    """The small tiny model with a fixed 200-step warm-up (shared with test_inner_member.py through the session
+    cache)."""
+    return inner_config("prob_l2", model_keys=SMALL_WARMED, **{
+        "steps": STEPS, "batch_size": 16, "group_size": 4, "save_every": 1, "val_size": 16, "max_completion_length": 6,
+        **train})
 
 
 def _spec(work_dir: Path, inner: dict) -> dict:
-    return {"run_id": "t", "generation": 0, "index": 0, "seed": 0, "params": [], "work_dir": str(work_dir),
-            "inner": inner}
+    return member_spec(work_dir, inner)
 
 
 def _checkpoints(work_dir: Path) -> list[str]:

@@ -12,20 +12,14 @@ from inner_loop.member.lifecycle import train_in_process
 from meta.search.config import INNER_NODES
 from results.store.layout import RUN_MANIFEST_FILE
 from core.records import ResultRecord
-from conf_groups import load_group
+from helpers import inner_config, SMALL_UNWARMED
 
 CONF = Path(__file__).resolve().parents[3] / "conf"
-SMALL_MODEL = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64, "warmup_max_steps": 0}
 
 
 def _inner(**top) -> dict:
-    load = load_group
-    inner = {"task": load("task", "arith"), "model": load("model", "tiny"), "divergence": load("divergence", "none"),
-             "train": load("train", "default")}
-    inner["model"].update(SMALL_MODEL)
-    inner["task"].update({"validation_size": 40, "test_size": 24})
-    inner["train"].update({"steps": 1, "batch_size": 8, "group_size": 4, "val_size": None,
-                           "max_completion_length": 4})
+    inner = inner_config("none", task_keys={"validation_size": 40, "test_size": 24}, model_keys=SMALL_UNWARMED,
+                         steps=1, batch_size=8, group_size=4, val_size=None, max_completion_length=4)
     inner.update(top)
     return inner
 

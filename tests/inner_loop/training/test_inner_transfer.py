@@ -24,6 +24,7 @@ from results.store.provenance import build_run_manifest, write_run_manifest
 from core.records import ResultRecord
 from results.store.member_files import read_result, write_result
 from conf_groups import load_group
+from helpers import member_spec
 
 CONF = Path(__file__).resolve().parents[3] / "conf"
 #: the default tiny model, warmed until greedy pass@1 on its probe reaches 0.3 (~1400 steps, ~20 s once per module):
@@ -51,8 +52,7 @@ def _inner(steps: int = 2, extra: list | None = None, divergence: dict | None = 
 
 
 def _spec(work_dir: Path, inner: dict) -> dict:
-    return {"run_id": "single", "generation": 0, "index": 0, "seed": 0, "params": [], "work_dir": str(work_dir),
-            "inner": inner}
+    return member_spec(work_dir, inner, run_id="single")
 
 
 def _direct(model, tokenizer, task_node: dict, split: str) -> dict:

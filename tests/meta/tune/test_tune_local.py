@@ -23,6 +23,7 @@ from meta.tune.trials import plan_trial, run_seed, trial_dir, write_trial
 from results.store.member_files import read_intermediate, read_result
 from results.store.layout import JOURNAL_FILE, STUDY_FILE, TRIAL_FILE
 from results.store.study_store import LOST_ATTR, SAVED_ATTR, SLOT_ATTR, load_study
+from helpers import wait_for_file
 from time_limits import scaled
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -145,12 +146,6 @@ def _start(run_dir: Path, extra: list[str]) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + scaled(timeout)
-    while not path.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-
-
 @pytest.mark.slow
 def test_sigkill_at_random_points_then_resume_gives_the_uninterrupted_study(tmp_path):
     args = [*SYNTH, "tune.trials=6", "tune.parallel=2", "+inner.options={step_s: 0.03, count_calls: true}"]
@@ -164,7 +159,7 @@ def test_sigkill_at_random_points_then_resume_gives_the_uninterrupted_study(tmp_
     kills = 0
     for trigger, spread in triggers:
         proc = _start(run_dir, ["launcher=local", *args])
-        _wait_for(trigger, proc)
+        wait_for_file(trigger, proc)
         time.sleep(rng.uniform(0.0, spread))
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)

@@ -12,28 +12,20 @@ from meta.tune.cli import main
 from results.store.member_files import read_intermediate
 from results.store.layout import INTERMEDIATE_FILE
 from results.store.study_store import load_study
-from conf_groups import load_group
+from helpers import inner_config, member_spec, SMALL_WARMED
 
 ROOT = Path(__file__).resolve().parents[3]
 CONF = ROOT / "conf"
-SMALL_MODEL = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64, "warmup_max_steps": 200,
-               "warmup_band": [0.0, 1.0], "warmup_check_every": 200, "warmup_probe_size": 32, "warmup_lr": 3e-3,
-               "warmup_batch_size": 32}
 
 
 def _inner(**train) -> dict:
-    load = load_group
-    inner = {"task": load("task", "arith"), "model": load("model", "tiny"), "divergence": load("divergence", "kl"),
-             "train": load("train", "default")}
-    inner["model"].update(SMALL_MODEL)
-    inner["train"].update({"steps": 6, "batch_size": 16, "group_size": 4, "save_every": 3, "val_size": 32,
-                           "max_completion_length": 6, **train})
-    return inner
+    return inner_config("kl", model_keys=SMALL_WARMED, **{
+        "steps": 6, "batch_size": 16, "group_size": 4, "save_every": 3, "val_size": 32, "max_completion_length": 6,
+        **train})
 
 
 def _spec(work_dir: Path, inner: dict) -> dict:
-    return {"run_id": "t", "generation": 0, "index": 0, "seed": 3, "params": [], "work_dir": str(work_dir),
-            "inner": inner}
+    return member_spec(work_dir, inner, seed=3)
 
 
 def test_intermediate_validation_is_written_every_eval_every_steps_and_leaves_training_unchanged(tmp_path):
