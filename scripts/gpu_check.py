@@ -12,7 +12,7 @@ compiled once (``train.decode_cache=persistent_compiled``; its record's decode c
 weights in place, recompiles within the buckets and CUDA graph recordings bounded). It then checks that every record names the device it should (``cuda`` on a GPU
 machine) and that members shared the GPU, and prints each member's step time, peak GPU memory and partners.
 
-Without CUDA it runs the same path on the CPU at small shapes (``--device cpu``, what tests/test_gpu_check.py
+Without CUDA it runs the same path on the CPU at small shapes (``--device cpu``, what tests/scripts/test_gpu_check.py
 runs), the CUDA tests skipped with the reason printed.
 
     scripts/gpu_check.sh                    # on a GPU machine: ~5 minutes on one H100 (4.8 measured)
@@ -41,8 +41,8 @@ from results.store.layout import PROGRESS_FILE, RESULT_FILE  # noqa: E402
 logger = logging.getLogger("gpu_check")
 
 DATA = ROOT / "tests" / "fixtures" / "mbpp_rehearsal"
-CUDA_TESTS = ["tests/test_mirror_maps_cuda.py", "tests/test_trainer_cuda.py", "tests/test_gpu_share_cuda.py",
-              "tests/test_decode_step_cuda.py"]
+CUDA_TESTS = ["tests/mirror_maps/test_mirror_maps_cuda.py", "tests/inner_loop/grpo/test_trainer_cuda.py",
+              "tests/inner_loop/process/test_gpu_share_cuda.py", "tests/inner_loop/generation/test_decode_step_cuda.py"]
 ARCHITECTURE = "qwen3_1_7b"
 #: train.decode_cache of the single run (the search keeps the preset's): the member's one static cache and decode step
 #: compiled once (CUDA graphs on a GPU); its record's decode_counts must show the cache kept and recordings bounded

@@ -60,8 +60,8 @@ NOT_CARRIED = {
                 "neither (meta/searchers refuses es=pgpe/snes/cem there with that message)",
 }
 #: pins only the orchestrator imports (searchers, tuning, plots): the ``member`` role leaves them out. Members import
-#: pandas, pyarrow, scipy and tensorboard themselves (datasets, the trainer's logs); tests/test_node_bundle.py checks,
-#: from the modules a real run's processes import, that each role carries what its processes need
+#: pandas, pyarrow, scipy and tensorboard themselves (datasets, the trainer's logs); tests/scripts/test_node_bundle.py
+#: checks, from the modules a real run's processes import, that each role carries what its processes need
 ORCHESTRATOR_ONLY = {
     "cma": "es=cmaes's CMA-ES",
     "cmaes": "meta.tune's CmaEsSampler",

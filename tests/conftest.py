@@ -13,6 +13,12 @@ session share its empty cache (every cache entry is built once under a lock, mod
 
 The heavy test files (every core: a whole job, member processes side by side, a vLLM engine) run one after another,
 never beside each other, in either session (tests/heavy_lock.py). Time limits follow tests/time_limits.py.
+
+The test files lie in folders that mirror the packages (tests/meta/search/ tests meta/search/, ...; tests/docs/ the
+docs, tests/scripts/ scripts/ and bench/). The folders are not packages: pytest puts each test file's folder on
+sys.path, and this folder with it, so a test imports the modules beside this file (helpers.py: what tests in several
+files build, its fixtures loaded below for every test; time_limits.py, conf_groups.py, ...) by their plain names, and
+every test file's name is unique across tests/ (pytest refuses a second one of a name).
 """
 from __future__ import annotations
 
@@ -29,27 +35,29 @@ logger = logging.getLogger(__name__)
 SUITE_CACHE_ENV = "MIRROR_ES_SUITE_CACHE"
 
 #: the files that take longest (minutes: a set of training runs, vLLM members, the whole main job), measured with
-#: ``--durations``, started first: the workers share files in collection order (scripts/test.sh passes
-#: ``--no-loadscope-reorder``), so a long file never starts last while the other worker sits idle. The first, the
-#: learning runs (two single-threaded processes), is one worker's first unit; the next three are the heavy files
-#: (tests/heavy_lock.py), which the other worker runs in turn as one unit; then both take the rest
+#: ``--durations``, as paths under tests/, started first: the workers share files in collection order
+#: (scripts/test.sh passes ``--no-loadscope-reorder``), so a long file never starts last while the other worker sits
+#: idle. The first, the learning runs (two single-threaded processes), is one worker's first unit; the next three are
+#: the heavy files (tests/heavy_lock.py), which the other worker runs in turn as one unit; then both take the rest
 LONGEST_FIRST = (
-    "test_inner_learning.py", "test_vllm_member.py", "test_meta_e2e.py", "test_gpu_check.py", "test_meta_run_paths.py",
-    "test_numerics.py", "test_bench_member_gpu.py", "test_inner_member.py", "test_fingerprint.py",
+    "inner_loop/member/test_inner_learning.py", "inner_loop/generation/test_vllm_member.py",
+    "meta/search/test_meta_e2e.py", "scripts/test_gpu_check.py", "meta/search/test_meta_run_paths.py",
+    "inner_loop/process/test_numerics.py", "scripts/test_bench_member_gpu.py", "inner_loop/member/test_inner_member.py",
+    "inner_loop/numerics/test_fingerprint.py",
 )
-#: heavy tests one at a time, across workers and sessions
-pytest_plugins = ["heavy_lock"]
+#: heavy tests one at a time, across workers and sessions; the shared builders' fixtures for every test
+pytest_plugins = ["heavy_lock", "helpers"]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Longest files first (LONGEST_FIRST, in its order), the rest as collected. A listed file that no longer exists
-    is an error, so the list follows renames."""
+    is an error, so the list follows moves and renames."""
     here = Path(__file__).resolve().parent
     missing = [name for name in LONGEST_FIRST if not (here / name).is_file()]
     if missing:
         raise pytest.UsageError(f"tests/conftest.py LONGEST_FIRST names missing files: {missing}")
-    rank = {name: k for k, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)) if item.path.parent == here else len(rank))
+    rank = {here / name: k for k, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path, len(rank)))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -1,4 +1,4 @@
-"""A stand-in for bench/bench_member_gpu.py with its command line and --json output, for tests/test_gpu_pass.py.
+"""A stand-in for bench/bench_member_gpu.py with its command line and --json output, for tests/scripts/test_gpu_pass.py.
 
 Why: the pass's resumption (a command cut at its limit, a second call finishing the rest) is about the pass, not
 the bench; a real member takes minutes. Each call appends "<backend> x<members>" to $STANDIN_CALLS at its start,

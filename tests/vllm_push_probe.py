@@ -1,5 +1,6 @@
-"""Run by tests/test_vllm_member.py in a process of its own (vLLM's engine seeds the process's RNGs and replaces
-torch.set_num_threads): does a weight push through ``push_weights_by_reload`` change what vLLM generates, exactly?
+"""Run by tests/inner_loop/generation/test_vllm_member.py in a process of its own (vLLM's engine seeds the process's
+RNGs and replaces torch.set_num_threads): does a weight push through ``push_weights_by_reload`` change what vLLM
+generates, exactly?
 
 Prints one JSON line: greedy completions before, after pushing perturbed weights, and after pushing the originals
 back; and the largest |vLLM log-prob - HF log-prob| of the perturbed model on the tokens vLLM chose after the push.

@@ -1,4 +1,5 @@
-"""Loaded by every Python process of a test that puts this folder first on PYTHONPATH (tests/test_node_bundle.py).
+"""Loaded by every Python process of a test that puts this folder first on PYTHONPATH
+(tests/scripts/test_node_bundle.py).
 
 Why: a GPU node has only what its image and the node bundle bring, and ray cannot be brought (79 MB). Two things are
 checked in every process of the main job there, members and sandbox workers included, not only in the test's own:

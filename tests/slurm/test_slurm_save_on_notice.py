@@ -16,9 +16,9 @@ from launch.runner import MemberArrayRunner, RunnerPolicy
 from launch.slurm.launcher import SlurmLauncher
 from results.store.member_files import read_progress
 from core.records import MemberSpec
+from helpers import NOTICE_STEPS as STEPS, notice_spec, same_outcome
 from slurm_helpers import LocalSlurm, run_slurm_command
 from slurm_launch_helpers import FAST
-from test_save_on_notice import STEPS, notice_spec, same_outcome
 from time_limits import scaled
 
 pytestmark = pytest.mark.slow
