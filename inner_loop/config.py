@@ -131,7 +131,7 @@ class TrainConfig:
     #: any other field of TRL's GRPOConfig (trl pinned in pyproject.toml), passed through. On the command line one
     #: field: +train.trl.gradient_accumulation_steps=4 (train.batch_size stays the completions per optimizer step),
     #: several: (the ++ is Hydra's, needed here) '++train.trl={use_vllm: true, vllm_mode: colocate,
-    #: vllm_gpu_memory_utilization: 0.3}'. Checked before anything is submitted (inner_loop/grpo/trl_overrides.py): an
+    #: vllm_gpu_memory_utilization: 0.3}'. Checked before anything is submitted (inner_loop/trl_settings/trl_overrides.py): an
     #: unknown field, a wrong type or a value GRPOConfig rejects exits 2 naming train.trl.<key>; fields set by the
     #: keys above (steps, batch_size, learning_rate, lr_scheduler, seed, ...) are refused there. TRL's report_to comes
     #: from report_to above. See docs/trl_options.md
@@ -179,7 +179,7 @@ class TrainConfig:
             raise ValueError(f"train.eval_subset must be >= 1, got {self.eval_subset}")
         if any(k < 1 for k in self.pass_k) or (self.pass_k and self.pass_k_samples < max(self.pass_k)):
             raise ValueError("train.pass_k needs values >= 1 and train.pass_k_samples >= max(train.pass_k)")
-        from inner_loop.grpo.trl_overrides import check_report_to, check_trl_overrides
+        from inner_loop.trl_settings.trl_overrides import check_report_to, check_trl_overrides
 
         self.report_to = check_report_to(self.report_to)
 

@@ -6,8 +6,8 @@ before anything is submitted, not fail identically in 180 members. The check bui
 builds, from the same code, so the two cannot drift apart.
 
 `train.trl` reaches every GRPOConfig field (vLLM generation, continuous batching, gradient accumulation, mixed
-precision, ``generation_kwargs``, ...) except those we set from typed keys; grpo/trl_overrides.py
-checks it. Which field each of our keys sets is written once, in grpo/fields.py's ``GRPO_FIELDS``: the keywords
+precision, ``generation_kwargs``, ...) except those we set from typed keys; trl_settings/trl_overrides.py
+checks it. Which field each of our keys sets is written once, in trl_settings/fields.py's ``GRPO_FIELDS``: the keywords
 are built from it, a rejected value is traced back to its key through it, and train.trl's refusals are read from it.
 """
 from __future__ import annotations
@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from inner_loop.generation.vllm_colocate import share_vllm_memory
-from inner_loop.grpo.fields import FIXED_FIELDS, GRPO_FIELDS
-from inner_loop.grpo.trl_overrides import trl_version
+from inner_loop.trl_settings.fields import FIXED_FIELDS, GRPO_FIELDS
+from inner_loop.trl_settings.trl_overrides import trl_version
 
 if TYPE_CHECKING:  # the real imports are lazy: TRL takes seconds to import
     from trl import GRPOConfig

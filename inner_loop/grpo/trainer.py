@@ -38,7 +38,7 @@ from inner_loop.loss.regularizers import FullForm, Regularizer
 from inner_loop.grpo.sampler import EpochRepeatSampler
 from inner_loop.grpo.step_profile import (BACKWARD, COMPUTE_LOSS, GENERATE, GRAD_CLIP, POLICY_FORWARD, PREPARE_INPUTS,
                                           REFERENCE_FORWARD, REWARD, REWARD_WAIT, TRAINING_STEP, step_range)
-from inner_loop.grpo.trl_contract import unsupported_grpo_fields
+from inner_loop.trl_settings.trl_contract import unsupported_grpo_fields
 from core.keys import (GENERATE_TIME, GRAD_SHARE, GRAD_SHARE_EXACT, GRAD_SHARE_EXACT_STEP, IMPORTANCE_SAMPLING_RATIO,
                        POLICY_LOSS, REGULARIZER_VALUE, SAMPLING_LOGP_DIFFERENCE, STEP_TIME)
 

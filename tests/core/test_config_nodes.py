@@ -1,5 +1,5 @@
 """One owner per reading: config nodes become typed objects through core/config/typed_nodes.py alone, and our
-keys reach TRL's GRPOConfig through one table (inner_loop/grpo/fields.py GRPO_FIELDS).
+keys reach TRL's GRPOConfig through one table (inner_loop/trl_settings/fields.py GRPO_FIELDS).
 
 Why tests for it: a second reader or a second table creeps back in quietly (a helper written "just for this
 node"), and then the inner config and a task config accept different values, or the build and the error message
@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from inner_loop.config import DivergenceConfig, InnerConfig, ModelConfig, TrainConfig
 from inner_loop.grpo import args as grpo_args
-from inner_loop.grpo.trl_overrides import OWNED_FIELDS
+from inner_loop.trl_settings.trl_overrides import OWNED_FIELDS
 from inner_loop.tasks import TASK_CONFIGS
 from inner_loop.tasks.task_config import config_from_mapping
 from core.config.plain_data import plain
@@ -130,7 +130,7 @@ def test_plain_data_conversion_is_written_once():
 def test_values_are_typed_from_annotations_in_one_place():
     """trl_overrides reads TRL's GRPOConfig annotations (TRL's vocabulary, not a config node of ours)."""
     assert _functions(_reads_annotations) == ["core/config/typed_nodes.py:typed_node",
-                                              "inner_loop/grpo/trl_overrides.py:_field_hints"]
+                                              "inner_loop/trl_settings/trl_overrides.py:_field_hints"]
 
 
 # --- the GRPOConfig table ------------------------------------------------------------------------------------------
@@ -183,7 +183,7 @@ def test_a_value_grpo_config_rejects_is_named_by_its_table_key(tmp_path, monkeyp
 def test_the_refusal_in_train_trl_names_the_key_the_table_sets_the_field_from():
     """train.trl refuses every field the table owns, naming its key, and only those plus the documented others:
     there is no second listing of which key sets which field (bf16 is a default train.trl may change)."""
-    from inner_loop.grpo import fields
+    from inner_loop.trl_settings import fields
 
     assert OWNED_FIELDS == fields.owned_fields()
     for key, entry in fields.GRPO_FIELDS.items():

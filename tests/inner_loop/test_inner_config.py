@@ -94,7 +94,7 @@ def test_save_total_limit_is_a_positive_count_or_null(value, ok):
 
 
 def test_checkpoint_policy_defaults_and_trainer_rotation():
-    from inner_loop.grpo.fields import trainer_save_total_limit
+    from inner_loop.trl_settings.fields import trainer_save_total_limit
 
     train = InnerConfig.from_dict(_inner()).train
     assert (train.keep_checkpoints, train.save_total_limit) == ("none", 1)

@@ -17,7 +17,8 @@ PACKAGES = ("core", "meta", "inner_loop", "mirror_maps", "launch", "results")
 
 #: Rooms, most specific first; a module belongs to the first room its dotted name starts with.
 ROOMS = (
-    "inner_loop.sandbox", "inner_loop.loss", "inner_loop.grpo", "inner_loop.generation", "inner_loop.models",
+    "inner_loop.sandbox", "inner_loop.loss", "inner_loop.grpo", "inner_loop.trl_settings", "inner_loop.generation",
+    "inner_loop.models",
     "inner_loop.tasks", "inner_loop.config", "inner_loop.member", "inner_loop.training", "inner_loop.numerics",
     "inner_loop.process",
     "inner_loop", "results.store", "results.report", "results", "launch",
@@ -27,7 +28,8 @@ ROOMS = (
 #: The ground floor (core/): every room may import it, and it imports nothing of ours but itself.
 GROUND = "core"
 #: What the inner loop's stages below the member process may use: its subpackages of one concern each.
-_INNER_PARTS = frozenset({"inner_loop.config", "inner_loop.grpo", "inner_loop.generation", "inner_loop.loss",
+_INNER_PARTS = frozenset({"inner_loop.config", "inner_loop.grpo", "inner_loop.trl_settings", "inner_loop.generation",
+                          "inner_loop.loss",
                           "inner_loop.models", "inner_loop.tasks", "results.store", "mirror_maps"})
 #: What every stage of the outer loop may use besides the rooms below meta: and the settings every command reads.
 _OUTER_BELOW = frozenset({"launch", "results.report", "results.store", "mirror_maps", "meta.settings"})
@@ -63,7 +65,11 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "inner_loop.numerics": _INNER_PARTS | {"inner_loop.member", "inner_loop.training", "inner_loop.process"},
     # the member process's environment (numerics, notice, card share): below the member and the stages
     "inner_loop.process": frozenset({"inner_loop.generation", "results.store"}),
-    "inner_loop.grpo": frozenset({"inner_loop.config", "inner_loop.loss", "inner_loop.generation"}),
+    "inner_loop.grpo": frozenset({"inner_loop.config", "inner_loop.trl_settings", "inner_loop.loss",
+                                  "inner_loop.generation"}),
+    # the TRL vocabulary (the GRPOConfig fields our keys set, train.trl's check, what TRL's loss reads): below the
+    # config and the trainer, reading the backends' names alone
+    "inner_loop.trl_settings": frozenset({"inner_loop.generation"}),
     # how completions are generated (backend names, cache budgets, vLLM's weight push): below the trainer
     "inner_loop.generation": frozenset(),
     "inner_loop.loss": frozenset({"mirror_maps"}),
@@ -91,8 +97,8 @@ _PINNED = "inner_loop.process.pinned"
 #: the loss and the trainer log their metrics under the names the run store owns (metric_keys imports nothing).
 MODULE_EXCEPTIONS: dict[str, frozenset[str]] = {
     "inner_loop.config": frozenset({"inner_loop.loss.policy_registry", "inner_loop.loss.policy_terms",
-                                    "inner_loop.loss.trust_regions", "inner_loop.grpo.trl_overrides",
-                                    "inner_loop.grpo.trl_contract",
+                                    "inner_loop.loss.trust_regions", "inner_loop.trl_settings.trl_overrides",
+                                    "inner_loop.trl_settings.trl_contract",
                                     # the numerics modes and the pinned thread count (imports nothing of ours)
                                     _PINNED,
                                     # the backend names and train.decode_cache's values (imports nothing of ours)
@@ -367,10 +373,9 @@ def test_a_wrong_way_import_is_reported():
 
 
 INNER_CONFIG = "inner_loop.config"
-#: Inner rooms that still import the config while it imports them. grpo/args.py builds TRL's GRPOConfig from an
-#: InnerConfig (a TYPE_CHECKING import) while the config checks train.trl with grpo/trl_overrides.py; the TRL
-#: vocabulary (trl_overrides, fields, trl_contract) has yet to find a home below the config. Nothing may join.
-TWO_WAY_LEFT = frozenset({"inner_loop.grpo"})
+#: Inner rooms that still import the config while it imports them: none (the TRL vocabulary the config checks
+#: train.trl with lives below both, in inner_loop/trl_settings/). Nothing may join.
+TWO_WAY_LEFT: frozenset[str] = frozenset()
 
 
 def two_way_with_the_inner_config(graph: dict[str, set[str]]) -> set[str]:

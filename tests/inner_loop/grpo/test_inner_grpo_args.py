@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from inner_loop.config import InnerConfig
 from inner_loop.grpo.args import build_grpo_config, check_grpo_config
-from inner_loop.grpo.trl_overrides import OWNED_FIELDS
+from inner_loop.trl_settings.trl_overrides import OWNED_FIELDS
 from inner_loop.training.setup import validate_inner
 from conf_groups import load_group
 from helpers import inner_config

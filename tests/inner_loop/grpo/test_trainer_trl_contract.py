@@ -16,7 +16,7 @@ from inner_loop.config import DivergenceConfig, ModelConfig
 from inner_loop.models.loading import load_policy
 from inner_loop.loss.regularizers import build_regularizer
 from inner_loop.grpo.trainer import MirrorGRPOTrainer
-from inner_loop.grpo.trl_contract import REVIEWED_LOSS_INPUTS, unsupported_grpo_fields
+from inner_loop.trl_settings.trl_contract import REVIEWED_LOSS_INPUTS, unsupported_grpo_fields
 from helpers import SMALL_SHAPE
 
 ROWS, PROMPT_LEN, COMPLETION_LEN = 4, 5, 6

@@ -182,7 +182,7 @@ def test_the_reporting_backends_checked_without_transformers_are_transformers_ow
     one of the pinned transformers' integrations, or a typo of a new name would pass the up-front check."""
     from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
 
-    from inner_loop.grpo.trl_overrides import _REPORT_MODULES
+    from inner_loop.trl_settings.trl_overrides import _REPORT_MODULES
 
     assert set(_REPORT_MODULES) <= set(INTEGRATION_TO_CALLBACK), set(_REPORT_MODULES) - set(INTEGRATION_TO_CALLBACK)
 

@@ -1,7 +1,7 @@
 """Which TRL GRPOConfig field each of our keys sets: the one table of that mapping.
 
 Read by the keyword builder (grpo/args.py: the keywords come from it, and a value TRL rejects is traced back to its
-key through it) and by the `train.trl` check (grpo/trl_overrides.py: a field set from one of our keys is refused
+key through it) and by the `train.trl` check (trl_settings/trl_overrides.py: a field set from one of our keys is refused
 there, naming the key), so the three can never name different keys for one field. Imports nothing of ours but the
 generation names (inner_loop/generation/backends.py, which imports nothing).
 """

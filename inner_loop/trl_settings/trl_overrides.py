@@ -18,10 +18,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from inner_loop.generation.backends import DECODE_CACHES
-from inner_loop.grpo.fields import owned_fields
-from inner_loop.grpo.trl_contract import unsupported_grpo_fields
+from inner_loop.trl_settings.fields import owned_fields
+from inner_loop.trl_settings.trl_contract import unsupported_grpo_fields
 
-#: every GRPOConfig field train.trl may not set -> what to use instead (built from grpo/fields.py's table)
+#: every GRPOConfig field train.trl may not set -> what to use instead (built from trl_settings/fields.py's table)
 OWNED_FIELDS: dict[str, str] = owned_fields()
 #: train.trl.generation_kwargs entries that would choose HF generate's cache or its compilation behind
 #: train.decode_cache (TRL passes generation_kwargs over its own; disable_compile there even breaks TRL's init)
@@ -160,7 +160,7 @@ def check_trl_overrides(trl: Mapping[str, Any], batch_size: int | None = None) -
 
     Raises ValueError naming ``train.trl.<key>`` for an unknown field (with the closest field names), a field we
     set from a typed key (naming that key), a value of the wrong type, or a loss option our loss does not honour
-    (inner_loop/grpo/trl_contract.py). ``batch_size`` (train.batch_size) must split evenly into
+    (inner_loop/trl_settings/trl_contract.py). ``batch_size`` (train.batch_size) must split evenly into
     ``gradient_accumulation_steps`` micro-batches. What only GRPOConfig's own checks can tell (values,
     combinations) is left to ``build_grpo_config``.
     """
