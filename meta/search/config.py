@@ -284,19 +284,9 @@ def build_search_config(raw: Mapping[str, Any]) -> SearchConfig:
     if cfg.log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(f"log_level={cfg.log_level!r} must be one of DEBUG, INFO, WARNING, ERROR")
     _check_search_components(cfg)
-    if cfg.searcher_online and cfg.member_steps != cfg.full_steps:
-        raise ConfigError(f"es.{MEMBER_STEPS_KEY}={cfg.member_steps} does not apply to es={cfg.es.get('name')}: its "
-                          f"particles train the whole train.steps={cfg.full_steps}, a truncation at a time "
-                          f"(es.truncation_steps); set es.{MEMBER_STEPS_KEY}=null")
-    horizon = cfg.es.get("horizon_steps")
-    if cfg.searcher_online and horizon is not None and int(horizon) != cfg.full_steps:
-        raise ConfigError(f"es.horizon_steps={horizon} must equal train.steps={cfg.full_steps} for es="
-                          f"{cfg.es.get('name')}: a particle's run is the run the export is for (its schedule, its "
-                          "final pass@1); drop es.horizon_steps (it follows train.steps) or set train.steps")
-    if cfg.searcher_online and cfg.seeds_per_member > 1:
-        raise ConfigError(f"seeds_per_member={cfg.seeds_per_member} does not apply to es={cfg.es.get('name')}: a "
-                          "particle is one training run with one checkpoint; set seeds_per_member=1 (a larger "
-                          "population averages more runs)")
+    refusal = _searcher_refusal(cfg)
+    if refusal:
+        raise ConfigError(refusal)
     try:
         cfg.early_stop = typed.early_stop.checked()
         cfg.early_stop_step = check_early_stop(cfg.early_stop, cfg.es, member_train(raw["train"], cfg.member_steps),
@@ -364,6 +354,14 @@ def _check_search_components(cfg: SearchConfig) -> None:
         build_searcher(cfg.es, center, cfg.population, cfg.seed)
     except (ValueError, TypeError) as exc:
         raise ConfigError(str(exc)) from None
+
+
+def _searcher_refusal(cfg: SearchConfig) -> str | None:
+    """The searcher's own rule across the search's keys (meta/searchers/base.py: Searcher.search_refusal)."""
+    from meta.searchers import searcher_class
+
+    return searcher_class(str(cfg.es.get("name", ""))).search_refusal(cfg.es, cfg.full_steps, cfg.member_steps,
+                                                                      cfg.seeds_per_member)
 
 
 def _online(es: Mapping[str, Any]) -> bool:

@@ -75,6 +75,14 @@ class Searcher(abc.ABC):
         check_population(cls.name, popsize, cls.antithetic)
 
     @classmethod
+    def search_refusal(cls, settings: Mapping[str, Any], train_steps: int, member_steps: int,
+                       seeds_per_member: int) -> str | None:
+        """Why this searcher cannot run a search of these settings (``settings``: the es node; a run of
+        ``train_steps``, members of ``member_steps``, each on ``seeds_per_member`` seeds); None: it can. The rule
+        across keys that only the searcher knows; override to add one."""
+        return None
+
+    @classmethod
     def early_stop_refusal(cls, settings: Mapping[str, Any]) -> str | None:
         """Why this searcher's update would change when bottom members stop early under ``settings`` (the es
         node); None: it would not. Override where exactness depends on the settings."""

@@ -32,6 +32,7 @@ import torch
 from meta.searchers.base import DTYPE, MemberWork, Searcher
 from meta.searchers.serialize import from_plain, to_plain
 from meta.searchers.utilities import TellSummary
+from core.config.horizon import MEMBER_STEPS_KEY
 from core.seeding import generator
 
 logger = logging.getLogger(__name__)
@@ -164,6 +165,25 @@ class NRESSearcher(Searcher):
         self._last_run: dict[int, float] = {}
         #: the centres after each update of the last episode (Polyak's average is their mean)
         self._recent = center.clone()[None, :]
+
+    @classmethod
+    def search_refusal(cls, settings: Mapping[str, Any], train_steps: int, member_steps: int,
+                       seeds_per_member: int) -> str | None:
+        """A particle's run is the exported run (its schedule, its final pass@1), trained a truncation at a time on
+        one seed with one checkpoint: no member steps of its own, no horizon but train.steps, one seed."""
+        if member_steps != train_steps:
+            return (f"es.{MEMBER_STEPS_KEY}={member_steps} does not apply to es={cls.name}: its particles train the "
+                    f"whole train.steps={train_steps}, a truncation at a time (es.truncation_steps); set "
+                    f"es.{MEMBER_STEPS_KEY}=null")
+        horizon = settings.get("horizon_steps")
+        if horizon is not None and int(horizon) != train_steps:
+            return (f"es.horizon_steps={horizon} must equal train.steps={train_steps} for es={cls.name}: a particle's "
+                    "run is the run the export is for (its schedule, its final pass@1); drop es.horizon_steps (it "
+                    "follows train.steps) or set train.steps")
+        if seeds_per_member > 1:
+            return (f"seeds_per_member={seeds_per_member} does not apply to es={cls.name}: a particle is one training "
+                    "run with one checkpoint; set seeds_per_member=1 (a larger population averages more runs)")
+        return None
 
     @classmethod
     def planned_member_steps(cls, settings: Mapping[str, Any], population: int, generations: int) -> int | None:
