@@ -231,10 +231,11 @@ def checked_overrides(overrides: Sequence[str], tree: Mapping[str, Any], groups:
     return result
 
 
-#: where the schema of a composed key lives, by its first part: the train and divergence groups' own
-#: (inner_loop.config.register_schemas puts them in Hydra's ConfigStore), else the root's
+#: where the schema of a composed key lives, by its first part: the groups' own (inner_loop.config.register_schemas
+#: and meta.searchers.register_schemas put them in Hydra's ConfigStore), else the root's
 SCHEMA_HOMES = {"": "meta/settings/schema.py", "train": "inner_loop/config.py TrainConfig",
-                "divergence": "inner_loop/loss/divergences.py, the divergence's config class"}
+                "divergence": "inner_loop/loss/divergences.py, the divergence's config class",
+                "es": "meta/searchers/, the searcher's settings class"}
 
 
 def schema_error(exc: BaseException, node: str = "", given: str = "") -> str:

@@ -13,6 +13,7 @@ from typing import Any, Mapping, Sequence
 
 from meta.search.generation.early_stop import EarlyStopConfig
 from core.config_nodes import MEMBER_STEPS_KEY, parent_of, plain, select_key
+from meta.searchers.base import SearcherSettings
 
 #: the config nodes of a member's inner run (the groups python -m inner_loop.run takes)
 INNER_NODES = ("task", "model", "divergence", "train")
@@ -29,6 +30,8 @@ ADDED_SEARCH_KEYS = {"seeds_per_member": 1, "early_stop": dataclasses.asdict(Ear
 #: keys inside SEARCH_KEYS that say what a member keeps on disk, not what it computes: a resume may change them
 #: (e.g. keep checkpoints from now on), and runs started before they existed resume
 HOUSEKEEPING_KEYS = ("train.keep_checkpoints", "train.save_total_limit")
+#: the es keys every searcher has (meta/searchers/base.py SearcherSettings), which a stored node's upgrade leaves alone
+_SHARED_SETTINGS = frozenset(f.name for f in dataclasses.fields(SearcherSettings))
 
 
 def with_added_keys(raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -39,21 +42,52 @@ def with_added_keys(raw: Mapping[str, Any]) -> dict[str, Any]:
         node, leaf = parent_of(out, key)
         if node is not None:
             node.setdefault(leaf, default)
-    _with_schema_defaults(out.get("divergence"))
+    _with_schema_defaults(out.get("divergence"), _divergence_class(out.get("divergence")))
+    _with_schema_defaults(out.get("es"), _settings_class(out.get("es")), skip=_SHARED_SETTINGS)
     return out
 
 
-def _with_schema_defaults(node: Any) -> None:
-    """A divergence node stored before its YAML composed on its config class (conf/divergence/none.yaml had no
-    ``form``) with the fields it lacks at the class's defaults: the values it ran with."""
+def _with_schema_defaults(node: Any, schema: type | None, skip: frozenset[str] = frozenset()) -> None:
+    """A group's node stored before its YAML composed on its schema (conf/divergence/none.yaml had no ``form``,
+    conf/es/pgpe.yaml no ``optimizer_config``) with the fields it lacks at the schema's defaults: the values it ran
+    with. ``skip``: fields filled elsewhere (es.radius: a former radius key is read as it; es.member_steps:
+    ADDED_SEARCH_KEYS)."""
+    from meta.searchers import composed_only
+
+    if not isinstance(node, dict) or schema is None:
+        return
+    for f in dataclasses.fields(schema):
+        if f.name in skip or f.name in node:
+            continue
+        if f.default_factory is not dataclasses.MISSING:
+            node[f.name] = f.default_factory()
+        elif f.default is not dataclasses.MISSING and not composed_only(f.default):
+            node[f.name] = f.default
+
+
+def _divergence_class(node: Any) -> type | None:
     from inner_loop.loss.divergences import divergences
 
     entry = divergences().get(node.get("name")) if isinstance(node, dict) else None
-    if entry is None or not dataclasses.is_dataclass(entry.config_class):
-        return
-    for f in dataclasses.fields(entry.config_class):
-        if f.default is not dataclasses.MISSING:
-            node.setdefault(f.name, f.default)
+    return entry.config_class if entry is not None and dataclasses.is_dataclass(entry.config_class) else None
+
+
+def _settings_class(node: Any) -> type | None:
+    """The settings class of the searcher an es node names (None: no node, or a name this Python does not know)."""
+    from meta.searchers import searchers, settings_class_of
+
+    cls = searchers().get(node.get("name")) if isinstance(node, dict) else None
+    return settings_class_of(cls) if cls is not None else None
+
+
+def _added_settings(node: Any) -> dict[str, Any]:
+    """The settings of an es node's searcher that its YAML did not write before its schema did (metadata
+    ``added``), with their defaults: at that default the hash leaves them out, as a search stored earlier lacks them."""
+    schema = _settings_class(node)
+    if schema is None:
+        return {}
+    return {f.name: (f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
+            for f in dataclasses.fields(schema) if f.metadata.get("added")}
 
 
 def config_hash(raw: Mapping[str, Any], keys: Sequence[str] = SEARCH_KEYS) -> str:
@@ -67,6 +101,10 @@ def config_hash(raw: Mapping[str, Any], keys: Sequence[str] = SEARCH_KEYS) -> st
         node, leaf = parent_of(picked, key)
         if node is not None and leaf in node and node[leaf] in (None, default):
             del node[leaf]
+    es = picked.get("es")
+    for key, default in _added_settings(es).items():
+        if es.get(key, default) == default:
+            es.pop(key, None)
     for key in HOUSEKEEPING_KEYS:
         node, leaf = parent_of(picked, key)
         if node is not None:
