@@ -100,7 +100,7 @@ def _derived_settings(cls: type[Searcher]) -> type[SearcherSettings]:
     except Exception:  # noqa: BLE001 - an annotation this Python cannot evaluate reads as Any
         hints = {}
     shared = {f.name for f in dataclasses.fields(SearcherSettings)}
-    fields: list[tuple[str, Any, Any]] = [("name", str, setting(cls.name, "the searcher"))]
+    fields: list[tuple[str, Any, Any]] = []
     for p in inspect.signature(cls.__init__).parameters.values():
         if p.kind is not inspect.Parameter.KEYWORD_ONLY or p.name in shared:
             continue

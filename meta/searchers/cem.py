@@ -23,7 +23,6 @@ from core.seeding import seeded_global_torch
 class CEMSettings(SearcherSettings):
     """es=cem's settings (conf/es/cem.yaml composes on them as es/cem_schema)."""
 
-    name: str = "cem"
     parenthood_ratio: float = setting(0.5, "the fraction of the population kept as parents (<= 0.5: early stopping "
                                            "is exact)")
     stdev_max_change: Optional[float] = setting(0.2, "the largest relative change of the stdev per generation; null: "

@@ -54,7 +54,6 @@ def _relative_distance(replayed: np.ndarray, stored: np.ndarray) -> float:
 class CMAESSettings(SearcherSettings):
     """es=cmaes's settings (conf/es/cmaes.yaml composes on them as es/cmaes_schema)."""
 
-    name: str = "cmaes"
     diagonal: bool = setting(False, "true: a diagonal covariance (CMA_diagonal) instead of the full one")
 
 

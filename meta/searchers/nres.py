@@ -92,7 +92,6 @@ def planned_steps(population: int, generations: int, horizon: int, truncation_st
 class NRESSettings(SearcherSettings):
     """es=nres's settings (conf/es/nres.yaml composes on them as es/nres_schema)."""
 
-    name: str = "nres"
     horizon_steps: int = setting("${train.steps}", "a particle's run; must equal train.steps (the exported run: its "
                                                    "schedule, its score)")
     truncation_steps: Optional[int] = setting(None, f"steps per truncation; null: train.steps / {DEFAULT_PIECES} "

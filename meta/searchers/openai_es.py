@@ -37,7 +37,6 @@ from core.seeding import generator
 class OpenAIESEliteSettings(SearcherSettings):
     """es=openai_es_elite's settings (conf/es/openai_es_elite.yaml composes on them as es/openai_es_elite_schema)."""
 
-    name: str = "openai_es_elite"
     sigma_decay: float = setting(0.99, "sigma (the radius) is multiplied by this every generation")
     learning_rate: float = setting(0.01, "the step: learning_rate x the raw-fitness gradient")
     elite_fraction: float = setting(0.25, "after a rejected step, this fraction of the members is re-used next "

@@ -33,7 +33,6 @@ DEFAULT_STEP_RADII = 1.0
 class PGPESettings(SearcherSettings):
     """es=pgpe's settings (conf/es/pgpe.yaml composes on them as es/pgpe_schema)."""
 
-    name: str = "pgpe"
     step_radii: float = setting(DEFAULT_STEP_RADII, "ClipUp's step (the L2 norm of the centre's move per generation) "
                                                     "in units of es.radius")
     center_learning_rate: Optional[float] = setting(None, "the same step as an absolute number; null: step_radii x "

@@ -21,7 +21,6 @@ from core.seeding import generator
 class SNESSettings(SearcherSettings):
     """es=snes's settings (conf/es/snes.yaml composes on them as es/snes_schema)."""
 
-    name: str = "snes"
     center_learning_rate: float = setting(1.0, "the learning rate of the centre (mu)")
     stdev_learning_rate: Optional[float] = setting(None, "the learning rate of the stdev; null: the standard "
                                                          "0.2 (3 + ln d) / sqrt(d)")
