@@ -287,12 +287,12 @@ def typed_value(where: str, value: Any, hint: Any, *, prefix: str = "") -> Any:
     are read as numbers, a list of strings must hold strings, a free-form mapping is kept intact.
     """
     hint, optional = _without_none(hint)
+    if hint is Any:  # any value, null included
+        return value
     if value is None:
         if optional:
             return None
         raise ValueError(f"{prefix}{where} must not be null")
-    if hint is Any:
-        return value
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if hint is dict or origin is dict:
         entries = args[1] if len(args) == 2 else Any
