@@ -44,6 +44,14 @@ def horizon_text(raw: Mapping[str, Any]) -> str:
             f"selection and reporting runs train {steps}); their fitness is pass@1 at step {member}")
 
 
+def setting(default: Any, help: str, **metadata: Any) -> Any:  # noqa: A002 - the word the schemas' readers use
+    """A field of a config group's schema (a searcher's or a launcher's settings): its default (a mapping or list: a
+    fresh copy per instance) and its help, the one home of both; ``metadata``: more facts its readers ask."""
+    if isinstance(default, (dict, list)):
+        return dataclasses.field(default_factory=lambda: type(default)(default), metadata={"help": help, **metadata})
+    return dataclasses.field(default=default, metadata={"help": help, **metadata})
+
+
 def plain(value: Any) -> Any:
     """Nested mappings and sequences (OmegaConf's DictConfig and ListConfig included) as dicts with string keys and
     lists, so that what is typed, hashed or compared does not depend on the container it arrived in."""

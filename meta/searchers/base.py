@@ -17,17 +17,9 @@ from typing import Any, ClassVar, Mapping, Optional
 import torch
 
 from meta.searchers.utilities import TellSummary
+from core.config_nodes import setting
 
 DTYPE = torch.float64
-
-
-def setting(default: Any, help: str, **metadata: Any) -> Any:  # noqa: A002 - the word the schema's readers use
-    """A field of a searcher's settings: its default (a mapping or list: a fresh copy per instance) and its help, the
-    one home of both (``python -m meta.run --help`` and docs/searchers.md read the help; ``added=True``: see
-    SearcherSettings)."""
-    if isinstance(default, (dict, list)):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help, **metadata})
-    return field(default=default, metadata={"help": help, **metadata})
 
 
 @dataclass

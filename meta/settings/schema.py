@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, TypeVar
 
 from meta.search.generation.early_stop import EarlyStopConfig
+from launch.base import LauncherSettings
 from meta.searchers.base import SearcherSettings
 from core.config_nodes import plain, refuse_unknown_keys, schema_error
 
@@ -149,7 +150,10 @@ class RunSchema:
     model: Dict[str, Any] = _free()
     divergence: Dict[str, Any] = _free()
     train: Dict[str, Any] = _free()
-    launcher: Dict[str, Any] = _free()
+    #: how members run: the launcher group's option composes its launcher's settings class here (launcher/<name>_schema,
+    #: a LauncherSettings subclass owned by the launcher class: launch/), or, for a YAML that names its class alone, the
+    #: keys every launcher has
+    launcher: LauncherSettings = field(default_factory=LauncherSettings)
     resources: Resources = field(default_factory=Resources)
     inner: Inner = field(default_factory=Inner)
     stage: Stage = field(default_factory=Stage)
@@ -244,17 +248,19 @@ class TuneSchema(RunSchema):
 
 def register() -> None:
     """Put the root schemas in Hydra's ConfigStore (idempotent): ``base_config`` for conf/config.yaml,
-    ``tune_base_config`` for conf/tune.yaml, and the train, divergence and es groups'
+    ``tune_base_config`` for conf/tune.yaml, and the train, divergence, es and launcher groups'
     (inner_loop.config.register_schemas). The tune's root stays open (its nodes are typed, its own scalars are
     checked by typed_config in meta/tune/config.py): a preset is shared by meta.run and meta.tune, and the search
     keys it sets (population, quorum, reevaluate) must not stop a study from composing."""
     from hydra.core.config_store import ConfigStore
 
     from inner_loop.config import register_schemas
+    from launch.factory import register_schemas as register_launchers
     from meta.searchers import register_schemas as register_searchers
 
     register_schemas()  # the train and divergence groups' schemas, which their YAMLs name
     register_searchers()  # the es group's: each searcher's settings class
+    register_launchers()  # the launcher group's: each registered launcher's settings class
     store = ConfigStore.instance()
     store.store(name=BASE_CONFIG, node=SearchSchema)
     store.store(name=TUNE_BASE_CONFIG, node={
@@ -270,14 +276,17 @@ def _is_node(f: dataclasses.Field) -> bool:
 def node_class(kind: type, data: Any) -> type:
     """The dataclass a node of ``kind`` reads ``data`` with: a group's node by the schema its option names (an es node
     by its searcher's settings class), any other node by ``kind`` itself."""
-    if kind is SearcherSettings and isinstance(data, Mapping):
-        from meta.searchers import searcher_class, settings_class_of
+    if kind not in (SearcherSettings, LauncherSettings) or not isinstance(data, Mapping):
+        return kind
+    from launch.factory import settings_class
+    from meta.searchers import searcher_class, settings_class_of
 
-        try:
-            return settings_class_of(searcher_class(str(data.get("name", ""))))
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-    return kind
+    try:
+        if kind is LauncherSettings:
+            return settings_class(data)
+        return settings_class_of(searcher_class(str(data.get("name", ""))))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _refuse_unknown(schema: type, data: Mapping[str, Any], node: str) -> None:
