@@ -239,11 +239,12 @@ def checked_overrides(overrides: Sequence[str], tree: Mapping[str, Any], groups:
     return result
 
 
-#: where the schema of a composed key lives, by its first part: the groups' own (inner_loop.config.register_schemas
-#: and meta.searchers.register_schemas put them in Hydra's ConfigStore), else the root's
+#: where the schema of a composed key lives, by its first part: the groups' own (inner_loop.config, meta.searchers and
+#: launch.factory register_schemas put them in Hydra's ConfigStore), else the root's
 SCHEMA_HOMES = {"": "meta/settings/schema.py", "train": "inner_loop/config.py TrainConfig",
                 "divergence": "inner_loop/loss/divergences.py, the divergence's config class",
-                "es": "meta/searchers/, the searcher's settings class"}
+                "es": "meta/searchers/, the searcher's settings class",
+                "launcher": "launch/, the launcher's settings class"}
 
 
 def schema_error(exc: BaseException, node: str = "", given: str = "") -> str:

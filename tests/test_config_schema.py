@@ -69,22 +69,28 @@ def test_a_train_or_divergence_yaml_names_its_schema_and_repeats_none_of_its_def
     assert {key: value for key, value in body.items() if key != "defaults" and defaults.get(key) == value} == {}
 
 
-@pytest.mark.parametrize("path", sorted((CONF_DIR / "es").glob("*.yaml")), ids=lambda path: path.stem)
-def test_an_es_yaml_names_its_searcher_s_schema_and_repeats_none_of_its_defaults(path):
-    """conf/es/<name>.yaml composes on its searcher's settings class (meta.searchers.register_schemas), whose every
-    field carries its help: a value the YAML repeats would be a second home of that default."""
+@pytest.mark.parametrize("path", sorted([*(CONF_DIR / "es").glob("*.yaml"), *(CONF_DIR / "launcher").glob("*.yaml")]),
+                         ids=lambda path: f"{path.parent.name}/{path.stem}")
+def test_an_es_or_launcher_yaml_names_its_schema_and_repeats_none_of_its_defaults(path):
+    """conf/es/<name>.yaml composes on its searcher's settings class (meta.searchers.register_schemas),
+    conf/launcher/<name>.yaml on its launcher's (launch.factory.register_schemas), whose every field carries its help:
+    a value the YAML repeats would be a second home of that default."""
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
-    from meta.searchers import register_schemas, searcher_class, settings_class_of
+    from launch.factory import launchers
+    from meta.searchers import searcher_class, settings_class_of
+    from meta.settings.schema import register
 
-    register_schemas()
+    register()
+    group = path.parent.name
     body = yaml.safe_load(path.read_text())
     assert body.get("defaults") == [f"{path.stem}_schema", "_self_"]
-    defaults = OmegaConf.to_container(ConfigStore.instance().load(f"es/{path.stem}_schema.yaml").node)
+    defaults = OmegaConf.to_container(ConfigStore.instance().load(f"{group}/{path.stem}_schema.yaml").node)
     assert {key: value for key, value in body.items() if key != "defaults" and defaults.get(key) == value} == {}
-    assert all(f.metadata.get("help") for f in dataclasses.fields(settings_class_of(searcher_class(path.stem))))
-    assert compose([f"es={path.stem}"])["es"]["name"] == path.stem
+    settings = settings_class_of(searcher_class(path.stem)) if group == "es" else launchers()[path.stem].settings_class
+    assert all(f.metadata.get("help") for f in dataclasses.fields(settings))
+    assert compose([f"{group}={path.stem}"])[group]["name"] == path.stem
 
 
 @pytest.mark.parametrize(("body", "says"), [
@@ -118,6 +124,10 @@ def test_a_preset_s_bad_train_or_divergence_key_is_refused_naming_it_and_the_fil
                           "default of es.step_radii: meta/searchers/, the searcher's settings class)"),
     ("es.stepradii=1", "es.stepradii=1: conf/config.yaml has no key 'es.stepradii'; did you mean es.step_radii,"),
     ("+es.stepradii=1", "es.stepradii"),
+    ("launcher.kill_grace_s=soon", "launcher.kill_grace_s=soon: Value 'soon' of type 'str' could not be converted to "
+                                   "Float (the type and default of launcher.kill_grace_s: launch/, the launcher's "
+                                   "settings class)"),
+    ("+launcher.partition=gpu", "launcher.partition"),
 ])
 def test_a_bad_value_exits_2_naming_the_key_before_anything_is_written(tmp_path, capsys, override, fragment):
     run_dir = tmp_path / "run"

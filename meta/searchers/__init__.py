@@ -9,7 +9,6 @@ import dataclasses
 import functools
 import importlib.util
 import inspect
-import typing
 from typing import Any, Mapping
 
 import torch
@@ -83,7 +82,8 @@ def check_importable(cls: type[Searcher]) -> None:
 def settings_class_of(cls: type[Searcher]) -> type[SearcherSettings]:
     """The dataclass of ``cls``'s es settings: the one it declares, or for a searcher that declares none (a
     third-party one written before settings classes) one derived once from its constructor's keyword-only
-    parameters, each with its default and annotation (a parameter without a default is required)."""
+    parameters, each with its default and its default's type (a number, a string or a flag; any value where the
+    default is null or a container; a parameter without a default is required)."""
     declared = cls.settings_class
     if declared is not None:
         if not (isinstance(declared, type) and issubclass(declared, SearcherSettings)):
@@ -95,24 +95,15 @@ def settings_class_of(cls: type[Searcher]) -> type[SearcherSettings]:
 
 @functools.lru_cache(maxsize=None)
 def _derived_settings(cls: type[Searcher]) -> type[SearcherSettings]:
-    try:
-        hints = typing.get_type_hints(cls.__init__)
-    except Exception:  # noqa: BLE001 - an annotation this Python cannot evaluate reads as Any
-        hints = {}
     shared = {f.name for f in dataclasses.fields(SearcherSettings)}
     fields: list[tuple[str, Any, Any]] = []
     for p in inspect.signature(cls.__init__).parameters.values():
         if p.kind is not inspect.Parameter.KEYWORD_ONLY or p.name in shared:
             continue
         default = REQUIRED if p.default is inspect.Parameter.empty else p.default
-        hint = hints.get(p.name, Any)
-        hint = hint if hint in _PLAIN_HINTS else Any  # a mapping or a union: its value as given
-        fields.append((p.name, hint, setting(default, f"a keyword of {cls.__name__}")))
+        kind = type(default) if type(default) in (bool, int, float, str) and default != REQUIRED else Any
+        fields.append((p.name, kind, setting(default, f"a keyword of {cls.__name__}")))
     return dataclasses.make_dataclass(f"{cls.__name__}Settings", fields, bases=(SearcherSettings,))
-
-
-#: the annotations a derived setting keeps (others read as Any): those both Hydra's schema and the typed reading know
-_PLAIN_HINTS = (bool, int, float, str, *(typing.Optional[t] for t in (bool, int, float, str)))
 
 
 def read_settings(es_cfg: Mapping[str, Any]) -> SearcherSettings:
