@@ -76,7 +76,9 @@ def _one_of(key: str, value: str, allowed: tuple[str, ...]) -> None:
 
 @dataclass
 class ModelConfig:
-    """Which policy to train; `tiny` is built in code, the others load weights from a path, hub id or GGUF."""
+    """Which policy to train; `tiny` is built in code, the others load weights from a path, hub id or GGUF. The
+    schema of the model group: every registered model's YAML composes on it (``model/<name>_schema``, with its name
+    set: :func:`register_schemas`), so each field here is the one home of its key's type and default."""
 
     name: str = "tiny"
     name_or_path: str | None = None
@@ -457,13 +459,20 @@ class InnerConfig:
 TRAIN_SCHEMA = "schema"
 
 
+def model_schema_name(name: str) -> str:
+    """The ConfigStore name of model ``name``'s schema in the model group, which conf/model/<name>.yaml names first."""
+    return f"{name}_schema"
+
+
 def register_schemas() -> None:
-    """Put the schemas of the train and divergence groups in Hydra's ConfigStore (idempotent): TrainConfig as
-    ``train/schema``, and each registered divergence's config class as ``divergence/<name>_schema``
-    (inner_loop.loss.divergences.register_schemas). Whoever composes conf/ calls it first (meta's compose,
+    """Put the schemas of the train, divergence and model groups in Hydra's ConfigStore (idempotent): TrainConfig as
+    ``train/schema``, each registered divergence's config class as ``divergence/<name>_schema``
+    (inner_loop.loss.divergences.register_schemas), and for each registered model (built-in or an entry point's)
+    ModelConfig with its name as ``model/<name>_schema``. Whoever composes conf/ calls it first (meta's compose,
     inner_loop.run, the transfer's task composition); a group YAML that names a schema composes on it, so a key the
     schema lacks or a value of the wrong type is refused while composing."""
     from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
 
     from inner_loop.loss.divergences import register_schemas as register_divergences
 
@@ -471,3 +480,9 @@ def register_schemas() -> None:
     if f"{TRAIN_SCHEMA}.yaml" not in store.repo.get("train", {}):  # each compose calls this: store it once
         store.store(group="train", name=TRAIN_SCHEMA, node=TrainConfig)
     register_divergences()
+    stored = store.repo.get("model", {})
+    for name in models():
+        if f"{model_schema_name(name)}.yaml" not in stored:
+            node = OmegaConf.structured(ModelConfig)
+            node.name = name
+            store.store(group="model", name=model_schema_name(name), node=node)

@@ -69,12 +69,14 @@ def test_a_train_or_divergence_yaml_names_its_schema_and_repeats_none_of_its_def
     assert {key: value for key, value in body.items() if key != "defaults" and defaults.get(key) == value} == {}
 
 
-@pytest.mark.parametrize("path", sorted([*(CONF_DIR / "es").glob("*.yaml"), *(CONF_DIR / "launcher").glob("*.yaml")]),
+@pytest.mark.parametrize("path", sorted([*(CONF_DIR / "es").glob("*.yaml"), *(CONF_DIR / "launcher").glob("*.yaml"),
+                                          *(CONF_DIR / "model").glob("*.yaml")]),
                          ids=lambda path: f"{path.parent.name}/{path.stem}")
-def test_an_es_or_launcher_yaml_names_its_schema_and_repeats_none_of_its_defaults(path):
+def test_an_es_launcher_or_model_yaml_names_its_schema_and_repeats_none_of_its_defaults(path):
     """conf/es/<name>.yaml composes on its searcher's settings class (meta.searchers.register_schemas),
-    conf/launcher/<name>.yaml on its launcher's (launch.factory.register_schemas), whose every field carries its help:
-    a value the YAML repeats would be a second home of that default."""
+    conf/launcher/<name>.yaml on its launcher's (launch.factory.register_schemas), whose every field carries its help,
+    conf/model/<name>.yaml on ModelConfig with its name (inner_loop.config.register_schemas): a value the YAML repeats
+    would be a second home of that default."""
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
@@ -88,8 +90,9 @@ def test_an_es_or_launcher_yaml_names_its_schema_and_repeats_none_of_its_default
     assert body.get("defaults") == [f"{path.stem}_schema", "_self_"]
     defaults = OmegaConf.to_container(ConfigStore.instance().load(f"{group}/{path.stem}_schema.yaml").node)
     assert {key: value for key, value in body.items() if key != "defaults" and defaults.get(key) == value} == {}
-    settings = settings_class_of(searcher_class(path.stem)) if group == "es" else launchers()[path.stem].settings_class
-    assert all(f.metadata.get("help") for f in dataclasses.fields(settings))
+    if group != "model":
+        settings = settings_class_of(searcher_class(path.stem)) if group == "es" else launchers()[path.stem].settings_class
+        assert all(f.metadata.get("help") for f in dataclasses.fields(settings))
     assert compose([f"{group}={path.stem}"])[group]["name"] == path.stem
 
 
@@ -187,23 +190,30 @@ def test_a_search_stored_before_the_group_schemas_resumes_and_hashes_as_it_did(t
     assert with_added_keys(old_none)["divergence"] == compose(["divergence=none"])["divergence"]
 
 
-def test_a_search_stored_before_the_es_schemas_resumes_and_hashes_as_it_did(tmp_path, caplog):
+def test_a_search_stored_before_the_es_and_model_schemas_resumes_and_hashes_as_it_did(tmp_path, caplog):
     """Before conf/es/*.yaml composed on their searchers' settings classes, es=pgpe's node had no
-    ``optimizer_config`` (its constructor's default then, its schema's now): the stored node ran with that default,
-    so it is no change of the search, and the hash, of the stored config and of the config composed on resume, is
+    ``optimizer_config`` (its constructor's default then, its schema's now), and before conf/model/*.yaml composed on
+    ModelConfig the tiny model's node had no ``lora_alpha`` and four more: the stored nodes ran with those defaults,
+    so they are no change of the search, and the hash, of the stored config and of the config composed on resume, is
     what it was."""
+    from meta.settings.keys import UNWRITTEN_MODEL_KEYS
+
     run_dir = tmp_path / "run"
     assert main([f"run_dir={run_dir}", "new=true", *SYNTH, "es=pgpe", "generations=1"]) == 0
     store = RunStore(run_dir)
     stored = yaml.safe_load(store.read_config_text())
     composed_hash = config_hash(stored)
     del stored["es"]["optimizer_config"]
+    for key in UNWRITTEN_MODEL_KEYS["tiny"]:
+        del stored["model"][key]
     store.write_config(yaml.safe_dump(stored, sort_keys=True))
     assert config_hash(stored) == composed_hash == "87dda153bca508d4"  # what the version before the schemas gave
     assert main([f"run_dir={run_dir}", "generations=2"]) == 0
     assert len(store.state_generations()) == 2
     assert "refused" not in caplog.text
     assert store.read_manifest()["config_hash"] == composed_hash
-    assert with_added_keys(stored)["es"] == yaml.safe_load(store.read_config_text())["es"]
+    resumed = yaml.safe_load(store.read_config_text())
+    assert {node: with_added_keys(stored)[node] for node in ("es", "model")} == {node: resumed[node]
+                                                                              for node in ("es", "model")}
     changed = {**stored, "es": {**stored["es"], "optimizer_config": {"momentum": 0.5}}}
     assert config_hash(changed) != composed_hash  # set to another value, the key is hashed

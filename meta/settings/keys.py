@@ -30,6 +30,22 @@ ADDED_SEARCH_KEYS = {"seeds_per_member": 1, "early_stop": dataclasses.asdict(Ear
 #: keys inside SEARCH_KEYS that say what a member keeps on disk, not what it computes: a resume may change them
 #: (e.g. keep checkpoints from now on), and runs started before they existed resume
 HOUSEKEEPING_KEYS = ("train.keep_checkpoints", "train.save_total_limit")
+#: the model keys each built-in model's YAML did not write before conf/model/*.yaml composed on ModelConfig
+#: (inner_loop/config.py): a search stored earlier lacks them and ran with ModelConfig's defaults, which a resume reads
+#: them at and its hash leaves out at those defaults. Stays while searches stored before the model schema may resume.
+UNWRITTEN_MODEL_KEYS = {
+    "hub": ("gguf_file", "chat_template_kwargs", "seed", "cpu_numerics", "hidden_size", "num_layers", "num_heads",
+            "intermediate_size", "max_position_embeddings", "warmup_band", "warmup_signal", "warmup_check_every",
+            "warmup_probe_size", "warmup_lr", "warmup_batch_size", "lora_alpha", "lora_dropout", "lora_target_modules"),
+    "qwen3_1_7b": ("gguf_file", "seed", "cpu_numerics", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+                   "max_position_embeddings", "warmup_band", "warmup_signal", "warmup_check_every", "warmup_probe_size",
+                   "warmup_lr", "warmup_batch_size"),
+    "smollm2_135m": ("chat_template_kwargs", "seed", "cpu_numerics", "hidden_size", "num_layers", "num_heads",
+                     "intermediate_size", "max_position_embeddings", "warmup_band", "warmup_signal",
+                     "warmup_check_every", "warmup_probe_size", "warmup_lr", "warmup_batch_size", "lora_alpha",
+                     "lora_dropout", "lora_target_modules"),
+    "tiny": ("gguf_file", "chat_template_kwargs", "lora_alpha", "lora_dropout", "lora_target_modules"),
+}
 #: the es keys every searcher has (meta/searchers/base.py SearcherSettings), which a stored node's upgrade leaves alone
 _SHARED_SETTINGS = frozenset(f.name for f in dataclasses.fields(SearcherSettings))
 
@@ -44,6 +60,7 @@ def with_added_keys(raw: Mapping[str, Any]) -> dict[str, Any]:
             node.setdefault(leaf, default)
     _with_schema_defaults(out.get("divergence"), _divergence_class(out.get("divergence")))
     _with_schema_defaults(out.get("es"), _settings_class(out.get("es")), skip=_SHARED_SETTINGS)
+    _with_schema_defaults(out.get("model"), _model_class(out.get("model")))
     return out
 
 
@@ -59,10 +76,9 @@ def _with_schema_defaults(node: Any, schema: type | None, skip: frozenset[str] =
     for f in dataclasses.fields(schema):
         if f.name in skip or f.name in node:
             continue
-        if f.default_factory is not dataclasses.MISSING:
-            node[f.name] = f.default_factory()
-        elif f.default is not dataclasses.MISSING and not composed_only(f.default):
-            node[f.name] = f.default
+        if f.default_factory is not dataclasses.MISSING or (f.default is not dataclasses.MISSING
+                                                             and not composed_only(f.default)):
+            node[f.name] = _schema_default(f)
 
 
 def _divergence_class(node: Any) -> type | None:
@@ -72,22 +88,38 @@ def _divergence_class(node: Any) -> type | None:
     return entry.config_class if entry is not None and dataclasses.is_dataclass(entry.config_class) else None
 
 
+def _model_class(node: Any) -> type | None:
+    from inner_loop.config import ModelConfig
+
+    return ModelConfig if isinstance(node, dict) else None
+
+
+def _schema_default(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+def _unwritten(picked: Mapping[str, Any]) -> dict[tuple[str, str], Any]:
+    """The (node, key)s of a picked config that its YAML did not write before the group's schema did, with their
+    defaults: an es node's settings marked ``added``, a built-in model's UNWRITTEN_MODEL_KEYS."""
+    out: dict[tuple[str, str], Any] = {}
+    es, model = picked.get("es"), picked.get("model")
+    schema = _settings_class(es)
+    for f in dataclasses.fields(schema) if schema is not None else ():
+        if f.metadata.get("added"):
+            out[("es", f.name)] = _schema_default(f)
+    if isinstance(model, dict) and model.get("name") in UNWRITTEN_MODEL_KEYS:
+        fields = {f.name: f for f in dataclasses.fields(_model_class(model))}  # type: ignore[arg-type]
+        for key in UNWRITTEN_MODEL_KEYS[model["name"]]:
+            out[("model", key)] = _schema_default(fields[key])
+    return out
+
+
 def _settings_class(node: Any) -> type | None:
     """The settings class of the searcher an es node names (None: no node, or a name this Python does not know)."""
     from meta.searchers import searchers, settings_class_of
 
     cls = searchers().get(node.get("name")) if isinstance(node, dict) else None
     return settings_class_of(cls) if cls is not None else None
-
-
-def _added_settings(node: Any) -> dict[str, Any]:
-    """The settings of an es node's searcher that its YAML did not write before its schema did (metadata
-    ``added``), with their defaults: at that default the hash leaves them out, as a search stored earlier lacks them."""
-    schema = _settings_class(node)
-    if schema is None:
-        return {}
-    return {f.name: (f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
-            for f in dataclasses.fields(schema) if f.metadata.get("added")}
 
 
 def config_hash(raw: Mapping[str, Any], keys: Sequence[str] = SEARCH_KEYS) -> str:
@@ -101,10 +133,9 @@ def config_hash(raw: Mapping[str, Any], keys: Sequence[str] = SEARCH_KEYS) -> st
         node, leaf = parent_of(picked, key)
         if node is not None and leaf in node and node[leaf] in (None, default):
             del node[leaf]
-    es = picked.get("es")
-    for key, default in _added_settings(es).items():
-        if es.get(key, default) == default:
-            es.pop(key, None)
+    for (node, key), default in _unwritten(picked).items():  # at its default, as a run stored before lacks it
+        if picked[node].get(key, default) == default:
+            picked[node].pop(key, None)
     for key in HOUSEKEEPING_KEYS:
         node, leaf = parent_of(picked, key)
         if node is not None:
