@@ -42,7 +42,15 @@ def between(low: float, high: float) -> dict[str, Any]:
 
 
 def _free() -> Any:
-    """A free-form node (a config group's option, whose keys its own reader checks)."""
+    """A free-form node (whose keys its own reader checks)."""
+    return field(default_factory=dict)
+
+
+def _inner_group() -> Any:
+    """A node of the member's inner config: typed by the inner loop's own schema, which its group's YAML names
+    (inner_loop.config.register_schemas), not here: meta names the member program by a string and leans on none of
+    its classes (a synthetic program runs on the same config); the program's validate reads the node again, before
+    anything is written."""
     return field(default_factory=dict)
 
 
@@ -146,10 +154,11 @@ class RunSchema:
     """The keys meta.run, meta.pilot and meta.tune share: the member's groups and settings, the run's own keys, and
     the keys a preset of conf/experiment/ sets for whichever command composes it."""
 
-    task: Dict[str, Any] = _free()
-    model: Dict[str, Any] = _free()
-    divergence: Dict[str, Any] = _free()
-    train: Dict[str, Any] = _free()
+    #: (its YAML composes on no schema yet: the task's config class reads it where the member program validates)
+    task: Dict[str, Any] = _inner_group()
+    model: Dict[str, Any] = _inner_group()
+    divergence: Dict[str, Any] = _inner_group()
+    train: Dict[str, Any] = _inner_group()
     #: how members run: the launcher group's option composes its launcher's settings class here (launcher/<name>_schema,
     #: a LauncherSettings subclass owned by the launcher class: launch/), or, for a YAML that names its class alone, the
     #: keys every launcher has
