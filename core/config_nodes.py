@@ -52,6 +52,24 @@ def setting(default: Any, help: str, **metadata: Any) -> Any:  # noqa: A002 - th
     return dataclasses.field(default=default, metadata={"help": help, **metadata})
 
 
+def schema_name(option: str) -> str:
+    """The ConfigStore name of a group option's schema, which its YAML names first in its defaults list
+    (``defaults: [<option>_schema, _self_]``)."""
+    return f"{option}_schema"
+
+
+def store_schemas(store: Any, group: str, entries: Mapping[str, Any], node_of: Any, stored: dict[str, Any]) -> None:
+    """Put the schema of each registry entry (``node_of(entry)``) in ``store`` (Hydra's ConfigStore, passed in: this
+    module imports nothing) as ``<group>/<name>_schema``; ``stored`` remembers what this process stored, so that an
+    entry already there is not built again (every compose registers)."""
+    present = store.repo.get(group, {})
+    for name, entry in entries.items():
+        if stored.get(name) is entry and f"{schema_name(name)}.yaml" in present:
+            continue
+        store.store(group=group, name=schema_name(name), node=node_of(entry))
+        stored[name] = entry
+
+
 def plain(value: Any) -> Any:
     """Nested mappings and sequences (OmegaConf's DictConfig and ListConfig included) as dicts with string keys and
     lists, so that what is typed, hashed or compared does not depend on the container it arrived in."""

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from core.config_nodes import plain, refuse_unknown_keys, typed_node
+from core.config_nodes import plain, refuse_unknown_keys, store_schemas, typed_node
 from core.keys import MEMBER_GPU_MEMORY_KEY, MEMBER_GPU_SHARERS_KEY
 # DivergenceConfig is read here as it was before its home moved (pickled jobs and callers name inner_loop.config)
 from inner_loop.loss.divergences import DivergenceConfig as DivergenceConfig, divergence, divergences
@@ -459,11 +459,6 @@ class InnerConfig:
 TRAIN_SCHEMA = "schema"
 
 
-def model_schema_name(name: str) -> str:
-    """The ConfigStore name of model ``name``'s schema in the model group, which conf/model/<name>.yaml names first."""
-    return f"{name}_schema"
-
-
 def register_schemas() -> None:
     """Put the schemas of the train, divergence and model groups in Hydra's ConfigStore (idempotent): TrainConfig as
     ``train/schema``, each registered divergence's config class as ``divergence/<name>_schema``
@@ -472,7 +467,6 @@ def register_schemas() -> None:
     inner_loop.run, the transfer's task composition); a group YAML that names a schema composes on it, so a key the
     schema lacks or a value of the wrong type is refused while composing."""
     from hydra.core.config_store import ConfigStore
-    from omegaconf import OmegaConf
 
     from inner_loop.loss.divergences import register_schemas as register_divergences
 
@@ -480,9 +474,17 @@ def register_schemas() -> None:
     if f"{TRAIN_SCHEMA}.yaml" not in store.repo.get("train", {}):  # each compose calls this: store it once
         store.store(group="train", name=TRAIN_SCHEMA, node=TrainConfig)
     register_divergences()
-    stored = store.repo.get("model", {})
-    for name in models():
-        if f"{model_schema_name(name)}.yaml" not in stored:
-            node = OmegaConf.structured(ModelConfig)
-            node.name = name
-            store.store(group="model", name=model_schema_name(name), node=node)
+    store_schemas(store, "model", models(), _model_schema, _REGISTERED_MODELS)
+
+
+#: the models whose schema this process has put in Hydra's ConfigStore (each compose calls register_schemas)
+_REGISTERED_MODELS: dict[str, Any] = {}
+
+
+def _model_schema(entry: Any) -> Any:
+    """A model's YAML's schema: ModelConfig with the entry's name."""
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.structured(ModelConfig)
+    node.name = entry.name
+    return node

@@ -83,12 +83,9 @@ def register_schemas() -> None:
     already stored is not built again)."""
     from hydra.core.config_store import ConfigStore
 
-    store = ConfigStore.instance()
-    for name, cls in launchers().items():
-        if _REGISTERED.get(name) is cls and f"{name}_schema.yaml" in store.repo.get("launcher", {}):
-            continue
-        store.store(group="launcher", name=f"{name}_schema", node=schema_node(cls))
-        _REGISTERED[name] = cls
+    from core.config_nodes import store_schemas
+
+    store_schemas(ConfigStore.instance(), "launcher", launchers(), schema_node, _REGISTERED)
 
 
 def launcher_options(cfg: Mapping[str, Any]) -> dict[str, Any]:

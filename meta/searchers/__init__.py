@@ -14,10 +14,8 @@ from typing import Any, Mapping
 import torch
 
 from meta.searchers.base import DTYPE, EarlyStopRule, Searcher, SearcherSettings, check_population, setting
-from core.config_nodes import typed_node
+from core.config_nodes import store_schemas, typed_node
 
-#: the es group's option whose schema conf/es/<name>.yaml names first: ``<name>_schema``
-SCHEMA_SUFFIX = "_schema"
 #: the default of a setting that has none: its YAML must give it, or it is refused naming the key (OmegaConf's word)
 REQUIRED = "???"
 
@@ -157,12 +155,7 @@ def register_schemas() -> None:
     already stored is not built again)."""
     from hydra.core.config_store import ConfigStore
 
-    store = ConfigStore.instance()
-    for name, cls in _registry().items():
-        if _REGISTERED.get(name) is cls and f"{name}{SCHEMA_SUFFIX}.yaml" in store.repo.get("es", {}):
-            continue
-        store.store(group="es", name=f"{name}{SCHEMA_SUFFIX}", node=schema_node(cls))
-        _REGISTERED[name] = cls
+    store_schemas(ConfigStore.instance(), "es", _registry(), schema_node, _REGISTERED)
 
 
 __all__ = ["EarlyStopRule", "Searcher", "SearcherSettings", "build_searcher", "check_importable", "check_population",
