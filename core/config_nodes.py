@@ -262,7 +262,9 @@ def checked_overrides(overrides: Sequence[str], tree: Mapping[str, Any], groups:
 SCHEMA_HOMES = {"": "meta/settings/schema.py", "train": "inner_loop/config.py TrainConfig",
                 "divergence": "inner_loop/loss/divergences.py, the divergence's config class",
                 "es": "meta/searchers/, the searcher's settings class",
-                "launcher": "launch/, the launcher's settings class"}
+                "launcher": "launch/, the launcher's settings class",
+                "model": "inner_loop/config.py ModelConfig",
+                "task": "inner_loop/tasks/, the task's config class"}
 
 
 def schema_error(exc: BaseException, node: str = "", given: str = "") -> str:

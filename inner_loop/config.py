@@ -460,21 +460,24 @@ TRAIN_SCHEMA = "schema"
 
 
 def register_schemas() -> None:
-    """Put the schemas of the train, divergence and model groups in Hydra's ConfigStore (idempotent): TrainConfig as
+    """Put the schemas of the train, divergence, model and task groups in Hydra's ConfigStore (idempotent): TrainConfig as
     ``train/schema``, each registered divergence's config class as ``divergence/<name>_schema``
-    (inner_loop.loss.divergences.register_schemas), and for each registered model (built-in or an entry point's)
-    ModelConfig with its name as ``model/<name>_schema``. Whoever composes conf/ calls it first (meta's compose,
+    (inner_loop.loss.divergences.register_schemas), for each registered model (built-in or an entry point's)
+    ModelConfig with its name as ``model/<name>_schema``, and each task's config class as ``task/<name>_schema``
+    (inner_loop.tasks.register_schemas). Whoever composes conf/ calls it first (meta's compose,
     inner_loop.run, the transfer's task composition); a group YAML that names a schema composes on it, so a key the
     schema lacks or a value of the wrong type is refused while composing."""
     from hydra.core.config_store import ConfigStore
 
     from inner_loop.loss.divergences import register_schemas as register_divergences
+    from inner_loop.tasks import register_schemas as register_tasks
 
     store = ConfigStore.instance()
     if f"{TRAIN_SCHEMA}.yaml" not in store.repo.get("train", {}):  # each compose calls this: store it once
         store.store(group="train", name=TRAIN_SCHEMA, node=TrainConfig)
     register_divergences()
     store_schemas(store, "model", models(), _model_schema, _REGISTERED_MODELS)
+    register_tasks()
 
 
 #: the models whose schema this process has put in Hydra's ConfigStore (each compose calls register_schemas)

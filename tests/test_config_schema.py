@@ -69,14 +69,14 @@ def test_a_train_or_divergence_yaml_names_its_schema_and_repeats_none_of_its_def
     assert {key: value for key, value in body.items() if key != "defaults" and defaults.get(key) == value} == {}
 
 
-@pytest.mark.parametrize("path", sorted([*(CONF_DIR / "es").glob("*.yaml"), *(CONF_DIR / "launcher").glob("*.yaml"),
-                                          *(CONF_DIR / "model").glob("*.yaml")]),
+@pytest.mark.parametrize("path", sorted(path for group in ("es", "launcher", "model", "task")
+                                        for path in (CONF_DIR / group).glob("*.yaml")),
                          ids=lambda path: f"{path.parent.name}/{path.stem}")
-def test_an_es_launcher_or_model_yaml_names_its_schema_and_repeats_none_of_its_defaults(path):
+def test_an_es_launcher_model_or_task_yaml_names_its_schema_and_repeats_none_of_its_defaults(path):
     """conf/es/<name>.yaml composes on its searcher's settings class (meta.searchers.register_schemas),
     conf/launcher/<name>.yaml on its launcher's (launch.factory.register_schemas), whose every field carries its help,
-    conf/model/<name>.yaml on ModelConfig with its name (inner_loop.config.register_schemas): a value the YAML repeats
-    would be a second home of that default."""
+    conf/model/<name>.yaml on ModelConfig with its name, conf/task/<name>.yaml on its task's config class
+    (inner_loop.config.register_schemas): a value the YAML repeats would be a second home of that default."""
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
@@ -90,7 +90,7 @@ def test_an_es_launcher_or_model_yaml_names_its_schema_and_repeats_none_of_its_d
     assert body.get("defaults") == [f"{path.stem}_schema", "_self_"]
     defaults = OmegaConf.to_container(ConfigStore.instance().load(f"{group}/{path.stem}_schema.yaml").node)
     assert {key: value for key, value in body.items() if key != "defaults" and defaults.get(key) == value} == {}
-    if group != "model":
+    if group in ("es", "launcher"):
         settings = settings_class_of(searcher_class(path.stem)) if group == "es" else launchers()[path.stem].settings_class
         assert all(f.metadata.get("help") for f in dataclasses.fields(settings))
     assert compose([f"{group}={path.stem}"])[group]["name"] == path.stem
@@ -131,6 +131,10 @@ def test_a_preset_s_bad_train_or_divergence_key_is_refused_naming_it_and_the_fil
                                    "Float (the type and default of launcher.kill_grace_s: launch/, the launcher's "
                                    "settings class)"),
     ("+launcher.partition=gpu", "launcher.partition"),
+    ("task.train_size=many", "task.train_size=many: Value 'many' of type 'str' could not be converted to Integer (the "
+                             "type and default of task.train_size: inner_loop/tasks/, the task's config class)"),
+    ("model.lora_r=x", "model.lora_r=x: Value 'x' of type 'str' could not be converted to Integer (the type and "
+                       "default of model.lora_r: inner_loop/config.py ModelConfig)"),
 ])
 def test_a_bad_value_exits_2_naming_the_key_before_anything_is_written(tmp_path, capsys, override, fragment):
     run_dir = tmp_path / "run"

@@ -97,7 +97,10 @@ MODULE_EXCEPTIONS: dict[str, frozenset[str]] = {
                                     # the divergence registry: divergence.name and its forms (no torch, nothing above)
                                     "inner_loop.loss.divergences",
                                     # the model registry: model.name (no torch, nothing above)
-                                    "inner_loop.models.registry"}),
+                                    "inner_loop.models.registry",
+                                    # the task registry, whose config classes register_schemas puts in Hydra's
+                                    # ConfigStore as the task group's schemas (the tasks' modules import no torch)
+                                    "inner_loop.tasks"}),
     # the fingerprint composes the single run's config as python -m inner_loop.run does
     "inner_loop.numerics": frozenset({"inner_loop.run"}),
 

@@ -154,7 +154,6 @@ class RunSchema:
     """The keys meta.run, meta.pilot and meta.tune share: the member's groups and settings, the run's own keys, and
     the keys a preset of conf/experiment/ sets for whichever command composes it."""
 
-    #: (its YAML composes on no schema yet: the task's config class reads it where the member program validates)
     task: Dict[str, Any] = _inner_group()
     model: Dict[str, Any] = _inner_group()
     divergence: Dict[str, Any] = _inner_group()
