@@ -22,7 +22,7 @@ from conf_groups import load_group
 from time_limits import run_with_progress
 
 ROOT = Path(__file__).resolve().parent.parent
-ARITH = yaml.safe_load((ROOT / "conf" / "task" / "arith.yaml").read_text())
+ARITH = load_group("task", "arith")
 SMALL = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
 
 
