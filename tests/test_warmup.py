@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 import inner_loop.training.warmup as warmup
 from inner_loop.config import InnerConfig, ModelConfig
