@@ -460,8 +460,8 @@ TRAIN_SCHEMA = "schema"
 
 
 def register_schemas() -> None:
-    """Put the schemas of the train, divergence, model and task groups in Hydra's ConfigStore (idempotent): TrainConfig as
-    ``train/schema``, each registered divergence's config class as ``divergence/<name>_schema``
+    """Put the schemas of the train, divergence, model and task groups in Hydra's ConfigStore (idempotent):
+    TrainConfig as ``train/schema``, each registered divergence's config class as ``divergence/<name>_schema``
     (inner_loop.loss.divergences.register_schemas), for each registered model (built-in or an entry point's)
     ModelConfig with its name as ``model/<name>_schema``, and each task's config class as ``task/<name>_schema``
     (inner_loop.tasks.register_schemas). Whoever composes conf/ calls it first (meta's compose,

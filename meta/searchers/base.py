@@ -12,7 +12,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping, Optional
+from typing import Any, ClassVar, Mapping
 
 import torch
 
@@ -35,12 +35,13 @@ class SearcherSettings:
     radius: float = setting(0.01, "the search radius, the per-coordinate spread of the samples around the centre (pgpe, "
                                   "snes and cem start their stdev there, cmaes its step size, openai_es_elite and nres "
                                   "their sigma); a preset sets it, meta.pilot scans it (pilot.radii)")
-    member_steps: Optional[int] = setting(
+    member_steps: Any = setting(
         None, "training steps of one search member (null: train.steps, which stays the length of the exported single "
               "run, the selection and reporting runs and transfer; a member's schedule is train's shrunk to its own "
               "steps). Shorter members cost less but rank maps by how they do early (short-horizon bias): "
               "meta.pilot's horizon check measures whether member_steps ranks maps as train.steps does "
-              "(docs/pilot.md); not a setting of the searcher itself")
+              "(docs/pilot.md); not a setting of the searcher itself. An integer from 1 to train.steps or null: "
+              "meta/search/config.py checks it against train.steps, naming both")
 
     #: the keys that are the search's, not the searcher's: its constructor does not take them
     SEARCH_OWN: ClassVar[tuple[str, ...]] = ("name", "member_steps")
