@@ -1,4 +1,5 @@
-"""Third-party entries of the registries (searchers, divergences, tasks), found through Python entry points.
+"""Third-party entries of the registries (searchers, divergences, tasks, models, launchers), found through Python
+entry points.
 
 Why: adding a searcher, a divergence or a task must be one new module and one new YAML, with no file of this
 repository edited. A package declares its entry under the group ``mirror_es.<registry>`` (in its pyproject.toml:

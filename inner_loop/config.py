@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from core.config.group_schemas import store_schemas
 from core.config.plain_data import plain, refuse_unknown_keys
 from core.config.typed_nodes import one_of, typed_node
 from core.keys import MEMBER_GPU_MEMORY_KEY, MEMBER_GPU_SHARERS_KEY
@@ -18,6 +19,7 @@ from core.keys import MEMBER_GPU_MEMORY_KEY, MEMBER_GPU_SHARERS_KEY
 # inner_loop.config); the vocabularies below import no config, so the arrows run one way: config -> loss, models, ...
 from inner_loop.loss.divergences import DivergenceConfig as DivergenceConfig, divergence_config as divergence_config
 from inner_loop.models.model_config import ModelConfig as ModelConfig
+from inner_loop.models.registry import models
 from inner_loop.process.pinned import PINNED_THREADS
 
 T = TypeVar("T")
@@ -330,16 +332,34 @@ TRAIN_SCHEMA = "schema"
 
 
 def register_schemas() -> None:
-    """Put the schemas of the train and divergence groups in Hydra's ConfigStore (idempotent): TrainConfig as
-    ``train/schema``, and each registered divergence's config class as ``divergence/<name>_schema``
-    (inner_loop.loss.divergences.register_schemas). Whoever composes conf/ calls it first (meta's compose,
+    """Put the schemas of the train, divergence, model and task groups in Hydra's ConfigStore (idempotent):
+    TrainConfig as ``train/schema``, each registered divergence's config class as ``divergence/<name>_schema``
+    (inner_loop.loss.divergences.register_schemas), for each registered model (built-in or an entry point's)
+    ModelConfig with its name as ``model/<name>_schema``, and each task's config class as ``task/<name>_schema``
+    (inner_loop.tasks.register_schemas). Whoever composes conf/ calls it first (meta's compose,
     inner_loop.run, the transfer's task composition); a group YAML that names a schema composes on it, so a key the
     schema lacks or a value of the wrong type is refused while composing."""
     from hydra.core.config_store import ConfigStore
 
     from inner_loop.loss.divergences import register_schemas as register_divergences
+    from inner_loop.tasks import register_schemas as register_tasks
 
     store = ConfigStore.instance()
     if f"{TRAIN_SCHEMA}.yaml" not in store.repo.get("train", {}):  # each compose calls this: store it once
         store.store(group="train", name=TRAIN_SCHEMA, node=TrainConfig)
     register_divergences()
+    store_schemas(store, "model", models(), _model_schema, _REGISTERED_MODELS)
+    register_tasks()
+
+
+#: the models whose schema this process has put in Hydra's ConfigStore (each compose calls register_schemas)
+_REGISTERED_MODELS: dict[str, Any] = {}
+
+
+def _model_schema(entry: Any) -> Any:
+    """A model's YAML's schema: ModelConfig with the entry's name."""
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.structured(ModelConfig)
+    node.name = entry.name
+    return node

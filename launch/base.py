@@ -11,8 +11,9 @@ import abc
 import platform
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Iterator, Mapping, Sequence
+from typing import Any, ClassVar, Iterator, Mapping, Optional, Sequence
 
+from core.config.group_schemas import setting
 from core.gpu_time import GpuSharing
 from core.records import MemberSpec
 
@@ -66,11 +67,33 @@ class SubmissionError(RuntimeError):
     to the runner, so the run can stop cleanly and a resume re-attaches to them."""
 
 
-#: defaults of the launcher keys every backend reads (conf/launcher/*.yaml spell the same values)
+#: defaults of the launcher keys every backend reads (LauncherSettings; the runner's policy falls back on them)
 #: a member still running this long after inner.timeout_s is killed or cancelled
 DEFAULT_KILL_GRACE_S = 30.0
 #: resubmissions of a member whose job vanished without a result
 DEFAULT_MAX_LOST_RESUBMITS = 3
+
+
+@dataclass
+class LauncherSettings:
+    """The launcher node: the keys every launcher has. A launcher with keys of its own declares a subclass
+    (``Launcher.settings_class``), registered in Hydra's ConfigStore as ``launcher/<name>_schema`` (launch/factory.py
+    register_schemas), which its YAML (conf/launcher/<name>.yaml) names first in its defaults and then sets only what
+    differs, so each field is the one home of its key's type, default and help. A field whose metadata has
+    ``composed`` (``"${resources.gpus}"``) reads that key where conf/ is composed: the launcher follows the member's
+    resources unless its YAML says otherwise; its default serves a node built in code."""
+
+    name: str = setting("", "the launcher (the launcher group's option: conf/launcher/<name>.yaml)")
+    cls: str = setting("", "module:Class of its launch.base.Launcher subclass")
+    kill_grace_s: float = setting(DEFAULT_KILL_GRACE_S, "a member is killed (cancelled) this long after "
+                                                        "inner.timeout_s if it did not stop itself")
+    max_lost_resubmits: int = setting(DEFAULT_MAX_LOST_RESUBMITS, "resubmissions of a job that vanished without a "
+                                                                  "result")
+    result_grace_s: float = setting(0.0, "a job that ended with no result.json in sight is looked at again this long "
+                                         "after before it counts as lost or failed (0 on this machine's filesystem; "
+                                         "~60-90 on NFS, where another node's new file can stay invisible ~60 s)")
+    gpu_sharing: Optional[str] = setting(None, "how members of resources.members_per_gpu >= 2 share a GPU: one of "
+                                               "the launcher class's gpu_sharing modes; null: its own way")
 
 
 @dataclass(frozen=True)
@@ -129,6 +152,10 @@ class Launcher(abc.ABC):
     runs_here: ClassVar[bool] = False
     #: what ``job_namespace`` names, in words, for the message that refuses a resume elsewhere
     namespace_kind: ClassVar[str] = "host"
+    #: the launcher group's option whose schema is its settings class (registered launchers: launch/factory.py)
+    name: ClassVar[str] = ""
+    #: the dataclass of its launcher node (LauncherSettings, or a subclass with keys of its own)
+    settings_class: ClassVar[type[LauncherSettings]] = LauncherSettings
 
     @classmethod
     def parallel_slots(cls, options: Mapping[str, Any]) -> int | None:

@@ -1,13 +1,17 @@
-"""Build a launcher from its config node (conf/launcher/<name>.yaml).
+"""Build a launcher from its config node (conf/launcher/<name>.yaml), and the launcher group's schemas.
 
 The node names its class in ``cls`` ("module:Class"), so a new backend is a module plus a YAML file; the
-orchestrator never changes. Every other key is passed to the class as an option.
+orchestrator never changes. Every other key is passed to the class as an option. The registered launchers (the
+built-in ones and those installed packages declare under ``mirror_es.launchers``) put their settings class in Hydra's
+ConfigStore as ``launcher/<name>_schema``, with ``name`` and ``cls`` set, which their YAML names first.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping
 
-from launch.base import DEFAULT_KILL_GRACE_S, DEFAULT_MAX_LOST_RESUBMITS, Launcher, LauncherPlan, PlanContext
+from launch.base import (DEFAULT_KILL_GRACE_S, DEFAULT_MAX_LOST_RESUBMITS, Launcher, LauncherPlan, LauncherSettings,
+                         PlanContext)
 from launch.member import resolve_target
 from launch.runner import RunnerPolicy
 
@@ -29,6 +33,58 @@ def launcher_class(cfg: Mapping[str, Any]) -> type[Launcher]:
     if not (isinstance(cls, type) and issubclass(cls, Launcher)):
         raise ValueError(f"launcher.cls {target!r} is not a launch.base.Launcher subclass")
     return cls
+
+
+def launchers() -> dict[str, type[Launcher]]:
+    """Every registered launcher, by its name: the built-in ones, then those installed packages declare under the
+    ``mirror_es.launchers`` entry-point group (a Launcher subclass whose ``name`` is the entry point's). A launcher
+    whose keys are the shared ones needs no entry: its YAML names its class (docs/extending.md)."""
+    from core.entry_points import entry_point_objects
+    from launch.local.launchers import DebugLauncher, LocalLauncher
+    from launch.slurm.launcher import SlurmLauncher
+
+    classes: list[type[Launcher]] = [LocalLauncher, DebugLauncher, SlurmLauncher]
+    classes += entry_point_objects(
+        "launchers", "a launch.base.Launcher subclass",
+        lambda c: c.name if isinstance(c, type) and issubclass(c, Launcher) else None).values()
+    return {cls.name: cls for cls in classes}
+
+
+def settings_class(cfg: Mapping[str, Any]) -> type[LauncherSettings]:
+    """The dataclass of the launcher node ``cfg`` (its class's ``settings_class``); ValueError naming the key when
+    ``cls`` does not name a launcher or its settings class is not a LauncherSettings."""
+    cls = launcher_class(cfg)
+    declared = cls.settings_class
+    if not (isinstance(declared, type) and issubclass(declared, LauncherSettings)):
+        raise ValueError(f"launcher.cls {cfg.get('cls')!r}: its settings_class {declared!r} is not a "
+                         "launch.base.LauncherSettings subclass (docs/extending.md)")
+    return declared
+
+
+def schema_node(cls: type[Launcher]) -> Any:
+    """The schema conf/launcher/<name>.yaml composes on: its settings class with ``name`` and ``cls`` set, and the
+    keys it takes from the member's resources as interpolations (field metadata ``composed``)."""
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.structured(cls.settings_class)
+    node.name, node.cls = cls.name, f"{cls.__module__}:{cls.__qualname__}"
+    for f in dataclasses.fields(cls.settings_class):
+        if "composed" in f.metadata:
+            node[f.name] = f.metadata["composed"]
+    return node
+
+
+#: the launchers whose schema this process has put in Hydra's ConfigStore (each compose calls register_schemas)
+_REGISTERED: dict[str, type[Launcher]] = {}
+
+
+def register_schemas() -> None:
+    """Every registered launcher's settings in Hydra's ConfigStore as ``launcher/<name>_schema`` (idempotent: one
+    already stored is not built again)."""
+    from hydra.core.config_store import ConfigStore
+
+    from core.config.group_schemas import store_schemas
+    store_schemas(ConfigStore.instance(), "launcher", launchers(), schema_node, _REGISTERED)
 
 
 def launcher_options(cfg: Mapping[str, Any]) -> dict[str, Any]:

@@ -12,19 +12,19 @@ from inner_loop.loss.divergences import fill_default_coef
 CONF = Path(__file__).resolve().parent.parent / "conf"
 
 
-def load_group(group: str, name: str, root: Path = CONF) -> dict[str, Any]:
-    """``conf/<group>/<name>.yaml`` as a plain dict with its interpolations resolved, over the schemas its defaults
-    list names in Hydra's ConfigStore (and, for a divergence, its default coefficient filled from the registry, as a
-    composition does)."""
+def load_group(group: str, name: str, root: Path = CONF, resolve: bool = True) -> dict[str, Any]:
+    """``conf/<group>/<name>.yaml`` as a plain dict with its interpolations resolved (``resolve``), over the schemas
+    its defaults list names in Hydra's ConfigStore (and, for a divergence, its default coefficient filled from the
+    registry, as a composition does)."""
     from hydra.core.config_store import ConfigStore
 
-    from inner_loop.config import register_schemas
+    from meta.settings.schema import register
 
-    register_schemas()
+    register()
     body = OmegaConf.load(root / group / f"{name}.yaml")
     nodes = [ConfigStore.instance().load(f"{group}/{entry}.yaml").node
              for entry in body.pop("defaults", []) if entry != "_self_"]
-    node = OmegaConf.to_container(OmegaConf.merge(*nodes, body), resolve=True)
+    node = OmegaConf.to_container(OmegaConf.merge(*nodes, body), resolve=resolve)
     if group == "divergence":
         fill_default_coef({"divergence": node})
     return node  # type: ignore[return-value]

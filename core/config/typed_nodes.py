@@ -23,10 +23,14 @@ from core.config.plain_data import closest_keys, plain, refuse_unknown_keys
 T = TypeVar("T")
 
 
-#: where the schema of a composed key lives, by its first part: the train and divergence groups' own
-#: (inner_loop.config.register_schemas puts them in Hydra's ConfigStore), else the root's
+#: where the schema of a composed key lives, by its first part: the groups' own (inner_loop.config, meta.searchers and
+#: launch.factory register_schemas put them in Hydra's ConfigStore), else the root's
 SCHEMA_HOMES = {"": "meta/settings/schema.py", "train": "inner_loop/config.py TrainConfig",
-                "divergence": "inner_loop/loss/divergences.py, the divergence's config class"}
+                "divergence": "inner_loop/loss/divergences.py, the divergence's config class",
+                "es": "meta/searchers/, the searcher's settings class",
+                "launcher": "launch/, the launcher's settings class",
+                "model": "inner_loop/models/model_config.py ModelConfig",
+                "task": "inner_loop/tasks/, the task's config class"}
 
 
 def schema_error(exc: BaseException, node: str = "", given: str = "") -> str:
@@ -78,12 +82,12 @@ def typed_value(where: str, value: Any, hint: Any, *, prefix: str = "") -> Any:
     are read as numbers, a list of strings must hold strings, a free-form mapping is kept intact.
     """
     hint, optional = _without_none(hint)
+    if hint is Any:  # any value, null included
+        return value
     if value is None:
         if optional:
             return None
         raise ValueError(f"{prefix}{where} must not be null")
-    if hint is Any:
-        return value
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if hint is dict or origin is dict:
         entries = args[1] if len(args) == 2 else Any

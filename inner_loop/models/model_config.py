@@ -20,7 +20,9 @@ WARMUP_SIGNALS = ("sampled", "greedy")
 
 @dataclass
 class ModelConfig:
-    """Which policy to train; `tiny` is built in code, the others load weights from a path, hub id or GGUF."""
+    """Which policy to train; `tiny` is built in code, the others load weights from a path, hub id or GGUF. The
+    schema of the model group: every registered model's YAML composes on it (``model/<name>_schema``, with its name
+    set: inner_loop.config.register_schemas), so each field here is the one home of its key's type and default."""
 
     name: str = "tiny"
     name_or_path: str | None = None

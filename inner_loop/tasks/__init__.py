@@ -5,6 +5,7 @@ so a mistake fails at submission time rather than on a cluster node.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -38,6 +39,30 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'inner_loop.tasks' has no attribute {name!r}")
 
 
+def schema_node(cls: type[Task]) -> Any:
+    """The schema conf/task/<name>.yaml composes on: the task's config class with its ``name`` (a key of the task
+    node that the class itself does not take: config_from_mapping drops it)."""
+    from omegaconf import OmegaConf
+
+    config = cls.config_class
+    named = dataclasses.make_dataclass(f"{config.__name__}Node", [("name", str, dataclasses.field(default=cls.name))],
+                                       bases=(config,), frozen=config.__dataclass_params__.frozen)
+    return OmegaConf.structured(named)
+
+
+#: the tasks whose schema this process has put in Hydra's ConfigStore (each compose calls register_schemas)
+_REGISTERED: dict[str, type[Task]] = {}
+
+
+def register_schemas() -> None:
+    """Every registered task's config class in Hydra's ConfigStore as ``task/<name>_schema`` (idempotent), which
+    its YAML names first: a mistyped key or a value of the wrong type is refused while composing."""
+    from hydra.core.config_store import ConfigStore
+
+    from core.config.group_schemas import store_schemas
+    store_schemas(ConfigStore.instance(), "task", task_classes(), schema_node, _REGISTERED)
+
+
 def check_transfer(task: Task) -> None:
     """ValueError unless a finished run may be scored zero-shot on ``task``: its class declares ``transfer`` and a
     test split."""
@@ -59,4 +84,4 @@ def build_task(cfg: Mapping[str, Any]) -> Task:
 
 
 __all__ = ["SPLITS", "TASK_CONFIGS", "TASK_NAMES", "Problem", "SplitOverlapError", "Task", "build_task", "check_disjoint",
-           "check_transfer", "prompt_hash", "task_classes"]
+           "check_transfer", "prompt_hash", "register_schemas", "task_classes"]

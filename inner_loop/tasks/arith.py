@@ -28,16 +28,27 @@ _SPLIT_STREAM = {"train": 0, "validation": 1, "test": 2}
 
 @dataclass
 class ArithConfig:
-    """See conf/task/arith.yaml for what each key means."""
+    """The schema of task=arith: conf/task/arith.yaml composes on it (task/arith_schema, with its
+    name), so each field is the one home of its key's type, default and meaning."""
 
+    #: number of distinct training problems (must be <= half the training share of the problem space)
     train_size: int = 4000
+    #: number of validation problems; validation pass@1 on these is a population member's fitness
     validation_size: int = 200
+    #: number of held-out test problems (reporting only, never fitness)
     test_size: int = 200
+    #: base seed; train / validation / test draw from separate streams derived from it
     seed: int = 0
+    #: each operand has between min_digits and max_digits digits (digit count drawn uniformly, then the number)
     min_digits: int = 1
     max_digits: int = 2
+    #: operators to use, any non-empty subset of ["+", "-", "*"]; addition only by default (learnable by the tiny model)
     operators: list[str] = field(default_factory=lambda: ["+"])
+    #: if false, a - b is drawn with a >= b so answers are never negative
     allow_negative: bool = False
+    #: prompt format with fields {a}, {op}, {b} (format specs allowed); prompts must stay <= 23 characters. Zero-padded
+    #: operands ("07+38=") line the digits up at fixed positions: the tiny model learns addition ~3x faster than with
+    #: "7+38=" (greedy pass@1 0.56 vs 0.08 after 600 warm-up steps), so RL has a learnable task.
     prompt_template: str = "{a:02d}{op}{b:02d}="
 
 

@@ -21,16 +21,25 @@ GOLD_MARKER = "####"
 
 @dataclass
 class GSM8KConfig:
-    """See conf/task/gsm8k.yaml for what each key means."""
+    """The schema of task=gsm8k: conf/task/gsm8k.yaml composes on it (task/gsm8k_schema, with its
+    name), so each field is the one home of its key's type, default and meaning."""
 
+    #: hub dataset id and config, loaded with datasets.load_dataset (needs network or a warm HF cache)
     hub_id: str = "openai/gsm8k"
     hub_config: str | None = "main"
+    #: local files in the hub's format (.json array or JSON lines, .jsonl, .parquet); when train_file is set the hub is
+    #: not used. test_file is optional (without it the test split is unavailable).
     train_file: str | None = None
     test_file: str | None = None
+    #: training problems after carving validation (null = all that remain)
     train_size: int | None = None
+    #: validation problems carved from the training split
     validation_size: int = 500
+    #: test problems, the first N of the test split (null = all)
     test_size: int | None = None
+    #: seed of the shuffle that picks the validation subset
     split_seed: int = 0
+    #: prompt format; field {question}
     prompt_template: str = "Question: {question}\nAnswer:"
 
 

@@ -25,13 +25,20 @@ _POOL_MARGIN = 0.1
 
 @dataclass
 class GSMSymbolicConfig:
-    """See conf/task/gsm_symbolic.yaml for what each key means."""
+    """The schema of task=gsm_symbolic: conf/task/gsm_symbolic.yaml composes on it (task/gsm_symbolic_schema, with its
+    name), so each field is the one home of its key's type, default and meaning."""
 
+    #: training problems
     train_size: int = 2000
+    #: validation problems carved from the generated training pool
     validation_size: int = 200
+    #: test problems (reporting only, never fitness)
     test_size: int = 200
+    #: reasoning-gym generation seed (>= 0)
     seed: int = 0
+    #: seed of the shuffle that picks the validation subset from the pool
     split_seed: int = 0
+    #: prompt format; field {question}
     prompt_template: str = "Question: {question}\nAnswer:"
 
 

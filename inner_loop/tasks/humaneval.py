@@ -26,13 +26,22 @@ _BODY_STOPS = ("\nclass ", "\nif __name__", "\nprint(", "\nassert ")
 
 @dataclass
 class HumanEvalConfig:
-    """See conf/task/humaneval.yaml for what each key means."""
+    """The schema of task=humaneval: conf/task/humaneval.yaml composes on it (task/humaneval_schema, with its
+    name), so each field is the one home of its key's type, default and meaning."""
 
+    #: a HumanEval-format .jsonl(.gz) file instead of the package's copy (null = the package's 164 problems)
     problems_file: str | None = None
+    #: the first N problems (null = all)
     test_size: int | None = None
+    #: prompt format; fields {prompt} (signature + docstring) and {entry_point}
     prompt_template: str = "{prompt}"
+    #: wall-clock limit in seconds for running one completion's program with its tests in the sandbox
     timeout_s: float = 5.0
-    #: inner_loop.sandbox.pool.SandboxConfig keys (require_isolation, memory_mb, workers, ...); {}: its defaults
+    #: the sandbox that runs completions (inner_loop.sandbox.pool.SandboxConfig): require_isolation (refuse to run
+    #: without bubblewrap; set true on a cluster), memory_mb (1024), max_processes (32), max_file_mb (64), tmp_mb (64),
+    #: scratch_mb (256), workers (0: two per CPU of the job's allocation), python (interpreter inside; "": this one).
+    #: {}: those defaults. On the command line add a key with a plus: `python -m inner_loop.evaluate work_dir=<finished
+    #: run> task=humaneval +task.sandbox.require_isolation=true`
     sandbox: dict[str, Any] = field(default_factory=dict)
 
 

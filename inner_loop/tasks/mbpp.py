@@ -34,23 +34,47 @@ VALIDATION_SOURCES = ("auto", "hub", "carve")
 
 @dataclass
 class MBPPConfig:
-    """See conf/task/mbpp.yaml for what each key means."""
+    """The schema of task=mbpp: conf/task/mbpp.yaml composes on it (task/mbpp_schema, with its
+    name), so each field is the one home of its key's type, default and meaning."""
 
+    #: hub dataset id and config (full | sanitized), loaded with datasets.load_dataset
     hub_id: str = "google-research-datasets/mbpp"
     hub_config: str | None = "full"
+    #: hub splits merged into the training pool (validation is carved from it); never "test"
     train_splits: list[str] = field(default_factory=lambda: ["train"])
+    #: local files in the hub's format (.json / .jsonl / .parquet); when train_file is set the hub is not used
     train_file: str | None = None
     test_file: str | None = None
+    #: local file in the hub's format holding the validation split (with train_file; used unless
+    #: validation_source=carve)
     validation_file: str | None = None
+    #: where validation comes from: auto = the source's validation split when it has one (the hub always; local files
+    #: when validation_file is set), else carved; hub = require that split; carve = always carve validation_size
     validation_source: str = "auto"
+    #: training problems after carving validation (null = all that remain)
     train_size: int | None = None
+    #: validation problems carved from the training pool (only when validation is carved, see validation_source)
     validation_size: int = 50
+    #: test problems, the first N of the test split (null = all)
     test_size: int | None = None
+    #: seed of the shuffle that picks the validation subset
     split_seed: int = 0
+    #: also score challenge_test_list asserts (config "full" only)
     include_challenge_tests: bool = False
+    #: prompt format; fields {text}, {first_test}, {tests} (all of test_list, one per line)
     prompt_template: str = "{text}\nYour code should pass this test:\n{first_test}\n"
+    #: wall-clock limit in seconds for running one completion's program with its tests in the sandbox. A step scores its
+    #: whole batch before it trains, so one completion that loops holds the step this long (measured: the stall equals
+    #: the limit, whatever the worker count). 1.5 s is 10x the slowest of the 164 HumanEval canonical solutions graded
+    #: here (0.128-0.135 s on a 2-core Xeon; median 0.012 s): room for a 3x slower machine and 3x slower honest code,
+    #: where 5 s added ~5 s (80% of an mbpp_qwen3 step on an H200) per looping completion
+    #: (bench/bench_sandbox_timeout.py)
     timeout_s: float = 1.5  # conf/task/mbpp.yaml says why (bench/bench_sandbox_timeout.py)
-    #: inner_loop.sandbox.pool.SandboxConfig keys (require_isolation, memory_mb, workers, ...); {}: its defaults
+    #: the sandbox that runs completions (inner_loop.sandbox.pool.SandboxConfig): require_isolation (refuse to run
+    #: without bubblewrap; set true on a cluster), memory_mb (1024), max_processes (32), max_file_mb (64), tmp_mb (64),
+    #: scratch_mb (256), workers (0: two per CPU of the job's allocation), python (interpreter inside; "": this one).
+    #: {}: those defaults. On the command line add a key with a plus: `python -m inner_loop.run task=mbpp
+    #: +task.sandbox.require_isolation=true`
     sandbox: dict[str, Any] = field(default_factory=dict)
 
 

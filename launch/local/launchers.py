@@ -4,15 +4,18 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Optional, Sequence
 
-from launch.base import DEFAULT_KILL_GRACE_S, JobRef, LauncherPlan, PlanContext, SubmissionError, machine_plan
+from launch.base import (DEFAULT_KILL_GRACE_S, JobRef, LauncherPlan, LauncherSettings, PlanContext, SubmissionError,
+                         machine_plan)
 from launch.local.controllers import controller_running, sigint_deliverable_to_children, stop_controllers
 from launch.local.gpu_slots import GpuSlotBook, Slot, cut_slots
 from launch.member import load_program, run_member
 from launch.submitit_base import MAX_GPUS_PER_MEMBER, SubmititLauncher, check_gpus_per_member
 from results.store.gpu_share import read_gpu_share, write_gpu_share
+from core.config.group_schemas import setting
 from core.gpu_time import MEMBERS_PER_GPU_CHOICES
 from core.records import MemberSpec
 
@@ -41,6 +44,26 @@ class HostedPrograms:
         self._asked.clear()
 
 
+@dataclass
+class LocalSettings(LauncherSettings):
+    """launcher=local's keys (conf/launcher/local.yaml composes on them as launcher/local_schema)."""
+
+    array_parallelism: Optional[int] = setting(None, "members running at once; null: this machine's cores, or with "
+                                                     "GPUs one per GPU slot")
+    gpus_per_node: Optional[int] = setting(
+        None, "GPUs of each member. N >= 1: each member in flight gets its OWN N GPUs from visible_gpus as its "
+              "CUDA_VISIBLE_DEVICES; members wait for a free slot, so at most len(visible_gpus) / N run at once (and "
+              "at most array_parallelism); a slot comes back when its member's process ends. 0 hides every GPU (CPU "
+              "members). null: every member sees exactly the GPUs this process sees (no slots). A member trains on "
+              "at most ONE GPU: N > 1, or null while this process sees several GPUs, is refused up front",
+        composed="${resources.gpus}")
+    visible_gpus: list[int] = setting([], "the GPUs the slots are cut from (empty: the GPUs this process sees: "
+                                          "CUDA_VISIBLE_DEVICES, else every device torch sees)")
+    members_per_gpu: int = setting(1, "members sharing each GPU slot (resources.members_per_gpu: 1, 2 or 4): with k, "
+                                      "every slot takes k members at once, an antithetic pair on the same GPU; each "
+                                      "member still runs in its own process", composed="${resources.members_per_gpu}")
+
+
 class LocalLauncher(SubmititLauncher):
     """Each member runs in its own process on this machine (submitit.LocalExecutor).
 
@@ -54,6 +77,8 @@ class LocalLauncher(SubmititLauncher):
     #: members of resources.members_per_gpu >= 2 share a GPU slot (launch/local/gpu_slots.py); no other mode
     gpu_sharing = ("slots",)
     runs_here = True
+    name = "local"
+    settings_class = LocalSettings
 
     @classmethod
     def plan(cls, name: str, options: Mapping[str, Any], context: PlanContext) -> LauncherPlan:
@@ -331,6 +356,7 @@ class DebugLauncher(SubmititLauncher):
 
     poll_interval_s = 0.0
     runs_here = True
+    name = "debug"
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)

@@ -62,6 +62,8 @@ class SlurmLauncher(SubmititLauncher):
     #: the queue summary (how many tasks wait, and why) is logged at most this often, or on a new reason
     queue_log_interval_s: float = 300.0
     gpu_sharing = GPU_SHARING
+    name = "slurm"
+    settings_class = SlurmOptions
     namespace_kind = "SLURM cluster"
 
     @classmethod

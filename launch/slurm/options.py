@@ -6,12 +6,13 @@ the cluster, and so that the mapping to submitit's sbatch parameters is one read
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
 
-from launch.base import DEFAULT_KILL_GRACE_S, DEFAULT_MAX_LOST_RESUBMITS
+from launch.base import LauncherSettings
 from core.gpu_time import MEMBERS_PER_GPU_CHOICES
 from core.notice_window import SIGNAL_DELAY_ENV
+from core.config.group_schemas import setting
 from core.config.typed_nodes import typed_node
 
 #: how members share a GPU: ``packed`` (k members in one array task holding the GPU: works on any cluster) or
@@ -24,37 +25,58 @@ JOB_NAME_PREFIX_MAX = 160
 
 
 @dataclass
-class SlurmOptions:
-    """One array task = one member (or members_per_gpu packed members) with these resources; see
-    conf/launcher/slurm.yaml for the meaning."""
+class SlurmOptions(LauncherSettings):
+    """launcher=slurm's keys (conf/launcher/slurm.yaml composes on them as launcher/slurm_schema). One array task =
+    one member (or members_per_gpu packed members) with these resources."""
 
-    partition: str | None = None
-    time_min: int | None = None
-    cpus_per_task: int = 1
-    mem_gb: float | None = None
-    gpus_per_node: int = 0
-    array_parallelism: int = 256
-    max_array_size: int | None = None
-    requeues: int = 3
-    signal_delay_s: int = 120
-    job_name: str = "mirror-es"
-    sbatch_extra: dict[str, Any] = field(default_factory=dict)
-    setup: list[str] = field(default_factory=list)
-    poll_interval_s: float = 2.0
-    query_interval_s: float = 30.0
-    sacct_grace_s: float = 60.0
-    kill_grace_s: float = DEFAULT_KILL_GRACE_S
-    max_lost_resubmits: int = DEFAULT_MAX_LOST_RESUBMITS
-    max_pending_s: float = 21600.0
-    result_grace_s: float = 90.0
-    command_timeout_s: float = 60.0
-    submit_attempts: int = 4
-    submit_backoff_s: float = 10.0
-    python: str | None = None
-    use_srun: bool = False
-    members_per_gpu: int = 1
-    gpu_sharing: str = "packed"
-    shards_per_gpu: int | None = None
+    partition: Optional[str] = setting(None, "sbatch --partition; null: the cluster's default partition")
+    time_min: Optional[int] = setting(None, "--time per run of a member, minutes; null: inner.timeout_s + "
+                                            "kill_grace_s, rounded up")
+    cpus_per_task: int = setting(1, "CPUs per member (>= train.num_threads)", composed="${resources.cpus}")
+    mem_gb: Optional[float] = setting(None, "memory per member; null: the cluster's default (DefMemPerCPU x cpus)",
+                                      composed="${resources.mem_gb}")
+    gpus_per_node: int = setting(0, "GPUs per member (one member = one node share): 0 or 1, a member trains on one "
+                                    "GPU, more are refused up front (no DDP)", composed="${resources.gpus}")
+    array_parallelism: int = setting(256, "at most this many tasks of one array run at once (sbatch --array=...%N)")
+    max_array_size: Optional[int] = setting(None, "members per array; null: the cluster's MaxArraySize (bigger "
+                                                  "generations are split)")
+    requeues: int = setting(3, "on the time limit a member requeues (same job id) and resumes from its checkpoint")
+    signal_delay_s: int = setting(120, "the requeue signal comes this long before the time limit")
+    job_name: str = setting("mirror-es", "prefix of each array's name: <job_name>.<run id>.g<generation>.c<chunk> "
+                                         "(squeue -n finds it)")
+    sbatch_extra: dict[str, Any] = setting({}, "any other sbatch option, e.g. {qos: high, account: myproj, "
+                                               "constraint: a100}")
+    setup: list[str] = setting([], "shell lines run before each member, e.g. [\"module load cuda/12.4\"]")
+    poll_interval_s: float = setting(2.0, "how often result files are checked (no scheduler query)")
+    query_interval_s: float = setting(30.0, "at most one batched sacct call per this many seconds")
+    sacct_grace_s: float = setting(60.0, "a new job missing from accounting this long after sbatch is asked for in "
+                                         "squeue")
+    max_pending_s: float = setting(21600.0, "a job pending this long for a reason that means it may never start "
+                                            "(PartitionDown, ReqNodeNotAvail, BadConstraints, ...) is cancelled: "
+                                            "timeout. Priority, Resources and QOS/association limits are waiting one's "
+                                            "turn and never count")
+    result_grace_s: float = setting(90.0, "a job that ended with no result.json in sight is looked at again "
+                                          "(directory re-listed) this long after before it counts as lost/failed: NFS "
+                                          "may hide another node's new file for up to ~60 s. A result.json the member "
+                                          "wrote is never overwritten anyway")
+    command_timeout_s: float = setting(60.0, "limit for one sbatch/sacct/squeue/scancel call")
+    submit_attempts: int = setting(4, "tries per array chunk when sbatch fails; then the run stops (resumable) with "
+                                      "the error")
+    submit_backoff_s: float = setting(10.0, "wait before the 2nd try, doubled for each further try")
+    python: Optional[str] = setting(None, "one command that runs python in the job (environment lines go in setup); "
+                                          "null: this interpreter")
+    use_srun: bool = setting(False, "false: Python replaces the batch shell (exec) and SLURM sends the requeue signal "
+                                    "there (--signal=B:USR2@delay); true: the member runs as a job step under srun "
+                                    "(--signal=USR2@delay). false saves a process and a controller RPC")
+    members_per_gpu: int = setting(1, "members sharing one GPU (resources.members_per_gpu: 1, 2 or 4)",
+                                   composed="${resources.members_per_gpu}")
+    gpu_sharing: str = setting("packed", "packed: one array task holds the GPU with k x a member's CPUs and memory and "
+                                         "runs k members, an antithetic pair together, each in its own process with "
+                                         "its own work dir, record, ledger and log (<member dir>/member.log); works on "
+                                         "any cluster. shard: one member per task asking for shards_per_gpu / k of a "
+                                         "GPU's shards (--gres=shard:N), where the site's gres.conf defines shards")
+    shards_per_gpu: Optional[int] = setting(None, "gpu_sharing=shard: the shards each GPU of the site has (gres.conf "
+                                                  "Name=shard Count=...)")
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> "SlurmOptions":

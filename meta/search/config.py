@@ -133,6 +133,11 @@ class SearchConfig:
     #: steps of one search member (es.member_steps; train.steps when null); 0 only with train.steps=0
     member_steps: int = 0
 
+    @property
+    def launcher_node(self) -> dict[str, Any]:
+        """The launcher node as the launchers read it (the same for every program's config: meta/search/recipe.py)."""
+        return self.launcher
+
     def member_inner(self) -> dict[str, Any]:
         """The ``inner`` dict of every member spec: resolved task/model/divergence/train plus options (and the GPUs
         its resources ask for, which the member insists on)."""

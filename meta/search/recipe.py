@@ -191,7 +191,7 @@ def run(recipe: Recipe, argv: Sequence[str]) -> int:
         sys.stdout.write(recipe.plan(prepared) + "\n")
         sys.stdout.flush()
         return 0
-    check_members_can_start(cfg.launcher)
+    check_members_can_start(cfg.launcher_node)
     done = recipe.before_lock(prepared)
     if done is not None:
         return done
@@ -199,7 +199,7 @@ def run(recipe: Recipe, argv: Sequence[str]) -> int:
 
     def body() -> int:
         state = recipe.start(prepared)
-        launcher = build_launcher(cfg.launcher)
+        launcher = build_launcher(cfg.launcher_node)
         try:
             outcome = recipe.execute(prepared, state, launcher)
         except recipe.aborts() as exc:

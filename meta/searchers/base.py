@@ -10,14 +10,44 @@ docs/searchers.md. Fitness is MAXIMISED. ``state_dict`` holds only tensors and p
 from __future__ import annotations
 
 import abc
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping
 
 import torch
 
 from meta.searchers.utilities import TellSummary
-
+from core.config.group_schemas import setting
 DTYPE = torch.float64
+
+
+@dataclass
+class SearcherSettings:
+    """The es node: what every searcher's settings share. A searcher declares its own keys as a subclass
+    (``Searcher.settings_class``), registered in Hydra's ConfigStore as ``es/<name>_schema``, which its YAML
+    (conf/es/<name>.yaml) names first in its defaults and then sets only what differs, so each field is the one home
+    of its key's type, default and help. A field with ``added=True`` in its metadata is a key the searcher's YAML did
+    not write before its schema did: a search stored earlier lacks it and ran with its default, which its config hash
+    leaves out (meta/settings/keys.py)."""
+
+    name: str = setting("", "the searcher (the es group's option: conf/es/<name>.yaml)")
+    radius: float = setting(0.01, "the search radius, the per-coordinate spread of the samples around the centre (pgpe, "
+                                  "snes and cem start their stdev there, cmaes its step size, openai_es_elite and nres "
+                                  "their sigma); a preset sets it, meta.pilot scans it (pilot.radii)")
+    member_steps: Any = setting(
+        None, "training steps of one search member (null: train.steps, which stays the length of the exported single "
+              "run, the selection and reporting runs and transfer; a member's schedule is train's shrunk to its own "
+              "steps). Shorter members cost less but rank maps by how they do early (short-horizon bias): "
+              "meta.pilot's horizon check measures whether member_steps ranks maps as train.steps does "
+              "(docs/pilot.md); not a setting of the searcher itself. An integer from 1 to train.steps or null: "
+              "meta/search/config.py checks it against train.steps, naming both")
+
+    #: the keys that are the search's, not the searcher's: its constructor does not take them
+    SEARCH_OWN: ClassVar[tuple[str, ...]] = ("name", "member_steps")
+
+    def keywords(self) -> dict[str, Any]:
+        """The settings the searcher's constructor takes, as keywords (every field but the search's own)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in self.SEARCH_OWN}
 
 
 @dataclass(frozen=True)
@@ -52,7 +82,9 @@ class Searcher(abc.ABC):
     """Besides ask/tell, a searcher class declares what the rest of the code asks about it (docs/extending.md):
     the registry at the package door reads these, and no other module names a searcher. Its constructor takes the
     es settings as keywords, among them ``radius`` (es.radius, every searcher's one name for the spread of its
-    samples: meta/searchers/radius.py), which it maps to its own algorithm's argument."""
+    samples: meta/searchers/radius.py), which it maps to its own algorithm's argument. The keywords are the fields of
+    its settings class (``settings_class``), read from the es node by meta.searchers.build_searcher: that class is
+    their one home, so the constructor writes no default of its own."""
 
     name: ClassVar[str] = ""
     #: antithetic (mirrored) sampling: the population must be even and a failed member drops its pair
@@ -67,6 +99,9 @@ class Searcher(abc.ABC):
     #: online (es=nres): a member trains one truncation of its particle's long run (``truncations``), not a whole run;
     #: such a search has no control member (the centre has no run of its own to continue)
     online: ClassVar[bool] = False
+    #: the dataclass of its es settings (a SearcherSettings subclass); None: derived once from its constructor's
+    #: keyword-only parameters (meta.searchers.settings_class_of), for a searcher declared before settings classes
+    settings_class: ClassVar[type[SearcherSettings] | None] = None
 
     @classmethod
     def check_population(cls, popsize: int) -> None:

@@ -8,18 +8,31 @@ distribution is left as it was. Late members are left out; failed ones keep fitn
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
 
 import torch
 
-from meta.searchers.base import DTYPE, EarlyStopRule, Searcher
+from meta.searchers.base import DTYPE, EarlyStopRule, Searcher, SearcherSettings, setting
 from meta.searchers.serialize import from_plain, to_plain
 from meta.searchers.utilities import TellSummary, all_tied, measured
 from core.seeding import seeded_global_torch
 
 
+@dataclass
+class CEMSettings(SearcherSettings):
+    """es=cem's settings (conf/es/cem.yaml composes on them as es/cem_schema)."""
+
+    parenthood_ratio: float = setting(0.5, "the fraction of the population kept as parents (<= 0.5: early stopping "
+                                           "is exact)")
+    stdev_max_change: Optional[float] = setting(0.2, "the largest relative change of the stdev per generation; null: "
+                                                     "none")
+    stdev_min: Optional[float] = setting(None, "the smallest stdev; null: none")
+
+
 class CEMSearcher(Searcher):
     name = "cem"
+    settings_class = CEMSettings
     imports = ("evotorch", "ray")  # evotorch imports ray at import time
     # CEM never uses a non-parent: stopping one changes nothing while the parents stay above the median
     early_stop = EarlyStopRule(when="parenthood_ratio <= 0.5",
@@ -27,7 +40,7 @@ class CEMSearcher(Searcher):
 
     @classmethod
     def early_stop_refusal(cls, settings: Mapping[str, Any]) -> str | None:
-        ratio = float(settings.get("parenthood_ratio", 0.5))
+        ratio = float(settings.get("parenthood_ratio", CEMSettings.parenthood_ratio))
         if ratio > 0.5:
             return (f"es=cem with parenthood_ratio={ratio} takes parents from below the median, where early "
                     "stopping cuts; use parenthood_ratio <= 0.5")
@@ -36,7 +49,7 @@ class CEMSearcher(Searcher):
     @classmethod
     def stop_capacity(cls, settings: Mapping[str, Any], population: int) -> int:
         """CEM's non-parents: N - int(N x parenthood_ratio)."""
-        return population - max(1, int(population * float(settings.get("parenthood_ratio", 0.5))))
+        return population - max(1, int(population * float(settings.get("parenthood_ratio", CEMSettings.parenthood_ratio))))
 
     def __init__(
         self,
@@ -44,10 +57,10 @@ class CEMSearcher(Searcher):
         popsize: int,
         seed: int,
         *,
-        parenthood_ratio: float = 0.5,
+        parenthood_ratio: float,
         radius: float,
-        stdev_max_change: float | None = 0.2,
-        stdev_min: float | None = None,
+        stdev_max_change: float | None,
+        stdev_min: float | None,
     ) -> None:
         super().__init__(center_init, popsize, seed)
         from evotorch.algorithms.functional import cem

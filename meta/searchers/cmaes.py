@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
 import torch
 
-from meta.searchers.base import DTYPE, Searcher
+from meta.searchers.base import DTYPE, Searcher, SearcherSettings, setting
 from meta.searchers.utilities import TellSummary, all_tied, measured
 from core.seeding import derive_seed, seeded_global_numpy
 
@@ -49,8 +50,16 @@ def _relative_distance(replayed: np.ndarray, stored: np.ndarray) -> float:
     return float(np.linalg.norm(replayed - stored) / max(np.linalg.norm(stored), 1e-300))
 
 
+@dataclass
+class CMAESSettings(SearcherSettings):
+    """es=cmaes's settings (conf/es/cmaes.yaml composes on them as es/cmaes_schema)."""
+
+    diagonal: bool = setting(False, "true: a diagonal covariance (CMA_diagonal) instead of the full one")
+
+
 class CMAESSearcher(Searcher):
     name = "cmaes"
+    settings_class = CMAESSettings
     imports = ("cma",)
     early_stop_reason = "CMA-ES gives the worst members negative weights (active covariance update): their order counts"
 
@@ -61,7 +70,7 @@ class CMAESSearcher(Searcher):
         seed: int,
         *,
         radius: float,
-        diagonal: bool = False,
+        diagonal: bool,
     ) -> None:
         super().__init__(center_init, popsize, seed)
         self.center_init = center_init.to(DTYPE).clone()

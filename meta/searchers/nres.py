@@ -23,13 +23,14 @@ NoiseReuseES does.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
 
 import logging
 
 import torch
 
-from meta.searchers.base import DTYPE, MemberWork, Searcher
+from meta.searchers.base import DTYPE, MemberWork, Searcher, SearcherSettings, setting
 from meta.searchers.serialize import from_plain, to_plain
 from meta.searchers.utilities import TellSummary
 from core.config.horizon import MEMBER_STEPS_KEY
@@ -88,8 +89,33 @@ def planned_steps(population: int, generations: int, horizon: int, truncation_st
     return total
 
 
+@dataclass
+class NRESSettings(SearcherSettings):
+    """es=nres's settings (conf/es/nres.yaml composes on them as es/nres_schema)."""
+
+    horizon_steps: int = setting("${train.steps}", "a particle's run; must equal train.steps (the exported run: its "
+                                                   "schedule, its score)")
+    truncation_steps: Optional[int] = setting(None, f"steps per truncation; null: train.steps / {DEFAULT_PIECES} "
+                                                    "rounded up (the authors' T = 100 of 1,600)")
+    stagger: bool = setting(True, "true: pairs' runs start spread over the run's pieces, so every update mixes all "
+                                  "phases; false: all start and restart together")
+    update: str = setting(RUN_UPDATE, "run: the centre moves by each pair's whole-run difference (its truncations' "
+                                      "changes summed) when that run ends; truncation: by every truncation's change "
+                                      "(the papers' step)")
+    step_radii: float = setting(DEFAULT_STEP_RADII, "the centre's move per episode (one run of every particle), in "
+                                                    "units of es.radius, at a clear signal; less where the pairs' "
+                                                    "differences disagree with their noise")
+    optimizer: str = setting(STANDARDIZED, "standardized: steps along the standardised direction; sgd, clipup, adam: "
+                                           "evotorch's, at step_radii x radius")
+    optimizer_config: dict[str, Any] = setting({}, "an evotorch optimizer's own settings (adam beta1/beta2/epsilon, "
+                                                   "clipup momentum)")
+    average: bool = setting(True, "keep the mean centre over the last episode (Polyak), a candidate at selection")
+    ranking_method: str = setting("raw", "the changes themselves: ranks would not add up over a run (others refused)")
+
+
 class NRESSearcher(Searcher):
     name = "nres"
+    settings_class = NRESSettings
     antithetic = True
     online = True
     imports = ("evotorch", "ray")  # the functional optimizers; evotorch imports ray at import time

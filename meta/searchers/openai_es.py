@@ -23,17 +23,31 @@ top speed at pgpe's default step, and does not bind at the embedded default (a m
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
 
 import torch
 
-from meta.searchers.base import DTYPE, Searcher
+from meta.searchers.base import DTYPE, Searcher, SearcherSettings, setting
 from meta.searchers.utilities import TellSummary, complete_pairs, measured, pair_note
 from core.seeding import generator
 
 
+@dataclass
+class OpenAIESEliteSettings(SearcherSettings):
+    """es=openai_es_elite's settings (conf/es/openai_es_elite.yaml composes on them as es/openai_es_elite_schema)."""
+
+    sigma_decay: float = setting(0.99, "sigma (the radius) is multiplied by this every generation")
+    learning_rate: float = setting(0.01, "the step: learning_rate x the raw-fitness gradient")
+    elite_fraction: float = setting(0.25, "after a rejected step, this fraction of the members is re-used next "
+                                          "generation, in [0, 1)")
+    max_step_radii: Optional[float] = setting(2.0, "the centre's largest move per generation (L2), in radii (the "
+                                                   "current sigma); null: none")
+
+
 class OpenAIESEliteSearcher(Searcher):
     name = "openai_es_elite"
+    settings_class = OpenAIESEliteSettings
     antithetic = True
     early_stop_reason = "OpenAI-ES weighs every member by its fitness: a stopped member has no final fitness"
 
@@ -44,10 +58,10 @@ class OpenAIESEliteSearcher(Searcher):
         seed: int,
         *,
         radius: float,
-        sigma_decay: float = 0.99,
-        learning_rate: float = 0.01,
-        elite_fraction: float = 0.25,
-        max_step_radii: float | None = 2.0,
+        sigma_decay: float,
+        learning_rate: float,
+        elite_fraction: float,
+        max_step_radii: float | None,
     ) -> None:
         super().__init__(center_init, popsize, seed)
         if not 0.0 <= elite_fraction < 1.0:

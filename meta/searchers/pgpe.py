@@ -14,11 +14,12 @@ stored one resumes with it.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
 
 import torch
 
-from meta.searchers.base import DTYPE, Searcher
+from meta.searchers.base import DTYPE, Searcher, SearcherSettings, setting
 from meta.searchers.serialize import from_plain, to_plain
 from meta.searchers.utilities import TellSummary, check_ranking, complete_pairs, pair_note, tie_averaged_utilities
 from core.seeding import seeded_global_torch
@@ -28,8 +29,25 @@ from core.seeding import seeded_global_torch
 DEFAULT_STEP_RADII = 1.0
 
 
+@dataclass
+class PGPESettings(SearcherSettings):
+    """es=pgpe's settings (conf/es/pgpe.yaml composes on them as es/pgpe_schema)."""
+
+    step_radii: float = setting(DEFAULT_STEP_RADII, "ClipUp's step (the L2 norm of the centre's move per generation) "
+                                                    "in units of es.radius")
+    center_learning_rate: Optional[float] = setting(None, "the same step as an absolute number; null: step_radii x "
+                                                          "es.radius")
+    stdev_learning_rate: float = setting(0.1, "the learning rate of the search distribution's stdev")
+    stdev_max_change: float = setting(0.2, "the largest relative change of the stdev per generation")
+    ranking_method: str = setting("centered", "how fitnesses become utilities (ties averaged): centered | raw | ...")
+    optimizer: str = setting("clipup", "evotorch's optimizer of the centre: clipup | adam | sgd")
+    optimizer_config: dict[str, Any] = setting({}, "the optimizer's own settings (clipup momentum, adam betas)",
+                                               added=True)
+
+
 class PGPESearcher(Searcher):
     name = "pgpe"
+    settings_class = PGPESettings
     imports = ("evotorch", "ray")  # evotorch imports ray at import time
     antithetic = True
     early_stop_reason = ("PGPE's update weighs every member by its centred rank within antithetic pairs: a stopped "
@@ -42,13 +60,13 @@ class PGPESearcher(Searcher):
         seed: int,
         *,
         radius: float,
-        step_radii: float = DEFAULT_STEP_RADII,
-        center_learning_rate: float | None = None,
-        stdev_learning_rate: float = 0.1,
-        stdev_max_change: float = 0.2,
-        ranking_method: str = "centered",
-        optimizer: str = "clipup",
-        optimizer_config: Mapping[str, Any] | None = None,
+        step_radii: float,
+        center_learning_rate: float | None,
+        stdev_learning_rate: float,
+        stdev_max_change: float,
+        ranking_method: str,
+        optimizer: str,
+        optimizer_config: Mapping[str, Any] | None,
     ) -> None:
         super().__init__(center_init, popsize, seed)
         from evotorch.algorithms.functional import pgpe  # evotorch imports ray: keep it lazy

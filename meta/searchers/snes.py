@@ -7,17 +7,30 @@ members or all utilities equal leave the distribution as it was.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
 
 import torch
 
-from meta.searchers.base import DTYPE, EarlyStopRule, Searcher
+from meta.searchers.base import DTYPE, EarlyStopRule, Searcher, SearcherSettings, setting
 from meta.searchers.utilities import TellSummary, check_ranking, measured, tie_averaged_utilities
 from core.seeding import generator
 
 
+@dataclass
+class SNESSettings(SearcherSettings):
+    """es=snes's settings (conf/es/snes.yaml composes on them as es/snes_schema)."""
+
+    center_learning_rate: float = setting(1.0, "the learning rate of the centre (mu)")
+    stdev_learning_rate: Optional[float] = setting(None, "the learning rate of the stdev; null: the standard "
+                                                         "0.2 (3 + ln d) / sqrt(d)")
+    ranking_method: str = setting("nes", "how fitnesses become utilities (ties averaged); nes: the bottom half "
+                                         "shares one utility, which early stopping needs")
+
+
 class SNESSearcher(Searcher):
     name = "snes"
+    settings_class = SNESSettings
     imports = ("evotorch", "ray")  # evotorch imports ray at import time
     # evotorch's nes weights are 0 on the bottom floor(N/2) ranks before the shared shift: one utility for them all
     early_stop = EarlyStopRule(when="ranking_method nes",
@@ -25,7 +38,7 @@ class SNESSearcher(Searcher):
 
     @classmethod
     def early_stop_refusal(cls, settings: Mapping[str, Any]) -> str | None:
-        ranking = settings.get("ranking_method", "nes")
+        ranking = settings.get("ranking_method", SNESSettings.ranking_method)
         if ranking != "nes":
             return (f"es=snes with ranking_method={ranking!r} weighs every rank differently; only `nes` gives the "
                     "bottom half one shared utility (use es.ranking_method=nes)")
@@ -38,9 +51,9 @@ class SNESSearcher(Searcher):
         seed: int,
         *,
         radius: float,
-        center_learning_rate: float = 1.0,
-        stdev_learning_rate: float | None = None,
-        ranking_method: str = "nes",
+        center_learning_rate: float,
+        stdev_learning_rate: float | None,
+        ranking_method: str,
     ) -> None:
         super().__init__(center_init, popsize, seed)
         if stdev_learning_rate is None:  # the standard SNES rate for the dimension

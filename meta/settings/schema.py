@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, TypeVar
 
 from meta.settings.early_stop import EarlyStopConfig
-from meta.searchers.radius import RADIUS_KEY
-from core.config.horizon import MEMBER_STEPS_KEY
 from core.config.plain_data import plain, refuse_unknown_keys
 from core.config.typed_nodes import schema_error
 from meta.settings.keys import INNER_NODES
 from core.records import gpus_entry
+from launch.base import LauncherSettings
+from meta.searchers.base import SearcherSettings
 
 T = TypeVar("T")
 
@@ -45,7 +45,15 @@ def between(low: float, high: float) -> dict[str, Any]:
 
 
 def _free() -> Any:
-    """A free-form node (a config group's option, whose keys its own reader checks)."""
+    """A free-form node (whose keys its own reader checks)."""
+    return field(default_factory=dict)
+
+
+def _inner_group() -> Any:
+    """A node of the member's inner config: typed by the inner loop's own schema, which its group's YAML names
+    (inner_loop.config.register_schemas), not here: meta names the member program by a string and leans on none of
+    its classes (a synthetic program runs on the same config); the program's validate reads the node again, before
+    anything is written."""
     return field(default_factory=dict)
 
 
@@ -149,11 +157,14 @@ class RunSchema:
     """The keys meta.run, meta.pilot and meta.tune share: the member's groups and settings, the run's own keys, and
     the keys a preset of conf/experiment/ sets for whichever command composes it."""
 
-    task: Dict[str, Any] = _free()
-    model: Dict[str, Any] = _free()
-    divergence: Dict[str, Any] = _free()
-    train: Dict[str, Any] = _free()
-    launcher: Dict[str, Any] = _free()
+    task: Dict[str, Any] = _inner_group()
+    model: Dict[str, Any] = _inner_group()
+    divergence: Dict[str, Any] = _inner_group()
+    train: Dict[str, Any] = _inner_group()
+    #: how members run: the launcher group's option composes its launcher's settings class here (launcher/<name>_schema,
+    #: a LauncherSettings subclass owned by the launcher class: launch/), or, for a YAML that names its class alone, the
+    #: keys every launcher has
+    launcher: LauncherSettings = field(default_factory=LauncherSettings)
     resources: Resources = field(default_factory=Resources)
     inner: Inner = field(default_factory=Inner)
     stage: Stage = field(default_factory=Stage)
@@ -176,15 +187,10 @@ class RunSchema:
 class SearchSchema(RunSchema):
     """The root of conf/config.yaml (meta.run, meta.pilot): every key, its type and its default."""
 
-    #: the searcher's own settings (conf/es/<name>.yaml), plus two keys every searcher has:
-    #: - es.radius: the search radius, the per-coordinate spread of the samples around the centre (pgpe, snes and cem
-    #:   start their stdev there, cmaes its step size, openai_es_elite and nres their sigma); a preset sets it,
-    #:   meta.pilot scans it (pilot.radii);
-    #: - es.member_steps: training steps of one search member (null: train.steps, which stays the length of the
-    #:   exported single run, the selection and reporting runs and transfer; a member's schedule is train's shrunk to
-    #:   its own steps). Shorter members cost less but rank maps by how they do early (short-horizon bias):
-    #:   meta.pilot's horizon check measures whether member_steps ranks maps as train.steps does (docs/pilot.md)
-    es: Dict[str, Any] = field(default_factory=lambda: {RADIUS_KEY: 0.01, MEMBER_STEPS_KEY: None})
+    #: the searcher and its settings: the es group's option composes its searcher's settings class here
+    #: (es/<name>_schema, a SearcherSettings subclass owned by the searcher: meta/searchers/), which holds es.radius
+    #: and es.member_steps, the keys every searcher has
+    es: SearcherSettings = field(default_factory=SearcherSettings)
     #: members per generation (even for antithetic searchers)
     population: int = field(default=4, metadata=at_least(2))
     generations: int = field(default=2, metadata=at_least(1))
@@ -275,6 +281,11 @@ class TuneSchema(RunSchema):
         """The run config a trial starts from: task, model, divergence, train."""
         return {node: getattr(self, node) for node in INNER_NODES}
 
+    @property
+    def launcher_node(self) -> dict[str, Any]:
+        """The launcher node as the launchers read it (launch/factory.py takes the node as a mapping)."""
+        return dataclasses.asdict(self.launcher)
+
     def member_inner(self, inner_config: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """A trial member's ``inner`` dict: its task/model/divergence/train, options, and the validation split."""
         return {**(inner_config or self.inner_config), "options": dict(self.inner.options),
@@ -308,15 +319,19 @@ def _check_storage(storage: Any) -> None:
 
 def register() -> None:
     """Put the root schemas in Hydra's ConfigStore (idempotent): ``base_config`` for conf/config.yaml,
-    ``tune_base_config`` for conf/tune.yaml, and the train and divergence groups'
+    ``tune_base_config`` for conf/tune.yaml, and the train, divergence, es and launcher groups'
     (inner_loop.config.register_schemas). The tune's root stays open (its nodes are typed, its own scalars are
     checked by typed_config in meta/tune/config.py): a preset is shared by meta.run and meta.tune, and the search
     keys it sets (population, quorum, reevaluate) must not stop a study from composing."""
     from hydra.core.config_store import ConfigStore
 
     from inner_loop.config import register_schemas
+    from launch.factory import register_schemas as register_launchers
+    from meta.searchers import register_schemas as register_searchers
 
     register_schemas()  # the train and divergence groups' schemas, which their YAMLs name
+    register_searchers()  # the es group's: each searcher's settings class
+    register_launchers()  # the launcher group's: each registered launcher's settings class
     store = ConfigStore.instance()
     store.store(name=BASE_CONFIG, node=SearchSchema)
     store.store(name=TUNE_BASE_CONFIG, node={  # the defaults as written: an instance would run TuneSchema's checks
@@ -330,11 +345,28 @@ def _is_node(f: dataclasses.Field) -> bool:
     return isinstance(f.default_factory, type) and dataclasses.is_dataclass(f.default_factory)
 
 
+def node_class(kind: type, data: Any) -> type:
+    """The dataclass a node of ``kind`` reads ``data`` with: a group's node by the schema its option names (an es node
+    by its searcher's settings class), any other node by ``kind`` itself."""
+    if kind not in (SearcherSettings, LauncherSettings) or not isinstance(data, Mapping):
+        return kind
+    from launch.factory import settings_class
+    from meta.searchers import searcher_class, settings_class_of
+
+    try:
+        if kind is LauncherSettings:
+            return settings_class(data)
+        return settings_class_of(searcher_class(str(data.get("name", ""))))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def _refuse_unknown(schema: type, data: Mapping[str, Any], node: str) -> None:
     """Unknown keys in every dataclass node under ``data`` (``node`` its dotted name), in refuse_unknown_keys' words."""
     for f in dataclasses.fields(schema):
         child, kind = data.get(f.name), f.default_factory
         if _is_node(f) and isinstance(child, Mapping):  # kind: the node's dataclass
+            kind = node_class(kind, child)  # type: ignore[arg-type]
             where = f"{node}.{f.name}" if node else f.name
             try:
                 refuse_unknown_keys(child, [g.name for g in dataclasses.fields(kind)], where)
@@ -366,8 +398,11 @@ def typed_config(schema: type[T], raw: Mapping[str, Any], node: str = "") -> T:
     _refuse_unknown(schema, data, node)
     # a null node (or free-form mapping) reads as its defaults, as it always did
     given = {k: v for k, v in data.items() if v is not None or fields[k].default_factory is dataclasses.MISSING}
+    kinds = {k: node_class(fields[k].default_factory, v) for k, v in given.items() if _is_node(fields[k])}
+    # a group's node typed by its option's schema: merged first, so the given keys are checked against it
+    narrowed = {k: OmegaConf.structured(kind) for k, kind in kinds.items() if kind is not fields[k].default_factory}
     try:
-        value = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), given))
+        value = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), narrowed, given))
     except OmegaConfBaseException as exc:
         raise ConfigError(schema_error(exc, node)) from None
     check_ranges(value, f"{node}." if node else "")

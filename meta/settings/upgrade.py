@@ -155,6 +155,53 @@ class DivergenceSchemaDefaults(ConfigStep):
                 node.setdefault(f.name, f.default)
 
 
+def schema_default(f: dataclasses.Field) -> Any:
+    """A schema field's default value (a fresh one from its factory)."""
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+def searcher_schema(node: Any) -> type | None:
+    """The settings class of the searcher an es node names (None: no node, or a name this Python does not know)."""
+    from meta.searchers import searchers, settings_class_of
+
+    cls = searchers().get(node.get("name")) if isinstance(node, dict) else None
+    return settings_class_of(cls) if cls is not None else None
+
+
+def model_schema(node: Any) -> type | None:
+    """The model group's schema (ModelConfig) for a model node; None without one."""
+    from inner_loop.config import ModelConfig
+
+    return ModelConfig if isinstance(node, dict) else None
+
+
+@dataclass(frozen=True)
+class GroupSchemaDefaults(ConfigStep):
+    """A group's node (``group``: es or model) stored before its YAML composed on its registry entry's schema
+    (conf/es/pgpe.yaml had no ``optimizer_config``, conf/model/tiny.yaml no ``lora_alpha``) with the fields it lacks at
+    the schema's defaults: the values it ran with. The keys every searcher has (es.radius, a former radius key's
+    today; es.member_steps, an added key) are left to their own steps; a default that only composing fills (an
+    interpolation) is not written."""
+
+    group: str = ""
+
+    def apply(self, raw: dict[str, Any]) -> None:
+        from meta.searchers import composed_only
+        from meta.searchers.base import SearcherSettings
+
+        node = raw.get(self.group)
+        schema = searcher_schema(node) if self.group == "es" else model_schema(node)
+        if not isinstance(node, dict) or schema is None:
+            return
+        shared = {f.name for f in dataclasses.fields(SearcherSettings)} if self.group == "es" else set()
+        for f in dataclasses.fields(schema):
+            if f.name in shared or f.name in node:
+                continue
+            if f.default_factory is not dataclasses.MISSING or (f.default is not dataclasses.MISSING
+                                                                 and not composed_only(f.default)):
+                node[f.name] = schema_default(f)
+
+
 #: the steps of the upgrade of a stored config, oldest first
 CONFIG_STEPS: tuple[ConfigStep, ...] = (
     AddedKey("2026-11-25", "01f13bf", "seeds_per_member: a member on several seeds; runs before trained one",
@@ -170,6 +217,11 @@ CONFIG_STEPS: tuple[ConfigStep, ...] = (
              value="k3"),
     DivergenceSchemaDefaults("2026-11-28", "6b519fa", "a divergence's YAML composed on its config class: a node "
                              "stored before lacks the fields it ran at their defaults"),
+    GroupSchemaDefaults("2026-12-07", "24082d7", "a searcher's YAML composed on its settings class: an es node stored "
+                        "before lacks the settings it ran at their defaults", roots=("config",), group="es"),
+    GroupSchemaDefaults("2026-12-07", "03d604c", "a model's YAML composed on ModelConfig: a model node stored before "
+                        "lacks the keys it ran at their defaults (the hash leaves them out there: "
+                        "meta/settings/keys.py UNWRITTEN_MODEL_KEYS)", group="model"),
 )
 
 #: the search keys added after runs existed, with the value that reproduces those runs (what the config hash drops)

@@ -107,7 +107,7 @@ def build_tune_config(raw: Mapping[str, Any], conf_dir: Path,
         build_pruner(tune.pruner, tune.pruner_options)
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"{exc} (tune.pruner={tune.pruner}, tune.pruner_options={tune.pruner_options})") from None
-    check_member_launch(raw, cfg.launcher, cfg.inner.timeout_s, cfg.inner.entrypoint, cfg.member_inner(), resources)
+    check_member_launch(raw, cfg.launcher_node, cfg.inner.timeout_s, cfg.inner.entrypoint, cfg.member_inner(), resources)
     for dim in (d for d in dims if d.is_group):
         for choice in dim.choices:
             composed = compose_choice(dim.key, choice)
@@ -115,7 +115,7 @@ def build_tune_config(raw: Mapping[str, Any], conf_dir: Path,
             if missing:
                 raise ConfigError(f"tune.space.{missing[0]}: {dim.key}={choice} has no such setting; tune it only "
                                   f"together with choices that have it")
-            check_member_launch(composed, cfg.launcher, cfg.inner.timeout_s, cfg.inner.entrypoint,
+            check_member_launch(composed, cfg.launcher_node, cfg.inner.timeout_s, cfg.inner.entrypoint,
                                 cfg.member_inner({node: composed[node] for node in INNER_NODES}), resources,
                                 where=f" ({dim.key}={choice})")
     return cfg

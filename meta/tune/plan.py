@@ -22,7 +22,7 @@ def build_plan(cfg: TuneSchema, run_dir: Path, resuming: bool) -> str:
     hours = runs * minutes / 60.0
     lines = [
         f"meta.tune plan ({run_dir_label(run_dir, resuming, 'tuning run')}); nothing written or submitted",
-        f"launcher: {cfg.launcher.get('name')}; sampler: {cfg.tune.sampler} {cfg.tune.sampler_options or ''}; pruner: "
+        f"launcher: {cfg.launcher.name}; sampler: {cfg.tune.sampler} {cfg.tune.sampler_options or ''}; pruner: "
         f"{cfg.tune.pruner} {cfg.tune.pruner_options or ''}; storage: {cfg.tune.storage or 'journal file in the run dir'}",
         "space:",
         *(f"  {d.key}: {d.kind} " + (", ".join(map(str, d.choices)) if d.kind == "choice" else f"[{d.low:g}, {d.high:g}]")

@@ -105,7 +105,7 @@ class Tuner:
                 launcher=self.launcher, entrypoint=self.cfg.inner.entrypoint, specs=specs,
                 jobs=read_jobs_file(jobs_path), save_jobs=lambda jobs: write_jobs_file(jobs_path, jobs),
                 launcher_folder=folder / LAUNCHER_DIR,
-                policy=runner_policy(self.cfg.retries, self.cfg.inner.timeout_s, self.cfg.launcher),
+                policy=runner_policy(self.cfg.retries, self.cfg.inner.timeout_s, self.cfg.launcher_node),
                 on_final=self._on_final, on_tick=self._on_tick, decided={s.index: r for s, r in decided},
                 should_abort=lambda final: self._all_failed(),
             )

@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from launch.factory import build_launcher
 from launch.runner import AbortRun, MemberArrayRunner, RunnerPolicy
@@ -126,12 +125,14 @@ def test_on_final_may_stop_members_that_are_still_to_be_polled(tmp_path):
 
 @pytest.mark.parametrize("launcher", ["local", "debug", "slurm"])
 def test_each_launcher_yaml_spells_the_shared_launcher_defaults(launcher):
-    """One owner per default (launch/base.py); the launcher files say the same values."""
+    """One owner per default (launch/base.py); the launcher files, over their schemas, say the same values."""
+    from conf_groups import load_group
+
     from launch.base import DEFAULT_KILL_GRACE_S, DEFAULT_MAX_LOST_RESUBMITS
     from launch.runner import RunnerPolicy
     from launch.slurm.options import SlurmOptions
 
-    node = yaml.safe_load((Path(__file__).resolve().parents[2] / "conf" / "launcher" / f"{launcher}.yaml").read_text())
+    node = load_group("launcher", launcher, resolve=False)
     assert (node["kill_grace_s"], node["max_lost_resubmits"]) == (DEFAULT_KILL_GRACE_S, DEFAULT_MAX_LOST_RESUBMITS)
     assert (RunnerPolicy().kill_grace_s, SlurmOptions().max_lost_resubmits) == (DEFAULT_KILL_GRACE_S,
                                                                               DEFAULT_MAX_LOST_RESUBMITS)

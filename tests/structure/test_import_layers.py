@@ -42,8 +42,9 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "meta.searchers": frozenset(),  # plus the seeds, below
     # the settings every command reads (schema, keys, paths, member time, the early_stop node, the upgrade of what a
     # run dir stored): below the search, they read the searchers' radius key, the run store (a run dir's files and
-    # its moved modules' table) and the inner loop's schemas (below), never the search that reads them
-    "meta.settings": frozenset({"meta.searchers", "results.store"}),
+    # its moved modules' table), the launchers' settings classes (the launcher node's schema) and the inner loop's
+    # schemas (below), never the search that reads them
+    "meta.settings": frozenset({"meta.searchers", "launch", "results.store"}),
     # the search: run, config, plan, lock, resume, staging, seeding, init; one generation below it, the runs after it
     "meta.search": _OUTER_BELOW | {"meta.searchers", "meta.search.generation", "meta.search.after"},
     "meta.search.generation": _OUTER_BELOW | {"meta.searchers"},
@@ -108,7 +109,10 @@ MODULE_EXCEPTIONS: dict[str, frozenset[str]] = {
                                     # the model registry: model.name (no torch, nothing above)
                                     "inner_loop.models.registry",
                                     # the model node (beside the registry; it imports the registry and pinned.py)
-                                    "inner_loop.models.model_config"}),
+                                    "inner_loop.models.model_config",
+                                    # the task registry, whose config classes register_schemas puts in Hydra's
+                                    # ConfigStore as the task group's schemas (the tasks' modules import no torch)
+                                    "inner_loop.tasks"}),
     # model.cpu_numerics takes the pinned numerics' modes (pinned.py imports nothing of ours)
     "inner_loop.models": frozenset({_PINNED}),
     # the settings' schema registers the train and divergence groups' schemas (inner_loop.config.register_schemas)

@@ -125,11 +125,11 @@ def test_generation_stops_on_the_models_second_eos_id():
 
 
 def test_qwen3_preset_turns_thinking_off_and_kwargs_need_a_chat_template():
-    import yaml
+    from conf_groups import load_group
 
     from inner_loop.config import node_config
 
-    preset = yaml.safe_load((Path(__file__).parents[3] / "conf" / "model" / "qwen3_1_7b.yaml").read_text())
+    preset = load_group("model", "qwen3_1_7b")
     cfg = node_config(ModelConfig, "model", preset)
     cfg.validate()
     assert cfg.chat_template and cfg.chat_template_kwargs == {"enable_thinking": False}

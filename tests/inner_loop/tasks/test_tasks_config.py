@@ -5,7 +5,6 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-import yaml
 
 from inner_loop.tasks import TASK_CONFIGS, TASK_NAMES, build_task
 
@@ -14,18 +13,24 @@ CONF = Path(__file__).resolve().parents[3] / "conf" / "task"
 
 @pytest.mark.parametrize("name", TASK_NAMES)
 def test_yaml_documents_every_key_and_matches_defaults(name: str) -> None:
-    path = CONF / f"{name}.yaml"
-    lines = path.read_text().splitlines()
-    cfg = yaml.safe_load(path.read_text())
+    """conf/task/<name>.yaml composes on its task's config class (task/<name>_schema): over it, every key is there,
+    nothing more, at the code's default, and each is documented where its default is written (the field's comment)."""
+    import inspect
+
+    from conf_groups import load_group
+
+    cfg = load_group("task", name)
     assert cfg["name"] == name
     config_cls = TASK_CONFIGS[name]
     fields = {f.name: f for f in dataclasses.fields(config_cls)}
     assert set(cfg) - {"name"} == set(fields)  # nothing missing, nothing extra
     defaults = config_cls()
+    lines = inspect.getsource(config_cls).splitlines()
     for key in fields:
-        assert cfg[key] == getattr(defaults, key), f"{path.name}: {key} differs from the code default"
-        index = next(i for i, line in enumerate(lines) if line.startswith(f"{key}:"))
-        assert lines[index - 1].startswith("#") or lines[index - 2].startswith("#"), f"{key} is undocumented"
+        assert cfg[key] == getattr(defaults, key), f"{name}: {key} differs from the code default"
+        index = next(i for i, line in enumerate(lines) if line.strip().startswith(f"{key}:"))
+        assert lines[index - 1].strip().startswith("#:") or lines[index - 2].strip().startswith("#:"), \
+            f"{key} is undocumented"
     assert build_task(cfg).name == name
 
 

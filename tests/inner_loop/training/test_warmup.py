@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 import inner_loop.training.warmup as warmup
 from inner_loop.config import InnerConfig, ModelConfig
@@ -22,7 +21,7 @@ from conf_groups import load_group
 from time_limits import run_with_progress
 
 ROOT = Path(__file__).resolve().parents[3]
-ARITH = yaml.safe_load((ROOT / "conf" / "task" / "arith.yaml").read_text())
+ARITH = load_group("task", "arith")
 SMALL = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
 
 

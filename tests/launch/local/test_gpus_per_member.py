@@ -7,6 +7,7 @@ built, so the search says so before submitting anything, naming the key and the 
 from __future__ import annotations
 
 import pytest
+from conf_groups import load_group
 
 from launch.slurm.launcher import SlurmLauncher
 from launch.local.launchers import LocalLauncher
@@ -64,9 +65,7 @@ def test_local_search_with_null_and_two_visible_gpus_exits_2(tmp_path, capsys, m
 
 
 def test_slurm_validate_options_refuses_directly():
-    from omegaconf import OmegaConf
-
-    options = OmegaConf.to_container(OmegaConf.load("conf/launcher/slurm.yaml"), resolve=False)
+    options = load_group("launcher", "slurm", resolve=False)
     options = {k: v for k, v in options.items() if k not in ("name", "cls")}
     options.update(cpus_per_task=1, mem_gb=None, gpus_per_node=1, members_per_gpu=1)  # the preset's ${resources.*}, resolved
     SlurmLauncher.validate_options(options)

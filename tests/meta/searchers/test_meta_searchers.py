@@ -231,3 +231,70 @@ def test_openai_es_elite_bounds_the_centre_move_per_generation_in_radii():
 def test_a_step_in_radii_that_is_not_positive_is_refused_naming_the_key(settings, key):
     with pytest.raises(ValueError, match=key):
         build_searcher(settings, torch.zeros(380, dtype=torch.float64), 8, 0)
+
+
+def _plain_searcher_class():
+    """A searcher that declares no settings class (a third-party one written before them)."""
+    from meta.searchers import Searcher
+
+    class PlainSearcher(Searcher):
+        name = "plain_toy"
+
+        def __init__(self, center_init: torch.Tensor, popsize: int, seed: int, *, radius: float, jump: float = 0.5,
+                     label: str | None = None, extra: dict | None = None) -> None:
+            super().__init__(center_init, popsize, seed)
+            self.settings = {"radius": radius, "jump": jump, "label": label, "extra": extra}
+            self._center = center_init.clone()
+
+        def ask(self, generation):
+            return self._center.repeat(self.popsize, 1)
+
+        def tell(self, generation, values, fitness, ok, late=None):
+            raise NotImplementedError
+
+        @property
+        def center(self):
+            return self._center
+
+        def state_dict(self):
+            return {}
+
+        def load_state_dict(self, state):
+            pass
+
+    return PlainSearcher
+
+
+def test_a_searcher_without_a_settings_class_gets_one_from_its_constructor(monkeypatch, tmp_path):
+    """A plug-in searcher that declares no settings class still has a typed home for its settings: derived once from
+    its constructor's keywords (type and default), registered as es/<name>_schema, which its YAML names; a typo or
+    a value of the wrong type is refused naming the key."""
+    import dataclasses
+
+    import core.entry_points
+    from meta.compose import compose
+    from meta.search.config import ConfigError
+    from meta.searchers import read_settings, settings_class_of
+
+    plain = _plain_searcher_class()
+    monkeypatch.setattr(core.entry_points, "entry_point_objects",
+                        lambda registry, *_: {"plain_toy": plain} if registry == "searchers" else {})
+    settings = settings_class_of(plain)
+    assert settings is settings_class_of(plain)  # derived once
+    assert {f.name: f.default for f in dataclasses.fields(settings)} == {
+        "name": "", "radius": 0.01, "member_steps": None, "jump": 0.5, "label": None, "extra": None}
+    with pytest.raises(ValueError, match=r"es\.jump must be a number"):
+        read_settings({"name": "plain_toy", "jump": "far"})
+    with pytest.raises(ValueError, match=r"es\.hop is not a setting of es=plain_toy; known settings: \['extra', "
+                                         r"'jump', 'label', 'radius'\]"):
+        read_settings({"name": "plain_toy", "hop": 1})
+    (tmp_path / "es").mkdir()
+    (tmp_path / "es" / "plain_toy.yaml").write_text("defaults:\n  - plain_toy_schema\n  - _self_\njump: 0.25\n")
+    where = f"hydra.searchpath=[file://{tmp_path}]"
+    es = compose(["es=plain_toy", where])["es"]
+    assert es == {"name": "plain_toy", "radius": 0.1, "member_steps": None, "jump": 0.25, "label": None,
+                  "extra": None}  # radius: the embedded default preset's
+    searcher = build_searcher({k: v for k, v in es.items() if k != "member_steps"}, initial_center("uniform", 0), 2, 0)
+    assert searcher.settings == {"radius": 0.1, "jump": 0.25, "label": None, "extra": None}
+    with pytest.raises(ConfigError, match=r"es\.jump=far: Value 'far' of type 'str' could not be converted to Float"):
+        compose(["es=plain_toy", where, "es.jump=far"])

@@ -70,6 +70,33 @@ def test_a_train_or_divergence_yaml_names_its_schema_and_repeats_none_of_its_def
     assert {key: value for key, value in body.items() if key != "defaults" and defaults.get(key) == value} == {}
 
 
+@pytest.mark.parametrize("path", sorted(path for group in ("es", "launcher", "model", "task")
+                                        for path in (CONF_DIR / group).glob("*.yaml")),
+                         ids=lambda path: f"{path.parent.name}/{path.stem}")
+def test_an_es_launcher_model_or_task_yaml_names_its_schema_and_repeats_none_of_its_defaults(path):
+    """conf/es/<name>.yaml composes on its searcher's settings class (meta.searchers.register_schemas),
+    conf/launcher/<name>.yaml on its launcher's (launch.factory.register_schemas), whose every field carries its help,
+    conf/model/<name>.yaml on ModelConfig with its name, conf/task/<name>.yaml on its task's config class
+    (inner_loop.config.register_schemas): a value the YAML repeats would be a second home of that default."""
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    from launch.factory import launchers
+    from meta.searchers import searcher_class, settings_class_of
+    from meta.settings.schema import register
+
+    register()
+    group = path.parent.name
+    body = yaml.safe_load(path.read_text())
+    assert body.get("defaults") == [f"{path.stem}_schema", "_self_"]
+    defaults = OmegaConf.to_container(ConfigStore.instance().load(f"{group}/{path.stem}_schema.yaml").node)
+    assert {key: value for key, value in body.items() if key != "defaults" and defaults.get(key) == value} == {}
+    if group in ("es", "launcher"):
+        settings = settings_class_of(searcher_class(path.stem)) if group == "es" else launchers()[path.stem].settings_class
+        assert all(f.metadata.get("help") for f in dataclasses.fields(settings))
+    assert compose([f"{group}={path.stem}"])[group]["name"] == path.stem
+
+
 @pytest.mark.parametrize(("body", "says"), [
     ("train:\n  stepz: 3\n", "train.stepz in experiment/mine: Key 'stepz' not in 'TrainConfig' (did you mean "
                               "train.steps?) (the type and default of train.stepz: inner_loop/config.py TrainConfig)"),
@@ -97,6 +124,18 @@ def test_a_preset_s_bad_train_or_divergence_key_is_refused_naming_it_and_the_fil
     ("train.steps=abc", "train.steps=abc: Value 'abc' of type 'str' could not be converted to Integer (the type and "
                         "default of train.steps: inner_loop/config.py TrainConfig)"),
     ("divergence.chunk_size=x", "divergence.chunk_size=x: Value 'x'"),
+    ("es.step_radii=abc", "es.step_radii=abc: Value 'abc' of type 'str' could not be converted to Float (the type and "
+                          "default of es.step_radii: meta/searchers/, the searcher's settings class)"),
+    ("es.stepradii=1", "es.stepradii=1: conf/config.yaml has no key 'es.stepradii'; did you mean es.step_radii,"),
+    ("+es.stepradii=1", "es.stepradii"),
+    ("launcher.kill_grace_s=soon", "launcher.kill_grace_s=soon: Value 'soon' of type 'str' could not be converted to "
+                                   "Float (the type and default of launcher.kill_grace_s: launch/, the launcher's "
+                                   "settings class)"),
+    ("+launcher.partition=gpu", "launcher.partition"),
+    ("task.train_size=many", "task.train_size=many: Value 'many' of type 'str' could not be converted to Integer (the "
+                             "type and default of task.train_size: inner_loop/tasks/, the task's config class)"),
+    ("model.lora_r=x", "model.lora_r=x: Value 'x' of type 'str' could not be converted to Integer (the type and "
+                       "default of model.lora_r: inner_loop/models/model_config.py ModelConfig)"),
 ])
 def test_a_bad_value_exits_2_naming_the_key_before_anything_is_written(tmp_path, capsys, override, fragment):
     run_dir = tmp_path / "run"
@@ -154,3 +193,32 @@ def test_a_search_stored_before_the_group_schemas_resumes_and_hashes_as_it_did(t
     assert "refused" not in caplog.text
     old_none = {"divergence": {"name": "none", "coef": 0.0, "grad_share_floor": None}}
     assert upgraded(old_none)["divergence"] == compose(["divergence=none"])["divergence"]
+
+
+def test_a_search_stored_before_the_es_and_model_schemas_resumes_and_hashes_as_it_did(tmp_path, caplog):
+    """Before conf/es/*.yaml composed on their searchers' settings classes, es=pgpe's node had no
+    ``optimizer_config`` (its constructor's default then, its schema's now), and before conf/model/*.yaml composed on
+    ModelConfig the tiny model's node had no ``lora_alpha`` and four more: the stored nodes ran with those defaults,
+    so they are no change of the search, and the hash, of the stored config and of the config composed on resume, is
+    what it was."""
+    from meta.settings.keys import UNWRITTEN_MODEL_KEYS
+
+    run_dir = tmp_path / "run"
+    assert main([f"run_dir={run_dir}", "new=true", *SYNTH, "es=pgpe", "generations=1"]) == 0
+    store = RunStore(run_dir)
+    stored = yaml.safe_load(store.read_config_text())
+    composed_hash = config_hash(stored)
+    del stored["es"]["optimizer_config"]
+    for key in UNWRITTEN_MODEL_KEYS["tiny"]:
+        del stored["model"][key]
+    store.write_config(yaml.safe_dump(stored, sort_keys=True))
+    assert config_hash(stored) == composed_hash == "87dda153bca508d4"  # what the version before the schemas gave
+    assert main([f"run_dir={run_dir}", "generations=2"]) == 0
+    assert len(store.state_generations()) == 2
+    assert "refused" not in caplog.text
+    assert store.read_manifest()["config_hash"] == composed_hash
+    resumed = yaml.safe_load(store.read_config_text())
+    assert {node: upgraded(stored)[node] for node in ("es", "model")} == {node: resumed[node]
+                                                                              for node in ("es", "model")}
+    changed = {**stored, "es": {**stored["es"], "optimizer_config": {"momentum": 0.5}}}
+    assert config_hash(changed) != composed_hash  # set to another value, the key is hashed

@@ -17,8 +17,10 @@ from launch.member import load_program
 from meta.search.config import config_hash
 from meta.search.run import main
 from meta.settings import upgrade
+from meta.settings.keys import UNWRITTEN_MODEL_KEYS
 from meta.settings.upgrade import (CONFIG_STEPS, EARLIER_READERS, OLDEST_SUPPORTED_LAYOUT, REGISTRY, STORED_NAMES,
-                                   AddedKey, DivergenceSchemaDefaults, RadiusRenamed, UnsupportedLayout,
+                                   AddedKey, DivergenceSchemaDefaults, GroupSchemaDefaults, RadiusRenamed,
+                                   UnsupportedLayout,
                                    stored_config, stored_manifest, upgraded)
 from results.store.run_store import RunStore
 
@@ -44,6 +46,11 @@ def _undo(step: upgrade.ConfigStep, raw: dict, overrides: list[str]) -> list[str
         overrides = [o.replace("es.radius=", "search_radius=") for o in overrides]
     elif isinstance(step, DivergenceSchemaDefaults):
         pass  # the learned map's YAML lacked only estimator (an added key); none's lacked form: tested below
+    elif isinstance(step, GroupSchemaDefaults) and step.group == "es":
+        del raw["es"]["optimizer_config"]  # pgpe's YAML did not write it: its constructor's default then
+    elif isinstance(step, GroupSchemaDefaults) and step.group == "model":
+        for key in UNWRITTEN_MODEL_KEYS[raw["model"]["name"]]:
+            del raw["model"][key]
     else:
         raise AssertionError(f"no earlier layout is written for {step!r}: add it here")
     return overrides
