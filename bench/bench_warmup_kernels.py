@@ -87,7 +87,7 @@ def measure(hosts: bool, search: bool) -> dict:
            "probe": outcome.probe_pass_at_1, "step0": _train(untrained), "numerics": outcome.numerics}
     for divergence in ("kl", "neural_mirror"):
         row[divergence] = _train(_inner(divergence))
-    if hosts:  # as tests/inner_loop/member/test_inner_learning.py runs them: prob_l2, two optimiser passes per rollout
+    if hosts:  # as tests/test_inner_loop/member/test_inner_learning.py runs them: prob_l2, two optimiser passes per rollout
         for host in TRUST_REGION_HOSTS:
             inner = _inner("prob_l2")
             inner["train"].update(policy_loss=host, num_iterations=2)

@@ -3,7 +3,7 @@ the keys a member's inner config carries from its resources.
 
 One owner per name: the trainer appends a value under one of these keys, and the readers (the result's
 diagnostics, progress.json, the inertness warning, benchmarks) look it up under the same constant, so renaming a
-metric is one edit here instead of a silent miss in a reader. tests/core/test_metric_keys.py fails on any of these
+metric is one edit here instead of a silent miss in a reader. tests/test_core/test_metric_keys.py fails on any of these
 names spelled as a string literal elsewhere in the packages or the benchmarks.
 
 It lives on the ground floor (core/) because the diagnostic names are part of the result record (core/records.py)

@@ -48,7 +48,7 @@ class TrainConfig:
     lists, so each field here is the one home of its key's type, default and meaning."""
 
     #: ~25 s on one thread; arith: the reward rises ~+0.03..0.14 over a run
-    #: (tests/inner_loop/member/test_inner_learning.py; 0: no RL step, the untouched model is scored)
+    #: (tests/test_inner_loop/member/test_inner_learning.py; 0: no RL step, the untouched model is scored)
     steps: int = 60
     #: Adam; 1e-3 lowers the tiny model's reward within ~10 steps, 3e-5 barely moves it
     learning_rate: float = 3e-4

@@ -41,8 +41,9 @@ from results.store.layout import PROGRESS_FILE, RESULT_FILE  # noqa: E402
 logger = logging.getLogger("gpu_check")
 
 DATA = ROOT / "tests" / "fixtures" / "mbpp_rehearsal"
-CUDA_TESTS = ["tests/mirror_maps/test_mirror_maps_cuda.py", "tests/inner_loop/grpo/test_trainer_cuda.py",
-              "tests/inner_loop/process/test_gpu_share_cuda.py", "tests/inner_loop/generation/test_decode_step_cuda.py"]
+CUDA_TESTS = ["tests/test_mirror_maps/test_mirror_maps_cuda.py", "tests/test_inner_loop/grpo/test_trainer_cuda.py",
+              "tests/test_inner_loop/process/test_gpu_share_cuda.py",
+              "tests/test_inner_loop/generation/test_decode_step_cuda.py"]
 ARCHITECTURE = "qwen3_1_7b"
 #: train.decode_cache of the single run (the search keeps the preset's): the member's one static cache and decode step
 #: compiled once (CUDA graphs on a GPU); its record's decode_counts must show the cache kept and recordings bounded

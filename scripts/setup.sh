@@ -9,7 +9,7 @@ PY=${PYTHON:-python3}
 
 apt_install() {
     # bubblewrap isolates model-written code (inner_loop/sandbox/pool.py); g++ is what inductor compiles a CPU
-    # decode step with (train.decode_cache=persistent_compiled, tests/inner_loop/generation/test_decode_step.py);
+    # decode step with (train.decode_cache=persistent_compiled, tests/test_inner_loop/generation/test_decode_step.py);
     # optional where apt is unavailable.
     local missing=()
     for pkg in "$@"; do dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg"); done

@@ -14,7 +14,7 @@ session share its empty cache (every cache entry is built once under a lock, mod
 The heavy test files (every core: a whole job, member processes side by side, a vLLM engine) run one after another,
 never beside each other, in either session (tests/heavy_lock.py). Time limits follow tests/time_limits.py.
 
-The test files lie in folders that mirror the packages (tests/meta/search/ tests meta/search/, ...; tests/docs/ the
+The test files lie in folders that mirror the packages (tests/test_meta/search/ tests meta/search/, ...; tests/docs/ the
 docs, tests/scripts/ scripts/ and bench/). The folders are not packages: pytest puts each test file's folder on
 sys.path, and this folder with it, so a test imports the modules beside this file (helpers.py: what tests in several
 files build, its fixtures loaded below for every test; time_limits.py, conf_groups.py, ...) by their plain names, and
@@ -40,10 +40,10 @@ SUITE_CACHE_ENV = "MIRROR_ES_SUITE_CACHE"
 #: idle. The first, the learning runs (two single-threaded processes), is one worker's first unit; the next three are
 #: the heavy files (tests/heavy_lock.py), which the other worker runs in turn as one unit; then both take the rest
 LONGEST_FIRST = (
-    "inner_loop/member/test_inner_learning.py", "inner_loop/generation/test_vllm_member.py",
-    "meta/search/test_meta_e2e.py", "scripts/test_gpu_check.py", "meta/search/test_meta_run_paths.py",
-    "inner_loop/process/test_numerics.py", "scripts/test_bench_member_gpu.py", "inner_loop/member/test_inner_member.py",
-    "inner_loop/numerics/test_fingerprint.py",
+    "test_inner_loop/member/test_inner_learning.py", "test_inner_loop/generation/test_vllm_member.py",
+    "test_meta/search/test_meta_e2e.py", "scripts/test_gpu_check.py", "test_meta/search/test_meta_run_paths.py",
+    "test_inner_loop/process/test_numerics.py", "scripts/test_bench_member_gpu.py",
+    "test_inner_loop/member/test_inner_member.py", "test_inner_loop/numerics/test_fingerprint.py",
 )
 #: heavy tests one at a time, across workers and sessions; the shared builders' fixtures for every test
 pytest_plugins = ["heavy_lock", "helpers"]

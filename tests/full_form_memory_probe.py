@@ -1,7 +1,7 @@
 """What a user's run holds: a few GBMPO training steps (generation, loss, backward with the gradient-share diagnostics,
 optimizer) of a tiny-width Qwen3 at its full 151,936-token vocabulary, with LoRA as mbpp_qwen3 trains, in this
 process; prints the process's resident peak (VmHWM) over those steps as JSON. Run in a fresh process per form and
-shape by tests/inner_loop/loss/test_full_form_memory.py and bench/bench_full_form.py, which compare the full form's peak
+shape by tests/test_inner_loop/loss/test_full_form_memory.py and bench/bench_full_form.py, which compare the full form's peak
 with the sampled form's.
 
     python tests/full_form_memory_probe.py --form full --shapes 2x16:2,4x64:1   # one JSON line per shape

@@ -11,7 +11,7 @@ past the limits they then had, and finished no sooner than one after the other. 
   names for its run (setup to teardown, so a module fixture's training runs too); scripts/test.sh names one for both
   sessions, else a session's first process names one that its xdist workers inherit.
 
-Not heavy in that sense: tests/inner_loop/member/test_inner_learning.py, the longest file, trains its runs two at a
+Not heavy in that sense: tests/test_inner_loop/member/test_inner_learning.py, the longest file, trains its runs two at a
 time, each one pinned, single-threaded process, so it never takes more than the two cores a pair of light workers
 takes. It runs as a unit of its own beside the heavy files (the suite's longest two units at once, from its start),
 not after them: run after them it made the heavy worker's queue the suite's whole wall time.
@@ -38,7 +38,7 @@ _OWN_LOCK = "_mirror_es_own_heavy_lock"
 
 
 def is_heavy(nodeid: str) -> bool:
-    """Whether the test ``nodeid`` ('tests/meta/search/test_x.py::test_y') is in a heavy file."""
+    """Whether the test ``nodeid`` ('tests/test_meta/search/test_x.py::test_y') is in a heavy file."""
     return nodeid.split("::", 1)[0].rsplit("/", 1)[-1] in HEAVY_FILES
 
 

@@ -14,7 +14,7 @@ import pytest
 from conf_groups import load_group
 from time_limits import scaled
 
-#: the save-on-notice member's steps (tests/inner_loop/process/test_save_on_notice.py and its SLURM twin)
+#: the save-on-notice member's steps (tests/test_inner_loop/process/test_save_on_notice.py and its SLURM twin)
 NOTICE_STEPS = 24
 
 

@@ -2,7 +2,7 @@
 
 Pinned on the command line so that those tests check the arithmetic, not whichever card measured the preset last:
 the first H200 figure (15.0 s a step with the dynamic cache, one member per GPU). The preset's own figures are held
-by tests/meta/settings/test_experiments.py."""
+by tests/test_meta/settings/test_experiments.py."""
 from __future__ import annotations
 
 #: one member alone on its GPU at 15.0 s a step: 1600 steps + 12 min = 412 min a member

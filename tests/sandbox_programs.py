@@ -1,5 +1,5 @@
-"""Programs the sandbox tests run as model-written code (tests/inner_loop/sandbox/test_sandbox_adversarial.py,
-tests/inner_loop/member/test_preflight.py)."""
+"""Programs the sandbox tests run as model-written code (tests/test_inner_loop/sandbox/test_sandbox_adversarial.py,
+tests/test_inner_loop/member/test_preflight.py)."""
 from __future__ import annotations
 
 

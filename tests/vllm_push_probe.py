@@ -1,4 +1,4 @@
-"""Run by tests/inner_loop/generation/test_vllm_member.py in a process of its own (vLLM's engine seeds the process's
+"""Run by tests/test_inner_loop/generation/test_vllm_member.py in a process of its own (vLLM's engine seeds the process's
 RNGs and replaces torch.set_num_threads): does a weight push through ``push_weights_by_reload`` change what vLLM
 generates, exactly?
 

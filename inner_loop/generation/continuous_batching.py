@@ -12,7 +12,7 @@ How: the member's budget is ``memory.generation_cache_bytes`` (the one owner of 
 transformers' own (``PagedAttentionMemoryHandler``: the cache, the batch's buffers and activation peaks, the masks),
 run with that budget as the memory available; its result is written as ``num_blocks`` and ``max_batch_tokens``,
 which transformers then takes as given. transformers is pinned (pyproject.toml), and these internals are checked
-against it by tests/inner_loop/generation/test_continuous_batching.py.
+against it by tests/test_inner_loop/generation/test_continuous_batching.py.
 """
 from __future__ import annotations
 

@@ -53,7 +53,7 @@ class DivergenceConfig:
     #: KL(pi || pi_ref) (on-policy); k3 = r - 1 - log r (TRL's), whose expected gradient is the gradient of
     #: KL(pi_ref || pi), the reverse direction (mass-covering), though its value is an unbiased estimate of
     #: KL(pi || pi_ref); k1 = -log r is refused with form=sampled (E_pi[grad log pi(y)] = 0: as a loss it does
-    #: nothing). tests/inner_loop/loss/test_loss_terms.py checks these directions; form=sampled_is of the KL potential
+    #: nothing). tests/test_inner_loop/loss/test_loss_terms.py checks these directions; form=sampled_is of the KL potential
     #: equals k3
     estimator: str = "k3"
     #: None: the registry's ``default_coef`` of the divergence (the one default). Its schema (:func:`schema_node`)

@@ -14,7 +14,7 @@ as ``go_offline`` does), a child that needs vLLM (hidden from the server), a SLU
 A forked child is what ``python -m module`` with the caller's environment would be: the caller's environment,
 working directory, stdin, stdout and stderr; its module run as ``__main__``; signals at their defaults; the
 interpreter's exit handlers run at its end; numpy's global generator reseeded. Its bits equal a fresh child's
-(tests/inner_loop/process/test_fork_server.py trains one member both ways). It dies with its caller: a pipe whose other
+(tests/test_inner_loop/process/test_fork_server.py trains one member both ways). It dies with its caller: a pipe whose other
 end only the caller holds (the lifeline) closes when the caller dies, however it dies, and the child then kills itself.
 
 Per request: server -> waiter (reports the child's pid, then its exit status, on the caller's connection) -> child.

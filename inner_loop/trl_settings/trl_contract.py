@@ -26,7 +26,7 @@ _REFUSED: dict[str, tuple[Any, str]] = {
 }
 
 #: Every attribute / args field / input key TRL 1.16's ``GRPOTrainer._compute_loss`` reads, and what our loss does
-#: with it. tests/inner_loop/grpo/test_trainer_trl_contract.py compares this with the pinned TRL's source, so a TRL bump
+#: with it. tests/test_inner_loop/grpo/test_trainer_trl_contract.py compares this with the pinned TRL's source, so a TRL bump
 #: that makes its loss read something new fails a test until someone decides how our loss treats it.
 REVIEWED_LOSS_INPUTS: dict[str, str] = {
     # honoured

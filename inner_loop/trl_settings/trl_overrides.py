@@ -143,7 +143,7 @@ def check_report_to(report_to: Any) -> list[str]:
     names = [report_to] if isinstance(report_to, str) else list(report_to or [])
     names = [] if names in (["none"], []) else names
     for name in names:
-        # the names of _REPORT_MODULES are transformers' own (tests/inner_loop/grpo/test_inner_grpo_args.py holds them
+        # the names of _REPORT_MODULES are transformers' own (tests/test_inner_loop/grpo/test_inner_grpo_args.py holds them
         # so); only another name needs transformers' list, whose import costs an orchestrator seconds
         if name not in _REPORT_MODULES and name not in _integration_names():
             raise ValueError(f"train.report_to: {name!r} is not a transformers reporting integration; choose from "

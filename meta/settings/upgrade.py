@@ -19,7 +19,7 @@ its ``commit`` landed; a run created before that day stored the earlier layout):
 The rule: an entry may go once no supported stored run needs it, that is once :data:`OLDEST_SUPPORTED_LAYOUT` (the
 day of the oldest layout this version reads) is later than its ``since``. Raising OLDEST_SUPPORTED_LAYOUT is the
 decision to stop reading older runs; a run created before it is refused naming the date (:func:`stored_manifest`),
-and tests/meta/settings/test_stored_upgrade.py fails on every entry it made removable, so that none outlives its last reader.
+and tests/test_meta/settings/test_stored_upgrade.py fails on every entry it made removable, so that none outlives its last reader.
 """
 from __future__ import annotations
 

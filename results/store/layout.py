@@ -2,7 +2,7 @@
 
 Every file and directory name inside a run dir or a member dir is defined here and nowhere else, so that the
 orchestrator, the launchers, the member processes and the report can never disagree about where a thing
-lives (tests/results/test_results_layout.py fails on a layout name spelled anywhere else). ``RunStore``
+lives (tests/test_results/test_results_layout.py fails on a layout name spelled anywhere else). ``RunStore``
 (results/store/run_store.py) turns these names into paths and typed reads/writes; light modules that only know a member's
 work dir (launch.member, inner_loop.member) use the names directly. Standard library only: every member
 process imports it.

@@ -76,7 +76,7 @@ PLACEHOLDERS_BY_PROGRAM: dict[tuple[str, str], str] = {
     ("python -m meta.tune", "<run dir>"): "tune",
 }
 #: hub repository -> (the overrides that select it, the overrides that put the repository's fixtures in the hub's format
-#: in its place; tests/meta/settings/test_experiments.py composes the presets the same way). A hub model gets a local
+#: in its place; tests/test_meta/settings/test_experiments.py composes the presets the same way). A hub model gets a local
 #: directory in place of its staged snapshot (docs/usage.md "Staged, offline members"): no command checked here reads
 #: its weights.
 HUB_DATA: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -112,7 +112,7 @@ DRY_RUN = ("python -m meta.run", "python -m meta.pilot", "python -m meta.tune", 
 #: entry points run for real on the prepared run directories (cheap: they read, report or export)
 RUN_ON_PREPARED = ("python -m meta.status", "python -m meta.export", "python -m meta.reevaluate",
                    "python -m results.report", "python -m results.compare", "python -m meta.early_cuts")
-#: entry points whose whole run is their work (tests/inner_loop/numerics/test_fingerprint.py runs it): their arguments
+#: entry points whose whole run is their work (tests/test_inner_loop/numerics/test_fingerprint.py runs it): their arguments
 #: are checked
 PARSE_ONLY = ("python -m inner_loop.fingerprint",)
 MAIN_SH_EXEC = re.compile(r'^exec \.venv/bin/python -m (\S+) "\$@"$', re.MULTILINE)

@@ -16,6 +16,7 @@ import torch
 
 from meta.search.run import main
 from meta.synthetic import CHECKPOINT_FILE
+from core.records import MemberSpec
 from results.store.layout import SPEC_FILE
 from results.store.run_store import RunStore
 from slurm_helpers import LocalSlurm, run_slurm_command
@@ -45,10 +46,10 @@ def _step(work_dir: Path) -> int:
 
 
 def _truncation(work_dir: Path) -> tuple[int, int]:
-    """The member's own truncation [start, stop) from its spec (stagger spreads pairs' phases over the run)."""
+    """The member's own truncation [start, stop) from its spec's segment (stagger spreads pairs' phases over the run)."""
     try:
-        piece = json.loads((work_dir / SPEC_FILE).read_text())["truncation"]
-        return int(piece["start"]), int(piece["stop"])
+        segment = MemberSpec.from_dict(json.loads((work_dir / SPEC_FILE).read_text())).work
+        return segment.start, segment.stop
     except (OSError, ValueError, KeyError, TypeError):
         return -1, -1
 

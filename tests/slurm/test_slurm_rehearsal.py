@@ -39,7 +39,7 @@ VLLM_INSTALLED = importlib.util.find_spec("vllm") is not None
 if not VLLM_INSTALLED and os.environ.get("MIRROR_ES_REQUIRE_VLLM"):
     raise RuntimeError("MIRROR_ES_REQUIRE_VLLM is set but vLLM is not installed (scripts/install_vllm.sh)")
 #: vLLM's CPU build needs AVX2 kernels: ATEN_CPU_CAPABILITY=default breaks its compiled sampler
-#: (tests/inner_loop/generation/test_vllm_member.py)
+#: (tests/test_inner_loop/generation/test_vllm_member.py)
 VLLM_USED = VLLM_INSTALLED and os.environ.get("ATEN_CPU_CAPABILITY") != "default"
 #: with vLLM, HF generate's cache setting is refused (vLLM keeps its own paged cache); without it the preset's compiled
 #: static cache runs with dynamo's eager backend: its plumbing and counts, not inductor's minutes of C++ on a CPU

@@ -40,7 +40,7 @@ def test_logp_space_share():
 
 
 def test_logit_space_share_equals_the_share_wrt_the_logits():
-    """With the per-token norms of the full form's tiles (tests/mirror_maps/test_full_form_tiled.py checks them one by
+    """With the per-token norms of the full form's tiles (tests/test_mirror_maps/test_full_form_tiled.py checks them one by
     one)."""
     torch.manual_seed(1)
     potential = ProbL2()

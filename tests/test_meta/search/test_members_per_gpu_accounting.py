@@ -24,7 +24,7 @@ from plan_inputs import SHARED_AT_15S
 from results.store.run_store import RunStore
 
 #: the issue's mbpp plan with the synthetic entry point: the plan's figures are the preset's (its resources, steps,
-#: population), and no model, data set or scheduler is asked (tests/meta/search/test_meta_plan.py runs the real member's
+#: population), and no model, data set or scheduler is asked (tests/test_meta/search/test_meta_plan.py runs the real member's
 #: checks)
 MBPP = ["experiment=mbpp_qwen3", "launcher=slurm", "population=180", "generations=15", "dry_run=true", "new=true",
         *SHARED_AT_15S, "inner.entrypoint=meta.synthetic:member"]

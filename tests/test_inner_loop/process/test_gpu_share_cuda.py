@@ -1,7 +1,7 @@
 """On a real GPU, a member's share caps what it can allocate: an allocation past the share fails in this process
 (not in a neighbour's), and its record names the share.
 
-tests/inner_loop/process/test_gpu_share.py checks the member asks for the cap; this checks torch's allocator honours it.
+tests/test_inner_loop/process/test_gpu_share.py checks the member asks for the cap; this checks torch's allocator honours it.
 Skipped (with its reason under -ra) where torch sees no CUDA device; run by scripts/gpu_check.sh.
 """
 from __future__ import annotations

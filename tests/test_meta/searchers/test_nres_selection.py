@@ -35,7 +35,7 @@ def _number(pattern: str, text: str) -> float:
 
 def test_the_mbpp_plan_of_nres_states_its_episodes_the_equal_information_and_the_truncations_io(tmp_path, capsys):
     """The done-when command of issue 59: 180 particles x 32 generations of 100-step truncations of 1600-step runs
-    (without the result table, whose eight rows are composed one by one: tests/meta/searchers/test_nres.py plans
+    (without the result table, whose eight rows are composed one by one: tests/test_meta/searchers/test_nres.py plans
     them)."""
     assert main(["experiment=mbpp_qwen3", "launcher=slurm", "population=180", "generations=32", "es=nres",
                  "dry_run=true", f"run_dir={tmp_path / 'plan'}", "new=true", "reevaluate.top_k=0",

@@ -5,7 +5,7 @@ must still reproduce its completions (the seed noise of a search rests on that),
 very completions of the dynamic cache (the same model must answer the same), and the cache transformers actually
 builds is spied on, so a setting silently dropped on its way to ``generate`` cannot pass; ``static`` keeps TRL's
 ``disable_compile`` (an eager decode step). transformers' own compiled static cache (``static_compiled``) is refused
-up front (inner_loop/generation/backends.py says why); tests/inner_loop/generation/test_decode_step.py tests the
+up front (inner_loop/generation/backends.py says why); tests/test_inner_loop/generation/test_decode_step.py tests the
 compiled setting.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 time per GPU, and a record that names the share when the member runs out of memory.
 
 CPU only: the GPU is replaced at its boundary (torch.cuda's device queries and set_per_process_memory_fraction);
-the CUDA side of the cap is tests/inner_loop/process/test_gpu_share_cuda.py. The lock test runs real processes and waits
+the CUDA side of the cap is tests/test_inner_loop/process/test_gpu_share_cuda.py. The lock test runs real processes and waits
 on events.
 """
 from __future__ import annotations
@@ -150,7 +150,7 @@ def test_vllm_refusing_to_start_for_memory_names_the_share_and_its_utilization()
     assert reason is not None and reason.startswith(f"out of GPU memory within its share: {H100_HALF}; ")
     assert ("; raise train.trl.vllm_gpu_memory_utilization (within the share), or set resources.members_per_gpu=1. "
             "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` [at "
-            "tests/inner_loop/process/test_gpu_share.py:") in reason, reason
+            "tests/test_inner_loop/process/test_gpu_share.py:") in reason, reason
     busy = ValueError("Free memory on device cuda:0 (10.0/79.2 GiB) on startup is less than desired GPU memory "
                       "utilization (0.15, 11.9 GiB).")
     assert "; lower train.trl.vllm_gpu_memory_utilization, or set" in out_of_memory_reason(busy, {

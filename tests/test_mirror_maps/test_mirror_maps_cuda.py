@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(),
     reason="no CUDA device (torch.cuda.is_available() is False); the CPU paths are tested in the other "
-    "tests/mirror_maps/test_mirror_maps_*.py modules",
+    "tests/test_mirror_maps/test_mirror_maps_*.py modules",
 )
 
 DEVICE = torch.device("cuda")
@@ -40,7 +40,7 @@ DEVICE = torch.device("cuda")
 
 TOLERANCES = {torch.float32: 1e-4, torch.float64: 1e-10}
 """Relative tolerance CUDA vs CPU per dtype. Each side is within ~1e-5 (float32) of float64 on these
-inputs (tests/mirror_maps/test_mirror_maps_fused.py), and CUDA's libm differs from the CPU's by a few ulps."""
+inputs (tests/test_mirror_maps/test_mirror_maps_fused.py), and CUDA's libm differs from the CPU's by a few ulps."""
 
 
 # ------------------------------------------------------------------------------------------- inputs
@@ -176,7 +176,7 @@ def test_fixed_map_runs_the_fused_function_and_agrees_with_autograd_path(dtype: 
     """A fixed map's bregman is the fused autograd.Function on CUDA too; a trainable one goes through
     autograd. The fused d and gradients in `dtype` match the autograd path in float64, on the device.
 
-    Bounds as in tests/mirror_maps/test_mirror_maps_fused.py: the autograd path's own float64 rounding is ~1e-8
+    Bounds as in tests/test_mirror_maps/test_mirror_maps_fused.py: the autograd path's own float64 rounding is ~1e-8
     relative; the fused float32 result is within 1e-5 relative or 1e-7 absolute of float64 (authors' init).
     """
     logp, ref_logp = _log_probs(torch.float64)

@@ -7,7 +7,7 @@ perfect sampler (HF generate with each preset's sampling, its processed scores a
 what vLLM's ``processed_logprobs`` are): the ratio the trainer hands the loss must be 1 within 0.02 with no sequence
 masked, while TRL's full-vocabulary comparison is shown to be off where the preset truncates. Presets whose
 sampling the trainer cannot rebuild are refused up front. The same check with vLLM itself runs in
-tests/inner_loop/generation/test_vllm_member.py where vLLM is installed.
+tests/test_inner_loop/generation/test_vllm_member.py where vLLM is installed.
 """
 from __future__ import annotations
 

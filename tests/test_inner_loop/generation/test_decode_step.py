@@ -196,7 +196,7 @@ def test_a_lora_member_compiles_once_over_ten_steps_and_a_seed_reproduces(
     stored = json.loads((tmp_path / "first" / "result.json").read_text())
     assert stored["generation"]["decode_counts"]["compiles"] == counts["compiles"]  # in the record on disk
     # a seed reproduces its completions over all ten steps, also against the process's first member (whose LoRA
-    # adapter once came from the process's history, not its seed: tests/inner_loop/member/test_same_numbers.py)
+    # adapter once came from the process's history, not its seed: tests/test_inner_loop/member/test_same_numbers.py)
     two = _member(tmp_path, "two", _inner("persistent_compiled"))
     assert two.status == "ok", two.error
     assert first.generation["completions_sha256"] == two.generation["completions_sha256"]

@@ -2,7 +2,7 @@
 
 These run searches through meta.run with the synthetic member (meta/synthetic.py), whose truncations carry their
 loss through the particles' boundary checkpoints as a training run carries its weights; the searcher on the family of
-unrolled problems, in-process: tests/meta/searchers/test_nres_family.py."""
+unrolled problems, in-process: tests/test_meta/searchers/test_nres_family.py."""
 from __future__ import annotations
 
 import json
