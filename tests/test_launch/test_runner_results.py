@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 import launch.runner as runner_module
+from conf_groups import load_group
 from launch.base import JobRef, Launcher
 from launch.factory import build_launcher, runner_policy
 from launch.runner import MemberArrayRunner, RunnerPolicy
@@ -209,7 +209,7 @@ def test_write_result_if_absent_falls_back_to_an_exclusive_create_without_hard_l
 def test_result_grace_is_a_launcher_setting_with_filesystem_defaults():
     graces = {}
     for name in ("debug", "local", "slurm"):
-        cfg = yaml.safe_load((CONF / f"{name}.yaml").read_text())
+        cfg = load_group("launcher", name, resolve=False)  # the YAML over its launcher's settings class
         graces[name] = runner_policy(1, 60, cfg).result_grace_s
     assert graces == {"debug": 0.0, "local": 0.0, "slurm": 90.0}
     assert SlurmOptions.from_options({}).result_grace_s == 90.0
