@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Mapping
 
 import torch
 
+from core.records import Segment
 from meta.searchers.utilities import TellSummary
 from core.config.group_schemas import setting
 DTYPE = torch.float64
@@ -76,6 +77,10 @@ class MemberWork:
     #: what its training seeds are drawn by (core/seeding.py member_seed's keys), where the searcher decides it (the
     #: halves of an antithetic pair share their run's seed); None: the generation's own rule
     seed_key: tuple[Any, ...] | None = None
+
+    def segment(self, resume_from: str | None = None) -> Segment:
+        """These steps as a member's segment (core/records.py), resumed from ``resume_from`` where given."""
+        return Segment(self.start, self.stop, self.horizon, resume_from)
 
 
 class Searcher(abc.ABC):

@@ -159,7 +159,7 @@ class Orchestrator:
                 "mean_fitness": _measured_mean(fitness, late | stopped),
                 # what each job trained, and what the next generation's will (meta.status reads them)
                 SEGMENTS_KEY: [work_entry(spec.work, spec.truncation) for spec in specs],
-                NEXT_SEGMENTS_KEY: [work_entry(Segment(w.start, w.stop, w.horizon), _run_of(w))
+                NEXT_SEGMENTS_KEY: [work_entry(w.segment(), _run_of(w))
                                     for w in self.shape.member_work(self.searcher, self.cfg.member_steps)],
             },
         )
@@ -342,12 +342,11 @@ class Orchestrator:
     def _segment(self, index: int, work: MemberWork) -> tuple[Segment, dict[str, Any] | None]:
         """The member's segment and, for a member continuing a particle's run, the run it continues (its folder of
         boundary checkpoints: results/store/truncation.py), from which it resumes at its start."""
-        if work.run is None:
-            return Segment(work.start, work.stop, work.horizon), None
-        particle, episode = work.run
-        run = {"particle": particle, "episode": episode, "particle_dir": str(self.store.particle_dir(index))}
-        resume = Truncation.of(run, Segment(work.start, work.stop, work.horizon)).resume_from
-        return Segment(work.start, work.stop, work.horizon, resume), run
+        run = _run_of(work)
+        if run is None:
+            return work.segment(), None
+        run["particle_dir"] = str(self.store.particle_dir(index))
+        return work.segment(Truncation.of(run, work.segment()).resume_from), run
 
     def _abort_message(self, generation: int, final: Mapping[int, ResultRecord]) -> str | None:
         # Population members only (the control member is information, not the search); late is not a failure.
@@ -485,7 +484,7 @@ class Orchestrator:
         )
 
 
-def _run_of(work: MemberWork) -> dict[str, int] | None:
+def _run_of(work: MemberWork) -> dict[str, Any] | None:
     """The particle run a member's work continues, as the state keeps it (its folder is the store's)."""
     return None if work.run is None else {"particle": work.run[0], "episode": work.run[1]}
 
