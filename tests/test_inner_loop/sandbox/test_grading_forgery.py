@@ -111,13 +111,15 @@ FORGERIES: dict[str, tuple[str, list[str]]] = {
     "gc_search": (ded("""
         import gc, os
         """ + REPORT_CALLS + """
-        for obj in gc.get_objects():
-            if getattr(obj, "__name__", "") == "report" and callable(obj):
-                for args in CALLS:
-                    try:
-                        obj(*args)
-                    except Exception:
-                        pass
+        found = [obj for obj in gc.get_objects() if getattr(obj, "__name__", "") == "report" and callable(obj)]
+        # every argument shape across every candidate, (index, ok) first: the collector's order of the
+        # candidates (which differs run to run) must not decide which one is reached before the process ends
+        for args in CALLS:
+            for obj in found:
+                try:
+                    obj(*args)
+                except Exception:
+                    pass
         os._exit(0)
         """) + WRONG_ADD, ADD_TESTS),
     # a trace hook rewrites the verdict inside the reporting function
