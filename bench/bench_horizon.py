@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from meta.search.after.baselines import radius_random_vectors  # noqa: E402
 from meta.compose import compose  # noqa: E402
-from meta.search.config import build_search_config  # noqa: E402
+from meta.search.config import build_search_config, search_center  # noqa: E402
 from core.seeding import member_seed  # noqa: E402
 from core.records import MemberSpec  # noqa: E402
 from results.store.run_store import RunStore  # noqa: E402
@@ -94,10 +94,10 @@ def main(argv: list[str] | None = None) -> None:
             run_dir = root / name.split()[0].replace("=", "_")
             generations, wall = run_arm(run_dir, overrides, args.budget_s)
             latest = RunStore(run_dir).latest_state()
-            centres[name] = (latest[1]["center"] if latest else cfg.center()).tolist()
+            centres[name] = (latest[1]["center"] if latest else search_center(cfg)).tolist()
             done[name] = (generations, wall)
             print(f"{name}: {generations} outer updates in {wall:.0f} s", flush=True)
-        start = score(cfg.center().tolist(), seeds, root / "eval_start", inner)
+        start = score(search_center(cfg).tolist(), seeds, root / "eval_start", inner)
         randoms = radius_random_vectors(cfg, len(seeds))
         radius = [score(v, [s], root / f"eval_radius{k}", inner)[0] for k, (v, s) in enumerate(zip(randoms, seeds))]
         print(f"\nembedded default: population {cfg.population}, train.steps={steps}, T={t}, budget {args.budget_s:g} s "

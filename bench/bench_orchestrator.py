@@ -60,7 +60,7 @@ def run_orchestrator(folder: Path, population: int, sleep_s: float) -> tuple[flo
     ])
     cfg = build_search_config(raw)
     store = RunStore(folder)
-    orchestrator = Orchestrator(cfg, store, build_launcher(cfg.launcher), "bench")  # searcher built outside timing
+    orchestrator = Orchestrator(cfg, store, build_launcher(cfg.launcher_node), "bench")  # searcher built outside timing
     start = time.monotonic()
     orchestrator.run_generation(0)
     wall = time.monotonic() - start

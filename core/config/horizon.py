@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from typing import Any
 
 
-#: how many training steps a search member takes, an es key of conf/config.yaml (null: train.steps; meta/search/config.py
-#: checks it); train.steps stays the length of the exported run and of the runs after the search
+#: how many training steps a search member takes, an es key of conf/config.yaml (null: train.steps;
+#: meta/settings/schema.py checks it); train.steps stays the length of the exported run and of the runs after the search
 MEMBER_STEPS_KEY = "member_steps"
 
 
@@ -29,3 +29,15 @@ def horizon_text(raw: Mapping[str, Any]) -> str:
         return ""
     return (f"members train es.{MEMBER_STEPS_KEY}={member} of train.steps={steps} steps (the exported run, the "
             f"selection and reporting runs train {steps}); their fitness is pass@1 at step {member}")
+
+
+def member_train(train: Mapping[str, Any], member_steps: int) -> dict[str, Any]:
+    """The train node of a search member of ``member_steps`` steps: the full run's schedule shrunk to the member's
+    own horizon (the cosine decays over its steps, the warm-up is the same fraction of them). The same node when
+    member_steps is train.steps."""
+    steps = int(train.get("steps") or 0)
+    if member_steps == steps:
+        return dict(train)
+    warmup = int(train.get("lr_warmup_steps") or 0)
+    return {**train, "steps": member_steps,
+            "lr_warmup_steps": min(member_steps - 1, round(warmup * member_steps / steps)) if warmup else 0}

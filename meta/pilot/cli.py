@@ -1,9 +1,9 @@
 """``python -m meta.pilot [key=value ...]``: before a big spend, can a search at these settings see anything?
 
 Takes the same overrides as meta.run. For every (radius, coef) combination of ``pilot.radii`` x ``pilot.coefs`` it
-trains the search's starting centre c (``SearchConfig.center()``) with k seeds and m antithetic pairs c + e_i,
-c - e_i with e_i ~ N(0, radius^2 I), every init on the same k seeds (common random numbers), so a pair's difference
-on seed s is paired. The directions e_i / radius are drawn once (from derive_seed(seed, "pilot", "direction", i)) and
+trains the search's starting centre c (meta/search/config.py ``search_center``) with k seeds and m antithetic pairs
+c + e_i, c - e_i with e_i ~ N(0, radius^2 I), every init on the same k seeds (common random numbers), so a pair's
+difference on seed s is paired. The directions e_i / radius are drawn once (from derive_seed(seed, "pilot", "direction", i)) and
 shared by all combinations, so combinations are compared on the same directions too. meta/pilot/findings.py turns
 the runs into the findings: the seed noise of one init and its binomial/training parts, the pairs' differences, the
 signal-to-noise ratio of one generation's ES step at the configured population, how early intermediate scores rank
@@ -37,14 +37,14 @@ import yaml
 
 from inner_loop.loss.divergences import coef_key
 from meta.search import recipe
-from meta.search.config import (INNER_NODES, SEARCH_KEYS, ConfigError, SearchConfig, build_search_config,
-                                check_member_launch, member_sharing)
+from meta.search.config import (INNER_NODES, SEARCH_KEYS, ConfigError, build_search_config, check_member_launch,
+                                member_sharing, search_center)
 from meta.search.resume import run_dir_label
 from meta.pilot.findings import CENTRE, FULL_HORIZON, PLUS, horizon_index, map_roles, member_index
 from meta.pilot.truncation import STEP_KEY, TRUNCATION_KEY, WHOLE_VALIDATION, boundaries
 from results.report.pilot import PILOT_KIND
 from meta.searchers.radius import RADIUS_KEY
-from meta.settings.schema import PilotConfig, typed_config
+from meta.settings.schema import PilotConfig, SearchSchema, typed_config
 from meta.settings.upgrade import stored_config, stored_manifest
 from results.store.layout import JOBS_FILE, LAUNCHER_DIR, member_dir_name
 from core.records import MemberSpec
@@ -103,11 +103,11 @@ def build_pilot_config(raw: Mapping[str, Any]) -> PilotConfig:
                                coefs=_numbers("pilot.coefs", pilot.coefs, positive=False))
 
 
-def combinations(cfg: SearchConfig, pilot: PilotConfig) -> list[dict[str, float | None]]:
+def combinations(cfg: SearchSchema, pilot: PilotConfig) -> list[dict[str, float | None]]:
     """Every (radius, coef) the pilot scans, radius-major; ConfigError when a default is missing or unusable."""
     radii = pilot.radii
     if radii is None:
-        value = cfg.es.get(RADIUS_KEY)
+        value = cfg.searcher_settings.get(RADIUS_KEY)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
             raise ConfigError(f"es.{RADIUS_KEY}={value!r} is the pilot's radius (pilot.radii=null) and must be a "
                               "number above 0; or set pilot.radii=[...]")
@@ -119,7 +119,7 @@ def combinations(cfg: SearchConfig, pilot: PilotConfig) -> list[dict[str, float 
     return [{"radius": r, "coef": None if c is None else float(c)} for r in radii for c in coefs]
 
 
-def _inner(cfg: SearchConfig, coef: float | None, full: bool = False) -> dict[str, Any]:
+def _inner(cfg: SearchSchema, coef: float | None, full: bool = False) -> dict[str, Any]:
     """A pilot run's inner config: a search member's (es.member_steps), or with ``full`` the horizon check's twin at
     train.steps."""
     inner = copy.deepcopy(cfg.member_inner() if full else cfg.search_member_inner())
@@ -129,7 +129,7 @@ def _inner(cfg: SearchConfig, coef: float | None, full: bool = False) -> dict[st
 
 
 @dataclass
-class Prepared(recipe.Prepared[SearchConfig]):
+class Prepared(recipe.Prepared[SearchSchema]):
     """The validated pilot: the runner's setup, the search config it speaks for, its own settings and combinations."""
 
     pilot: PilotConfig
@@ -158,13 +158,13 @@ def build(setup: recipe.Setup) -> Prepared:
     _check_truncation(cfg)
     if pilot.coefs is not None:  # each scanned coef must be a valid run config, checked before anything runs
         for coef in pilot.coefs:
-            check_member_launch(raw, cfg.launcher, cfg.inner_timeout_s, cfg.inner_entrypoint, _inner(cfg, coef),
-                                cfg.resources, where=f" (pilot.coefs: divergence.coef={coef:g})")
+            check_member_launch(raw, cfg.launcher_node, cfg.inner.timeout_s, cfg.inner.entrypoint, _inner(cfg, coef),
+                                cfg.resources_node, where=f" (pilot.coefs: divergence.coef={coef:g})")
     return setup.with_config(Prepared, cfg=cfg, pilot=pilot, combinations=combos)
 
 
 # ------------------------------------------------------------------ the truncation check
-def truncation_design(cfg: SearchConfig) -> dict[str, int] | None:
+def truncation_design(cfg: SearchSchema) -> dict[str, int] | None:
     """For an online searcher (es=nres), the truncation check's design: T (es.truncation_steps, the searcher's own
     reading of it), the runs' steps and the train.eval_subset that validates the whole validation set; None for a
     searcher of whole runs."""
@@ -173,21 +173,22 @@ def truncation_design(cfg: SearchConfig) -> dict[str, int] | None:
     from meta.searchers.nres import truncation_length
 
     val_size = cfg.inner_config["train"].get("val_size")
-    return {"steps": truncation_length(cfg.full_steps, cfg.es.get(TRUNCATION_KEY)), "horizon": cfg.full_steps,
+    steps = truncation_length(cfg.full_steps, cfg.searcher_settings.get(TRUNCATION_KEY))
+    return {"steps": steps, "horizon": cfg.full_steps,
             "eval_subset": int(val_size) if val_size else WHOLE_VALIDATION}
 
 
-def _check_truncation(cfg: SearchConfig) -> None:
+def _check_truncation(cfg: SearchSchema) -> None:
     """What the truncation check needs of the config: no other intermediate validation, and the step it scales."""
     design = truncation_design(cfg)
     if design is None:
         return
-    name, every = cfg.es.get("name"), cfg.inner_config["train"].get("eval_every")
+    name, every = cfg.es.name, cfg.inner_config["train"].get("eval_every")
     if every is not None and int(every) != design["steps"]:
         raise ConfigError(f"train.eval_every={every}: with es={name} the pilot validates its runs every "
                           f"es.{TRUNCATION_KEY}={design['steps']} steps on the whole validation set (the truncation "
                           f"check, docs/pilot.md); set train.eval_every=null")
-    if STEP_KEY not in cfg.es:
+    if STEP_KEY not in cfg.searcher_settings:
         raise ConfigError(f"es.{STEP_KEY} is not in the es={name} config (conf/es/{name}.yaml): the truncation check "
                           f"recommends that step (meta/pilot/truncation.py STEP_KEY names it)")
 
@@ -206,7 +207,7 @@ def make_plan(prepared: Prepared) -> dict[str, Any]:
     from core.seeding import generator, member_seed
 
     cfg, pilot, store = prepared.cfg, prepared.pilot, prepared.store
-    centre = cfg.center().to(torch.float64)
+    centre = search_center(cfg).to(torch.float64)
     directions = [torch.randn(VECTOR_LENGTH, generator=generator(cfg.seed, "pilot", "direction", i),
                               dtype=torch.float64).tolist() for i in range(pilot.pairs)]
     members = []
@@ -224,7 +225,7 @@ def make_plan(prepared: Prepared) -> dict[str, Any]:
                                     "horizon": FULL_HORIZON,
                                     "work_dir": str(store.pilot_runs_dir / member_dir_name(twin))})
     return {
-        "seed": cfg.seed, "init": cfg.init, "es": cfg.es.get("name"), "radius_key": RADIUS_KEY,
+        "seed": cfg.seed, "init": cfg.init, "es": cfg.es.name, "radius_key": RADIUS_KEY,
         "seeds": [member_seed(cfg.seed, "pilot", "seed", s) for s in range(pilot.seeds)],
         "centre": centre.tolist(), "directions": directions, "combinations": prepared.combinations,
         "members": sorted(members, key=lambda m: m["index"]),
@@ -233,7 +234,7 @@ def make_plan(prepared: Prepared) -> dict[str, Any]:
     }
 
 
-def has_horizon_check(cfg: SearchConfig) -> bool:
+def has_horizon_check(cfg: SearchSchema) -> bool:
     """Whether the pilot checks the members' horizon: they train es.member_steps, fewer than train.steps."""
     return cfg.member_steps < cfg.full_steps
 
@@ -249,7 +250,7 @@ def _check_plan(plan: Mapping[str, Any], prepared: Prepared) -> None:
                           f"{want}; start a new pilot with another run_dir")
 
 
-def member_specs(plan: Mapping[str, Any], cfg: SearchConfig, run_id: str) -> list[MemberSpec]:
+def member_specs(plan: Mapping[str, Any], cfg: SearchSchema, run_id: str) -> list[MemberSpec]:
     """One spec per run of the plan: its combination's coef, its params (c, c + radius z_i or c - radius z_i) and
     its seed (the same seed list for every init)."""
     centre = plan["centre"]
@@ -315,9 +316,9 @@ def run_members(prepared: Prepared, specs: list[MemberSpec], launcher: Any) -> N
             last_written[0] = time.monotonic()
 
     MemberArrayRunner(
-        launcher=launcher, entrypoint=cfg.inner_entrypoint, specs=specs, jobs=read_jobs_file(jobs_path),
+        launcher=launcher, entrypoint=cfg.inner.entrypoint, specs=specs, jobs=read_jobs_file(jobs_path),
         save_jobs=lambda jobs: write_jobs_file(jobs_path, jobs), launcher_folder=folder / LAUNCHER_DIR,
-        policy=runner_policy(cfg.retries, cfg.inner_timeout_s, cfg.launcher), should_abort=abort,
+        policy=runner_policy(cfg.retries, cfg.inner.timeout_s, cfg.launcher_node), should_abort=abort,
         on_final=on_final,
     ).run()
 
@@ -335,7 +336,7 @@ def build_dry_run_plan(prepared: Prepared) -> str:
     alone_min = cfg.member_alone_min if cfg.searcher_online else cfg.search_member_alone_min
     sharing = member_sharing(raw)
     minutes = sharing.member_time(alone_min)
-    gpus, cpus = int(cfg.resources.get("gpus") or 0), int(cfg.resources.get("cpus") or 1)
+    gpus, cpus = int(cfg.resources.gpus or 0), int(cfg.resources.cpus or 1)
     hours = runs * minutes / 60.0
     per_member = raw.get("seeds_per_member")
     finished = ""
@@ -344,11 +345,11 @@ def build_dry_run_plan(prepared: Prepared) -> str:
         done = sum(1 for mem in plan["members"] if read_result(mem["work_dir"]) is not None)
         finished = f" (resume: {done} of {runs} runs already final, never trained again)"
     lines = [
-        f"DRY RUN (meta.pilot): nothing is submitted or written. {run_dir_label(cfg.run_dir, prepared.resuming, 'pilot')}"
+        f"DRY RUN (meta.pilot): nothing is submitted or written. {run_dir_label(cfg.run_dir or '', prepared.resuming, 'pilot')}"
         f"{finished}",
         f"centre: init={cfg.init}, seed={cfg.seed}; k={k} seeds per init (the same for every init), m={m} antithetic "
         f"pairs c +- e_i, e_i ~ N(0, radius^2 I), directions shared by every combination",
-        f"radius: es.{RADIUS_KEY} of es={cfg.es.get('name')}"
+        f"radius: es.{RADIUS_KEY} of es={cfg.es.name}"
         + ("" if pilot.radii is None else " (scanned: pilot.radii)")
         + f"; coef: divergence.coef of divergence={cfg.inner_config['divergence'].get('name')}"
         + ("" if pilot.coefs is None else " (scanned: pilot.coefs)"),
@@ -361,7 +362,7 @@ def build_dry_run_plan(prepared: Prepared) -> str:
            f"a search member of es.member_steps={cfg.member_steps} steps")
         + (f" {alone_min:g} x slowdown {sharing.slowdown:g}" if sharing.shared else "") + f"), {gpus} GPU, {cpus} "
         f"CPU; launcher="
-        f"{cfg.launcher.get('name')}, retries={cfg.retries}, limit inner.timeout_s={cfg.inner_timeout_s:g} s",
+        f"{cfg.launcher.name}, retries={cfg.retries}, limit inner.timeout_s={cfg.inner.timeout_s:g} s",
         f"GPU-hours: {runs} runs x {sharing.hours_text(alone_min / 60, gpus)} = "
         f"{sharing.gpu_hours(runs, alone_min / 60, gpus):,.2f} GPU-h",
         *sharing.plan_lines(runs, "pilot array"),
@@ -382,7 +383,7 @@ def build_dry_run_plan(prepared: Prepared) -> str:
     return "\n".join(lines)
 
 
-def horizon_plan_lines(cfg: SearchConfig, pilot: PilotConfig, sharing: Any, gpus: int, cpus: int) -> list[str]:
+def horizon_plan_lines(cfg: SearchSchema, pilot: PilotConfig, sharing: Any, gpus: int, cpus: int) -> list[str]:
     """The dry run's lines on the horizon check: its runs and their cost, or why there is none."""
     if not has_horizon_check(cfg):
         return [f"horizon check: none (members train train.steps={cfg.full_steps}; with es.member_steps=T below it the "
@@ -398,12 +399,12 @@ def horizon_plan_lines(cfg: SearchConfig, pilot: PilotConfig, sharing: Any, gpus
             "verdict (docs/pilot.md \"The horizon check\")"]
 
 
-def truncation_plan_lines(cfg: SearchConfig, runs: int) -> list[str]:
+def truncation_plan_lines(cfg: SearchSchema, runs: int) -> list[str]:
     """The dry run's line on the truncation check: its extra validations ([] for a searcher of whole runs)."""
     design = truncation_design(cfg)
     if design is None:
         return []
-    name, every, steps = cfg.es.get("name"), design["steps"], design["horizon"]
+    name, every, steps = cfg.es.name, design["steps"], design["horizon"]
     extra = len(boundaries(steps, every)) - 1
     val_size = cfg.inner_config["train"].get("val_size")
     problems = f"train.val_size={val_size}" if val_size else "train.val_size=null: every validation problem"

@@ -13,10 +13,13 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from meta.search.config import MEMBER_STEPS_KEY, SearchConfig, member_sharing, member_time_text, member_train
+from meta.search.config import (averaged_center_nominated, early_stop_step, generation_shape, member_time_text,
+                                search_center)
 from launch.base import LauncherPlan, PlanContext
 from meta.search.resume import run_dir_label
 from core.gpu_time import GpuSharing, gpu_time_h
+from meta.settings.schema import SearchSchema
+from core.config.horizon import MEMBER_STEPS_KEY, member_train
 from results.store.run_store import RunStore
 
 #: a member's running-time limit should leave at least this multiple of its expected time (seed spread, slower
@@ -105,9 +108,10 @@ class DiskPlan:
     kept: int     # left behind once the member finished
 
 
-def disk_plan(raw: Mapping[str, Any]) -> DiskPlan | None:
-    """From the model's shape, LoRA rank, dtype, train.steps/save_every and train.keep_checkpoints."""
-    model, train = raw["model"], raw["train"]
+def disk_plan(inner: Mapping[str, Any]) -> DiskPlan | None:
+    """From the model's shape, LoRA rank, dtype, train.steps/save_every and train.keep_checkpoints (``inner``: a
+    config's model and train nodes)."""
+    model, train = inner["model"], inner["train"]
     shape = model_shape(model)
     if shape is None:
         return None
@@ -132,27 +136,28 @@ def _gb(n_bytes: float) -> str:
     return f"{n_bytes / 1e9:,.2f} GB" if n_bytes < 1e12 else f"{n_bytes / 1e12:,.2f} TB"
 
 
-def selection_runs(cfg: SearchConfig) -> int:
+def selection_runs(cfg: SearchSchema) -> int:
     """Training runs of the selection stage: (top_k + the final centre + the averaged centre, where the searcher
     keeps one) x seeds."""
-    settings = cfg.reevaluate
-    centres = 2 if cfg.averaged_center_nominated else 1
+    settings = cfg.reevaluate_settings
+    centres = 2 if averaged_center_nominated(cfg) else 1
     return (settings.top_k + centres) * settings.seeds if settings.top_k > 0 else 0
 
 
-def selection_text(cfg: SearchConfig) -> str:
+def selection_text(cfg: SearchSchema) -> str:
     """The selection stage's candidates and seeds, as the plan names them."""
-    averaged = " + averaged centre" if cfg.averaged_center_nominated else ""
-    return f"reevaluate: top_k={cfg.reevaluate.top_k} + centre{averaged}, x seeds={cfg.reevaluate.seeds}"
+    averaged = " + averaged centre" if averaged_center_nominated(cfg) else ""
+    settings = cfg.reevaluate_settings
+    return f"reevaluate: top_k={settings.top_k} + centre{averaged}, x seeds={settings.seeds}"
 
 
-def reporting_runs(cfg: SearchConfig) -> int:
+def reporting_runs(cfg: SearchSchema) -> int:
     """Training runs of the reporting stage: (the exported init + every baseline) x report_seeds."""
-    settings = cfg.reevaluate
+    settings = cfg.reevaluate_settings
     return (1 + len(settings.baselines)) * settings.report_seeds if settings.top_k > 0 else 0
 
 
-def runs_left(cfg: SearchConfig, store: RunStore, resuming: bool) -> tuple[int, int, str]:
+def runs_left(cfg: SearchSchema, store: RunStore, resuming: bool) -> tuple[int, int, str]:
     """(selection runs, reporting runs) still to train, and what of them is done already, in words: a resume's plan
     counts only what is left (a stage that wrote its result is done; otherwise its final runs are not retrained)."""
     selection, reporting = selection_runs(cfg), reporting_runs(cfg)
@@ -176,11 +181,11 @@ def runs_left(cfg: SearchConfig, store: RunStore, resuming: bool) -> tuple[int, 
     return selection, reporting, "; ".join(done)
 
 
-def reporting_lines(cfg: SearchConfig, overrides: Sequence[str]) -> list[str]:
+def reporting_lines(cfg: SearchSchema, overrides: Sequence[str]) -> list[str]:
     """Every row of the result table with its resolved divergence block and where its coefficient comes from."""
     from meta.search.after.reporting import plan_rows
 
-    settings = cfg.reevaluate
+    settings = cfg.reevaluate_settings
     if settings.top_k <= 0 or settings.report_seeds <= 0:
         return ["result table: none (reevaluate.top_k=0 or reevaluate.report_seeds=0)"]
     evaluations = ["validation"] + (["test split"] if settings.test else []) + [f"transfer to {t}" for t in
@@ -198,21 +203,21 @@ def reporting_lines(cfg: SearchConfig, overrides: Sequence[str]) -> list[str]:
     return lines
 
 
-def _plan_context(cfg: SearchConfig, raw: Mapping[str, Any], generations: int = 0, first: int = 0,
-                  store: RunStore | None = None, run_id: str | None = None) -> PlanContext:
+def _plan_context(cfg: SearchSchema, generations: int = 0, first: int = 0, store: RunStore | None = None,
+                  run_id: str | None = None) -> PlanContext:
     """What the launcher's part of the plan reads of the search (launch/base.py: PlanContext)."""
     return PlanContext(
-        members_per_generation=cfg.generation_shape.jobs, generations=generations, first_generation=first,
-        inner_timeout_s=cfg.search_timeout_s, resources=cfg.resources,  # the generation's members' limit
-        num_threads=int(raw["train"]["num_threads"]), sharing=member_sharing(raw),
+        members_per_generation=generation_shape(cfg).jobs, generations=generations, first_generation=first,
+        inner_timeout_s=cfg.search_timeout_s, resources=cfg.resources_node,  # the generation's members' limit
+        num_threads=int(cfg.train["num_threads"]), sharing=cfg.sharing,
         launcher_dir=store.launcher_dir(first) if store is not None else None, run_id=run_id or "RUNID")
 
 
-def _launcher_plan(cfg: SearchConfig, context: PlanContext) -> LauncherPlan:
+def _launcher_plan(cfg: SearchSchema, context: PlanContext) -> LauncherPlan:
     """The configured launcher's own part of the plan, asked once (launch/factory.py: launcher_plan)."""
     from launch.factory import launcher_plan
 
-    return launcher_plan(cfg.launcher, context)
+    return launcher_plan(cfg.launcher_node, context)
 
 
 def _first_generation(store: RunStore, resuming: bool) -> int:
@@ -222,43 +227,44 @@ def _first_generation(store: RunStore, resuming: bool) -> int:
     return max(done) + 1 if done else 0
 
 
-def gpus_per_member(cfg: SearchConfig, raw: Mapping[str, Any]) -> int:
+def gpus_per_member(cfg: SearchSchema) -> int:
     """The GPUs one member asks for, as its launcher plans it (resources.gpus, or the launcher's per-task GPUs)."""
-    return _launcher_plan(cfg, _plan_context(cfg, raw)).gpus
+    return _launcher_plan(cfg, _plan_context(cfg)).gpus
 
 
-def training_runs(cfg: SearchConfig, generations: int, selection: int, reporting: int) -> int:
+def training_runs(cfg: SearchSchema, generations: int, selection: int, reporting: int) -> int:
     """The search's training runs: its members (x seeds per member) over ``generations``, then the selection and
     reporting runs."""
     return search_runs(cfg, generations) + selection + reporting
 
 
-def search_runs(cfg: SearchConfig, generations: int) -> int:
+def search_runs(cfg: SearchSchema, generations: int) -> int:
     """The training runs of ``generations`` generations (es.member_steps each): members x seeds per member."""
-    return cfg.generation_shape.jobs * generations * cfg.seeds_per_member
+    return generation_shape(cfg).jobs * generations * cfg.seeds_per_member
 
 
-def search_gpu_hours(cfg: SearchConfig, sharing: GpuSharing, gpus: int, generations: int, after_runs: int) -> float:
+def search_gpu_hours(cfg: SearchSchema, sharing: GpuSharing, gpus: int, generations: int, after_runs: int) -> float:
     """GPU-hours of ``generations`` generations of members at es.member_steps and ``after_runs`` selection and
     reporting runs at train.steps (each priced at its own time alone)."""
     return (sharing.gpu_hours(search_runs(cfg, generations), cfg.search_member_alone_min / 60.0, gpus)
             + sharing.gpu_hours(after_runs, cfg.member_alone_min / 60.0, gpus))
 
 
-def _member_hours(cfg: SearchConfig, sharing: GpuSharing, generations: int, after_runs: int) -> float:
+def _member_hours(cfg: SearchSchema, sharing: GpuSharing, generations: int, after_runs: int) -> float:
     """Running hours of every member together (beside the members on its GPU): what their CPUs are held for."""
     return (search_runs(cfg, generations) * sharing.member_time(cfg.search_member_alone_min / 60.0)
             + after_runs * sharing.member_time(cfg.member_alone_min / 60.0))
 
 
-def member_steps_key(cfg: SearchConfig) -> str:
+def member_steps_key(cfg: SearchSchema) -> str:
     """The key a search member's steps come from, as the plan names it (an online searcher's: its truncation)."""
     if cfg.longest_search_member_steps != cfg.member_steps:
-        return "es.truncation_steps" if cfg.es.get("truncation_steps") is not None else "its truncation's steps"
+        return ("es.truncation_steps" if cfg.searcher_settings.get("truncation_steps") is not None else
+                "its truncation's steps")
     return "train.steps" if cfg.member_steps == cfg.full_steps else f"es.{MEMBER_STEPS_KEY}"
 
 
-def member_steps_line(cfg: SearchConfig) -> list[str]:
+def member_steps_line(cfg: SearchSchema) -> list[str]:
     """The plan's line on es.member_steps when a member trains less than train.steps (none otherwise)."""
     if cfg.member_steps == cfg.full_steps:
         return []
@@ -279,25 +285,26 @@ class OnlineCost:
     basis: str      # where the hours come from, in words
 
 
-def online_cost(cfg: SearchConfig, raw: Mapping[str, Any], generations: int) -> OnlineCost | None:
+def online_cost(cfg: SearchSchema, generations: int) -> OnlineCost | None:
     """What ``generations`` generations of an online searcher train: its member-steps (the searcher plans them) and
     their hours, each truncation paying its steps at the measured step time plus a short run's fixed minutes once
-    (start, model load and compile, checkpoint, validation: SearchConfig.short_run_overhead_min); without a
+    (start, model load and compile, checkpoint, validation: SearchSchema.short_run_overhead_min); without a
     measured step time, a whole member's time x its share of the steps. None: the searcher trains whole runs."""
     from meta.searchers import searcher_class
     from meta.settings.member_time import short_run_overhead_key
 
-    steps = searcher_class(str(cfg.es.get("name"))).planned_member_steps(cfg.es, cfg.population, generations)
+    es = cfg.searcher_settings
+    steps = searcher_class(str(es.get("name"))).planned_member_steps(es, cfg.population, generations)
     if steps is None:
         return None
-    jobs = cfg.generation_shape.jobs * generations  # a truncation per particle per generation (no control member)
+    jobs = generation_shape(cfg).jobs * generations  # a truncation per particle per generation (no control member)
     truncations = max(1, jobs)
-    horizon = int(raw["train"]["steps"]) or 1
-    step_s = cfg.resources.get("step_time_s")
+    horizon = cfg.full_steps or 1
+    step_s = cfg.resources.step_time_s
     if step_s is not None:
         overhead_min = cfg.short_run_overhead_min
         hours = (steps * float(step_s) + truncations * overhead_min * 60.0) / 3600.0
-        key = short_run_overhead_key(cfg.resources)
+        key = short_run_overhead_key(cfg.resources_node)
         basis = (f"steps x resources.step_time_s={float(step_s):g} s + resources.{key}={overhead_min:g} min per "
                  "truncation (start, model load and compile, boundary checkpoint, validation)")
     else:
@@ -320,7 +327,7 @@ class OnlineSchedule:
     updates: int           # generations whose tell moved the centre (given fitness that carries information)
 
 
-def online_schedule(cfg: SearchConfig, generations: int, state: Mapping[str, Any] | None = None,
+def online_schedule(cfg: SearchSchema, generations: int, state: Mapping[str, Any] | None = None,
                     first: int = 0) -> OnlineSchedule | None:
     """Replay generations ``first`` .. ``first + generations - 1`` of the online searcher (from ``state``, its state
     after generation ``first`` - 1, on a resume) with every member measured and random fitness (so that each update
@@ -330,8 +337,8 @@ def online_schedule(cfg: SearchConfig, generations: int, state: Mapping[str, Any
 
     from meta.searchers import build_searcher
 
-    population = cfg.generation_shape.population
-    searcher = build_searcher(cfg.es, cfg.center(), population, cfg.seed)
+    population = generation_shape(cfg).population
+    searcher = build_searcher(cfg.searcher_settings, search_center(cfg), population, cfg.seed)
     if searcher.truncations() is None:
         return None
     if state is not None:
@@ -359,60 +366,60 @@ def online_schedule(cfg: SearchConfig, generations: int, state: Mapping[str, Any
         updates += int(generation < end and not torch.equal(center, searcher.center))
         generation += 1
         if generation > end + 2 * horizon:  # a run has at most ``horizon`` pieces
-            raise RuntimeError(f"es={cfg.es.get('name')}: particle 0 never ended a run in the plan's replay")
+            raise RuntimeError(f"es={cfg.es.name}: particle 0 never ended a run in the plan's replay")
     return OnlineSchedule(run_pieces, together, total, zero, reaching, updates)
 
 
-def new_search_gpu_hours(cfg: SearchConfig, raw: Mapping[str, Any]) -> tuple[int, float]:
+def new_search_gpu_hours(cfg: SearchSchema, _raw: object = None) -> tuple[int, float]:
     """(training runs, GPU-hours) of a new search of ``cfg``, the figures its dry-run plan prints.
 
     Why: the GPU pass (scripts/gpu_pass.py) turns each measured step time and sharing into what a real search would
-    cost, and must count it exactly as the plan does (the arithmetic's one owner: core/gpu_time.py)."""
+    cost, and must count it exactly as the plan does (the arithmetic's one owner: core/gpu_time.py). ``_raw`` is
+    ignored: scripts/gpu_pass.py still passes the composed config beside ``cfg``, which now reaches all of it."""
     after = selection_runs(cfg) + reporting_runs(cfg)
-    online = online_cost(cfg, raw, cfg.generations)
+    online = online_cost(cfg, cfg.generations)
     if online is not None:
-        sharing, gpus = member_sharing(raw), gpus_per_member(cfg, raw)
+        sharing, gpus = cfg.sharing, gpus_per_member(cfg)
         return (online.truncations + after, sharing.gpu_hours(online.truncations, online.alone_h, gpus)
                 + sharing.gpu_hours(after, cfg.member_alone_min / 60.0, gpus))
     runs = training_runs(cfg, cfg.generations, after, 0)
-    return runs, search_gpu_hours(cfg, member_sharing(raw), gpus_per_member(cfg, raw), cfg.generations, after)
+    return runs, search_gpu_hours(cfg, cfg.sharing, gpus_per_member(cfg), cfg.generations, after)
 
 
 def build_plan(
-    cfg: SearchConfig, raw: Mapping[str, Any], store: RunStore, resuming: bool, run_id: str | None = None,
-    overrides: Sequence[str] = (),
+    cfg: SearchSchema, store: RunStore, resuming: bool, run_id: str | None = None, overrides: Sequence[str] = (),
 ) -> str:
     """The plan as text: nothing here writes a file or calls a scheduler. ``run_id``: the run's id when
     resuming (a new run gets its id when it starts; the plan shows RUNID in its place). ``overrides``: the
     command line, from which the result table's baseline rows are composed."""
     first = _first_generation(store, resuming)
     generations = max(0, cfg.generations - first)
-    threads = int(raw["train"]["num_threads"])
+    threads = int(cfg.train["num_threads"])
     alone_min = cfg.search_member_alone_min  # a search member's, at es.member_steps
-    sharing = member_sharing(raw)
+    sharing = cfg.sharing
     member_min = sharing.member_time(alone_min)  # its expected running time, beside the members on its GPU
     shared_text = (f"{alone_min:g} min alone x slowdown {sharing.slowdown:g} with {sharing.members_per_gpu} members "
                    "per GPU; " if sharing.shared else "")
     lines = [
-        f"DRY RUN: nothing is submitted or written. {run_dir_label(cfg.run_dir, resuming, 'search')}",
+        f"DRY RUN: nothing is submitted or written. {run_dir_label(cfg.run_dir or '', resuming, 'search')}",
         f"search: population {cfg.population} x "
         + (f"generations {first}..{cfg.generations - 1} ({generations} to run), " if generations else
            f"generations: all {cfg.generations} done (0 to run), ") +
-        f"es={cfg.es.get('name')}, retries={cfg.retries}; task={raw['task'].get('name')} "
-        f"model={raw['model'].get('name')} train.steps={raw['train'].get('steps')}"
+        f"es={cfg.es.name}, retries={cfg.retries}; task={cfg.task.get('name')} "
+        f"model={cfg.model.get('name')} train.steps={cfg.train.get('steps')}"
         + (f", es.{MEMBER_STEPS_KEY}={cfg.member_steps}" if cfg.member_steps != cfg.full_steps else ""),
         f"time per member: {round(member_min, 1):g} min expected ({shared_text}"
-        f"{member_time_text(cfg.resources, cfg.longest_search_member_steps, member_steps_key(cfg))}); "
-        f"inner.timeout_s={cfg.inner_timeout_s:g} s ({cfg.inner_timeout_s / 3600:.2f} h) of running time, summed over "
+        f"{member_time_text(cfg.resources_node, cfg.longest_search_member_steps, member_steps_key(cfg))}); "
+        f"inner.timeout_s={cfg.inner.timeout_s:g} s ({cfg.inner.timeout_s / 3600:.2f} h) of running time, summed over "
         "requeues" + search_timeout_text(cfg),
         *timeout_headroom_lines(cfg.search_timeout_s, member_min * cfg.seeds_per_member),
     ]
     lines += member_steps_line(cfg)
-    part = _launcher_plan(cfg, _plan_context(cfg, raw, generations, first, store, run_id))
+    part = _launcher_plan(cfg, _plan_context(cfg, generations, first, store, run_id))
     concurrent, gpus, held, cpus, mem, mem_text = (part.concurrent, part.gpus, part.gpus_held, part.cpus, part.mem_gb,
                                                    part.mem_text)
     lines += part.lines
-    sharers = int(cfg.resources.get("members_per_gpu") or 1) if held else 1  # members on one GPU at once
+    sharers = int(cfg.resources.members_per_gpu or 1) if held else 1  # members on one GPU at once
     lines += [
         "",
         f"per member: {gpus} GPU, {cpus} CPU (train.num_threads={threads}), memory {mem_text}",
@@ -420,24 +427,24 @@ def build_plan(
         + (f", {concurrent * mem:g} GB memory" if mem is not None else ""),
     ]
     member_h = alone_min / 60.0  # alone on its GPU: the sharing's slowdown and split are sharing.gpu_hours's
-    shape = cfg.generation_shape  # the orchestrator's count of a generation (meta/search/generation/generation_shape.py)
+    shape = generation_shape(cfg)  # the orchestrator's count of a generation (meta/search/generation/generation_shape.py)
     per_generation = shape.jobs
     k = cfg.seeds_per_member
     selection, reporting, done = runs_left(cfg, store, resuming)
     runs = training_runs(cfg, generations, selection, reporting)
     gpu_h = search_gpu_hours(cfg, sharing, gpus, generations, selection + reporting)
     worst_h = gpu_time_h((search_runs(cfg, generations) * cfg.search_timeout_s
-                          + (selection + reporting) * cfg.inner_timeout_s) * (cfg.retries + 1) / 3600.0,
+                          + (selection + reporting) * cfg.inner.timeout_s) * (cfg.retries + 1) / 3600.0,
                          gpus, sharing.members_per_gpu)
     control = " (population + the control member)" if shape.control else ""
     scope = "what is left of the search" if resuming else "whole search"
-    online = online_cost(cfg, raw, generations)
+    online = online_cost(cfg, generations)
     if online is not None:
         latest = store.latest_state() if resuming else None
         schedule = online_schedule(cfg, generations, latest[1]["searcher"] if latest else None, first)
-        lines += online_lines(cfg, raw, online, generations, selection, reporting, gpus, sharing, scope, schedule)
+        lines += online_lines(cfg, online, generations, selection, reporting, gpus, sharing, scope, schedule)
         lines += ["", *reporting_lines(cfg, overrides)]
-        lines += ["", *_disk_lines(raw, cfg, concurrent, generations)]
+        lines += ["", *_disk_lines(cfg, concurrent, generations)]
         return "\n".join(lines)
     lines += [
         f"training runs: {per_generation} per generation{control} x {generations} generations"
@@ -459,17 +466,16 @@ def build_plan(
         f"CPU-hours, {scope}: {_member_hours(cfg, sharing, generations, selection + reporting) * cpus:,.1f} CPU-h",
     ]
     lines += ["", *reporting_lines(cfg, overrides)]
-    lines += ["", *_disk_lines(raw, cfg, concurrent, generations)]
+    lines += ["", *_disk_lines(cfg, concurrent, generations)]
     return "\n".join(lines)
 
 
-def online_lines(cfg: SearchConfig, raw: Mapping[str, Any], online: OnlineCost, generations: int, selection: int,
-                 reporting: int, gpus: int, sharing: GpuSharing, scope: str,
-                 schedule: OnlineSchedule | None = None) -> list[str]:
+def online_lines(cfg: SearchSchema, online: OnlineCost, generations: int, selection: int, reporting: int, gpus: int,
+                 sharing: GpuSharing, scope: str, schedule: OnlineSchedule | None = None) -> list[str]:
     """An online search's part of the plan: its truncations, their member-steps against a whole-run search's, its
     episodes and the whole-run generations of equal information (``schedule``), the GPU-hours of both searches and
     why they differ, and what a truncation costs besides its steps."""
-    horizon = int(raw["train"]["steps"])
+    horizon = cfg.full_steps
     member_h = cfg.member_alone_min / 60.0
     search_h = sharing.gpu_hours(online.truncations, online.alone_h, gpus)
     after_h = sharing.gpu_hours(selection + reporting, member_h, gpus)
@@ -477,14 +483,14 @@ def online_lines(cfg: SearchConfig, raw: Mapping[str, Any], online: OnlineCost, 
     whole_h = sharing.gpu_hours(whole_runs + selection + reporting, member_h, gpus)
     total = search_h + after_h
     return [
-        f"es={cfg.es.get('name')}: {cfg.population} particles (antithetic pairs), each a run of train.steps="
+        f"es={cfg.es.name}: {cfg.population} particles (antithetic pairs), each a run of train.steps="
         f"{horizon} cut into truncations of {online.member_steps // max(1, online.truncations)} steps (mean); per "
         f"generation every particle trains its next truncation from its own checkpoint; no control member",
         f"member-steps: {cfg.population} x {generations} generations = {online.truncations} truncations, "
         f"{online.member_steps:,} steps = {online.member_steps / horizon:,.1f} runs of {horizon} steps (a whole-run "
         f"search of the same population and generations trains {whole_runs} runs: "
         f"{whole_runs * horizon:,} steps, {whole_runs * horizon / max(1, online.member_steps):.1f}x as many)",
-        *(episode_lines(cfg, raw, schedule, online, generations,
+        *(episode_lines(cfg, schedule, online, generations,
                         (sharing.gpu_hours(online.member_steps / horizon, member_h, gpus), search_h))
           if schedule is not None else []),
         quorum_line(cfg),
@@ -498,19 +504,19 @@ def online_lines(cfg: SearchConfig, raw: Mapping[str, Any], online: OnlineCost, 
            "over the search, not once per generation; but it carries the information of the whole-run generations "
            "of equal information above, not of as many generations: compare searches by those (docs/searchers.md)"]
           if total > 0 else []),  # members without a GPU (resources.gpus=0) cost no GPU-h
-        *sharing.plan_lines(cfg.generation_shape.jobs),
+        *sharing.plan_lines(generation_shape(cfg).jobs),
         f"CPU-hours, {scope}: "
-        f"{(online.truncations * sharing.member_time(online.alone_h) + (selection + reporting) * sharing.member_time(member_h)) * int(raw['train'].get('num_threads') or 1):,.1f} CPU-h",
-        *(truncation_cost_lines(cfg, raw, schedule, scope) if schedule is not None else []),
+        f"{(online.truncations * sharing.member_time(online.alone_h) + (selection + reporting) * sharing.member_time(member_h)) * int(cfg.train.get('num_threads') or 1):,.1f} CPU-h",
+        *(truncation_cost_lines(cfg, schedule, scope) if schedule is not None else []),
     ]
 
 
-def episode_lines(cfg: SearchConfig, raw: Mapping[str, Any], schedule: OnlineSchedule, online: OnlineCost,
-                  generations: int, hours: tuple[float, float] | None = None) -> list[str]:
+def episode_lines(cfg: SearchSchema, schedule: OnlineSchedule, online: OnlineCost, generations: int,
+                  hours: tuple[float, float] | None = None) -> list[str]:
     """An online search's episodes (one particle run each), the whole-run generations that carry the same
     information, and a warning where the last episode is incomplete. ``hours``: the GPU-hours of those whole-run
     generations and of the online search's truncations, at the same step time."""
-    horizon, k, population = int(raw["train"]["steps"]), schedule.pieces, cfg.population
+    horizon, k, population = cfg.full_steps, schedule.pieces, cfg.population
     whole = online.member_steps / max(1, population * horizon)
     ends = sorted(schedule.reaching)
     when = (", ".join(str(g) for g in ends) if len(ends) <= 6 else
@@ -545,23 +551,22 @@ def episode_lines(cfg: SearchConfig, raw: Mapping[str, Any], schedule: OnlineSch
     return lines
 
 
-def truncation_cost_lines(cfg: SearchConfig, raw: Mapping[str, Any], schedule: OnlineSchedule,
-                          scope: str) -> list[str]:
+def truncation_cost_lines(cfg: SearchSchema, schedule: OnlineSchedule, scope: str) -> list[str]:
     """What an online search's truncations cost besides their steps: the validation of the untouched model at the
     start of every particle run, and the boundary checkpoints written and read (in all, and per generation)."""
     from meta.settings.member_time import short_run_overhead_key
 
     population = cfg.population
-    disk = disk_plan(raw)
+    disk = disk_plan(cfg.inner_config)
     reads = schedule.truncations - schedule.from_step_zero
     validations = (f"validations, {scope}: {schedule.truncations:,} at the truncations' ends + "
                    f"{schedule.from_step_zero:,} at step 0 (the first truncation of a particle's run scores the "
-                   f"untouched model before it trains; resources.{short_run_overhead_key(cfg.resources)} counts one "
+                   f"untouched model before it trains; resources.{short_run_overhead_key(cfg.resources_node)} counts one "
                    "validation per truncation, so these come on top)")
     if disk is None:
         return [validations, f"boundary checkpoints: {schedule.truncations:,} written (one per truncation) and "
                 f"{reads:,} read (all but those from step 0); their size is unknown for "
-                f"model={raw['model'].get('name')}"]
+                f"model={cfg.model.get('name')}"]
     ckpt = disk.bytes_per_checkpoint
     return [
         validations,
@@ -574,10 +579,10 @@ def truncation_cost_lines(cfg: SearchConfig, raw: Mapping[str, Any], schedule: O
     ]
 
 
-def quorum_line(cfg: SearchConfig) -> str:
+def quorum_line(cfg: SearchSchema) -> str:
     """When a generation closes: after all its members, or at its quorum count (the orchestrator's, from the same
     GenerationShape) and the straggler grace."""
-    shape = cfg.generation_shape
+    shape = generation_shape(cfg)
     if not shape.closes_early:
         return f"quorum={shape.quorum:g} (every generation waits for all its members)"
     return (f"quorum={shape.quorum:g}: a generation closes {cfg.straggler_grace:g} x its median member time after "
@@ -585,14 +590,14 @@ def quorum_line(cfg: SearchConfig) -> str:
             "GPU-hours below are an upper bound)")
 
 
-def search_timeout_text(cfg: SearchConfig) -> str:
+def search_timeout_text(cfg: SearchSchema) -> str:
     """The plan's note of a search member's own limit, where it is shorter than the whole run's (an online search's
     later generations' too, where its first generation's truncations are longer)."""
     from meta.searchers import searcher_class  # the registry imports evotorch lazily; the plan asks it here only
 
-    steady = searcher_class(str(cfg.es.get("name", ""))).steady_member_steps(cfg.es)
-    if cfg.search_timeout_s >= cfg.inner_timeout_s and (steady is None
-                                                        or cfg.member_timeout_s(steady) >= cfg.inner_timeout_s):
+    es, limit = cfg.searcher_settings, cfg.inner.timeout_s
+    steady = searcher_class(str(es.get("name", ""))).steady_member_steps(es)
+    if cfg.search_timeout_s >= limit and (steady is None or cfg.member_timeout_s(steady) >= limit):
         return ""
     text = (f"; a search member's {cfg.search_timeout_s:g} s ({cfg.search_timeout_s / 3600:.2f} h), the limit scaled "
             f"to its {cfg.longest_search_member_steps} steps at resources.step_time_s")
@@ -614,20 +619,21 @@ def timeout_headroom_lines(timeout_s: float, expected_min: float) -> list[str]:
             f"Raise resources.timeout_factor (or inner.timeout_s) to at least {TIMEOUT_HEADROOM:g}"]
 
 
-def early_stop_lines(cfg: SearchConfig, generations: int, member_h: float, gpus: int,
+def early_stop_lines(cfg: SearchSchema, generations: int, member_h: float, gpus: int,
                      sharing: GpuSharing) -> list[str]:
     """What early_stop may save: at most the update's ignored members per generation, each stopped at the
     decision step (a member on k seeds decides after its last seed reported, so it saves one run's rest).
     ``member_h``: a member's hours alone on its GPU (``sharing`` adds its slowdown and split)."""
-    if cfg.early_stop_step is None:
+    step = early_stop_step(cfg)
+    if step is None:
         return ["early_stop: off (every member trains to its last step)"]
     steps = cfg.member_steps
-    capacity = cfg.generation_shape.early_stop_capacity
-    rest = 1.0 - cfg.early_stop_step / steps
+    capacity = generation_shape(cfg).early_stop_capacity
+    rest = 1.0 - step / steps
     saved_runs = generations * capacity * rest
     saved_h = saved_runs * sharing.member_time(member_h)
     return [
-        f"early_stop: decided at step {cfg.early_stop_step} of {steps} once {cfg.early_stop.min_reported:g} of the "
+        f"early_stop: decided at step {step} of {steps} once {cfg.early_stop.min_reported:g} of the "
         f"population reported; a member is stopped below the median by more than margin {cfg.early_stop.margin:g} x "
         f"noise {cfg.early_stop.noise:g}; at most {capacity} of {cfg.population} per generation (the members the "
         f"update ignores)",
@@ -638,34 +644,34 @@ def early_stop_lines(cfg: SearchConfig, generations: int, member_h: float, gpus:
     ]
 
 
-def _disk_lines(raw: Mapping[str, Any], cfg: SearchConfig, concurrent: int, generations: int) -> list[str]:
+def _disk_lines(cfg: SearchSchema, concurrent: int, generations: int) -> list[str]:
     # a search member's checkpoints (an online searcher's: its longest truncation's)
-    disk = disk_plan({**raw, "train": member_train(raw["train"], cfg.longest_search_member_steps)})
+    disk = disk_plan({**cfg.inner_config, "train": member_train(cfg.train, cfg.longest_search_member_steps)})
     if disk is None:
-        return [f"disk: unknown for model={raw['model'].get('name')} (no parameter count known for it here)"]
-    model = raw["model"]
+        return [f"disk: unknown for model={cfg.model.get('name')} (no parameter count known for it here)"]
+    model = cfg.model
     what = (f"LoRA r={model.get('lora_r')} on {', '.join(model.get('lora_target_modules') or [])}"
             if model.get("lora_r") else f"all weights ({model.get('dtype')})")
     ckpt = disk.bytes_per_checkpoint
-    pop = cfg.generation_shape.jobs
+    pop = generation_shape(cfg).jobs
     policy_text = {
         "none": "none: a member deletes its checkpoints once result.json is written",
         "last": "last: a member keeps its newest checkpoint",
     }.get(disk.policy, "all: every checkpoint is kept" + (
-        "" if "keep_checkpoints" in raw["train"] else " (train.keep_checkpoints not set: nothing deletes them)"))
+        "" if "keep_checkpoints" in cfg.train else " (train.keep_checkpoints not set: nothing deletes them)"))
     peak_members = concurrent if disk.policy == "none" else pop
     peak_ckpts = peak_members * disk.steady
     member_files = disk.kept * disk.files_per_checkpoint + MEMBER_FILES
     particles = []
     if cfg.searcher_online:
-        particles = [f"particles (es={cfg.es.get('name')}): {cfg.population} particles x 1 boundary checkpoint each "
+        particles = [f"particles (es={cfg.es.name}): {cfg.population} particles x 1 boundary checkpoint each "
                      f"(the one it stands on; a second while its truncation writes the next) x {_gb(ckpt)} = "
                      f"{_gb(cfg.population * ckpt)} kept through the search, peak {_gb(2 * cfg.population * ckpt)}"]
     return [*particles,
         f"checkpoint: {disk.trainable:,} trainable parameters ({what}) x 3 (weights + Adam's two moments) = "
         f"{_gb(ckpt)} and {disk.files_per_checkpoint} files per checkpoint",
         f"checkpoint policy train.keep_checkpoints={policy_text}; {disk.written} written per member "
-        f"({member_steps_key(cfg)}={cfg.longest_search_member_steps} / save_every={raw['train'].get('save_every')})",
+        f"({member_steps_key(cfg)}={cfg.longest_search_member_steps} / save_every={cfg.train.get('save_every')})",
         f"disk per member: peak {_gb(disk.steady * ckpt)} ({disk.steady} checkpoint(s); one more for a moment while "
         f"the next is written), left after it finished {_gb(disk.kept * ckpt)}",
         f"disk per generation: peak {_gb(peak_ckpts * ckpt)} ({peak_ckpts} checkpoints, "

@@ -21,10 +21,11 @@ from typing import Any, Sequence
 import yaml
 
 from meta.search import recipe
-from meta.search.config import CONF_DIR, SEARCH_KEYS, SearchConfig, build_search_config, config_hash
+from meta.search.config import CONF_DIR, SEARCH_KEYS, build_search_config, config_hash
 from meta.search.after.baselines import transfer_tasks
 from meta.search.resume import run_dir_label
 from meta.search.staging import preflight_run
+from meta.settings.schema import SearchSchema
 from core.config.groups import config_groups, group_file
 from results.store.provenance import code_version
 from results.store.run_store import RunStore
@@ -53,7 +54,7 @@ def transfer_evaluations(raw: dict[str, Any], overrides: Sequence[str]) -> list[
     return transfer_tasks(names, overrides)
 
 
-def prepare(argv: Sequence[str]) -> tuple[SearchConfig, dict[str, Any], RunStore, dict[str, Any], bool]:
+def prepare(argv: Sequence[str]) -> tuple[SearchSchema, dict[str, Any], RunStore, dict[str, Any], bool]:
     """Resolve, validate and (for a resume) compare the config (meta.stage stages through here). Writes nothing."""
     prepared = recipe.prepare(SEARCH, argv)
     return prepared.cfg, prepared.raw, prepared.store, prepared.manifest, prepared.resuming
@@ -101,30 +102,30 @@ class SearchRecipe(recipe.Recipe):
         # the transfer tasks' datasets too, which the reporting runs read from the pins (meta/search/after/reporting.py)
         return {"extra_evaluations": transfer_evaluations(raw, overrides)}
 
-    def build(self, setup: recipe.Setup) -> recipe.Prepared[SearchConfig]:
+    def build(self, setup: recipe.Setup) -> recipe.Prepared[SearchSchema]:
         return setup.with_config(recipe.Prepared, cfg=build_search_config(setup.raw))
 
-    def check(self, prepared: recipe.Prepared[SearchConfig]) -> None:
+    def check(self, prepared: recipe.Prepared[SearchSchema]) -> None:
         from meta.search.after.reporting import check_rows
 
         check_rows(prepared.cfg, prepared.overrides)
 
-    def plan(self, prepared: recipe.Prepared[SearchConfig]) -> str:
+    def plan(self, prepared: recipe.Prepared[SearchSchema]) -> str:
         from meta.search.plan import build_plan
 
-        return build_plan(prepared.cfg, prepared.raw, prepared.store, prepared.resuming, prepared.manifest.get("run_id"),
+        return build_plan(prepared.cfg, prepared.store, prepared.resuming, prepared.manifest.get("run_id"),
                           prepared.overrides)
 
-    def before_lock(self, prepared: recipe.Prepared[SearchConfig]) -> None:
+    def before_lock(self, prepared: recipe.Prepared[SearchSchema]) -> None:
         # this host's checks of what the members and the reporting runs read, before anything is written or submitted
         preflight_run(prepared.cfg, prepared.manifest, transfer_evaluations(prepared.raw, prepared.overrides))
 
-    def start(self, prepared: recipe.Prepared[SearchConfig]) -> None:
+    def start(self, prepared: recipe.Prepared[SearchSchema]) -> None:
         write_run_files(prepared.store, prepared.raw, prepared.manifest, prepared.resuming)  # run_id, hashes
         logger.info("%s (run %s)", run_dir_label(prepared.store.root, prepared.resuming, "search"),
                     prepared.manifest["run_id"])
 
-    def execute(self, prepared: recipe.Prepared[SearchConfig], state: None, launcher: Any) -> None:
+    def execute(self, prepared: recipe.Prepared[SearchSchema], state: None, launcher: Any) -> None:
         from meta.search.generation.orchestrator import Orchestrator
         from meta.search.after.reevaluate import run_reevaluation
         from results.report.search.result_table import render_markdown
@@ -138,7 +139,7 @@ class SearchRecipe(recipe.Recipe):
                 "search measure that)" if cfg.searcher_online else "best member's (single-run) fitness")
         logger.info("search finished after %d generation(s); %s %s", summary.generations_done, what,
                     f"{best['fitness']:.4f}" if best else "n/a")
-        if cfg.reevaluate.top_k > 0:
+        if cfg.reevaluate_settings.top_k > 0:
             reevaluation = run_reevaluation(cfg, store, launcher, run_id, overrides=prepared.overrides)
             logger.info("exported init (selection stage): %s", reevaluation["chosen"])
             if "table" in reevaluation:
@@ -149,8 +150,8 @@ class SearchRecipe(recipe.Recipe):
                                  + render_markdown(reevaluation["table"], all_pairs=False) + "\n")
                 sys.stdout.flush()
 
-    def finish(self, prepared: recipe.Prepared[SearchConfig], state: None, outcome: None) -> int:
-        which = "best" if prepared.cfg.reevaluate.top_k > 0 else "center"
+    def finish(self, prepared: recipe.Prepared[SearchSchema], state: None, outcome: None) -> int:
+        which = "best" if prepared.cfg.reevaluate_settings.top_k > 0 else "center"
         logger.info("export with `python -m meta.export run_dir=%s which=%s out=best_mirror.safetensors`",
                     prepared.store.root, which)
         return 0

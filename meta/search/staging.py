@@ -22,7 +22,7 @@ from core.member_program import MemberProgram
 from core.stage_pins import LOCAL, MANIFEST_KEY, STAGED
 
 if TYPE_CHECKING:
-    from meta.search.config import SearchConfig
+    from meta.settings.schema import SearchSchema
 
 logger = logging.getLogger("meta.stage")
 
@@ -101,7 +101,7 @@ def stage_run(raw: MutableMapping[str, Any], manifest: MutableMapping[str, Any],
     raw.update({node: staged[node] for node in INNER_NODES if node in raw})
 
 
-def preflight_run(cfg: "SearchConfig", manifest: Mapping[str, Any],
+def preflight_run(cfg: "SearchSchema", manifest: Mapping[str, Any],
                   extra_evaluations: Sequence[Mapping[str, Any]] = ()) -> None:
     """The members' pre-flight on this (the submitting) host before the first submission: the staged files are
     readable (the transfer tasks' ``extra_evaluations`` too, read from the manifest's pins as the reporting runs will
@@ -113,10 +113,10 @@ def preflight_run(cfg: "SearchConfig", manifest: Mapping[str, Any],
 
     inner = cfg.member_inner()
     if extra_evaluations:
-        inner = staged_inner(cfg.inner_entrypoint, {**inner, "extra_evaluations": [dict(e) for e in extra_evaluations]},
+        inner = staged_inner(cfg.inner.entrypoint, {**inner, "extra_evaluations": [dict(e) for e in extra_evaluations]},
                              manifest)
     try:
-        load_program(cfg.inner_entrypoint).preflight(inner, cfg.run_dir,
-                                                     probe_sandbox=launcher_class(cfg.launcher).runs_here)
+        load_program(cfg.inner.entrypoint).preflight(inner, cfg.run_dir or "",
+                                                     probe_sandbox=launcher_class(cfg.launcher_node).runs_here)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None

@@ -41,7 +41,7 @@ class SearcherSettings:
               "steps). Shorter members cost less but rank maps by how they do early (short-horizon bias): "
               "meta.pilot's horizon check measures whether member_steps ranks maps as train.steps does "
               "(docs/pilot.md); not a setting of the searcher itself. An integer from 1 to train.steps or null: "
-              "meta/search/config.py checks it against train.steps, naming both")
+              "meta/settings/schema.py checks it against train.steps, naming both")
 
     #: the keys that are the search's, not the searcher's: its constructor does not take them
     SEARCH_OWN: ClassVar[tuple[str, ...]] = ("name", "member_steps")

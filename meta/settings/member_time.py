@@ -6,22 +6,15 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, MutableMapping
 
-from meta.settings.schema import ConfigError, Resources, typed_config
+from meta.settings.schema import (ConfigError, Resources, checked_sharing, steps_minutes, train_steps,
+                                  typed_config)
 from core.config.dotted_keys import select_key
-from core.gpu_time import GpuSharing, gpu_sharing
+from core.gpu_time import GpuSharing
 
 
 def _resources(raw: Mapping[str, Any]) -> Resources:
     """The resources node read through its schema (types and ranges checked, naming ``resources.<key>``)."""
     return typed_config(Resources, raw.get("resources") or {}, "resources")
-
-
-def train_steps(raw: Mapping[str, Any]) -> int:
-    """train.steps of a composed config, checked (the inner config's reader checks the rest of train)."""
-    steps = select_key(raw, "train.steps")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-        raise ConfigError(f"train.steps={steps!r} must be an integer >= 0 (e.g. train.steps=60)")
-    return steps
 
 
 def derive_member_time(raw: MutableMapping[str, Any]) -> None:
@@ -37,11 +30,6 @@ def derive_member_time(raw: MutableMapping[str, Any]) -> None:
                           "(resources.step_time_s=15.0, with resources.step_time_source saying where it was measured)")
     typed = _resources(raw)
     resources["member_time_min"] = steps_minutes(train_steps(raw), float(typed.step_time_s or 0.0), typed.overhead_min)
-
-
-def steps_minutes(steps: int, step_s: float, overhead_min: float) -> float:
-    """A member's minutes from a measured step time: steps x step_s / 60 + overhead_min, rounded up."""
-    return float(math.ceil(steps * step_s / 60.0 + overhead_min))
 
 
 def member_time_text(resources: Mapping[str, Any], steps: Any, steps_key: str = "train.steps") -> str:
@@ -68,10 +56,7 @@ def member_sharing(raw: Mapping[str, Any]) -> GpuSharing:
     """How many members share one GPU and how much slower each runs (core/gpu_time.py), checked up front by
     every command that composes a config: ConfigError naming the key, before anything is written."""
     resources = raw.get("resources")
-    try:
-        return gpu_sharing(resources if isinstance(resources, Mapping) else {})
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    return checked_sharing(resources if isinstance(resources, Mapping) else {})
 
 
 def derive_inner_timeout(raw: MutableMapping[str, Any]) -> None:

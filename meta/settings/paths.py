@@ -8,6 +8,9 @@ from typing import Any, MutableMapping, Sequence
 
 from core.config.dotted_keys import parent_of
 
+#: the Hydra config tree of every command (conf/)
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
 PATH_KEYS = ("run_dir", "init", "task.train_file", "task.test_file", "task.problems_file", "divergence.init",
              "model.gguf_file", "model.name_or_path", "stage.cache_dir")
 # Values of these keys that are names, not paths.

@@ -13,11 +13,16 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Dict, List, Mapping, Optional, TypeVar
 
 from meta.settings.early_stop import EarlyStopConfig
+from meta.settings.reevaluate import ReevaluateConfig
+from core.config.dotted_keys import select_key
+from core.config.horizon import MEMBER_STEPS_KEY, member_train
 from core.config.plain_data import plain, refuse_unknown_keys
 from core.config.typed_nodes import schema_error
+from core.gpu_time import GpuSharing, gpu_sharing
 from meta.settings.keys import INNER_NODES
 from core.records import gpus_entry
 from launch.base import LauncherSettings
@@ -125,7 +130,7 @@ class Reevaluate:
     top_k: int = field(default=3, metadata=at_least(0))
     seeds: int = field(default=3, metadata=at_least(1))
     report_seeds: int = field(default=3, metadata=at_least(0))
-    #: null: every row (meta.search.config.baselines()); or a list of rows, ``<row>@<preset file>`` for a tuned one
+    #: null: every row (meta.settings.reevaluate.baselines()); or a list of rows, ``<row>@<preset file>`` for a tuned one
     baselines: Optional[List[str]] = None
     #: tasks scored zero-shot by every reporting run on its trained model
     transfer: List[str] = field(default_factory=list)
@@ -182,6 +187,34 @@ class RunSchema:
     #: a preset's coefficient per divergence (keys: options of the divergence group), read by conf/divergence/*.yaml
     coef_by_divergence: Dict[str, Any] = _free()
 
+    @property
+    def inner_config(self) -> dict[str, Any]:
+        """The member's run config: task, model, divergence, train (each node as its inner-loop schema read it)."""
+        return {node: getattr(self, node) for node in INNER_NODES}
+
+    @property
+    def launcher_node(self) -> dict[str, Any]:
+        """The launcher node as the launchers read it (launch/factory.py takes the node as a mapping)."""
+        return dataclasses.asdict(self.launcher)
+
+    @property
+    def resources_node(self) -> dict[str, Any]:
+        """The resources node as a mapping: what core/gpu_time.py, core/records.py gpus_entry and the launchers'
+        plans read."""
+        return dataclasses.asdict(self.resources)
+
+    def _require_timeout(self) -> None:
+        """inner.timeout_s given: compose derives it from the resources, a config read otherwise must carry it."""
+        if self.inner.timeout_s is None:
+            raise ConfigError("inner.timeout_s=None must be a number of seconds (compose derives it from "
+                              "resources.member_time_min)")
+
+    def _check_log_level(self) -> None:
+        """log_level, upper-cased in place: one of the levels logging knows."""
+        self.log_level = self.log_level.upper()
+        if self.log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+            raise ConfigError(f"log_level={self.log_level!r} must be one of DEBUG, INFO, WARNING, ERROR")
+
 
 @dataclass
 class SearchSchema(RunSchema):
@@ -214,6 +247,161 @@ class SearchSchema(RunSchema):
     straggler_grace: float = field(default=0.5, metadata=at_least(0.0))
     reevaluate: Reevaluate = field(default_factory=Reevaluate)
     pilot: PilotConfig = field(default_factory=PilotConfig)
+
+    def __post_init__(self) -> None:
+        """What one key cannot say, checked when a config is read through the schema (typed_config; composing reads
+        the fields alone, so compose may derive inner.timeout_s first), in the order meta.run always reported it.
+        What needs the search's own modules (its centre, the searcher built, early stopping against the
+        generation, the member program and the launcher) is meta/search/config.py build_search_config's."""
+        check_ranges(self)  # every key's own range first, as a plain read through the schema names it
+        self._require_timeout()
+        self.reevaluate_settings  # noqa: B018 (resolved and checked here, once)
+        self.member_steps  # noqa: B018 (checked here, once)
+        if self.quorum <= 0.0:
+            raise ConfigError(f"quorum={self.quorum} must be above 0 (a fraction of the population, 1.0: wait "
+                              "for all)")
+        self._check_log_level()
+
+    @cached_property
+    def reevaluate_settings(self) -> ReevaluateConfig:
+        """The reevaluate node resolved (``baselines: null``: every row) and checked across its keys
+        (meta/settings/reevaluate.py): what the selection, the reporting and the plan read."""
+        try:
+            return ReevaluateConfig.from_node(dataclasses.asdict(self.reevaluate))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+
+    @cached_property
+    def member_steps(self) -> int:
+        """Steps of one search member: es.member_steps, checked to be an integer in 1..train.steps; null reads as
+        train.steps (0 only with train.steps=0)."""
+        steps = train_steps(self.inner_config)
+        value = self.es.member_steps
+        if value is None:
+            return steps
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= steps:
+            raise ConfigError(
+                f"es.{MEMBER_STEPS_KEY}={value!r} must be an integer from 1 to train.steps={steps} (the steps a "
+                f"search member trains; a member longer than the exported run would rank maps on a horizon the run "
+                f"never reaches), or null for train.steps: e.g. es.{MEMBER_STEPS_KEY}={max(1, steps // 16)}")
+        return value
+
+    @property
+    def searcher_settings(self) -> dict[str, Any]:
+        """The es node as the searchers read it (a mapping), without the search's own es.member_steps."""
+        return searcher_settings(dataclasses.asdict(self.es))
+
+    @property
+    def sharing(self) -> GpuSharing:
+        """How many members share one GPU and how much slower each runs (core/gpu_time.py)."""
+        return checked_sharing(self.resources_node)
+
+    def member_inner(self) -> dict[str, Any]:
+        """The ``inner`` dict of every member spec: task/model/divergence/train plus options (and the GPUs its
+        resources ask for, which the member insists on)."""
+        return {**self.inner_config, "options": dict(self.inner.options), **gpus_entry(self.resources_node)}
+
+    @property
+    def full_steps(self) -> int:
+        """train.steps: the exported single run's length, and that of the selection and reporting runs."""
+        return int(self.train["steps"])
+
+    def search_member_inner(self) -> dict[str, Any]:
+        """``member_inner`` of a search member (a generation's population and control member): its train node at
+        es.member_steps (member_train); the runs after the search train train.steps."""
+        inner = self.member_inner()
+        return {**inner, "train": member_train(inner["train"], self.member_steps)}
+
+    @property
+    def search_member_alone_min(self) -> float:
+        """``member_alone_min`` of a search member at es.member_steps: from the measured step time where one is
+        given (member_steps x step_time_s + short_run_overhead_min), else member_time_min scaled by member_steps /
+        train.steps."""
+        full, steps = self.member_alone_min, self.longest_search_member_steps  # an online searcher's: a truncation
+        if steps >= self.full_steps:
+            return full
+        if self.resources.step_time_s is not None:
+            return steps_minutes(steps, float(self.resources.step_time_s), self.short_run_overhead_min)
+        return full * steps / max(1, self.full_steps)
+
+    @property
+    def short_run_overhead_min(self) -> float:
+        """The fixed minutes of a search member shorter than train.steps (es.member_steps, an online searcher's
+        truncation): resources.short_run_overhead_min, else the whole run's resources.overhead_min."""
+        short = self.resources.short_run_overhead_min
+        return float(self.resources.overhead_min or 0.0) if short is None else float(short)
+
+    @property
+    def longest_search_member_steps(self) -> int:
+        """The most steps one search member trains: es.member_steps, or an online searcher's longest truncation."""
+        from meta.searchers import searcher_class
+
+        es = self.searcher_settings
+        bound = searcher_class(str(es.get("name", ""))).longest_member_steps(es)
+        return self.member_steps if bound is None else int(bound)
+
+    @property
+    def search_timeout_s(self) -> float:
+        """inner.timeout_s of a search member: the whole run's limit scaled to the longest search member's expected
+        time where a measured step time gives it (steps x resources.step_time_s + short_run_overhead_min), so that
+        a hung 100-step member does not hold its GPU (and its SLURM array task does not ask for) a 1,600-step run's
+        hours. Without a measured step time the whole run's limit stays: a member's fixed cost (model load,
+        validation) cannot be told from its steps, and a healthy short member must never be cut."""
+        return self.member_timeout_s(self.longest_search_member_steps)
+
+    def member_timeout_s(self, steps: int) -> float:
+        """inner.timeout_s of a search member that trains ``steps`` steps (``search_timeout_s``'s rule for any
+        length: an online search's generation asks it for its own longest truncation, so a staggered search's first
+        generation, whose truncations reach far into the run, does not set every later truncation's limit)."""
+        step_s, limit = self.resources.step_time_s, float(self.inner.timeout_s or 0.0)
+        if steps >= self.full_steps or step_s is None or self.member_alone_min <= 0:
+            return limit
+        short = steps_minutes(steps, float(step_s), self.short_run_overhead_min)
+        return float(math.ceil(limit * min(1.0, short / self.member_alone_min)))
+
+    @property
+    def member_alone_min(self) -> float:
+        """A member's expected running time alone on its GPU, minutes: resources.member_time_min (derived from the
+        measured step time where one is given), else its time limit, inner.timeout_s."""
+        return float(self.resources.member_time_min or float(self.inner.timeout_s or 0.0) / 60.0)
+
+    @property
+    def searcher_online(self) -> bool:
+        """Whether the searcher trains truncations of its particles' runs (es=nres), not whole runs: such a search
+        has no control member, the centre having no run of its own to continue (meta/searchers/base.py:
+        Searcher.online)."""
+        from meta.searchers import searcher_class
+
+        return searcher_class(str(self.es.name)).online
+
+
+def searcher_settings(es: Mapping[str, Any]) -> dict[str, Any]:
+    """The es node without the search's own key es.member_steps (a member's steps, not a setting of the searcher):
+    what the searcher is built from."""
+    return {key: value for key, value in es.items() if key != MEMBER_STEPS_KEY}
+
+
+def train_steps(config: Mapping[str, Any]) -> int:
+    """train.steps of a composed config (or of its inner config), checked (the inner config's reader checks the rest
+    of train)."""
+    steps = select_key(config, "train.steps")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise ConfigError(f"train.steps={steps!r} must be an integer >= 0 (e.g. train.steps=60)")
+    return steps
+
+
+def steps_minutes(steps: int, step_s: float, overhead_min: float) -> float:
+    """A member's minutes from a measured step time: steps x step_s / 60 + overhead_min, rounded up."""
+    return float(math.ceil(steps * step_s / 60.0 + overhead_min))
+
+
+def checked_sharing(resources: Mapping[str, Any]) -> GpuSharing:
+    """core/gpu_time.py's reading of a resources node, ConfigError naming the key: checked up front by every command
+    that composes a config, before anything is written."""
+    try:
+        return gpu_sharing(resources)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 @dataclass
@@ -263,33 +451,19 @@ class TuneSchema(RunSchema):
         tune = self.tune
         if tune.study_name is not None and not tune.study_name.strip():
             raise ConfigError(f"tune.study_name={tune.study_name!r} must be a non-empty string or null")
-        if self.inner.timeout_s is None:
-            raise ConfigError("inner.timeout_s=None must be a number of seconds (compose derives it from "
-                              "resources.member_time_min)")
+        self._require_timeout()
         tune.sampler_options = _options("tune.sampler_options", tune.sampler_options)
         tune.pruner_options = _options("tune.pruner_options", tune.pruner_options)
         _check_storage(tune.storage)
-        self.log_level = self.log_level.upper()
-        if self.log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
-            raise ConfigError(f"log_level={self.log_level!r} must be one of DEBUG, INFO, WARNING, ERROR")
+        self._check_log_level()
         if tune.pruner != "none" and not self.train.get("eval_every"):
             raise ConfigError(f"tune.pruner={tune.pruner} decides from intermediate scores: set train.eval_every "
                               "(steps between intermediate validations), or tune.pruner=none")
 
-    @property
-    def inner_config(self) -> dict[str, Any]:
-        """The run config a trial starts from: task, model, divergence, train."""
-        return {node: getattr(self, node) for node in INNER_NODES}
-
-    @property
-    def launcher_node(self) -> dict[str, Any]:
-        """The launcher node as the launchers read it (launch/factory.py takes the node as a mapping)."""
-        return dataclasses.asdict(self.launcher)
-
     def member_inner(self, inner_config: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """A trial member's ``inner`` dict: its task/model/divergence/train, options, and the validation split."""
         return {**(inner_config or self.inner_config), "options": dict(self.inner.options),
-                "eval_split": "validation", **gpus_entry(dataclasses.asdict(self.resources))}
+                "eval_split": "validation", **gpus_entry(self.resources_node)}
 
 
 def _options(key: str, value: Any) -> dict[str, Any]:

@@ -28,8 +28,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from meta.search.config import (PRESET_MARK, UNTRAINED_BASELINE, ConfigError, SearchConfig,
-                                baselines as known_baselines)
+from meta.search.config import ConfigError, param_transform_of, search_center
+from meta.settings.reevaluate import PRESET_MARK, UNTRAINED_BASELINE, baselines as known_baselines
+from meta.settings.schema import SearchSchema
 from results.report.search.result_table import ROLE_BASE, ROLE_COMPARED, ROLE_RADIUS, ROLE_START
 
 EXPORTED = "exported"
@@ -166,7 +167,7 @@ def transfer_tasks(names: Sequence[str], overrides: Sequence[str]) -> list[dict[
     return entries
 
 
-def radius_random_vectors(cfg: SearchConfig, count: int) -> list[list[float]]:
+def radius_random_vectors(cfg: SearchSchema, count: int) -> list[list[float]]:
     """``count`` maps drawn as the search's first generation draws them: map s is the first member that the search's
     own searcher (its es settings, so its radius key; its start centre) asks for generation 0 when seeded with
     derive_seed(run seed, RADIUS_RANDOM_PURPOSE, s). The vectors go through the search's ``param_transform`` in the
@@ -174,8 +175,8 @@ def radius_random_vectors(cfg: SearchConfig, count: int) -> list[list[float]]:
     from meta.searchers import build_searcher
     from core.seeding import derive_seed
 
-    centre = cfg.center()
-    return [build_searcher(cfg.es, centre, cfg.population, derive_seed(cfg.seed, RADIUS_RANDOM_PURPOSE, s))
+    centre, es = search_center(cfg), cfg.searcher_settings
+    return [build_searcher(es, centre, cfg.population, derive_seed(cfg.seed, RADIUS_RANDOM_PURPOSE, s))
             .ask(0)[0].tolist() for s in range(count)]
 
 
@@ -185,7 +186,7 @@ def split_baseline(entry: str) -> tuple[str, str | None]:
     return name, (preset if mark else None)
 
 
-def read_preset(path: str, name: str, cfg: SearchConfig) -> dict[str, dict[str, Any]]:
+def read_preset(path: str, name: str, cfg: SearchSchema) -> dict[str, dict[str, Any]]:
     """The ``divergence`` and ``train`` settings a preset file gives the ``name`` row. ConfigError when the file is
     missing or not YAML, sets nothing the row can use, names another divergence than the row's, or trains on
     another task or model than the search (the row would compare nothing)."""
@@ -218,7 +219,7 @@ def _merged(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any
     return out
 
 
-def _apply_preset(row: ReportRow, path: str, cfg: SearchConfig) -> ReportRow:
+def _apply_preset(row: ReportRow, path: str, cfg: SearchSchema) -> ReportRow:
     """The row trained with a preset file's settings; its name and label name the file."""
     nodes = read_preset(path, row.name, cfg)
     divergence = _merged(row.divergence, nodes.get("divergence", {}))
@@ -250,7 +251,7 @@ def unregularized() -> str:
     return name()
 
 
-def build_rows(cfg: SearchConfig, overrides: Sequence[str], exported_params: Sequence[float] | None,
+def build_rows(cfg: SearchSchema, overrides: Sequence[str], exported_params: Sequence[float] | None,
                baselines: Sequence[str], transfer: Sequence[str], test: bool, seeds: int) -> list[ReportRow]:
     """Every row of the result table, the exported init first. ``exported_params`` None: a plan (dry run), where
     the exported init is not known yet. ``seeds``: the reporting seeds (the radius_random row draws one map each)."""
@@ -262,7 +263,7 @@ def build_rows(cfg: SearchConfig, overrides: Sequence[str], exported_params: Seq
     base_inner = cfg.member_inner()
     if extra:
         base_inner["extra_evaluations"] = extra
-    transform = cfg.param_transform
+    transform = param_transform_of(cfg.inner_config)
     rows = []
     group_rows = _divergence_rows()
     for entry in (EXPORTED, *baselines):
@@ -280,7 +281,7 @@ def build_rows(cfg: SearchConfig, overrides: Sequence[str], exported_params: Seq
         elif name in _MAP_ROWS:
             block, source = search_block, search.source
             if name == "center":
-                params = cfg.center().tolist()
+                params = search_center(cfg).tolist()
             elif name == "nm_random":
                 params = nm_random_vector(transform)
             elif name == RADIUS_RANDOM:

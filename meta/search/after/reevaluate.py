@@ -28,7 +28,9 @@ from typing import Any, Mapping, Sequence
 
 from launch.base import Launcher
 from meta.cli_args import key_values, run_command
-from meta.search.config import ConfigError, ReevaluateConfig, SearchConfig
+from meta.search.config import ConfigError
+from meta.settings.reevaluate import ReevaluateConfig
+from meta.settings.schema import SearchSchema
 from meta.search.after.phase import run_phase
 from meta.search.after.reporting import run_reporting
 from meta.settings.upgrade import stored_config, stored_manifest
@@ -126,7 +128,7 @@ def _candidates(store: RunStore, settings: ReevaluateConfig) -> dict[str, Any]:
     return chosen
 
 
-def _specs(cfg: SearchConfig, store: RunStore, run_id: str, rows: Sequence[Mapping[str, Any]],
+def _specs(cfg: SearchSchema, store: RunStore, run_id: str, rows: Sequence[Mapping[str, Any]],
            seeds: int) -> list[MemberSpec]:
     """Member ``c * seeds + s`` trains candidate c with seed s; seed s is the same for every candidate (paired)."""
     folder = store.reevaluate_dir()
@@ -169,7 +171,7 @@ def choose_by_lower_bound(results: Sequence[Mapping[str, Any]], pooled: float | 
     return max(measured, key=lambda i: (lower_bound(results[i], pooled), results[i]["n"], -i))
 
 
-def run_selection(cfg: SearchConfig, store: RunStore, launcher: Launcher, run_id: str,
+def run_selection(cfg: SearchSchema, store: RunStore, launcher: Launcher, run_id: str,
                   settings: ReevaluateConfig) -> dict[str, Any]:
     """Stage A (resuming whatever already ran): write and return reevaluation.json."""
     chosen_set = _candidates(store, settings)
@@ -203,12 +205,12 @@ def run_selection(cfg: SearchConfig, store: RunStore, launcher: Launcher, run_id
     return summary
 
 
-def run_reevaluation(cfg: SearchConfig, store: RunStore, launcher: Launcher, run_id: str,
+def run_reevaluation(cfg: SearchSchema, store: RunStore, launcher: Launcher, run_id: str,
                      settings: ReevaluateConfig | None = None, overrides: Sequence[str] = ()) -> dict[str, Any]:
     """Both stages: selection, then (``report_seeds`` > 0) the result table of the chosen init and the baselines.
     Returns reevaluation.json's content, with the table under ``table`` when it was made. ``overrides``: the
     run's command line, from which the baselines' divergence blocks are composed."""
-    settings = settings or cfg.reevaluate
+    settings = settings or cfg.reevaluate_settings
     summary = run_selection(cfg, store, launcher, run_id, settings)
     if settings.report_seeds > 0:
         exported = {"name": summary["chosen"], "params": summary["chosen_params"]}
@@ -220,7 +222,7 @@ def parse_args(argv: Sequence[str]) -> dict[str, str]:
     return key_values(argv, {}, ("run_dir", "top_k", "seeds", "report_seeds", "test"), USAGE)
 
 
-def _settings(cfg: SearchConfig, args: Mapping[str, str]) -> ReevaluateConfig:
+def _settings(cfg: SearchSchema, args: Mapping[str, str]) -> ReevaluateConfig:
     def integer(key: str, default: int, minimum: int) -> int:
         if key not in args:
             return default
@@ -232,14 +234,14 @@ def _settings(cfg: SearchConfig, args: Mapping[str, str]) -> ReevaluateConfig:
             raise ConfigError(f"{key}={value} must be >= {minimum}")
         return value
 
-    test = args.get("test", str(cfg.reevaluate.test)).lower()
+    test = args.get("test", str(cfg.reevaluate_settings.test)).lower()
     if test not in ("true", "false"):
         raise ConfigError(f"test={args['test']!r} must be true or false")
-    report_seeds = integer("report_seeds", cfg.reevaluate.report_seeds, 0)
+    report_seeds = integer("report_seeds", cfg.reevaluate_settings.report_seeds, 0)
     if report_seeds == 1:
         raise ConfigError("report_seeds=1 gives no interval; use 2 or more, or 0 to skip the result table")
-    return dataclasses.replace(cfg.reevaluate, top_k=integer("top_k", cfg.reevaluate.top_k, 0),
-                               seeds=integer("seeds", cfg.reevaluate.seeds, 2), report_seeds=report_seeds,
+    return dataclasses.replace(cfg.reevaluate_settings, top_k=integer("top_k", cfg.reevaluate_settings.top_k, 0),
+                               seeds=integer("seeds", cfg.reevaluate_settings.seeds, 2), report_seeds=report_seeds,
                                test=test == "true")
 
 
@@ -258,7 +260,7 @@ def _reevaluate(argv: list[str]) -> int:
     settings = _settings(cfg, args)
 
     def body() -> int:
-        launcher = build_launcher(cfg.launcher)
+        launcher = build_launcher(cfg.launcher_node)
         try:
             manifest = stored_manifest(store)  # its command line under today's key names
             summary = run_reevaluation(cfg, store, launcher, manifest.get("run_id", "run"), settings,

@@ -18,7 +18,9 @@ from typing import Any, Sequence
 from inner_loop.loss.divergences import length_reference
 from launch.base import Launcher
 from meta.search.after.baselines import EXPORTED, ReportRow, build_rows, verdict_roles
-from meta.search.config import ConfigError, ReevaluateConfig, SearchConfig
+from meta.search.config import ConfigError
+from meta.settings.reevaluate import ReevaluateConfig
+from meta.settings.schema import SearchSchema
 from meta.search.after.phase import run_phase
 from core.seeding import member_seed
 from meta.search.staging import staged_inner
@@ -46,7 +48,7 @@ def _wanted(settings: ReevaluateConfig, exported: dict[str, Any]) -> dict[str, A
             "baselines": list(settings.baselines), "transfer": list(settings.transfer), "test": settings.test}
 
 
-def _rows(cfg: SearchConfig, store: RunStore, overrides: Sequence[str], settings: ReevaluateConfig,
+def _rows(cfg: SearchSchema, store: RunStore, overrides: Sequence[str], settings: ReevaluateConfig,
           exported: dict[str, Any]) -> dict[str, Any]:
     """The stored rows when they were made for these settings; otherwise new ones (earlier runs moved aside)."""
     wanted = _wanted(settings, exported)
@@ -61,13 +63,13 @@ def _rows(cfg: SearchConfig, store: RunStore, overrides: Sequence[str], settings
                       settings.report_seeds)
     # the transfer tasks are composed here by hub name: a staged run's rows read the snapshots its manifest pins
     manifest = stored_manifest(store)
-    rows = [dataclasses.replace(row, inner=staged_inner(cfg.inner_entrypoint, row.inner, manifest)) for row in rows]
+    rows = [dataclasses.replace(row, inner=staged_inner(cfg.inner.entrypoint, row.inner, manifest)) for row in rows]
     record = wanted | {"rows": [row.to_dict() for row in rows]}
     store.write_report_rows(record)
     return record
 
 
-def _specs(cfg: SearchConfig, store: RunStore, run_id: str, rows: Sequence[dict[str, Any]],
+def _specs(cfg: SearchSchema, store: RunStore, run_id: str, rows: Sequence[dict[str, Any]],
            seeds: Sequence[int]) -> list[MemberSpec]:
     """Member ``r * len(seeds) + s`` trains row r with reporting seed s (the same seed for every row: paired); a row
     with a map per seed (radius_random) trains map s with seed s."""
@@ -83,7 +85,7 @@ def _specs(cfg: SearchConfig, store: RunStore, run_id: str, rows: Sequence[dict[
     return specs
 
 
-def run_reporting(cfg: SearchConfig, store: RunStore, launcher: Launcher, run_id: str, overrides: Sequence[str],
+def run_reporting(cfg: SearchSchema, store: RunStore, launcher: Launcher, run_id: str, overrides: Sequence[str],
                   exported: dict[str, Any], settings: ReevaluateConfig) -> dict[str, Any]:
     """Train (resuming) every row on the reporting seeds, write the result table (JSON, markdown, CSV, plot) and
     return its data. ``exported``: the selection stage's choice (name, params)."""
@@ -109,22 +111,22 @@ def run_reporting(cfg: SearchConfig, store: RunStore, launcher: Launcher, run_id
     return table
 
 
-def plan_rows(cfg: SearchConfig, overrides: Sequence[str]) -> list[ReportRow]:
+def plan_rows(cfg: SearchSchema, overrides: Sequence[str]) -> list[ReportRow]:
     """The reporting rows as a dry run shows them (the exported init is not known before the search)."""
-    settings = cfg.reevaluate
+    settings = cfg.reevaluate_settings
     return build_rows(cfg, overrides, None, settings.baselines, settings.transfer, settings.test,
                       settings.report_seeds)
 
 
-def check_rows(cfg: SearchConfig, overrides: Sequence[str]) -> None:
+def check_rows(cfg: SearchSchema, overrides: Sequence[str]) -> None:
     """Every reporting row's inner config through the member program's own check, before the search submits
     anything (a bad transfer task or baseline must not surface after days of search). ConfigError naming the row."""
     from launch.member import load_program
 
-    settings = cfg.reevaluate
+    settings = cfg.reevaluate_settings
     if settings.top_k <= 0 or settings.report_seeds <= 0:
         return
-    program = load_program(cfg.inner_entrypoint)
+    program = load_program(cfg.inner.entrypoint)
     for row in plan_rows(cfg, overrides):
         try:
             program.validate(row.inner)

@@ -4,7 +4,7 @@ Why one value: the dry-run plan prices a generation and the orchestrator runs it
 stopping and the live view each decide who counts. Each used to count for itself (``index < population`` for "a
 member, not the control", the quorum's rounding in the plan and again in the close, N read back from a tensor), so a
 change on one side (a searcher without a control member) left the plan pricing jobs the run never submits. Built
-once from the search config (``SearchConfig.generation_shape``), it is the one count both sides read.
+once from the search config (meta/search/config.py ``generation_shape``), it is the one count both sides read.
 
 Indices: the population's members are 0..population-1 (what the searcher asks and is told); the control member, when
 the search has one, is the next index, ``population`` (the unperturbed centre with the generation's seed: recorded,

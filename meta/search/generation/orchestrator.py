@@ -28,7 +28,8 @@ import torch
 from launch.base import Launcher
 from launch.factory import launcher_class, launcher_options, runner_policy
 from launch.runner import ArrayProgress, MemberArrayRunner
-from meta.search.config import SearchConfig
+from meta.search.config import early_stop_step, generation_shape, search_center
+from meta.settings.schema import SearchSchema
 from meta.search.generation.early_stop import STOPPED_STATUS, EarlyStopJudge, reported_score, update_fitness
 from meta.search.generation.generation_close import QuorumClock
 from meta.search.generation.generation_shape import GenerationShape
@@ -61,20 +62,21 @@ class RunSummary:
 class Orchestrator:
     """Runs generations [next unfinished, cfg.generations) of one run directory."""
 
-    def __init__(self, cfg: SearchConfig, store: RunStore, launcher: Launcher, run_id: str) -> None:
+    def __init__(self, cfg: SearchSchema, store: RunStore, launcher: Launcher, run_id: str) -> None:
         self.cfg = cfg
         self.store = store
         self.launcher = launcher
         self.run_id = run_id
-        self.policy = runner_policy(cfg.retries, cfg.search_timeout_s, cfg.launcher)  # search members' own
-        self.shape: GenerationShape = cfg.generation_shape
-        self.searcher: Searcher = build_searcher(cfg.es, cfg.center(), self.shape.population, cfg.seed)
+        self.policy = runner_policy(cfg.retries, cfg.search_timeout_s, cfg.launcher_node)  # search members' own
+        self.shape: GenerationShape = generation_shape(cfg)
+        self.searcher: Searcher = build_searcher(cfg.searcher_settings, search_center(cfg), self.shape.population,
+                                                 cfg.seed)
         self.best: dict[str, Any] | None = None
         self.next_generation = 0
         self._durations: list[float] = []
         self._early_scores: dict[tuple[int, int], float] = {}  # (generation, member) -> score at the decision step
         divergence = cfg.inner_config.get("divergence") or {}
-        slots = launcher_class(cfg.launcher).parallel_slots(launcher_options(cfg.launcher))
+        slots = launcher_class(cfg.launcher_node).parallel_slots(launcher_options(cfg.launcher_node))
         self._live = LiveWatch(self.shape, grad_share_floor=divergence.get("grad_share_floor"),
                                parallel_slots=slots)
         self._restore()
@@ -113,7 +115,7 @@ class Orchestrator:
             decided.update(self._stopped_records(judge))
         runner = MemberArrayRunner(
             launcher=self.launcher,
-            entrypoint=self.cfg.inner_entrypoint,
+            entrypoint=self.cfg.inner.entrypoint,
             specs=specs,
             jobs=self.store.read_jobs(generation),
             save_jobs=lambda jobs: self.store.write_jobs(generation, jobs),
@@ -151,7 +153,7 @@ class Orchestrator:
                 "format": STATE_FORMAT,
                 "generation": generation,
                 "run_id": self.run_id,
-                "es": self.cfg.es.get("name"),
+                "es": self.cfg.es.name,
                 "searcher": self.searcher.state_dict(),
                 "center": self.searcher.center,
                 **({AVERAGED_CENTER: averaged.clone()} if averaged is not None else {}),
@@ -181,7 +183,7 @@ class Orchestrator:
         here is logged: the search's results do not depend on it."""
         from launch.member import load_program
 
-        program = load_program(self.cfg.inner_entrypoint)
+        program = load_program(self.cfg.inner.entrypoint)
         for spec in specs:
             try:
                 program.finalize(spec)
@@ -224,9 +226,10 @@ class Orchestrator:
 
     def _early_stop_judge(self, generation: int) -> EarlyStopJudge | None:
         """early_stop's judge for this generation, with the decisions a previous process wrote (None: off)."""
-        if self.cfg.early_stop_step is None:
+        step = early_stop_step(self.cfg)
+        if step is None:
             return None
-        judge = EarlyStopJudge(self.cfg.early_stop, self.cfg.early_stop_step, self.shape)
+        judge = EarlyStopJudge(self.cfg.early_stop, step, self.shape)
         previous = self.store.read_early_stop(generation)
         if previous:
             judge.load(previous)

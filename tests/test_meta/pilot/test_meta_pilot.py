@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from meta.compose import CONF_DIR, compose
-from meta.search.config import searcher_settings
+from meta.settings.schema import searcher_settings
 from meta.pilot.cli import main
 from meta.searchers import build_searcher
 from meta.synthetic import member as synthetic_member

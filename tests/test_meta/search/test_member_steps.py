@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from meta.compose import compose
-from meta.search.config import ConfigError, build_search_config, config_hash, member_train
+from core.config.horizon import member_train
+from meta.search.config import ConfigError, build_search_config, config_hash
 from meta.search.run import main
 from meta.status.view import render
 from results.report.search.report import build_report, format_report
@@ -34,7 +35,7 @@ def test_null_is_train_steps_and_a_value_shrinks_the_members_schedule():
     train = cfg.search_member_inner()["train"]
     assert train["steps"] == 15 and train["lr_warmup_steps"] == 2 and train["lr_scheduler"] == "cosine"
     assert cfg.member_inner()["train"]["steps"] == 60  # the runs after the search train train.steps
-    assert "member_steps" not in cfg.es  # the searcher is built without it
+    assert "member_steps" not in cfg.searcher_settings  # the searcher is built without it
     assert member_train({"steps": 10, "lr_warmup_steps": 9}, 2)["lr_warmup_steps"] == 1  # at least one full-lr step
 
 
@@ -73,14 +74,14 @@ def test_a_search_members_time_limit_follows_its_steps_where_a_step_time_is_meas
     measured step time (the tiny preset) the whole run's limit stays: a short member's fixed cost is unknown."""
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")  # no scheduler command is asked
     cfg = build_search_config(compose(["experiment=mbpp_qwen3", "es.member_steps=100", *MBPP[-3:]]))
-    assert cfg.inner_timeout_s == 412 * 60 * 1.5
+    assert cfg.inner.timeout_s == 412 * 60 * 1.5
     assert cfg.search_timeout_s == 28 * 60 * 1.5  # (100 x 15 s + short_run_overhead_min 3 min) = 28 min, x 1.5
     unset = build_search_config(compose(["experiment=mbpp_qwen3", "es.member_steps=100",
                                          "resources.short_run_overhead_min=null", *MBPP[-3:]]))
     assert unset.search_timeout_s == 37 * 60 * 1.5  # null: the whole run's 12 min (100 x 15 s + 12 min = 37 min)
     with pytest.raises(ConfigError, match=r"resources\.short_run_overhead_min"):
         build_search_config(compose(["experiment=mbpp_qwen3", "resources.short_run_overhead_min=-1", *MBPP[-3:]]))
-    assert build_search_config(compose(["experiment=mbpp_qwen3", *MBPP[-3:]])).search_timeout_s == cfg.inner_timeout_s
+    assert build_search_config(compose(["experiment=mbpp_qwen3", *MBPP[-3:]])).search_timeout_s == cfg.inner.timeout_s
     assert main([f"run_dir={tmp_path / 'a'}", *MBPP]) == 0
     full = capsys.readouterr().out
     assert main([f"run_dir={tmp_path / 'b'}", *MBPP, "es.member_steps=100"]) == 0
@@ -89,7 +90,7 @@ def test_a_search_members_time_limit_follows_its_steps_where_a_step_time_is_meas
     sbatch_time = [int(re.search(r"#SBATCH --time=(\d+)", out).group(1)) for out in (full, short)]
     assert sbatch_time[1] * 5 < sbatch_time[0]
     tiny = build_search_config(compose(["es.member_steps=15"]))
-    assert tiny.search_timeout_s == tiny.inner_timeout_s
+    assert tiny.search_timeout_s == tiny.inner.timeout_s
 
 
 def test_members_train_member_steps_the_runs_after_train_steps_and_status_and_report_say_so(tmp_path):

@@ -72,8 +72,8 @@ def _mbpp_rows(*extra):
     overrides = ["experiment=mbpp_qwen3", *MBPP_LOCAL, *extra]
     raw = compose(overrides)
     cfg = build_search_config({**raw, "inner": {**raw["inner"], "entrypoint": "meta.synthetic:member"}})
-    return {row.name: row for row in build_rows(cfg, overrides, None, cfg.reevaluate.baselines, ("humaneval",),
-                                                True, cfg.reevaluate.report_seeds)}
+    return {row.name: row for row in build_rows(cfg, overrides, None, cfg.reevaluate_settings.baselines,
+                                                ("humaneval",), True, cfg.reevaluate_settings.report_seeds)}
 
 
 def test_the_kl_row_under_mbpp_qwen3_runs_at_kl_coefficient_and_says_where_it_comes_from():

@@ -7,7 +7,7 @@ import yaml
 
 from meta.search.after.baselines import build_rows, radius_random_vectors, verdict_roles
 from meta.compose import compose
-from meta.search.config import ConfigError, build_search_config
+from meta.search.config import ConfigError, build_search_config, search_center
 from meta.search.run import main
 from meta.searchers import build_searcher
 from results.report.search.result_table import build_table, render_markdown
@@ -32,16 +32,17 @@ def _deviations(vectors, centre) -> torch.Tensor:
 ])
 def test_the_radius_row_draws_what_the_first_generation_draws_with_its_own_seed(overrides, radius):
     cfg = _cfg(*overrides)
-    centre = cfg.center()
+    centre = search_center(cfg)
     drawn = radius_random_vectors(cfg, 40)
     # the search's own first generation, on several run seeds: the same distribution around the same centre
-    search = torch.cat([build_searcher(cfg.es, centre, cfg.population, seed).ask(0) for seed in range(10)])
+    search = torch.cat([build_searcher(cfg.searcher_settings, centre, cfg.population, seed).ask(0)
+                        for seed in range(10)])
     ours, theirs = _deviations(drawn, centre), _deviations(search.tolist(), centre)
     assert ours.std().item() == pytest.approx(radius, rel=0.03)
     assert theirs.std().item() == pytest.approx(ours.std().item(), rel=0.05)
     assert abs(ours.mean().item()) < 4 * radius / len(ours) ** 0.5
     # its own seed: no map is one the search itself trained in generation 0, and every map differs
-    generation0 = build_searcher(cfg.es, centre, cfg.population, cfg.seed).ask(0)
+    generation0 = build_searcher(cfg.searcher_settings, centre, cfg.population, cfg.seed).ask(0)
     assert not any(torch.allclose(torch.tensor(v, dtype=torch.float64), m) for v in drawn for m in generation0)
     assert len({tuple(v) for v in drawn}) == len(drawn)
     assert radius_random_vectors(cfg, 3) == drawn[:3]  # a documented seed per reporting seed: reproducible

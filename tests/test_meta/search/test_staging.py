@@ -261,6 +261,7 @@ def test_transfer_datasets_are_staged_pinned_and_read_offline_by_the_reporting_r
     snapshot, and the member's own loading code (inner_loop.training.setup.prepare) reads it with the hub offline."""
     from inner_loop.training.setup import prepare as prepare_member
     from meta.search.after.reporting import _rows
+    from meta.search.config import search_center
     from meta.search.run import prepare, write_run_files
 
     import datasets
@@ -281,8 +282,8 @@ def test_transfer_datasets_are_staged_pinned_and_read_offline_by_the_reporting_r
     pins = {item["repo_id"]: item for item in json.loads((run_dir / "manifest.json").read_text())["staged"]["items"]}
     assert pins[GSM8K_REPO]["revision"] == GSM8K_COMMIT and len(pins[GSM8K_REPO]["sha256"]) == 64
 
-    exported = {"name": "center", "params": cfg.center().tolist()}
-    row = _rows(cfg, store, manifest["overrides"], cfg.reevaluate, exported)["rows"][0]
+    exported = {"name": "center", "params": search_center(cfg).tolist()}
+    row = _rows(cfg, store, manifest["overrides"], cfg.reevaluate_settings, exported)["rows"][0]
     extras = {extra["name"]: extra["task"] for extra in row["inner"]["extra_evaluations"]}
     assert extras["transfer/gsm8k"]["hub_id"] == pins[GSM8K_REPO]["path"]
     assert hub_references(row["inner"]) == []  # so the member process goes offline (settle_member_process)

@@ -180,17 +180,20 @@ def test_cmaes_refuses_a_replay_that_is_another_algorithm(monkeypatch):
 
 
 def test_a_search_starts_from_its_init_read_through_its_divergence_transform():
-    """The orchestrator, the pilot and the result table's `center` row all take SearchConfig.center()."""
-    from meta.search.config import SearchConfig
+    """The orchestrator, the pilot and the result table's `center` row all take meta.search.config.search_center."""
+    from meta.search.config import param_transform_of, search_center
+    from meta.searchers.base import SearcherSettings
+    from meta.settings.schema import Inner, SearchSchema
 
-    def config(inner: dict) -> SearchConfig:
-        return SearchConfig(population=4, generations=1, seed=5, run_dir="unused", es={"name": "pgpe"}, launcher={},
-                            inner_entrypoint="unused", inner_timeout_s=1.0, inner_config=inner)
+    def config(divergence: dict) -> SearchSchema:
+        return SearchSchema(population=4, generations=1, seed=5, es=SearcherSettings(name="pgpe"),
+                            inner=Inner(entrypoint="unused", timeout_s=1.0), train={"steps": 1}, divergence=divergence)
 
-    softplus = config({"divergence": {"name": "neural_mirror", "param_transform": "softplus"}})
-    assert softplus.param_transform == "softplus"
-    assert torch.equal(softplus.center(), initial_center("uniform", 5, "softplus"))
-    assert torch.equal(config({}).center(), initial_center("uniform", 5))  # a synthetic objective: the vector as is
+    softplus = config({"name": "neural_mirror", "param_transform": "softplus"})
+    assert param_transform_of(softplus.inner_config) == "softplus"
+    assert torch.equal(search_center(softplus), initial_center("uniform", 5, "softplus"))
+    # a synthetic objective: the vector as is
+    assert torch.equal(search_center(config({})), initial_center("uniform", 5))
 
 
 def _first_move(settings: dict, scale: float = 1.0) -> float:

@@ -38,7 +38,7 @@ def test_a_search_started_under_the_former_key_resumes_as_the_same_search(es, fo
     _as_before_the_rename(old, former, root)
     stored = yaml.safe_load(old.read_config_text())
     assert config_hash(stored) == old.read_manifest()["config_hash"]  # the same search's hash under either name
-    assert build_search_config(stored_config(old)).es["radius"] == 0.05  # meta.reevaluate and meta.export read it so
+    assert build_search_config(stored_config(old)).es.radius == 0.05  # meta.reevaluate and meta.export read it so
 
     assert main([f"run_dir={tmp_path / 'old'}", "generations=2"]) == 0  # no "changes are refused on resume"
     whole = RunStore(tmp_path / "whole")

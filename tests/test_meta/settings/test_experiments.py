@@ -121,7 +121,7 @@ def test_a_member_that_could_never_finish_within_its_requeues_is_rejected():
         build_search_config(_synthetic(raw))
     ok = compose(["experiment=mbpp_qwen3", "launcher=slurm", "launcher.time_min=120", "launcher.requeues=5",
                   *ONE_MEMBER_AT_15S])
-    assert build_search_config(_synthetic(ok)).inner_timeout_s == 412 * 60 * 1.5
+    assert build_search_config(_synthetic(ok)).inner.timeout_s == 412 * 60 * 1.5
 
 
 def test_the_mbpp_preset_derives_its_time_from_the_measured_step_time():
