@@ -548,7 +548,7 @@ def search_gpu_hours(step_s: float, members: int, slowdown: float) -> tuple[int,
         overrides.append(f"resources.shared_slowdown={{{members}: {max(1.0, slowdown)}}}")
     raw = compose(overrides)
     raw["run_dir"] = str(Path(tempfile.gettempdir()) / "gpu_pass-plan")
-    return new_search_gpu_hours(build_search_config(raw), raw)
+    return new_search_gpu_hours(build_search_config(raw))
 
 
 def setting_rows(done: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:

@@ -370,12 +370,11 @@ def online_schedule(cfg: SearchSchema, generations: int, state: Mapping[str, Any
     return OnlineSchedule(run_pieces, together, total, zero, reaching, updates)
 
 
-def new_search_gpu_hours(cfg: SearchSchema, _raw: object = None) -> tuple[int, float]:
+def new_search_gpu_hours(cfg: SearchSchema) -> tuple[int, float]:
     """(training runs, GPU-hours) of a new search of ``cfg``, the figures its dry-run plan prints.
 
     Why: the GPU pass (scripts/gpu_pass.py) turns each measured step time and sharing into what a real search would
-    cost, and must count it exactly as the plan does (the arithmetic's one owner: core/gpu_time.py). ``_raw`` is
-    ignored: scripts/gpu_pass.py still passes the composed config beside ``cfg``, which now reaches all of it."""
+    cost, and must count it exactly as the plan does (the arithmetic's one owner: core/gpu_time.py)."""
     after = selection_runs(cfg) + reporting_runs(cfg)
     online = online_cost(cfg, cfg.generations)
     if online is not None:
