@@ -19,7 +19,6 @@ from meta.settings.member_time import (check_resources as _check_resources, memb
                                        member_time_text)
 from meta.settings.paths import CONF_DIR, absolute_overrides, absolute_path, absolute_paths  # noqa: F401
 from meta.settings.schema import ConfigError, SearchSchema, typed_config
-from core.config.horizon import member_train
 
 if TYPE_CHECKING:
     import torch
@@ -39,8 +38,8 @@ def generation_shape(cfg: SearchSchema) -> "GenerationShape":
 def early_stop_step(cfg: SearchSchema) -> int | None:
     """The training step early_stop decides at (None: early_stop off), its rule checked against the search
     (meta/search/generation/early_stop.py); EarlyStopError naming the key."""
-    return check_early_stop(cfg.early_stop.checked(), cfg.searcher_settings, member_train(cfg.train, cfg.member_steps),
-                            generation_shape(cfg))
+    return check_early_stop(cfg.early_stop.checked(), cfg.searcher_settings, cfg.member_steps,
+                            cfg.train.get("eval_every"), generation_shape(cfg))
 
 
 def param_transform_of(config: Mapping[str, Any]) -> str:

@@ -19,7 +19,7 @@ from launch.base import LauncherPlan, PlanContext
 from meta.search.resume import run_dir_label
 from core.gpu_time import GpuSharing, gpu_time_h
 from meta.settings.schema import SearchSchema
-from core.config.horizon import MEMBER_STEPS_KEY, member_train
+from core.config.horizon import MEMBER_STEPS_KEY
 from results.store.run_store import RunStore
 
 #: a member's running-time limit should leave at least this multiple of its expected time (seed spread, slower
@@ -108,9 +108,9 @@ class DiskPlan:
     kept: int     # left behind once the member finished
 
 
-def disk_plan(inner: Mapping[str, Any]) -> DiskPlan | None:
-    """From the model's shape, LoRA rank, dtype, train.steps/save_every and train.keep_checkpoints (``inner``: a
-    config's model and train nodes)."""
+def disk_plan(inner: Mapping[str, Any], steps: int) -> DiskPlan | None:
+    """From the model's shape, LoRA rank, dtype, train.save_every and train.keep_checkpoints (``inner``: a config's
+    model and train nodes) for a run of ``steps`` steps (the whole run's, or a search member's own)."""
     model, train = inner["model"], inner["train"]
     shape = model_shape(model)
     if shape is None:
@@ -123,7 +123,7 @@ def disk_plan(inner: Mapping[str, Any]) -> DiskPlan | None:
     files = WEIGHT_FILES + TRAINER_FILES + 2 + (1 if model.get("chat_template") else 0)
     save_every = int(train.get("save_every") or 0)
     # every save_every steps, and once more at the last step when it is not a multiple (the Trainer's final save)
-    written = math.ceil(int(train["steps"]) / save_every) if save_every > 0 else 0
+    written = math.ceil(steps / save_every) if save_every > 0 else 0
     # Without the key (before train.keep_checkpoints existed) nothing deletes checkpoints: that is "all".
     policy = str(train.get("keep_checkpoints") or "all")
     limit = train.get("save_total_limit")  # the Trainer's rotation while training; not applied with "all"
@@ -556,7 +556,7 @@ def truncation_cost_lines(cfg: SearchSchema, schedule: OnlineSchedule, scope: st
     from meta.settings.member_time import short_run_overhead_key
 
     population = cfg.population
-    disk = disk_plan(cfg.inner_config)
+    disk = disk_plan(cfg.inner_config, cfg.full_steps)
     reads = schedule.truncations - schedule.from_step_zero
     validations = (f"validations, {scope}: {schedule.truncations:,} at the truncations' ends + "
                    f"{schedule.from_step_zero:,} at step 0 (the first truncation of a particle's run scores the "
@@ -645,7 +645,7 @@ def early_stop_lines(cfg: SearchSchema, generations: int, member_h: float, gpus:
 
 def _disk_lines(cfg: SearchSchema, concurrent: int, generations: int) -> list[str]:
     # a search member's checkpoints (an online searcher's: its longest truncation's)
-    disk = disk_plan({**cfg.inner_config, "train": member_train(cfg.train, cfg.longest_search_member_steps)})
+    disk = disk_plan(cfg.inner_config, cfg.longest_search_member_steps)
     if disk is None:
         return [f"disk: unknown for model={cfg.model.get('name')} (no parameter count known for it here)"]
     model = cfg.model

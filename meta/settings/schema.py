@@ -198,6 +198,12 @@ class RunSchema:
         return dataclasses.asdict(self.launcher)
 
     @property
+    def full_steps(self) -> int:
+        """train.steps: a whole run's length (the exported single run's, a selection, reporting or tune trial run's);
+        the one read of the key outside a member's segment."""
+        return int(self.train["steps"])
+
+    @property
     def resources_node(self) -> dict[str, Any]:
         """The resources node as a mapping: what core/gpu_time.py, core/records.py gpus_entry and the launchers'
         plans read."""
@@ -300,11 +306,6 @@ class SearchSchema(RunSchema):
         """The ``inner`` dict of every member spec: task/model/divergence/train plus options (and the GPUs its
         resources ask for, which the member insists on)."""
         return {**self.inner_config, "options": dict(self.inner.options), **gpus_entry(self.resources_node)}
-
-    @property
-    def full_steps(self) -> int:
-        """train.steps: the exported single run's length, and that of the selection and reporting runs."""
-        return int(self.train["steps"])
 
     def search_member_inner(self) -> dict[str, Any]:
         """``member_inner`` of a search member (a generation's population and control member): its train node at

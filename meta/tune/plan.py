@@ -32,7 +32,7 @@ def build_plan(cfg: TuneSchema, run_dir: Path, resuming: bool) -> str:
         f"each run: ~{round(minutes, 1):g} min (resources.member_time_min"
         + (f" {alone_min:g} x slowdown {sharing.slowdown:g}" if sharing.shared else "")
         + f"), {gpus} GPU, limit inner.timeout_s={cfg.inner.timeout_s:g} s, retries {cfg.retries}",
-        *_validation_lines(cfg.inner_config["train"], runs),
+        *_validation_lines(cfg.inner_config["train"], cfg.full_steps, runs),
         f"GPU-hours without pruning: {runs} runs x {sharing.hours_text(alone_min / 60, gpus)} = "
         f"{sharing.gpu_hours(runs, alone_min / 60, gpus):,.1f} GPU-h "
         f"(wall ~{hours / max(1, cfg.tune.parallel * cfg.tune.seeds):,.1f} h if the cluster runs {cfg.tune.parallel * cfg.tune.seeds} at "
@@ -42,10 +42,10 @@ def build_plan(cfg: TuneSchema, run_dir: Path, resuming: bool) -> str:
     return "\n".join(lines)
 
 
-def _validation_lines(train: Mapping[str, Any], runs: int) -> list[str]:
-    """The intermediate validations the pruner reads: how many a run scores besides its final one, and that its
-    time per run (member_time_min) must include them."""
-    every, steps = train.get("eval_every"), int(train.get("steps") or 0)
+def _validation_lines(train: Mapping[str, Any], steps: int, runs: int) -> list[str]:
+    """The intermediate validations the pruner reads: how many a run of ``steps`` steps scores besides its final one,
+    and that its time per run (member_time_min) must include them."""
+    every = train.get("eval_every")
     if not every:
         return ["intermediate validations: none (train.eval_every=null; the pruner has nothing to read)"]
     count = max(0, (steps - 1) // int(every))

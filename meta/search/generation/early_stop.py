@@ -54,10 +54,9 @@ def early_stop_refusal(es: Mapping[str, Any]) -> str | None:
     return f"es={name}: {refusal}; early stopping is exact only for {exact}"
 
 
-def decision_step(config: EarlyStopConfig, train: Mapping[str, Any]) -> int:
-    """The training step the decision is taken at; EarlyStopError when no intermediate validation happens there."""
-    steps = int(train.get("steps") or 0)
-    every = train.get("eval_every")
+def decision_step(config: EarlyStopConfig, steps: int, every: int | None) -> int:
+    """The training step the decision is taken at, of a member that trains ``steps`` steps validating every
+    ``every`` (train.eval_every); EarlyStopError when no intermediate validation happens there."""
     if not every:
         raise EarlyStopError("early_stop needs intermediate validation: set train.eval_every (e.g. "
                              f"train.eval_every={max(1, round(config.at_fraction * steps))})")
@@ -70,7 +69,7 @@ def decision_step(config: EarlyStopConfig, train: Mapping[str, Any]) -> int:
     return step
 
 
-def check_early_stop(config: EarlyStopConfig, es: Mapping[str, Any], train: Mapping[str, Any],
+def check_early_stop(config: EarlyStopConfig, es: Mapping[str, Any], member_steps: int, eval_every: int | None,
                      shape: GenerationShape) -> int | None:
     """Validate an enabled early_stop against the search (``shape``: its generations); the decision step (None when
     disabled)."""
@@ -85,7 +84,7 @@ def check_early_stop(config: EarlyStopConfig, es: Mapping[str, Any], train: Mapp
             "of one init, which `python -m meta.pilot ... train.eval_every=<k>` measures")
     if shape.early_stop_capacity < 1:
         raise EarlyStopError(f"population={shape.population} leaves no member the update ignores: nothing can stop")
-    return decision_step(config, train)
+    return decision_step(config, member_steps, eval_every)
 
 
 @dataclass(frozen=True)

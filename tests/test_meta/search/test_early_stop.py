@@ -22,7 +22,6 @@ from core.records import ResultRecord
 from results.store.run_store import RunStore
 
 ON = EarlyStopConfig(enabled=True, at_fraction=0.5, min_reported=0.5, margin=2.0, noise=0.01)
-TRAIN = {"steps": 60, "eval_every": 10}
 
 
 # ------------------------------------------------------------------ exactness of the update
@@ -88,18 +87,18 @@ def test_stopped_members_are_told_a_fitness_below_every_other_member_all_tied():
 def test_searchers_whose_update_reads_every_member_refuse_early_stop_with_the_reason(es, reason):
     assert reason in early_stop_refusal(es)
     with pytest.raises(EarlyStopError, match="refused"):
-        check_early_stop(ON, es, TRAIN, GenerationShape.build(8, es))
+        check_early_stop(ON, es, 60, 10, GenerationShape.build(8, es))
 
 
 def test_early_stop_settings_are_checked_before_anything_runs():
-    assert check_early_stop(ON, SNES, TRAIN, SHAPE) == 30
-    assert check_early_stop(EarlyStopConfig(), {"name": "pgpe"}, TRAIN, SHAPE) is None  # off: nothing is checked
+    assert check_early_stop(ON, SNES, 60, 10, SHAPE) == 30
+    assert check_early_stop(EarlyStopConfig(), {"name": "pgpe"}, 60, 10, SHAPE) is None  # off: nothing is checked
     with pytest.raises(EarlyStopError, match="train.eval_every"):
-        check_early_stop(ON, SNES, {"steps": 60, "eval_every": None}, SHAPE)
+        check_early_stop(ON, SNES, 60, None, SHAPE)
     with pytest.raises(EarlyStopError, match="not an intermediate validation step"):
-        check_early_stop(ON, SNES, {"steps": 60, "eval_every": 7}, SHAPE)
+        check_early_stop(ON, SNES, 60, 7, SHAPE)
     with pytest.raises(EarlyStopError, match="noise"):
-        check_early_stop(EarlyStopConfig(enabled=True, at_fraction=0.5), SNES, TRAIN, SHAPE)
+        check_early_stop(EarlyStopConfig(enabled=True, at_fraction=0.5), SNES, 60, 10, SHAPE)
     with pytest.raises(EarlyStopError, match="early_stop.margin"):
         EarlyStopConfig.from_mapping({"enabled": True, "margin": -1})
     with pytest.raises(EarlyStopError, match="early_stop.enabled"):

@@ -110,10 +110,10 @@ def test_tiny_model_count_matches_its_measured_checkpoint():
 def test_disk_plan_follows_the_checkpoint_policy(policy, steady, kept):
     raw = compose(["experiment=mbpp_qwen3"])
     raw["train"]["keep_checkpoints"] = policy
-    disk = disk_plan(raw)
+    disk = disk_plan(raw, 1600)
     assert disk is not None and (disk.written, disk.steady, disk.kept) == (16, steady, kept)
     assert disk.bytes_per_checkpoint == 69_730_304 * 4 * 3
-    assert disk_plan({**raw, "model": {**raw["model"], "name": "hub"}}) is None
+    assert disk_plan({**raw, "model": {**raw["model"], "name": "hub"}}, 1600) is None
 
 
 def test_a_dry_run_of_a_resume_plans_the_remaining_generations_and_changes_nothing(tmp_path, capsys, caplog):
@@ -139,8 +139,8 @@ def test_a_dry_run_of_a_resume_plans_the_remaining_generations_and_changes_nothi
 ])
 def test_disk_plan_counts_the_final_save_and_the_trainers_rotation(steps, save_every, limit, written, steady):
     raw = compose(["experiment=mbpp_qwen3"])
-    raw["train"].update(steps=steps, save_every=save_every, save_total_limit=limit, keep_checkpoints="none")
-    disk = disk_plan(raw)
+    raw["train"].update(save_every=save_every, save_total_limit=limit, keep_checkpoints="none")
+    disk = disk_plan(raw, steps)
     assert disk is not None and (disk.written, disk.steady, disk.kept) == (written, steady, 0)
 
 
