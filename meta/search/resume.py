@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping, MutableMapping, Sequence
 
 from meta.search.config import HOUSEKEEPING_KEYS, SEARCH_KEYS, ConfigError, absolute_path
+from meta.settings.upgrade import retired_setting_refusal
 from results.store.run_store import RunStore
 
 logger = logging.getLogger(__name__)
@@ -118,7 +119,12 @@ def format_differences(diffs: list[tuple[str, Any, Any]]) -> str:
 def check_resume(stored: Mapping[str, Any], raw: Mapping[str, Any], keys: Sequence[str], run_dir: str,
                  what: str) -> None:
     """The resume of a ``what`` (search, study, pilot) at ``run_dir``: ConfigError listing the refused changes
-    (``keys``: what the run computes); the allowed ones are logged."""
+    (``keys``: what the run computes); the allowed ones are logged. A stored setting that its searcher's algorithm
+    retired is refused first, saying when and why (the settings it moved would read as changes the user made)."""
+    es = stored.get("es")
+    retired = retired_setting_refusal(es) if isinstance(es, Mapping) else None
+    if retired:
+        raise ConfigError(f"run_dir={run_dir}: {retired}")
     refused, allowed = split_differences(stored, raw, keys)
     if refused:
         raise ConfigError(

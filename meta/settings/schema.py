@@ -24,6 +24,7 @@ from core.config.plain_data import plain, refuse_unknown_keys
 from core.config.typed_nodes import schema_error
 from core.gpu_time import GpuSharing, gpu_sharing
 from meta.settings.keys import INNER_NODES
+from meta.settings.upgrade import retired_setting_refusal
 from core.records import gpus_entry
 from launch.base import LauncherSettings
 from meta.searchers.base import SearcherSettings
@@ -543,6 +544,8 @@ def _refuse_unknown(schema: type, data: Mapping[str, Any], node: str) -> None:
     for f in dataclasses.fields(schema):
         child, kind = data.get(f.name), f.default_factory
         if _is_node(f) and isinstance(child, Mapping):  # kind: the node's dataclass
+            if kind is SearcherSettings and (refusal := retired_setting_refusal(child)):
+                raise ConfigError(refusal)  # a stored search's setting its searcher's algorithm retired: not a typo
             kind = node_class(kind, child)  # type: ignore[arg-type]
             where = f"{node}.{f.name}" if node else f.name
             try:

@@ -290,8 +290,37 @@ EARLIER_READERS: tuple[EarlierReader, ...] = (
                   "centre", where="meta.pilot.findings:_truncation_settings"),
 )
 
+@dataclass(frozen=True)
+class RetiredSetting(Upgrade):
+    """A searcher's setting that a change of its algorithm retired (``key`` of ``es=<option>``): a search stored with
+    it ran an update that no longer exists, so no step can upgrade it. Its typed read (meta/settings/schema.py) refuses
+    it saying when and why, where it would otherwise read as a mistyped key."""
+
+    option: str = ""
+    key: str = ""
+
+
+#: the settings a change of their searcher's algorithm retired, oldest first
+RETIRED_SETTINGS: tuple[RetiredSetting, ...] = (
+    RetiredSetting("2026-12-06", "61f9129", "es=nres moved its centre by Adam (es.center_learning_rate) after every "
+                   "truncation; since, it moves it by each pair's whole-run difference (es.update, es.step_radii)",
+                   option="nres", key="center_learning_rate"),
+)
+
+
+def retired_setting_refusal(es: Mapping[str, Any]) -> str | None:
+    """Why an es node holding a retired setting of its searcher (a search stored before the change) cannot run under
+    this version; None when it holds none."""
+    for retired in RETIRED_SETTINGS:
+        if es.get("name") == retired.option and retired.key in es:
+            return (f"es.{retired.key} is a setting of es={retired.option} before {retired.since} (commit "
+                    f"{retired.commit}): {retired.what}. A search stored with it cannot continue under this version: "
+                    f"resume it with a checkout from before {retired.commit}, or start a new search")
+    return None
+
+
 #: every entry of the registry, each under the rule of the module docstring
-REGISTRY: tuple[Upgrade, ...] = (*CONFIG_STEPS, *STORED_NAMES, *EARLIER_READERS)
+REGISTRY: tuple[Upgrade, ...] = (*CONFIG_STEPS, *STORED_NAMES, *EARLIER_READERS, *RETIRED_SETTINGS)
 
 
 def upgraded(raw: Mapping[str, Any], root: str = "config") -> dict[str, Any]:

@@ -14,11 +14,13 @@ import torch
 import yaml
 
 from launch.member import load_program
-from meta.search.config import config_hash
+from meta.search.config import build_search_config, config_hash
 from meta.search.run import main
 from meta.settings import upgrade
 from meta.settings.keys import UNWRITTEN_MODEL_KEYS
-from meta.settings.upgrade import (CONFIG_STEPS, EARLIER_READERS, OLDEST_SUPPORTED_LAYOUT, REGISTRY, STORED_NAMES,
+from meta.settings.schema import ConfigError
+from meta.settings.upgrade import (CONFIG_STEPS, EARLIER_READERS, OLDEST_SUPPORTED_LAYOUT, REGISTRY, RETIRED_SETTINGS,
+                                   STORED_NAMES,
                                    AddedKey, DivergenceSchemaDefaults, GroupSchemaDefaults, RadiusRenamed,
                                    UnsupportedLayout,
                                    stored_config, stored_manifest, upgraded)
@@ -129,6 +131,31 @@ def test_a_run_older_than_the_oldest_supported_layout_is_refused_naming_the_date
         stored_manifest(store)
 
 
+def test_an_nres_search_stored_with_a_setting_its_algorithm_retired_is_refused_saying_when_and_why(tmp_path, capsys):
+    """es=nres before 61f9129 moved its centre by Adam after every truncation (es.center_learning_rate): no step can
+    upgrade that search, and its resume says so, naming the commit, before anything is written (it read as a
+    mistyped key before)."""
+    run_dir = tmp_path / "old_nres"
+    nres = ["launcher=debug", "inner.entrypoint=meta.synthetic:member", "population=4", "reevaluate.top_k=0",
+            "es=nres", "train.steps=8", "es.truncation_steps=4"]
+    assert main([f"run_dir={run_dir}", "new=true", *nres, "generations=1"]) == 0
+    store = RunStore(run_dir)
+    raw = yaml.safe_load(store.read_config_text())
+    for key in ("update", "step_radii", "average"):  # what that nres stored: these came with 61f9129
+        del raw["es"][key]
+    raw["es"].update(optimizer="adam", center_learning_rate=0.02, stagger=False)
+    store.write_config(yaml.safe_dump(raw, sort_keys=True))
+    before = {p: p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+    capsys.readouterr()
+    assert main([f"run_dir={run_dir}", "generations=2"]) == 2
+    said = capsys.readouterr().err
+    assert "es.center_learning_rate is a setting of es=nres before 2026-12-06 (commit 61f9129)" in said, said
+    assert "unknown key" not in said
+    assert {p: p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()} == before
+    with pytest.raises(ConfigError, match=r"es.center_learning_rate is a setting of es=nres before .*61f9129"):
+        build_search_config(stored_config(store))  # its typed read too (the selection stage's, say)
+
+
 # ------------------------------------------------------------------------------------------------ the removal rule
 def test_no_entry_outlives_the_oldest_supported_layout():
     """The rule: an entry may go once every supported run was created after the day it landed. Raising
@@ -143,7 +170,8 @@ def test_an_entry_becomes_removable_the_day_after_the_oldest_supported_layout_pa
     assert step.removable((dt.date.fromisoformat(step.since) + dt.timedelta(days=1)).isoformat())
 
 
-@pytest.mark.parametrize("table", [CONFIG_STEPS, STORED_NAMES, EARLIER_READERS], ids=["config", "names", "readers"])
+@pytest.mark.parametrize("table", [CONFIG_STEPS, STORED_NAMES, EARLIER_READERS, RETIRED_SETTINGS],
+                         ids=["config", "names", "readers", "retired"])
 def test_each_list_is_oldest_first_with_dated_commits(table):
     days = [entry.since for entry in table]
     assert days == sorted(days)
