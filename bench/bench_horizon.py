@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     raw = compose([])
     cfg = build_search_config(raw)
-    steps = int(raw["train"]["steps"])
+    steps = cfg.full_steps
     t = args.truncation or math.ceil(steps / 16)
     arms = {"today (whole runs)": [], f"member_steps={t}": [f"es.member_steps={t}"],
             f"nres (T={t})": ["es=nres", f"es.truncation_steps={t}"]}

@@ -307,9 +307,10 @@ def member_job(job_file: Path, out_file: Path) -> None:
     device: dict[str, Any] = {}
     profile = None
     if job.get("profile_step"):  # the member's last step
+        from core.records import MemberSpec
         from inner_loop.grpo.step_profile import StepProfileCallback
 
-        profile = StepProfileCallback(spec["inner"]["train"]["steps"])
+        profile = StepProfileCallback(MemberSpec.from_dict(spec).work.stop)
     try:
         device = require_device(spec["inner"])
         trainer = _train(spec, device, profile)

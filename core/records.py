@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from core.config.horizon import inner_steps
 from core.gpu_time import members_per_gpu
 from core.keys import MEMBER_GPU_MEMORY_KEY, MEMBER_GPU_SHARERS_KEY, MEMBER_GPUS_KEY  # re-exported
 
@@ -102,12 +103,6 @@ class Segment:
         resume = data.get("resume_from")
         return cls(int(data["start"]), int(data["stop"]), int(data["horizon"]),
                    None if resume is None else str(resume))
-
-
-def inner_steps(inner: Mapping[str, Any]) -> int:
-    """train.steps of a member's inner config: the one place a member's length is read from the config (the
-    segment of a spec stored before segments existed, and of a run outside a search)."""
-    return int((inner.get("train") or {}).get("steps") or 0)
 
 
 @dataclass

@@ -36,7 +36,7 @@ from meta.search.generation.early_stop import EarlyStopConfig, EarlyStopJudge, u
 from meta.search.config import param_transform_of
 from meta.search.generation.generation_shape import GenerationShape
 from meta.search.init import initial_center
-from meta.settings.schema import SearchSchema
+from meta.settings.schema import SearchSchema, train_steps
 from meta.searchers import build_searcher
 from meta.settings.upgrade import stored_config
 from results.store.member_files import read_intermediate, read_result
@@ -252,12 +252,12 @@ def report_text(run_dirs: Sequence[str | Path], fractions: Sequence[float] = DEF
         store = RunStore(run_dir)
         if not store.exists():
             raise ValueError(f"{run_dir} is not a run dir (no config.yaml)")
-        train = _config(store).get("train") or {}
-        if not train.get("eval_every"):
+        config = _config(store)
+        if not (config.get("train") or {}).get("eval_every"):
             raise ValueError(f"{run_dir} ran without train.eval_every: no learning curves")
-        if steps not in (None, int(train["steps"])):
+        if steps not in (None, train_steps(config)):
             raise ValueError("the run dirs train for different train.steps")
-        steps = int(train["steps"])
+        steps = train_steps(config)
         if store.read_pilot_plan() is not None:
             found, pilot_noise = pilot_populations(store)
             noise = noise if noise is not None else pilot_noise

@@ -18,7 +18,7 @@ from meta.search.config import (averaged_center_nominated, early_stop_step, gene
 from launch.base import LauncherPlan, PlanContext
 from meta.search.resume import run_dir_label
 from core.gpu_time import GpuSharing, gpu_time_h
-from meta.settings.schema import SearchSchema
+from meta.settings.schema import SearchSchema, train_steps
 from core.config.horizon import MEMBER_STEPS_KEY
 from results.store.run_store import RunStore
 
@@ -194,7 +194,7 @@ def reporting_lines(cfg: SearchSchema, overrides: Sequence[str]) -> list[str]:
              f"(paired, used for nothing else) = {reporting_runs(cfg)} runs, each scored on "
              f"{', '.join(evaluations)} from the same trained model:"]
     for row in plan_rows(cfg, overrides):
-        steps = row.inner["train"].get("steps")
+        steps = train_steps(row.inner)
         lines.append(f"  {row.name:<10} {row.label}: divergence {json.dumps(row.divergence, sort_keys=True)} "
                      f"(coef from {row.coef_source}), train.steps={steps}"
                      + (", map: the init chosen by the selection stage" if row.name == "exported" else "")
@@ -239,21 +239,46 @@ def training_runs(cfg: SearchSchema, generations: int, selection: int, reporting
 
 
 def search_runs(cfg: SearchSchema, generations: int) -> int:
-    """The training runs of ``generations`` generations (es.member_steps each): members x seeds per member."""
+    """The training runs of ``generations`` generations: jobs x seeds per member (an online searcher's:
+    truncations)."""
     return generation_shape(cfg).jobs * generations * cfg.seeds_per_member
 
 
+@dataclass(frozen=True)
+class SearchWork:
+    """What ``generations`` generations of a search train, planned alike for every searcher: its member runs, their
+    steps and their mean time alone on a GPU."""
+
+    runs: int       # member runs (x seeds per member; an online searcher's: truncations of its particles' runs)
+    steps: int      # their training steps in all (member-steps)
+    alone_h: float  # one run's mean hours alone on its GPU
+
+
+def search_work(cfg: SearchSchema, generations: int) -> SearchWork:
+    """The generations' runs (the shape's jobs), their steps as the searcher plans them (an online searcher's
+    truncations: planned_member_steps; whole runs: es.member_steps each) and their hours, priced by the schema
+    (SearchSchema.search_alone_h)."""
+    from meta.searchers import searcher_class
+
+    es = cfg.searcher_settings
+    runs = search_runs(cfg, generations)
+    steps, hours = cfg.search_alone_h(runs, searcher_class(str(es.get("name"))).planned_member_steps(
+        es, cfg.population, generations))
+    return SearchWork(runs, steps, hours / max(1, runs))
+
+
 def search_gpu_hours(cfg: SearchSchema, sharing: GpuSharing, gpus: int, generations: int, after_runs: int) -> float:
-    """GPU-hours of ``generations`` generations of members at es.member_steps and ``after_runs`` selection and
-    reporting runs at train.steps (each priced at its own time alone)."""
-    return (sharing.gpu_hours(search_runs(cfg, generations), cfg.search_member_alone_min / 60.0, gpus)
+    """GPU-hours of ``generations`` generations of search members and ``after_runs`` selection and reporting runs at
+    train.steps (each priced at its own time alone)."""
+    work = search_work(cfg, generations)
+    return (sharing.gpu_hours(work.runs, work.alone_h, gpus)
             + sharing.gpu_hours(after_runs, cfg.member_alone_min / 60.0, gpus))
 
 
 def _member_hours(cfg: SearchSchema, sharing: GpuSharing, generations: int, after_runs: int) -> float:
     """Running hours of every member together (beside the members on its GPU): what their CPUs are held for."""
-    return (search_runs(cfg, generations) * sharing.member_time(cfg.search_member_alone_min / 60.0)
-            + after_runs * sharing.member_time(cfg.member_alone_min / 60.0))
+    work = search_work(cfg, generations)
+    return work.runs * sharing.member_time(work.alone_h) + after_runs * sharing.member_time(cfg.member_alone_min / 60.0)
 
 
 def member_steps_key(cfg: SearchSchema) -> str:
@@ -276,44 +301,6 @@ def member_steps_line(cfg: SearchSchema) -> list[str]:
 
 
 @dataclass(frozen=True)
-class OnlineCost:
-    """An online search's members (es=nres): truncations of its particles' runs, not whole runs."""
-
-    truncations: int
-    member_steps: int
-    alone_h: float  # one truncation's mean hours alone on its GPU
-    basis: str      # where the hours come from, in words
-
-
-def online_cost(cfg: SearchSchema, generations: int) -> OnlineCost | None:
-    """What ``generations`` generations of an online searcher train: its member-steps (the searcher plans them) and
-    their hours, each truncation paying its steps at the measured step time plus a short run's fixed minutes once
-    (start, model load and compile, checkpoint, validation: SearchSchema.short_run_overhead_min); without a
-    measured step time, a whole member's time x its share of the steps. None: the searcher trains whole runs."""
-    from meta.searchers import searcher_class
-    from meta.settings.member_time import short_run_overhead_key
-
-    es = cfg.searcher_settings
-    steps = searcher_class(str(es.get("name"))).planned_member_steps(es, cfg.population, generations)
-    if steps is None:
-        return None
-    jobs = generation_shape(cfg).jobs * generations  # a truncation per particle per generation (no control member)
-    truncations = max(1, jobs)
-    horizon = cfg.full_steps or 1
-    step_s = cfg.resources.step_time_s
-    if step_s is not None:
-        overhead_min = cfg.short_run_overhead_min
-        hours = (steps * float(step_s) + truncations * overhead_min * 60.0) / 3600.0
-        key = short_run_overhead_key(cfg.resources_node)
-        basis = (f"steps x resources.step_time_s={float(step_s):g} s + resources.{key}={overhead_min:g} min per "
-                 "truncation (start, model load and compile, boundary checkpoint, validation)")
-    else:
-        hours = cfg.member_alone_min / 60.0 * steps / horizon
-        basis = "a whole member's time x its share of train.steps (no resources.step_time_s measured)"
-    return OnlineCost(jobs, steps, hours / truncations, basis)
-
-
-@dataclass(frozen=True)
 class OnlineSchedule:
     """An online search's truncations as its searcher schedules them when nothing fails or is late (replayed through
     its own ``truncations`` and ``tell``, so the plan never re-derives the schedule): what a truncation costs beyond
@@ -327,22 +314,20 @@ class OnlineSchedule:
     updates: int           # generations whose tell moved the centre (given fitness that carries information)
 
 
-def online_schedule(cfg: SearchSchema, generations: int, state: Mapping[str, Any] | None = None,
-                    first: int = 0) -> OnlineSchedule | None:
-    """Replay generations ``first`` .. ``first + generations - 1`` of the online searcher (from ``state``, its state
-    after generation ``first`` - 1, on a resume) with every member measured and random fitness (so that each update
-    the searcher makes shows as a move of its centre), on until particle 0 has trained one whole run; None: the
-    searcher trains whole runs."""
+def online_schedule(cfg: SearchSchema, generations: int, store: RunStore | None = None,
+                    first: int = 0) -> OnlineSchedule:
+    """Replay generations ``first`` .. ``first + generations - 1`` of the online searcher (from its state after
+    generation ``first`` - 1 in ``store``, on a resume) with every member measured and random fitness (so that each
+    update the searcher makes shows as a move of its centre), on until particle 0 has trained one whole run."""
     import torch
 
     from meta.searchers import build_searcher
 
     population = generation_shape(cfg).population
     searcher = build_searcher(cfg.searcher_settings, search_center(cfg), population, cfg.seed)
-    if searcher.truncations() is None:
-        return None
-    if state is not None:
-        searcher.load_state_dict(state)
+    latest = store.latest_state() if store is not None else None
+    if latest is not None:
+        searcher.load_state_dict(latest[1]["searcher"])
     ok, noise = torch.ones(population, dtype=torch.bool), torch.Generator().manual_seed(cfg.seed)
     end, generation = first + generations, first
     total = zero = run_pieces = updates = 0
@@ -376,13 +361,8 @@ def new_search_gpu_hours(cfg: SearchSchema) -> tuple[int, float]:
     Why: the GPU pass (scripts/gpu_pass.py) turns each measured step time and sharing into what a real search would
     cost, and must count it exactly as the plan does (the arithmetic's one owner: core/gpu_time.py)."""
     after = selection_runs(cfg) + reporting_runs(cfg)
-    online = online_cost(cfg, cfg.generations)
-    if online is not None:
-        sharing, gpus = cfg.sharing, gpus_per_member(cfg)
-        return (online.truncations + after, sharing.gpu_hours(online.truncations, online.alone_h, gpus)
-                + sharing.gpu_hours(after, cfg.member_alone_min / 60.0, gpus))
-    runs = training_runs(cfg, cfg.generations, after, 0)
-    return runs, search_gpu_hours(cfg, cfg.sharing, gpus_per_member(cfg), cfg.generations, after)
+    return (training_runs(cfg, cfg.generations, after, 0),
+            search_gpu_hours(cfg, cfg.sharing, gpus_per_member(cfg), cfg.generations, after))
 
 
 def build_plan(
@@ -405,7 +385,7 @@ def build_plan(
         + (f"generations {first}..{cfg.generations - 1} ({generations} to run), " if generations else
            f"generations: all {cfg.generations} done (0 to run), ") +
         f"es={cfg.es.name}, retries={cfg.retries}; task={cfg.task.get('name')} "
-        f"model={cfg.model.get('name')} train.steps={cfg.train.get('steps')}"
+        f"model={cfg.model.get('name')} train.steps={cfg.full_steps}"
         + (f", es.{MEMBER_STEPS_KEY}={cfg.member_steps}" if cfg.member_steps != cfg.full_steps else ""),
         f"time per member: {round(member_min, 1):g} min expected ({shared_text}"
         f"{member_time_text(cfg.resources_node, cfg.longest_search_member_steps, member_steps_key(cfg))}); "
@@ -437,15 +417,11 @@ def build_plan(
                          gpus, sharing.members_per_gpu)
     control = " (population + the control member)" if shape.control else ""
     scope = "what is left of the search" if resuming else "whole search"
-    online = online_cost(cfg, generations)
-    if online is not None:
-        latest = store.latest_state() if resuming else None
-        schedule = online_schedule(cfg, generations, latest[1]["searcher"] if latest else None, first)
-        lines += online_lines(cfg, online, generations, selection, reporting, gpus, sharing, scope, schedule)
-        lines += ["", *reporting_lines(cfg, overrides)]
-        lines += ["", *_disk_lines(cfg, concurrent, generations)]
-        return "\n".join(lines)
-    lines += [
+    # the members' work is priced alike for every searcher (search_work); an online search's (es=nres) plan describes
+    # its truncations, episodes and their information
+    lines += (online_lines(cfg, search_work(cfg, generations), generations, selection, reporting, gpus, sharing, scope,
+                           online_schedule(cfg, generations, store if resuming else None, first))
+              if cfg.searcher_online else [
         f"training runs: {per_generation} per generation{control} x {generations} generations"
         + (f" x seeds_per_member={k} (the same {k} seeds for every member of a generation; a member trains them one "
            "after another)" if k > 1 else "") + " + "
@@ -463,40 +439,39 @@ def build_plan(
         f"GPU-hours, worst case with retries: every member failing at inner.timeout_s and retried "
         f"retries={cfg.retries} time(s) = {worst_h:,.1f} GPU-h",
         f"CPU-hours, {scope}: {_member_hours(cfg, sharing, generations, selection + reporting) * cpus:,.1f} CPU-h",
-    ]
+    ])
     lines += ["", *reporting_lines(cfg, overrides)]
     lines += ["", *_disk_lines(cfg, concurrent, generations)]
     return "\n".join(lines)
 
 
-def online_lines(cfg: SearchSchema, online: OnlineCost, generations: int, selection: int, reporting: int, gpus: int,
-                 sharing: GpuSharing, scope: str, schedule: OnlineSchedule | None = None) -> list[str]:
+def online_lines(cfg: SearchSchema, work: SearchWork, generations: int, selection: int, reporting: int, gpus: int,
+                 sharing: GpuSharing, scope: str, schedule: OnlineSchedule) -> list[str]:
     """An online search's part of the plan: its truncations, their member-steps against a whole-run search's, its
     episodes and the whole-run generations of equal information (``schedule``), the GPU-hours of both searches and
     why they differ, and what a truncation costs besides its steps."""
     horizon = cfg.full_steps
     member_h = cfg.member_alone_min / 60.0
-    search_h = sharing.gpu_hours(online.truncations, online.alone_h, gpus)
+    search_h = sharing.gpu_hours(work.runs, work.alone_h, gpus)
     after_h = sharing.gpu_hours(selection + reporting, member_h, gpus)
     whole_runs = cfg.population * generations + generations  # today's search: every member (and the control) a whole run
     whole_h = sharing.gpu_hours(whole_runs + selection + reporting, member_h, gpus)
     total = search_h + after_h
     return [
         f"es={cfg.es.name}: {cfg.population} particles (antithetic pairs), each a run of train.steps="
-        f"{horizon} cut into truncations of {online.member_steps // max(1, online.truncations)} steps (mean); per "
+        f"{horizon} cut into truncations of {work.steps // max(1, work.runs)} steps (mean); per "
         f"generation every particle trains its next truncation from its own checkpoint; no control member",
-        f"member-steps: {cfg.population} x {generations} generations = {online.truncations} truncations, "
-        f"{online.member_steps:,} steps = {online.member_steps / horizon:,.1f} runs of {horizon} steps (a whole-run "
+        f"member-steps: {cfg.population} x {generations} generations = {work.runs} truncations, "
+        f"{work.steps:,} steps = {work.steps / horizon:,.1f} runs of {horizon} steps (a whole-run "
         f"search of the same population and generations trains {whole_runs} runs: "
-        f"{whole_runs * horizon:,} steps, {whole_runs * horizon / max(1, online.member_steps):.1f}x as many)",
-        *(episode_lines(cfg, schedule, online, generations,
-                        (sharing.gpu_hours(online.member_steps / horizon, member_h, gpus), search_h))
-          if schedule is not None else []),
+        f"{whole_runs * horizon:,} steps, {whole_runs * horizon / max(1, work.steps):.1f}x as many)",
+        *episode_lines(cfg, schedule, work, generations,
+                       (sharing.gpu_hours(work.steps / horizon, member_h, gpus), search_h)),
         quorum_line(cfg),
         f"training runs after the search: {selection} selection runs ({selection_text(cfg)}) + {reporting} reporting "
         f"runs (below), each train.steps={horizon}",
-        f"GPU-hours, {scope}: {online.truncations} truncations x {sharing.hours_text(online.alone_h, gpus)} "
-        f"({online.basis}) = {search_h:,.1f} + {selection + reporting} runs x {sharing.hours_text(member_h, gpus)} = "
+        f"GPU-hours, {scope}: {work.runs} truncations x {sharing.hours_text(work.alone_h, gpus)} "
+        f"({_truncation_basis(cfg)}) = {search_h:,.1f} + {selection + reporting} runs x {sharing.hours_text(member_h, gpus)} = "
         f"{after_h:,.1f}; total {total:,.1f} GPU-h",
         *([f"against a whole-run search of the same population and GENERATIONS at the same step time: "
            f"{whole_h:,.1f} GPU-h; this plan is {total / whole_h:.3f} of it because a particle pays for its run once "
@@ -505,18 +480,30 @@ def online_lines(cfg: SearchSchema, online: OnlineCost, generations: int, select
           if total > 0 else []),  # members without a GPU (resources.gpus=0) cost no GPU-h
         *sharing.plan_lines(generation_shape(cfg).jobs),
         f"CPU-hours, {scope}: "
-        f"{(online.truncations * sharing.member_time(online.alone_h) + (selection + reporting) * sharing.member_time(member_h)) * int(cfg.train.get('num_threads') or 1):,.1f} CPU-h",
-        *(truncation_cost_lines(cfg, schedule, scope) if schedule is not None else []),
+        f"{(work.runs * sharing.member_time(work.alone_h) + (selection + reporting) * sharing.member_time(member_h)) * int(cfg.train.get('num_threads') or 1):,.1f} CPU-h",
+        *truncation_cost_lines(cfg, schedule, scope),
     ]
 
 
-def episode_lines(cfg: SearchSchema, schedule: OnlineSchedule, online: OnlineCost, generations: int,
+def _truncation_basis(cfg: SearchSchema) -> str:
+    """Where a truncation's hours come from (SearchSchema.search_alone_h), in words."""
+    from meta.settings.member_time import short_run_overhead_key
+
+    step_s = cfg.resources.step_time_s
+    if step_s is None:
+        return "a whole member's time x its share of train.steps (no resources.step_time_s measured)"
+    return (f"steps x resources.step_time_s={float(step_s):g} s + resources.{short_run_overhead_key(cfg.resources_node)}"
+            f"={cfg.short_run_overhead_min:g} min per truncation (start, model load and compile, boundary checkpoint, "
+            "validation)")
+
+
+def episode_lines(cfg: SearchSchema, schedule: OnlineSchedule, work: SearchWork, generations: int,
                   hours: tuple[float, float] | None = None) -> list[str]:
     """An online search's episodes (one particle run each), the whole-run generations that carry the same
     information, and a warning where the last episode is incomplete. ``hours``: the GPU-hours of those whole-run
     generations and of the online search's truncations, at the same step time."""
     horizon, k, population = cfg.full_steps, schedule.pieces, cfg.population
-    whole = online.member_steps / max(1, population * horizon)
+    whole = work.steps / max(1, population * horizon)
     ends = sorted(schedule.reaching)
     when = (", ".join(str(g) for g in ends) if len(ends) <= 6 else
             f"{len(ends)} of the {generations} generations, from {ends[0]} on") if ends else "none"
@@ -525,7 +512,7 @@ def episode_lines(cfg: SearchSchema, schedule: OnlineSchedule, online: OnlineCos
         f"truncations) = {cfg.generations / k:.3g} episodes, one run per particle each; particles end their runs at "
         f"train.steps (an end score there is a real full-run validation pass@1: what selection nominates by and "
         f"meta.status shows as progress) in generation(s) {when}",
-        f"equal information: {online.member_steps:,} member-steps / (population {population} x train.steps="
+        f"equal information: {work.steps:,} member-steps / (population {population} x train.steps="
         f"{horizon}) = {whole:.3g} whole-run generations: whole-run ES with population {population} gets {whole:.3g} "
         f"generations for the same information"
         + (f" ({hours[0]:,.1f} GPU-h at the same step time, against {hours[1]:,.1f} for these truncations, each "

@@ -129,15 +129,15 @@ class SearchRecipe(recipe.Recipe):
         from meta.search.generation.orchestrator import Orchestrator
         from meta.search.after.reevaluate import run_reevaluation
         from results.report.search.result_table import render_markdown
+        from results.report.search.online import search_measure
         from results.report.search.report import format_noise
         from results.report.search.snapshot import load_run
 
         cfg, store, run_id = prepared.cfg, prepared.store, prepared.manifest["run_id"]
         summary = Orchestrator(cfg, store, launcher, run_id).run()
         best = summary.best
-        what = ("largest gain of validation pass@1 over one truncation (not a run's score: the runs after the "
-                "search measure that)" if cfg.searcher_online else "best member's (single-run) fitness")
-        logger.info("search finished after %d generation(s); %s %s", summary.generations_done, what,
+        logger.info("search finished after %d generation(s); %s %s", summary.generations_done,
+                    search_measure(store).best_text,
                     f"{best['fitness']:.4f}" if best else "n/a")
         if cfg.reevaluate_settings.top_k > 0:
             reevaluation = run_reevaluation(cfg, store, launcher, run_id, overrides=prepared.overrides)

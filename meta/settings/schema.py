@@ -202,7 +202,7 @@ class RunSchema:
     def full_steps(self) -> int:
         """train.steps: a whole run's length (the exported single run's, a selection, reporting or tune trial run's);
         the one read of the key outside a member's segment."""
-        return int(self.train["steps"])
+        return train_steps(self.inner_config)
 
     @property
     def resources_node(self) -> dict[str, Any]:
@@ -312,7 +312,7 @@ class SearchSchema(RunSchema):
         """``member_inner`` of a search member (a generation's population and control member): its train node at
         es.member_steps (member_train); the runs after the search train train.steps."""
         inner = self.member_inner()
-        return {**inner, "train": member_train(inner["train"], self.member_steps)}
+        return {**inner, "train": member_train(inner["train"], self.member_steps, self.full_steps)}
 
     @property
     def search_member_alone_min(self) -> float:
@@ -325,6 +325,19 @@ class SearchSchema(RunSchema):
         if self.resources.step_time_s is not None:
             return steps_minutes(steps, float(self.resources.step_time_s), self.short_run_overhead_min)
         return full * steps / max(1, self.full_steps)
+
+    def search_alone_h(self, runs: int, piece_steps: int | None) -> tuple[int, float]:
+        """(steps, hours alone on a GPU) of ``runs`` search member runs in all: every searcher's plan prices its
+        members here. ``piece_steps``: an online searcher's steps in all, its members being pieces of its particles'
+        runs of different lengths (meta/searchers/base.py: planned_member_steps), each priced at its steps x
+        resources.step_time_s plus short_run_overhead_min (without a measured step time: a whole run's time x its
+        share of train.steps); None: each a run of its own of es.member_steps, at search_member_alone_min."""
+        if piece_steps is None:
+            return runs * self.member_steps, runs * self.search_member_alone_min / 60.0
+        step_s = self.resources.step_time_s
+        if step_s is None:
+            return piece_steps, self.member_alone_min / 60.0 * piece_steps / (self.full_steps or 1)
+        return piece_steps, (piece_steps * float(step_s) + runs * self.short_run_overhead_min * 60.0) / 3600.0
 
     @property
     def short_run_overhead_min(self) -> float:

@@ -31,8 +31,7 @@ from meta.search.member_rows import (eta_text, gpu_hours, gpu_use, member_rows, 
 from meta.settings.upgrade import stored_config, stored_manifest
 from results.report.arguments import run_dir_argument
 from results.report.pilot import is_pilot_dir
-from results.report.search.online import (BEST_MEASURES, END_SCORE_COLUMN, EPISODE_COLUMN, fitness_label,
-                                          progress_lines, run_ends, run_horizon)
+from results.report.search.online import search_measure
 from results.store.atomic import CorruptFileError
 from core.config.horizon import horizon_text
 from results.store.layout import parse_generation_dir_name, parse_member_dir_name
@@ -84,13 +83,12 @@ def render(run_dir: str | Path, show_all: bool = False, now: float | None = None
     gens = _generation_dirs(store)
     seeds = int(raw.get("seeds_per_member") or 1)
     per_member = f" x {seeds} seeds per member (fitness: their mean; runs in seed_NN/)" if seeds > 1 else ""
-    run_end = run_horizon(store)  # an online search's particle runs' length; None for whole runs
-    members_table = store.read_members() if run_end is not None else None
+    measure = search_measure(store)  # what a member's fitness measures: a whole run's score or a truncation's change
+    members_table = measure.members_of(store)
     lines = [f"run {store.root}: population {population}{per_member}, generation {len(done)} of {generations} done",
-             *([horizon] if (horizon := horizon_text(raw)) else []), f"fitness: {fitness_label(run_end)}",
-             orchestrator_line(store), *_particle_lines(store, raw, show_all)]
-    if run_end is not None:
-        lines += _online_progress(store, members_table, run_end, population)
+             *([horizon] if (horizon := horizon_text(raw)) else []), f"fitness: {measure.label}",
+             orchestrator_line(store), *_particle_lines(store, raw, show_all),
+             *measure.progress_lines(members_table, population), *measure.best_lines(store)]
     gen_table = store.read_generations()
     walls = [float(w) for w in gen_table["wall_time_s"]] if len(gen_table) and "wall_time_s" in gen_table else []
     saved: dict[int, float] = {}
@@ -108,11 +106,7 @@ def render(run_dir: str | Path, show_all: bool = False, now: float | None = None
                            jobs, queue if generation not in done else None, now)
         summary = state_summary(rows)
         fitness = [r.fitness for r, i in zip(rows, indices) if shape.is_member(i) and r.fitness is not None]
-        if run_end is not None:  # a change over one truncation has no "best": a run's end score has
-            stats = f" | mean change {statistics.fmean(fitness):.4f}" if fitness else ""
-            stats += _run_end_text(members_table, run_end, generation)
-        else:
-            stats = f" | best {max(fitness):.4f}, mean {statistics.fmean(fitness):.4f}" if fitness else ""
+        stats = measure.generation_text(members_table, generation, fitness)
         eta = None if generation in done else rows_eta(rows, queue.parallel)
         tag = "done" if generation in done else eta_text(eta)
         early = ""
@@ -159,27 +153,6 @@ def _particle_lines(store: RunStore, raw: Mapping[str, Any], show_all: bool) -> 
     if not show_all and len(pairs) > 4:
         lines.append(f"  ... {len(pairs) - 4} more pairs (--all shows every one)")
     return lines
-
-
-def _online_progress(store: RunStore, members: Any, horizon: int, population: int) -> list[str]:
-    """An online search's progress (each episode's mean end score of its particles' runs) and its best run so far."""
-    lines = progress_lines(members, horizon, population)
-    latest = store.latest_state()
-    best = (latest[1].get("best") if latest is not None else None) or {}
-    if BEST_MEASURES in best:  # the best_member.json of an online search: a run's end score (older ones: a change)
-        lines.append(f"  best run so far: member {best['index']:03d} of generation {best['generation']} (episode "
-                     f"{best.get(EPISODE_COLUMN)}): {best['fitness']:.4f}")
-    return lines
-
-
-def _run_end_text(members: Any, horizon: int, generation: int) -> str:
-    """A finished generation's particles whose runs ended at the horizon: how many, and their end scores."""
-    ended = run_ends(members[members["generation"] == generation], horizon) if len(members) else members
-    if not len(ended):
-        return ""
-    scores = ended[END_SCORE_COLUMN].astype(float)
-    return (f" | {len(ended)} run(s) ended at step {horizon}: best {scores.max():.4f}, "
-            f"mean {scores.mean():.4f}")
 
 
 def _after_search(store: RunStore, raw: Mapping[str, Any]) -> list[str]:

@@ -20,7 +20,7 @@ from meta.search.after.baselines import EXPORTED
 from meta.cli_args import key_values, run_command
 from meta.search.config import ConfigError, config_hash, param_transform_of
 from meta.settings.upgrade import stored_config, stored_manifest
-from results.report.search.online import BEST_MEASURES, run_horizon
+from results.report.search.online import BEST_MEASURES, search_measure
 from results.store.run_store import RunStore
 
 logger = logging.getLogger("meta.export")
@@ -68,11 +68,7 @@ def export_init(run_dir: str | Path, which: str, out: str | Path) -> dict[str, A
     else:
         best = state.get("best")
         if not best:
-            online = run_horizon(store)
-            raise ConfigError(f"run_dir={run_dir}: " + (
-                "no member has succeeded yet" if online is None else
-                f"no particle has ended its run (step {online}) yet, and an online search's best member is the best "
-                "end score of a run, not a truncation's change") + "; try which=center")
+            raise ConfigError(f"run_dir={run_dir}: {search_measure(store).unranked_text}; try which=center")
         vector = torch.tensor(best["params"], dtype=torch.float64)
         measured = best.get(BEST_MEASURES, "single-run search fitness")  # an online search's: a run's end score
         provenance = {"generation": best["generation"], "member": best["index"], "fitness": best["fitness"],

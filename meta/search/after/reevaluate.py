@@ -36,8 +36,7 @@ from meta.search.after.reporting import run_reporting
 from meta.settings.upgrade import stored_config, stored_manifest
 from core.seeding import member_seed
 from results.report.paired import pooled_std
-from results.report.search.online import (AVERAGED_CENTER, END_SCORE_COLUMN, end_score_text, fitness_label,
-                                          run_ends, run_horizon)
+from results.report.search.online import AVERAGED_CENTER, search_measure
 from results.report.search.result_table import render_markdown
 from results.store.layout import member_dir_name
 from core.records import MemberSpec
@@ -74,21 +73,13 @@ def choose_candidates(store: RunStore, top_k: int) -> dict[str, Any]:
         raise ReevaluationError(f"run_dir={store.root} has no finished generation; nothing to re-evaluate")
     last_generation, state = latest
     members = store.read_members()
-    horizon = run_horizon(store)
+    measure = search_measure(store)
     candidates: list[dict[str, Any]] = []
     if len(members) and top_k > 0:
-        done = members[members["generation"] <= last_generation]
-        if horizon is not None:
-            ranked, score = run_ends(done, horizon).head(top_k), END_SCORE_COLUMN
-            if not len(ranked):
-                logger.warning("selection: no particle has ended its run (step %d) yet, so no member is nominated: an "
-                               "online search nominates by a run's end score, not a truncation's change", horizon)
-        else:
-            # rows written before the control member existed have no role: they are population members
-            role = done["role"].fillna("member") if "role" in done else "member"
-            ok = done[(done["status"] == "ok") & (role == "member")]
-            ranked, score = ok.sort_values(["fitness", "generation", "index"], ascending=[False, True, True]).head(
-                top_k), "fitness"
+        ranked, score, note = measure.ranked(members[members["generation"] <= last_generation])
+        if note:
+            logger.warning("%s", note)
+        ranked = ranked.head(top_k)
         for row in ranked.to_dict("records"):
             generation, index = int(row["generation"]), int(row["index"])
             values = store.read_population(generation)
@@ -99,15 +90,14 @@ def choose_candidates(store: RunStore, top_k: int) -> dict[str, Any]:
                 "index": index, "search_fitness": float(row[score]),
                 "params": values[index].to(torch.float64).tolist(),
             })
-    # an online search's mean fitness is a mean change over one truncation: no score of the centre
     candidates.append({"name": CENTER, "generation": last_generation, "index": None,
-                       "search_fitness": state.get("mean_fitness") if horizon is None else None,
+                       "search_fitness": measure.center_fitness(state),
                        "params": state["center"].to(torch.float64).tolist()})
     if state.get(AVERAGED_CENTER) is not None:
         candidates.append({"name": AVERAGED_CENTER, "generation": last_generation, "index": None,
                            "search_fitness": None, "params": state[AVERAGED_CENTER].to(torch.float64).tolist()})
     return {"top_k": top_k, "after_generation": last_generation, "candidates": candidates,
-            "ranked_by": fitness_label(None) if horizon is None else end_score_text(horizon)}
+            "ranked_by": measure.ranked_by}
 
 
 def _candidates(store: RunStore, settings: ReevaluateConfig) -> dict[str, Any]:

@@ -42,10 +42,9 @@ from core.records import (MEMBER_SEEDS_KEY, NODE_FAILED, UNMEASURED_STATUSES, Me
                           device_text)
 from results.store.member_files import read_result
 from results.store.run_store import RunStore
-from results.report.search.online import (AVERAGED_CENTER, BEST_MEASURES, EPISODE_COLUMN, diagnostic_column,
-                                          end_score_text)
-from results.store.truncation import (END_SCORE, NEXT_SEGMENTS_KEY, SEGMENTS_KEY, STOP_STEP, Truncation,
-                                      prune_boundaries, work_entry)
+from results.report.search.online import AVERAGED_CENTER, SearchMeasure, measure_of
+from results.report.search.run_ends import diagnostic_column
+from results.store.truncation import NEXT_SEGMENTS_KEY, SEGMENTS_KEY, Truncation, prune_boundaries, work_entry
 
 logger = logging.getLogger(__name__)
 
@@ -141,11 +140,12 @@ class Orchestrator:
         summary = self.searcher.tell(generation, values, fitness, ok | stopped, late)
         if summary is not None and getattr(summary, "note", ""):
             logger.info("generation %d update: %s", generation, summary.note)
-        gen_best = self._update_best(generation, specs[:self.shape.population], records)
+        measure = measure_of(specs[0])  # what its fitness measures: a whole run's score or a truncation's change
+        gen_best = self._update_best(generation, specs[:self.shape.population], records, measure)
         same = all_same_warning(generation, [records[i].fitness for i in members if records[i].ok])
         if same:
             logger.warning("%s", same)
-        self._write_tables(generation, specs, records, fitness, ok, late, time.monotonic() - started)
+        self._write_tables(generation, specs, records, measure, fitness, ok, late, time.monotonic() - started)
         averaged = self.searcher.averaged_center  # nominated beside the centre (meta/search/after/reevaluate.py)
         self.store.write_state(
             generation,
@@ -168,7 +168,7 @@ class Orchestrator:
         self.next_generation = generation + 1
         self._prune_particles(None)
         self._log_tensorboard()
-        self._log_generation(generation, fitness, ok, late, stopped, gen_best, time.monotonic() - started)
+        self._log_generation(generation, measure, fitness, ok, late, stopped, gen_best, time.monotonic() - started)
 
     # -------------------------------------------------------------- pieces
     def _policy(self, specs: list[MemberSpec]) -> Any:
@@ -365,12 +365,14 @@ class Orchestrator:
             f"`python -m meta.run run_dir={self.store.root}` (raising retries= or max_failed_fraction= is allowed)"
         )
 
-    def _update_best(self, generation: int, specs: list[MemberSpec], records: Mapping[int, ResultRecord]) -> dict | None:
+    def _update_best(self, generation: int, specs: list[MemberSpec], records: Mapping[int, ResultRecord],
+                     measure: SearchMeasure) -> dict | None:
         """The generation's best member, and the search's best so far (best_member.json) when it beats it: by
         fitness, or for an online searcher by the end score of a particle whose run ended at its horizon in this
         generation (a real full-run pass@1; a truncation's change is no score: a generation where no run ended has
         no best)."""
-        scores = _best_scores(specs, records)
+        scores = {index: score for index, spec in enumerate(specs) if records[index].ok
+                  and (score := measure.score(spec, records[index])) is not None}
         if not scores:
             return None
         index = max(scores, key=lambda i: (scores[i], -i))
@@ -381,18 +383,15 @@ class Orchestrator:
             "fitness": scores[index],
             "params": list(specs[index].params),
         }
-        run = specs[index].truncation
-        if run is not None:
-            gen_best.update({EPISODE_COLUMN: int(run["episode"]),
-                             BEST_MEASURES: end_score_text(specs[index].work.horizon)})
+        gen_best.update(measure.best_fields(specs[index]))
         if self.best is None or gen_best["fitness"] > self.best["fitness"]:
             self.best = gen_best
             self.store.write_best(gen_best)
         return gen_best
 
     def _write_tables(
-        self, generation: int, specs: list[MemberSpec], records: Mapping[int, ResultRecord], fitness: torch.Tensor,
-        ok: torch.Tensor, late: torch.Tensor, wall: float,
+        self, generation: int, specs: list[MemberSpec], records: Mapping[int, ResultRecord], measure: SearchMeasure,
+        fitness: torch.Tensor, ok: torch.Tensor, late: torch.Tensor, wall: float,
     ) -> None:
         shape = self.shape
         saved = _seconds_saved(records, shape)
@@ -431,9 +430,7 @@ class Orchestrator:
                 "gpu_share": share_text(read_gpu_share(self.store.member_dir(generation, index))),
             }
             row.update({diagnostic_column(k): v for k, v in record.diagnostics.items()})
-            run = specs[index].truncation
-            if run is not None:  # an online member: the particle run its truncation belongs to (its progress)
-                row[EPISODE_COLUMN] = int(run["episode"])
+            row.update(measure.row_fields(specs[index]))  # an online member: the particle run it belongs to
             rows.append(row)
         self.store.upsert_members(rows)
         ok_fitness = fitness[ok]
@@ -470,19 +467,18 @@ class Orchestrator:
         )
 
     def _log_generation(
-        self, generation: int, fitness: torch.Tensor, ok: torch.Tensor, late: torch.Tensor, stopped: torch.Tensor,
-        gen_best: dict | None, wall: float,
+        self, generation: int, measure: SearchMeasure, fitness: torch.Tensor, ok: torch.Tensor, late: torch.Tensor,
+        stopped: torch.Tensor, gen_best: dict | None, wall: float,
     ) -> None:
         self._durations.append(wall)
         remaining = self.cfg.generations - generation - 1
         eta = remaining * sum(self._durations) / len(self._durations)
-        online = self.searcher.truncations() is not None
         best = f"{gen_best['fitness']:.4f} (member {gen_best['index']:03d})" if gen_best else "n/a"
         early = f", stopped early {int(stopped.sum())}" if bool(stopped.any()) else ""
         logger.info(
             "generation %d/%d: done %d, failed %d, late %d%s | %s %s, mean %s %.4f | %.1f s, ETA %s",
             generation + 1, self.cfg.generations, int(ok.sum()), int((~ok & ~late & ~stopped).sum()), int(late.sum()),
-            early, "best end of a run" if online else "best", best, "change" if online else "fitness",
+            early, measure.best_word, best, measure.mean_word,
             _measured_mean(fitness, late | stopped), wall, format_duration(eta),
         )
 
@@ -491,21 +487,6 @@ def _run_of(work: MemberWork) -> dict[str, Any] | None:
     """The particle run a member's work continues, as the state keeps it (its folder is the store's)."""
     return None if work.run is None else {"particle": work.run[0], "episode": work.run[1]}
 
-
-def _best_scores(specs: list[MemberSpec], records: Mapping[int, ResultRecord]) -> dict[int, float]:
-    """What "best" ranks, per ok population member: its fitness; a truncation's end score where it stopped at its
-    particle's horizon (other truncations have none)."""
-    scores = {}
-    for index, spec in enumerate(specs):
-        record = records[index]
-        if not record.ok:
-            continue
-        if spec.truncation is None:
-            scores[index] = record.fitness
-        elif (record.diagnostics.get(STOP_STEP) == spec.work.horizon
-              and record.diagnostics.get(END_SCORE) is not None):
-            scores[index] = float(record.diagnostics[END_SCORE])
-    return scores
 
 
 def _seconds_saved(records: Mapping[int, ResultRecord], shape: GenerationShape) -> dict[int, float]:

@@ -15,7 +15,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from results.report.search.online import END_SCORE_COLUMN, EPISODE_COLUMN, RUN_FITNESS, episode_progress, run_ends
+from results.report.search.run_ends import END_SCORE_COLUMN, EPISODE_COLUMN, RUN_FITNESS, episode_progress, run_ends
 from results.store.atomic import atomic_write_bytes
 
 logger = logging.getLogger(__name__)

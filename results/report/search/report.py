@@ -14,7 +14,7 @@ import argparse
 import logging
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -24,13 +24,12 @@ from results.store.atomic import atomic_write_text, CorruptFileError
 from results.store.layout import REPORT_DIR
 from results.report.arguments import check_output_folder, run_dir_argument
 from results.report.paired import pooled_std
-from results.report.search.online import (END_SCORE_COLUMN, EPISODE_COLUMN, end_score_text, fitness_label,
-                                          progress_lines, run_ends, run_horizon)
-from results.report.search.plots import (plot_disk, plot_episodes, plot_failures, plot_fitness,
+from results.report.search.online import SearchMeasure, search_measure
+from results.report.search.plots import (plot_disk, plot_failures, plot_fitness,
                                          plot_fitness_vs_control, plot_response_length)
 from results.store.run_store import RunStore
 from core.config.horizon import horizon_text
-from results.report.search.snapshot import RunSnapshot, load_run, top_members
+from results.report.search.snapshot import RunSnapshot, load_run
 from results.store.study_store import read_study_file
 from results.report.tune import build_tune_report, format_tune_report
 from results.report.search.result_table import render_markdown, table_file_paths
@@ -50,8 +49,8 @@ class Report:
     top: pd.DataFrame
     provenance: dict[str, str]
     files: list[Path]
-    #: an online search's particle run length (its members are truncations); None: whole runs
-    horizon: int | None = None
+    #: what a member's fitness measures (an online search's: results/report/search/online.py ParticleRuns)
+    measure: SearchMeasure = field(default_factory=SearchMeasure)
 
 
 def provenance_of(snapshot: RunSnapshot) -> dict[str, str]:
@@ -78,32 +77,23 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None, top_k: 
     snapshot = load_run(run_dir)
     out = Path(out_dir) if out_dir is not None else snapshot.root / REPORT_DIR
     provenance = provenance_of(snapshot)
-    horizon = run_horizon(RunStore(snapshot.root))
+    measure = search_measure(RunStore(snapshot.root))
     # an online search's best members: the best end scores of particle runs, never a truncation's change
-    top = top_members(snapshot.members, top_k) if horizon is None else top_runs(snapshot.members, horizon, top_k)
+    top = measure.top(snapshot.members, top_k)
     files = [
         atomic_write_text(out / "generations.csv",
                           _with_provenance(snapshot.generations, provenance).to_csv(index=False)),
         atomic_write_text(out / "members.csv", _with_provenance(snapshot.members, provenance).to_csv(index=False)),
         atomic_write_text(out / "top_members.csv", _with_provenance(top, provenance).to_csv(index=False)),
         atomic_write_text(out / "skipped.txt", "".join(f"{line}\n" for line in snapshot.skipped)),
-        plot_fitness(snapshot.generations, snapshot.members, out / "fitness.png", fitness_label(horizon)),
+        plot_fitness(snapshot.generations, snapshot.members, out / "fitness.png", measure.label),
         plot_response_length(snapshot.generations, out / "response_length.png"),
         plot_failures(snapshot.generations, out / "failures.png"),
         plot_disk(snapshot.generations, out / "disk.png"),
         plot_fitness_vs_control(snapshot.members, out / "fitness_vs_control.png"),
+        *measure.extra_plots(snapshot.members, out),
     ]
-    if horizon is not None:
-        files.append(plot_episodes(snapshot.members, horizon, out / "episodes.png"))
-    return Report(snapshot, snapshot.generations, top, provenance, files, horizon)
-
-
-def top_runs(members: pd.DataFrame, horizon: int, k: int) -> pd.DataFrame:
-    """An online search's ``k`` best particle runs by their end score at ``horizon``, best first."""
-    columns = ["generation", "index", EPISODE_COLUMN, END_SCORE_COLUMN, "mean_response_tokens", "wall_time_s"]
-    ended = run_ends(members, horizon)
-    top = ended[[c for c in columns if c in ended]].head(k).reset_index(drop=True)
-    return top.rename(columns={END_SCORE_COLUMN: "end_score"})
+    return Report(snapshot, snapshot.generations, top, provenance, files, measure)
 
 
 def format_bytes(count: float | None) -> str:
@@ -178,17 +168,18 @@ def _reporting_noise(root: Path, selection: dict) -> tuple[float, str] | None:
                     "ratio below uses this")
 
 
-def format_noise(snapshot: RunSnapshot, online: bool = False) -> list[str]:
+def format_noise(snapshot: RunSnapshot, measure: SearchMeasure | None = None) -> list[str]:
     """Whether the search sees signal: the spread across a generation's members next to the spread of ONE init
     over seeds (the re-evaluation's, pooled over its inits) and the control member's drift between generations.
-    ``online``: the members are truncations, whose spread (of changes over a piece of a run) is not comparable with
-    one init's over whole runs, so no ratio is drawn."""
+    ``measure`` (read from the run dir when not given): an online search's members are truncations, whose spread (of
+    changes over a piece of a run) is not comparable with one init's over whole runs, so no ratio is drawn."""
+    measure = measure if measure is not None else search_measure(RunStore(snapshot.root))
     gens = snapshot.generations
     spread = gens["std_fitness"].dropna() if len(gens) else pd.Series(dtype=float)
     control = gens["control_fitness"].dropna() if len(gens) and "control_fitness" in gens else pd.Series(dtype=float)
     seeds = _seeds_per_member(snapshot.root)
     lines = [
-        f"  across members (std of {'their change over the truncation' if online else 'fitness'} within a "
+        f"  across members (std of {measure.spread_words} within a "
         f"generation): median {_fmt(spread.median() if len(spread) else None)}"
         f" over {len(spread)} generation(s)" + (f"; each member the mean of {seeds} seeds" if seeds > 1 else ""),
         f"  control (the centre, generation's seed): {', '.join(_fmt(v, 3) for v in control) or 'none yet'}"
@@ -209,7 +200,7 @@ def format_noise(snapshot: RunSnapshot, online: bool = False) -> list[str]:
     if reporting is not None:
         floor, line = reporting
         lines.append(line)
-    if floor and len(spread) and not online:
+    if floor and len(spread) and measure.ratio_drawn:
         # a member's fitness is the mean of `seeds` runs: its own noise is one run's divided by sqrt(seeds)
         member_noise = floor / seeds ** 0.5
         lines.append(f"  ratio across-members / one-init: {spread.median() / member_noise:.2f} (near 1 or below: "
@@ -257,29 +248,26 @@ def format_report(report: Report) -> str:
     if "disk_peak_bytes" in top.columns:
         top = top.assign(disk_peak_bytes=top["disk_peak_bytes"].map(format_bytes)).rename(
             columns={"disk_peak_bytes": "disk_peak"})
-    online = report.horizon is not None
-    top_title = (f"top {len(top)} particle runs by {end_score_text(report.horizon)} (single runs: the best of many "
-                 "noisy measurements, see the noise section):" if online else
-                 f"top {len(top)} members (single runs: the best of many noisy measurements, see the noise section):")
+    measure = report.measure
     lines = [
         f"run {report.snapshot.root}  (run_id {p['run_id']}, seed {p['seed']})",
         f"config hash {p['config_hash']}  code {p['code_version']}  data {p['data_hashes']}",
         *([horizon] if (horizon := horizon_text(_stored_config(report.snapshot.root))) else []),
         "",
         "generations:",
-        f"  (a member's fitness: {fitness_label(report.horizon)})",
+        f"  (a member's fitness: {measure.label})",
         gens.to_string(index=False, float_format=lambda x: f"{x:.4g}") if len(gens) else "  (none yet)",
-        *(["", *progress_lines(report.snapshot.members, report.horizon, _population(report.snapshot.root))]
-          if report.horizon is not None else []),
+        *(["", *progress] if (progress := measure.progress_lines(report.snapshot.members,
+                                                                   _population(report.snapshot.root))) else []),
         "",
         "disk (peak size of a member's work dir, checkpoints included):",
         *format_disk(report.generations, report.snapshot.members),
         "",
-        top_title,
+        measure.top_title(len(top)),
         top.to_string(index=False, float_format=lambda x: f"{x:.4g}") if len(top) else "  (none yet)",
         "",
         "noise (validation pass@1):",
-        *format_noise(report.snapshot, online),
+        *format_noise(report.snapshot, measure),
         "",
         *format_result_table(report.snapshot.root),
     ]

@@ -36,7 +36,7 @@ def test_null_is_train_steps_and_a_value_shrinks_the_members_schedule():
     assert train["steps"] == 15 and train["lr_warmup_steps"] == 2 and train["lr_scheduler"] == "cosine"
     assert cfg.member_inner()["train"]["steps"] == 60  # the runs after the search train train.steps
     assert "member_steps" not in cfg.searcher_settings  # the searcher is built without it
-    assert member_train({"steps": 10, "lr_warmup_steps": 9}, 2)["lr_warmup_steps"] == 1  # at least one full-lr step
+    assert member_train({"steps": 10, "lr_warmup_steps": 9}, 2, 10)["lr_warmup_steps"] == 1  # at least one full-lr step
 
 
 @pytest.mark.parametrize("value", ["0", "61", "2.5", "true", "abc"])

@@ -7,6 +7,7 @@ The searches run the synthetic member through meta.run (meta/synthetic.py), whos
 the particles' checkpoints as a training run carries its weights."""
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,8 @@ import torch
 
 from meta.search.run import main
 from plan_inputs import ONE_MEMBER_AT_15S
-from results.report.search.online import AVERAGED_CENTER, END_SCORE_COLUMN, EPISODE_COLUMN, TRUNCATION_FITNESS
+from results.report.search.online import AVERAGED_CENTER
+from results.report.search.run_ends import END_SCORE_COLUMN, EPISODE_COLUMN, TRUNCATION_FITNESS
 from results.store.run_store import RunStore
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
@@ -109,12 +111,28 @@ def online_run(tmp_path_factory) -> dict[str, Any]:
         early = render(run_dir)
         with pytest.raises(ConfigError) as refused:
             export_init(run_dir, "best_member", run_dir.parent / "early.safetensors")
-        assert main([f"run_dir={run_dir}", "generations=6"]) == 0
+        finished = _Lines()  # meta.run's last word on the search
+        logging.getLogger("meta.run").addHandler(finished)
+        try:
+            assert main([f"run_dir={run_dir}", "generations=6"]) == 0
+        finally:
+            logging.getLogger("meta.run").removeHandler(finished)
     finally:
         patch.undo()
     best = export_init(run_dir, "best_member", run_dir.parent / "best_member.safetensors")
     return {"run_dir": run_dir, "early_status": early, "early_export": str(refused.value), "best_member": best,
-            "status": render(run_dir)}
+            "status": render(run_dir), "finished": [line for line in finished.lines if "search finished" in line]}
+
+
+class _Lines(logging.Handler):
+    """The messages logged to it."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
 
 
 def _run_ends(store: RunStore) -> pd.DataFrame:
@@ -153,6 +171,10 @@ def test_best_is_the_best_end_score_of_a_run_and_export_says_so(online_run):
     exported = online_run["best_member"]
     assert exported["fitness"] == best["fitness"] and "at the end of a particle's run" in exported["note"]
     assert f"no particle has ended its run (step {H}) yet" in online_run["early_export"]
+    # meta.run's last line names the figure for what it is: a run's end score, not a change over one truncation
+    assert online_run["finished"] == [f"search finished after 6 generation(s); best particle run's end score "
+                                      f"(validation pass@1 at the end of a particle's run (step {H}); a single run: "
+                                      f"the selection runs measure the init) {best['fitness']:.4f}"]
 
 
 def test_status_labels_the_fitness_and_shows_each_episodes_mean_end_score(online_run):
