@@ -7,10 +7,8 @@ read (a member's ``result.json``) is the run store's: results/store/member_files
 from __future__ import annotations
 
 import copy
-import json
 import math
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Mapping
 
 from core.config.horizon import inner_steps

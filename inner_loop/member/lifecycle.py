@@ -23,7 +23,7 @@ import torch
 
 import inner_loop.process.pinned as numerics
 import inner_loop.process.notice as notice
-from inner_loop.training.checkpoints import last_checkpoint, settle_after_final, settle_checkpoints
+from inner_loop.training.checkpoints import settle_after_final, settle_checkpoints
 from inner_loop.member.device import DeviceUnavailableError, require_device
 from inner_loop.training.evaluate import EvalResult, evaluate, evaluation_entry
 from inner_loop.training.final_model import save_final_model

@@ -557,8 +557,6 @@ class SlurmLauncher(SubmititLauncher):
 
 
 def _read_cancelled(folder: Path) -> set[str]:
-    import json
-
     try:
         return set(json.loads((folder / CANCELLED_FILE).read_text()))
     except (FileNotFoundError, json.JSONDecodeError):

@@ -45,10 +45,8 @@ from meta.pilot.truncation import STEP_KEY, TRUNCATION_KEY, WHOLE_VALIDATION, bo
 from results.report.pilot import PILOT_KIND
 from meta.searchers.radius import RADIUS_KEY
 from meta.settings.schema import PilotConfig, SearchSchema, typed_config
-from meta.settings.upgrade import stored_config, stored_manifest
 from results.store.layout import JOBS_FILE, LAUNCHER_DIR, member_dir_name
 from core.records import MemberSpec
-from results.store.run_store import RunStore
 
 logger = logging.getLogger("meta.pilot")
 
@@ -332,8 +330,7 @@ def build_dry_run_plan(prepared: Prepared) -> str:
     k, m = pilot.seeds, pilot.pairs
     combos = prepared.combinations
     runs = len(combos) * runs_per_combination(pilot)
-    # a search member's, at es.member_steps; an online searcher's pilot trains its particles' whole runs
-    alone_min = cfg.member_alone_min if cfg.searcher_online else cfg.search_member_alone_min
+    alone_min = cfg.run_alone_min(cfg.member_steps)  # a pilot run trains es.member_steps (es=nres: whole runs)
     sharing = member_sharing(raw)
     minutes = sharing.member_time(alone_min)
     gpus, cpus = int(cfg.resources.gpus or 0), int(cfg.resources.cpus or 1)

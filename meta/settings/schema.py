@@ -316,10 +316,15 @@ class SearchSchema(RunSchema):
 
     @property
     def search_member_alone_min(self) -> float:
-        """``member_alone_min`` of a search member at es.member_steps: from the measured step time where one is
-        given (member_steps x step_time_s + short_run_overhead_min), else member_time_min scaled by member_steps /
-        train.steps."""
-        full, steps = self.member_alone_min, self.longest_search_member_steps  # an online searcher's: a truncation
+        """``member_alone_min`` of a search member at es.member_steps (an online searcher's: its longest
+        truncation)."""
+        return self.run_alone_min(self.longest_search_member_steps)
+
+    def run_alone_min(self, steps: int) -> float:
+        """Minutes alone on its GPU of a run of its own of ``steps`` steps: a whole run's member_alone_min; a shorter
+        one's from the measured step time where one is given (steps x step_time_s + short_run_overhead_min), else
+        member_time_min scaled by steps / train.steps."""
+        full = self.member_alone_min
         if steps >= self.full_steps:
             return full
         if self.resources.step_time_s is not None:
