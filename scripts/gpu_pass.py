@@ -534,10 +534,14 @@ def checks(opts: argparse.Namespace) -> list[Check]:
 
 # ------------------------------------------------------------------ GPU-hours of a real search
 def search_gpu_hours(step_s: float, members: int, slowdown: float) -> tuple[int, float]:
-    """(runs, GPU-hours) of SEARCH had its members this step time alone and this sharing: the plan's own count."""
+    """(runs, GPU-hours) of SEARCH had its members this step time alone and this sharing: the plan's own count.
+
+    The config is read through its schema alone (its types and cross-key checks): the counts need nothing more, and
+    build_search_config's member checks (a TRL config built, trl and peft imported: ~6 CPU-s a summary) would check
+    only that this fixed search is valid."""
     from meta.compose import compose
-    from meta.search.config import build_search_config
     from meta.search.plan import new_search_gpu_hours
+    from meta.settings.schema import SearchSchema, typed_config
     from scripts.gpu_check import DATA
 
     overrides = [*SEARCH, "es=openai_es_elite",  # the runs do not depend on the searcher; this one needs no ray
@@ -548,7 +552,7 @@ def search_gpu_hours(step_s: float, members: int, slowdown: float) -> tuple[int,
         overrides.append(f"resources.shared_slowdown={{{members}: {max(1.0, slowdown)}}}")
     raw = compose(overrides)
     raw["run_dir"] = str(Path(tempfile.gettempdir()) / "gpu_pass-plan")
-    return new_search_gpu_hours(build_search_config(raw))
+    return new_search_gpu_hours(typed_config(SearchSchema, raw))
 
 
 def setting_rows(done: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:

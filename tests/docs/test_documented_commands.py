@@ -444,9 +444,11 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prepared]:
     work.mkdir()
     search, tune, pilot, runs = base / "meta_search", base / "tune_run", base / "pilot_run", base / "inner"
     with contextlib.chdir(work), separate_process_state():
+        # one baseline row (the base model): the result table and a documented re-evaluation need a row, not
+        # every row (each composes its own config, here and in `meta.reevaluate` again)
         assert run_main([f"run_dir={search}", "new=true", "launcher=debug", "inner.entrypoint=meta.synthetic:member",
                          "population=2", "generations=1", "reevaluate.top_k=1", "reevaluate.seeds=2",
-                         "reevaluate.report_seeds=2", "train.eval_every=20",
+                         "reevaluate.report_seeds=2", "reevaluate.baselines=[base]", "train.eval_every=20",
                          "+inner.options={noise: 0.05, intermediate_noise: 0.01}"]) == 0
         assert tune_main([f"run_dir={tune}", "new=true", "launcher=debug", "inner.entrypoint=meta.tune.synthetic:run",
                           "tune.sampler=random", "tune.pruner=none", "tune.trials=2", "tune.seeds=1",

@@ -1,7 +1,9 @@
 """docs/extending.md's recipes, run as written: each toy entry is one module and one YAML in a temporary folder
 outside the repository (its package's entry points in a ``*.dist-info`` beside it, its YAML in a config tree named by
 MIRROR_ES_CONFIG_PATH), goes through a dry run and (searcher, divergence, task) a tiny run on the embedded default,
-and no file of the repository changes.
+and no file of the repository changes. The recipes share one dry run that names every toy option, and the searcher,
+divergence and task one tiny search with all three: a ``meta.run`` costs ~12 CPU-s before it plans anything and a
+tiny search ~50, so one each keeps the file's CPU time down while every recipe still goes through both.
 
 The modules, YAMLs and entry points are read from the page's code blocks (each opens with ``# file: <path>``), so the
 page cannot drift from what runs.
@@ -28,6 +30,16 @@ BLOCK = re.compile(r"^```[a-z]*\n# file: (\S+)\n(.*?)^```$", re.MULTILINE | re.D
 #: recipe below runs one)
 TINY = ["population=2", "generations=1", "control_member=false", "launcher=local", "reevaluate.top_k=0",
         "train.steps=2", "train.val_size=8", "train.batch_size=16", "model.warmup_max_steps=0"]
+#: the tiny search's recipes: the toy searcher searches, its members train on the toy task with the toy divergence at
+#: an alpha of the command line's
+TINY_RECIPES = ["es=toy_best", "task=toy_double", "divergence=toy_power", "divergence.alpha=3"]
+#: the shared dry run: every toy option at once (its population: the launcher's plan counts 4 members and the control
+#: member; the searcher's early stopping decides at half of 60 steps)
+PLAN_RECIPES = ["es=toy_best", "population=4", "train.eval_every=10", "early_stop.enabled=true",
+                "early_stop.at_fraction=0.5", "early_stop.noise=0.01", "task=toy_double",
+                "reevaluate.transfer=[toy_double]", "launcher=toy_serial", "model=toy_smollm2_360m"]
+#: nothing can reach the hub here: the toy model's staging must say so, not wait on the network
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
 def _blocks() -> list[tuple[str, str]]:
@@ -60,16 +72,18 @@ def toy(tmp_path_factory) -> dict[str, str]:
     return {"root": str(root), **env}
 
 
+def _repository_status() -> str:
+    """The repository's files as git lists them (tracked, untracked and ignored-but-listed alike)."""
+    return subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=ROOT, capture_output=True,
+                          text=True, check=True).stdout
+
+
 @pytest.fixture
 def unchanged_repository():
-    """The repository's files are as they were after the test (tracked, untracked and ignored-but-listed alike)."""
-    def status() -> str:
-        return subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=ROOT, capture_output=True,
-                              text=True, check=True).stdout
-
-    before = status()
+    """The repository's files are as they were after the test."""
+    before = _repository_status()
     yield
-    assert status() == before, "an extension had to change the repository"
+    assert _repository_status() == before, "an extension had to change the repository"
 
 
 def _run(toy: dict[str, str], *args: str) -> subprocess.CompletedProcess:
@@ -77,6 +91,40 @@ def _run(toy: dict[str, str], *args: str) -> subprocess.CompletedProcess:
     environment."""
     env = {k: v for k, v in toy.items() if k != "root"}
     return run_with_progress([sys.executable, "-m", *args], cwd=toy["root"], env=env)
+
+
+def _run_unchanged(toy: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    """``_run`` for a module fixture, which runs before any test's ``unchanged_repository``: it checks the same."""
+    before = _repository_status()
+    done = _run(toy, *args)
+    assert _repository_status() == before, "an extension had to change the repository"
+    return done
+
+
+@pytest.fixture(scope="module")
+def plan(toy, tmp_path_factory) -> subprocess.CompletedProcess:
+    """The dry run of every recipe's option at once, offline; the toy model's weights a local (empty) folder: nothing
+    to stage, the plan still sizes it by its declared shape."""
+    base = tmp_path_factory.mktemp("plan")
+    weights = base / "weights"
+    weights.mkdir()
+    return _run_unchanged({**toy, **OFFLINE}, "meta.run", f"run_dir={base / 'plan'}", "new=true", "dry_run=true",
+                          *PLAN_RECIPES, f"model.name_or_path={weights}")
+
+
+@pytest.fixture(scope="module")
+def tiny_search(toy, tmp_path_factory) -> Path:
+    """The run dir of the tiny search of the searcher's, the divergence's and the task's recipes, finished."""
+    run_dir = tmp_path_factory.mktemp("tiny") / "search"
+    done = _run_unchanged(toy, "meta.run", f"run_dir={run_dir}", "new=true", *TINY_RECIPES, *TINY)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return run_dir
+
+
+def _logs(run_dir: Path) -> str:
+    """Every log the search and its members wrote."""
+    return "".join(p.read_text(errors="replace") for p in run_dir.rglob("*") if p.is_file() and p.suffix in
+                   (".err", ".out", ".log"))
 
 
 def test_each_recipe_is_one_module_and_one_yaml():
@@ -89,10 +137,7 @@ def test_each_recipe_is_one_module_and_one_yaml():
     assert [Path(p).parent.name for p in yamls] == ["divergence", "es", "launcher", "model", "task"]
 
 
-def test_a_searcher(toy, tmp_path, unchanged_repository):
-    plan = _run(toy, "meta.run", f"run_dir={tmp_path / 'plan'}", "new=true", "dry_run=true", "es=toy_best",
-                "population=3", "train.eval_every=10", "early_stop.enabled=true", "early_stop.at_fraction=0.5",
-                "early_stop.noise=0.01")
+def test_a_searcher(toy, plan, tiny_search, tmp_path, unchanged_repository):
     assert plan.returncode == 0, plan.stderr[-3000:]
     assert "es=toy_best" in plan.stdout and "early_stop: decided at step 30" in plan.stdout
     refused = _run(toy, "meta.run", f"run_dir={tmp_path / 'refused'}", "new=true", "dry_run=true", "es=pgpe",
@@ -103,15 +148,11 @@ def test_a_searcher(toy, tmp_path, unchanged_repository):
     assert "toy_best" in usage.stdout
     pilot = _run(toy, "meta.pilot", f"run_dir={tmp_path / 'pilot'}", "new=true", "dry_run=true", "es=toy_best")
     assert "radius: es.radius of es=toy_best" in pilot.stdout, pilot.stderr[-2000:]  # the one radius key
-    run_dir = tmp_path / "search"
-    done = _run(toy, "meta.run", f"run_dir={run_dir}", "new=true", "es=toy_best", *TINY)
-    assert done.returncode == 0, done.stderr[-3000:]
-    state = yaml.safe_load((run_dir / "config.yaml").read_text())
-    assert state["es"]["name"] == "toy_best" and (run_dir / "gen_0000").is_dir()
+    state = yaml.safe_load((tiny_search / "config.yaml").read_text())
+    assert state["es"]["name"] == "toy_best" and (tiny_search / "gen_0000").is_dir()
 
 
-def test_a_divergence(toy, tmp_path, unchanged_repository):
-    plan = _run(toy, "meta.run", f"run_dir={tmp_path / 'plan'}", "new=true", "dry_run=true")
+def test_a_divergence(toy, plan, tiny_search, tmp_path, unchanged_repository):
     assert plan.returncode == 0, plan.stderr[-3000:]
     assert "power potential (toy)" in plan.stdout  # its baseline row, under its own label
     tune = _run(toy, "meta.tune", f"run_dir={tmp_path / 'tune'}", "new=true", "dry_run=true", "divergence=toy_power")
@@ -119,13 +160,10 @@ def test_a_divergence(toy, tmp_path, unchanged_repository):
     refused = _run(toy, "inner_loop.run", "divergence=toy_power", "divergence.form=sampled_is", "task=arith",
                    "model=tiny", f"work_dir={tmp_path / 'refused'}")
     assert refused.returncode == 2 and "supports ['sampled', 'full']" in refused.stderr, refused.stderr[-2000:]
-    work_dir = tmp_path / "single"
-    done = _run(toy, "inner_loop.run", "divergence=toy_power", "divergence.alpha=3", "task=arith", "model=tiny",
-                "model.warmup_max_steps=0", "train.steps=2", "train.val_size=8", "train.batch_size=16",
-                f"work_dir={work_dir}")
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "toy_power[sampled](alpha=3) x 0.05" in done.stderr  # the loss it trained with, as the trainer logs it
-    assert json.loads((work_dir / "result.json").read_text())["status"] == "ok"
+    members = sorted((tiny_search / "gen_0000").glob("member_*"))
+    assert members and all(json.loads((m / "result.json").read_text())["status"] == "ok" for m in members)
+    # the loss its members trained with, as the trainer logs it: alpha from the command line
+    assert "toy_power[sampled](alpha=3) x 0.05" in _logs(tiny_search)
 
 
 def test_a_divergence_s_own_parameter_reaches_its_potential(toy):
@@ -162,24 +200,16 @@ def test_a_bad_value_of_a_divergence_s_own_parameter_is_refused_before_anything_
     assert not work_dir.exists()
 
 
-def test_a_task(toy, tmp_path, unchanged_repository):
-    plan = _run(toy, "meta.run", f"run_dir={tmp_path / 'plan'}", "new=true", "dry_run=true", "task=toy_double",
-                "reevaluate.transfer=[toy_double]")
+def test_a_task(plan, tiny_search):
     assert plan.returncode == 0, plan.stderr[-3000:]
     assert "task=toy_double" in plan.stdout
-    run_dir = tmp_path / "search"
-    done = _run(toy, "meta.run", f"run_dir={run_dir}", "new=true", "task=toy_double", *TINY)
-    assert done.returncode == 0, done.stderr[-3000:]
-    record = json.loads((run_dir / "gen_0000" / "member_000" / "result.json").read_text())
+    record = json.loads((tiny_search / "gen_0000" / "member_000" / "result.json").read_text())
     assert record["status"] == "ok" and record["val_size"] == 8, record
-    logs = "".join(p.read_text(errors="replace") for p in run_dir.rglob("*") if p.is_file() and p.suffix in
-                   (".err", ".out", ".log"))
-    assert "reward: 1 when the first integer of the completion is twice the number" in logs  # its declared reward
+    # its declared reward
+    assert "reward: 1 when the first integer of the completion is twice the number" in _logs(tiny_search)
 
 
-def test_a_launcher(toy, tmp_path, unchanged_repository):
-    plan = _run(toy, "meta.run", f"run_dir={tmp_path / 'plan'}", "new=true", "dry_run=true", "launcher=toy_serial",
-                "population=4")
+def test_a_launcher(toy, plan, tmp_path, unchanged_repository):
     assert plan.returncode == 0, plan.stderr[-3000:]
     assert "launcher=toy_serial: 5 members per generation one after another in this process" in plan.stdout
     refused = _run(toy, "meta.run", f"run_dir={tmp_path / 'refused'}", "new=true", "dry_run=true",
@@ -188,16 +218,12 @@ def test_a_launcher(toy, tmp_path, unchanged_repository):
     assert "launcher.gpu_sharing='packed' is not a mode of launcher=toy_serial" in refused.stderr
 
 
-def test_a_model(toy, tmp_path, unchanged_repository):
-    offline = {**toy, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+def test_a_model(toy, plan, tmp_path, unchanged_repository):
+    offline = {**toy, **OFFLINE}
     staged = _run(offline, "meta.stage", "dry_run=true", "model=toy_smollm2_360m", f"stage.cache_dir={tmp_path / 'hub'}")
     said = staged.stdout + staged.stderr
     assert staged.returncode == 2, said[-3000:]
     assert "missing: model HuggingFaceTB/SmolLM2-360M-Instruct (model.name_or_path)" in said  # its hub id is staged
-    weights = tmp_path / "weights"  # a local copy: nothing to stage, the plan still sizes it by its declared shape
-    weights.mkdir()
-    plan = _run(offline, "meta.run", f"run_dir={tmp_path / 'plan'}", "new=true", "dry_run=true",
-                "model=toy_smollm2_360m", f"model.name_or_path={weights}")
     assert plan.returncode == 0, plan.stderr[-3000:]
     assert "3,276,800" in plan.stdout, plan.stdout[-3000:]  # LoRA r=16 on 4 projections x 32 blocks of its shape
     unknown = _run(offline, "inner_loop.run", "model=toy_smollm2_360m", "model.name=toy_smollm2_999m", "task=arith",
