@@ -7,7 +7,7 @@ import copy
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 
@@ -75,6 +75,19 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     from inner_loop.models.tiny import tiny_model_dir
 
     return str(tiny_model_dir(ModelConfig(**SMALL_SHAPE), root=tmp_path_factory.mktemp("cache")))
+
+
+@pytest.fixture()
+def one_thread() -> Iterator[None]:
+    """Torch at one thread in this test process, restored after. On a busy machine (the suite's two workers and its
+    SLURM session on two cores) a second thread mostly spins waiting for the first: tiny kernels at a batch of 2000
+    ran 25x slower in wall time, and one SmolLM2-135M training step took 65 CPU-s at two threads, 18 at one."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture()

@@ -66,16 +66,6 @@ def _chi2_sf(statistic: float, dof: int) -> float:
     return float(chi2.sf(statistic, dof))
 
 
-@pytest.fixture
-def one_thread() -> Any:
-    """Tiny kernels at a batch of 2000: one thread does them as fast as several, and a busy machine's other
-    threads cannot slow them down by spinning (measured 25x on a shared 2-core box)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_200000_in_loop_draws_follow_the_processed_distribution(one_thread: Any) -> None:
     model = _constant_model()
     rows, steps = 2000, 101

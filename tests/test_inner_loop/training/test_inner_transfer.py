@@ -1,7 +1,7 @@
 """A run's other test numbers on the same trained model: the inner config's extra_evaluations (own test split,
 transfer tasks), 0-step base-model runs, and ``python -m inner_loop.evaluate`` on a finished run's final/ model.
 
-One tiny model, band-warmed once for the module (a fresh model never answers, and a transfer score of 0 would
+One tiny model, the embedded default's warmed one (a fresh model never answers, and a transfer score of 0 would
 prove nothing), trained 2 steps; every number is checked against a direct `evaluate` of the model it claims."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from inner_loop.config import InnerConfig
+from inner_loop.config import InnerConfig, TrainConfig
 from inner_loop.training.evaluate import evaluate, main
 from inner_loop.member.lifecycle import train_in_process
 from inner_loop.models.loading import load_policy, resolve_model_dir
@@ -27,14 +27,13 @@ from conf_groups import load_group
 from helpers import member_spec
 
 CONF = Path(__file__).resolve().parents[3] / "conf"
-#: the default tiny model, warmed until greedy pass@1 on its probe reaches 0.3 (~1400 steps, ~20 s once per module):
-#: good enough that a test split of 40 problems has correct answers to agree on, on any CPU's kernels
-WARMED_TINY = {"warmup_max_steps": 3000, "warmup_band": [0.3, 1.0], "warmup_check_every": 50, "warmup_probe_size": 64,
-               "warmup_lr": 3e-3, "warmup_batch_size": 32}
-ARITH = {"validation_size": 40, "test_size": 40}
+#: the transfer task's split sizes (its own test split is scored in the run and again directly)
+TRANSFER_SIZES = {"validation_size": 40, "test_size": 40}
 #: KL with a gradient-share floor: a run with steps would be checked for an inert regularizer
 KL = {"name": "kl", "form": "sampled", "estimator": "k3", "coef": 0.04, "grad_share_floor": 0.01}
-MAX_NEW_TOKENS = 4  # answers of up to three digits and the eos
+#: the default train.max_completion_length: with the default tiny model and arith task, the run's warm-up is the
+#: embedded default's (greedy validation pass@1 ~0.6), which the session's model cache builds once for every test
+MAX_NEW_TOKENS = TrainConfig().max_completion_length
 
 
 def _load(group: str, name: str) -> dict:
@@ -42,7 +41,7 @@ def _load(group: str, name: str) -> dict:
 
 
 def _inner(steps: int = 2, extra: list | None = None, divergence: dict | None = None) -> dict:
-    inner = {"task": {**_load("task", "arith"), **ARITH}, "model": {**_load("model", "tiny"), **WARMED_TINY},
+    inner = {"task": _load("task", "arith"), "model": _load("model", "tiny"),
              "divergence": divergence or _load("divergence", "none"), "train": _load("train", "default")}
     inner["train"].update({"steps": steps, "batch_size": 8, "group_size": 4, "max_completion_length": MAX_NEW_TOKENS,
                            "val_size": None, "save_every": 10, "report_to": []})
@@ -71,7 +70,7 @@ def _final_model(work_dir: Path):
     return AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
 
 
-TRANSFER = {**_load("task", "arith"), **ARITH, "seed": 7}  # other operands, drawn from another seed
+TRANSFER = {**_load("task", "arith"), **TRANSFER_SIZES, "seed": 7}  # other operands, drawn from another seed
 
 
 @pytest.fixture(scope="module")
@@ -89,9 +88,9 @@ def test_in_run_evaluations_are_those_of_the_final_model(trained):
     model, tokenizer = _final_model(work)
     assert record.steps_done == 2 and set(record.evaluations) == {"test", "transfer/arith"}
     assert all(entry["pass_at_1"] > 0 for entry in record.evaluations.values())  # agreement on answers, not on 0
-    assert record.evaluations["test"] == _direct(model, tokenizer, {**_load("task", "arith"), **ARITH}, "test")
+    assert record.evaluations["test"] == _direct(model, tokenizer, _load("task", "arith"), "test")
     assert record.evaluations["transfer/arith"] == _direct(model, tokenizer, TRANSFER, "test")
-    assert record.fitness == _direct(model, tokenizer, {**_load("task", "arith"), **ARITH}, "validation")["pass_at_1"]
+    assert record.fitness == _direct(model, tokenizer, _load("task", "arith"), "validation")["pass_at_1"]
     assert read_result(work).evaluations == record.evaluations  # through result.json and back
     # What the checks above scored is the trained model, not the one training started from: 2 steps moved its
     # weights. (Its answers need not move: on some CPUs 2 steps change no greedy answer of this test split.)

@@ -26,10 +26,10 @@ def _inner() -> dict:
             "validation_size": 1, "timeout_s": 5.0}
     return inner_config("none", task="mbpp", task_keys=task, model="smollm2_135m",
                         model_keys={"lora_r": 4, "lora_alpha": 8}, steps=1, batch_size=2, group_size=2, val_size=1,
-                        val_batch_size=4, max_completion_length=8, num_threads=2, report_to=[])
+                        val_batch_size=4, max_completion_length=8, num_threads=1, report_to=[])
 
 
-def test_a_lora_run_on_mbpp_is_scored_on_humaneval_afterwards(tmp_path):
+def test_a_lora_run_on_mbpp_is_scored_on_humaneval_afterwards(one_thread, tmp_path):
     from inner_loop.training.evaluate import main
     from inner_loop.member.lifecycle import train_in_process
     from results.store.layout import FINAL_MODEL_DIR, evaluation_file_name
