@@ -8,23 +8,28 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from launch.base import JobRef
 from launch.member import read_ledger
 from launch.runner import MemberArrayRunner, RunnerPolicy
 from launch.slurm.launcher import SlurmLauncher
+from meta.search.run import main
 from results.store.gpu_share import read_gpu_share
 from results.store.member_files import read_result
+from results.store.run_store import RunStore
 from slurm_helpers import LocalSlurm, run_slurm_command
 from slurm_launch_helpers import ENTRY, FAST, specs
 from time_limits import scaled
 
 pytestmark = pytest.mark.slow
 
+ROOT = Path(__file__).resolve().parents[2]
 PACKED = {**FAST, "members_per_gpu": 2, "job_name": "mirror-es-packed"}
 ENDLESS = {"steps": 100_000, "step_s": 0.2}
 
@@ -99,24 +104,16 @@ def test_packed_tasks_end_each_member_alone(slurm_cluster: LocalSlurm, tmp_path:
 
 def test_a_packed_search_has_the_centres_of_the_unpacked_one(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:
     """meta.run with resources.members_per_gpu=2 on the cluster (CPU members: two per task) moves its centre exactly
-    as the same search with one member per job (here in-process: the fitness of a member depends on its spec alone)."""
-    import subprocess
-    import sys
-
-    import torch
-
-    from results.store.run_store import RunStore
-
-    root = Path(__file__).resolve().parents[2]
+    as the same search with one member per job (launcher=debug, run in this process: the fitness of a member depends
+    on its spec alone, and the reference is not the CLI under test)."""
     common = ["new=true", "population=4", "generations=2", "reevaluate.top_k=0", "reevaluate.report_seeds=0",
               "inner.entrypoint=meta.synthetic:member", "+inner.options.steps=2", "+inner.options.step_s=0.1"]
-    runs = {"packed": ["launcher=slurm", "resources.members_per_gpu=2", "launcher.poll_interval_s=0.5",
-                       "launcher.query_interval_s=2", "launcher.job_name=mirror-es-packed-search"],
-            "alone": ["launcher=debug"]}
-    for name, overrides in runs.items():
-        done = subprocess.run([sys.executable, "-m", "meta.run", f"run_dir={tmp_path / name}", *common, *overrides],
-                              cwd=root, capture_output=True, text=True, timeout=scaled(600))
-        assert done.returncode == 0, done.stderr[-3000:]
+    done = subprocess.run([sys.executable, "-m", "meta.run", f"run_dir={tmp_path / 'packed'}", *common,
+                           "launcher=slurm", "resources.members_per_gpu=2", "launcher.poll_interval_s=0.5",
+                           "launcher.query_interval_s=2", "launcher.job_name=mirror-es-packed-search"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=scaled(600))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert main([f"run_dir={tmp_path / 'alone'}", *common, "launcher=debug"]) == 0
     packed, alone = RunStore(tmp_path / "packed"), RunStore(tmp_path / "alone")
     jobs = packed.read_jobs(0)
     slurm_cluster.submitted.extend({int(j["job_id"].split("_")[0]) for j in jobs.values()})
