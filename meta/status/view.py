@@ -141,17 +141,21 @@ def _particle_lines(store: RunStore, raw: Mapping[str, Any], show_all: bool) -> 
     runs = [entry for entry in work if entry.get("run") is not None]
     if not runs:
         return []
-    pairs = runs[::2]  # the halves of a pair stand at the same step of the same run
+    # particles that stand at the same step of the same run (an antithetic pair's halves) share a line: grouped by
+    # what their stored segments say, not by the searcher's pairing rule
+    groups: dict[tuple[Any, Any, Any], list[int]] = {}
+    for entry in runs:
+        groups.setdefault((entry["run"]["episode"], entry["start"], entry["stop"]), []).append(entry["run"]["particle"])
     horizon = runs[0]["horizon"]
     folders = [store.particle_dir(entry["run"]["particle"]) for entry in runs]
     lines = [f"particles (es={(raw.get('es') or {}).get('name')}): {len(folders)}, each a run of {horizon} steps; "
              f"boundary checkpoints {boundary_bytes(folders) / 1e9:.3f} GB"]
-    for pair, entry in enumerate(pairs):
-        if show_all or pair < 4:
-            lines.append(f"  particles {2 * pair:03d}/{2 * pair + 1:03d}: run {entry['run']['episode']}, step "
-                         f"{entry['start']} of {horizon}, next truncation {entry['start']}..{entry['stop']}")
-    if not show_all and len(pairs) > 4:
-        lines.append(f"  ... {len(pairs) - 4} more pairs (--all shows every one)")
+    for shown, ((episode, start, stop), particles) in enumerate(groups.items()):
+        if show_all or shown < 4:
+            names = "/".join(f"{int(p):03d}" for p in particles)
+            lines.append(f"  particles {names}: run {episode}, step {start} of {horizon}, next truncation {start}..{stop}")
+    if not show_all and len(groups) > 4:
+        lines.append(f"  ... {len(groups) - 4} more (--all shows every one)")
     return lines
 
 
