@@ -92,7 +92,11 @@ def test_full_form_in_recomputed_row_chunks_matches_one_chunk(tiny_dir, tmp_path
     (loss_one, grads_one, reg_one), (loss_rows, grads_rows, reg_rows) = results
     assert reg_one > 0 and reg_rows == pytest.approx(reg_one, rel=1e-5)
     assert torch.allclose(loss_rows, loss_one, rtol=1e-5, atol=1e-7)
-    assert grads_one.abs().sum() > 0 and torch.allclose(grads_rows, grads_one, rtol=1e-4, atol=1e-7)
+    # float32 sums in another order: a gradient element near zero differs by ~1e-7 of the largest one (measured
+    # 4.8e-7 of 2.09 at one thread), so the absolute tolerance scales with the gradient; a row left out of the
+    # chunked regularizer moves the grads by orders more
+    assert grads_one.abs().sum() > 0
+    assert torch.allclose(grads_rows, grads_one, rtol=1e-4, atol=1e-5 * float(grads_one.abs().max()))
 
 
 def test_lora_reference_is_the_base_with_the_adapter_disabled(tiny_dir, tmp_path):
