@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from meta.search.config import (averaged_center_nominated, early_stop_step, generation_shape, member_time_text,
                                 search_center)
@@ -21,6 +21,9 @@ from core.gpu_time import GpuSharing, gpu_time_h
 from meta.settings.schema import SearchSchema, train_steps
 from core.config.horizon import MEMBER_STEPS_KEY
 from results.store.run_store import RunStore
+
+if TYPE_CHECKING:
+    from meta.search.after.baselines import ReportRow
 
 #: a member's running-time limit should leave at least this multiple of its expected time (seed spread, slower
 #: nodes, a requeue's reload); the plan warns below it
@@ -181,19 +184,19 @@ def runs_left(cfg: SearchSchema, store: RunStore, resuming: bool) -> tuple[int, 
     return selection, reporting, "; ".join(done)
 
 
-def reporting_lines(cfg: SearchSchema, overrides: Sequence[str]) -> list[str]:
+def reporting_lines(cfg: SearchSchema, report_rows: Sequence[ReportRow]) -> list[str]:
     """Every row of the result table with its resolved divergence block and where its coefficient comes from."""
-    from meta.search.after.reporting import plan_rows
+    from meta.search.after.reporting import reports
 
     settings = cfg.reevaluate_settings
-    if settings.top_k <= 0 or settings.report_seeds <= 0:
+    if not reports(cfg):
         return ["result table: none (reevaluate.top_k=0 or reevaluate.report_seeds=0)"]
     evaluations = ["validation"] + (["test split"] if settings.test else []) + [f"transfer to {t}" for t in
                                                                               settings.transfer]
     lines = [f"result table: {1 + len(settings.baselines)} rows x report_seeds={settings.report_seeds} fresh seeds "
              f"(paired, used for nothing else) = {reporting_runs(cfg)} runs, each scored on "
              f"{', '.join(evaluations)} from the same trained model:"]
-    for row in plan_rows(cfg, overrides):
+    for row in report_rows:
         steps = train_steps(row.inner)
         lines.append(f"  {row.name:<10} {row.label}: divergence {json.dumps(row.divergence, sort_keys=True)} "
                      f"(coef from {row.coef_source}), train.steps={steps}"
@@ -366,11 +369,13 @@ def new_search_gpu_hours(cfg: SearchSchema) -> tuple[int, float]:
 
 
 def build_plan(
-    cfg: SearchSchema, store: RunStore, resuming: bool, run_id: str | None = None, overrides: Sequence[str] = (),
+    cfg: SearchSchema, store: RunStore, resuming: bool, run_id: str | None = None, *,
+    report_rows: Sequence[ReportRow],
 ) -> str:
     """The plan as text: nothing here writes a file or calls a scheduler. ``run_id``: the run's id when
-    resuming (a new run gets its id when it starts; the plan shows RUNID in its place). ``overrides``: the
-    command line, from which the result table's baseline rows are composed."""
+    resuming (a new run gets its id when it starts; the plan shows RUNID in its place). ``report_rows``: the
+    result table's rows as composed for this run (meta/search/after/reporting.py plan_rows; none where it has
+    no table)."""
     first = _first_generation(store, resuming)
     generations = max(0, cfg.generations - first)
     threads = int(cfg.train["num_threads"])
@@ -440,7 +445,7 @@ def build_plan(
         f"retries={cfg.retries} time(s) = {worst_h:,.1f} GPU-h",
         f"CPU-hours, {scope}: {_member_hours(cfg, sharing, generations, selection + reporting) * cpus:,.1f} CPU-h",
     ])
-    lines += ["", *reporting_lines(cfg, overrides)]
+    lines += ["", *reporting_lines(cfg, report_rows)]
     lines += ["", *_disk_lines(cfg, concurrent, generations)]
     return "\n".join(lines)
 

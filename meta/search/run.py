@@ -16,13 +16,15 @@ import logging
 import platform
 import sys
 import uuid
+from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Sequence
 
 import yaml
 
 from meta.search import recipe
 from meta.search.config import CONF_DIR, SEARCH_KEYS, build_search_config, config_hash
-from meta.search.after.baselines import transfer_tasks
+from meta.search.after.baselines import ReportRow, transfer_tasks
 from meta.search.resume import run_dir_label
 from meta.search.staging import preflight_run
 from meta.settings.schema import SearchSchema
@@ -85,6 +87,18 @@ def write_run_files(store: RunStore, raw: dict[str, Any], manifest: dict[str, An
     return manifest
 
 
+@dataclass
+class SearchRun(recipe.Prepared[SearchSchema]):
+    """A search's prepared run, with its result table's rows composed once: each row is a Hydra composition of the
+    run's command line, and the check and the plan both read them (~5 s of a dry run when composed twice)."""
+
+    @cached_property
+    def report_rows(self) -> list[ReportRow]:
+        from meta.search.after.reporting import plan_rows
+
+        return plan_rows(self.cfg, self.overrides)
+
+
 class SearchRecipe(recipe.Recipe):
     """What ``python -m meta.run`` states to the runner (meta/search/recipe.py): an ES search and the runs after it."""
 
@@ -102,30 +116,32 @@ class SearchRecipe(recipe.Recipe):
         # the transfer tasks' datasets too, which the reporting runs read from the pins (meta/search/after/reporting.py)
         return {"extra_evaluations": transfer_evaluations(raw, overrides)}
 
-    def build(self, setup: recipe.Setup) -> recipe.Prepared[SearchSchema]:
-        return setup.with_config(recipe.Prepared, cfg=build_search_config(setup.raw))
+    def build(self, setup: recipe.Setup) -> SearchRun:
+        return setup.with_config(SearchRun, cfg=build_search_config(setup.raw))
 
-    def check(self, prepared: recipe.Prepared[SearchSchema]) -> None:
-        from meta.search.after.reporting import check_rows
+    def check(self, prepared: SearchRun) -> None:
+        from meta.search.after.reporting import check_rows, reports
 
-        check_rows(prepared.cfg, prepared.overrides)
+        if reports(prepared.cfg):
+            check_rows(prepared.cfg, prepared.report_rows)
 
-    def plan(self, prepared: recipe.Prepared[SearchSchema]) -> str:
+    def plan(self, prepared: SearchRun) -> str:
+        from meta.search.after.reporting import reports
         from meta.search.plan import build_plan
 
         return build_plan(prepared.cfg, prepared.store, prepared.resuming, prepared.manifest.get("run_id"),
-                          prepared.overrides)
+                          report_rows=prepared.report_rows if reports(prepared.cfg) else [])
 
-    def before_lock(self, prepared: recipe.Prepared[SearchSchema]) -> None:
+    def before_lock(self, prepared: SearchRun) -> None:
         # this host's checks of what the members and the reporting runs read, before anything is written or submitted
         preflight_run(prepared.cfg, prepared.manifest, transfer_evaluations(prepared.raw, prepared.overrides))
 
-    def start(self, prepared: recipe.Prepared[SearchSchema]) -> None:
+    def start(self, prepared: SearchRun) -> None:
         write_run_files(prepared.store, prepared.raw, prepared.manifest, prepared.resuming)  # run_id, hashes
         logger.info("%s (run %s)", run_dir_label(prepared.store.root, prepared.resuming, "search"),
                     prepared.manifest["run_id"])
 
-    def execute(self, prepared: recipe.Prepared[SearchSchema], state: None, launcher: Any) -> None:
+    def execute(self, prepared: SearchRun, state: None, launcher: Any) -> None:
         from meta.search.generation.orchestrator import Orchestrator
         from meta.search.after.reevaluate import run_reevaluation
         from results.report.search.result_table import render_markdown
@@ -150,7 +166,7 @@ class SearchRecipe(recipe.Recipe):
                                  + render_markdown(reevaluation["table"], all_pairs=False) + "\n")
                 sys.stdout.flush()
 
-    def finish(self, prepared: recipe.Prepared[SearchSchema], state: None, outcome: None) -> int:
+    def finish(self, prepared: SearchRun, state: None, outcome: None) -> int:
         which = "best" if prepared.cfg.reevaluate_settings.top_k > 0 else "center"
         logger.info("export with `python -m meta.export run_dir=%s which=%s out=best_mirror.safetensors`",
                     prepared.store.root, which)

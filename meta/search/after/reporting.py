@@ -118,16 +118,19 @@ def plan_rows(cfg: SearchSchema, overrides: Sequence[str]) -> list[ReportRow]:
                       settings.report_seeds)
 
 
-def check_rows(cfg: SearchSchema, overrides: Sequence[str]) -> None:
+def reports(cfg: SearchSchema) -> bool:
+    """The search ends with a result table (reevaluate.top_k and reevaluate.report_seeds both above 0)."""
+    settings = cfg.reevaluate_settings
+    return settings.top_k > 0 and settings.report_seeds > 0
+
+
+def check_rows(cfg: SearchSchema, rows: Sequence[ReportRow]) -> None:
     """Every reporting row's inner config through the member program's own check, before the search submits
     anything (a bad transfer task or baseline must not surface after days of search). ConfigError naming the row."""
     from launch.member import load_program
 
-    settings = cfg.reevaluate_settings
-    if settings.top_k <= 0 or settings.report_seeds <= 0:
-        return
     program = load_program(cfg.inner.entrypoint)
-    for row in plan_rows(cfg, overrides):
+    for row in rows:
         try:
             program.validate(row.inner)
         except (ValueError, FileNotFoundError) as exc:
