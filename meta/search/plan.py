@@ -186,10 +186,10 @@ def runs_left(cfg: SearchSchema, store: RunStore, resuming: bool) -> tuple[int, 
 
 def reporting_lines(cfg: SearchSchema, report_rows: Sequence[ReportRow]) -> list[str]:
     """Every row of the result table with its resolved divergence block and where its coefficient comes from."""
-    from meta.search.after.reporting import reports
+    from meta.search.after.reporting import has_result_table
 
     settings = cfg.reevaluate_settings
-    if not reports(cfg):
+    if not has_result_table(cfg):
         return ["result table: none (reevaluate.top_k=0 or reevaluate.report_seeds=0)"]
     evaluations = ["validation"] + (["test split"] if settings.test else []) + [f"transfer to {t}" for t in
                                                                               settings.transfer]

@@ -94,9 +94,10 @@ class SearchRun(recipe.Prepared[SearchSchema]):
 
     @cached_property
     def report_rows(self) -> list[ReportRow]:
-        from meta.search.after.reporting import plan_rows
+        """The result table's rows (none for a search without one)."""
+        from meta.search.after.reporting import has_result_table, plan_rows
 
-        return plan_rows(self.cfg, self.overrides)
+        return plan_rows(self.cfg, self.overrides) if has_result_table(self.cfg) else []
 
 
 class SearchRecipe(recipe.Recipe):
@@ -120,17 +121,15 @@ class SearchRecipe(recipe.Recipe):
         return setup.with_config(SearchRun, cfg=build_search_config(setup.raw))
 
     def check(self, prepared: SearchRun) -> None:
-        from meta.search.after.reporting import check_rows, reports
+        from meta.search.after.reporting import check_rows
 
-        if reports(prepared.cfg):
-            check_rows(prepared.cfg, prepared.report_rows)
+        check_rows(prepared.cfg, prepared.report_rows)
 
     def plan(self, prepared: SearchRun) -> str:
-        from meta.search.after.reporting import reports
         from meta.search.plan import build_plan
 
         return build_plan(prepared.cfg, prepared.store, prepared.resuming, prepared.manifest.get("run_id"),
-                          report_rows=prepared.report_rows if reports(prepared.cfg) else [])
+                          report_rows=prepared.report_rows)
 
     def before_lock(self, prepared: SearchRun) -> None:
         # this host's checks of what the members and the reporting runs read, before anything is written or submitted

@@ -118,7 +118,7 @@ def plan_rows(cfg: SearchSchema, overrides: Sequence[str]) -> list[ReportRow]:
                       settings.report_seeds)
 
 
-def reports(cfg: SearchSchema) -> bool:
+def has_result_table(cfg: SearchSchema) -> bool:
     """The search ends with a result table (reevaluate.top_k and reevaluate.report_seeds both above 0)."""
     settings = cfg.reevaluate_settings
     return settings.top_k > 0 and settings.report_seeds > 0
