@@ -141,8 +141,9 @@ class NMGRPOProgram(MemberProgram):
         validate_inner(inner)
 
     def finalize(self, spec: MemberSpec | Mapping[str, Any]) -> None:
-        """A settled member's checkpoints follow train.keep_checkpoints: inner_loop.member.lifecycle.finalize_member."""
-        from inner_loop.member.lifecycle import finalize_member
+        """A settled member's checkpoints follow train.keep_checkpoints (inner_loop.training.checkpoints, which
+        imports no trainer: the orchestrator calls this for every settled member)."""
+        from inner_loop.training.checkpoints import finalize_member
 
         finalize_member(spec)
 

@@ -202,14 +202,3 @@ def train_in_process(spec: MemberSpec | Mapping[str, Any], save_final: bool = Fa
     logger.info("member %s: fitness %.4f after %d steps in %.1fs, peak disk %s bytes", work_dir, record.fitness,
                 record.steps_done, record.wall_time_s, record.disk_peak_bytes)
     return record
-
-
-def finalize_member(spec: MemberSpec | Mapping[str, Any]) -> None:
-    """Apply train.keep_checkpoints to a member the search has settled for good (its last attempt failed or
-    timed out: train_in_process keeps a failed member's checkpoints for a retry, and a settled member is never
-    called again, so without this they would stay). Nothing happens before a final result.json exists."""
-    spec = _as_spec(spec)
-    work_dir = Path(spec.work_dir)
-    if read_result(work_dir) is not None:
-        settle_after_final(work_dir, spec.inner, spec.seed)
-

@@ -1,4 +1,6 @@
 """A member's TRL checkpoints: which one to resume from, what is kept once the member is final, and its disk use.
+No transformers import: the orchestrator settles its members' checkpoints with this module (``finalize_member``),
+and the trainer's callbacks that measure and save them live in inner_loop/training/checkpoint_callbacks.py.
 
 Checkpoints exist so that a preempted or requeued member resumes instead of starting over. At ES scale they are
 also the dominant disk cost (a Qwen3-1.7B LoRA checkpoint with Adam state is ~0.84 GB; 16 per member and 180
@@ -14,11 +16,10 @@ import shutil
 from pathlib import Path
 from typing import Any, Mapping
 
-from transformers import TrainerCallback
-from transformers.trainer_callback import ExportableState
 
-import inner_loop.process.notice as notice
 from inner_loop.config import KEEP_CHECKPOINTS, InnerConfig
+from core.records import MemberSpec
+from results.store.member_files import read_result
 # the Trainer's output_dir in a member's work dir, and where a checkpoint goes while it is deleted (re-exported)
 from results.store.layout import CHECKPOINT_DIR, CHECKPOINT_TRASH_DIR as TRASH_DIR
 
@@ -146,79 +147,13 @@ def settle_after_final(work_dir: Path, inner: Mapping[str, Any], seed: int) -> N
         return
     settle_checkpoints(work_dir, keep)
 
-class DiskUsageCallback(TrainerCallback, ExportableState):
-    """Tracks the peak apparent size of a member's work dir over its training, across resumes.
 
-    Measured when training (re)starts and after every checkpoint save. The Trainer deletes rotated-out
-    checkpoints inside the save, before ``on_save`` runs, yet they were on disk together with the new one; so
-    a checkpoint that was present at the previous measurement and is gone now counts toward this save's peak.
-    The peak travels in trainer_state.json (the Trainer stores every ExportableState callback's ``state()``
-    in each checkpoint) and is read back when a resumed run begins.
-    """
-
-    def __init__(self, work_dir: str, peak_bytes: int = 0) -> None:
-        self.work_dir = str(work_dir)
-        self.peak_bytes = int(peak_bytes)
-        self._checkpoint_bytes: dict[str, int] = {}
-
-    def state(self) -> dict[str, Any]:
-        return {"args": {"work_dir": self.work_dir}, "attributes": {"peak_bytes": self.peak_bytes}}
-
-    def measure(self) -> int:
-        """Update the peak from the work dir as it is now; returns the peak."""
-        sizes = {p.name: dir_bytes(p) for p in checkpoint_folders(self.work_dir)}
-        rotated_out = sum(size for name, size in self._checkpoint_bytes.items() if name not in sizes)
-        self.peak_bytes = max(self.peak_bytes, dir_bytes(self.work_dir) + rotated_out)
-        self._checkpoint_bytes = sizes
-        return self.peak_bytes
-
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        stored = state.stateful_callbacks
-        saved = stored.get(type(self).__name__)
-        saved = saved[0] if isinstance(saved, list) and saved else saved
-        if isinstance(saved, dict):
-            peak = (saved.get("attributes") or {}).get("peak_bytes")
-            if isinstance(peak, int) and not isinstance(peak, bool):
-                self.peak_bytes = max(self.peak_bytes, peak)
-        else:
-            # Resumed from a checkpoint written without this callback (an older version): the Trainer's next
-            # save looks our entry up by name and would fail with a KeyError without it.
-            stored[type(self).__name__] = self.state()
-        self.measure()
-
-    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.measure()
-
-
-class SaveOnNoticeCallback(TrainerCallback):
-    """Saves a checkpoint at the end of the step under way once the member's job was told it ends
-    (inner_loop/process/notice.py), then stops the run with NoticeHonoured; the requeued run resumes from that step.
-
-    The save waits for the end of a rollout (``num_iterations`` optimizer steps reuse one generation's completions,
-    which a checkpoint does not hold): a run resumed there repeats the uninterrupted run exactly. Put it last
-    among the callbacks, so that the others see the save before the run stops."""
-
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        notice.training(True)
-
-    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        notice.training(False)
-
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        notice.step_ended()
-        if notice.requested() is not None and state.global_step % _rollout_steps(args) == 0:
-            control.should_save = True
-
-    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        signum = notice.requested()
-        if signum is not None and state.global_step % _rollout_steps(args) == 0:
-            logger.warning("saved checkpoint-%d on notice; stopping", state.global_step)
-            notice.training(False)
-            raise notice.NoticeHonoured(signum)
-
-
-def _rollout_steps(args: Any) -> int:
-    """Optimizer steps that train on one generation's completions (TRL: steps_per_generation micro-batches,
-    each ``num_iterations`` times, ``gradient_accumulation_steps`` micro-batches a step)."""
-    micro = int(getattr(args, "steps_per_generation", None) or args.gradient_accumulation_steps)
-    return max(1, micro * int(getattr(args, "num_iterations", 1) or 1) // int(args.gradient_accumulation_steps))
+def finalize_member(spec: MemberSpec | Mapping[str, Any]) -> None:
+    """Apply train.keep_checkpoints to a member the search has settled for good (its last attempt failed or
+    timed out: train_in_process keeps a failed member's checkpoints for a retry, and a settled member is never
+    called again, so without this they would stay). Nothing happens before a final result.json exists. Called by
+    the orchestrator for every settled member, so it imports no trainer: ~9 CPU-s of TRL and transformers."""
+    spec = spec if isinstance(spec, MemberSpec) else MemberSpec.from_dict(spec)
+    work_dir = Path(spec.work_dir)
+    if read_result(work_dir) is not None:
+        settle_after_final(work_dir, spec.inner, spec.seed)

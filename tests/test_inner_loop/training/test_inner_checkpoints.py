@@ -6,14 +6,18 @@ deletion, a deletion interrupted by a crash, peak tracking across rotation and r
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from inner_loop.training.checkpoints import (CHECKPOINT_DIR, TRASH_DIR, DiskUsageCallback, apply_checkpoint_policy,
-                                    dir_bytes, last_checkpoint)
+from inner_loop.training.checkpoint_callbacks import DiskUsageCallback
+from inner_loop.training.checkpoints import (CHECKPOINT_DIR, TRASH_DIR, apply_checkpoint_policy, dir_bytes,
+                                             finalize_member, last_checkpoint)
 from inner_loop.member.lifecycle import train_in_process
+from core.records import ResultRecord
 from results.store.layout import FINAL_MODEL_DIR
 from results.store.member_files import read_result, write_result
 from conf_groups import load_group
@@ -97,10 +101,7 @@ def test_final_model_survives_keep_none_for_single_runs(tmp_path):
 
 def test_single_run_entry_point_asks_for_the_final_model(monkeypatch, tmp_path):
     """python -m inner_loop.run keeps final/ (ES members, called as fn(spec), do not)."""
-    import sys
-
     import inner_loop.run as run
-    from core.records import ResultRecord
 
     calls = []
     monkeypatch.setattr(run, "train_member", lambda spec, **kw: calls.append(kw) or ResultRecord(status="ok"))
@@ -137,8 +138,6 @@ def test_policy_last_drops_older_and_incomplete_checkpoints(tmp_path):
 
 def test_cleanup_interrupted_by_a_crash_is_finished_by_the_next_call(tmp_path):
     """Result written, then killed mid-delete: the idempotent entry returns the result and finishes the job."""
-    from core.records import ResultRecord
-
     work = tmp_path / "m"
     _fake_checkpoint(work, 2)
     (work / TRASH_DIR / "0-checkpoint-1").mkdir(parents=True)  # what a kill during the delete leaves
@@ -178,10 +177,28 @@ def test_a_member_settled_as_failed_loses_its_checkpoint_when_the_search_finaliz
     monkeypatch.setattr(member, "_evaluate", boom)
     work = tmp_path / "m"
     spec = _spec(work, _inner(steps=2))
-    member.finalize_member(spec)  # nothing final yet: nothing happens
+    finalize_member(spec)  # nothing final yet: nothing happens
     assert train_in_process(spec).status == "failed" and _checkpoints(work) == ["checkpoint-2"]
     program.finalize(spec)
     assert _checkpoints(work) == [] and read_result(work).status == "failed"
+
+
+def test_the_orchestrator_settles_a_member_without_importing_a_trainer(tmp_path):
+    """The orchestrator calls the member program's ``finalize`` for every settled member: that must not import
+    TRL or transformers (~9 CPU-s in a search's own process, more where vLLM is installed, which TRL then imports)."""
+    work = tmp_path / "m"
+    (work / CHECKPOINT_DIR / "checkpoint-2").mkdir(parents=True)
+    spec = _spec(work, _inner(steps=2, keep_checkpoints="none"))
+    write_result(work, ResultRecord(status="failed", error="boom"))
+    probe = ("import json, sys\n"
+             "from inner_loop.member.entry import program\n"
+             "program.finalize(json.loads(sys.argv[1]))\n"
+             "print(json.dumps(sorted(m for m in ('trl', 'transformers', 'vllm') if m in sys.modules)))\n")
+    done = subprocess.run([sys.executable, "-c", probe, json.dumps(spec)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == []
+    assert _checkpoints(work) == []  # and it did settle the checkpoints
 
 
 def test_a_delete_that_fails_never_turns_a_finished_member_into_a_failure(tmp_path, monkeypatch):
