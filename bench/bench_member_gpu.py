@@ -296,6 +296,9 @@ def member_job(job_file: Path, out_file: Path) -> None:
     measurement to ``out_file``."""
     job = json.loads(job_file.read_text())
     started = time.time()
+    from inner_loop.member.entry import keep_vllm_out_unless_used
+
+    keep_vllm_out_unless_used(job["spec"]["inner"])  # a process for this one member, as a member's own is
     from inner_loop.member.device import require_device
     from inner_loop.process.gpu_share import out_of_memory_reason
 

@@ -26,6 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from a checkout
 
 from bench.bench_full_form import VOCAB, diagnostics_off, logits_bytes  # noqa: E402
+from inner_loop.member.entry import keep_vllm_out_unless_used  # noqa: E402
 
 PROMPT = "1+1="
 
@@ -130,6 +131,7 @@ def main() -> None:
     parser.add_argument("--no-diagnostics", action="store_true", help="without the gradient-share diagnostics")
     parser.add_argument("--threads", type=int, default=1)
     opts = parser.parse_args()
+    keep_vllm_out_unless_used({})  # its trainer never generates with vLLM, which TRL would import (both forms alike)
     torch.set_num_threads(opts.threads)
     for rows, tokens, steps in opts.shapes:
         measured = measure(opts.form, rows, tokens, steps, opts.exact_share_step, not opts.no_diagnostics)

@@ -67,12 +67,15 @@ def fingerprint(work_root: Path) -> dict[str, Any]:
 
     Must run in a process pinned before torch was imported (``main`` does that)."""
     os.environ["MIRROR_ES_CACHE"] = str(work_root / "cache")
+    from inner_loop.member.entry import keep_vllm_out_unless_used
+
+    spec = _inner_spec(work_root / "run")
+    keep_vllm_out_unless_used(spec["inner"])  # this process exists for this one run, as a member's own does
     from inner_loop.member.lifecycle import train_in_process
     from inner_loop.models.loading import resolve_model_dir
     from inner_loop.training.setup import prepare
     from inner_loop.training.warmup import read_warmup_outcome, warmed_model_dir
 
-    spec = _inner_spec(work_root / "run")
     run = prepare(spec["inner"], seed=spec["seed"])
     state = numerics.enter_pinned()
     tcfg = run.cfg.train

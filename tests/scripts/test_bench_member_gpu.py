@@ -21,6 +21,7 @@ from time_limits import run_with_progress
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench" / "bench_member_gpu.py"
+PROBE = ROOT / "tests" / "import_probe"  # logs every module each process imports (MIRROR_ES_IMPORT_LOG)
 HF_STATIC = f"{HF_GENERATE}_{STATIC_CACHE}"  # the bench's name for HF generate with train.decode_cache=static
 HF_PERSISTENT = f"{HF_GENERATE}_{PERSISTENT_COMPILED}"  # ... and with the run's one cache and compiled decode step
 SHAPES = ["--layers", "2", "--hidden", "128", "--heads", "2", "--kv-heads", "1", "--head-dim", "64",
@@ -64,9 +65,16 @@ def test_bench_runs_on_cpu_and_reports_every_figure(tmp_path):
                            "--backends", f"{HF_GENERATE},{HF_STATIC},{HF_PERSISTENT},{CONTINUOUS_BATCHING}",
                            "--share-backends", HF_GENERATE, "--compile-backend", "aot_eager", "--profile-step",
                            "--json", str(out), "--work-dir", str(tmp_path / "work")],
-                          cwd=ROOT)
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": f"{PROBE}{os.pathsep}{ROOT}",
+                                         "MIRROR_ES_IMPORT_LOG": str(tmp_path / "imports.jsonl")})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads(out.read_text())
+    # a member process that does not generate with vLLM never imports it (TRL would, where it is installed: ~8 CPU-s
+    # of every member's start)
+    imports = [json.loads(line) for line in (tmp_path / "imports.jsonl").read_text().splitlines()]
+    member_processes = {entry["pid"] for entry in imports if "--member-job" in entry["argv"]}
+    assert len(member_processes) == 6  # 4 backends alone (the first also the sharing row of 1), 2 sharing
+    assert not [entry for entry in imports if entry["pid"] in member_processes and entry["module"] == "vllm"]
 
     model_dir = Path(summary["model"]["dir"])  # built once, in the session's model cache
     assert model_dir.is_relative_to(Path(os.environ["MIRROR_ES_CACHE"])) and (model_dir / ".complete").is_file()
