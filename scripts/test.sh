@@ -5,10 +5,11 @@
 # suite without installing vLLM (its tests then skip, and fail only if vLLM is required).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/setup.sh
 if [ -z "${MIRROR_ES_WITHOUT_VLLM:-}" ]; then
-    ./scripts/install_vllm.sh
+    ./scripts/install_vllm.sh   # the set-up and vLLM in one pip pass
     export MIRROR_ES_REQUIRE_VLLM=1   # installed: a vLLM test that cannot import it fails, never skips
+else
+    ./scripts/setup.sh
 fi
 if scripts/local_slurm/up.sh; then
     trap 'scripts/local_slurm/down.sh >/dev/null 2>&1 || true' EXIT
