@@ -110,3 +110,15 @@ def test_a_config_drawn_twice_in_one_process_gives_equal_problems_that_share_not
     assert len(ArithTask(ArithConfig(**{**config, "train_size": 31})).load("train")) == 31
     longer = ArithTask(ArithConfig(**config, prompt_template="Q: {a:02d}{op}{b:02d}=")).load("train")
     assert all(p.prompt.startswith("Q: ") for p in longer)
+
+
+def test_a_config_s_problems_are_drawn_once_per_process(monkeypatch):
+    """A search's up-front check validates each member config it will run (the embedded default: 9, one task
+    config), and each drew the same 4,400 problems again."""
+    drawn = []
+    generate = ArithTask._generate
+    monkeypatch.setattr(ArithTask, "_generate", lambda self, split: drawn.append(split) or generate(self, split))
+    config = dict(train_size=40, validation_size=10, test_size=10, seed=11)
+    for _ in range(3):
+        assert len(ArithTask(ArithConfig(**config)).load("train")) == 40
+    assert sorted(drawn) == ["test", "train", "validation"]
