@@ -15,7 +15,8 @@ which_build() {
         echo "$MIRROR_ES_VLLM_BUILD MIRROR_ES_VLLM_BUILD=$MIRROR_ES_VLLM_BUILD"
         return
     fi
-    "$PY" -c "import torch; c = torch.version.cuda; print(('cuda' if c else 'cpu') + ' torch ' + torch.__version__ + ' is built with CUDA ' + (c or 'none (a CPU build)'))"
+    # (-W: a torch installed before numpy, as set-up does, warns that it has no numpy; the build does not need it)
+    "$PY" -W ignore -c "import torch; c = torch.version.cuda; print(('cuda' if c else 'cpu') + ' torch ' + torch.__version__ + ' is built with CUDA ' + (c or 'none (a CPU build)'))"
 }
 if [ "${1:-}" = "--which" ]; then
     which_build
