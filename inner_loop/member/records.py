@@ -13,7 +13,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Mapping
 
-from inner_loop.training.checkpoint_callbacks import DiskUsageCallback
+from inner_loop.training.callbacks import DiskUsageCallback
 from inner_loop.training.checkpoints import dir_bytes
 from inner_loop.config import InnerConfig
 from inner_loop.member.device import with_peak_memory

@@ -1,6 +1,6 @@
 """A member's TRL checkpoints: which one to resume from, what is kept once the member is final, and its disk use.
 No transformers import: the orchestrator settles its members' checkpoints with this module (``finalize_member``),
-and the trainer's callbacks that measure and save them live in inner_loop/training/checkpoint_callbacks.py.
+and the trainer's callbacks that measure and save them live in inner_loop/training/callbacks.py.
 
 Checkpoints exist so that a preempted or requeued member resumes instead of starting over. At ES scale they are
 also the dominant disk cost (a Qwen3-1.7B LoRA checkpoint with Adam state is ~0.84 GB; 16 per member and 180
@@ -16,9 +16,8 @@ import shutil
 from pathlib import Path
 from typing import Any, Mapping
 
-
-from inner_loop.config import KEEP_CHECKPOINTS, InnerConfig
 from core.records import MemberSpec
+from inner_loop.config import KEEP_CHECKPOINTS, InnerConfig
 from results.store.member_files import read_result
 # the Trainer's output_dir in a member's work dir, and where a checkpoint goes while it is deleted (re-exported)
 from results.store.layout import CHECKPOINT_DIR, CHECKPOINT_TRASH_DIR as TRASH_DIR

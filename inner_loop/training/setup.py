@@ -125,9 +125,9 @@ def build_trainer(run: PreparedRun, work_dir: Path, seed: int) -> MirrorGRPOTrai
     from inner_loop.models.loading import load_policy, resolve_model_dir
     from inner_loop.models.prompts import format_prompt
     from inner_loop.process.gpu_share import engine_start_turn_for
-    from inner_loop.training.checkpoint_callbacks import DiskUsageCallback, SaveOnNoticeCallback
     from inner_loop.training.checkpoints import CHECKPOINT_DIR
-    from inner_loop.training.progress_log import ProgressFileCallback, tensorboard_callback
+    from inner_loop.training.callbacks import (DiskUsageCallback, ProgressFileCallback, SaveOnNoticeCallback,
+                                               tensorboard_callback)
     from inner_loop.training.warmup import warmed_model_dir
 
     cfg, tcfg = run.cfg, run.cfg.train

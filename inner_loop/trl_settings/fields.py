@@ -61,7 +61,7 @@ GRPO_FIELDS: dict[str, GrpoField] = {
         "save_total_limit", lambda limit, build: trainer_save_total_limit(build.cfg.train.keep_checkpoints, limit),
         hint="and train.keep_checkpoints"),
     "train.logging_steps": GrpoField("logging_steps"),
-    # tensorboard is our own callback (inner_loop/training/progress_log.py) writing into the member's work dir
+    # tensorboard is our own callback (inner_loop/training/callbacks.py) writing into the member's work dir
     "train.report_to": GrpoField("report_to", lambda names, build: [n for n in names if n != "tensorboard"]),
     # bf16 only where the member trains on a GPU; train.trl.bf16 may still override it
     "model.dtype": GrpoField("bf16", lambda dtype, build: dtype == "bfloat16" and build.gpu_member, owned=False),

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from inner_loop.training.checkpoint_callbacks import DiskUsageCallback
+from inner_loop.training.callbacks import DiskUsageCallback
 from inner_loop.training.checkpoints import (CHECKPOINT_DIR, TRASH_DIR, apply_checkpoint_policy, dir_bytes,
                                              finalize_member, last_checkpoint)
 from inner_loop.member.lifecycle import train_in_process
