@@ -157,3 +157,24 @@ def test_the_table_renders_intervals_and_the_length_change_relative_to_the_regis
     none = build_table(rows, [11, 12, 13], ["kl"], "exported")
     assert [r["response_tokens_vs_reference"] for r in none["rows"]] == [None, None]
     assert "response tokens (vs KL)" in text and "+20.0%" in text and "+0.100 [-0.024, +0.224] (n=3)" in text and "includes 0" in text
+
+
+def test_the_up_front_check_runs_each_distinct_row_config_through_the_member_program_once(monkeypatch):
+    """Rows that train the very same config (their seeds apart) are checked once: each check loads the task's data
+    and builds TRL's config, and a search's start waits on it."""
+    from launch import member
+    from meta.search.after.reporting import check_rows, plan_rows
+
+    raw = compose([])
+    cfg = build_search_config(raw)
+    rows = plan_rows(cfg, [])
+    checked = []
+
+    class Counting:
+        def validate(self, inner):
+            checked.append(inner)
+
+    monkeypatch.setattr(member, "load_program", lambda name: Counting())
+    check_rows(cfg, rows)
+    distinct = {repr(sorted(row.inner.items())) for row in rows}
+    assert len(rows) > len(distinct) and len(checked) == len(distinct)
