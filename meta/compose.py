@@ -6,6 +6,8 @@ overrides under new ones on resume.
 """
 from __future__ import annotations
 
+import copy
+import re
 from typing import Any, Sequence
 
 from inner_loop.loss.divergences import fill_default_coef
@@ -14,7 +16,8 @@ from meta.settings.member_time import derive_inner_timeout, derive_member_time, 
 from meta.settings.schema import ConfigError, register
 from meta.search.resume import NEW_KEY
 from meta.settings.upgrade import refuse_former_names
-from core.config.groups import check_group_choice, checked_overrides, config_groups, with_config_path
+from core.config.groups import (check_group_choice, checked_overrides, config_groups, config_roots,
+                                with_config_path)
 from core.config.typed_nodes import composition_error
 
 
@@ -63,14 +66,55 @@ def _checked(overrides: list[str], groups: dict[str, list[str]], config_name: st
     return checked_overrides(overrides, tree, groups, config_name)
 
 
+#: this process's compositions by what decides them (``_composition_key``): Hydra takes ~0.2 CPU-s to compose, a
+#: search's start composed the same config several times and a test process hundreds (measured: 246 compositions
+#: of 142 configs, 57 of the 84 CPU-s of tests/test_meta/settings and the plan's tests)
+_COMPOSED: dict[tuple[Any, ...], tuple[dict[str, Any], dict[str, str]]] = {}
+_COMPOSED_KEPT = 64
+#: a call of a resolver that reads more than the config (``${oc.env:HOME}``, ``${now:%H}``, an extension's own): its
+#: composition is not kept; OmegaConf's that read the config alone (``${oc.select:coef_by_divergence.kl,0.04}``) are
+_RESOLVER_CALL = re.compile(r"\$\{(?!oc\.(?:select|decode|create|deprecated|dict\.keys|dict\.values):)[\w.]+:")
+
+
+def _composition_key(overrides: Sequence[str], config_name: str) -> tuple[Any, ...]:
+    """What a composition depends on: the command line (with the MIRROR_ES_CONFIG_PATH folders), every YAML of the
+    config trees it reads (path, modification time, size) and the schemas registered in this process."""
+    from hydra.core.config_store import ConfigStore
+
+    def registered(tree: dict[str, Any], prefix: str = "") -> list[tuple[str, int]]:
+        # (Hydra's own group, hydra/, gains its launcher and sweeper in the first composition: not ours to track)
+        return [entry for name, node in sorted(tree.items()) if prefix or name != "hydra" for entry in
+                (registered(node, f"{prefix}{name}/") if isinstance(node, dict) else [(prefix + name, id(node))])]
+
+    files = [(str(path), stat.st_mtime_ns, stat.st_size) for root in config_roots(CONF_DIR, overrides)
+             for path in sorted(root.rglob("*.yaml")) for stat in [path.stat()]]
+    return (config_name, tuple(with_config_path(overrides)), tuple(files), tuple(registered(ConfigStore.instance().repo)))
+
+
 def _hydra_compose(overrides: Sequence[str], config_name: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """Hydra's composition as a plain dict and the group choices; the same composition again in this process is a
+    copy of the first (``_COMPOSED``), unless a value calls a resolver (the environment, the clock)."""
+    register()  # the schemas the defaults lists name (base_config, tune_base_config)
+    key = _composition_key(overrides, config_name)
+    if key not in _COMPOSED:
+        raw, choices, repeatable = _compose_anew(overrides, config_name)
+        if not repeatable:
+            return raw, choices
+        if len(_COMPOSED) >= _COMPOSED_KEPT:
+            _COMPOSED.pop(next(iter(_COMPOSED)))
+        _COMPOSED[key] = (raw, choices)
+    raw, choices = _COMPOSED[key]
+    return copy.deepcopy(raw), dict(choices)
+
+
+def _compose_anew(overrides: Sequence[str], config_name: str) -> tuple[dict[str, Any], dict[str, str], bool]:
+    """``_hydra_compose`` by Hydra itself, and whether composing again would give the same (no resolver call)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf import OmegaConf, open_dict
     from omegaconf.errors import OmegaConfBaseException
 
-    register()  # the schemas the defaults lists name (base_config, tune_base_config)
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None, job_name="meta_run"):
             cfg = hydra_compose(config_name=config_name, overrides=with_config_path(overrides),
@@ -79,6 +123,7 @@ def _hydra_compose(overrides: Sequence[str], config_name: str) -> tuple[dict[str
                    if not str(k).startswith("hydra/") and v is not None}
         with open_dict(cfg):
             del cfg["hydra"]
+        repeatable = _RESOLVER_CALL.search(repr(OmegaConf.to_container(cfg, resolve=False))) is None
         raw: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         raise ConfigError(  # a key or value a schema refuses named, with where it was set
@@ -88,7 +133,7 @@ def _hydra_compose(overrides: Sequence[str], config_name: str) -> tuple[dict[str
     member_sharing(raw)  # resources.members_per_gpu and its slowdowns, whether or not inner.timeout_s is given
     derive_member_time(raw)
     derive_inner_timeout(raw)
-    return raw, choices
+    return raw, choices, repeatable
 
 
 def _override_key(override: str) -> str:

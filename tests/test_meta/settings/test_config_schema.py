@@ -222,3 +222,32 @@ def test_a_search_stored_before_the_es_and_model_schemas_resumes_and_hashes_as_i
                                                                               for node in ("es", "model")}
     changed = {**stored, "es": {**stored["es"], "optimizer_config": {"momentum": 0.5}}}
     assert config_hash(changed) != composed_hash  # set to another value, the key is hashed
+
+
+def test_a_composition_repeated_in_one_process_is_hydra_s_once_and_a_copy_each_time(monkeypatch):
+    """Hydra takes ~0.2 CPU-s a composition; a search's start composes the same config several times."""
+    import meta.compose as composing
+
+    monkeypatch.setattr(composing, "_COMPOSED", {})
+    anew = []
+    real = composing._compose_anew
+    monkeypatch.setattr(composing, "_compose_anew", lambda *args: anew.append(args) or real(*args))
+    first = compose(["population=6"])
+    first["population"] = -1  # a caller's change to its own config reaches no other caller
+    first["es"]["name"] = "changed"
+    again = compose(["population=6"])
+    assert len(anew) == 1 and again["population"] == 6 and again["es"]["name"] != "changed"
+    assert compose(["population=8"])["population"] == 8 and len(anew) == 2
+
+
+def test_an_edited_yaml_or_a_resolver_that_reads_the_environment_composes_anew(tmp_path, monkeypatch):
+    (tmp_path / "experiment").mkdir()
+    preset = tmp_path / "experiment" / "mine.yaml"
+    overrides = ["experiment=mine", f"hydra.searchpath=[file://{tmp_path}]"]
+    preset.write_text("# @package _global_\npopulation: 6\n")
+    assert compose(overrides)["population"] == 6
+    preset.write_text("# @package _global_\npopulation: 10\n")
+    assert compose(overrides)["population"] == 10
+    for where in ("a", "b"):
+        monkeypatch.setenv("MIRROR_ES_TEST_RUN_DIR", str(tmp_path / where))
+        assert compose(["run_dir=${oc.env:MIRROR_ES_TEST_RUN_DIR}"])["run_dir"] == str(tmp_path / where)
